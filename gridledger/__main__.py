@@ -1,0 +1,5 @@
+import sys
+
+from gridledger.cli import main
+
+sys.exit(main())

@@ -1,0 +1,62 @@
+"""The one `gridledger` command. Each package registers its own subcommands.
+
+Library code never exits; a subcommand handler returns the process exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+
+class _Registers(Protocol):
+    def register(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
+
+
+# Modules that contribute subcommands, each with `register(subparsers)`. A handler is set
+# with `parser.set_defaults(handler=fn)` where fn(args) -> int.
+_COMMAND_MODULES = (
+    "gridledger.cmd_keys",
+    "gridledger.cmd_terms",
+    "meter.cli",
+    "ledger.cli",
+    "verifier.cli",
+    "gridledger.demo",
+    "gridledger.replay",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, with every subcommand that is installed."""
+    parser = argparse.ArgumentParser(
+        prog="gridledger",
+        description="Metering and settlement ledger for shared GPU capacity.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module: _Registers = importlib.import_module(name)  # type: ignore[assignment]
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""gridledger ledger package."""

@@ -1,0 +1,1 @@
+"""gridledger verifier package."""
