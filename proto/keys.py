@@ -1,0 +1,190 @@
+"""Ed25519 keys (SPEC.md, "Keys"): key ids, signing, verification, key files.
+
+Signing and verification use pynacl (libsodium): about twice as fast as OpenSSL here
+(LIMITS.md). Private keys can also be read from PKCS#8 PEM files through
+``cryptography``, for operators who keep keys that way.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Final
+
+import msgspec
+import nacl.exceptions
+import nacl.signing
+
+from proto.errors import KeyFileError
+
+KEYID_PREFIX: Final = b"gridledger/keyid/v1\n"
+PRIVATE_FORMAT: Final = "gridledger-ed25519-private/v1"
+PUBLIC_FORMAT: Final = "gridledger-ed25519-public/v1"
+
+
+def key_id(public_key: bytes) -> str:
+    """Key id: first 8 bytes of SHA-256(``gridledger/keyid/v1\\n`` || raw public key), hex."""
+    if len(public_key) != 32:
+        raise ValueError(f"an Ed25519 public key is 32 bytes, got {len(public_key)}")
+    return hashlib.sha256(KEYID_PREFIX + public_key).digest()[:8].hex()
+
+
+@lru_cache(maxsize=4096)
+def _verify_key(public_key: bytes) -> nacl.signing.VerifyKey:
+    return nacl.signing.VerifyKey(public_key)
+
+
+def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    """True when ``signature`` is a valid Ed25519 signature of ``message`` by ``public_key``."""
+    if len(signature) != 64:
+        return False
+    try:
+        _verify_key(public_key).verify(message, signature)
+    except nacl.exceptions.BadSignatureError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    """An Ed25519 private key with the id it is known by (the person or node it belongs to)."""
+
+    name: str
+    seed: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.seed) != 32:
+            raise ValueError(f"an Ed25519 seed is 32 bytes, got {len(self.seed)}")
+
+    @classmethod
+    def generate(cls, name: str) -> SigningKey:
+        """A fresh random key."""
+        return cls(name, bytes(nacl.signing.SigningKey.generate()))
+
+    @classmethod
+    def from_seed_text(cls, name: str, text: str) -> SigningKey:
+        """A deterministic key from any text (tests, demo, replay): seed = SHA-256(text)."""
+        return cls(name, hashlib.sha256(text.encode()).digest())
+
+    @property
+    def _nacl(self) -> nacl.signing.SigningKey:
+        return _nacl_signing_key(self.seed)
+
+    @property
+    def public_key(self) -> bytes:
+        """The raw 32-byte public key."""
+        return bytes(self._nacl.verify_key)
+
+    @property
+    def key_id(self) -> str:
+        """The key id of the public key."""
+        return key_id(self.public_key)
+
+    def sign(self, message: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of ``message``."""
+        return self._nacl.sign(message).signature
+
+    def __repr__(self) -> str:  # never print the seed
+        return f"SigningKey(name={self.name!r}, key_id={self.key_id!r})"
+
+
+@lru_cache(maxsize=256)
+def _nacl_signing_key(seed: bytes) -> nacl.signing.SigningKey:
+    return nacl.signing.SigningKey(seed)
+
+
+class _PrivateFile(msgspec.Struct, forbid_unknown_fields=True):
+    format: str
+    id: str
+    seed: bytes
+
+
+class PublicKeyFile(msgspec.Struct, forbid_unknown_fields=True):
+    """The public half as written to ``ID.pub``."""
+
+    format: str
+    id: str
+    key: bytes
+    keyid: str
+
+
+def write_key_pair(key: SigningKey, out_dir: Path) -> tuple[Path, Path]:
+    """Write ``out_dir/ID.key`` (mode 0600, refused if it exists) and ``out_dir/ID.pub``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    private_path = out_dir / f"{key.name}.key"
+    public_path = out_dir / f"{key.name}.pub"
+    data = msgspec.json.encode(_PrivateFile(PRIVATE_FORMAT, key.name, key.seed)) + b"\n"
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    public = PublicKeyFile(PUBLIC_FORMAT, key.name, key.public_key, key.key_id)
+    public_path.write_bytes(msgspec.json.encode(public) + b"\n")
+    return private_path, public_path
+
+
+def load_signing_key(path: Path) -> SigningKey:
+    """Read a private key file (ours or PKCS#8 PEM); refuse one readable by group or others."""
+    try:
+        mode = path.stat().st_mode
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(
+            f"key file {path} is accessible by group or others (mode {stat.S_IMODE(mode):o});"
+            " run: chmod 600 " + str(path)
+        )
+    if raw.lstrip().startswith(b"-----BEGIN"):
+        return _load_pem(path, raw)
+    try:
+        parsed = msgspec.json.decode(raw, type=_PrivateFile)
+    except msgspec.MsgspecError as exc:
+        raise KeyFileError(f"key file {path} is not a gridledger private key: {exc}") from exc
+    if parsed.format != PRIVATE_FORMAT:
+        raise KeyFileError(f"key file {path}: format {parsed.format!r}, want {PRIVATE_FORMAT!r}")
+    try:
+        return SigningKey(parsed.id, parsed.seed)
+    except ValueError as exc:
+        raise KeyFileError(f"key file {path}: {exc}") from exc
+
+
+def _load_pem(path: Path, raw: bytes) -> SigningKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    try:
+        loaded = serialization.load_pem_private_key(raw, password=None)
+    except (ValueError, TypeError) as exc:
+        raise KeyFileError(f"key file {path}: unreadable PEM private key: {exc}") from exc
+    if not isinstance(loaded, Ed25519PrivateKey):
+        raise KeyFileError(f"key file {path}: not an Ed25519 key ({type(loaded).__name__})")
+    seed = loaded.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    return SigningKey(path.stem, seed)
+
+
+def load_public_key(path: Path) -> PublicKeyFile:
+    """Read an ``ID.pub`` file."""
+    try:
+        parsed = msgspec.json.decode(path.read_bytes(), type=PublicKeyFile)
+    except OSError as exc:
+        raise KeyFileError(f"cannot read public key {path}: {exc.strerror}") from exc
+    except msgspec.MsgspecError as exc:
+        raise KeyFileError(f"public key file {path} is malformed: {exc}") from exc
+    if len(parsed.key) != 32 or parsed.keyid != key_id(parsed.key):
+        raise KeyFileError(f"public key file {path}: key and keyid do not match")
+    return parsed
+
+
+def b64(data: bytes) -> str:
+    """Standard base64 with padding, as msgspec writes bytes fields."""
+    return base64.b64encode(data).decode("ascii")

@@ -1,0 +1,44 @@
+"""Every named maximum of the wire, in one place (see SPEC.md, "Limits").
+
+A value outside these bounds is rejected with a named reason; nothing is truncated.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# RFC 8785 (I-JSON) integers: every integer in signed bytes lies within +-(2^53 - 1).
+MAX_SAFE_INTEGER: Final = 2**53 - 1
+
+# Size of one envelope on the wire (JSON), and of the signed payload inside it.
+MAX_ENVELOPE_BYTES: Final = 256 * 1024
+MAX_PAYLOAD_BYTES: Final = 192 * 1024
+
+# Signatures on one envelope (terms need three; nothing needs more than eight).
+MAX_SIGNATURES: Final = 8
+
+# GPUs in one placement, nodes in one placement, samples in one usage event.
+MAX_GPUS: Final = 256
+MAX_NODES: Final = 256
+MAX_SAMPLES: Final = MAX_GPUS
+
+# Length of identifiers and free text.
+MAX_ID_CHARS: Final = 128
+MAX_TEXT_CHARS: Final = 512
+
+# A placement window may not exceed 366 days; a usage interval may not exceed 1 day.
+MAX_WINDOW_MS: Final = 366 * 24 * 3_600_000
+MAX_INTERVAL_MS: Final = 24 * 3_600_000
+
+# Price per GPU-hour, in minor units: keeps gross <= billable < 2^53 (SPEC "Bounds").
+MAX_RATE_MINOR: Final = 3_600_000_000
+
+# Basis points are 0..10_000.
+MAX_BPS: Final = 10_000
+
+# Whole GPU in thousandths.
+MAX_SHARE_MILLI: Final = 1000
+
+# Units in SPEC formulas.
+MS_PER_HOUR: Final = 3_600_000
+MILLI_GPU_MS_PER_GPU_HOUR: Final = 1000 * MS_PER_HOUR  # 3_600_000_000

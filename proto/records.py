@@ -1,0 +1,284 @@
+"""The signed records of gridledger, as msgspec Structs (SPEC.md, "Records").
+
+A Struct is the schema: frozen, unknown fields forbidden, an explicit wire tag in the
+field ``type``. Every integer is bounded to the I-JSON range; identifiers, hashes and
+keys are constrained by pattern or length, so a decoded record is well-formed by
+construction. Cross-field rules (a window longer than its minimum, GPUs on listed nodes)
+live in ``proto.terms`` and in the fold, with their own reason codes.
+
+Schema evolution: append fields with defaults, never reorder or rename; a new meaning
+gets a new domain prefix version (``/v2``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from proto import limits
+
+# ---- field types -------------------------------------------------------------------
+
+NonNegInt = Annotated[int, Meta(ge=0, le=limits.MAX_SAFE_INTEGER)]
+TimeMs = Annotated[int, Meta(ge=0, le=limits.MAX_SAFE_INTEGER)]
+Bps = Annotated[int, Meta(ge=0, le=limits.MAX_BPS)]
+ShareMilli = Annotated[int, Meta(ge=1, le=limits.MAX_SHARE_MILLI)]
+Identifier = Annotated[
+    str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", min_length=1, max_length=limits.MAX_ID_CHARS)
+]
+Text = Annotated[str, Meta(max_length=limits.MAX_TEXT_CHARS)]
+Model = Annotated[str, Meta(min_length=1, max_length=limits.MAX_ID_CHARS)]
+Hash = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+PublicKey = Annotated[bytes, Meta(min_length=32, max_length=32)]
+Currency = Annotated[str, Meta(pattern=r"^[A-Z]{3}$")]
+
+ZERO_HASH: Final = "0" * 64
+
+# ---- PlacementTerms ----------------------------------------------------------------
+
+
+class Party(Struct, frozen=True, forbid_unknown_fields=True):
+    """A party to the terms and the Ed25519 public key it signs with."""
+
+    id: Identifier
+    key: PublicKey
+
+
+class NodeSpec(Struct, frozen=True, forbid_unknown_fields=True):
+    """A node that hosts GPUs of the placement, and the key its agent signs with."""
+
+    node_id: Identifier
+    key: PublicKey
+    region: Text
+    fabric: Text
+
+
+class GpuSpec(Struct, frozen=True, forbid_unknown_fields=True):
+    """One GPU of the placement: which physical device, and what share of it."""
+
+    node_id: Identifier
+    uuid: Identifier
+    model: Model
+    share_milli: ShareMilli
+    memory_mib: NonNegInt
+
+
+class PlacementTerms(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="terms", tag_field="type"
+):
+    """What operator, buyer and desk agreed before the work started. Signed by all three."""
+
+    placement_id: Identifier
+    operator: Party
+    buyer: Party
+    desk: Party
+    ledger_key: PublicKey
+    nodes: Annotated[list[NodeSpec], Meta(min_length=1, max_length=limits.MAX_NODES)]
+    gpus: Annotated[list[GpuSpec], Meta(min_length=1, max_length=limits.MAX_GPUS)]
+    window_start_ms: TimeMs
+    window_end_ms: TimeMs
+    rate_basis: Literal["gpu_hour"]
+    rate_per_gpu_hour_minor: Annotated[int, Meta(ge=0, le=limits.MAX_RATE_MINOR)]
+    currency: Currency
+    currency_scale: Annotated[int, Meta(ge=0, le=9)]
+    increment_ms: Annotated[int, Meta(ge=1, le=limits.MAX_WINDOW_MS)]
+    minimum_duration_ms: Annotated[int, Meta(ge=0, le=limits.MAX_WINDOW_MS)]
+    desk_fee_bps: Bps
+    fee_payer: Literal["operator", "buyer"]
+    interruptible: bool
+    reclaim_notice_ms: Annotated[int, Meta(ge=0, le=limits.MAX_WINDOW_MS)]
+    reclaim_penalty_bps: Bps
+    sla_availability_target_bps: Bps
+    sla_credit_bps: Bps
+    settlement_period_ms: Annotated[int, Meta(ge=1, le=limits.MAX_WINDOW_MS)]
+    late_grace_ms: Annotated[int, Meta(ge=0, le=limits.MAX_WINDOW_MS)]
+    created_at_ms: TimeMs
+
+
+# ---- records from the operator, the nodes and the desk --------------------------
+
+
+class NodeKeyBinding(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="keybinding", tag_field="type"
+):
+    """Operator: node ``node_id`` signs with ``key`` for usage inside [valid_from, valid_until).
+
+    A later binding of the same (node, key) replaces the earlier one: that is how a key is
+    revoked (``valid_until_ms`` moved back) or rotated (a new key bound).
+    """
+
+    placement_id: Identifier
+    node_id: Identifier
+    key: PublicKey
+    valid_from_ms: TimeMs
+    valid_until_ms: TimeMs
+    issued_at_ms: TimeMs
+
+
+class GpuSample(Struct, frozen=True, forbid_unknown_fields=True):
+    """What the node saw of one GPU during the event's interval."""
+
+    uuid: Identifier
+    model: Model
+    allocated: bool
+    healthy: bool
+    utilisation_pct: Annotated[int, Meta(ge=0, le=100)]
+    memory_used_mib: NonNegInt
+    memory_total_mib: NonNegInt
+    power_mw: NonNegInt
+    energy_mj: NonNegInt
+    xid_errors: NonNegInt
+    ecc_errors: NonNegInt
+
+
+class UsageEvent(Struct, frozen=True, forbid_unknown_fields=True, tag="usage", tag_field="type"):
+    """Node key: the ``seq``-th observation of the (node, placement) stream, over [start, end)."""
+
+    placement_id: Identifier
+    node_id: Identifier
+    seq: NonNegInt
+    prev: Hash
+    start_ms: TimeMs
+    end_ms: TimeMs
+    samples: Annotated[list[GpuSample], Meta(max_length=limits.MAX_SAMPLES)]
+
+
+class ReclaimNotice(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="reclaim", tag_field="type"
+):
+    """Operator: the placement's GPUs are taken back at ``effective_at_ms``."""
+
+    placement_id: Identifier
+    reclaim_id: Identifier
+    issued_at_ms: TimeMs
+    effective_at_ms: TimeMs
+    gpus: Annotated[list[Identifier], Meta(min_length=1, max_length=limits.MAX_GPUS)]
+    reason: Text
+
+
+class Adjustment(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="adjustment", tag_field="type"
+):
+    """Desk: a credit to the buyer or a charge, appended; never a rewrite."""
+
+    placement_id: Identifier
+    adjustment_id: Identifier
+    direction: Literal["credit", "charge"]
+    amount_minor: Annotated[int, Meta(ge=1, le=limits.MAX_SAFE_INTEGER)]
+    reference: Text
+    reason: Text
+    issued_at_ms: TimeMs
+
+
+# ---- records from the ledger ----------------------------------------------------------
+
+
+class PlacementClosed(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="closed", tag_field="type"
+):
+    """Ledger: the stream of the placement is closed; later usage is kept, not folded."""
+
+    placement_id: Identifier
+    closed_at_ms: TimeMs
+
+
+class Totals(Struct, frozen=True, forbid_unknown_fields=True):
+    """Cumulative amounts of a placement through one ledger record (SPEC.md, "Pricing")."""
+
+    delivered_mgms: NonNegInt
+    billable_mgms: NonNegInt
+    gross_minor: NonNegInt
+    reclaim_credit_minor: NonNegInt
+    sla_credit_minor: NonNegInt
+    adjustment_credit_minor: NonNegInt
+    adjustment_charge_minor: NonNegInt
+    credits_minor: NonNegInt
+    net_minor: NonNegInt
+    fee_minor: NonNegInt
+    buyer_owes_minor: NonNegInt
+    operator_receives_minor: NonNegInt
+    desk_receives_minor: NonNegInt
+
+
+RecordKind = Literal["terms", "keybinding", "usage", "reclaim", "adjustment", "closed"]
+Status = Literal["accepted", "rejected"]
+
+
+class LedgerRecord(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="record", tag_field="type"
+):
+    """Ledger: one entry of the placement's chain, for exactly one input.
+
+    ``source`` is the SHA-256 of the input envelope's bytes; ``reason`` is empty when the
+    input was accepted and a Reason code when it was rejected.
+    """
+
+    placement_id: Identifier
+    index: NonNegInt
+    prev: Hash
+    kind: RecordKind
+    source: Hash
+    status: Status
+    reason: Annotated[str, Meta(pattern=r"^[A-Z_]{0,40}$")]
+    delivered_mgms: NonNegInt
+    totals: Totals
+
+
+class Statement(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="statement", tag_field="type"
+):
+    """Ledger: the cumulative obligation through record ``through_index`` (hash ``head``)."""
+
+    placement_id: Identifier
+    through_index: NonNegInt
+    head: Hash
+    currency: Currency
+    currency_scale: Annotated[int, Meta(ge=0, le=9)]
+    final: bool
+    totals: Totals
+
+
+class Checkpoint(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="checkpoint", tag_field="type"
+):
+    """The body of a C2SP signed note: origin, tree size, RFC 9162 root hash."""
+
+    origin: Annotated[str, Meta(min_length=1, max_length=limits.MAX_TEXT_CHARS)]
+    size: NonNegInt
+    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
+
+
+Record = (
+    PlacementTerms
+    | NodeKeyBinding
+    | UsageEvent
+    | ReclaimNotice
+    | Adjustment
+    | PlacementClosed
+    | LedgerRecord
+    | Statement
+)
+
+# Kinds that travel inside envelopes, in the order of SPEC.md.
+RECORD_TYPES: Final[tuple[type[Record], ...]] = (
+    PlacementTerms,
+    NodeKeyBinding,
+    UsageEvent,
+    ReclaimNotice,
+    Adjustment,
+    PlacementClosed,
+    LedgerRecord,
+    Statement,
+)
+
+
+def kind_of(record_type: type[Record]) -> str:
+    """The wire tag of a record type (``"usage"`` for UsageEvent)."""
+    tag = msgspec.inspect.type_info(record_type).tag  # type: ignore[attr-defined]
+    assert isinstance(tag, str)
+    return tag
+
+
+KIND_TO_TYPE: Final[dict[str, type[Record]]] = {kind_of(t): t for t in RECORD_TYPES}
