@@ -9,6 +9,7 @@ written another way, and ``-0``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from typing import Any, Final
@@ -98,10 +99,8 @@ def _diagnose_non_canonical(kind: str, body: bytes) -> tuple[Reason, str]:
             seen.add(key)
         return dict(items)
 
-    try:
+    with contextlib.suppress(ValueError):
         json.loads(body, object_pairs_hook=pairs)
-    except ValueError:
-        pass
     if duplicates:
         return Reason.DUPLICATE_KEY, f"{kind}: duplicate key {duplicates[0]!r}"
     return Reason.NON_CANONICAL, f"{kind}: bytes differ from their canonical re-encoding"

@@ -26,7 +26,8 @@ TimeMs = Annotated[int, Meta(ge=0, le=limits.MAX_SAFE_INTEGER)]
 Bps = Annotated[int, Meta(ge=0, le=limits.MAX_BPS)]
 ShareMilli = Annotated[int, Meta(ge=1, le=limits.MAX_SHARE_MILLI)]
 Identifier = Annotated[
-    str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", min_length=1, max_length=limits.MAX_ID_CHARS)
+    str,
+    Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", min_length=1, max_length=limits.MAX_ID_CHARS),
 ]
 Text = Annotated[str, Meta(max_length=limits.MAX_TEXT_CHARS)]
 Model = Annotated[str, Meta(min_length=1, max_length=limits.MAX_ID_CHARS)]
@@ -206,9 +207,7 @@ RecordKind = Literal["terms", "keybinding", "usage", "reclaim", "adjustment", "c
 Status = Literal["accepted", "rejected"]
 
 
-class LedgerRecord(
-    Struct, frozen=True, forbid_unknown_fields=True, tag="record", tag_field="type"
-):
+class LedgerRecord(Struct, frozen=True, forbid_unknown_fields=True, tag="record", tag_field="type"):
     """Ledger: one entry of the placement's chain, for exactly one input.
 
     ``source`` is the SHA-256 of the input envelope's bytes; ``reason`` is empty when the
@@ -226,9 +225,7 @@ class LedgerRecord(
     totals: Totals
 
 
-class Statement(
-    Struct, frozen=True, forbid_unknown_fields=True, tag="statement", tag_field="type"
-):
+class Statement(Struct, frozen=True, forbid_unknown_fields=True, tag="statement", tag_field="type"):
     """Ledger: the cumulative obligation through record ``through_index`` (hash ``head``)."""
 
     placement_id: Identifier

@@ -1,0 +1,74 @@
+"""Trust files (SPEC.md, "Trust"): which public keys a user accepts for which role.
+
+A verifier trusts nothing in an export but envelope bytes and this file, which the user
+pins: the operator, buyer and desk keys that may sign terms, and the ledger keys that
+may sign records, statements and checkpoints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Final, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from proto.keys import key_id
+from proto.records import Identifier
+
+TRUST_FORMAT: Final = "gridledger-trust/v1"
+Role = Literal["operator", "buyer", "desk", "ledger"]
+
+
+class TrustedKey(Struct, frozen=True, forbid_unknown_fields=True):
+    """One pinned key: who holds it and in which role."""
+
+    id: Identifier
+    role: Role
+    key: Annotated[bytes, Meta(min_length=32, max_length=32)]
+
+
+class TrustFile(Struct, frozen=True, forbid_unknown_fields=True):
+    """The whole trust file."""
+
+    format: str
+    keys: Annotated[list[TrustedKey], Meta(max_length=10_000)]
+
+    def roles_of(self, public_key: bytes) -> set[str]:
+        """Every role this key is trusted for."""
+        return {k.role for k in self.keys if k.key == public_key}
+
+    def party_of(self, public_key: bytes, role: str) -> str | None:
+        """The id of the party trusted with this key in this role, if any."""
+        for k in self.keys:
+            if k.key == public_key and k.role == role:
+                return k.id
+        return None
+
+    def keys_for(self, role: str) -> dict[str, bytes]:
+        """Key id -> public key of every key trusted in ``role``."""
+        return {key_id(k.key): k.key for k in self.keys if k.role == role}
+
+
+class TrustError(Exception):
+    """A trust file that cannot be used."""
+
+
+def load_trust(path: Path) -> TrustFile:
+    """Read and check a trust file."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TrustError(f"cannot read trust file {path}: {exc.strerror}") from exc
+    try:
+        trust = msgspec.json.decode(raw, type=TrustFile)
+    except msgspec.MsgspecError as exc:
+        raise TrustError(f"trust file {path} is malformed: {exc}") from exc
+    if trust.format != TRUST_FORMAT:
+        raise TrustError(f"trust file {path}: format {trust.format!r}, want {TRUST_FORMAT!r}")
+    return trust
+
+
+def dump_trust(trust: TrustFile) -> bytes:
+    """Trust file bytes (pretty enough to read and edit)."""
+    return msgspec.json.format(msgspec.json.encode(trust), indent=2) + b"\n"
