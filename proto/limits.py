@@ -39,6 +39,9 @@ MAX_BPS: Final = 10_000
 # Whole GPU in thousandths.
 MAX_SHARE_MILLI: Final = 1000
 
+# Inputs held for a placement whose terms have not been accepted yet (SPEC 6.2).
+MAX_HELD_PER_PLACEMENT: Final = 100_000
+
 # Units in SPEC formulas.
 MS_PER_HOUR: Final = 3_600_000
 MILLI_GPU_MS_PER_GPU_HOUR: Final = 1000 * MS_PER_HOUR  # 3_600_000_000

@@ -51,3 +51,5 @@ class Reason(StrEnum):
     ADJUSTMENT_INVALID = "ADJUSTMENT_INVALID"
     ADJUSTMENT_DUPLICATE = "ADJUSTMENT_DUPLICATE"
     CLOSE_INVALID = "CLOSE_INVALID"
+    # Not a rejection: an exact re-delivery, dropped and counted.
+    DUPLICATE = "DUPLICATE"

@@ -1,0 +1,253 @@
+"""Builders of signed records for a placement: used by the demo, the replay and tests.
+
+Everything here is deterministic for a seed text: keys are derived from it, so a run can
+be replayed byte for byte. Real parties generate their keys with ``gridledger keys new``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proto.envelope import seal
+from proto.keys import SigningKey
+from proto.records import (
+    ZERO_HASH,
+    Adjustment,
+    GpuSample,
+    GpuSpec,
+    NodeKeyBinding,
+    NodeSpec,
+    Party,
+    PlacementClosed,
+    PlacementTerms,
+    ReclaimNotice,
+    UsageEvent,
+)
+from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile
+
+
+@dataclass(frozen=True)
+class Cast:
+    """The keys of one scenario: three parties, the ledger, one key per node."""
+
+    seed: str
+    operator: SigningKey
+    buyer: SigningKey
+    desk: SigningKey
+    ledger: SigningKey
+    nodes: dict[str, SigningKey] = field(default_factory=dict)
+
+    def node_key(self, node_id: str) -> SigningKey:
+        """The key of a node, derived on first use."""
+        if node_id not in self.nodes:
+            self.nodes[node_id] = SigningKey.from_seed_text(node_id, f"{self.seed}/node/{node_id}")
+        return self.nodes[node_id]
+
+    def trust(self) -> TrustFile:
+        """A trust file pinning the three parties and the ledger."""
+        keys = [
+            TrustedKey(id=k.name, role=role, key=k.public_key)
+            for role, k in (
+                ("operator", self.operator),
+                ("buyer", self.buyer),
+                ("desk", self.desk),
+                ("ledger", self.ledger),
+            )
+        ]
+        return TrustFile(format=TRUST_FORMAT, keys=keys)
+
+
+def make_cast(
+    seed: str,
+    *,
+    operator: str = "operator-1",
+    buyer: str = "buyer-1",
+    desk: str = "desk-1",
+    ledger: str = "ledger-1",
+) -> Cast:
+    """Deterministic keys for a scenario named by ``seed``."""
+
+    def key(name: str) -> SigningKey:
+        return SigningKey.from_seed_text(name, f"{seed}/party/{name}")
+
+    return Cast(seed, key(operator), key(buyer), key(desk), key(ledger))
+
+
+def gpu(node_id: str, index: int, model: str = "A100-80GB", share_milli: int = 1000) -> GpuSpec:
+    """A GPU spec with a deterministic uuid for (node, index)."""
+    return GpuSpec(
+        node_id=node_id,
+        uuid=f"GPU-{node_id}-{index}",
+        model=model,
+        share_milli=share_milli,
+        memory_mib=81920,
+    )
+
+
+DEFAULT_TERMS: dict[str, Any] = {
+    "rate_basis": "gpu_hour",
+    "rate_per_gpu_hour_minor": 250,
+    "currency": "USD",
+    "currency_scale": 2,
+    "increment_ms": 60_000,
+    "minimum_duration_ms": 0,
+    "desk_fee_bps": 500,
+    "fee_payer": "operator",
+    "interruptible": False,
+    "reclaim_notice_ms": 600_000,
+    "reclaim_penalty_bps": 10_000,
+    "sla_availability_target_bps": 9_900,
+    "sla_credit_bps": 1_000,
+    "settlement_period_ms": 3_600_000,
+    "late_grace_ms": 300_000,
+}
+
+
+def make_terms(
+    cast: Cast,
+    placement_id: str,
+    gpus: Sequence[GpuSpec],
+    window_start_ms: int,
+    window_end_ms: int,
+    **overrides: Any,
+) -> PlacementTerms:
+    """Terms for ``gpus`` over the window; any field can be overridden by keyword."""
+    node_ids = sorted({g.node_id for g in gpus})
+    fields: dict[str, Any] = {
+        **DEFAULT_TERMS,
+        "placement_id": placement_id,
+        "operator": Party(id=cast.operator.name, key=cast.operator.public_key),
+        "buyer": Party(id=cast.buyer.name, key=cast.buyer.public_key),
+        "desk": Party(id=cast.desk.name, key=cast.desk.public_key),
+        "ledger_key": cast.ledger.public_key,
+        "nodes": [
+            NodeSpec(node_id=n, key=cast.node_key(n).public_key, region="eu-west", fabric="nvlink")
+            for n in node_ids
+        ],
+        "gpus": list(gpus),
+        "window_start_ms": window_start_ms,
+        "window_end_ms": window_end_ms,
+        "created_at_ms": window_start_ms,
+    }
+    fields.update(overrides)
+    return PlacementTerms(**fields)
+
+
+def signed_terms(cast: Cast, terms: PlacementTerms) -> bytes:
+    """Terms signed by operator, buyer and desk."""
+    return seal(terms, [cast.operator, cast.buyer, cast.desk])
+
+
+def sample(
+    gpu_spec: GpuSpec, *, allocated: bool = True, healthy: bool = True, utilisation_pct: int = 90
+) -> GpuSample:
+    """A plausible sample of one GPU."""
+    return GpuSample(
+        uuid=gpu_spec.uuid,
+        model=gpu_spec.model,
+        allocated=allocated,
+        healthy=healthy,
+        utilisation_pct=utilisation_pct,
+        memory_used_mib=gpu_spec.memory_mib // 2,
+        memory_total_mib=gpu_spec.memory_mib,
+        power_mw=300_000,
+        energy_mj=0,
+        xid_errors=0,
+        ecc_errors=0,
+    )
+
+
+@dataclass
+class StreamWriter:
+    """Signs the consecutive usage events of one (node, placement) stream."""
+
+    key: SigningKey
+    placement_id: str
+    node_id: str
+    seq: int = 0
+    prev: str = ZERO_HASH
+
+    def event(self, start_ms: int, end_ms: int, samples: Iterable[GpuSample]) -> bytes:
+        """The next event's envelope; advances seq and prev."""
+        from proto.canonical import signed_bytes
+        from proto.envelope import sha256_hex
+
+        record = UsageEvent(
+            placement_id=self.placement_id,
+            node_id=self.node_id,
+            seq=self.seq,
+            prev=self.prev,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            samples=list(samples),
+        )
+        self.seq += 1
+        self.prev = sha256_hex(signed_bytes(record))
+        return seal(record, [self.key])
+
+
+def reclaim(
+    cast: Cast, terms: PlacementTerms, issued_at_ms: int, effective_at_ms: int, reclaim_id: str
+) -> bytes:
+    """An operator-signed reclaim of the whole placement."""
+    record = ReclaimNotice(
+        placement_id=terms.placement_id,
+        reclaim_id=reclaim_id,
+        issued_at_ms=issued_at_ms,
+        effective_at_ms=effective_at_ms,
+        gpus=[g.uuid for g in terms.gpus],
+        reason="capacity needed by the operator",
+    )
+    return seal(record, [cast.operator])
+
+
+def adjustment(
+    cast: Cast,
+    placement_id: str,
+    adjustment_id: str,
+    direction: str,
+    amount_minor: int,
+    issued_at_ms: int,
+    reference: str = "",
+    reason: str = "desk adjustment",
+) -> bytes:
+    """A desk-signed adjustment."""
+    record = Adjustment(
+        placement_id=placement_id,
+        adjustment_id=adjustment_id,
+        direction=direction,  # type: ignore[arg-type]
+        amount_minor=amount_minor,
+        reference=reference,
+        reason=reason,
+        issued_at_ms=issued_at_ms,
+    )
+    return seal(record, [cast.desk])
+
+
+def key_binding(
+    cast: Cast,
+    placement_id: str,
+    node_id: str,
+    key: SigningKey,
+    valid_from_ms: int,
+    valid_until_ms: int,
+    issued_at_ms: int,
+) -> bytes:
+    """An operator-signed node key binding (rotation or revocation)."""
+    record = NodeKeyBinding(
+        placement_id=placement_id,
+        node_id=node_id,
+        key=key.public_key,
+        valid_from_ms=valid_from_ms,
+        valid_until_ms=valid_until_ms,
+        issued_at_ms=issued_at_ms,
+    )
+    return seal(record, [cast.operator])
+
+
+def closed(cast: Cast, placement_id: str, closed_at_ms: int) -> bytes:
+    """A ledger-signed PlacementClosed."""
+    record = PlacementClosed(placement_id=placement_id, closed_at_ms=closed_at_ms)
+    return seal(record, [cast.ledger])
