@@ -25,7 +25,7 @@ from proto.records import (
     ReclaimNotice,
     UsageEvent,
 )
-from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile
+from proto.trust import TRUST_FORMAT, Role, TrustedKey, TrustFile
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,13 @@ class Cast:
 
     def trust(self) -> TrustFile:
         """A trust file pinning the three parties and the ledger."""
-        keys = [
-            TrustedKey(id=k.name, role=role, key=k.public_key)
-            for role, k in (
-                ("operator", self.operator),
-                ("buyer", self.buyer),
-                ("desk", self.desk),
-                ("ledger", self.ledger),
-            )
-        ]
+        pairs: tuple[tuple[Role, SigningKey], ...] = (
+            ("operator", self.operator),
+            ("buyer", self.buyer),
+            ("desk", self.desk),
+            ("ledger", self.ledger),
+        )
+        keys = [TrustedKey(id=k.name, role=role, key=k.public_key) for role, k in pairs]
         return TrustFile(format=TRUST_FORMAT, keys=keys)
 
 
