@@ -77,8 +77,8 @@ class Fold:
         """True when the placement has an accepted PlacementClosed."""
         raise NotImplementedError
 
-    def window_end_ms(self, placement_id: str) -> int | None:
-        """End of the placement's window plus its late grace, None without accepted terms."""
+    def close_due_ms(self, placement_id: str) -> int | None:
+        """window_end_ms + late_grace_ms of the placement; None without accepted terms."""
         raise NotImplementedError
 
     def open_placements(self) -> list[str]:
