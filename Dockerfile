@@ -1,0 +1,24 @@
+# gridledger: one image for the ledger and the meter agents (see docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gridledger/ gridledger/
+COPY proto/ proto/
+COPY meter/ meter/
+COPY ledger/ ledger/
+COPY verifier/ verifier/
+RUN pip install . \
+    && useradd --system --uid 10001 --user-group --home-dir /var/lib/gridledger gridledger \
+    && mkdir -p /var/lib/gridledger/data /var/lib/gridledger/spool /var/lib/gridledger/keys \
+    && chown -R gridledger:gridledger /var/lib/gridledger
+
+USER gridledger
+WORKDIR /var/lib/gridledger
+ENTRYPOINT ["gridledger"]
+CMD ["--help"]

@@ -1,0 +1,213 @@
+"""docker-compose.yml, checked without a Docker engine.
+
+The structure is checked with PyYAML; `docker compose config` (or `docker-compose
+config`) is run too when a client that can do it offline is installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gridledger.kafka_broker import KAFKA_VERSION
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+TOPIC = "gridledger.records"
+APP_SERVICES = ("ledger", "meter-a", "meter-b")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    assert "version" not in data  # obsolete in the Compose Specification
+    return data
+
+
+def _services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    services = compose["services"]
+    assert isinstance(services, dict)
+    return services
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def _depends_on(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on", {})
+    if isinstance(deps, list):
+        return dict.fromkeys(deps, "service_started")
+    return {name: spec.get("condition", "service_started") for name, spec in deps.items()}
+
+
+def _volume_entries(service: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    for entry in service.get("volumes", []):
+        if isinstance(entry, str):
+            source, target = entry.split(":")[:2]
+        else:
+            source, target = entry.get("source", ""), entry["target"]
+        out.append((source, target))
+    return out
+
+
+def test_services_present(compose: dict[str, Any]) -> None:
+    services = _services(compose)
+    for name in ("kafka", "kafka-init", *APP_SERVICES):
+        assert name in services, name
+
+
+def test_kafka_is_apache_kafka_4_kraft_with_infinite_retention(compose: dict[str, Any]) -> None:
+    kafka = _services(compose)["kafka"]
+    assert re.fullmatch(r"apache/kafka:4\.\d+\.\d+", kafka["image"]), kafka["image"]
+    assert kafka["image"] == f"apache/kafka:{KAFKA_VERSION}"  # same as the test broker
+    env = _env(kafka)
+    assert not any("ZOOKEEPER" in key for key in env)
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    node_id = env["KAFKA_NODE_ID"]
+    voters = env.get("KAFKA_CONTROLLER_QUORUM_VOTERS", "")
+    assert voters.startswith(f"{node_id}@") or env.get("KAFKA_CONTROLLER_QUORUM_BOOTSTRAP_SERVERS")
+    controller = env["KAFKA_CONTROLLER_LISTENER_NAMES"]
+    listeners = env["KAFKA_LISTENERS"]
+    assert f"{controller}://" in listeners
+    protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    for listener in listeners.split(","):
+        assert listener.split("://")[0] in protocols, listener
+    for advertised in env["KAFKA_ADVERTISED_LISTENERS"].split(","):
+        assert advertised.split("://")[0] in protocols, advertised
+    assert len(base64.urlsafe_b64decode(env["CLUSTER_ID"] + "==")) == 16
+    assert int(env["KAFKA_LOG_RETENTION_MS"]) == -1
+    assert int(env.get("KAFKA_LOG_RETENTION_BYTES", "-1")) == -1
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    for key in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+    ):
+        assert env[key] == "1", key
+    assert "healthcheck" in kafka
+    log_dir = env["KAFKA_LOG_DIRS"]
+    assert any(target == log_dir for _, target in _volume_entries(kafka)), "data on a volume"
+
+
+def test_topic_init_creates_the_records_topic(compose: dict[str, Any]) -> None:
+    init = _services(compose)["kafka-init"]
+    assert init["image"] == _services(compose)["kafka"]["image"]
+    assert _depends_on(init) == {"kafka": "service_healthy"}
+    assert init.get("restart", "no") == "no"
+    command = [str(part) for part in init["command"]]
+    assert "--create" in command and "--if-not-exists" in command
+    assert command[command.index("--topic") + 1] == TOPIC
+    assert int(command[command.index("--partitions") + 1]) >= 2
+    configs = {command[i + 1] for i, part in enumerate(command) if part == "--config"}
+    assert "retention.ms=-1" in configs
+
+
+def test_every_service_has_a_valid_image_or_build(compose: dict[str, Any]) -> None:
+    for name, service in _services(compose).items():
+        assert "build" in service or "image" in service, name
+        if "image" in service:
+            assert re.fullmatch(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?", service["image"])
+        if "build" in service:
+            build = service["build"]
+            context = ROOT / (build if isinstance(build, str) else build.get("context", "."))
+            dockerfile = "Dockerfile" if isinstance(build, str) else build.get("dockerfile")
+            assert (context / (dockerfile or "Dockerfile")).is_file(), name
+
+
+def test_app_services_run_the_stable_commands(compose: dict[str, Any]) -> None:
+    services = _services(compose)
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.M)
+    assert re.search(r"pip install \.", dockerfile)
+    assert 'ENTRYPOINT ["gridledger"]' in dockerfile
+    ledger = services["ledger"]
+    assert ledger["command"][:3] == ["ledger", "run", "--config"]
+    assert {"kafka-init": "service_completed_successfully"}.items() <= _depends_on(ledger).items()
+    for name in ("meter-a", "meter-b"):
+        command = services[name]["command"]
+        assert command[:3] == ["meter", "run", "--config"], name
+        assert "--simulate" in command, name
+    for name in APP_SERVICES:
+        service = services[name]
+        config = service["command"][service["command"].index("--config") + 1]
+        mounts = dict((target, source) for source, target in _volume_entries(service))
+        assert config in mounts, f"{name}: {config} is not mounted"
+        with (ROOT / mounts[config]).open("rb") as handle:
+            tomllib.load(handle)  # the config file exists and is valid TOML
+
+
+def test_depends_on_volumes_and_ports(compose: dict[str, Any]) -> None:
+    services = _services(compose)
+    named_volumes = set((compose.get("volumes") or {}).keys())
+    used_volumes = set()
+    for name, service in services.items():
+        for dep, condition in _depends_on(service).items():
+            assert dep in services and dep != name, (name, dep)
+            assert condition in {
+                "service_started",
+                "service_healthy",
+                "service_completed_successfully",
+            }
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dep], dep
+        for source, target in _volume_entries(service):
+            assert target.startswith("/"), (name, target)
+            if source.startswith((".", "/")):
+                assert source.startswith("./"), f"{name}: bind mounts stay inside the repo"
+                assert (ROOT / source).exists(), f"{name}: {source} does not exist"
+            else:
+                assert source in named_volumes, f"{name}: volume {source} not declared"
+                used_volumes.add(source)
+        for port in service.get("ports", []):
+            if isinstance(port, dict):
+                assert port.get("host_ip") == "127.0.0.1", (name, port)
+            else:
+                assert str(port).startswith("127.0.0.1:"), (name, port)
+    assert used_volumes == named_volumes
+
+
+def _compose_cli() -> list[str] | None:
+    candidates = []
+    if shutil.which("docker"):
+        candidates.append(["docker", "compose"])
+    if shutil.which("docker-compose"):
+        candidates.append(["docker-compose"])
+    for cli in candidates:
+        try:
+            done = subprocess.run(
+                [*cli, "version"], capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return cli
+    return None
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("no `docker compose` / `docker-compose` client installed")
+    done = subprocess.run(
+        [*cli, "-f", str(COMPOSE), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
