@@ -1,0 +1,116 @@
+"""Pricing (SPEC.md §7): cumulative totals from what was delivered and agreed.
+
+Pure integer arithmetic on cumulative values; rounding happens once per total, and a
+line item is the difference of two consecutive totals.
+"""
+
+from __future__ import annotations
+
+from proto.limits import MAX_BPS, MILLI_GPU_MS_PER_GPU_HOUR
+from proto.records import PlacementTerms, Totals
+from proto.terms import total_share_milli
+
+ZERO_TOTALS = Totals(
+    delivered_mgms=0,
+    billable_mgms=0,
+    gross_minor=0,
+    reclaim_credit_minor=0,
+    sla_credit_minor=0,
+    adjustment_credit_minor=0,
+    adjustment_charge_minor=0,
+    credits_minor=0,
+    net_minor=0,
+    fee_minor=0,
+    buyer_owes_minor=0,
+    operator_receives_minor=0,
+    desk_receives_minor=0,
+)
+
+
+def overlap_ms(start_ms: int, end_ms: int, lo_ms: int, hi_ms: int) -> int:
+    """Length of [start, end) ∩ [lo, hi)."""
+    return max(0, min(end_ms, hi_ms) - max(start_ms, lo_ms))
+
+
+def billable_mgms(terms: PlacementTerms, delivered_mgms: int) -> int:
+    """B: delivered rounded up to whole billing increments (SPEC §7.2)."""
+    unit = terms.increment_ms * 1000
+    return -(-delivered_mgms // unit) * unit
+
+
+def gross_minor(terms: PlacementTerms, billable: int) -> int:
+    """G: billable milli-GPU-ms at the GPU-hour rate, rounded down (SPEC §7.2)."""
+    return billable * terms.rate_per_gpu_hour_minor // MILLI_GPU_MS_PER_GPU_HOUR
+
+
+def reclaim_credit_minor(terms: PlacementTerms, issued_at_ms: int, effective_at_ms: int) -> int:
+    """R: the credit owed for a reclaim with short notice or a taken window (SPEC §7.3)."""
+    notice_given = effective_at_ms - issued_at_ms
+    short = max(0, terms.reclaim_notice_ms - notice_given)
+    if not terms.interruptible:
+        taken = terms.window_end_ms - effective_at_ms
+    else:
+        taken = max(0, terms.window_start_ms + terms.minimum_duration_ms - effective_at_ms)
+    numerator = (
+        total_share_milli(terms)
+        * (short + taken)
+        * terms.rate_per_gpu_hour_minor
+        * terms.reclaim_penalty_bps
+    )
+    return numerator // (MILLI_GPU_MS_PER_GPU_HOUR * MAX_BPS)
+
+
+def availability_bps(terms: PlacementTerms, delivered_mgms: int, effective_end_ms: int) -> int:
+    """Delivered as a share of what was owed, in basis points (SPEC §7.5)."""
+    owed_ms = effective_end_ms - terms.window_start_ms
+    if owed_ms <= 0:
+        return MAX_BPS
+    return MAX_BPS * delivered_mgms // (total_share_milli(terms) * owed_ms)
+
+
+def sla_credit_minor(
+    terms: PlacementTerms, delivered_mgms: int, gross: int, effective_end_ms: int
+) -> int:
+    """Q: fixed at the close; a share of gross when availability missed the target."""
+    if (
+        availability_bps(terms, delivered_mgms, effective_end_ms)
+        < terms.sla_availability_target_bps
+    ):
+        return gross * terms.sla_credit_bps // MAX_BPS
+    return 0
+
+
+def price(
+    terms: PlacementTerms,
+    *,
+    delivered_mgms: int,
+    reclaim_credit: int,
+    sla_credit: int,
+    adjustment_credit: int,
+    adjustment_charge: int,
+) -> Totals:
+    """Every cumulative total from the cumulative inputs (SPEC §7.2, §7.6)."""
+    billable = billable_mgms(terms, delivered_mgms)
+    gross = gross_minor(terms, billable)
+    credits = min(reclaim_credit + sla_credit + adjustment_credit, gross + adjustment_charge)
+    net = gross + adjustment_charge - credits
+    fee = net * terms.desk_fee_bps // MAX_BPS
+    if terms.fee_payer == "operator":
+        buyer_owes, operator_receives = net, net - fee
+    else:
+        buyer_owes, operator_receives = net + fee, net
+    return Totals(
+        delivered_mgms=delivered_mgms,
+        billable_mgms=billable,
+        gross_minor=gross,
+        reclaim_credit_minor=reclaim_credit,
+        sla_credit_minor=sla_credit,
+        adjustment_credit_minor=adjustment_credit,
+        adjustment_charge_minor=adjustment_charge,
+        credits_minor=credits,
+        net_minor=net,
+        fee_minor=fee,
+        buyer_owes_minor=buyer_owes,
+        operator_receives_minor=operator_receives,
+        desk_receives_minor=fee,
+    )
