@@ -250,6 +250,19 @@ def _tail_text(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _fetch_complete(marker: Path, libs: Path) -> bool:
+    """The marker exists and every jar it lists is in place (a damaged cache is refetched)."""
+    try:
+        listed = json.loads(marker.read_text(encoding="utf-8"))["jars"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return (
+        isinstance(listed, list)
+        and f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar" in listed
+        and all((libs / str(name)).is_file() for name in listed)
+    )
+
+
 def fetch_kafka(cache: Path | None = None, *, timeout_s: float = FETCH_TIMEOUT_S) -> Path:
     """Fetch the Kafka broker jars with Maven (once) and return the libs folder.
 
@@ -261,12 +274,15 @@ def fetch_kafka(cache: Path | None = None, *, timeout_s: float = FETCH_TIMEOUT_S
     home = _kafka_home(cache)
     libs = home / "libs"
     marker = home / _FETCH_MARKER
-    if marker.is_file() and libs.is_dir():
+    if _fetch_complete(marker, libs):
         return libs
     mvn = require_maven()
     with _file_lock(home / ".fetch.lock"):
-        if marker.is_file() and libs.is_dir():
+        if _fetch_complete(marker, libs):
             return libs
+        marker.unlink(missing_ok=True)
+        for stale in home.glob(".fetch-*"):  # left by a fetch that was killed (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=home))
         try:
             pom = staging / "pom.xml"
@@ -776,7 +792,10 @@ class KafkaBroker:
         port_pinned, controller_pinned = self._port is not None, self._controller_port is not None
         # Free ports are picked before the JVM binds them; another process can win that
         # race. Only then, and only for a node formatted by this very call, pick again.
-        attempts = 1 if self._formatted() else 3
+        attempts = 1 if self._formatted() or port_pinned else 3
+        for port in (self._port, self._controller_port):
+            if port is not None and not _port_is_free(port):
+                raise BrokerStartError(f"port {port} on {HOST} is taken by another process")
         for attempt in range(1, attempts + 1):
             if attempt > 1:
                 shutil.rmtree(self._data_dir(), ignore_errors=True)

@@ -35,10 +35,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def _kafka_launcher() -> Iterator[KafkaBroker]:
     broker = KafkaBroker()
+    error = None
     try:
         broker.start()
     except KafkaLauncherError as exc:
-        pytest.fail(f"the test Kafka broker could not start:\n{exc}", pytrace=False)
+        error = str(exc)
+    if error is not None:
+        pytest.fail(f"the test Kafka broker could not start:\n{error}", pytrace=False)
     try:
         yield broker
     finally:
@@ -49,10 +52,13 @@ def _kafka_launcher() -> Iterator[KafkaBroker]:
 def kafka_bootstrap(request: pytest.FixtureRequest) -> str:
     external = os.environ.get(_EXTERNAL, "").strip()
     if external:
+        error = None
         try:
             wait_for_broker(external, timeout_s=30.0)
         except KafkaLauncherError as exc:
-            pytest.fail(f"{_EXTERNAL}={external}: {exc}", pytrace=False)
+            error = str(exc)
+        if error is not None:
+            pytest.fail(f"{_EXTERNAL}={external}: {error}", pytrace=False)
         return external
     broker: KafkaBroker = request.getfixturevalue("_kafka_launcher")
     return broker.bootstrap
@@ -69,10 +75,13 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[KafkaBroker]:
     broker: KafkaBroker = request.getfixturevalue("_kafka_launcher")
     yield broker
     if not broker.running:  # leave a running broker for the rest of the session
+        error = None
         try:
             broker.restart()
         except KafkaLauncherError as exc:
-            pytest.fail(f"the test Kafka broker did not come back:\n{exc}", pytrace=False)
+            error = str(exc)
+        if error is not None:
+            pytest.fail(f"the test Kafka broker did not come back:\n{error}", pytrace=False)
 
 
 _topic_counter = itertools.count()
