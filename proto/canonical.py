@@ -82,7 +82,7 @@ def _classify_validation(message: str) -> Reason:
         return Reason.FLOAT
     if "Invalid value" in message and "$.type" in message:
         return Reason.KIND_MISMATCH
-    if any(op in message for op in (">=", "<=", "length", "match regex")):
+    if any(op in message for op in (">=", "<=", "length", "matching regex")):
         return Reason.OUT_OF_RANGE
     return Reason.MALFORMED
 
