@@ -1,0 +1,66 @@
+"""Checkpoints (SPEC.md §8): C2SP signed notes over the RFC 9162 root of a chain.
+
+The leaves are the signed bytes (payloads) of the placement's LedgerRecords in index
+order. The ledger signs under the name ``gridledger-ledger``; each party cosigns under
+its party id with the key the terms name for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from proto import merkle
+from proto.errors import ProtoError
+from proto.keys import SigningKey
+from proto.note import SignedNote, checkpoint_body, checkpoint_origin, parse_note, sign_note
+from proto.reasons import Reason
+from proto.records import Checkpoint, PlacementTerms
+
+LEDGER_NOTE_NAME: Final = "gridledger-ledger"
+
+
+def make_checkpoint(placement_id: str, payloads: Sequence[bytes], key: SigningKey) -> SignedNote:
+    """The ledger-signed checkpoint note over ``payloads`` (every record so far)."""
+    checkpoint = Checkpoint(
+        origin=checkpoint_origin(placement_id), size=len(payloads), root=merkle.root(payloads)
+    )
+    return sign_note(checkpoint_body(checkpoint), LEDGER_NOTE_NAME, key)
+
+
+def party_note_keys(terms: PlacementTerms) -> dict[str, bytes]:
+    """Party id -> public key, for the parties that may cosign the placement's checkpoints."""
+    return {p.id: p.key for p in (terms.operator, terms.buyer, terms.desk)}
+
+
+def merge_cosignature(
+    stored: str, submitted: str, terms: PlacementTerms, ledger_public_key: bytes
+) -> tuple[str, list[str]]:
+    """Merge the valid party signatures of ``submitted`` into the ``stored`` note.
+
+    Returns (merged note text, names of the parties whose signatures were added).
+    Raises ProtoError when the submitted note is over another body, or carries no new
+    valid party signature (each party's line must verify under the key the terms name).
+    """
+    current = parse_note(stored)
+    offered = parse_note(submitted)
+    if offered.body != current.body:
+        raise ProtoError(Reason.MALFORMED, "cosigned note is over another checkpoint body")
+    if not current.signed_by(LEDGER_NOTE_NAME, ledger_public_key):
+        raise ProtoError(Reason.SIG_INVALID, "stored checkpoint lacks the ledger signature")
+    keys = party_note_keys(terms)
+    added: list[str] = []
+    lines = list(current.signatures)
+    for line in offered.signatures:
+        if line.name == LEDGER_NOTE_NAME or line in lines:
+            continue
+        key = keys.get(line.name)
+        if key is None:
+            raise ProtoError(Reason.SIG_SURPLUS, f"{line.name!r} is not a party of the terms")
+        if not SignedNote(offered.body, (line,)).signed_by(line.name, key):
+            raise ProtoError(Reason.SIG_INVALID, f"cosignature of {line.name!r} does not verify")
+        lines = [s for s in lines if s.name != line.name] + [line]
+        added.append(line.name)
+    if not added:
+        raise ProtoError(Reason.SIG_MISSING, "no new party cosignature in the submitted note")
+    return SignedNote(current.body, tuple(lines)).text(), added

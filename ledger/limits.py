@@ -1,0 +1,42 @@
+"""Every named maximum of the ledger service, in one place.
+
+Wire limits (envelope sizes, held inputs per placement) live in ``proto.limits``; these
+bound what the service itself buffers, waits for and keeps.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Inputs consumed, folded and committed in one DuckDB transaction. Larger batches amortise
+# the commit (~ms) and the appender flush; smaller ones bound the work redone after a crash.
+DEFAULT_BATCH_MAX_RECORDS: Final = 5_000
+MAX_BATCH_RECORDS: Final = 100_000
+
+# How long one Kafka poll waits for data before the loop runs the closer again.
+POLL_TIMEOUT_MS: Final = 200
+
+# Quarantined bytes kept as evidence per input; anything longer is cut (the full size and
+# the hash of the whole input are kept beside it).
+MAX_QUARANTINE_BYTES: Final = 256 * 1024
+
+# Free-text detail kept with a quarantined input.
+MAX_DETAIL_CHARS: Final = 512
+
+# Passes of ``run_until_idle`` (each consumes at most one batch per source): a bound on
+# the loop, far above what any backlog of the local transport needs at the batch size.
+MAX_IDLE_PASSES: Final = 10_000_000
+
+# Publishing a ledger-signed close into the stream: attempts and the wait between them.
+CLOSE_PUBLISH_ATTEMPTS: Final = 5
+CLOSE_PUBLISH_BACKOFF_S: Final = 0.5
+
+# HTTP API: largest request body accepted (a cosigned note), request read timeout.
+MAX_HTTP_BODY_BYTES: Final = 64 * 1024
+HTTP_TIMEOUT_S: Final = 30.0
+
+# Client side of the HTTP API (CLI talking to a running ledger).
+HTTP_CLIENT_TIMEOUT_S: Final = 60.0
+
+# Batch latency histogram buckets (seconds).
+BATCH_LATENCY_BUCKETS_S: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)

@@ -1,0 +1,62 @@
+"""Statements (SPEC.md §8): the ledger-signed obligation through one record of a chain.
+
+Pure: a statement is a function of the record it summarises, the placement's currency and
+whether the chain through that record includes an accepted close. Ed25519 signatures
+are deterministic, so the same chain always yields byte-identical statements.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ledger.store import StatementRow
+from proto.envelope import open_envelope, seal
+from proto.keys import SigningKey, b64
+from proto.records import LedgerRecord, PlacementTerms, Statement
+
+
+def make_statement(
+    record: LedgerRecord,
+    record_hash: str,
+    terms: PlacementTerms,
+    final: bool,
+    key: SigningKey,
+) -> StatementRow:
+    """Sign the statement through ``record`` (whose payload hash is ``record_hash``)."""
+    statement = Statement(
+        placement_id=record.placement_id,
+        through_index=record.index,
+        head=record_hash,
+        currency=terms.currency,
+        currency_scale=terms.currency_scale,
+        final=final,
+        totals=record.totals,
+    )
+    return StatementRow(
+        placement_id=record.placement_id,
+        through_index=record.index,
+        head=record_hash,
+        envelope=seal(statement, [key]),
+        final=final,
+        totals=record.totals,
+    )
+
+
+def ledger_record_of(envelope: bytes) -> tuple[LedgerRecord, str]:
+    """Decode a stored LedgerRecord envelope: (record, record hash)."""
+    opened = open_envelope(envelope)
+    if not isinstance(opened.record, LedgerRecord):
+        raise ValueError(f"expected a LedgerRecord envelope, got {opened.kind}")
+    return opened.record, opened.record_hash
+
+
+def statement_json(envelope: bytes) -> dict[str, Any]:
+    """The JSON answer for a statement: its fields plus the envelope (base64)."""
+    opened = open_envelope(envelope)
+    if not isinstance(opened.record, Statement):
+        raise ValueError(f"expected a Statement envelope, got {opened.kind}")
+    body: dict[str, Any] = msgspec.to_builtins(opened.record)
+    body["envelope"] = b64(envelope)
+    return body

@@ -1,0 +1,679 @@
+"""The ledger's DuckDB store: chains, inputs, quarantine, fold state, offsets. One writer.
+
+Everything one batch produced — ledger records, chained inputs, quarantined inputs,
+duplicate counters, the fold state of every placement the batch touched, final
+statements and the consumed offsets — is written in ONE transaction (``commit_batch``).
+A kill -9 at any point leaves either the whole batch or none of it; on start the
+service restores the fold state and seeks to the stored offsets, so it resumes exactly
+where the last committed batch ended (the eventsourcing "tracking record" pattern).
+
+Bulk rows go through DuckDB appenders (LIMITS.md: ~240k rows/s, where ``executemany``
+manages ~2k); an appender's flush is part of the surrounding transaction, so a rollback
+or a crash discards it like any other write.
+
+The connection is shared by the service loop and the HTTP threads; a lock serialises
+them (DuckDB's Python connection is not safe for concurrent use).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+import duckdb
+import msgspec
+
+from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES
+from proto.envelope import decode_envelope, open_envelope, sha256_hex
+from proto.keys import b64
+from proto.records import (
+    Adjustment,
+    LedgerRecord,
+    NodeKeyBinding,
+    PlacementClosed,
+    PlacementTerms,
+    ReclaimNotice,
+    Totals,
+    UsageEvent,
+)
+
+STORE_FORMAT: Final = "gridledger-ledger-store"
+STORE_VERSION: Final = "1"
+
+TOTALS_FIELDS: Final[tuple[str, ...]] = tuple(Totals.__struct_fields__)
+
+_TOTALS_COLUMNS: Final = ",\n    ".join(f"{name} BIGINT NOT NULL" for name in TOTALS_FIELDS)
+
+SCHEMA: Final = f"""
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    placement_id VARCHAR NOT NULL,
+    chain_index BIGINT NOT NULL,
+    envelope BLOB NOT NULL,
+    record_hash VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,
+    reason VARCHAR NOT NULL,
+    delivered_mgms BIGINT NOT NULL,
+    {_TOTALS_COLUMNS}
+);
+CREATE TABLE IF NOT EXISTS inputs (
+    placement_id VARCHAR NOT NULL,
+    chain_index BIGINT NOT NULL,
+    position VARCHAR NOT NULL,
+    input_hash VARCHAR NOT NULL,
+    payload_hash VARCHAR NOT NULL,
+    envelope BLOB NOT NULL,
+    kind VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,
+    reason VARCHAR NOT NULL,
+    node_id VARCHAR,
+    seq BIGINT,
+    start_ms BIGINT,
+    end_ms BIGINT,
+    valid_from_ms BIGINT,
+    valid_until_ms BIGINT,
+    issued_at_ms BIGINT,
+    effective_at_ms BIGINT,
+    direction VARCHAR,
+    amount_minor BIGINT,
+    closed_at_ms BIGINT
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    position VARCHAR NOT NULL,
+    input_hash VARCHAR NOT NULL,
+    size_bytes BIGINT NOT NULL,
+    envelope BLOB NOT NULL,
+    reason VARCHAR NOT NULL,
+    detail VARCHAR NOT NULL,
+    placement_id VARCHAR
+);
+CREATE TABLE IF NOT EXISTS dropped (
+    placement_id VARCHAR PRIMARY KEY,
+    count BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS placement_state (
+    placement_id VARCHAR PRIMARY KEY,
+    snapshot BLOB NOT NULL,
+    closed BOOLEAN NOT NULL,
+    close_due_ms BIGINT
+);
+CREATE TABLE IF NOT EXISTS statements (
+    placement_id VARCHAR NOT NULL,
+    through_index BIGINT NOT NULL,
+    head VARCHAR NOT NULL,
+    envelope BLOB NOT NULL,
+    final BOOLEAN NOT NULL,
+    buyer_owes_minor BIGINT NOT NULL,
+    operator_receives_minor BIGINT NOT NULL,
+    desk_receives_minor BIGINT NOT NULL,
+    PRIMARY KEY (placement_id, through_index)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    placement_id VARCHAR NOT NULL,
+    size BIGINT NOT NULL,
+    note VARCHAR NOT NULL,
+    PRIMARY KEY (placement_id, size)
+);
+CREATE TABLE IF NOT EXISTS closes (
+    placement_id VARCHAR PRIMARY KEY,
+    envelope BLOB NOT NULL,
+    published BOOLEAN NOT NULL
+);
+CREATE TABLE IF NOT EXISTS offsets (source VARCHAR PRIMARY KEY, position VARCHAR NOT NULL);
+"""
+
+INPUT_COLUMNS: Final[tuple[str, ...]] = (
+    "placement_id",
+    "chain_index",
+    "position",
+    "input_hash",
+    "payload_hash",
+    "envelope",
+    "kind",
+    "status",
+    "reason",
+    "node_id",
+    "seq",
+    "start_ms",
+    "end_ms",
+    "valid_from_ms",
+    "valid_until_ms",
+    "issued_at_ms",
+    "effective_at_ms",
+    "direction",
+    "amount_minor",
+    "closed_at_ms",
+)
+
+
+class StoreError(Exception):
+    """The store cannot be used (wrong format, another ledger's key, locked by a writer)."""
+
+
+# ---- what one batch writes ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChainedRow:
+    """One chained input and the LedgerRecord it produced."""
+
+    record: LedgerRecord
+    record_envelope: bytes
+    record_hash: str
+    position: str
+    raw: bytes
+    input_hash: str
+    payload_hash: str
+    input_record: object
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineRow:
+    """An input that could not be attributed to a placement's chain."""
+
+    position: str
+    raw: bytes
+    reason: str
+    detail: str
+    placement_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StateRow:
+    """The fold state of one placement after the batch."""
+
+    placement_id: str
+    snapshot: bytes
+    closed: bool
+    close_due_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StatementRow:
+    """A signed statement and the columns kept beside it."""
+
+    placement_id: str
+    through_index: int
+    head: str
+    envelope: bytes
+    final: bool
+    totals: Totals
+
+
+@dataclass(slots=True)
+class Batch:
+    """Everything one consumed batch produced; written atomically by ``commit_batch``."""
+
+    chained: list[ChainedRow] = field(default_factory=list)
+    quarantined: list[QuarantineRow] = field(default_factory=list)
+    dropped: Counter[str] = field(default_factory=Counter)
+    states: list[StateRow] = field(default_factory=list)
+    statements: list[StatementRow] = field(default_factory=list)
+    offsets: dict[str, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.chained) + len(self.quarantined) + sum(self.dropped.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ChainHead:
+    """The last record of a placement's chain."""
+
+    placement_id: str
+    chain_index: int
+    record_hash: str
+    envelope: bytes
+
+
+def _input_columns(record: object) -> tuple[Any, ...]:
+    """The convenience columns (node_id .. closed_at_ms) of one input record."""
+    none11: tuple[Any, ...] = (None,) * 11
+    match record:
+        case UsageEvent():
+            return (record.node_id, record.seq, record.start_ms, record.end_ms, *none11[:7])
+        case NodeKeyBinding():
+            return (
+                record.node_id,
+                None,
+                None,
+                None,
+                record.valid_from_ms,
+                record.valid_until_ms,
+                record.issued_at_ms,
+                None,
+                None,
+                None,
+                None,
+            )
+        case ReclaimNotice():
+            return (*none11[:6], record.issued_at_ms, record.effective_at_ms, None, None, None)
+        case Adjustment():
+            return (
+                *none11[:6],
+                record.issued_at_ms,
+                None,
+                record.direction,
+                record.amount_minor,
+                None,
+            )
+        case PlacementClosed():
+            return (*none11[:10], record.closed_at_ms)
+        case _:
+            return none11
+
+
+def _record_row(row: ChainedRow) -> tuple[Any, ...]:
+    r = row.record
+    totals = r.totals
+    return (
+        r.placement_id,
+        r.index,
+        row.record_envelope,
+        row.record_hash,
+        r.kind,
+        r.status,
+        r.reason,
+        r.delivered_mgms,
+        *(getattr(totals, name) for name in TOTALS_FIELDS),
+    )
+
+
+def _input_row(row: ChainedRow) -> tuple[Any, ...]:
+    r = row.record
+    return (
+        r.placement_id,
+        r.index,
+        row.position,
+        row.input_hash,
+        row.payload_hash,
+        row.raw,
+        r.kind,
+        r.status,
+        r.reason,
+        *_input_columns(row.input_record),
+    )
+
+
+def _quarantine_row(row: QuarantineRow) -> tuple[Any, ...]:
+    # Evidence is bounded: a hostile producer cannot grow the store by more than this per
+    # input; the hash and size of the whole input are kept.
+    return (
+        row.position,
+        sha256_hex(row.raw),
+        len(row.raw),
+        row.raw[:MAX_QUARANTINE_BYTES],
+        row.reason,
+        row.detail[:MAX_DETAIL_CHARS],
+        row.placement_id,
+    )
+
+
+# ---- the store ------------------------------------------------------------------------------
+
+
+class Store:
+    """The ledger's DuckDB file. Open it once per process; it is the only writer."""
+
+    def __init__(self, path: Path | str, *, ledger_public_key: bytes | None = None) -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        try:
+            self._con = duckdb.connect(str(self.path))
+        except duckdb.IOException as exc:
+            raise StoreError(f"cannot open ledger store {self.path}: {exc}") from exc
+        try:
+            self._init_schema(ledger_public_key)
+        except BaseException:
+            self._con.close()
+            raise
+
+    def _init_schema(self, ledger_public_key: bytes | None) -> None:
+        con = self._con
+        con.execute("BEGIN")
+        try:
+            con.execute(SCHEMA)
+            meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+            if not meta:
+                rows = [("format", STORE_FORMAT), ("store_version", STORE_VERSION)]
+                if ledger_public_key is not None:
+                    rows.append(("ledger_key", b64(ledger_public_key)))
+                for key, value in rows:
+                    con.execute("INSERT INTO meta VALUES (?, ?)", [key, value])
+            else:
+                if meta.get("format") != STORE_FORMAT:
+                    raise StoreError(f"{self.path} is not a ledger store ({meta.get('format')!r})")
+                if meta.get("store_version") != STORE_VERSION:
+                    raise StoreError(
+                        f"{self.path}: store version {meta.get('store_version')!r}, "
+                        f"this ledger reads {STORE_VERSION!r}"
+                    )
+                stored_key = meta.get("ledger_key")
+                if ledger_public_key is not None:
+                    if stored_key is None:
+                        con.execute(
+                            "INSERT INTO meta VALUES ('ledger_key', ?)", [b64(ledger_public_key)]
+                        )
+                    elif stored_key != b64(ledger_public_key):
+                        raise StoreError(
+                            f"{self.path} belongs to another ledger key ({stored_key}); "
+                            "refusing to mix chains signed by two keys"
+                        )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (a checkpoint of the WAL happens in DuckDB on close)."""
+        with self._lock:
+            self._con.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ---- the write path ----------------------------------------------------------------------
+
+    def commit_batch(self, batch: Batch) -> None:
+        """Write everything in ``batch`` in one transaction (all or nothing)."""
+        record_rows = [_record_row(r) for r in batch.chained]
+        input_rows = [_input_row(r) for r in batch.chained]
+        quarantine_rows = [_quarantine_row(q) for q in batch.quarantined]
+        state_rows = [(s.placement_id, s.snapshot, s.closed, s.close_due_ms) for s in batch.states]
+        statement_rows = [_statement_tuple(s) for s in batch.statements]
+        with self._lock:
+            con = self._con
+            con.execute("BEGIN")
+            try:
+                self._append("records", record_rows)
+                self._append("inputs", input_rows)
+                self._append("quarantine", quarantine_rows)
+                self._append("placement_state", state_rows, upsert=True)
+                self._append("statements", statement_rows, upsert=True)
+                for placement_id, count in sorted(batch.dropped.items()):
+                    con.execute(
+                        "INSERT INTO dropped VALUES (?, ?) ON CONFLICT (placement_id) "
+                        "DO UPDATE SET count = dropped.count + excluded.count",
+                        [placement_id, count],
+                    )
+                self._append("offsets", sorted(batch.offsets.items()), upsert=True)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+
+    def _append(self, table: str, rows: Sequence[tuple[Any, ...]], *, upsert: bool = False) -> None:
+        if not rows:
+            return
+        appender = self._con.appender(table, action="upsert" if upsert else "insert")
+        appender.append_rows(rows)
+        appender.flush()
+
+    # ---- fold state and offsets -----------------------------------------------------------
+
+    def offsets(self) -> dict[str, str]:
+        """Source -> stored position (the next input to read)."""
+        return dict(self._rows("SELECT source, position FROM offsets"))
+
+    def open_states(self) -> list[tuple[str, bytes]]:
+        """(placement_id, snapshot) of every placement that is not closed."""
+        return [
+            (str(pid), bytes(snap))
+            for pid, snap in self._rows(
+                "SELECT placement_id, snapshot FROM placement_state WHERE NOT closed "
+                "ORDER BY placement_id"
+            )
+        ]
+
+    def load_state(self, placement_id: str) -> bytes | None:
+        """The stored snapshot of one placement (restores an evicted placement)."""
+        rows = self._rows(
+            "SELECT snapshot FROM placement_state WHERE placement_id = ?", [placement_id]
+        )
+        return bytes(rows[0][0]) if rows else None
+
+    def lookup_usage(self, placement_id: str, node_id: str, seq: int) -> tuple[str, str] | None:
+        """(input_hash, payload record hash) of the accepted usage event at ``seq``, or None."""
+        rows = self._rows(
+            "SELECT input_hash, payload_hash FROM inputs WHERE placement_id = ? AND node_id = ? "
+            "AND seq = ? AND kind = 'usage' AND status = 'accepted'",
+            [placement_id, node_id, seq],
+        )
+        return (str(rows[0][0]), str(rows[0][1])) if rows else None
+
+    # ---- chains ------------------------------------------------------------------------------
+
+    def placements(self) -> list[str]:
+        """Every placement with at least one chained record."""
+        return [
+            str(r[0]) for r in self._rows("SELECT DISTINCT placement_id FROM records ORDER BY 1")
+        ]
+
+    def head(self, placement_id: str) -> ChainHead | None:
+        """The last record of the placement's chain."""
+        rows = self._rows(
+            "SELECT chain_index, record_hash, envelope FROM records WHERE placement_id = ? "
+            "ORDER BY chain_index DESC LIMIT 1",
+            [placement_id],
+        )
+        if not rows:
+            return None
+        index, record_hash, envelope = rows[0]
+        return ChainHead(placement_id, int(index), str(record_hash), bytes(envelope))
+
+    def heads(self) -> dict[str, tuple[int, str]]:
+        """placement_id -> (last chain index, its record hash), for every placement."""
+        rows = self._rows(
+            "SELECT placement_id, arg_max(chain_index, chain_index), "
+            "arg_max(record_hash, chain_index) FROM records GROUP BY placement_id"
+        )
+        return {str(p): (int(i), str(h)) for p, i, h in rows}
+
+    def record_envelopes(self, placement_id: str, through_index: int | None = None) -> list[bytes]:
+        """The LedgerRecord envelopes of a placement in index order (optionally a prefix)."""
+        limit = -1 if through_index is None else through_index
+        rows = self._rows(
+            "SELECT chain_index, envelope FROM records WHERE placement_id = ? "
+            "AND (? < 0 OR chain_index <= ?) ORDER BY chain_index",
+            [placement_id, limit, limit],
+        )
+        for expected, (index, _) in enumerate(rows):
+            if index != expected:
+                raise StoreError(f"chain of {placement_id} has a hole at index {expected}")
+        return [bytes(env) for _, env in rows]
+
+    def record_payloads(self, placement_id: str, through_index: int | None = None) -> list[bytes]:
+        """The signed bytes of each LedgerRecord in index order: the Merkle leaves."""
+        return [
+            decode_envelope(env).payload
+            for env in self.record_envelopes(placement_id, through_index)
+        ]
+
+    def terms(self, placement_id: str) -> PlacementTerms | None:
+        """The placement's accepted terms, decoded from the stored envelope."""
+        rows = self._rows(
+            "SELECT envelope FROM inputs WHERE placement_id = ? AND kind = 'terms' "
+            "AND status = 'accepted' ORDER BY chain_index LIMIT 1",
+            [placement_id],
+        )
+        if not rows:
+            return None
+        record = open_envelope(bytes(rows[0][0])).record
+        if not isinstance(record, PlacementTerms):
+            raise StoreError(f"stored terms of {placement_id} decode as {type(record).__name__}")
+        return record
+
+    def close_index(self, placement_id: str) -> int | None:
+        """Chain index of the placement's accepted close, if any."""
+        rows = self._rows(
+            "SELECT min(chain_index) FROM records WHERE placement_id = ? AND kind = 'closed' "
+            "AND status = 'accepted'",
+            [placement_id],
+        )
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def dropped_count(self, placement_id: str) -> int:
+        """Inputs of the placement dropped as exact re-deliveries."""
+        rows = self._rows("SELECT count FROM dropped WHERE placement_id = ?", [placement_id])
+        return int(rows[0][0]) if rows else 0
+
+    def quarantine_counts(self) -> dict[str, int]:
+        """Quarantined inputs by reason."""
+        return {
+            str(r): int(n)
+            for r, n in self._rows("SELECT reason, count(*) FROM quarantine GROUP BY 1")
+        }
+
+    def counts(self) -> dict[str, int]:
+        """Row counts of the main tables (health and tests)."""
+        out: dict[str, int] = {}
+        for table in ("records", "inputs", "quarantine", "placement_state", "statements"):
+            out[table] = int(self._rows(f"SELECT count(*) FROM {table}")[0][0])
+        out["dropped"] = int(self._rows("SELECT coalesce(sum(count), 0) FROM dropped")[0][0])
+        return out
+
+    # ---- statements and checkpoints -----------------------------------------------------------
+
+    def statement(self, placement_id: str, through_index: int) -> bytes | None:
+        """The stored statement envelope through ``through_index``, if one was issued."""
+        rows = self._rows(
+            "SELECT envelope FROM statements WHERE placement_id = ? AND through_index = ?",
+            [placement_id, through_index],
+        )
+        return bytes(rows[0][0]) if rows else None
+
+    def statements(self, placement_id: str) -> list[tuple[int, bytes, bool, int, int, int]]:
+        """(through_index, envelope, final, buyer_owes, operator_receives, desk_receives)."""
+        return [
+            (int(i), bytes(e), bool(f), int(b), int(o), int(d))
+            for i, e, f, b, o, d in self._rows(
+                "SELECT through_index, envelope, final, buyer_owes_minor, "
+                "operator_receives_minor, desk_receives_minor FROM statements "
+                "WHERE placement_id = ? ORDER BY through_index",
+                [placement_id],
+            )
+        ]
+
+    def add_statement(self, row: StatementRow) -> None:
+        """Store one statement (its own transaction; replaces one through the same index)."""
+        with self._lock:
+            self._con.execute("BEGIN")
+            try:
+                self._append("statements", [_statement_tuple(row)], upsert=True)
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+
+    def checkpoint(self, placement_id: str, size: int) -> str | None:
+        """The stored note of the checkpoint at ``size``, with every cosignature so far."""
+        rows = self._rows(
+            "SELECT note FROM checkpoints WHERE placement_id = ? AND size = ?",
+            [placement_id, size],
+        )
+        return str(rows[0][0]) if rows else None
+
+    def checkpoints(self, placement_id: str) -> list[tuple[int, str]]:
+        """(size, note) of every stored checkpoint of the placement."""
+        return [
+            (int(s), str(n))
+            for s, n in self._rows(
+                "SELECT size, note FROM checkpoints WHERE placement_id = ? ORDER BY size",
+                [placement_id],
+            )
+        ]
+
+    def put_checkpoint(self, placement_id: str, size: int, note: str) -> None:
+        """Store (or replace, when cosigned) the note of the checkpoint at ``size``."""
+        with self._lock:
+            self._con.execute(
+                "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?)", [placement_id, size, note]
+            )
+
+    # ---- closes the ledger publishes ------------------------------------------------------------
+
+    def add_close(self, placement_id: str, envelope: bytes) -> bytes:
+        """Record the close to publish; an earlier one for the placement wins and is returned.
+
+        Written before it is published, so a restart republishes the same bytes (the fold
+        drops the copy as a duplicate) instead of a second close with another time.
+        """
+        with self._lock:
+            self._con.execute(
+                "INSERT INTO closes VALUES (?, ?, false) ON CONFLICT DO NOTHING",
+                [placement_id, envelope],
+            )
+            rows = self._rows("SELECT envelope FROM closes WHERE placement_id = ?", [placement_id])
+            return bytes(rows[0][0])
+
+    def unpublished_closes(self) -> list[tuple[str, bytes]]:
+        """Closes recorded but not known to be published, in placement order."""
+        return [
+            (str(p), bytes(e))
+            for p, e in self._rows(
+                "SELECT placement_id, envelope FROM closes WHERE NOT published ORDER BY 1"
+            )
+        ]
+
+    def closes_recorded(self) -> set[str]:
+        """Placements for which this ledger has recorded a close."""
+        return {str(r[0]) for r in self._rows("SELECT placement_id FROM closes")}
+
+    def mark_closes_published(self, placement_ids: Iterable[str]) -> None:
+        """Note that these closes reached the stream."""
+        ids = sorted(placement_ids)
+        if not ids:
+            return
+        with self._lock:
+            self._con.execute(
+                "UPDATE closes SET published = true WHERE list_contains(?, placement_id)", [ids]
+            )
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def _rows(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._con.execute(sql, params or []).fetchall()
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run a read-only SQL query under the store's lock (exports, diagnostics)."""
+        return self._rows(sql, params)
+
+
+def _statement_tuple(row: StatementRow) -> tuple[Any, ...]:
+    t = row.totals
+    return (
+        row.placement_id,
+        row.through_index,
+        row.head,
+        row.envelope,
+        row.final,
+        t.buyer_owes_minor,
+        t.operator_receives_minor,
+        t.desk_receives_minor,
+    )
+
+
+def totals_from_row(values: Sequence[int]) -> Totals:
+    """Totals from the totals columns of a ``records`` row, in TOTALS_FIELDS order."""
+    return Totals(**dict(zip(TOTALS_FIELDS, (int(v) for v in values), strict=True)))
+
+
+def encode_totals(totals: Totals) -> dict[str, int]:
+    """Totals as a plain mapping (JSON answers)."""
+    return msgspec.to_builtins(totals)  # type: ignore[no-any-return]
