@@ -681,7 +681,7 @@ class KafkaBroker:
     def restart(self, *, hard: bool = False) -> None:
         """Stop (SIGTERM, or SIGKILL with `hard=True`) and start again: same ports, same data."""
         if self._workdir is None or self._port is None:
-            raise KafkaLauncherError("restart() of a broker that was never started")
+            raise KafkaLauncherError("restart() of a broker that was never started or was stopped")
         self._terminate(hard=hard)
         java = require_java()
         libs = self._libs if self._libs is not None else fetch_kafka()
