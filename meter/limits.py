@@ -1,0 +1,86 @@
+"""Every named maximum of the node agent, in one place.
+
+The agent never grows without bound: the spool has a byte limit (a full spool stops the
+agent, it never drops signed data), every retry has a ceiling, every loop a count.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from proto import limits as proto_limits
+
+# ---- spool --------------------------------------------------------------------------
+
+MAX_RECORD_BYTES: Final = proto_limits.MAX_ENVELOPE_BYTES
+"""Largest record one spool frame may hold: one envelope at its wire limit."""
+
+DEFAULT_SPOOL_MAX_BYTES: Final = 1024 * 1024 * 1024
+"""Default bound on the bytes of all segment files of one spool (1 GiB).
+
+At one event per minute per placement of ~1 KiB this holds years of events; in Kafka
+mode acknowledged segments are deleted, so the bound only matters during a long outage.
+"""
+
+DEFAULT_SEGMENT_MAX_BYTES: Final = 16 * 1024 * 1024
+"""A segment file is closed (sealed) and a new one started past this size (16 MiB).
+
+A soft limit: one append never spans two files, so a segment can exceed it by one batch.
+"""
+
+MIN_SEGMENT_MAX_BYTES: Final = 4096
+"""Smallest segment size accepted (tests use small segments to exercise rotation)."""
+
+SPOOL_LOCK_WAIT_S: Final = 10.0
+"""How long ``publish_local`` waits for another writer to release a spool directory."""
+
+SPOOL_LOCK_POLL_S: Final = 0.05
+"""Pause between two attempts to take a spool lock while waiting for it."""
+
+# ---- agent --------------------------------------------------------------------------
+
+DEFAULT_INTERVAL_MS: Final = 60_000
+"""Default usage interval: one event per (node, placement) per minute."""
+
+MIN_INTERVAL_MS: Final = 1
+"""Shortest interval accepted (tests run many intervals per second)."""
+
+MAX_INTERVAL_MS: Final = proto_limits.MAX_INTERVAL_MS
+"""Longest interval: what SPEC accepts for one event (one day)."""
+
+MAX_EVENTS_PER_TICK: Final = 10_000
+"""Events one tick may emit in total (catching up a long simulated jump): the rest waits
+for the next tick, so one tick's batch and its memory stay bounded."""
+
+MAX_STREAMS: Final = 4096
+"""(node, placement) streams one agent meters at once (placements whose terms it holds)."""
+
+MAX_TERMS_FILES: Final = 4096
+"""Terms files named in one meter.toml."""
+
+# ---- shipper ------------------------------------------------------------------------
+
+SHIP_BATCH_MAX_RECORDS: Final = 2000
+"""Records read from the spool and sent before one acknowledgement is recorded."""
+
+SHIP_ATTEMPT_TIMEOUT_S: Final = 30.0
+"""Longest wait for one batch to be acknowledged (or a producer to start) before the
+producer is torn down and the batch resent."""
+
+SHIP_BACKOFF_INITIAL_S: Final = 0.1
+"""First pause after a failed send; doubled on each consecutive failure."""
+
+SHIP_BACKOFF_MAX_S: Final = 5.0
+"""Ceiling of the pause between two attempts while Kafka is unreachable."""
+
+SHIP_IDLE_POLL_S: Final = 0.05
+"""How often an idle shipper looks for new records in the spool."""
+
+SHIP_DRAIN_TIMEOUT_S: Final = 60.0
+"""On a clean stop, the longest wait for the spool to drain into Kafka."""
+
+PRODUCER_STOP_TIMEOUT_S: Final = 10.0
+"""Longest wait for a producer to stop (it may be flushing to a dead broker)."""
+
+STATS_LOG_INTERVAL_S: Final = 60.0
+"""How often the running agent logs its counters."""
