@@ -1,0 +1,276 @@
+"""ledger.toml: the configuration of one ledger process (one shard, one DuckDB file).
+
+Keys (relative paths are relative to the directory of the config file)::
+
+    ledger_id = "ledger-1"            # names the ledger's own spool (local transport)
+    key_file = "keys/ledger-1.key"    # the ledger's Ed25519 key (mode 0600)
+    db = "data/ledger.duckdb"         # the store; one writer: this process
+    transport = "local"               # "local" (spool directories) or "kafka"
+    local_dir = "spool"               # local: one sub-directory per source, read in name order
+    batch_max_records = 5000          # inputs per transaction
+    close = true                      # publish PlacementClosed when window_end + grace passes
+    http = "127.0.0.1:0"              # HTTP API: HOST:PORT; port 0 = any free port, written to
+                                      # the port file "<db>.http.json"; "off" = no API
+    # clock_ms = 1767225600000        # simulated clock (tests, replays): a fixed "now"
+
+    [kafka]                           # transport = "kafka"
+    bootstrap = "127.0.0.1:9092"
+    topic = "gridledger.records"      # created beforehand with a fixed partition count
+    # partitions = [0, 1]             # the partitions this shard owns, or:
+    shard = 0                         # this shard owns partitions p with p % shards == shard
+    shards = 1
+    security_protocol = "PLAINTEXT"   # or SSL, SASL_PLAINTEXT, SASL_SSL
+    # sasl_mechanism = "SCRAM-SHA-512"
+    # sasl_plain_username = "ledger"
+    # sasl_plain_password_file = "secrets/kafka-password"   # never the password itself
+    # ssl_cafile = "certs/ca.pem"
+    # ssl_certfile = "certs/ledger.pem"
+    # ssl_keyfile = "certs/ledger.key"
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from ledger.limits import DEFAULT_BATCH_MAX_RECORDS, MAX_BATCH_RECORDS
+
+DEFAULT_TOPIC: Final = "gridledger.records"
+DEFAULT_HTTP: Final = "127.0.0.1:0"
+
+_TOP_KEYS: Final = frozenset(
+    {
+        "ledger_id",
+        "key_file",
+        "db",
+        "transport",
+        "local_dir",
+        "batch_max_records",
+        "close",
+        "http",
+        "clock_ms",
+        "kafka",
+    }
+)
+_KAFKA_KEYS: Final = frozenset(
+    {
+        "bootstrap",
+        "topic",
+        "partitions",
+        "shard",
+        "shards",
+        "security_protocol",
+        "sasl_mechanism",
+        "sasl_plain_username",
+        "sasl_plain_password_file",
+        "ssl_cafile",
+        "ssl_certfile",
+        "ssl_keyfile",
+    }
+)
+
+
+class ConfigError(Exception):
+    """ledger.toml cannot be used; the message names the key and what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaConfig:
+    """Where the ledger reads (and publishes its closes) when transport = "kafka"."""
+
+    bootstrap: str
+    topic: str = DEFAULT_TOPIC
+    partitions: tuple[int, ...] | None = None
+    shard: int = 0
+    shards: int = 1
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    def owns(self, partition: int) -> bool:
+        """True when this shard consumes ``partition``."""
+        if self.partitions is not None:
+            return partition in self.partitions
+        return partition % self.shards == self.shard
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """aiokafka keyword arguments for the connection and its security."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap,
+            "security_protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_plain_username
+            kwargs["sasl_plain_password"] = self.sasl_plain_password
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
+                certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
+                keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,
+            )
+        return kwargs
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    """A parsed ledger.toml."""
+
+    ledger_id: str
+    key_file: Path
+    db: Path
+    transport: Literal["local", "kafka"] = "local"
+    local_dir: Path | None = None
+    batch_max_records: int = DEFAULT_BATCH_MAX_RECORDS
+    close: bool = True
+    http: tuple[str, int] | None = ("127.0.0.1", 0)
+    clock_ms: int | None = None
+    kafka: KafkaConfig | None = None
+
+    @property
+    def port_file(self) -> Path:
+        """Where a running ledger writes its HTTP address (next to the DB)."""
+        return port_file_for(self.db)
+
+
+def port_file_for(db: Path) -> Path:
+    """The port file of the ledger that owns ``db``."""
+    return db.with_name(db.name + ".http.json")
+
+
+def parse_http(value: str) -> tuple[str, int] | None:
+    """ "HOST:PORT" -> (host, port); "off" or "" -> None."""
+    if value.strip().lower() in ("", "off", "none", "false"):
+        return None
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"http = {value!r}: expected HOST:PORT (port 0 = any) or 'off'")
+    return host.strip("[]"), int(port_text)
+
+
+def _path(base: Path, value: Any, key: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key} must be a non-empty path string, got {value!r}")
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _int(value: Any, key: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"{key} must be an integer in {lo}..{hi}, got {value!r}")
+    return value
+
+
+def _kafka(data: Any, base: Path) -> KafkaConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("[kafka] must be a table")
+    unknown = set(data) - _KAFKA_KEYS
+    if unknown:
+        raise ConfigError(f"[kafka]: unknown key(s) {', '.join(sorted(unknown))}")
+    bootstrap = data.get("bootstrap")
+    if not isinstance(bootstrap, str) or not bootstrap:
+        raise ConfigError("[kafka] bootstrap = 'HOST:PORT' is required")
+    topic = data.get("topic", DEFAULT_TOPIC)
+    if not isinstance(topic, str) or not topic:
+        raise ConfigError(f"[kafka] topic must be a non-empty string, got {topic!r}")
+    partitions: tuple[int, ...] | None = None
+    if "partitions" in data:
+        raw = data["partitions"]
+        if not isinstance(raw, list) or not raw:
+            raise ConfigError("[kafka] partitions must be a non-empty list of integers")
+        partitions = tuple(sorted({_int(p, "[kafka] partitions", 0, 1 << 20) for p in raw}))
+        if "shard" in data or "shards" in data:
+            raise ConfigError("[kafka]: give either partitions or shard/shards, not both")
+    shards = _int(data.get("shards", 1), "[kafka] shards", 1, 1 << 20)
+    shard = _int(data.get("shard", 0), "[kafka] shard", 0, shards - 1)
+    password: str | None = None
+    if "sasl_plain_password_file" in data:
+        password_path = _path(base, data["sasl_plain_password_file"], "sasl_plain_password_file")
+        try:
+            password = password_path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {password_path}: {exc.strerror}") from exc
+
+    def optional_path(key: str) -> Path | None:
+        return _path(base, data[key], f"[kafka] {key}") if key in data else None
+
+    return KafkaConfig(
+        bootstrap=bootstrap,
+        topic=topic,
+        partitions=partitions,
+        shard=shard,
+        shards=shards,
+        security_protocol=str(data.get("security_protocol", "PLAINTEXT")),
+        sasl_mechanism=data.get("sasl_mechanism"),
+        sasl_plain_username=data.get("sasl_plain_username"),
+        sasl_plain_password=password,
+        ssl_cafile=optional_path("ssl_cafile"),
+        ssl_certfile=optional_path("ssl_certfile"),
+        ssl_keyfile=optional_path("ssl_keyfile"),
+    )
+
+
+def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
+    """Validate a ledger.toml mapping; every problem raises ConfigError naming the key."""
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))}")
+    ledger_id = data.get("ledger_id")
+    if not isinstance(ledger_id, str) or not ledger_id or "/" in ledger_id:
+        raise ConfigError(f"ledger_id must be a non-empty name without '/', got {ledger_id!r}")
+    transport = data.get("transport", "local")
+    if transport not in ("local", "kafka"):
+        raise ConfigError(f"transport must be 'local' or 'kafka', got {transport!r}")
+    local_dir = _path(base, data["local_dir"], "local_dir") if "local_dir" in data else None
+    if transport == "local" and local_dir is None:
+        raise ConfigError("transport = 'local' needs local_dir")
+    kafka = _kafka(data["kafka"], base) if "kafka" in data else None
+    if transport == "kafka" and kafka is None:
+        raise ConfigError("transport = 'kafka' needs a [kafka] table with bootstrap")
+    close = data.get("close", True)
+    if not isinstance(close, bool):
+        raise ConfigError(f"close must be true or false, got {close!r}")
+    http_value = data.get("http", DEFAULT_HTTP)
+    if not isinstance(http_value, str):
+        raise ConfigError(f"http must be a string 'HOST:PORT' or 'off', got {http_value!r}")
+    clock = data.get("clock_ms")
+    return LedgerConfig(
+        ledger_id=ledger_id,
+        key_file=_path(base, data.get("key_file"), "key_file"),
+        db=_path(base, data.get("db"), "db"),
+        transport=transport,
+        local_dir=local_dir,
+        batch_max_records=_int(
+            data.get("batch_max_records", DEFAULT_BATCH_MAX_RECORDS),
+            "batch_max_records",
+            1,
+            MAX_BATCH_RECORDS,
+        ),
+        close=close,
+        http=parse_http(http_value),
+        clock_ms=None if clock is None else _int(clock, "clock_ms", 0, 2**53 - 1),
+        kafka=kafka,
+    )
+
+
+def load_config(path: Path) -> LedgerConfig:
+    """Read and validate ledger.toml."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    try:
+        return config_from_mapping(data, path.resolve().parent)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc

@@ -1,0 +1,185 @@
+"""Consumed inputs -> fold -> one committed batch. The application layer of the ledger.
+
+``Ingestor.ingest`` applies every input of a batch to the fold, gathers what the fold
+produced (records, quarantined inputs, duplicate counts, the state of every placement
+the batch touched, a final statement for each placement the batch closed) together with
+the sources' next positions, and commits it all in one store transaction. Only then is
+the fold told its state is saved (``clear_dirty``) and closed placements are evicted
+from memory (the fold reloads one from the store if a late input arrives for it).
+
+If the commit fails, the fold's memory is ahead of the store: the Ingestor refuses any
+further batch, and the owner rebuilds it from the store (which is what a restart does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from ledger.fold import Fold, Outcome
+from ledger.inputs import Item
+from ledger.metrics import LedgerMetrics
+from ledger.statements import make_statement
+from ledger.store import Batch, ChainedRow, QuarantineRow, StateRow, Store
+from proto.keys import SigningKey
+from proto.records import PlacementTerms
+
+log = structlog.get_logger("ledger.ingest")
+
+
+class IngestBroken(RuntimeError):
+    """A batch failed to commit; this Ingestor's memory no longer matches the store."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    """What one batch did."""
+
+    inputs: int
+    chained: int
+    quarantined: int
+    dropped: int
+    held: int
+    closed: tuple[str, ...]
+    seconds: float
+
+
+class Ingestor:
+    """Folds batches of inputs into the store; see the module docstring."""
+
+    def __init__(self, store: Store, key: SigningKey, metrics: LedgerMetrics | None = None) -> None:
+        self.store = store
+        self.key = key
+        self.metrics = metrics
+        self.fold = Fold(key, lookup=store.lookup_usage, load_state=store.load_state)
+        self._broken = False
+        restored = 0
+        for placement_id, snapshot in store.open_states():
+            self.fold.restore(placement_id, snapshot)
+            restored += 1
+        log.info("fold_restored", placements=restored)
+
+    def ingest(self, items: Sequence[Item]) -> BatchReport:
+        """Fold ``items`` in order and commit the batch with the sources' next positions."""
+        if self._broken:
+            raise IngestBroken("an earlier batch failed to commit; rebuild from the store")
+        started = time.perf_counter()
+        batch = Batch()
+        held = 0
+        closes: dict[str, ChainedRow] = {}
+        for item in items:
+            for outcome in self.fold.apply(item.data, item.position, item.stream_key):
+                if outcome.decision == "held":
+                    held += 1
+                else:
+                    self._collect(batch, outcome, closes)
+            batch.offsets[item.source] = item.next_position
+        for placement_id in sorted(self.fold.dirty()):
+            batch.states.append(
+                StateRow(
+                    placement_id=placement_id,
+                    snapshot=self.fold.snapshot(placement_id),
+                    closed=self.fold.is_closed(placement_id),
+                    close_due_ms=self.fold.close_due_ms(placement_id),
+                )
+            )
+        for placement_id, row in sorted(closes.items()):
+            # The final statement is through the close record itself, not the batch's last
+            # record of the placement: batch boundaries differ between runs, this does not.
+            terms = self._terms(placement_id)
+            batch.statements.append(
+                make_statement(row.record, row.record_hash, terms, True, self.key)
+            )
+        try:
+            self.store.commit_batch(batch)
+        except BaseException:
+            self._broken = True
+            raise
+        self.fold.clear_dirty()
+        closed_now = tuple(sorted(s.placement_id for s in batch.states if s.closed))
+        for placement_id in closed_now:
+            self.fold.evict(placement_id)
+        seconds = time.perf_counter() - started
+        report = BatchReport(
+            inputs=len(items),
+            chained=len(batch.chained),
+            quarantined=len(batch.quarantined),
+            dropped=sum(batch.dropped.values()),
+            held=held,
+            closed=tuple(sorted(closes)),
+            seconds=seconds,
+        )
+        self._count(batch, report)
+        return report
+
+    def _collect(self, batch: Batch, outcome: Outcome, closes: dict[str, ChainedRow]) -> None:
+        if outcome.decision == "dropped":
+            assert outcome.placement_id is not None
+            batch.dropped[outcome.placement_id] += 1
+        elif outcome.decision == "quarantined":
+            reason = outcome.reason.value if outcome.reason is not None else "MALFORMED"
+            batch.quarantined.append(
+                QuarantineRow(
+                    position=outcome.position,
+                    raw=outcome.raw,
+                    reason=reason,
+                    detail=outcome.detail,
+                    placement_id=outcome.placement_id,
+                )
+            )
+            log.info("input_quarantined", position=outcome.position, reason=reason)
+        elif outcome.decision == "chained":
+            record = outcome.record
+            opened = outcome.opened
+            if (
+                record is None
+                or opened is None
+                or outcome.record_envelope is None
+                or outcome.record_hash is None
+            ):
+                raise AssertionError(f"chained outcome at {outcome.position} lacks its record")
+            row = ChainedRow(
+                record=record,
+                record_envelope=outcome.record_envelope,
+                record_hash=outcome.record_hash,
+                position=outcome.position,
+                raw=outcome.raw,
+                input_hash=outcome.input_hash,
+                payload_hash=opened.record_hash,
+                input_record=opened.record,
+            )
+            batch.chained.append(row)
+            if record.kind == "closed" and record.status == "accepted":
+                closes[record.placement_id] = row
+
+    def _terms(self, placement_id: str) -> PlacementTerms:
+        terms = self.fold.terms(placement_id)
+        if terms is None:
+            terms = self.store.terms(placement_id)
+        if terms is None:
+            raise AssertionError(f"placement {placement_id} closed without accepted terms")
+        return terms
+
+    def _count(self, batch: Batch, report: BatchReport) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        m.batch_seconds.observe(report.seconds)
+        m.inputs.labels("chained").inc(report.chained)
+        m.inputs.labels("quarantined").inc(report.quarantined)
+        m.inputs.labels("dropped").inc(report.dropped)
+        m.inputs.labels("held").inc(report.held)
+        m.duplicates.inc(report.dropped)
+        statuses = Counter(row.record.status for row in batch.chained)
+        for status, n in statuses.items():
+            m.records.labels(status).inc(n)
+        rejected = Counter(r.record.reason for r in batch.chained if r.record.status == "rejected")
+        for reason, n in rejected.items():
+            m.rejected.labels(reason).inc(n)
+        for reason, n in Counter(q.reason for q in batch.quarantined).items():
+            m.quarantined.labels(reason).inc(n)
+        m.open_placements.set(len(self.fold.open_placements()))
