@@ -1,0 +1,167 @@
+"""The golden vectors in proto/vectors/: current, and true of the code through its API."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import vectorgen
+
+from ledger.fold import Fold
+from ledger.pricing import price
+from proto import merkle
+from proto.envelope import open_envelope
+from proto.errors import ProtoError
+from proto.keys import SigningKey, key_id, verify
+from proto.note import parse_checkpoint_body, parse_note
+from proto.records import PlacementTerms
+
+VECTORS = Path(__file__).resolve().parent.parent / "proto" / "vectors"
+
+
+def load(name: str) -> Any:
+    return json.loads((VECTORS / name).read_text())
+
+
+def test_vectors_are_current() -> None:
+    for name, data in vectorgen.render().items():
+        committed = (VECTORS / name).read_bytes()
+        assert committed == data, f"{name} differs from what the code produces now"
+
+
+def test_keys() -> None:
+    for v in load("keys.json"):
+        key = SigningKey("k", bytes.fromhex(v["seed_hex"]))
+        public = base64.b64decode(v["public_key"])
+        assert key.public_key == public and key_id(public) == v["key_id"]
+        message = v["message_utf8"].encode()
+        assert verify(public, message, base64.b64decode(v["signature"]))
+
+
+def test_records() -> None:
+    data = load("records.json")
+    for v in data["records"]:
+        opened = open_envelope(v["envelope_utf8"].encode())
+        assert opened.kind == v["kind"]
+        assert opened.payload.decode() == v["signed_bytes_utf8"]
+        assert opened.record_hash == v["record_hash"]
+        assert opened.input_hash == v["input_hash"]
+        assert [s.keyid for s in opened.envelope.signatures] == v["signers"]
+
+
+def test_rejections() -> None:
+    for v in load("rejections.json"):
+        with pytest.raises(ProtoError) as caught:
+            open_envelope(base64.b64decode(v["envelope_b64"]))
+        assert caught.value.reason.value == v["reason"], v["name"]
+
+
+def test_merkle() -> None:
+    data = load("merkle.json")
+    leaves = [merkle.leaf_hash(bytes.fromhex(x)) for x in data["leaves_hex"]]
+    for size, root in data["roots"].items():
+        assert merkle.root_from_leaf_hashes(leaves[: int(size)]).hex() == root
+    for v in data["inclusion"]:
+        root = bytes.fromhex(data["roots"][str(v["tree_size"])])
+        proof = [bytes.fromhex(p) for p in v["proof"]]
+        assert merkle.verify_inclusion(leaves[v["index"]], v["index"], v["tree_size"], proof, root)
+    for v in data["consistency"]:
+        first = bytes.fromhex(data["roots"][str(v["first"])])
+        second = bytes.fromhex(data["roots"][str(v["second"])])
+        proof = [bytes.fromhex(p) for p in v["proof"]]
+        assert merkle.verify_consistency(v["first"], v["second"], first, second, proof)
+
+
+def test_checkpoint() -> None:
+    data = load("checkpoint.json")
+    note = parse_note(data["note"])
+    for name, key in data["signers"].items():
+        assert note.signed_by(name, base64.b64decode(key))
+    checkpoint = parse_checkpoint_body(note.body)
+    assert (checkpoint.origin, checkpoint.size) == (data["origin"], data["size"])
+    assert checkpoint.root == base64.b64decode(data["root_b64"])
+
+
+class _Terms:
+    """The fields of PlacementTerms that pricing reads, from a pricing vector."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.__dict__.update(fields)
+        share = fields["share_total_milli"]
+        self.gpus = [type("G", (), {"share_milli": share})()]
+
+
+def test_pricing_examples_match_the_fold_pricing() -> None:
+    for v in load("pricing.json"):
+        terms = _Terms(v["terms"])
+        case = v["case"]
+        from ledger.pricing import reclaim_credit_minor, sla_credit_minor
+
+        reclaim = 0
+        effective_end = v["terms"]["window_end_ms"]
+        if case.get("reclaim"):
+            issued, effective_end = case["reclaim"]
+            reclaim = reclaim_credit_minor(terms, issued, effective_end)  # type: ignore[arg-type]
+        open_totals = price(
+            terms,  # type: ignore[arg-type]
+            delivered_mgms=case["delivered_mgms"],
+            reclaim_credit=reclaim,
+            sla_credit=0,
+            adjustment_credit=case.get("adjustment_credit", 0),
+            adjustment_charge=case.get("adjustment_charge", 0),
+        )
+        sla = 0
+        if case.get("closed"):
+            sla = sla_credit_minor(
+                terms,  # type: ignore[arg-type]
+                case["delivered_mgms"],
+                open_totals.gross_minor,
+                effective_end,
+            )
+        totals = price(
+            terms,  # type: ignore[arg-type]
+            delivered_mgms=case["delivered_mgms"],
+            reclaim_credit=reclaim,
+            sla_credit=sla,
+            adjustment_credit=case.get("adjustment_credit", 0),
+            adjustment_charge=case.get("adjustment_charge", 0),
+        )
+        got = {f: getattr(totals, f) for f in totals.__struct_fields__}
+        assert got == v["expected"], v["name"]
+        assert all(value < 2**53 for value in got.values()), v["name"]
+
+
+def test_scenario_is_reproduced_by_the_fold() -> None:
+    data = load("scenario.json")
+    cast = vectorgen._cast()
+    assert base64.b64encode(cast.ledger.public_key).decode() == data["ledger_public_key"]
+    fold = Fold(cast.ledger)
+    for i, step in enumerate(data["steps"]):
+        outcomes = fold.apply(base64.b64decode(step["envelope_b64"]), f"vector:{i}", None)
+        got = [
+            {
+                "decision": o.decision,
+                "status": o.status,
+                "reason": None if o.reason is None else o.reason.value,
+                "index": None if o.record is None else o.record.index,
+                "delivered_mgms": None if o.record is None else o.record.delivered_mgms,
+                "record_hash": o.record_hash,
+            }
+            for o in outcomes
+        ]
+        assert got == step["outcomes"], f"step {i}"
+    assert fold.head("pl-vector") == (data["records"], data["head"])
+    totals = fold.totals("pl-vector")
+    assert totals is not None
+    assert {f: getattr(totals, f) for f in totals.__struct_fields__} == data["totals"]
+    assert isinstance(vectorgen._terms(cast), PlacementTerms)
+
+
+def test_json_schemas_are_current() -> None:
+    from proto.schemagen import SCHEMA_DIR, render
+
+    for name, data in render().items():
+        assert (SCHEMA_DIR / name).read_bytes() == data, f"proto/schema/{name} is stale"

@@ -1,0 +1,432 @@
+"""Generate the golden test vectors in ``proto/vectors/`` (``python tests/vectorgen.py``).
+
+The vectors are committed; ``tests/test_proto_vectors.py`` regenerates them and fails on
+any difference, so a change to the wire cannot pass unnoticed. Another implementation
+checks itself against the committed files alone (their format is described in
+``proto/vectors/README.md``).
+
+Pricing expectations are computed here directly from the formulas of SPEC.md §7, apart
+from ``ledger/pricing.py``; the fold scenarios record what the reference fold decided.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from proto import builders as b
+from proto import merkle
+from proto.envelope import Envelope, encode_envelope, open_envelope
+from proto.errors import ProtoError
+from proto.keys import SigningKey, key_id
+from proto.note import checkpoint_body, checkpoint_origin, sign_note
+from proto.records import Checkpoint, PlacementTerms
+
+VECTORS_DIR = Path(__file__).resolve().parent.parent / "proto" / "vectors"
+WS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+MINUTE = 60_000
+HOUR = 3_600_000
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def keys_vectors() -> Any:
+    """Seeds, public keys and key ids."""
+    out = []
+    for text in ("gridledger/vector/key/0", "gridledger/vector/key/1", "gridledger/vector/key/2"):
+        key = SigningKey.from_seed_text("k", text)
+        out.append(
+            {
+                "seed_hex": key.seed.hex(),
+                "public_key": _b64(key.public_key),
+                "key_id": key_id(key.public_key),
+                "message_utf8": "gridledger/closed/v1\n{}",
+                "signature": _b64(key.sign(b"gridledger/closed/v1\n{}")),
+            }
+        )
+    return out
+
+
+def _cast() -> b.Cast:
+    return b.make_cast("gridledger/vectors")
+
+
+def _terms(cast: b.Cast, **overrides: Any) -> PlacementTerms:
+    gpus = [b.gpu("node-a", 0), b.gpu("node-a", 1, share_milli=500), b.gpu("node-b", 0)]
+    return b.make_terms(cast, "pl-vector", gpus, WS, WS + HOUR, **overrides)
+
+
+def records_vectors() -> Any:
+    """One signed envelope per input kind, with bytes and hashes."""
+    cast = _cast()
+    terms = _terms(cast)
+    writer = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a")
+    samples = [b.sample(g) for g in terms.gpus if g.node_id == "node-a"]
+    envelopes = {
+        "terms": b.signed_terms(cast, terms),
+        "usage": writer.event(WS, WS + MINUTE, samples),
+        "reclaim": b.reclaim(cast, terms, WS, WS + 30 * MINUTE, "r1"),
+        "adjustment": b.adjustment(cast, "pl-vector", "adj-1", "credit", 120, WS + HOUR),
+        "keybinding": b.key_binding(
+            cast, "pl-vector", "node-a", cast.node_key("node-a"), 0, WS + HOUR, WS
+        ),
+        "closed": b.closed(cast, "pl-vector", WS + HOUR + 5 * MINUTE),
+    }
+    out = []
+    for kind, raw in envelopes.items():
+        opened = open_envelope(raw)
+        out.append(
+            {
+                "kind": kind,
+                "signed_bytes_utf8": opened.payload.decode(),
+                "record_hash": opened.record_hash,
+                "envelope_utf8": raw.decode(),
+                "input_hash": opened.input_hash,
+                "signers": [s.keyid for s in opened.envelope.signatures],
+            }
+        )
+    return {
+        "parties": {
+            role: {"key_id": k.key_id, "public_key": _b64(k.public_key)}
+            for role, k in (
+                ("operator", cast.operator),
+                ("buyer", cast.buyer),
+                ("desk", cast.desk),
+                ("ledger", cast.ledger),
+                ("node-a", cast.node_key("node-a")),
+            )
+        },
+        "records": out,
+    }
+
+
+def rejections_vectors() -> Any:
+    """Envelopes that must be refused at decoding, each with its reason code."""
+    cast = _cast()
+    good = b.closed(cast, "pl-vector", WS)
+    opened = open_envelope(good)
+    sigs = opened.envelope.signatures
+
+    def with_payload(payload: bytes) -> bytes:
+        return encode_envelope(Envelope(payload=payload, signatures=sigs))
+
+    body = opened.payload.split(b"\n", 1)[1]
+    cases: dict[str, bytes] = {
+        "not json": b"{",
+        "unknown envelope field": good[:-1] + b',"z":1}',
+        "whitespace in envelope": good.replace(b'{"payload"', b'{ "payload"'),
+        "no prefix": with_payload(body),
+        "unknown kind": with_payload(b"gridledger/bogus/v1\n" + body),
+        "closed body under the usage prefix": with_payload(b"gridledger/usage/v1\n" + body),
+        "tag differs from prefix": with_payload(
+            b'gridledger/closed/v1\n{"closed_at_ms":1,"placement_id":"pl-vector","type":"usage"}'
+        ),
+        "float": with_payload(
+            opened.payload.replace(b'"closed_at_ms":', b'"closed_at_ms":1.5,"x":')
+        ),
+        "unknown field": with_payload(opened.payload[:-1] + b',"zz":1}'),
+        "non-canonical order": with_payload(
+            b'gridledger/closed/v1\n{"placement_id":"pl-vector","closed_at_ms":1,"type":"closed"}'
+        ),
+        "duplicate key": with_payload(
+            b'gridledger/closed/v1\n{"closed_at_ms":1,"closed_at_ms":1,'
+            b'"placement_id":"pl-vector","type":"closed"}'
+        ),
+        "integer beyond 2^53": with_payload(
+            b'gridledger/closed/v1\n{"closed_at_ms":9007199254740992,'
+            b'"placement_id":"pl-vector","type":"closed"}'
+        ),
+    }
+    out = []
+    for name, raw in cases.items():
+        try:
+            open_envelope(raw)
+        except ProtoError as exc:
+            out.append({"name": name, "envelope_b64": _b64(raw), "reason": exc.reason.value})
+        else:  # pragma: no cover - a vector that decodes is a generator bug
+            raise AssertionError(f"vector {name!r} decodes")
+    return out
+
+
+def merkle_vectors() -> Any:
+    """The RFC 6962 reference leaves, roots, and every inclusion/consistency proof."""
+    leaves = [
+        b"",
+        b"\x00",
+        b"\x10",
+        b"\x20\x21",
+        b"\x30\x31",
+        b"\x40\x41\x42\x43",
+        bytes(range(0x50, 0x58)),
+        bytes(range(0x60, 0x70)),
+    ]
+    hashed = [merkle.leaf_hash(x) for x in leaves]
+    roots = {n: merkle.root_from_leaf_hashes(hashed[:n]).hex() for n in range(0, 9)}
+    inclusion = [
+        {
+            "index": i,
+            "tree_size": n,
+            "proof": [p.hex() for p in merkle.inclusion_proof(hashed[:n], i)],
+        }
+        for n in range(1, 9)
+        for i in range(n)
+    ]
+    consistency = [
+        {
+            "first": m,
+            "second": n,
+            "proof": [p.hex() for p in merkle.consistency_proof(hashed[:n], m)],
+        }
+        for n in range(1, 9)
+        for m in range(1, n + 1)
+    ]
+    return {
+        "leaves_hex": [x.hex() for x in leaves],
+        "roots": roots,
+        "inclusion": inclusion,
+        "consistency": consistency,
+    }
+
+
+def checkpoint_vectors() -> Any:
+    """A checkpoint note signed by the ledger and cosigned by the buyer."""
+    cast = _cast()
+    root = merkle.root([b"record 0", b"record 1", b"record 2"])
+    body = checkpoint_body(Checkpoint(origin=checkpoint_origin("pl-vector"), size=3, root=root))
+    note = sign_note(body, "gridledger-ledger", cast.ledger).cosign("buyer-1", cast.buyer)
+    return {
+        "note": note.text(),
+        "signers": {
+            "gridledger-ledger": _b64(cast.ledger.public_key),
+            "buyer-1": _b64(cast.buyer.public_key),
+        },
+        "origin": checkpoint_origin("pl-vector"),
+        "size": 3,
+        "root_b64": _b64(root),
+    }
+
+
+# ---- pricing, straight from SPEC §7 ---------------------------------------------------------
+
+
+def _spec_totals(t: dict[str, Any], case: dict[str, Any]) -> dict[str, int]:
+    s = t["share_total_milli"]
+    rate = t["rate_per_gpu_hour_minor"]
+    d = case["delivered_mgms"]
+    unit = t["increment_ms"] * 1000
+    billable = -(-d // unit) * unit
+    gross = billable * rate // 3_600_000_000
+    r = 0
+    if case.get("reclaim"):
+        issued, eff = case["reclaim"]
+        short = max(0, t["reclaim_notice_ms"] - (eff - issued))
+        if not t["interruptible"]:
+            taken = t["window_end_ms"] - eff
+        else:
+            taken = max(0, t["window_start_ms"] + t["minimum_duration_ms"] - eff)
+        r = s * (short + taken) * rate * t["reclaim_penalty_bps"] // (3_600_000_000 * 10_000)
+    q = 0
+    if case.get("closed"):
+        eff_end = case["reclaim"][1] if case.get("reclaim") else t["window_end_ms"]
+        owed = eff_end - t["window_start_ms"]
+        availability = 10_000 if owed == 0 else 10_000 * d // (s * owed)
+        if availability < t["sla_availability_target_bps"]:
+            q = gross * t["sla_credit_bps"] // 10_000
+    ac, ah = case.get("adjustment_credit", 0), case.get("adjustment_charge", 0)
+    credits = min(r + q + ac, gross + ah)
+    net = gross + ah - credits
+    fee = net * t["desk_fee_bps"] // 10_000
+    if t["fee_payer"] == "operator":
+        owes, receives = net, net - fee
+    else:
+        owes, receives = net + fee, net
+    return {
+        "delivered_mgms": d,
+        "billable_mgms": billable,
+        "gross_minor": gross,
+        "reclaim_credit_minor": r,
+        "sla_credit_minor": q,
+        "adjustment_credit_minor": ac,
+        "adjustment_charge_minor": ah,
+        "credits_minor": credits,
+        "net_minor": net,
+        "fee_minor": fee,
+        "buyer_owes_minor": owes,
+        "operator_receives_minor": receives,
+        "desk_receives_minor": fee,
+    }
+
+
+def pricing_vectors() -> Any:
+    """Worked examples of every rule of SPEC §7."""
+    base = {
+        "share_total_milli": 2500,
+        "window_start_ms": WS,
+        "window_end_ms": WS + HOUR,
+        "rate_per_gpu_hour_minor": 250,
+        "increment_ms": MINUTE,
+        "minimum_duration_ms": 30 * MINUTE,
+        "desk_fee_bps": 500,
+        "fee_payer": "operator",
+        "interruptible": False,
+        "reclaim_notice_ms": 10 * MINUTE,
+        "reclaim_penalty_bps": 10_000,
+        "sla_availability_target_bps": 9_900,
+        "sla_credit_bps": 1_000,
+    }
+    full = 2500 * HOUR
+    cases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("nothing delivered", {}, {"delivered_mgms": 0}),
+        ("one millisecond rounds up to one increment", {}, {"delivered_mgms": 1}),
+        ("exact increments", {}, {"delivered_mgms": 2500 * 10 * MINUTE}),
+        ("full hour, open", {}, {"delivered_mgms": full}),
+        ("full hour, closed: no SLA credit", {}, {"delivered_mgms": full, "closed": True}),
+        ("98% availability: SLA credit", {}, {"delivered_mgms": full * 98 // 100, "closed": True}),
+        ("buyer pays the fee", {"fee_payer": "buyer"}, {"delivered_mgms": full}),
+        (
+            "reclaim with full notice, not interruptible: taken window",
+            {},
+            {"delivered_mgms": full // 2, "reclaim": [WS, WS + 30 * MINUTE]},
+        ),
+        (
+            "reclaim with short notice, interruptible, after minimum",
+            {"interruptible": True},
+            {"delivered_mgms": full * 3 // 4, "reclaim": [WS + 44 * MINUTE, WS + 45 * MINUTE]},
+        ),
+        (
+            "reclaim before minimum duration, interruptible",
+            {"interruptible": True},
+            {"delivered_mgms": full // 6, "reclaim": [WS, WS + 10 * MINUTE], "closed": True},
+        ),
+        (
+            "reclaim at the window start",
+            {"interruptible": True, "minimum_duration_ms": 0},
+            {"delivered_mgms": 0, "reclaim": [WS - HOUR, WS], "closed": True},
+        ),
+        (
+            "credits capped at gross plus charges",
+            {},
+            {"delivered_mgms": full // 10, "adjustment_credit": 10**6, "adjustment_charge": 3},
+        ),
+        (
+            "odd rate and fee rounding",
+            {"rate_per_gpu_hour_minor": 333, "desk_fee_bps": 333, "increment_ms": 7_000},
+            {"delivered_mgms": 123_456_789},
+        ),
+        (
+            "large placement near the bounds",
+            {
+                "share_total_milli": 256_000,
+                "window_end_ms": WS + 366 * 24 * HOUR - 1,
+                "rate_per_gpu_hour_minor": 3_600_000_000,
+            },
+            {"delivered_mgms": 256_000 * (366 * 24 * HOUR - 1)},
+        ),
+    ]
+    out = []
+    for name, term_changes, case in cases:
+        terms = {**base, **term_changes}
+        out.append(
+            {"name": name, "terms": terms, "case": case, "expected": _spec_totals(terms, case)}
+        )
+    return out
+
+
+# ---- fold scenarios ----------------------------------------------------------------------
+
+
+def scenario_vectors() -> Any:
+    """Whole input streams with the decision for each input and the final chain head."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    terms = _terms(cast)
+    a = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a")
+    nb = b.StreamWriter(cast.node_key("node-b"), "pl-vector", "node-b")
+
+    def samples(node: str, healthy: bool = True) -> list[Any]:
+        return [b.sample(g, healthy=healthy) for g in terms.gpus if g.node_id == node]
+
+    inputs: list[bytes] = []
+    early = a.event(WS, WS + 10 * MINUTE, samples("node-a"))
+    inputs += [early, b.signed_terms(cast, terms), early]
+    inputs.append(nb.event(WS, WS + 10 * MINUTE, samples("node-b", healthy=False)))
+    inputs.append(a.event(WS + 10 * MINUTE, WS + 20 * MINUTE, samples("node-a")))
+    forked = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a")
+    inputs.append(forked.event(WS, WS + 5 * MINUTE, samples("node-a")))
+    inputs.append(b"not an envelope")
+    inputs.append(b.reclaim(cast, terms, WS + 15 * MINUTE, WS + 40 * MINUTE, "r1"))
+    inputs.append(nb.event(WS + 10 * MINUTE, WS + 50 * MINUTE, samples("node-b")))
+    inputs.append(b.adjustment(cast, "pl-vector", "adj-1", "credit", 17, WS + HOUR))
+    inputs.append(b.closed(cast, "pl-vector", WS + HOUR + 5 * MINUTE))
+    inputs.append(a.event(WS + 20 * MINUTE, WS + 30 * MINUTE, samples("node-a")))
+    inputs.append(b.adjustment(cast, "pl-vector", "adj-2", "charge", 40, WS + 2 * HOUR))
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, raw in enumerate(inputs):
+        outcomes = fold.apply(raw, f"vector:{i}", None)
+        steps.append(
+            {
+                "envelope_b64": _b64(raw),
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "index": None if o.record is None else o.record.index,
+                        "delivered_mgms": None if o.record is None else o.record.delivered_mgms,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head("pl-vector")
+    totals = fold.totals("pl-vector")
+    assert head is not None and totals is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.structs.asdict(totals),
+    }
+
+
+GENERATORS: dict[str, Callable[[], Any]] = {
+    "keys.json": keys_vectors,
+    "records.json": records_vectors,
+    "rejections.json": rejections_vectors,
+    "merkle.json": merkle_vectors,
+    "checkpoint.json": checkpoint_vectors,
+    "pricing.json": pricing_vectors,
+    "scenario.json": scenario_vectors,
+}
+
+
+def render() -> dict[str, bytes]:
+    """Every vector file's bytes."""
+    return {
+        name: msgspec.json.format(msgspec.json.encode(make()), indent=1) + b"\n"
+        for name, make in GENERATORS.items()
+    }
+
+
+def main() -> int:
+    """Write the vectors."""
+    VECTORS_DIR.mkdir(exist_ok=True)
+    for name, data in render().items():
+        (VECTORS_DIR / name).write_bytes(data)
+        print(f"wrote {VECTORS_DIR / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
