@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:
-            module: _Registers = importlib.import_module(name)  # type: ignore[assignment]
+            module: _Registers = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name != name:
                 raise
