@@ -21,11 +21,9 @@ Keys (relative paths are relative to the directory of the config file)::
     shards = 1
     security_protocol = "PLAINTEXT"   # or SSL, SASL_PLAINTEXT, SASL_SSL
     # sasl_mechanism = "SCRAM-SHA-512"
-    # sasl_plain_username = "ledger"
-    # sasl_plain_password_file = "secrets/kafka-password"   # never the password itself
+    # sasl_username = "ledger"
+    # sasl_password_file = "secrets/kafka-password"   # never the password itself
     # ssl_cafile = "certs/ca.pem"
-    # ssl_certfile = "certs/ledger.pem"
-    # ssl_keyfile = "certs/ledger.key"
 """
 
 from __future__ import annotations
@@ -36,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from gridledger.publish import DEFAULT_TOPIC, KafkaSettings, client_kwargs
 from ledger.limits import DEFAULT_BATCH_MAX_RECORDS, MAX_BATCH_RECORDS
 
-DEFAULT_TOPIC: Final = "gridledger.records"
 DEFAULT_HTTP: Final = "127.0.0.1:0"
 
 _TOP_KEYS: Final = frozenset(
@@ -64,11 +62,9 @@ _KAFKA_KEYS: Final = frozenset(
         "shards",
         "security_protocol",
         "sasl_mechanism",
-        "sasl_plain_username",
-        "sasl_plain_password_file",
+        "sasl_username",
+        "sasl_password_file",
         "ssl_cafile",
-        "ssl_certfile",
-        "ssl_keyfile",
     }
 )
 
@@ -81,18 +77,15 @@ class ConfigError(Exception):
 class KafkaConfig:
     """Where the ledger reads (and publishes its closes) when transport = "kafka"."""
 
-    bootstrap: str
-    topic: str = DEFAULT_TOPIC
+    settings: KafkaSettings
     partitions: tuple[int, ...] | None = None
     shard: int = 0
     shards: int = 1
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    sasl_plain_username: str | None = None
-    sasl_plain_password: str | None = None
-    ssl_cafile: Path | None = None
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
+
+    @property
+    def topic(self) -> str:
+        """The topic every record of every placement travels on."""
+        return self.settings.topic
 
     def owns(self, partition: int) -> bool:
         """True when this shard consumes ``partition``."""
@@ -102,23 +95,7 @@ class KafkaConfig:
 
     def client_kwargs(self) -> dict[str, Any]:
         """aiokafka keyword arguments for the connection and its security."""
-        kwargs: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap,
-            "security_protocol": self.security_protocol,
-        }
-        if self.sasl_mechanism:
-            kwargs["sasl_mechanism"] = self.sasl_mechanism
-            kwargs["sasl_plain_username"] = self.sasl_plain_username
-            kwargs["sasl_plain_password"] = self.sasl_plain_password
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            from aiokafka.helpers import create_ssl_context
-
-            kwargs["ssl_context"] = create_ssl_context(
-                cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
-                certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
-                keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,
-            )
-        return kwargs
+        return client_kwargs(self.settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,30 +170,26 @@ def _kafka(data: Any, base: Path) -> KafkaConfig:
     shards = _int(data.get("shards", 1), "[kafka] shards", 1, 1 << 20)
     shard = _int(data.get("shard", 0), "[kafka] shard", 0, shards - 1)
     password: str | None = None
-    if "sasl_plain_password_file" in data:
-        password_path = _path(base, data["sasl_plain_password_file"], "sasl_plain_password_file")
+    if "sasl_password_file" in data:
+        password_path = _path(base, data["sasl_password_file"], "sasl_password_file")
         try:
             password = password_path.read_text().strip()
         except OSError as exc:
             raise ConfigError(f"cannot read {password_path}: {exc.strerror}") from exc
-
-    def optional_path(key: str) -> Path | None:
-        return _path(base, data[key], f"[kafka] {key}") if key in data else None
-
-    return KafkaConfig(
-        bootstrap=bootstrap,
-        topic=topic,
-        partitions=partitions,
-        shard=shard,
-        shards=shards,
-        security_protocol=str(data.get("security_protocol", "PLAINTEXT")),
-        sasl_mechanism=data.get("sasl_mechanism"),
-        sasl_plain_username=data.get("sasl_plain_username"),
-        sasl_plain_password=password,
-        ssl_cafile=optional_path("ssl_cafile"),
-        ssl_certfile=optional_path("ssl_certfile"),
-        ssl_keyfile=optional_path("ssl_keyfile"),
-    )
+    cafile = _path(base, data["ssl_cafile"], "ssl_cafile") if "ssl_cafile" in data else None
+    try:
+        settings = KafkaSettings(
+            bootstrap=bootstrap,
+            topic=topic,
+            security_protocol=str(data.get("security_protocol", "PLAINTEXT")),
+            sasl_mechanism=data.get("sasl_mechanism"),
+            sasl_username=data.get("sasl_username"),
+            sasl_password=password,
+            ssl_cafile=None if cafile is None else str(cafile),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"[kafka]: {exc}") from exc
+    return KafkaConfig(settings=settings, partitions=partitions, shard=shard, shards=shards)
 
 
 def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:

@@ -47,7 +47,10 @@ STORE_VERSION: Final = "1"
 
 TOTALS_FIELDS: Final[tuple[str, ...]] = tuple(Totals.__struct_fields__)
 
-_TOTALS_COLUMNS: Final = ",\n    ".join(f"{name} BIGINT NOT NULL" for name in TOTALS_FIELDS)
+# Running totals after each record, as columns "total_<field>" (the record's own
+# delivered_mgms has a column of its own).
+TOTALS_COLUMNS: Final[tuple[str, ...]] = tuple(f"total_{name}" for name in TOTALS_FIELDS)
+_TOTALS_COLUMNS: Final = ",\n    ".join(f"{name} BIGINT NOT NULL" for name in TOTALS_COLUMNS)
 
 SCHEMA: Final = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
@@ -371,6 +374,11 @@ class Store:
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Hold it for a read-modify-write that must not interleave with other threads."""
+        return self._lock
+
     def close(self) -> None:
         """Close the connection (a checkpoint of the WAL happens in DuckDB on close)."""
         with self._lock:
@@ -598,12 +606,21 @@ class Store:
             )
         ]
 
-    def put_checkpoint(self, placement_id: str, size: int, note: str) -> None:
-        """Store (or replace, when cosigned) the note of the checkpoint at ``size``."""
+    def put_checkpoint(self, placement_id: str, size: int, note: str, *, replace: bool) -> str:
+        """Store the note of the checkpoint at ``size``; return the note now stored.
+
+        ``replace=False`` keeps a note already stored (it may carry cosignatures);
+        ``replace=True`` overwrites it (a cosignature was merged in).
+        """
+        conflict = "DO UPDATE SET note = excluded.note" if replace else "DO NOTHING"
         with self._lock:
             self._con.execute(
-                "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?)", [placement_id, size, note]
+                f"INSERT INTO checkpoints VALUES (?, ?, ?) ON CONFLICT {conflict}",
+                [placement_id, size, note],
             )
+            stored = self.checkpoint(placement_id, size)
+            assert stored is not None
+            return stored
 
     # ---- closes the ledger publishes ------------------------------------------------------------
 

@@ -1,0 +1,259 @@
+"""Where inputs come from: Kafka partitions or local spool directories.
+
+Both sources hand out batches of ``Item`` and resume from the positions stored in the
+ledger's offsets table; neither commits anything anywhere else (no consumer group, no
+Kafka offset commits): the store is the only record of how far the ledger has read.
+
+* ``KafkaSource``: manual assignment of the shard's partitions of the topic (a group join
+  takes seconds, LIMITS.md), ``seek`` to the stored next offset, else the beginning (a
+  fresh store replays from offset 0). ``auto_offset_reset="none"``: a stored offset the
+  broker no longer has is an error, never a silent jump.
+* ``LocalSource``: every spool directory under ``local_dir``, in name order, read with
+  ``meter.spool.read_spool`` from the stored next position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from ledger.config import KafkaConfig
+from ledger.inputs import Item, kafka_position, kafka_source, local_position, local_source
+from meter.spool import SpoolCorrupt, SpoolPosition, read_spool
+
+log = structlog.get_logger("ledger.consume")
+
+_METADATA_TIMEOUT_S: Final = 30.0
+
+
+class SourceError(Exception):
+    """The source cannot be read (topic missing, no partitions for this shard, bad offset)."""
+
+
+# ---- local spools -----------------------------------------------------------------------------
+
+
+def _parse_spool_position(text: str) -> SpoolPosition:
+    segment, sep, offset = text.partition(":")
+    if not sep or not segment.isdigit() or not offset.isdigit():
+        raise SourceError(f"stored spool position {text!r} is not SEGMENT:OFFSET")
+    return SpoolPosition(int(segment), int(offset))
+
+
+class LocalSource:
+    """Reads every spool directory under ``local_dir`` (see the module docstring)."""
+
+    def __init__(self, local_dir: Path, offsets: Mapping[str, str]) -> None:
+        self.local_dir = local_dir
+        self._next: dict[str, SpoolPosition] = {}
+        self._stalled: dict[str, str] = {}
+        prefix = local_source("")
+        for source, position in offsets.items():
+            if source.startswith(prefix):
+                self._next[source[len(prefix) :]] = _parse_spool_position(position)
+
+    def directories(self) -> list[str]:
+        """Names of the spool directories, in the order they are read."""
+        if not self.local_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.local_dir.iterdir() if p.is_dir())
+
+    def poll(self, max_records: int) -> list[Item]:
+        """Up to ``max_records`` inputs, shared fairly among the spools that have some."""
+        names = [n for n in self.directories() if n not in self._stalled]
+        if not names:
+            return []
+        quota = max(1, max_records // len(names))
+        items: list[Item] = []
+        for name in names:
+            budget = min(quota, max_records - len(items))
+            if budget <= 0:
+                break
+            items.extend(self._read(name, budget))
+        return items
+
+    def _read(self, name: str, budget: int) -> list[Item]:
+        out: list[Item] = []
+        source = local_source(name)
+        try:
+            for entry in read_spool(
+                self.local_dir / name, self._next.get(name), max_records=budget
+            ):
+                nxt = entry.next_position
+                out.append(
+                    Item(
+                        data=entry.data,
+                        position=local_position(
+                            name, entry.position.segment, entry.position.offset
+                        ),
+                        stream_key=None,
+                        source=source,
+                        next_position=f"{nxt.segment}:{nxt.offset}",
+                    )
+                )
+        except SpoolCorrupt as exc:
+            # Acknowledged data is damaged: stop reading this spool (never skip records
+            # silently); the others keep flowing. An operator repairs and restarts.
+            self._stalled[name] = str(exc)
+            log.error("spool_corrupt", spool=name, error=str(exc))
+        return out
+
+    def advance(self, items: list[Item]) -> None:
+        """Move past ``items`` (after their batch is committed)."""
+        prefix = len(local_source(""))
+        for item in items:
+            self._next[item.source[prefix:]] = _parse_spool_position(item.next_position)
+
+    def stalled(self) -> dict[str, str]:
+        """Spools that stopped on corruption, with the error."""
+        return dict(self._stalled)
+
+
+# ---- Kafka -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """Consumer lag of one partition."""
+
+    partition: int
+    next_offset: int
+    end_offset: int
+
+
+class KafkaSource:
+    """Consumes the shard's partitions of the topic (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: KafkaConfig,
+        offsets: Mapping[str, str],
+        *,
+        max_poll_records: int,
+        consumer_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self._offsets = dict(offsets)
+        self._max_poll_records = max_poll_records
+        self._extra = dict(consumer_kwargs or {})
+        self._consumer: AIOKafkaConsumer | None = None
+        self._partitions: list[TopicPartition] = []
+        self._next: dict[int, int] = {}
+
+    @property
+    def partitions(self) -> list[int]:
+        """The partitions this source reads."""
+        return [tp.partition for tp in self._partitions]
+
+    async def start(self) -> None:
+        """Connect, assign the shard's partitions and seek to the stored offsets."""
+        topic = self.config.topic
+        consumer = AIOKafkaConsumer(
+            **self.config.client_kwargs(),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="none",
+            max_poll_records=self._max_poll_records,
+            **self._extra,
+        )
+        await consumer.start()
+        self._consumer = consumer
+        try:
+            async with asyncio.timeout(_METADATA_TIMEOUT_S):
+                topics = await consumer.topics()
+            if topic not in topics:
+                raise SourceError(
+                    f"topic {topic!r} does not exist; create it with its fixed partition count"
+                )
+            available = sorted(consumer.partitions_for_topic(topic) or ())
+            owned = [p for p in available if self.config.owns(p)]
+            if self.config.partitions is not None:
+                missing = sorted(set(self.config.partitions) - set(available))
+                if missing:
+                    raise SourceError(f"topic {topic!r} has no partition(s) {missing}")
+            if not owned:
+                raise SourceError(
+                    f"shard {self.config.shard}/{self.config.shards} owns none of the "
+                    f"{len(available)} partitions of {topic!r}"
+                )
+            self._partitions = [TopicPartition(topic, p) for p in owned]
+            consumer.assign(self._partitions)
+            for tp in self._partitions:
+                stored = self._offsets.get(kafka_source(topic, tp.partition))
+                if stored is None:
+                    await consumer.seek_to_beginning(tp)
+                    self._next[tp.partition] = -1  # known after the first fetch
+                else:
+                    if not stored.isdigit():
+                        raise SourceError(f"stored offset {stored!r} of {tp} is not a number")
+                    consumer.seek(tp, int(stored))
+                    self._next[tp.partition] = int(stored)
+            log.info("kafka_assigned", topic=topic, partitions=self.partitions)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[Item]:
+        """Up to ``max_records`` inputs; waits at most ``timeout_ms`` when none are ready."""
+        consumer = self._require()
+        batches = await consumer.getmany(
+            *self._partitions, timeout_ms=timeout_ms, max_records=max_records
+        )
+        topic = self.config.topic
+        items: list[Item] = []
+        for tp in sorted(batches, key=lambda t: t.partition):
+            source = kafka_source(topic, tp.partition)
+            for message in batches[tp]:
+                key: bytes | None = message.key
+                items.append(
+                    Item(
+                        data=message.value if message.value is not None else b"",
+                        position=kafka_position(topic, tp.partition, message.offset),
+                        # Undecodable keys cannot equal a placement id: PLACEMENT_MISMATCH.
+                        stream_key=None if key is None else key.decode("utf-8", "replace"),
+                        source=source,
+                        next_position=str(message.offset + 1),
+                    )
+                )
+        return items
+
+    def advance(self, items: list[Item]) -> None:
+        """Move past ``items`` (after their batch is committed)."""
+        for item in items:
+            partition = int(item.source.rsplit(":", 1)[1])
+            self._next[partition] = int(item.next_position)
+
+    async def lag(self) -> list[PartitionLag]:
+        """Per partition: the next offset to read and the log end offset now."""
+        consumer = self._require()
+        ends = await consumer.end_offsets(self._partitions)
+        out: list[PartitionLag] = []
+        for tp in self._partitions:
+            nxt = self._next.get(tp.partition, -1)
+            if nxt < 0:
+                nxt = await consumer.position(tp)
+                self._next[tp.partition] = nxt
+            out.append(PartitionLag(tp.partition, nxt, int(ends[tp])))
+        return out
+
+    async def caught_up(self) -> bool:
+        """True when every owned partition has been read to its end offset."""
+        return all(p.next_offset >= p.end_offset for p in await self.lag())
+
+    async def stop(self) -> None:
+        """Close the consumer (safe to call twice)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    def _require(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise SourceError("the Kafka source is not started")
+        return self._consumer

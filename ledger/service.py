@@ -1,0 +1,367 @@
+"""The ledger service loop: consume a batch -> fold -> commit; close what is due.
+
+Two entry points share one core (``Ingestor``, ``Closer``):
+
+* ``LedgerService`` — the local transport, synchronous: ``run_until_idle()`` consumes
+  everything the spools hold now, folds and commits it, publishes the closes the clock
+  makes due (into ``local_dir/ledger-<ledger_id>/``, which it then reads like any
+  spool), and repeats until nothing is left. ``run_forever(stop)`` keeps polling.
+* ``KafkaLedgerService`` — the Kafka transport, asyncio: ``run_until(...)`` runs until a
+  condition holds (given placements closed, caught up and nothing left to close) or a
+  deadline passes; ``run_forever(stop)`` is the daemon.
+
+Time comes in through ``clock`` (milliseconds): the real clock in production, a fixed or
+simulated one in tests and replays, so a run can be reproduced byte for byte.
+
+Closes: when ``clock() >= window_end_ms + late_grace_ms`` of an open placement, the
+ledger signs a PlacementClosed(closed_at_ms = clock()), records it in the store, then
+publishes it into the placement's stream; the fold sees it in stream order. A close
+recorded but not known to be published is republished after a restart with the same
+bytes, which the fold drops as a duplicate if the first copy did arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from gridledger.publish import ledger_source, publish_kafka, publish_local
+from ledger.config import KafkaConfig, LedgerConfig
+from ledger.consume import KafkaSource, LocalSource
+from ledger.ingest import BatchReport, Ingestor
+from ledger.limits import (
+    CLOSE_PUBLISH_ATTEMPTS,
+    CLOSE_PUBLISH_BACKOFF_S,
+    DEFAULT_BATCH_MAX_RECORDS,
+    MAX_IDLE_PASSES,
+    POLL_TIMEOUT_MS,
+)
+from ledger.metrics import LedgerMetrics
+from ledger.store import Store
+from proto.envelope import seal
+from proto.keys import SigningKey, load_signing_key
+from proto.records import PlacementClosed
+
+log = structlog.get_logger("ledger.service")
+
+Clock = Callable[[], int]
+
+
+def real_clock() -> int:
+    """Wall-clock milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def fixed_clock(now_ms: int) -> Clock:
+    """A clock that always reads ``now_ms`` (tests, replays)."""
+    return lambda: now_ms
+
+
+@dataclass(slots=True)
+class RunReport:
+    """Totals of a run of the loop."""
+
+    batches: int = 0
+    inputs: int = 0
+    chained: int = 0
+    quarantined: int = 0
+    dropped: int = 0
+    closes_published: int = 0
+    closed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, report: BatchReport) -> None:
+        """Count one batch."""
+        self.batches += 1
+        self.inputs += report.inputs
+        self.chained += report.chained
+        self.quarantined += report.quarantined
+        self.dropped += report.dropped
+        self.closed.extend(report.closed)
+
+
+class Closer:
+    """Decides which placements are due to close and remembers the closes it signed."""
+
+    def __init__(self, store: Store, ingestor: Ingestor, key: SigningKey, clock: Clock) -> None:
+        self.store = store
+        self.ingestor = ingestor
+        self.key = key
+        self.clock = clock
+        self._recorded = store.closes_recorded()
+
+    def pending(self) -> list[tuple[str, bytes]]:
+        """(placement_id, envelope) of every close to publish now, new or not yet published."""
+        now = self.clock()
+        fold = self.ingestor.fold
+        for placement_id in fold.open_placements():
+            if placement_id in self._recorded:
+                continue
+            due = fold.close_due_ms(placement_id)
+            if due is None or now < due:
+                continue
+            record = PlacementClosed(placement_id=placement_id, closed_at_ms=now)
+            self.store.add_close(placement_id, seal(record, [self.key]))
+            self._recorded.add(placement_id)
+            log.info("close_due", placement=placement_id, closed_at_ms=now, due_ms=due)
+        return self.store.unpublished_closes()
+
+    def published(self, placement_ids: Iterable[str]) -> None:
+        """Note that these closes reached the stream."""
+        self.store.mark_closes_published(placement_ids)
+
+
+def _open(config: LedgerConfig) -> tuple[Store, SigningKey]:
+    key = load_signing_key(config.key_file)
+    config.db.parent.mkdir(parents=True, exist_ok=True)
+    return Store(config.db, ledger_public_key=key.public_key), key
+
+
+def clock_of(config: LedgerConfig) -> Clock:
+    """The clock a config asks for: fixed ``clock_ms`` if set, else the real one."""
+    return real_clock if config.clock_ms is None else fixed_clock(config.clock_ms)
+
+
+# ---- local transport ------------------------------------------------------------------------
+
+
+class LedgerService:
+    """The ledger over local spool directories (synchronous)."""
+
+    def __init__(
+        self,
+        store: Store,
+        key: SigningKey,
+        *,
+        ledger_id: str,
+        local_dir: Path,
+        clock: Clock = real_clock,
+        batch_max_records: int = DEFAULT_BATCH_MAX_RECORDS,
+        close: bool = True,
+        metrics: LedgerMetrics | None = None,
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.ledger_id = ledger_id
+        self.local_dir = local_dir
+        self.batch_max_records = batch_max_records
+        self.close_enabled = close
+        self.metrics = metrics or LedgerMetrics()
+        self.ingestor = Ingestor(store, key, self.metrics)
+        self.closer = Closer(store, self.ingestor, key, clock)
+        self.source = LocalSource(local_dir, store.offsets())
+
+    @classmethod
+    def from_config(cls, config: LedgerConfig, clock: Clock | None = None) -> LedgerService:
+        """A service for a ledger.toml with transport = "local" (opens store and key)."""
+        if config.local_dir is None:
+            raise ValueError("transport 'local' needs local_dir")
+        store, key = _open(config)
+        return cls(
+            store,
+            key,
+            ledger_id=config.ledger_id,
+            local_dir=config.local_dir,
+            clock=clock or clock_of(config),
+            batch_max_records=config.batch_max_records,
+            close=config.close,
+        )
+
+    def step(self) -> BatchReport | None:
+        """Consume, fold and commit one batch; None when no source had anything."""
+        items = self.source.poll(self.batch_max_records)
+        if not items:
+            return None
+        report = self.ingestor.ingest(items)
+        self.source.advance(items)
+        return report
+
+    def close_due(self) -> int:
+        """Publish every due close into the ledger's own spool; return how many."""
+        if not self.close_enabled:
+            return 0
+        pending = self.closer.pending()
+        if not pending:
+            return 0
+        publish_local(self.local_dir, ledger_source(self.ledger_id), [e for _, e in pending])
+        self.closer.published(p for p, _ in pending)
+        self.metrics.closes.inc(len(pending))
+        return len(pending)
+
+    def run_until_idle(self, max_passes: int = MAX_IDLE_PASSES) -> RunReport:
+        """Consume everything available, close what is due, repeat until nothing is left."""
+        started = time.perf_counter()
+        run = RunReport()
+        for _ in range(max_passes):
+            report = self.step()
+            if report is not None:
+                run.add(report)
+                continue
+            published = self.close_due()
+            run.closes_published += published
+            if published == 0:
+                break
+        else:
+            raise RuntimeError(f"run_until_idle did not settle in {max_passes} passes")
+        run.seconds = time.perf_counter() - started
+        return run
+
+    def run_forever(self, stop: threading.Event, idle_sleep_s: float = 0.2) -> RunReport:
+        """Poll until ``stop`` is set (the daemon of transport = "local")."""
+        run = RunReport()
+        while not stop.is_set():
+            report = self.step()
+            if report is not None:
+                run.add(report)
+                continue
+            run.closes_published += self.close_due()
+            stop.wait(idle_sleep_s)
+        return run
+
+    def close(self) -> None:
+        """Close the store."""
+        self.store.close()
+
+
+# ---- Kafka transport -------------------------------------------------------------------------
+
+
+class KafkaLedgerService:
+    """The ledger over the shard's Kafka partitions (asyncio)."""
+
+    def __init__(
+        self,
+        store: Store,
+        key: SigningKey,
+        kafka: KafkaConfig,
+        *,
+        clock: Clock = real_clock,
+        batch_max_records: int = DEFAULT_BATCH_MAX_RECORDS,
+        close: bool = True,
+        metrics: LedgerMetrics | None = None,
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.kafka = kafka
+        self.batch_max_records = batch_max_records
+        self.close_enabled = close
+        self.metrics = metrics or LedgerMetrics()
+        self.ingestor = Ingestor(store, key, self.metrics)
+        self.closer = Closer(store, self.ingestor, key, clock)
+        self.source = KafkaSource(kafka, store.offsets(), max_poll_records=batch_max_records)
+
+    @classmethod
+    def from_config(cls, config: LedgerConfig, clock: Clock | None = None) -> KafkaLedgerService:
+        """A service for a ledger.toml with transport = "kafka" (opens store and key)."""
+        if config.kafka is None:
+            raise ValueError("transport 'kafka' needs [kafka]")
+        store, key = _open(config)
+        return cls(
+            store,
+            key,
+            config.kafka,
+            clock=clock or clock_of(config),
+            batch_max_records=config.batch_max_records,
+            close=config.close,
+        )
+
+    async def start(self) -> None:
+        """Connect the consumer (assign partitions, seek to stored offsets)."""
+        await self.source.start()
+
+    async def stop(self) -> None:
+        """Disconnect the consumer."""
+        await self.source.stop()
+
+    async def step(self, timeout_ms: int = POLL_TIMEOUT_MS) -> BatchReport | None:
+        """Poll once; fold and commit what arrived. None when nothing arrived in time."""
+        items = await self.source.poll(self.batch_max_records, timeout_ms)
+        if not items:
+            return None
+        report = self.ingestor.ingest(items)
+        self.source.advance(items)
+        return report
+
+    async def close_due(self) -> int:
+        """Publish every due close into its placement's partition; return how many."""
+        if not self.close_enabled:
+            return 0
+        pending = self.closer.pending()
+        if not pending:
+            return 0
+        for attempt in range(1, CLOSE_PUBLISH_ATTEMPTS + 1):
+            try:
+                await publish_kafka(self.kafka.settings, pending)
+                break
+            except Exception as exc:  # a broker outage: retry, then leave it for next round
+                log.warning("close_publish_failed", attempt=attempt, error=repr(exc))
+                if attempt == CLOSE_PUBLISH_ATTEMPTS:
+                    return 0
+                await asyncio.sleep(CLOSE_PUBLISH_BACKOFF_S * attempt)
+        self.closer.published(p for p, _ in pending)
+        self.metrics.closes.inc(len(pending))
+        return len(pending)
+
+    async def update_lag(self) -> int:
+        """Refresh the lag gauges; return the total lag."""
+        total = 0
+        for lag in await self.source.lag():
+            behind = max(0, lag.end_offset - lag.next_offset)
+            self.metrics.lag.labels(f"{self.kafka.topic}:{lag.partition}").set(behind)
+            total += behind
+        return total
+
+    async def run_until(
+        self,
+        done: Callable[[], bool] | None = None,
+        *,
+        deadline_s: float,
+        idle_poll_ms: int = POLL_TIMEOUT_MS,
+    ) -> RunReport:
+        """Run until ``done()`` holds — or, without ``done``, until caught up with nothing
+        left to close — or raise TimeoutError at ``deadline_s`` seconds from now."""
+        started = time.perf_counter()
+        run = RunReport()
+        deadline = time.monotonic() + deadline_s
+        while True:
+            if done is not None and done():
+                break
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"ledger run did not finish within {deadline_s} s")
+            report = await self.step(idle_poll_ms)
+            if report is not None:
+                run.add(report)
+                continue
+            published = await self.close_due()
+            run.closes_published += published
+            if published:
+                continue
+            if await self.update_lag() == 0 and done is None:
+                break
+        run.seconds = time.perf_counter() - started
+        return run
+
+    async def run_forever(self, stop: asyncio.Event) -> RunReport:
+        """Consume until ``stop`` is set (the daemon of transport = "kafka")."""
+        run = RunReport()
+        last_lag = 0.0
+        while not stop.is_set():
+            report = await self.step()
+            if report is not None:
+                run.add(report)
+            else:
+                run.closes_published += await self.close_due()
+            if time.monotonic() - last_lag >= 1.0:
+                await self.update_lag()
+                last_lag = time.monotonic()
+        return run
+
+    def close(self) -> None:
+        """Close the store (after ``stop``)."""
+        self.store.close()
