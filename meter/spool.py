@@ -76,6 +76,7 @@ __all__ = [
     "SpoolWriter",
     "frame",
     "framed_size",
+    "list_segments",
     "read_spool",
     "segment_path",
 ]
@@ -199,7 +200,8 @@ def segment_path(directory: Path, segment: int) -> Path:
     return directory / f"{segment:020d}{SEGMENT_SUFFIX}"
 
 
-def _list_segments(directory: Path) -> list[int]:
+def list_segments(directory: Path) -> list[int]:
+    """The segment numbers present in ``directory``, oldest first."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -250,7 +252,7 @@ class SpoolWriter:
         self._lock()
         try:
             self._sizes: dict[int, int] = {}
-            for number in _list_segments(self._directory):
+            for number in list_segments(self._directory):
                 self._sizes[number] = segment_path(self._directory, number).stat().st_size
             self._segment = max(self._sizes, default=0)
             if self._sizes:
@@ -458,7 +460,7 @@ def read_spool(
     ``next_position``. Raises SpoolCorrupt (file, offset) for damage anywhere else.
     """
     directory = Path(directory)
-    segments = _list_segments(directory)
+    segments = list_segments(directory)
     if not segments:
         return
     if start is None:
@@ -469,7 +471,7 @@ def read_spool(
     while max_records is None or count < max_records:
         later = [s for s in segments if s >= segment]
         if not later:
-            segments = _list_segments(directory)
+            segments = list_segments(directory)
             later = [s for s in segments if s >= segment]
             if not later:
                 return
@@ -479,7 +481,7 @@ def read_spool(
         try:
             handle = path.open("rb")
         except FileNotFoundError:  # deleted by the writer's garbage collection meanwhile
-            segments = _list_segments(directory)
+            segments = list_segments(directory)
             segment, offset = segment + 1, 0
             continue
         with handle:
@@ -499,7 +501,7 @@ def read_spool(
                 return  # max_records reached
             if status is _Frame.BAD and _valid_frame_follows(handle, offset, frame_bytes):
                 raise SpoolCorrupt(path, offset, "bad frame followed by valid frames")
-        segments = _list_segments(directory)
+        segments = list_segments(directory)
         if not any(s > segment for s in segments):
             return  # the last segment: clean end, or a tail still being written / torn
         if status is not _Frame.END:

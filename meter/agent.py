@@ -1,0 +1,345 @@
+"""The node agent: every interval, one signed UsageEvent per placement, spooled first.
+
+``Agent.tick()`` emits every interval that has ended by the clock's now, for every
+(node, placement) stream of the terms it holds, appends all the envelopes to the spool
+with one fsync, and only then advances its in-memory heads and returns them: nothing
+can be shipped or counted that is not durable. A SpoolFull leaves the heads where they
+were, so the same events are built again once there is room (never a gap).
+
+State comes from durable data only: on start the agent reads the stream heads back from
+the spool (newest segment first, stopping once every stream is found) and from the
+``HEADS`` file that is written before acknowledged segments are garbage-collected in
+Kafka mode. A restarted agent continues each stream with the next seq and prev.
+
+Library use (demo, replay, tests; many agents in one process, no Kafka)::
+
+    agent = Agent(config, Simulator(...), SimClock(t0))
+    clock.advance(3_600_000)
+    envelopes = agent.tick()      # an hour of events, spooled, in stream order
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+import structlog
+
+from meter.clock import Clock
+from meter.durable import read_small_file, write_atomic
+from meter.limits import (
+    DEFAULT_INTERVAL_MS,
+    DEFAULT_SEGMENT_MAX_BYTES,
+    DEFAULT_SPOOL_MAX_BYTES,
+    MAX_EVENTS_PER_TICK,
+    MAX_INTERVAL_MS,
+    MAX_STREAMS,
+    MIN_INTERVAL_MS,
+)
+from meter.metrics import MeterMetrics
+from meter.sources import GpuReading, GpuSource
+from meter.spool import SpoolPosition, SpoolWriter, list_segments, read_spool
+from meter.stream import (
+    SealedEvent,
+    StreamHead,
+    StreamKey,
+    build_event,
+    due_intervals,
+    node_gpus,
+    resume_start_ms,
+    samples_for,
+    seal_event,
+)
+from proto.envelope import open_envelope
+from proto.errors import ProtoError
+from proto.keys import SigningKey
+from proto.records import GpuSpec, PlacementTerms, UsageEvent
+
+__all__ = ["HEADS_FILE", "Agent", "AgentConfig", "AgentConfigError", "recover_heads"]
+
+HEADS_FILE: Final = "HEADS"
+_log = structlog.get_logger("meter.agent")
+
+
+class AgentConfigError(ValueError):
+    """A configuration the agent cannot run with."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What one agent meters and where it keeps its spool."""
+
+    node_id: str
+    signing_key: SigningKey
+    terms: tuple[PlacementTerms, ...]
+    spool_dir: Path
+    interval_ms: int = DEFAULT_INTERVAL_MS
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        if not MIN_INTERVAL_MS <= self.interval_ms <= MAX_INTERVAL_MS:
+            raise AgentConfigError(
+                f"interval of {self.interval_ms} ms is outside {MIN_INTERVAL_MS}.."
+                f"{MAX_INTERVAL_MS} ms"
+            )
+        ids = [t.placement_id for t in self.terms]
+        if len(set(ids)) != len(ids):
+            raise AgentConfigError("two terms files are for the same placement")
+        if len(ids) > MAX_STREAMS:
+            raise AgentConfigError(f"{len(ids)} placements; at most {MAX_STREAMS}")
+
+
+@dataclass
+class _Stream:
+    key: StreamKey
+    terms: PlacementTerms
+    gpus: list[GpuSpec]
+    head: StreamHead
+    next_start_ms: int | None = None  # decided when the agent (re)starts
+    done: bool = False
+
+
+class _HeadsFile(msgspec.Struct, forbid_unknown_fields=True):
+    format: str
+    envelopes: list[str] = msgspec.field(default_factory=list)  # base64, last event of each
+
+
+_HEADS_FORMAT: Final = "gridledger-meter-heads/v1"
+
+
+def _event_of(data: bytes) -> tuple[UsageEvent, str] | None:
+    try:
+        opened = open_envelope(data)
+    except ProtoError:
+        return None
+    if not isinstance(opened.record, UsageEvent):
+        return None
+    return opened.record, opened.record_hash
+
+
+def recover_heads(
+    spool_dir: Path, streams: Sequence[StreamKey], metrics: MeterMetrics | None = None
+) -> dict[StreamKey, tuple[StreamHead, bytes]]:
+    """The last durable event of each stream (head and envelope), from HEADS and the spool.
+
+    Segments are scanned newest first; the scan stops once every stream has been found.
+    """
+    wanted = set(streams)
+    found: dict[StreamKey, tuple[StreamHead, bytes]] = {}
+
+    def consider(data: bytes) -> StreamKey | None:
+        parsed = _event_of(data)
+        if parsed is None:
+            if metrics is not None:
+                metrics.records_skipped.labels(reason="undecodable").inc()
+            _log.error("spool_record_undecodable", bytes=len(data))
+            return None
+        event, record_hash = parsed
+        key = StreamKey(event.placement_id, event.node_id)
+        if key not in wanted:
+            return None
+        current = found.get(key)
+        if current is None or current[0].next_seq <= event.seq:
+            found[key] = (StreamHead(event.seq + 1, record_hash, event.end_ms), data)
+        return key
+
+    raw = read_small_file(spool_dir / HEADS_FILE)
+    if raw is not None:
+        heads = msgspec.json.decode(raw, type=_HeadsFile)
+        if heads.format != _HEADS_FORMAT:
+            raise AgentConfigError(f"{spool_dir / HEADS_FILE}: unknown format {heads.format!r}")
+        for text in heads.envelopes:
+            consider(base64.b64decode(text))
+    # Events of a stream are appended in seq order, so the newest segment holding one of
+    # its events holds its last: stop once every stream was seen in the spool.
+    seen_in_spool: set[StreamKey] = set()
+    for segment in reversed(list_segments(spool_dir)):
+        if wanted <= seen_in_spool:
+            break
+        for entry in read_spool(spool_dir, SpoolPosition(segment, 0)):
+            if entry.position.segment != segment:
+                break
+            key = consider(entry.data)
+            if key is not None:
+                seen_in_spool.add(key)
+    return found
+
+
+class Agent:
+    """One node's agent: streams, source, clock, spool (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        source: GpuSource,
+        clock: Clock,
+        *,
+        metrics: MeterMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self._source = source
+        self._clock = clock
+        self.metrics = metrics if metrics is not None else MeterMetrics()
+        self._streams: list[_Stream] = []
+        for terms in sorted(config.terms, key=lambda t: t.placement_id):
+            node_ids = {n.node_id for n in terms.nodes}
+            if config.node_id not in node_ids:
+                _log.warning(
+                    "terms_without_this_node", placement=terms.placement_id, node=config.node_id
+                )
+                continue
+            node_key = next(n.key for n in terms.nodes if n.node_id == config.node_id)
+            if node_key != config.signing_key.public_key:
+                # A key binding may have rotated the node key; the ledger decides.
+                _log.warning(
+                    "node_key_differs_from_terms",
+                    placement=terms.placement_id,
+                    node=config.node_id,
+                    key_id=config.signing_key.key_id,
+                )
+            self._streams.append(
+                _Stream(
+                    StreamKey(terms.placement_id, config.node_id),
+                    terms,
+                    node_gpus(terms, config.node_id),
+                    StreamHead(),
+                )
+            )
+        self._spool = SpoolWriter(
+            config.spool_dir,
+            max_bytes=config.spool_max_bytes,
+            segment_max_bytes=config.segment_max_bytes,
+        )
+        try:
+            self._last_envelopes: dict[StreamKey, bytes] = {}
+            recovered = recover_heads(
+                config.spool_dir, [s.key for s in self._streams], self.metrics
+            )
+            for stream in self._streams:
+                if stream.key in recovered:
+                    stream.head, envelope = recovered[stream.key]
+                    self._last_envelopes[stream.key] = envelope
+                _log.info(
+                    "stream_recovered",
+                    placement=stream.key.placement_id,
+                    node=stream.key.node_id,
+                    next_seq=stream.head.next_seq,
+                    last_end_ms=stream.head.last_end_ms,
+                )
+        except BaseException:
+            self._spool.close()
+            raise
+        self.metrics.spool_bytes.set(self._spool.bytes_used)
+        # The agent (re)starts now: that is when each stream decides where it resumes.
+        self._decide_starts(clock.now_ms())
+
+    # -- introspection --
+
+    @property
+    def spool(self) -> SpoolWriter:
+        """The agent's spool writer (the shipper garbage-collects through it)."""
+        return self._spool
+
+    @property
+    def heads(self) -> dict[StreamKey, StreamHead]:
+        """The durable head of every stream."""
+        return {s.key: s.head for s in self._streams}
+
+    def _decide_starts(self, now_ms: int) -> None:
+        for stream in self._streams:
+            if stream.next_start_ms is None:
+                stream.next_start_ms = resume_start_ms(
+                    stream.head, now_ms, self.config.interval_ms, stream.terms.window_start_ms
+                )
+
+    def next_due_ms(self) -> int | None:
+        """When the next interval of any stream ends (None: every window is over)."""
+        self._decide_starts(self._clock.now_ms())
+        due: list[int] = []
+        for stream in self._streams:
+            assert stream.next_start_ms is not None
+            if stream.next_start_ms < stream.terms.window_end_ms:
+                due.append(
+                    min(
+                        stream.next_start_ms + self.config.interval_ms,
+                        stream.terms.window_end_ms,
+                    )
+                )
+        return min(due, default=None)
+
+    # -- the work --
+
+    def tick(self) -> list[bytes]:
+        """Emit every interval due at the clock's now: sign, spool (one fsync), return them.
+
+        Raises SpoolFull (nothing advanced) when the spool has no room.
+        """
+        now_ms = self._clock.now_ms()
+        self._decide_starts(now_ms)
+        budget = MAX_EVENTS_PER_TICK
+        jobs: list[tuple[_Stream, int, int]] = []
+        for stream in self._streams:
+            assert stream.next_start_ms is not None
+            intervals = due_intervals(
+                stream.next_start_ms,
+                now_ms,
+                self.config.interval_ms,
+                stream.terms.window_end_ms,
+                budget,
+            )
+            budget -= len(intervals)
+            jobs.extend((stream, start, end) for start, end in intervals)
+        if not jobs:
+            return []
+        readings: dict[tuple[int, int], Mapping[str, GpuReading]] = {}
+        heads = {s.key: s.head for s in self._streams}
+        sealed: list[tuple[_Stream, SealedEvent]] = []
+        for stream, start, end in jobs:
+            if (start, end) not in readings:
+                readings[(start, end)] = self._source.read(start, end)
+            head = heads[stream.key]
+            event = build_event(
+                stream.key, head, start, end, samples_for(stream.gpus, readings[(start, end)])
+            )
+            item = seal_event(event, self.config.signing_key)
+            heads[stream.key] = head.after(event, item.record_hash)
+            sealed.append((stream, item))
+        envelopes = [item.envelope for _, item in sealed]
+        self._spool.append(envelopes)  # durable before anything else may see them
+        for stream, item in sealed:
+            stream.head = stream.head.after(item.event, item.record_hash)
+            stream.next_start_ms = item.event.end_ms
+            self._last_envelopes[stream.key] = item.envelope
+        self.metrics.events_emitted.inc(len(envelopes))
+        self.metrics.spool_bytes.set(self._spool.bytes_used)
+        return envelopes
+
+    def save_heads(self) -> None:
+        """Write the last event of every stream to HEADS (before segments are deleted)."""
+        heads = _HeadsFile(
+            format=_HEADS_FORMAT,
+            envelopes=[
+                base64.b64encode(self._last_envelopes[k]).decode()
+                for k in sorted(self._last_envelopes)
+            ],
+        )
+        write_atomic(self.config.spool_dir / HEADS_FILE, msgspec.json.encode(heads))
+
+    def collect_garbage(self, acked: SpoolPosition) -> int:
+        """Kafka mode: save the heads, then delete segments wholly before ``acked``."""
+        if acked.segment <= min(list_segments(self.config.spool_dir), default=acked.segment):
+            return 0
+        self.save_heads()
+        freed = self._spool.delete_segments_before(acked)
+        self.metrics.spool_bytes.set(self._spool.bytes_used)
+        return freed
+
+    def close(self) -> None:
+        """Release the spool and the source."""
+        self._spool.close()
+        self._source.close()

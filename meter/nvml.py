@@ -1,0 +1,169 @@
+"""Real GPUs through NVML (``pynvml``, package nvidia-ml-py).
+
+Per device and read: uuid, name, memory, utilisation, power, and the deltas since the
+previous read of the total-energy counter, the volatile uncorrected ECC counter and the
+XID critical-error events (drained from an NVML event set). A field the device does not
+support (``NVMLError_NotSupported``) reads as 0 and never makes a GPU unhealthy.
+
+Health: a GPU is unhealthy for an interval when an XID error or an uncorrected ECC error
+was seen during it, or when pages are pending retirement. A device that NVML no longer
+enumerates, or that fails with any other NVML error (GPU lost, unknown error), is left
+out of the readings: the agent reports a GPU of the terms it cannot see as unhealthy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any, Final
+
+import structlog
+
+from meter.sources import GpuReading
+
+__all__ = ["MAX_XID_EVENTS_PER_READ", "NvmlSource"]
+
+MAX_XID_EVENTS_PER_READ: Final = 10_000
+"""XID events drained from the event set in one read (an error storm cannot stall us)."""
+
+_MIB: Final = 1024 * 1024
+_log = structlog.get_logger("meter.nvml")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlSource:
+    """A GpuSource reading the node's NVIDIA GPUs. ``nvml`` is the pynvml module (tests
+    pass a fake)."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+        self._nvml = nvml
+        nvml.nvmlInit()
+        self._event_set: Any = None
+        with contextlib.suppress(nvml.NVMLError):
+            self._event_set = nvml.nvmlEventSetCreate()
+        self._registered: set[str] = set()
+        self._energy_mj: dict[str, int] = {}
+        self._ecc: dict[str, int] = {}
+        self._xid_pending: dict[str, int] = {}
+        # Baselines: the first interval's deltas count from the agent's start.
+        self.read(0, 0)
+        self._xid_pending.clear()
+
+    def _optional(self, fn: Any, *args: Any) -> Any:
+        """Call an NVML getter; None when the device does not support it."""
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError_NotSupported:
+            return None
+
+    def _drain_xid_events(self) -> None:
+        if self._event_set is None:
+            return
+        nvml = self._nvml
+        for _ in range(MAX_XID_EVENTS_PER_READ):
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._event_set, 0)
+            except nvml.NVMLError_Timeout:
+                return
+            except nvml.NVMLError as exc:
+                _log.warning("nvml_event_wait_failed", error=str(exc))
+                return
+            try:
+                uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
+            except nvml.NVMLError:
+                continue  # the device is gone: it will be missing from the readings
+            self._xid_pending[uuid] = self._xid_pending.get(uuid, 0) + 1
+            _log.warning("gpu_xid_error", uuid=uuid, xid=getattr(data, "eventData", None))
+
+    def _register(self, handle: Any, uuid: str) -> None:
+        if self._event_set is None or uuid in self._registered:
+            return
+        nvml = self._nvml
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlDeviceRegisterEvents(
+                handle, nvml.nvmlEventTypeXidCriticalError, self._event_set
+            )
+        self._registered.add(uuid)
+
+    def read(self, start_ms: int, end_ms: int) -> Mapping[str, GpuReading]:
+        """The devices NVML enumerates now; counters are deltas since the previous read."""
+        nvml = self._nvml
+        self._drain_xid_events()
+        readings: dict[str, GpuReading] = {}
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError as exc:
+            _log.error("nvml_device_count_failed", error=str(exc))
+            return readings
+        for index in range(count):
+            try:
+                reading = self._read_device(index)
+            except nvml.NVMLError as exc:
+                _log.warning("nvml_device_unreadable", index=index, error=str(exc))
+                continue
+            readings[reading.uuid] = reading
+        return readings
+
+    def _read_device(self, index: int) -> GpuReading:
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        model = _text(nvml.nvmlDeviceGetName(handle))
+        self._register(handle, uuid)
+        memory = self._optional(nvml.nvmlDeviceGetMemoryInfo, handle)
+        rates = self._optional(nvml.nvmlDeviceGetUtilizationRates, handle)
+        power_mw = self._optional(nvml.nvmlDeviceGetPowerUsage, handle)
+        energy_total_mj = self._optional(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        ecc_total = self._optional(
+            nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nvml.NVML_VOLATILE_ECC,
+        )
+        retire_pending = self._optional(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+
+        energy_mj = 0
+        if energy_total_mj is not None:
+            previous = self._energy_mj.get(uuid)
+            if previous is not None and energy_total_mj >= previous:
+                energy_mj = int(energy_total_mj) - previous
+            self._energy_mj[uuid] = int(energy_total_mj)
+        ecc_errors = 0
+        if ecc_total is not None:
+            previous = self._ecc.get(uuid)
+            if previous is not None and ecc_total > previous:
+                ecc_errors = int(ecc_total) - previous
+            self._ecc[uuid] = int(ecc_total)
+        xid_errors = self._xid_pending.pop(uuid, 0)
+        pending = bool(retire_pending) and retire_pending == getattr(
+            nvml, "NVML_FEATURE_ENABLED", 1
+        )
+        return GpuReading(
+            uuid=uuid,
+            model=model,
+            healthy=xid_errors == 0 and ecc_errors == 0 and not pending,
+            utilisation_pct=min(100, max(0, int(rates.gpu))) if rates is not None else 0,
+            memory_used_mib=int(memory.used) // _MIB if memory is not None else 0,
+            memory_total_mib=int(memory.total) // _MIB if memory is not None else 0,
+            power_mw=max(0, int(power_mw)) if power_mw is not None else 0,
+            energy_mj=energy_mj,
+            xid_errors=xid_errors,
+            ecc_errors=ecc_errors,
+        )
+
+    def close(self) -> None:
+        """Free the event set and shut NVML down."""
+        nvml = self._nvml
+        if self._event_set is not None:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()

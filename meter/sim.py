@@ -1,0 +1,212 @@
+"""A deterministic GPU simulator with injectable faults, described by a spec string.
+
+The same seed gives the same readings, byte for byte: a reading is a pure function of
+(seed, GPU uuid, interval), drawn from its own ``random.Random`` — never the global one —
+so it does not depend on how often or in which order the agent asks.
+
+Spec grammar (``gridledger meter run --simulate SPEC``)::
+
+    SPEC  := ITEM ("," ITEM)*
+    ITEM  := "seed=" INT                       random seed (default 0)
+           | "gpus=" INT                       devices on the node (default: the terms' GPUs
+                                               of this node; more adds GPUs no placement has)
+           | "unhealthy=" UUID "@" MS "-" MS   the GPU reports XID errors in [MS, MS)
+           | "vanish=" UUID "@" MS ["-" MS]    the GPU is gone from MS (until MS, if given)
+           | "skew_ms=" ["-"] INT              the agent's clock is off by this much
+           | "crash_after=" INT                the agent kills itself (SIGKILL) after it has
+                                               spooled this many events (crash tests)
+           | "pace_ms=" INT                    with --until-ms: wall-clock pause per step
+
+``unhealthy`` and ``vanish`` may repeat. MS values are milliseconds after the
+simulation's epoch: the earliest ``window_start_ms`` of the agent's terms. Example::
+
+    seed=7,gpus=4,unhealthy=GPU-x@600000-900000,vanish=GPU-y@1200000,skew_ms=250
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from meter.sources import GpuReading
+
+__all__ = ["SimDevice", "SimSpec", "SimSpecError", "Simulator", "parse_sim_spec"]
+
+_UUID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+_INT_RE: Final = re.compile(r"^-?[0-9]{1,16}$")
+MAX_SIM_GPUS: Final = 256
+IDLE_POWER_MW: Final = 60_000
+POWER_PER_PCT_MW: Final = 3_000
+
+
+class SimSpecError(ValueError):
+    """A simulation spec that does not follow the grammar of this module."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A GPU fault over [start_ms, end_ms) after the epoch (end None: forever)."""
+
+    uuid: str
+    start_ms: int
+    end_ms: int | None
+
+    def overlaps(self, start_ms: int, end_ms: int) -> bool:
+        """Whether the fault touches [start_ms, end_ms) (both relative to the epoch)."""
+        fault_end_ms = end_ms if self.end_ms is None else self.end_ms
+        return self.start_ms < end_ms and start_ms < fault_end_ms
+
+
+@dataclass(frozen=True, slots=True)
+class SimSpec:
+    """A parsed simulation spec."""
+
+    seed: int = 0
+    gpus: int | None = None
+    unhealthy: tuple[Fault, ...] = ()
+    vanish: tuple[Fault, ...] = ()
+    skew_ms: int = 0
+    crash_after: int | None = None
+    pace_ms: int = 0
+    text: str = field(default="", compare=False)
+
+
+def _int(key: str, value: str, *, minimum: int | None = 0) -> int:
+    if not _INT_RE.match(value):
+        raise SimSpecError(f"{key}={value!r}: not an integer")
+    number = int(value)
+    if minimum is not None and number < minimum:
+        raise SimSpecError(f"{key}={value}: below {minimum}")
+    return number
+
+
+def _fault(key: str, value: str, *, need_end: bool) -> Fault:
+    uuid, at, times = value.rpartition("@")
+    if not at or not _UUID_RE.match(uuid):
+        raise SimSpecError(f"{key}={value!r}: want UUID@START_MS{'-END_MS' if need_end else ''}")
+    start_text, dash, end_text = times.partition("-")
+    start = _int(key, start_text)
+    if not dash:
+        if need_end:
+            raise SimSpecError(f"{key}={value!r}: want UUID@START_MS-END_MS")
+        return Fault(uuid, start, None)
+    end = _int(key, end_text)
+    if end <= start:
+        raise SimSpecError(f"{key}={value!r}: end {end} is not after start {start}")
+    return Fault(uuid, start, end)
+
+
+def parse_sim_spec(text: str) -> SimSpec:
+    """Parse a spec string (grammar in the module docstring); SimSpecError names the item."""
+    values: dict[str, int | None] = {}
+    unhealthy: list[Fault] = []
+    vanish: list[Fault] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SimSpecError(f"{item!r}: want KEY=VALUE")
+        if key == "unhealthy":
+            unhealthy.append(_fault(key, value, need_end=True))
+        elif key == "vanish":
+            vanish.append(_fault(key, value, need_end=False))
+        elif key in ("seed", "gpus", "skew_ms", "crash_after", "pace_ms"):
+            if key in values:
+                raise SimSpecError(f"{key} is given twice")
+            minimum = {"skew_ms": None, "crash_after": 1, "gpus": 1}.get(key, 0)
+            values[key] = _int(key, value, minimum=minimum)
+        else:
+            raise SimSpecError(f"unknown key {key!r}")
+    gpus = values.get("gpus")
+    if gpus is not None and gpus > MAX_SIM_GPUS:
+        raise SimSpecError(f"gpus={gpus}: at most {MAX_SIM_GPUS}")
+    return SimSpec(
+        seed=values.get("seed") or 0,
+        gpus=gpus,
+        unhealthy=tuple(unhealthy),
+        vanish=tuple(vanish),
+        skew_ms=values.get("skew_ms") or 0,
+        crash_after=values.get("crash_after"),
+        pace_ms=values.get("pace_ms") or 0,
+        text=text,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SimDevice:
+    """A simulated device: the identity it reports."""
+
+    uuid: str
+    model: str
+    memory_total_mib: int
+
+
+class Simulator:
+    """A GpuSource of simulated devices (see the module docstring)."""
+
+    def __init__(
+        self, spec: SimSpec, devices: Sequence[SimDevice], epoch_ms: int, *, node_id: str = "sim"
+    ) -> None:
+        listed = list(devices)
+        uuids = [d.uuid for d in listed]
+        if len(set(uuids)) != len(uuids):
+            raise SimSpecError("a simulated device uuid is listed twice")
+        extra = 0
+        while spec.gpus is not None and len(listed) < spec.gpus:
+            listed.append(SimDevice(f"GPU-sim-{node_id}-{extra}", "SIM-GPU", 81920))
+            extra += 1
+        self._devices = tuple(listed)
+        self._spec = spec
+        self._epoch_ms = epoch_ms
+
+    @property
+    def devices(self) -> tuple[SimDevice, ...]:
+        """Every device of the simulated node."""
+        return self._devices
+
+    def read(self, start_ms: int, end_ms: int) -> Mapping[str, GpuReading]:
+        """Readings over [start_ms, end_ms): a pure function of seed, device and interval."""
+        rel_start, rel_end = start_ms - self._epoch_ms, end_ms - self._epoch_ms
+        readings: dict[str, GpuReading] = {}
+        for device in self._devices:
+            if any(
+                f.uuid == device.uuid and f.overlaps(rel_start, rel_end) for f in self._spec.vanish
+            ):
+                continue
+            sick = any(
+                f.uuid == device.uuid and f.overlaps(rel_start, rel_end)
+                for f in self._spec.unhealthy
+            )
+            readings[device.uuid] = self._reading(device, start_ms, end_ms, sick=sick)
+        return readings
+
+    def _reading(self, device: SimDevice, start_ms: int, end_ms: int, *, sick: bool) -> GpuReading:
+        # The device's character (its typical load) is fixed per seed; each interval draws
+        # its own variation from a generator of its own.
+        base = random.Random(f"{self._spec.seed}/{device.uuid}").randint(35, 95)
+        rng = random.Random(f"{self._spec.seed}/{device.uuid}/{start_ms}/{end_ms}")
+        utilisation = min(100, max(0, base + rng.randint(-10, 10)))
+        if sick:
+            utilisation = 0
+        power_mw = IDLE_POWER_MW + POWER_PER_PCT_MW * utilisation + rng.randint(0, 5_000)
+        used = device.memory_total_mib * min(95, utilisation + rng.randint(0, 5)) // 100
+        return GpuReading(
+            uuid=device.uuid,
+            model=device.model,
+            healthy=not sick,
+            utilisation_pct=utilisation,
+            memory_used_mib=used,
+            memory_total_mib=device.memory_total_mib,
+            power_mw=power_mw,
+            # mW x ms = uJ; / 1000 = mJ.
+            energy_mj=power_mw * max(0, end_ms - start_ms) // 1000,
+            xid_errors=rng.randint(1, 3) if sick else 0,
+            ecc_errors=0,
+        )
+
+    def close(self) -> None:
+        """Nothing to release."""

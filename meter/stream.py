@@ -1,0 +1,172 @@
+"""One (node, placement) usage stream, as pure functions: intervals, samples, events.
+
+A stream's durable state is its head: the next ``seq``, the record hash of the last event
+(``prev`` of the next one) and where the last interval ended. Everything here is a pure
+function of its arguments; the agent (``meter.agent``) does the I/O.
+
+Interval rules (SPEC.md 6.3 "usage"): intervals are [start, end), at most one agent
+interval long, inside the placement window (the last one clipped at ``window_end_ms``),
+and never overlap. While the agent runs they are contiguous. When it (re)starts, the
+next interval starts where the last one ended if that is within one interval of now
+(or in the future: never overlap), else at now; SPEC allows the gap, never an overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from meter.sources import GpuReading
+from proto import limits as proto_limits
+from proto.canonical import signed_bytes
+from proto.envelope import encode_envelope, sha256_hex, sign_payload
+from proto.keys import SigningKey
+from proto.records import ZERO_HASH, GpuSample, GpuSpec, PlacementTerms, UsageEvent
+
+__all__ = [
+    "SealedEvent",
+    "StreamHead",
+    "StreamKey",
+    "build_event",
+    "due_intervals",
+    "node_gpus",
+    "resume_start_ms",
+    "samples_for",
+    "seal_event",
+]
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class StreamKey:
+    """A usage stream: one node's events for one placement."""
+
+    placement_id: str
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamHead:
+    """Where a stream stands: next seq, hash of the last event, end of its interval."""
+
+    next_seq: int = 0
+    prev: str = ZERO_HASH
+    last_end_ms: int | None = None
+
+    def after(self, event: UsageEvent, record_hash: str) -> StreamHead:
+        """The head once ``event`` (with record hash ``record_hash``) is durable."""
+        return StreamHead(event.seq + 1, record_hash, event.end_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class SealedEvent:
+    """A signed event: the envelope bytes and the record hash its successor links to."""
+
+    event: UsageEvent
+    envelope: bytes
+    record_hash: str
+
+
+def node_gpus(terms: PlacementTerms, node_id: str) -> list[GpuSpec]:
+    """The GPUs the terms place on ``node_id``, sorted by uuid."""
+    return sorted((g for g in terms.gpus if g.node_id == node_id), key=lambda g: g.uuid)
+
+
+def resume_start_ms(head: StreamHead, now_ms: int, interval_ms: int, window_start_ms: int) -> int:
+    """Where a stream's next interval starts when the agent (re)starts at ``now_ms``."""
+    anchor = head.last_end_ms if head.last_end_ms is not None else window_start_ms
+    if now_ms - anchor <= interval_ms:
+        return max(anchor, window_start_ms)  # contiguous (or the clock is behind: wait)
+    return max(now_ms, window_start_ms)
+
+
+def due_intervals(
+    next_start_ms: int, now_ms: int, interval_ms: int, window_end_ms: int, limit: int
+) -> list[tuple[int, int]]:
+    """The contiguous intervals from ``next_start_ms`` that have ended by ``now_ms``."""
+    out: list[tuple[int, int]] = []
+    start = next_start_ms
+    while len(out) < limit and start < window_end_ms:
+        end = min(start + interval_ms, window_end_ms)
+        if end > now_ms:
+            break
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _bounded(value: int, high: int = proto_limits.MAX_SAFE_INTEGER) -> int:
+    return min(high, max(0, int(value)))
+
+
+def _usable_model(model: str) -> bool:
+    return 1 <= len(model) <= proto_limits.MAX_ID_CHARS
+
+
+def samples_for(gpus: Sequence[GpuSpec], readings: Mapping[str, GpuReading]) -> list[GpuSample]:
+    """One sample per GPU of the terms on this node, allocated to the placement.
+
+    A GPU the source does not see is reported unhealthy with zero readings: it delivered
+    nothing. Readings are clamped into the record's ranges (a device is input too).
+    """
+    samples = []
+    for spec in gpus:
+        reading = readings.get(spec.uuid)
+        if reading is None or not _usable_model(reading.model):
+            samples.append(
+                GpuSample(
+                    uuid=spec.uuid,
+                    model=spec.model,
+                    allocated=True,
+                    healthy=False,
+                    utilisation_pct=0,
+                    memory_used_mib=0,
+                    memory_total_mib=0,
+                    power_mw=0,
+                    energy_mj=0,
+                    xid_errors=_bounded(reading.xid_errors) if reading is not None else 0,
+                    ecc_errors=_bounded(reading.ecc_errors) if reading is not None else 0,
+                )
+            )
+            continue
+        samples.append(
+            GpuSample(
+                uuid=spec.uuid,
+                model=reading.model,
+                allocated=True,
+                healthy=bool(reading.healthy),
+                utilisation_pct=_bounded(reading.utilisation_pct, 100),
+                memory_used_mib=_bounded(reading.memory_used_mib),
+                memory_total_mib=_bounded(reading.memory_total_mib),
+                power_mw=_bounded(reading.power_mw),
+                energy_mj=_bounded(reading.energy_mj),
+                xid_errors=_bounded(reading.xid_errors),
+                ecc_errors=_bounded(reading.ecc_errors),
+            )
+        )
+    return samples
+
+
+def build_event(
+    key: StreamKey, head: StreamHead, start_ms: int, end_ms: int, samples: list[GpuSample]
+) -> UsageEvent:
+    """The stream's next event over [start_ms, end_ms)."""
+    if not 0 <= start_ms < end_ms or end_ms - start_ms > proto_limits.MAX_INTERVAL_MS:
+        raise ValueError(f"interval [{start_ms}, {end_ms}) is empty, reversed or too long")
+    if head.last_end_ms is not None and start_ms < head.last_end_ms:
+        raise ValueError(f"interval starts at {start_ms}, before the last end {head.last_end_ms}")
+    return UsageEvent(
+        placement_id=key.placement_id,
+        node_id=key.node_id,
+        seq=head.next_seq,
+        prev=head.prev,
+        start_ms=start_ms,
+        end_ms=end_ms,
+        samples=samples,
+    )
+
+
+def seal_event(event: UsageEvent, key: SigningKey) -> SealedEvent:
+    """Sign the event with the node key: envelope bytes and record hash."""
+    payload = signed_bytes(event)
+    envelope = encode_envelope(sign_payload(payload, [key]))
+    return SealedEvent(event, envelope, sha256_hex(payload))
