@@ -1,0 +1,245 @@
+"""``gridledger ledger ...``: run the ledger, ask it for statements, exports, cosignatures.
+
+    gridledger ledger run --config ledger.toml
+    gridledger ledger statement PLACEMENT [--json] [--config ledger.toml]
+    gridledger ledger export PLACEMENT --out FILE.duckdb [--parquet DIR] [--config ledger.toml]
+    gridledger ledger cosign PLACEMENT --key KEYFILE --name PARTY_ID [--config ledger.toml]
+
+The keys of ledger.toml are documented in ``ledger.config`` and
+``deploy/ledger.example.toml``. statement/export/cosign use the HTTP API of the running
+ledger when there is one (the DB has one writer) and open the DB directly otherwise.
+Exit codes: 0 done, 1 the request failed (unknown placement, invalid cosignature), 2
+unusable input (config, key file, store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gridledger.money import format_gpu_hours, format_minor
+from ledger.attest import UnknownPlacement, cosign_checkpoint, issue_checkpoint, issue_statement
+from ledger.client import (
+    ApiError,
+    download_export,
+    find_running,
+    get_checkpoint,
+    get_statement,
+    post_cosign,
+)
+from ledger.config import ConfigError, LedgerConfig, load_config
+from ledger.export import export_placement, write_parquet
+from ledger.http import LedgerApi, LedgerHttpServer
+from ledger.service import KafkaLedgerService, LedgerService
+from ledger.statements import statement_json
+from ledger.store import Store, StoreError
+from proto.errors import KeyFileError, ProtoError
+from proto.keys import SigningKey, load_signing_key
+from proto.note import parse_note
+
+log = structlog.get_logger("ledger.cli")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ledger`` and its subcommands."""
+    ledger = subparsers.add_parser("ledger", help="the ledger service")
+    sub = ledger.add_subparsers(dest="ledger_command", metavar="SUBCOMMAND")
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", type=Path, default=Path("ledger.toml"), help="ledger.toml")
+
+    run = sub.add_parser("run", help="consume, fold, store; serve the HTTP API")
+    with_config(run)
+    run.set_defaults(handler=cmd_run)
+
+    statement = sub.add_parser("statement", help="signed statement through the current head")
+    statement.add_argument("placement")
+    statement.add_argument("--json", action="store_true", help="machine-readable output")
+    with_config(statement)
+    statement.set_defaults(handler=cmd_statement)
+
+    export = sub.add_parser("export", help="export one placement (EXPORT.md)")
+    export.add_argument("placement")
+    export.add_argument("--out", type=Path, required=True, help="FILE.duckdb to write")
+    export.add_argument("--parquet", type=Path, default=None, help="also write DIR/<table>.parquet")
+    with_config(export)
+    export.set_defaults(handler=cmd_export)
+
+    cosign = sub.add_parser("cosign", help="cosign the current checkpoint as a party")
+    cosign.add_argument("placement")
+    cosign.add_argument("--key", type=Path, required=True, help="the party's private key file")
+    cosign.add_argument("--name", required=True, help="the party id named in the terms")
+    with_config(cosign)
+    cosign.set_defaults(handler=cmd_cosign)
+
+    ledger.set_defaults(handler=lambda args: _usage(ledger))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"FAIL: {message}", file=sys.stderr)
+    return code
+
+
+def _load(path: Path) -> tuple[LedgerConfig, SigningKey]:
+    config = load_config(path)
+    return config, load_signing_key(config.key_file)
+
+
+# ---- run ----------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``ledger run``: the daemon, until SIGTERM or SIGINT."""
+    try:
+        config = load_config(args.config)
+        service: LedgerService | KafkaLedgerService
+        if config.transport == "local":
+            service = LedgerService.from_config(config)
+        else:
+            service = KafkaLedgerService.from_config(config)
+    except (ConfigError, KeyFileError, StoreError, ValueError) as exc:
+        return _fail(str(exc), 2)
+    server: LedgerHttpServer | None = None
+    try:
+        if config.http is not None:
+            api = LedgerApi(
+                service.store,
+                service.key,
+                service.metrics,
+                health=lambda: {"counts": service.store.counts(), "transport": config.transport},
+            )
+            server = LedgerHttpServer(api, *config.http, port_file=config.port_file)
+            server.start()
+        if isinstance(service, LedgerService):
+            stop = threading.Event()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            log.info("ledger_running", transport="local", db=str(config.db))
+            service.run_forever(stop)
+        else:
+            asyncio.run(_run_kafka(service))
+    finally:
+        if server is not None:
+            server.stop()
+        service.close()
+    return 0
+
+
+async def _run_kafka(service: KafkaLedgerService) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    try:
+        log.info("ledger_running", transport="kafka", partitions=service.source.partitions)
+        await service.run_forever(stop)
+    finally:
+        await service.stop()
+
+
+# ---- statement ---------------------------------------------------------------------------------
+
+
+def _print_statement(body: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(body, sort_keys=True, indent=2))
+        return
+    totals: dict[str, int] = body["totals"]
+    scale = int(body["currency_scale"])
+    currency = body["currency"]
+
+    def money(name: str) -> str:
+        return f"{format_minor(totals[name], scale)} {currency}"
+
+    print(f"placement         {body['placement_id']}")
+    print(f"through record    {body['through_index']} (head {body['head']})")
+    print(f"final             {'yes' if body['final'] else 'no (placement open)'}")
+    print(f"delivered         {format_gpu_hours(totals['delivered_mgms'])} GPU-h")
+    print(f"billable          {format_gpu_hours(totals['billable_mgms'])} GPU-h")
+    print(f"gross             {money('gross_minor')}")
+    print(f"credits           {money('credits_minor')}")
+    print(f"net               {money('net_minor')}")
+    print(f"buyer owes        {money('buyer_owes_minor')}")
+    print(f"operator receives {money('operator_receives_minor')}")
+    print(f"desk receives     {money('desk_receives_minor')}")
+
+
+def cmd_statement(args: argparse.Namespace) -> int:
+    """``ledger statement``: through the API if the ledger runs, else from the DB."""
+    try:
+        config, key = _load(args.config)
+        base = find_running(config)
+        if base is not None:
+            body = get_statement(base, args.placement)
+        else:
+            with Store(config.db, ledger_public_key=key.public_key) as store:
+                body = statement_json(issue_statement(store, key, args.placement))
+    except (ConfigError, KeyFileError, StoreError) as exc:
+        return _fail(str(exc), 2)
+    except (UnknownPlacement, ApiError) as exc:
+        return _fail(str(exc), 1)
+    _print_statement(body, args.json)
+    return 0
+
+
+# ---- export ------------------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``ledger export``: the export file (and Parquet tables) of one placement."""
+    try:
+        config, key = _load(args.config)
+        base = find_running(config)
+        if base is not None:
+            download_export(base, args.placement, args.out)
+            if args.parquet is not None:
+                write_parquet(args.out, args.parquet)
+        else:
+            export_placement(config.db, args.placement, args.out, key=key, parquet_dir=args.parquet)
+    except (ConfigError, KeyFileError, StoreError) as exc:
+        return _fail(str(exc), 2)
+    except (UnknownPlacement, ApiError) as exc:
+        return _fail(str(exc), 1)
+    print(f"OK: exported {args.placement} to {args.out}")
+    return 0
+
+
+# ---- cosign ------------------------------------------------------------------------------------
+
+
+def cmd_cosign(args: argparse.Namespace) -> int:
+    """``ledger cosign``: sign the current checkpoint as a party and hand it to the ledger."""
+    try:
+        config, key = _load(args.config)
+        party_key = load_signing_key(args.key)
+        base = find_running(config)
+        if base is not None:
+            note = parse_note(get_checkpoint(base, args.placement))
+            merged = post_cosign(base, args.placement, note.cosign(args.name, party_key).text())
+        else:
+            with Store(config.db, ledger_public_key=key.public_key) as store:
+                note = parse_note(issue_checkpoint(store, key, args.placement))
+                signed = note.cosign(args.name, party_key).text()
+                merged, _ = cosign_checkpoint(store, key, args.placement, signed)
+    except (ConfigError, KeyFileError, StoreError) as exc:
+        return _fail(str(exc), 2)
+    except (UnknownPlacement, ApiError) as exc:
+        return _fail(str(exc), 1)
+    except ProtoError as exc:
+        return _fail(f"{exc.reason.value}: {exc.detail}", 1)
+    sys.stdout.write(merged)
+    return 0

@@ -1,0 +1,118 @@
+"""The CLI's side of the HTTP API: find a running ledger and talk to it.
+
+A DuckDB file has one writer. When the ledger is running, ``gridledger ledger
+statement/export/cosign`` must go through its API; otherwise they open the file
+directly. A ledger is running when its configured fixed ``http`` address, or the address
+in its port file (``<db>.http.json``, written at start, removed at stop), answers
+``/health``. A port file left by a killed ledger is ignored: its pid is gone or its
+address does not answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Final
+
+from ledger.config import LedgerConfig
+from ledger.limits import HTTP_CLIENT_TIMEOUT_S
+
+_PROBE_TIMEOUT_S: Final = 2.0
+
+
+class ApiError(Exception):
+    """The running ledger answered with an error; ``status`` is the HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"ledger API: HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _candidates(config: LedgerConfig) -> list[str]:
+    urls: list[str] = []
+    if config.http is not None and config.http[1] != 0:
+        host, port = config.http
+        urls.append(f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}")
+    try:
+        data = json.loads(config.port_file.read_text())
+        if _pid_alive(int(data["pid"])):
+            host = str(data["host"])
+            if host in ("0.0.0.0", "", "::"):
+                host = "127.0.0.1"
+            urls.append(f"http://{host}:{int(data['port'])}")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return urls
+
+
+def find_running(config: LedgerConfig) -> str | None:
+    """Base URL of the running ledger that owns ``config.db``, or None."""
+    for url in _candidates(config):
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=_PROBE_TIMEOUT_S) as reply:
+                if reply.status == 200:
+                    return url
+        except (OSError, urllib.error.URLError):
+            continue
+    return None
+
+
+def _request(url: str, data: bytes | None = None) -> bytes:
+    request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    if data is not None:
+        request.add_header("Content-Type", "text/plain; charset=utf-8")
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_CLIENT_TIMEOUT_S) as reply:
+            body: bytes = reply.read()
+            return body
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            message = str(json.loads(raw).get("error", raw.decode(errors="replace")))
+        except ValueError:
+            message = raw.decode(errors="replace")
+        raise ApiError(exc.code, message) from exc
+
+
+def get_statement(base: str, placement_id: str) -> dict[str, Any]:
+    """GET /placements/<id>/statement."""
+    body: dict[str, Any] = json.loads(_request(f"{base}/placements/{placement_id}/statement"))
+    return body
+
+
+def get_checkpoint(base: str, placement_id: str) -> str:
+    """GET /placements/<id>/checkpoint."""
+    return _request(f"{base}/placements/{placement_id}/checkpoint").decode()
+
+
+def post_cosign(base: str, placement_id: str, note_text: str) -> str:
+    """POST /placements/<id>/checkpoint/cosign."""
+    url = f"{base}/placements/{placement_id}/checkpoint/cosign"
+    return _request(url, note_text.encode()).decode()
+
+
+def download_export(base: str, placement_id: str, out: Path) -> int:
+    """GET /placements/<id>/export into ``out`` (temp file + rename); bytes written."""
+    data = _request(f"{base}/placements/{placement_id}/export")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, out)
+    return len(data)

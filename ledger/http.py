@@ -1,0 +1,229 @@
+"""The ledger's small HTTP API (stdlib ``http.server``, one thread per request).
+
+A running ledger owns its DuckDB file, so parties reach it here::
+
+    GET  /health                               {"status": "ok", ...}
+    GET  /metrics                              Prometheus text exposition
+    GET  /placements/<id>/statement            statement through the current head (JSON)
+    GET  /placements/<id>/export               the export DuckDB file (bytes)
+    GET  /placements/<id>/checkpoint           checkpoint note (text), cosignatures included
+    POST /placements/<id>/checkpoint/cosign    body: the note with one more party signature
+
+Loopback by default. Errors are JSON ``{"error": ...}`` with 400 (bad request), 404
+(unknown placement or path), 413 (body too large) or 500; the server never dies on a
+request. The bound address is written to a port file next to the DB, so the CLI finds
+a ledger listening on an OS-chosen port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import unquote
+
+import structlog
+
+from ledger.attest import UnknownPlacement, cosign_checkpoint, issue_checkpoint, issue_statement
+from ledger.export import export_placement
+from ledger.limits import HTTP_TIMEOUT_S, MAX_HTTP_BODY_BYTES
+from ledger.metrics import LedgerMetrics
+from ledger.statements import statement_json
+from ledger.store import Store
+from proto.errors import ProtoError
+from proto.keys import SigningKey
+
+log = structlog.get_logger("ledger.http")
+
+_ROUTE: Final = re.compile(r"^/placements/([^/]+)/(statement|export|checkpoint|checkpoint/cosign)$")
+_ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class _HttpError(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class LedgerApi:
+    """What the handlers call: the store, the ledger key, metrics, and a health probe."""
+
+    def __init__(
+        self,
+        store: Store,
+        key: SigningKey,
+        metrics: LedgerMetrics,
+        health: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.metrics = metrics
+        self.health = health or (lambda: {})
+
+    def statement(self, placement_id: str) -> dict[str, Any]:
+        """JSON of the statement through the current head."""
+        return statement_json(issue_statement(self.store, self.key, placement_id))
+
+    def checkpoint(self, placement_id: str) -> str:
+        """The checkpoint note through the current head."""
+        return issue_checkpoint(self.store, self.key, placement_id)
+
+    def cosign(self, placement_id: str, note_text: str) -> str:
+        """Merge a party's cosignature; the stored note."""
+        merged, added = cosign_checkpoint(self.store, self.key, placement_id, note_text)
+        log.info("checkpoint_cosigned", placement=placement_id, parties=added)
+        return merged
+
+    def export_bytes(self, placement_id: str) -> bytes:
+        """The export file of the placement, built in a temporary directory."""
+        with tempfile.TemporaryDirectory(prefix="gridledger-export-") as tmp:
+            out = Path(tmp) / f"{placement_id}.duckdb"
+            export_placement(self.store, placement_id, out, key=self.key)
+            return out.read_bytes()
+
+
+def _handler(api: LedgerApi) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "gridledger-ledger/1"
+        timeout = HTTP_TIMEOUT_S
+
+        def log_message(self, format: str, *args: Any) -> None:  # structlog instead
+            log.debug("http_request", line=format % args)
+
+        def do_GET(self) -> None:
+            self._dispatch("GET")
+
+        def do_POST(self) -> None:
+            self._dispatch("POST")
+
+        def _dispatch(self, method: str) -> None:
+            try:
+                self._route(method)
+            except _HttpError as exc:
+                self._json(exc.status, {"error": str(exc)})
+            except UnknownPlacement as exc:
+                self._json(HTTPStatus.NOT_FOUND, {"error": str(exc)})
+            except ProtoError as exc:
+                self._json(
+                    HTTPStatus.BAD_REQUEST, {"error": exc.detail, "reason": exc.reason.value}
+                )
+            except Exception as exc:  # a request never takes the server down
+                log.exception("http_error", path=self.path)
+                self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": repr(exc)})
+
+        def _route(self, method: str) -> None:
+            path = self.path.split("?", 1)[0]
+            if method == "GET" and path == "/health":
+                self._json(HTTPStatus.OK, {"status": "ok", **api.health()})
+                return
+            if method == "GET" and path == "/metrics":
+                self._send(HTTPStatus.OK, "text/plain; version=0.0.4", api.metrics.exposition())
+                return
+            match = _ROUTE.match(path)
+            if match is None:
+                raise _HttpError(HTTPStatus.NOT_FOUND, f"no such path {path!r}")
+            placement_id, action = unquote(match.group(1)), match.group(2)
+            if not _ID.match(placement_id):
+                raise _HttpError(HTTPStatus.BAD_REQUEST, "placement id is not an identifier")
+            if (method, action) == ("GET", "statement"):
+                self._json(HTTPStatus.OK, api.statement(placement_id))
+            elif (method, action) == ("GET", "checkpoint"):
+                self._text(HTTPStatus.OK, api.checkpoint(placement_id))
+            elif (method, action) == ("GET", "export"):
+                self._send(
+                    HTTPStatus.OK, "application/octet-stream", api.export_bytes(placement_id)
+                )
+            elif (method, action) == ("POST", "checkpoint/cosign"):
+                self._text(HTTPStatus.OK, api.cosign(placement_id, self._body()))
+            else:
+                raise _HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} {action}")
+
+        def _body(self) -> str:
+            length_text = self.headers.get("Content-Length", "")
+            if not length_text.isdigit():
+                raise _HttpError(HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
+            length = int(length_text)
+            if length > MAX_HTTP_BODY_BYTES:
+                raise _HttpError(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_HTTP_BODY_BYTES} bytes"
+                )
+            try:
+                return self.rfile.read(length).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _HttpError(HTTPStatus.BAD_REQUEST, "body is not UTF-8") from exc
+
+        def _json(self, status: HTTPStatus, body: dict[str, Any]) -> None:
+            self._send(status, "application/json", json.dumps(body, sort_keys=True).encode())
+
+        def _text(self, status: HTTPStatus, body: str) -> None:
+            self._send(status, "text/plain; charset=utf-8", body.encode())
+
+        def _send(self, status: HTTPStatus, content_type: str, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+class LedgerHttpServer:
+    """The API on a background thread; ``start`` binds, ``stop`` shuts it down."""
+
+    def __init__(
+        self, api: LedgerApi, host: str, port: int, *, port_file: Path | None = None
+    ) -> None:
+        self.api = api
+        self._server = ThreadingHTTPServer((host, port), _handler(api))
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+        self.port_file = port_file
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port)."""
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the API."""
+        host, port = self.address
+        return f"http://{host}:{port}"
+
+    def start(self) -> None:
+        """Serve on a daemon thread; write the port file."""
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="ledger-http", daemon=True
+        )
+        self._thread.start()
+        if self.port_file is not None:
+            host, port = self.address
+            write_port_file(self.port_file, host, port)
+        log.info("http_listening", url=self.url)
+
+    def stop(self) -> None:
+        """Stop serving and remove the port file."""
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=HTTP_TIMEOUT_S)
+        if self.port_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.port_file.unlink()
+
+
+def write_port_file(path: Path, host: str, port: int) -> None:
+    """Atomically write {"host", "port", "pid"} to ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"host": host, "port": port, "pid": os.getpid()}) + "\n")
+    os.replace(tmp, path)
