@@ -1,0 +1,149 @@
+"""Exports per proto/EXPORT.md: tables, convenience columns, statement, checkpoint, Parquet."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import duckdb
+import pytest
+from test_ledger_scenario import (
+    build_scenario,
+    local_service,
+    publish_scenario_local,
+)
+
+from ledger.attest import UnknownPlacement
+from ledger.checkpoints import LEDGER_NOTE_NAME
+from ledger.export import TABLES, export_placement
+from proto import merkle
+from proto.builders import adjustment
+from proto.envelope import decode_envelope, open_envelope
+from proto.keys import b64, verify
+from proto.note import parse_checkpoint_body, parse_note
+from proto.records import LedgerRecord, Statement
+
+
+def _exported(tmp_path: Path) -> tuple[Path, str, int]:
+    scenario = build_scenario("export", placements=2, nodes=2, events=3)
+    pid = scenario.placement_ids[0]
+    extra = [(pid, "publish-desk", adjustment(scenario.cast, pid, "adj-1", "credit", 7, 0))]
+    publish_scenario_local(tmp_path / "spool", scenario.inputs + extra)
+    service = local_service(tmp_path, scenario)
+    service.run_until_idle()
+    out = tmp_path / "out" / f"{pid}.duckdb"
+    counts = export_placement(
+        service.store, pid, out, key=scenario.cast.ledger, parquet_dir=tmp_path / "pq"
+    )
+    records = counts["ledger_records"]
+    service.close()
+    return out, pid, records
+
+
+def test_export_tables_follow_the_format(tmp_path: Path) -> None:
+    out, pid, n = _exported(tmp_path)
+    with duckdb.connect(str(out), read_only=True) as con:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        assert tables == set(TABLES)
+        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        assert meta["format"] == "gridledger-export"
+        assert meta["format_version"] == "1"
+        assert meta["placement_id"] == pid
+        assert meta["records"] == str(n)
+        assert meta["dropped_duplicates"] == "0"
+        # terms + 6 usage + adjustment + close
+        assert n == 9
+        # Every chain index 0..n-1 in exactly one input table and in ledger_records.
+        indexes: list[int] = []
+        for table in ("terms", "key_bindings", "usage_events", "reclaims", "adjustments", "closes"):
+            indexes += [r[0] for r in con.execute(f"SELECT chain_index FROM {table}").fetchall()]
+        assert sorted(indexes) == list(range(n))
+        rows = con.execute(
+            "SELECT chain_index, envelope, record_hash, kind, status, delivered_mgms, "
+            "buyer_owes_minor FROM ledger_records ORDER BY chain_index"
+        ).fetchall()
+        assert [r[0] for r in rows] == list(range(n))
+        payloads = []
+        for index, envelope, record_hash, kind, status, delivered, owes in rows:
+            opened = open_envelope(bytes(envelope))
+            record = opened.record
+            assert isinstance(record, LedgerRecord)
+            assert (record.index, record.kind, record.status) == (index, kind, status)
+            assert opened.record_hash == record_hash
+            assert record.delivered_mgms == delivered
+            assert record.totals.buyer_owes_minor == owes
+            payloads.append(opened.payload)
+        usage = con.execute(
+            "SELECT node_id, seq, start_ms, end_ms, envelope FROM usage_events"
+        ).fetchall()
+        for node_id, seq, start_ms, end_ms, envelope in usage:
+            event = open_envelope(bytes(envelope)).record
+            assert (event.node_id, event.seq, event.start_ms, event.end_ms) == (  # type: ignore[union-attr]
+                node_id,
+                seq,
+                start_ms,
+                end_ms,
+            )
+        assert con.execute("SELECT direction, amount_minor FROM adjustments").fetchall() == [
+            ("credit", 7)
+        ]
+        # A statement through the head, signed by the ledger key in meta.
+        public_key = base64.b64decode(meta["ledger_key"])
+        statements = con.execute(
+            "SELECT through_index, envelope, final FROM statements ORDER BY through_index"
+        ).fetchall()
+        assert statements[-1][0] == n - 1
+        assert statements[-1][2]  # the chain through the head includes the close
+        env = decode_envelope(bytes(statements[-1][1]))
+        assert verify(public_key, env.payload, env.signatures[0].sig)
+        statement = open_envelope(bytes(statements[-1][1])).record
+        assert isinstance(statement, Statement)
+        assert statement.totals.adjustment_credit_minor == 7
+        # The checkpoint covers every record: RFC 9162 root over the payloads.
+        ((size, note_text),) = con.execute("SELECT size, note FROM checkpoints").fetchall()
+        note = parse_note(note_text)
+        checkpoint = parse_checkpoint_body(note.body)
+        assert size == checkpoint.size == n
+        assert checkpoint.root == merkle.root(payloads)
+        assert note.signed_by(LEDGER_NOTE_NAME, public_key)
+        assert b64(public_key) == meta["ledger_key"]
+        assert con.execute("SELECT count(*) FROM held").fetchone() == (0,)
+
+
+def test_parquet_tables_match_the_export(tmp_path: Path) -> None:
+    out, _, n = _exported(tmp_path)
+    for table in TABLES:
+        assert (tmp_path / "pq" / f"{table}.parquet").is_file()
+    with duckdb.connect() as con:
+        parquet = str(tmp_path / "pq" / "ledger_records.parquet")
+        assert con.execute(f"SELECT count(*) FROM read_parquet('{parquet}')").fetchone() == (n,)
+    assert not list((tmp_path / "out").glob(".*tmp*"))
+
+
+def test_export_of_unknown_placement_leaves_nothing(tmp_path: Path) -> None:
+    scenario = build_scenario("export-none", placements=1, nodes=1, events=1)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    service.run_until_idle()
+    out = tmp_path / "x.duckdb"
+    out.write_bytes(b"previous export")
+    with pytest.raises(UnknownPlacement):
+        export_placement(service.store, "no-such-placement", out, key=scenario.cast.ledger)
+    assert out.read_bytes() == b"previous export"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".x")) == []
+    service.close()
+
+
+def test_export_from_a_closed_db_path(tmp_path: Path) -> None:
+    scenario = build_scenario("export-path", placements=1, nodes=1, events=2)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    service.run_until_idle()
+    pid = scenario.placement_ids[0]
+    service.close()
+    out = tmp_path / "e.duckdb"
+    counts = export_placement(tmp_path / "ledger.duckdb", pid, out, key=scenario.cast.ledger)
+    assert counts["ledger_records"] == 4  # terms, 2 usage, close
+    assert counts["statements"] == 1  # the final statement is through the head already
+    with duckdb.connect(str(out), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM ledger_records").fetchone() == (4,)

@@ -1,0 +1,129 @@
+"""The ledger store: one transaction per batch, bounded evidence, refusing a foreign key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_ledger_scenario import (
+    LATE_CLOCK_MS,
+    build_scenario,
+    chain_heads,
+    final_statements,
+    local_service,
+    publish_scenario_local,
+)
+
+from ledger.ingest import IngestBroken
+from ledger.limits import MAX_QUARANTINE_BYTES
+from ledger.store import Batch, QuarantineRow, Store, StoreError
+from proto.builders import make_cast
+
+
+def test_crash_between_fold_and_commit_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = build_scenario("crash-commit", placements=2, nodes=2, events=3)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    original = Store._append
+    calls: list[str] = []
+
+    def failing_append(self: Store, table: str, rows: object, *, upsert: bool = False) -> None:
+        calls.append(table)
+        if table == "offsets":  # the last write of the batch: everything else is in
+            raise OSError("simulated crash before commit")
+        original(self, table, rows, upsert=upsert)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Store, "_append", failing_append)
+    with pytest.raises(OSError, match="simulated crash"):
+        service.step()
+    assert {"records", "inputs", "placement_state", "offsets"} <= set(calls)
+    # The fold ran ahead of the store: this ingestor refuses to go on.
+    with pytest.raises(IngestBroken):
+        service.step()
+    service.close()
+    monkeypatch.setattr(Store, "_append", original)
+
+    reopened = Store(tmp_path / "ledger.duckdb")
+    assert reopened.counts() == {
+        "records": 0,
+        "inputs": 0,
+        "quarantine": 0,
+        "placement_state": 0,
+        "statements": 0,
+        "dropped": 0,
+    }
+    assert reopened.offsets() == {}
+    reopened.close()
+
+    # A restart resumes from the (empty) stored state and reaches the one-run result.
+    resumed = local_service(tmp_path, scenario)
+    resumed.run_until_idle()
+    heads = chain_heads(resumed.store)
+    statements = final_statements(resumed.store)
+    resumed.close()
+    reference_dir = tmp_path / "ref"
+    publish_scenario_local(reference_dir / "spool", scenario.inputs)
+    reference = local_service(reference_dir, scenario, clock_ms=LATE_CLOCK_MS)
+    reference.run_until_idle()
+    assert chain_heads(reference.store) == heads
+    assert final_statements(reference.store) == statements
+    assert len(heads) == 2
+    reference.close()
+
+
+def test_offsets_and_records_commit_together(tmp_path: Path) -> None:
+    scenario = build_scenario("together", placements=1, nodes=1, events=4)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    report = service.step()
+    assert report is not None and report.inputs > 0
+    offsets = service.store.offsets()
+    stored_inputs = service.store.counts()["inputs"]
+    service.close()
+    reopened = Store(tmp_path / "ledger.duckdb")
+    assert reopened.offsets() == offsets
+    assert reopened.counts()["inputs"] == stored_inputs
+    # Offsets point one past the last consumed entry of each spool.
+    assert all(":" in position for position in offsets.values())
+    reopened.close()
+
+
+def test_quarantine_evidence_is_bounded(tmp_path: Path) -> None:
+    store = Store(tmp_path / "q.duckdb")
+    huge = b"x" * (MAX_QUARANTINE_BYTES + 12345)
+    batch = Batch(
+        quarantined=[QuarantineRow("local:a:0:0", huge, "OVERSIZE", "too big", None)],
+        offsets={"local:a": "0:9"},
+    )
+    store.commit_batch(batch)
+    rows = store.query("SELECT size_bytes, octet_length(envelope), reason FROM quarantine")
+    assert rows == [(len(huge), MAX_QUARANTINE_BYTES, "OVERSIZE")]
+    assert store.quarantine_counts() == {"OVERSIZE": 1}
+    store.close()
+
+
+def test_store_refuses_another_ledger_key(tmp_path: Path) -> None:
+    first, second = make_cast("key-a").ledger, make_cast("key-b").ledger
+    Store(tmp_path / "k.duckdb", ledger_public_key=first.public_key).close()
+    with pytest.raises(StoreError, match="another ledger key"):
+        Store(tmp_path / "k.duckdb", ledger_public_key=second.public_key)
+    Store(tmp_path / "k.duckdb", ledger_public_key=first.public_key).close()
+
+
+def test_usage_lookup_answers_from_committed_rows(tmp_path: Path) -> None:
+    scenario = build_scenario("lookup", placements=1, nodes=1, events=3)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    service.run_until_idle()
+    pid = scenario.placement_ids[0]
+    node = scenario.terms[pid].nodes[0].node_id
+    found = service.store.lookup_usage(pid, node, 1)
+    assert found is not None
+    rows = service.store.query(
+        "SELECT input_hash, payload_hash FROM inputs WHERE kind = 'usage' AND seq = 1"
+    )
+    assert rows == [found]
+    assert service.store.lookup_usage(pid, node, 99) is None
+    service.close()
