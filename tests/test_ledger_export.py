@@ -111,7 +111,7 @@ def test_export_tables_follow_the_format(tmp_path: Path) -> None:
 
 
 def test_parquet_tables_match_the_export(tmp_path: Path) -> None:
-    out, _, n = _exported(tmp_path)
+    _, _, n = _exported(tmp_path)
     for table in TABLES:
         assert (tmp_path / "pq" / f"{table}.parquet").is_file()
     with duckdb.connect() as con:

@@ -1,0 +1,157 @@
+"""The HTTP API of a running ledger, and the CLI that uses it (or the DB when stopped)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import pytest
+from test_ledger_scenario import (
+    build_scenario,
+    ledger_key_file,
+    local_service,
+    publish_scenario_local,
+)
+
+from gridledger.cli import main as gridledger_main
+from ledger.checkpoints import LEDGER_NOTE_NAME
+from ledger.client import find_running
+from ledger.config import load_config
+from ledger.http import LedgerApi, LedgerHttpServer
+from proto.keys import SigningKey, write_key_pair
+from proto.note import parse_note
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _post(url: str, body: bytes) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _config(tmp_path: Path, key_file: Path) -> Path:
+    path = tmp_path / "ledger.toml"
+    path.write_text(
+        f'ledger_id = "ledger-1"\nkey_file = "{key_file}"\ndb = "ledger.duckdb"\n'
+        'transport = "local"\nlocal_dir = "spool"\nhttp = "127.0.0.1:0"\n'
+    )
+    return path
+
+
+def test_http_api_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = build_scenario("http", placements=2, nodes=1, events=3)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    service.run_until_idle()
+    pid = scenario.placement_ids[0]
+    config_path = _config(tmp_path, ledger_key_file(tmp_path / "keys", scenario.cast))
+    config = load_config(config_path)
+    api = LedgerApi(service.store, service.key, service.metrics, health=lambda: {"x": 1})
+    server = LedgerHttpServer(api, "127.0.0.1", 0, port_file=config.port_file)
+    server.start()
+    try:
+        base = server.url
+        assert find_running(config) == base
+
+        status, body = _get(f"{base}/health")
+        assert status == 200 and json.loads(body) == {"status": "ok", "x": 1}
+        status, body = _get(f"{base}/metrics")
+        assert status == 200
+        assert b'gridledger_ledger_records_folded_total{status="accepted"} 10.0' in body
+        assert b"gridledger_ledger_batch_seconds_bucket" in body
+
+        status, body = _get(f"{base}/placements/{pid}/statement")
+        statement = json.loads(body)
+        head_index, head_hash = service.store.heads()[pid]
+        assert status == 200
+        assert (statement["through_index"], statement["head"]) == (head_index, head_hash)
+        assert statement["final"] is True
+        assert statement["totals"]["delivered_mgms"] == scenario.expected_delivered_mgms(pid)
+
+        status, body = _get(f"{base}/placements/nope/statement")
+        assert status == 404
+        status, body = _get(f"{base}/placements/{pid}/elsewhere")
+        assert status == 404
+
+        status, body = _get(f"{base}/placements/{pid}/checkpoint")
+        note = parse_note(body.decode())
+        assert status == 200 and note.signed_by(LEDGER_NOTE_NAME, scenario.cast.ledger.public_key)
+
+        buyer = scenario.cast.buyer
+        signed = note.cosign(buyer.name, buyer).text().encode()
+        status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", signed)
+        assert status == 200, body
+        merged = parse_note(body.decode())
+        assert merged.signed_by(buyer.name, buyer.public_key)
+        assert merged.signed_by(LEDGER_NOTE_NAME, scenario.cast.ledger.public_key)
+        # Stored: asking again returns the cosigned note.
+        assert parse_note(_get(f"{base}/placements/{pid}/checkpoint")[1].decode()) == merged
+
+        impostor = SigningKey.from_seed_text(buyer.name, "not the buyer")
+        forged = note.cosign(buyer.name, impostor).text().encode()
+        status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", forged)
+        assert status == 400 and json.loads(body)["reason"] == "SIG_INVALID"
+        stranger = note.cosign("stranger-1", impostor).text().encode()
+        status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", stranger)
+        assert status == 400 and json.loads(body)["reason"] == "SIG_SURPLUS"
+        status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", b"garbage")
+        assert status == 400
+
+        status, body = _get(f"{base}/placements/{pid}/export")
+        assert status == 200
+        exported = tmp_path / "downloaded.duckdb"
+        exported.write_bytes(body)
+        with duckdb.connect(str(exported), read_only=True) as con:
+            assert con.execute("SELECT count(*) FROM ledger_records").fetchone() == (
+                head_index + 1,
+            )
+            cosigned = con.execute("SELECT note FROM checkpoints").fetchall()
+            assert any(parse_note(n).signed_by(buyer.name, buyer.public_key) for (n,) in cosigned)
+
+        # The CLI finds the running ledger through the port file and asks over HTTP.
+        capsys.readouterr()
+        assert (
+            gridledger_main(["ledger", "statement", pid, "--json", "--config", str(config_path)])
+            == 0
+        )
+        printed = json.loads(capsys.readouterr().out)
+        assert printed["head"] == head_hash
+        out = tmp_path / "cli-export.duckdb"
+        argv = ["ledger", "export", pid, "--out", str(out), "--config", str(config_path)]
+        assert gridledger_main(argv) == 0
+        assert out.stat().st_size > 0
+        assert "OK: exported" in capsys.readouterr().out
+        desk_key_path, _ = write_key_pair(scenario.cast.desk, tmp_path / "desk")
+        argv = ["ledger", "cosign", pid, "--key", str(desk_key_path), "--name", "desk-1"]
+        assert gridledger_main([*argv, "--config", str(config_path)]) == 0
+        cosigned_note = parse_note(capsys.readouterr().out)
+        assert cosigned_note.signed_by("desk-1", scenario.cast.desk.public_key)
+        assert cosigned_note.signed_by(buyer.name, buyer.public_key)
+    finally:
+        server.stop()
+        service.close()
+    assert not config.port_file.exists()
+
+    # Stopped: the CLI opens the DB itself and gives the same statement.
+    capsys.readouterr()
+    assert find_running(config) is None
+    assert (
+        gridledger_main(["ledger", "statement", pid, "--json", "--config", str(config_path)]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["head"] == head_hash
+    assert gridledger_main(["ledger", "statement", pid, "--config", str(config_path)]) == 0
+    assert "buyer owes" in capsys.readouterr().out
+    assert gridledger_main(["ledger", "statement", "nope", "--config", str(config_path)]) == 1
