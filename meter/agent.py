@@ -250,6 +250,10 @@ class Agent:
         """The durable head of every stream."""
         return {s.key: s.head for s in self._streams}
 
+    def now_ms(self) -> int:
+        """The agent's clock."""
+        return self._clock.now_ms()
+
     def _decide_starts(self, now_ms: int) -> None:
         for stream in self._streams:
             if stream.next_start_ms is None:

@@ -1,0 +1,317 @@
+"""``gridledger meter run``: the node agent as a process.
+
+    gridledger meter run --config meter.toml [--simulate SPEC] [--duration-s N | --until-ms T]
+
+* Without ``--until-ms`` the agent follows the wall clock (shifted by the spec's
+  ``skew_ms`` when simulating) until SIGTERM/SIGINT, ``--duration-s`` seconds, or the
+  end of every placement window.
+* ``--until-ms T`` (simulation only) runs on a simulated clock from the earliest window
+  start to T, as fast as it can (``pace_ms`` in the spec slows it down): an hour of
+  placement in seconds. A restarted run continues the streams where the spool left them.
+
+Keys of meter.toml: see ``meter.config``. Logs are structured (structlog; JSON when
+stderr is not a terminal). Counters are Prometheus metrics in the agent's own registry
+(served on ``metrics_listen`` if set) and logged every STATS_LOG_INTERVAL_S and at exit.
+
+Exit codes: 0 done (in Kafka mode: everything spooled was acknowledged); 2 unusable
+configuration, key, terms or GPU library; 75 (EX_TEMPFAIL) the spool is full, or events
+are still waiting in it at exit because Kafka did not acknowledge them in time.
+
+**Spool-full policy.** The spool has a byte bound (``spool_max_bytes``). When the next
+events would pass it, the agent logs an error, sets ``meter_spool_full`` to 1, lets the
+shipper drain for a bounded time and exits with 75. It never drops or overwrites signed
+data: the events not written are built again, with the same seq, after the restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from meter.agent import Agent, AgentConfig, AgentConfigError
+from meter.clock import Clock, RealClock, SimClock, SkewedClock
+from meter.config import ConfigError, MeterConfig, load_meter_config
+from meter.limits import SHIP_DRAIN_TIMEOUT_S, STATS_LOG_INTERVAL_S
+from meter.metrics import MeterMetrics
+from meter.shipper import Shipper
+from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
+from meter.sources import GpuSource
+from meter.spool import SpoolCorrupt, SpoolFull, SpoolLocked
+from meter.stream import node_gpus
+from proto.errors import KeyFileError
+from proto.keys import load_signing_key
+from proto.records import PlacementTerms
+from proto.terms import TermsError, check_terms_signatures, load_terms_file, validate_terms
+
+__all__ = ["EX_CONFIG", "EX_OK", "EX_TEMPFAIL", "build_agent", "load_terms", "register"]
+
+EX_OK: Final = 0
+EX_CONFIG: Final = 2
+EX_TEMPFAIL: Final = 75
+MAX_WAIT_S: Final = 1.0  # longest sleep of the wall-clock loop (stop and stats stay timely)
+
+_log = structlog.get_logger("meter.cli")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``meter run`` to the gridledger command."""
+    meter = subparsers.add_parser("meter", help="the node agent: sign, spool and ship usage")
+    sub = meter.add_subparsers(dest="meter_command", metavar="SUBCOMMAND")
+    run = sub.add_parser("run", help="run the node agent")
+    run.add_argument("--config", type=Path, required=True, help="meter.toml")
+    run.add_argument(
+        "--simulate", metavar="SPEC", help="simulated GPUs (grammar: meter/sim.py), e.g. seed=7"
+    )
+    until = run.add_mutually_exclusive_group()
+    until.add_argument("--duration-s", type=float, help="stop after N seconds of wall time")
+    until.add_argument(
+        "--until-ms", type=int, help="simulated clock: run from the window start to T, fast"
+    )
+    run.set_defaults(handler=_run)
+
+    def _help(_: argparse.Namespace) -> int:
+        meter.print_help(sys.stderr)
+        return EX_CONFIG
+
+    meter.set_defaults(handler=_help)
+
+
+# ---- setup ------------------------------------------------------------------------------
+
+
+def _configure_logging() -> None:
+    renderer: structlog.types.Processor = (
+        structlog.dev.ConsoleRenderer()
+        if sys.stderr.isatty()
+        else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def load_terms(paths: tuple[Path, ...]) -> tuple[PlacementTerms, ...]:
+    """Signed terms files: every one fully signed by its three parties and valid."""
+    problems: list[str] = []
+    loaded: list[PlacementTerms] = []
+    for path in paths:
+        try:
+            terms, envelope = load_terms_file(path)
+        except TermsError as exc:
+            problems.extend(exc.problems)
+            continue
+        if envelope is None:
+            problems.append(f"{path}: unsigned TOML terms; the agent meters signed terms only")
+            continue
+        report = check_terms_signatures(envelope, terms)
+        failure = report.failure()
+        if failure is not None:
+            problems.append(f"{path}: {failure}")
+            continue
+        problems.extend(f"{path}: {p}" for p in validate_terms(terms))
+        loaded.append(terms)
+    if problems:
+        raise TermsError(problems)
+    return tuple(loaded)
+
+
+def _sim_devices(node_id: str, terms: tuple[PlacementTerms, ...]) -> list[SimDevice]:
+    devices: dict[str, SimDevice] = {}
+    for placement in terms:
+        for gpu in node_gpus(placement, node_id):
+            devices.setdefault(gpu.uuid, SimDevice(gpu.uuid, gpu.model, gpu.memory_mib))
+    return [devices[u] for u in sorted(devices)]
+
+
+def _epoch_ms(node_id: str, terms: tuple[PlacementTerms, ...]) -> int:
+    mine = [t.window_start_ms for t in terms if any(n.node_id == node_id for n in t.nodes)]
+    return min(mine or [t.window_start_ms for t in terms])
+
+
+def build_agent(
+    config: MeterConfig, spec: SimSpec | None, clock: Clock, metrics: MeterMetrics
+) -> Agent:
+    """The agent of a checked config: key, terms, source and spool (raises on problems)."""
+    key = load_signing_key(config.key_file)
+    terms = load_terms(config.terms)
+    source: GpuSource
+    if spec is not None:
+        source = Simulator(
+            spec,
+            _sim_devices(config.node_id, terms),
+            _epoch_ms(config.node_id, terms),
+            node_id=config.node_id,
+        )
+    else:
+        from meter.nvml import NvmlSource
+
+        source = NvmlSource()
+    agent_config = AgentConfig(
+        node_id=config.node_id,
+        signing_key=key,
+        terms=terms,
+        spool_dir=config.spool_dir,
+        interval_ms=config.interval_ms,
+        spool_max_bytes=config.spool_max_bytes,
+        segment_max_bytes=config.segment_max_bytes,
+    )
+    try:
+        return Agent(agent_config, source, clock, metrics=metrics)
+    except BaseException:
+        source.close()
+        raise
+
+
+# ---- the process ------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    _configure_logging()
+    try:
+        config = load_meter_config(args.config)
+        spec_text = args.simulate if args.simulate is not None else None
+        if spec_text is None and config.source == "simulate":
+            spec_text = config.simulate
+        spec = parse_sim_spec(spec_text) if spec_text is not None else None
+        if args.until_ms is not None and spec is None:
+            raise ConfigError(["--until-ms needs a simulated source (--simulate SPEC)"])
+    except (ConfigError, SimSpecError) as exc:
+        for problem in getattr(exc, "problems", [str(exc)]):
+            _log.error("config_invalid", problem=problem)
+        return EX_CONFIG
+    metrics = MeterMetrics()
+    sim_clock: SimClock | None = None
+    clock: Clock
+    if args.until_ms is not None:
+        sim_clock = SimClock(0)
+        clock = sim_clock
+    else:
+        clock = SkewedClock(RealClock(), spec.skew_ms) if spec is not None else RealClock()
+    try:
+        if sim_clock is not None:
+            sim_clock.set(_epoch_ms(config.node_id, load_terms(config.terms)))
+        agent = build_agent(config, spec, clock, metrics)
+    except (KeyFileError, TermsError, AgentConfigError, SpoolLocked, SpoolCorrupt) as exc:
+        _log.error("agent_cannot_start", error=str(exc))
+        return EX_CONFIG
+    except Exception as exc:  # the GPU library (NVML) could not start
+        _log.error("agent_cannot_start", error=f"{type(exc).__name__}: {exc}")
+        return EX_CONFIG
+    if config.metrics_listen is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(
+            config.metrics_listen[1], addr=config.metrics_listen[0], registry=metrics.registry
+        )
+    _log.info(
+        "agent_started",
+        node=config.node_id,
+        streams=len(agent.heads),
+        transport=config.transport,
+        spool=str(config.spool_dir),
+        simulate=spec.text if spec is not None else None,
+    )
+    try:
+        return asyncio.run(_serve(agent, config, spec, sim_clock, args, metrics))
+    finally:
+        agent.close()
+        _log.info("agent_stopped", **metrics.snapshot())
+
+
+async def _serve(
+    agent: Agent,
+    config: MeterConfig,
+    spec: SimSpec | None,
+    sim_clock: SimClock | None,
+    args: argparse.Namespace,
+    metrics: MeterMetrics,
+) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    shipper: Shipper | None = None
+    ship_task: asyncio.Task[bool] | None = None
+    ship_stop = asyncio.Event()
+    if config.transport == "kafka" and config.kafka is not None:
+        shipper = Shipper(
+            config.spool_dir, config.kafka, metrics=metrics, collect_garbage=agent.collect_garbage
+        )
+        ship_task = asyncio.create_task(
+            shipper.run(ship_stop, drain_timeout_s=SHIP_DRAIN_TIMEOUT_S)
+        )
+    crash_after = spec.crash_after if spec is not None else None
+    pace_s = (spec.pace_ms if spec is not None else 0) / 1000
+    deadline = time.monotonic() + args.duration_s if args.duration_s is not None else None
+    emitted = 0
+    next_stats = time.monotonic() + STATS_LOG_INTERVAL_S
+    code = EX_OK
+
+    def emit() -> None:
+        nonlocal emitted
+        envelopes = agent.tick()
+        if envelopes:
+            emitted += len(envelopes)
+            if shipper is not None:
+                shipper.wake()
+            if crash_after is not None and emitted >= crash_after:
+                _log.warning("simulated_crash", events=emitted)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    try:
+        while not stop.is_set():
+            if time.monotonic() >= next_stats:
+                _log.info("agent_stats", **metrics.snapshot())
+                next_stats = time.monotonic() + STATS_LOG_INTERVAL_S
+            due = agent.next_due_ms()
+            if sim_clock is not None:
+                if due is None or due > args.until_ms:
+                    sim_clock.set(max(sim_clock.now_ms(), args.until_ms))
+                    emit()
+                    break
+                sim_clock.set(max(sim_clock.now_ms(), due))
+                emit()
+                await asyncio.sleep(pace_s)  # also lets the shipper run
+                continue
+            emit()
+            if due is None:
+                _log.info("all_windows_over")
+                break
+            wait_s = min(MAX_WAIT_S, max(0.0, (due - agent.now_ms()) / 1000))
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                wait_s = min(wait_s, remaining)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await stop.wait()
+    except SpoolFull as exc:
+        metrics.spool_full.set(1)
+        _log.error("spool_full", error=str(exc), policy="exit 75; no signed data dropped")
+        code = EX_TEMPFAIL
+    finally:
+        ship_stop.set()
+        if ship_task is not None:
+            drained = await ship_task
+            if not drained:
+                _log.error("spool_not_drained", pending=shipper.pending() if shipper else None)
+                code = EX_TEMPFAIL
+    return code

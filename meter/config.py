@@ -1,0 +1,268 @@
+"""meter.toml: what a node agent meters, how it signs, where it spools and ships.
+
+Keys (relative paths are relative to the directory of meter.toml)::
+
+    node_id = "node-a"                    # this node, as named in the terms' nodes
+    key_file = "keys/node-a.key"          # the node's Ed25519 key (mode 0600, else refused)
+    terms = ["terms/p1.signed.json"]      # signed terms files (envelope JSON), all three
+                                          #   parties' signatures present and valid
+    interval_s = 60                       # usage interval (seconds; fractions allowed)
+    source = "nvml"                       # "nvml" | "simulate"
+    simulate = "seed=7,gpus=4"            # the simulator spec (meter/sim.py) for
+                                          #   source = "simulate"; --simulate overrides
+    spool_dir = "/var/lib/gridledger/spool"   # kafka transport: the agent's spool
+    spool_max_bytes = 1073741824          # bound of the spool (full: the agent exits 75)
+    segment_max_bytes = 16777216          # segment file size (optional)
+    metrics_listen = "127.0.0.1:9101"     # optional Prometheus endpoint (loopback)
+    transport = "local"                   # "local" | "kafka"
+    local_dir = "/var/lib/gridledger/local"   # local: the spool is local_dir/node-<node_id>
+
+    [kafka]                               # transport = "kafka"
+    bootstrap = "127.0.0.1:9092"
+    topic = "gridledger.records"
+    security_protocol = "PLAINTEXT"       # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism = "SCRAM-SHA-512"      # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    sasl_username = "node-a"
+    sasl_password_env = "GRIDLEDGER_KAFKA_PASSWORD"   # the password, from the environment
+    ssl_cafile = "/etc/gridledger/ca.pem"
+
+In local mode the ledger reads the spool directly and nothing is ever deleted from it.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from gridledger.publish import DEFAULT_TOPIC, KafkaSettings, node_source
+from meter.limits import (
+    DEFAULT_INTERVAL_MS,
+    DEFAULT_SEGMENT_MAX_BYTES,
+    DEFAULT_SPOOL_MAX_BYTES,
+    MAX_INTERVAL_MS,
+    MAX_TERMS_FILES,
+    MIN_INTERVAL_MS,
+    MIN_SEGMENT_MAX_BYTES,
+)
+
+__all__ = ["ConfigError", "MeterConfig", "load_meter_config"]
+
+_TOP_KEYS: Final = frozenset(
+    {
+        "node_id",
+        "key_file",
+        "terms",
+        "interval_s",
+        "source",
+        "simulate",
+        "spool_dir",
+        "spool_max_bytes",
+        "segment_max_bytes",
+        "metrics_listen",
+        "transport",
+        "local_dir",
+        "kafka",
+    }
+)
+_KAFKA_KEYS: Final = frozenset(
+    {
+        "bootstrap",
+        "topic",
+        "security_protocol",
+        "sasl_mechanism",
+        "sasl_username",
+        "sasl_password",
+        "sasl_password_env",
+        "ssl_cafile",
+    }
+)
+
+
+class ConfigError(Exception):
+    """meter.toml cannot be used; ``problems`` lists each one."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class MeterConfig:
+    """A checked meter.toml."""
+
+    path: Path
+    node_id: str
+    key_file: Path
+    terms: tuple[Path, ...]
+    interval_ms: int
+    source: Literal["nvml", "simulate"]
+    simulate: str
+    spool_dir: Path
+    spool_max_bytes: int
+    segment_max_bytes: int
+    transport: Literal["local", "kafka"]
+    kafka: KafkaSettings | None
+    metrics_listen: tuple[str, int] | None
+
+
+def load_meter_config(path: Path) -> MeterConfig:
+    """Read and check meter.toml; ConfigError lists every problem found."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError([f"cannot read {path}: {exc.strerror}"]) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path} is not valid TOML: {exc}"]) from exc
+    return parse_meter_config(data, Path(path))
+
+
+def _path(base: Path, value: str) -> Path:
+    candidate = Path(value).expanduser()
+    return candidate if candidate.is_absolute() else base / candidate
+
+
+def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
+    """Check the parsed TOML of ``path`` (see the module docstring for the keys)."""
+    base = path.parent
+    problems: list[str] = [f"unknown key {k!r}" for k in sorted(set(data) - _TOP_KEYS)]
+
+    def text(key: str, default: str | None = None) -> str:
+        value = data.get(key, default)
+        if not isinstance(value, str) or not value:
+            problems.append(f"{key} must be a non-empty string")
+            return ""
+        return value
+
+    def integer(key: str, default: int, low: int) -> int:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            problems.append(f"{key} must be an integer >= {low}")
+            return default
+        return value
+
+    node_id = text("node_id")
+    key_file = _path(base, text("key_file")) if data.get("key_file") else Path()
+    if not data.get("key_file"):
+        problems.append("key_file is required")
+    terms_value = data.get("terms")
+    terms: tuple[Path, ...] = ()
+    if (
+        not isinstance(terms_value, list)
+        or not terms_value
+        or not all(isinstance(t, str) and t for t in terms_value)
+    ):
+        problems.append("terms must be a non-empty list of file names")
+    elif len(terms_value) > MAX_TERMS_FILES:
+        problems.append(f"terms lists {len(terms_value)} files; at most {MAX_TERMS_FILES}")
+    else:
+        terms = tuple(_path(base, t) for t in terms_value)
+
+    interval_ms = DEFAULT_INTERVAL_MS
+    if "interval_s" in data:
+        interval_s = data["interval_s"]
+        if isinstance(interval_s, bool) or not isinstance(interval_s, int | float):
+            problems.append("interval_s must be a number of seconds")
+        else:
+            interval_ms = round(interval_s * 1000)
+            if not MIN_INTERVAL_MS <= interval_ms <= MAX_INTERVAL_MS:
+                problems.append(
+                    f"interval_s {interval_s} is outside {MIN_INTERVAL_MS / 1000}.."
+                    f"{MAX_INTERVAL_MS // 1000} s"
+                )
+
+    source = data.get("source", "nvml")
+    if source not in ("nvml", "simulate"):
+        problems.append(f"source must be 'nvml' or 'simulate', not {source!r}")
+        source = "nvml"
+    simulate = data.get("simulate", "")
+    if not isinstance(simulate, str):
+        problems.append("simulate must be a spec string")
+        simulate = ""
+
+    spool_max_bytes = integer("spool_max_bytes", DEFAULT_SPOOL_MAX_BYTES, MIN_SEGMENT_MAX_BYTES)
+    segment_max_bytes = integer(
+        "segment_max_bytes", min(DEFAULT_SEGMENT_MAX_BYTES, spool_max_bytes), MIN_SEGMENT_MAX_BYTES
+    )
+    if segment_max_bytes > spool_max_bytes:
+        problems.append("segment_max_bytes is larger than spool_max_bytes")
+
+    transport = data.get("transport", "local")
+    kafka: KafkaSettings | None = None
+    spool_dir = Path()
+    if transport == "local":
+        if "local_dir" not in data:
+            problems.append("transport 'local' needs local_dir")
+        else:
+            local_dir = _path(base, text("local_dir"))
+            spool_dir = local_dir / node_source(node_id)
+            if "spool_dir" in data and _path(base, str(data["spool_dir"])) != spool_dir:
+                problems.append(
+                    f"with transport 'local' the spool is {spool_dir}; drop spool_dir or make "
+                    "it that"
+                )
+    elif transport == "kafka":
+        if "spool_dir" not in data:
+            problems.append("transport 'kafka' needs spool_dir")
+        else:
+            spool_dir = _path(base, text("spool_dir"))
+        kafka = _kafka_settings(data.get("kafka"), base, problems)
+    else:
+        problems.append(f"transport must be 'local' or 'kafka', not {transport!r}")
+        transport = "local"
+
+    metrics_listen: tuple[str, int] | None = None
+    if "metrics_listen" in data:
+        host, _, port = str(data["metrics_listen"]).rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            problems.append("metrics_listen must be HOST:PORT")
+        else:
+            metrics_listen = (host, int(port))
+
+    if problems:
+        raise ConfigError([f"{path}: {p}" for p in problems])
+    return MeterConfig(
+        path=path,
+        node_id=node_id,
+        key_file=key_file,
+        terms=terms,
+        interval_ms=interval_ms,
+        source=source,
+        simulate=simulate,
+        spool_dir=spool_dir,
+        spool_max_bytes=spool_max_bytes,
+        segment_max_bytes=segment_max_bytes,
+        transport=transport,
+        kafka=kafka,
+        metrics_listen=metrics_listen,
+    )
+
+
+def _kafka_settings(value: Any, base: Path, problems: list[str]) -> KafkaSettings | None:
+    if not isinstance(value, dict):
+        problems.append("transport 'kafka' needs a [kafka] table with bootstrap")
+        return None
+    unknown = sorted(set(value) - _KAFKA_KEYS)
+    problems.extend(f"unknown key kafka.{k}" for k in unknown)
+    password = value.get("sasl_password")
+    env_name = value.get("sasl_password_env")
+    if env_name is not None:
+        password = os.environ.get(str(env_name))
+        if password is None:
+            problems.append(f"kafka.sasl_password_env: ${env_name} is not set")
+    cafile = value.get("ssl_cafile")
+    try:
+        return KafkaSettings(
+            bootstrap=str(value.get("bootstrap", "")),
+            topic=str(value.get("topic", DEFAULT_TOPIC)),
+            security_protocol=str(value.get("security_protocol", "PLAINTEXT")),
+            sasl_mechanism=value.get("sasl_mechanism"),
+            sasl_username=value.get("sasl_username"),
+            sasl_password=password,
+            ssl_cafile=str(_path(base, str(cafile))) if cafile else None,
+        )
+    except ValueError as exc:
+        problems.append(f"kafka: {exc}")
+        return None

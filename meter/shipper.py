@@ -1,0 +1,230 @@
+"""Ships the spool to Kafka: in order, keyed by placement, acknowledged, at least once.
+
+The shipper reads the spool from the last acknowledged position, sends every record with
+an idempotent producer (``acks="all"``, key = the record's ``placement_id``), awaits
+every acknowledgement, and only then records the new position in ``SHIPPED`` (a small
+file replaced atomically: temp file, fsync, rename, fsync of the directory).
+
+After a crash, everything after the recorded position is sent again: delivery is at
+least once, and the ledger drops exact duplicates. A failed batch tears the producer
+down and is resent from the recorded position after a pause that doubles up to
+SHIP_BACKOFF_MAX_S: while Kafka is unreachable the records wait in the spool (bounded by
+its byte limit) and drain when it returns. In Kafka mode, segments wholly before the
+acknowledged position are garbage-collected through a callback (the agent saves its
+stream heads first); in local mode nothing ships and nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+from gridledger.publish import KafkaSettings, make_producer, placement_of
+from meter.durable import read_small_file, write_atomic
+from meter.limits import (
+    PRODUCER_STOP_TIMEOUT_S,
+    SHIP_ATTEMPT_TIMEOUT_S,
+    SHIP_BACKOFF_INITIAL_S,
+    SHIP_BACKOFF_MAX_S,
+    SHIP_BATCH_MAX_RECORDS,
+    SHIP_IDLE_POLL_S,
+)
+from meter.metrics import MeterMetrics
+from meter.spool import SpoolPosition, read_spool
+from proto.errors import ProtoError
+
+__all__ = ["SHIPPED_FILE", "Shipper", "load_shipped", "store_shipped"]
+
+SHIPPED_FILE: Final = "SHIPPED"
+_log = structlog.get_logger("meter.shipper")
+
+
+class _Shipped(msgspec.Struct, forbid_unknown_fields=True):
+    segment: int
+    offset: int
+
+
+def load_shipped(spool_dir: Path) -> SpoolPosition | None:
+    """The acknowledged position recorded in ``spool_dir`` (None: nothing shipped yet)."""
+    raw = read_small_file(spool_dir / SHIPPED_FILE)
+    if raw is None:
+        return None
+    parsed = msgspec.json.decode(raw, type=_Shipped)
+    return SpoolPosition(parsed.segment, parsed.offset)
+
+
+def store_shipped(spool_dir: Path, position: SpoolPosition) -> None:
+    """Record ``position`` as acknowledged, atomically and durably."""
+    write_atomic(
+        spool_dir / SHIPPED_FILE, msgspec.json.encode(_Shipped(position.segment, position.offset))
+    )
+
+
+class Shipper:
+    """Sends one spool directory to Kafka (see the module docstring)."""
+
+    def __init__(
+        self,
+        spool_dir: Path,
+        settings: KafkaSettings,
+        *,
+        metrics: MeterMetrics | None = None,
+        collect_garbage: Callable[[SpoolPosition], int] | None = None,
+        batch_max_records: int = SHIP_BATCH_MAX_RECORDS,
+        attempt_timeout_s: float = SHIP_ATTEMPT_TIMEOUT_S,
+    ) -> None:
+        self._spool_dir = Path(spool_dir)
+        self._settings = settings
+        self.metrics = metrics if metrics is not None else MeterMetrics()
+        self._collect_garbage = collect_garbage
+        self._batch_max_records = batch_max_records
+        self._attempt_timeout_s = attempt_timeout_s
+        self._acked = load_shipped(self._spool_dir)
+        self._producer: Any = None
+        self._wake = asyncio.Event()
+
+    @property
+    def acked(self) -> SpoolPosition | None:
+        """The last acknowledged position (None: nothing acknowledged yet)."""
+        return self._acked
+
+    def wake(self) -> None:
+        """Tell the shipper new records are in the spool (it also polls)."""
+        self._wake.set()
+
+    def pending(self) -> int:
+        """Records in the spool after the acknowledged position."""
+        return sum(1 for _ in read_spool(self._spool_dir, self._acked))
+
+    async def _ensure_producer(self) -> Any:
+        if self._producer is None:
+            producer = make_producer(
+                self._settings,
+                linger_ms=5,
+                request_timeout_ms=int(self._attempt_timeout_s * 1000),
+            )
+            try:
+                async with asyncio.timeout(self._attempt_timeout_s):
+                    await producer.start()
+            except BaseException:
+                await self._stop_producer(producer)
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def _stop_producer(self, producer: Any) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(PRODUCER_STOP_TIMEOUT_S):
+                await producer.stop()
+
+    async def _discard_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await self._stop_producer(producer)
+
+    async def ship_available(self) -> int:
+        """Ship everything the spool holds now, batch by batch; return how many records.
+
+        Raises on the first batch not acknowledged in time (nothing after the recorded
+        position is considered shipped).
+        """
+        shipped = 0
+        while True:
+            entries = list(
+                read_spool(self._spool_dir, self._acked, max_records=self._batch_max_records)
+            )
+            if not entries:
+                return shipped
+            producer = await self._ensure_producer()
+            async with asyncio.timeout(self._attempt_timeout_s):
+                futures = []
+                for entry in entries:
+                    try:
+                        key = placement_of(entry.data)
+                    except ProtoError as exc:
+                        # Not attributable to a placement: it cannot be keyed. Counted and
+                        # logged; it stays in the spool as evidence.
+                        self.metrics.records_skipped.labels(reason=exc.reason.value).inc()
+                        _log.error(
+                            "spool_record_unshippable",
+                            position=str(entry.position),
+                            reason=exc.reason.value,
+                        )
+                        continue
+                    futures.append(
+                        await producer.send(
+                            self._settings.topic, value=entry.data, key=key.encode()
+                        )
+                    )
+                await asyncio.gather(*futures)
+            self._acked = entries[-1].next_position
+            store_shipped(self._spool_dir, self._acked)
+            shipped += len(futures)
+            self.metrics.events_shipped.inc(len(futures))
+            if self._collect_garbage is not None:
+                self._collect_garbage(self._acked)
+
+    async def run(self, stop: asyncio.Event, *, drain_timeout_s: float) -> bool:
+        """Ship until ``stop`` is set, then drain for at most ``drain_timeout_s``.
+
+        Returns True when everything spooled was acknowledged at the end.
+        """
+        backoff_s = SHIP_BACKOFF_INITIAL_S
+        drain_deadline: float | None = None
+        try:
+            while True:
+                if stop.is_set() and drain_deadline is None:
+                    drain_deadline = time.monotonic() + drain_timeout_s
+                try:
+                    await self.ship_available()
+                    self.metrics.events_pending.set(0)
+                    backoff_s = SHIP_BACKOFF_INITIAL_S
+                    failed = False
+                except Exception as exc:
+                    failed = True
+                    self.metrics.ship_failures.inc()
+                    pending = self.pending()
+                    self.metrics.events_pending.set(pending)
+                    _log.warning(
+                        "ship_failed",
+                        error=f"{type(exc).__name__}: {exc}",
+                        pending=pending,
+                        retry_in_s=backoff_s,
+                    )
+                    await self._discard_producer()
+                if drain_deadline is not None:
+                    if not failed and self.pending() == 0:
+                        return True
+                    if time.monotonic() >= drain_deadline:
+                        return self.pending() == 0
+                pause = backoff_s if failed else SHIP_IDLE_POLL_S
+                if failed:
+                    backoff_s = min(SHIP_BACKOFF_MAX_S, backoff_s * 2)
+                if drain_deadline is not None:
+                    pause = min(pause, max(0.0, drain_deadline - time.monotonic()))
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(pause):
+                        if failed or stop.is_set():
+                            await asyncio.sleep(pause)
+                        else:
+                            await _first(self._wake.wait(), stop.wait())
+        finally:
+            await self._discard_producer()
+
+
+async def _first(*waits: Any) -> None:
+    """Wait until the first of the awaitables completes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
