@@ -1,0 +1,384 @@
+"""The node agent in-process: simulator, streams, restarts, spool bound, recovery."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pytest
+
+from meter.agent import HEADS_FILE, Agent, AgentConfig, AgentConfigError
+from meter.clock import SimClock, SkewedClock
+from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
+from meter.spool import SpoolFull, SpoolPosition, list_segments, read_spool
+from meter.stream import node_gpus
+from proto import builders
+from proto.envelope import open_envelope, require_signatures
+from proto.keys import key_id
+from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
+
+T0 = 1_700_000_000_000
+HOUR_MS = 3_600_000
+MINUTE_MS = 60_000
+
+
+def _scenario(seed: str = "agent") -> tuple[builders.Cast, list[PlacementTerms]]:
+    cast = builders.make_cast(seed)
+    p1 = builders.make_terms(
+        cast,
+        "p1",
+        [builders.gpu("n1", 0), builders.gpu("n1", 1), builders.gpu("n2", 0)],
+        T0,
+        T0 + HOUR_MS,
+    )
+    # A window that does not fall on the interval grid: the last interval is clipped.
+    p2 = builders.make_terms(
+        cast, "p2", [builders.gpu("n1", 2, share_milli=500)], T0 + 90_000, T0 + 1_234_567
+    )
+    return cast, [p1, p2]
+
+
+def _agent(
+    tmp: Path,
+    clock: SimClock | SkewedClock,
+    *,
+    spec: str = "seed=7",
+    interval_ms: int = MINUTE_MS,
+    spool: str = "spool",
+    cast_seed: str = "agent",
+    **config: int,
+) -> Agent:
+    cast, terms = _scenario(cast_seed)
+    devices = sorted(
+        {
+            g.uuid: SimDevice(g.uuid, g.model, g.memory_mib)
+            for t in terms
+            for g in node_gpus(t, "n1")
+        }.values(),
+        key=lambda d: d.uuid,
+    )
+    agent_config = AgentConfig(
+        node_id="n1",
+        signing_key=cast.node_key("n1"),
+        terms=tuple(terms),
+        spool_dir=tmp / spool,
+        interval_ms=interval_ms,
+        **config,
+    )
+    return Agent(agent_config, Simulator(parse_sim_spec(spec), devices, T0), clock)
+
+
+def _events(envelopes: Iterable[bytes]) -> list[UsageEvent]:
+    out = []
+    for envelope in envelopes:
+        record = open_envelope(envelope).record
+        assert isinstance(record, UsageEvent)
+        out.append(record)
+    return out
+
+
+def check_streams(
+    envelopes: Sequence[bytes], terms: Sequence[PlacementTerms]
+) -> dict[str, list[UsageEvent]]:
+    """SPEC 6.3 "usage" for a node's envelopes: what a ledger would accept, all of it."""
+    by_id = {t.placement_id: t for t in terms}
+    streams: dict[tuple[str, str], list[tuple[UsageEvent, str]]] = defaultdict(list)
+    for envelope in envelopes:
+        opened = open_envelope(envelope)
+        event = opened.record
+        assert isinstance(event, UsageEvent)
+        placement = by_id[event.placement_id]
+        node = next(n for n in placement.nodes if n.node_id == event.node_id)
+        require_signatures(opened.envelope, {key_id(node.key): node.key})
+        streams[(event.placement_id, event.node_id)].append((event, opened.record_hash))
+    result: dict[str, list[UsageEvent]] = {}
+    for (placement_id, node_id), items in streams.items():
+        placement = by_id[placement_id]
+        gpus = {g.uuid: g for g in node_gpus(placement, node_id)}
+        prev, last_end = ZERO_HASH, None
+        for seq, (event, record_hash) in enumerate(items):
+            assert event.seq == seq
+            assert event.prev == prev
+            assert 0 < event.end_ms - event.start_ms <= 86_400_000
+            if last_end is not None:
+                assert event.start_ms >= last_end
+            assert event.start_ms >= placement.window_start_ms
+            assert event.end_ms <= placement.window_end_ms
+            assert sorted(s.uuid for s in event.samples) == sorted(gpus)
+            for sample in event.samples:
+                assert sample.model == gpus[sample.uuid].model
+                assert sample.allocated
+            prev, last_end = record_hash, event.end_ms
+        result[placement_id] = [e for e, _ in items]
+    return result
+
+
+# ---- simulator ---------------------------------------------------------------------------
+
+
+def test_simulator_is_byte_for_byte_deterministic(tmp_path: Path) -> None:
+    runs = []
+    for name in ("a", "b"):
+        clock = SimClock(T0)
+        agent = _agent(tmp_path, clock, spool=name, spec="seed=11,unhealthy=GPU-n1-1@600000-900000")
+        clock.advance(HOUR_MS)
+        runs.append(agent.tick())
+        agent.close()
+    assert runs[0] == runs[1]
+    assert len(runs[0]) == 60 + 20  # p1: 60 minutes; p2: 19 full intervals + a clipped one
+    other_clock = SimClock(T0)
+    other = _agent(tmp_path, other_clock, spool="c", spec="seed=12")
+    other_clock.advance(HOUR_MS)
+    assert other.tick() != runs[0]
+    other.close()
+    # Readings depend on (seed, GPU, interval) only, not on the order they are asked for.
+    spec = parse_sim_spec("seed=5")
+    device = SimDevice("GPU-x", "A100", 81920)
+    forward = Simulator(spec, [device], T0)
+    backward = Simulator(spec, [device], T0)
+    intervals = [(T0 + i * MINUTE_MS, T0 + (i + 1) * MINUTE_MS) for i in range(20)]
+    got_forward = [forward.read(s, e) for s, e in intervals]
+    got_backward = [backward.read(s, e) for s, e in reversed(intervals)][::-1]
+    assert got_forward == got_backward
+    assert len({r["GPU-x"].utilisation_pct for r in got_forward}) > 1  # it does vary
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", SimSpec()),
+        ("seed=7", SimSpec(seed=7)),
+        ("seed=7,gpus=4,skew_ms=-250,crash_after=3,pace_ms=5", SimSpec(7, 4, (), (), -250, 3, 5)),
+    ],
+)
+def test_sim_spec_parses(text: str, expected: SimSpec) -> None:
+    assert parse_sim_spec(text) == expected
+
+
+def test_sim_spec_faults_parse() -> None:
+    spec = parse_sim_spec(
+        "seed=7,gpus=4,unhealthy=GPU-x@600000-900000,vanish=GPU-y@1200000,"
+        "vanish=GPU-z:1@5-10,skew_ms=250"
+    )
+    assert [(f.uuid, f.start_ms, f.end_ms) for f in spec.unhealthy] == [("GPU-x", 600000, 900000)]
+    assert [(f.uuid, f.start_ms, f.end_ms) for f in spec.vanish] == [
+        ("GPU-y", 1200000, None),
+        ("GPU-z:1", 5, 10),
+    ]
+    assert spec.skew_ms == 250 and spec.gpus == 4
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "seed",
+        "seed=x",
+        "seed=1,seed=2",
+        "colour=red",
+        "unhealthy=GPU-x@600000",
+        "unhealthy=GPU-x@900000-600000",
+        "unhealthy=@1-2",
+        "vanish=GPU x@1",
+        "gpus=0",
+        "gpus=100000",
+        "crash_after=0",
+        "pace_ms=-1",
+        "skew_ms=1.5",
+    ],
+)
+def test_sim_spec_rejects(text: str) -> None:
+    with pytest.raises(SimSpecError):
+        parse_sim_spec(text)
+
+
+def test_faults_show_in_the_samples(tmp_path: Path) -> None:
+    clock = SimClock(T0)
+    agent = _agent(
+        tmp_path,
+        clock,
+        spec="seed=3,gpus=6,unhealthy=GPU-n1-0@600000-900000,vanish=GPU-n1-1@1200000",
+    )
+    clock.advance(HOUR_MS)
+    events = check_streams(agent.tick(), _scenario()[1])["p1"]
+    agent.close()
+    for event in events:
+        rel = event.start_ms - T0
+        by_uuid = {s.uuid: s for s in event.samples}
+        sick = by_uuid["GPU-n1-0"]
+        assert sick.healthy == (not 600_000 <= rel < 900_000), rel
+        assert (sick.xid_errors > 0) == (not sick.healthy)
+        gone = by_uuid["GPU-n1-1"]
+        assert gone.healthy == (rel + MINUTE_MS <= 1_200_000), rel
+        if not gone.healthy:
+            assert gone.utilisation_pct == gone.power_mw == gone.energy_mj == 0
+        else:
+            assert gone.energy_mj == gone.power_mw * MINUTE_MS // 1000 > 0
+    # gpus=6 adds devices no placement has: never reported.
+    assert all(not s.uuid.startswith("GPU-sim") for e in events for s in e.samples)
+
+
+# ---- streams -----------------------------------------------------------------------------
+
+
+def test_events_follow_the_spec_and_clip_at_the_window(tmp_path: Path) -> None:
+    clock = SimClock(T0 - 5 * MINUTE_MS)  # started before the windows open
+    agent = _agent(tmp_path, clock)
+    clock.advance(2 * HOUR_MS)
+    envelopes = agent.tick()
+    assert agent.tick() == []  # nothing new is due
+    agent.close()
+    streams = check_streams(envelopes, _scenario()[1])
+    p1, p2 = streams["p1"], streams["p2"]
+    assert [(e.start_ms, e.end_ms) for e in p1] == [
+        (T0 + i * MINUTE_MS, T0 + (i + 1) * MINUTE_MS) for i in range(60)
+    ]
+    assert p2[0].start_ms == T0 + 90_000 and p2[-1].end_ms == T0 + 1_234_567
+    assert all(b.start_ms == a.end_ms for a, b in itertools.pairwise(p2))  # contiguous
+    # What was returned is exactly what the spool holds, in the same order.
+    assert [e.data for e in read_spool(tmp_path / "spool")] == envelopes
+
+
+def test_restart_continues_the_stream(tmp_path: Path) -> None:
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock)
+    clock.advance(30 * MINUTE_MS + 20_000)
+    first = agent.tick()
+    heads = agent.heads
+    agent.close()  # (a kill -9 leaves the same spool: every tick fsyncs before returning)
+    # Restarted within one interval of the last end: contiguous.
+    clock.advance(30_000)
+    agent = _agent(tmp_path, clock)
+    assert agent.heads == heads
+    clock.advance(10 * MINUTE_MS)
+    second = agent.tick()
+    agent.close()
+    # Restarted long after: a gap in time, never in seq or prev.
+    clock.advance(7 * MINUTE_MS + 1234)
+    agent = _agent(tmp_path, clock)
+    restart_ms = clock.now_ms()
+    clock.advance(HOUR_MS)
+    third = agent.tick()
+    agent.close()
+    p1 = check_streams(first + second + third, _scenario()[1])["p1"]
+    ends = [e.end_ms for e in p1]
+    starts = [e.start_ms for e in p1]
+    assert starts[30] == ends[29] == T0 + 30 * MINUTE_MS  # contiguous across restart 1
+    gap_at = next(i for i in range(1, len(p1)) if starts[i] != ends[i - 1])
+    assert starts[gap_at] == restart_ms  # restart 2 starts at its now
+    assert p1[-1].end_ms == T0 + HOUR_MS
+
+
+def test_a_clock_set_back_never_overlaps(tmp_path: Path) -> None:
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock)
+    clock.advance(20 * MINUTE_MS)
+    before = agent.tick()
+    agent.close()
+    clock.set(T0 + 5 * MINUTE_MS)  # the node's clock jumped back 15 minutes
+    agent = _agent(tmp_path, clock)
+    clock.advance(15 * MINUTE_MS)
+    assert agent.tick() == []  # nothing until time passes the last end again
+    clock.advance(MINUTE_MS)
+    after = agent.tick()
+    agent.close()
+    assert after
+    check_streams(before + after, _scenario()[1])
+
+
+def test_skewed_clock_shifts_the_intervals(tmp_path: Path) -> None:
+    base = SimClock(T0)
+    agent = _agent(tmp_path, SkewedClock(base, 250), spec="seed=1,skew_ms=250")
+    base.advance(3 * MINUTE_MS)
+    events = _events(agent.tick())
+    agent.close()
+    p1 = [e for e in events if e.placement_id == "p1"]
+    # The agent started at T0 + 250 by its clock: within one interval of the window
+    # start, so it starts there; it sees the third minute end 250 ms early.
+    assert [(e.start_ms - T0, e.end_ms - T0) for e in p1] == [
+        (0, MINUTE_MS),
+        (MINUTE_MS, 2 * MINUTE_MS),
+        (2 * MINUTE_MS, 3 * MINUTE_MS),
+    ]
+
+
+def test_spool_full_raises_and_advances_nothing(tmp_path: Path) -> None:
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock, spool_max_bytes=16384, segment_max_bytes=4096)
+    emitted: list[bytes] = []
+    with pytest.raises(SpoolFull):
+        for _ in range(1000):  # bounded; the bound is hit far earlier
+            clock.advance(MINUTE_MS)
+            emitted += agent.tick()
+    heads = agent.heads
+    assert agent.metrics.snapshot()["meter_events_emitted_total"] == len(emitted)
+    with pytest.raises(SpoolFull):
+        agent.tick()
+    assert agent.heads == heads
+    agent.close()
+    assert [e.data for e in read_spool(tmp_path / "spool")] == emitted
+    # After a restart with room (a larger bound), the same seq continues: no gap.
+    agent = _agent(tmp_path, clock, spool_max_bytes=1 << 20, segment_max_bytes=4096)
+    more = agent.tick()
+    agent.close()
+    check_streams(emitted + more, _scenario()[1])
+
+
+def test_recovery_after_garbage_collection_uses_heads(tmp_path: Path) -> None:
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock, segment_max_bytes=4096)
+    emitted: list[bytes] = []
+    for _ in range(40):
+        clock.advance(MINUTE_MS)
+        emitted += agent.tick()
+    assert len(list_segments(tmp_path / "spool")) > 5
+    heads = agent.heads
+    end = agent.spool.end_position()
+    freed = agent.collect_garbage(end)  # everything acknowledged
+    assert freed > 0 and (tmp_path / "spool" / HEADS_FILE).exists()
+    assert len(list_segments(tmp_path / "spool")) == 1
+    agent.close()
+    # p2's last events went with the deleted segments: only HEADS knows its head now.
+    remaining = _events(e.data for e in read_spool(tmp_path / "spool"))
+    assert all(e.placement_id == "p1" for e in remaining)
+    agent = _agent(tmp_path, clock, segment_max_bytes=4096)
+    assert agent.heads == heads
+    clock.advance(MINUTE_MS)
+    emitted += agent.tick()
+    agent.close()
+    check_streams(emitted, _scenario()[1])
+
+
+def test_config_is_checked(tmp_path: Path) -> None:
+    cast, terms = _scenario()
+    with pytest.raises(AgentConfigError):
+        AgentConfig("n1", cast.node_key("n1"), tuple(terms), tmp_path, interval_ms=0)
+    with pytest.raises(AgentConfigError):
+        AgentConfig("n1", cast.node_key("n1"), (terms[0], terms[0]), tmp_path)
+
+
+def test_agent_for_a_node_outside_the_terms_emits_nothing(tmp_path: Path) -> None:
+    cast, terms = _scenario()
+    clock = SimClock(T0)
+    config = AgentConfig("n9", cast.node_key("n9"), tuple(terms), tmp_path / "s")
+    agent = Agent(config, Simulator(SimSpec(), [], T0), clock)
+    clock.advance(HOUR_MS)
+    assert agent.tick() == [] and agent.next_due_ms() is None
+    agent.close()
+
+
+def test_node_spool_positions_are_resumable_by_a_reader(tmp_path: Path) -> None:
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock)
+    clock.advance(10 * MINUTE_MS)
+    agent.tick()
+    position: SpoolPosition | None = None
+    seen = []
+    for entry in read_spool(tmp_path / "spool"):
+        seen.append(entry.data)
+        position = entry.next_position
+    clock.advance(10 * MINUTE_MS)
+    later = agent.tick()
+    agent.close()
+    assert [e.data for e in read_spool(tmp_path / "spool", position)] == later
