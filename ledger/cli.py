@@ -36,6 +36,7 @@ from ledger.client import (
     post_cosign,
 )
 from ledger.config import ConfigError, LedgerConfig, load_config
+from ledger.consume import SourceError
 from ledger.export import export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer
 from ledger.service import KafkaLedgerService, LedgerService
@@ -136,7 +137,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             log.info("ledger_running", transport="local", db=str(config.db))
             service.run_forever(stop)
         else:
-            asyncio.run(_run_kafka(service))
+            try:
+                asyncio.run(_run_kafka(service))
+            except SourceError as exc:
+                return _fail(str(exc), 2)
     finally:
         if server is not None:
             server.stop()

@@ -167,12 +167,13 @@ class KafkaSource:
         self._consumer = consumer
         try:
             async with asyncio.timeout(_METADATA_TIMEOUT_S):
-                topics = await consumer.topics()
-            if topic not in topics:
+                # consumer.topics() discards the partition lists; the cluster it reads has them.
+                cluster = await consumer._client.fetch_all_metadata()
+            if topic not in cluster.topics():
                 raise SourceError(
                     f"topic {topic!r} does not exist; create it with its fixed partition count"
                 )
-            available = sorted(consumer.partitions_for_topic(topic) or ())
+            available = sorted(cluster.partitions_for_topic(topic) or ())
             owned = [p for p in available if self.config.owns(p)]
             if self.config.partitions is not None:
                 missing = sorted(set(self.config.partitions) - set(available))
