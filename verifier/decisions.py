@@ -1,0 +1,319 @@
+"""Re-deriving the ledger's decisions (SPEC §6), written from the text, not from ledger/.
+
+``Referee`` walks the inputs of one placement in chain order and says, for each, what
+SPEC §6 decides: ``accepted``, ``rejected`` with a reason, ``dropped`` (an exact
+re-delivery), ``quarantined`` (could never have been chained) or ``held`` (before the
+terms). The verifier compares this with the ledger's own status and reason, so a valid
+event wrongly rejected is caught as surely as a bad one wrongly accepted.
+
+One decision depends on amounts: an adjustment is rejected ADJUSTMENT_INVALID when it
+would carry a total past 2^53 - 1. The referee leaves an adjustment that passes its
+other checks ``pending``; ``settle_adjustments`` decides those once the SQL pricing knows
+the totals before each one (nothing else depends on an adjustment's fate).
+
+Pure: no I/O. The one look-up into history (the record hash of an accepted usage event at
+an old seq, needed to tell a re-delivery from an equivocation) is injected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+from proto import limits as proto_limits
+from proto.keys import key_id
+from proto.reasons import Reason
+from proto.records import (
+    ZERO_HASH,
+    Adjustment,
+    GpuSpec,
+    NodeKeyBinding,
+    PlacementClosed,
+    PlacementTerms,
+    ReclaimNotice,
+    Record,
+    UsageEvent,
+)
+from proto.terms import validate_terms
+from verifier.opener import SIG_VALID, OpenResult
+from verifier.signers import required_of, signer_failure
+
+ACCEPTED: Final = "accepted"
+REJECTED: Final = "rejected"
+DROPPED: Final = "dropped"
+QUARANTINED: Final = "quarantined"
+HELD: Final = "held"
+PENDING: Final = "pending"
+
+INPUT_KINDS: Final = frozenset({"terms", "keybinding", "usage", "reclaim", "adjustment", "closed"})
+_CLOSED_TO: Final = frozenset({"usage", "keybinding", "reclaim", "closed"})
+_FOREVER_MS: Final = proto_limits.MAX_SAFE_INTEGER
+
+# Looks up the record hash of the accepted usage event (node_id, seq), if any.
+UsageLookup = Callable[[str, int], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What SPEC §6 decides for one input: an outcome and '' or a reason code."""
+
+    outcome: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.outcome} {self.reason}".rstrip()
+
+
+_OK: Final = Verdict(ACCEPTED)
+
+
+def _reject(reason: Reason) -> Verdict:
+    return Verdict(REJECTED, reason.value)
+
+
+@dataclass
+class _Stream:
+    """State of one (placement, node) usage stream."""
+
+    next_seq: int = 0
+    last_hash: str = ZERO_HASH
+    last_end_ms: int = 0
+
+
+@dataclass
+class Referee:
+    """SPEC §6 for one placement; see the module docstring."""
+
+    placement_id: str
+    ledger_key: bytes
+    lookup: UsageLookup
+    terms: PlacementTerms | None = None
+    terms_record_hash: str = ""
+    closed: bool = False
+    reclaimed: bool = False
+    effective_end_ms: int = 0
+    max_usage_end_ms: int = 0
+    gpus: dict[str, GpuSpec] = field(default_factory=dict)
+    bindings: dict[str, dict[bytes, tuple[int, int]]] = field(default_factory=dict)
+    streams: dict[str, _Stream] = field(default_factory=dict)
+
+    def decide(self, opened: OpenResult, duplicate: bool) -> Verdict:
+        """The decision for the next input in chain order; updates the state when accepted.
+
+        ``duplicate`` is true when an earlier input of the placement has the same input
+        hash (SPEC §6.1 step 2).
+        """
+        # §6.1 step 1: what does not decode, is not an input, or names another placement
+        # is quarantined: it can never be chained.
+        record = opened.record
+        if opened.error or record is None:
+            return Verdict(QUARANTINED, opened.error or Reason.MALFORMED.value)
+        if opened.kind not in INPUT_KINDS:
+            return Verdict(QUARANTINED, Reason.KIND_MISMATCH.value)
+        if _placement_of(record) != self.placement_id:
+            return Verdict(QUARANTINED, Reason.PLACEMENT_MISMATCH.value)
+        # §6.1 step 2: exact re-delivery.
+        if duplicate:
+            return Verdict(DROPPED, Reason.DUPLICATE.value)
+        # §6.1 step 3: nothing but terms before terms.
+        if self.terms is None and not isinstance(record, PlacementTerms):
+            return Verdict(HELD)
+        # §6.1 step 4: the close ends usage, bindings, reclaims and closes (not adjustments).
+        if self.closed and opened.kind in _CLOSED_TO:
+            return _reject(Reason.AFTER_CLOSE)
+        # §6.1 step 5 / §6.3: per kind.
+        match record:
+            case PlacementTerms():
+                return self._terms(opened, record)
+            case NodeKeyBinding():
+                return self._keybinding(opened, record)
+            case UsageEvent():
+                return self._usage(opened, record)
+            case ReclaimNotice():
+                return self._reclaim(opened, record)
+            case Adjustment():
+                return self._adjustment(opened)
+            case PlacementClosed():
+                return self._closed(opened, record)
+        return Verdict(QUARANTINED, Reason.KIND_MISMATCH.value)
+
+    # ---- per kind (SPEC §6.3) -----------------------------------------------------------
+
+    def _terms(self, opened: OpenResult, terms: PlacementTerms) -> Verdict:
+        if self.terms is not None:
+            if opened.record_hash == self.terms_record_hash:
+                return Verdict(DROPPED, Reason.DUPLICATE.value)
+            return _reject(Reason.TERMS_CONFLICT)
+        failure = signer_failure(
+            opened.sigs, required_of((terms.operator.key, terms.buyer.key, terms.desk.key))
+        )
+        if failure is not None:
+            return _reject(failure)
+        # §5 rules 1-5, and rule 6: the terms name the ledger that folds (and signs) this chain.
+        if validate_terms(terms) or terms.ledger_key != self.ledger_key:
+            return _reject(Reason.TERMS_INVALID)
+        self.terms = terms
+        self.terms_record_hash = opened.record_hash
+        self.effective_end_ms = terms.window_end_ms
+        self.gpus = {g.uuid: g for g in terms.gpus}
+        for node in terms.nodes:
+            self.bindings[node.node_id] = {node.key: (0, _FOREVER_MS)}
+            self.streams[node.node_id] = _Stream()
+        return _OK
+
+    def _operator_signed(self, opened: OpenResult) -> Reason | None:
+        assert self.terms is not None
+        return signer_failure(opened.sigs, required_of((self.terms.operator.key,)))
+
+    def _keybinding(self, opened: OpenResult, binding: NodeKeyBinding) -> Verdict:
+        failure = self._operator_signed(opened)
+        if failure is not None:
+            return _reject(failure)
+        if binding.node_id not in self.bindings:
+            return _reject(Reason.NODE_UNKNOWN)
+        if binding.valid_from_ms >= binding.valid_until_ms:
+            return _reject(Reason.BINDING_INVALID)
+        self.bindings[binding.node_id][binding.key] = (
+            binding.valid_from_ms,
+            binding.valid_until_ms,
+        )
+        return _OK
+
+    def _usage(self, opened: OpenResult, event: UsageEvent) -> Verdict:
+        assert self.terms is not None
+        terms = self.terms
+        # 1. the node
+        keys = self.bindings.get(event.node_id)
+        stream = self.streams.get(event.node_id)
+        if keys is None or stream is None:
+            return _reject(Reason.NODE_UNKNOWN)
+        # 2. exactly one signature, by a key bound to the node, valid, covering the interval
+        if not opened.sigs:
+            return _reject(Reason.SIG_MISSING)
+        if len(opened.sigs) > 1:
+            return _reject(Reason.SIG_SURPLUS)
+        sig = opened.sigs[0]
+        bound = [k for k in keys if key_id(k) == sig.keyid]
+        if not bound:
+            return _reject(Reason.NODE_KEY_UNKNOWN)
+        if sig.outcome != SIG_VALID or sig.key not in bound:
+            return _reject(Reason.SIG_INVALID)
+        valid_from_ms, valid_until_ms = keys[sig.key]
+        if not (valid_from_ms <= event.start_ms and event.end_ms <= valid_until_ms):
+            return _reject(Reason.NODE_KEY_NOT_VALID)
+        # 3. the stream: re-delivery, equivocation, gap, fork
+        if event.seq < stream.next_seq:
+            if self.lookup(event.node_id, event.seq) == opened.record_hash:
+                return Verdict(DROPPED, Reason.DUPLICATE.value)
+            return _reject(Reason.EQUIVOCATION)
+        if event.seq > stream.next_seq:
+            return _reject(Reason.SEQ_GAP)
+        if event.prev != stream.last_hash:
+            return _reject(Reason.PREV_MISMATCH)
+        # 4. the interval
+        length_ms = event.end_ms - event.start_ms
+        if length_ms <= 0 or length_ms > proto_limits.MAX_INTERVAL_MS:
+            return _reject(Reason.INTERVAL_INVALID)
+        if event.seq > 0 and event.start_ms < stream.last_end_ms:
+            return _reject(Reason.INTERVAL_OVERLAP)
+        # 5. the window
+        if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
+            return _reject(Reason.OUTSIDE_WINDOW)
+        # 6. the samples
+        uuids = [s.uuid for s in event.samples]
+        if len(set(uuids)) != len(uuids):
+            return _reject(Reason.SAMPLE_DUPLICATE_GPU)
+        for sample in event.samples:
+            spec = self.gpus.get(sample.uuid)
+            if spec is None or spec.node_id != event.node_id:
+                return _reject(Reason.GPU_NOT_IN_TERMS)
+            if sample.model != spec.model:
+                return _reject(Reason.GPU_MODEL_MISMATCH)
+        # 7. accepted
+        stream.next_seq += 1
+        stream.last_hash = opened.record_hash
+        stream.last_end_ms = event.end_ms
+        self.max_usage_end_ms = max(self.max_usage_end_ms, event.end_ms)
+        return _OK
+
+    def _reclaim(self, opened: OpenResult, notice: ReclaimNotice) -> Verdict:
+        assert self.terms is not None
+        terms = self.terms
+        failure = self._operator_signed(opened)
+        if failure is not None:
+            return _reject(failure)
+        if self.reclaimed:
+            return _reject(Reason.RECLAIM_DUPLICATE)
+        effective_ms = notice.effective_at_ms
+        if not (
+            notice.issued_at_ms <= effective_ms
+            and terms.window_start_ms <= effective_ms < terms.window_end_ms
+            and len(set(notice.gpus)) == len(notice.gpus)
+            and set(notice.gpus) == set(self.gpus)
+        ):
+            return _reject(Reason.RECLAIM_INVALID)
+        if self.max_usage_end_ms > effective_ms:
+            return _reject(Reason.RECLAIM_BEHIND_USAGE)
+        self.reclaimed = True
+        self.effective_end_ms = effective_ms
+        return _OK
+
+    def _adjustment(self, opened: OpenResult) -> Verdict:
+        assert self.terms is not None
+        failure = signer_failure(opened.sigs, required_of((self.terms.desk.key,)))
+        if failure is not None:
+            return _reject(failure)
+        return Verdict(PENDING)
+
+    def _closed(self, opened: OpenResult, close: PlacementClosed) -> Verdict:
+        assert self.terms is not None
+        failure = signer_failure(opened.sigs, required_of((self.ledger_key,)))
+        if failure is not None:
+            return _reject(failure)
+        if close.closed_at_ms < self.terms.window_end_ms + self.terms.late_grace_ms:
+            return _reject(Reason.CLOSE_INVALID)
+        self.closed = True
+        return _OK
+
+
+def _placement_of(record: Record) -> str:
+    return record.placement_id if hasattr(record, "placement_id") else ""
+
+
+# ---- adjustments, once the base totals are known --------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAdjustment:
+    """An adjustment that passed its signature check, with the totals just before it.
+
+    ``totals_after`` computes every total of SPEC §7.6 for given cumulative (Ac, Ah) at
+    this adjustment's index; it comes from ``verifier/pricing.py``.
+    """
+
+    chain_index: int
+    adjustment_id: str
+    direction: str
+    amount_minor: int
+    totals_after: Callable[[int, int], Iterable[int]]
+
+
+def settle_adjustments(pending: Iterable[PendingAdjustment]) -> Iterator[tuple[int, Verdict]]:
+    """Decide pending adjustments in chain order: duplicates, then the 2^53 bound."""
+    seen_ids: set[str] = set()
+    credit_minor = 0
+    charge_minor = 0
+    for adj in pending:
+        if adj.adjustment_id in seen_ids:
+            yield adj.chain_index, _reject(Reason.ADJUSTMENT_DUPLICATE)
+            continue
+        credit_after = credit_minor + (adj.amount_minor if adj.direction == "credit" else 0)
+        charge_after = charge_minor + (adj.amount_minor if adj.direction == "charge" else 0)
+        totals = adj.totals_after(credit_after, charge_after)
+        if any(t > proto_limits.MAX_SAFE_INTEGER for t in totals):
+            yield adj.chain_index, _reject(Reason.ADJUSTMENT_INVALID)
+            continue
+        seen_ids.add(adj.adjustment_id)
+        credit_minor, charge_minor = credit_after, charge_after
+        yield adj.chain_index, _OK

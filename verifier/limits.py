@@ -1,0 +1,51 @@
+"""Every named maximum of the verifier, in one place.
+
+The verifier reads files it must not trust: every batch, queue and list it keeps has a
+bound here, so a hostile or huge export costs bounded memory.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Findings kept per rule id; every finding is still counted (a tampered export can produce
+# one finding per row, and a million identical lines help nobody).
+MAX_FINDINGS_PER_RULE: Final = 20
+
+# Chain indices read from DuckDB per batch (every table is read by chain_index range, so
+# memory is bounded by this many rows per table, whatever the export's size).
+CHAIN_BATCH_INDICES: Final = 2048
+
+# Envelopes per task sent to a signature worker: large enough to amortise the hand-off,
+# small enough that both workers stay busy until the end.
+OPEN_CHUNK_ROWS: Final = 512
+
+# Batches in flight between the DuckDB reader and the workers (bounds memory: each batch
+# holds at most CHAIN_BATCH_INDICES input rows and as many record rows).
+MAX_BATCHES_IN_FLIGHT: Final = 4
+
+# Below this many envelopes a worker pool costs more to start than it saves.
+MIN_ROWS_FOR_POOL: Final = 20_000
+
+# Memory DuckDB may use for the verifier's own work tables before it spills to disk.
+DUCKDB_MEMORY_LIMIT: Final = "1GB"
+
+# Rows fetched at once from small tables (terms, bindings, statements, checkpoints).
+SMALL_TABLE_FETCH_ROWS: Final = 1024
+
+# Rows of the small tables we process at all: more is a finding, not a memory blow-up.
+MAX_SMALL_TABLE_ROWS: Final = 100_000
+
+# Largest trust, proof or note file we read.
+MAX_TRUST_BYTES: Final = 4 * 1024 * 1024
+MAX_PROOF_BYTES: Final = 1024 * 1024
+MAX_RECORD_FILE_BYTES: Final = 512 * 1024
+
+# Exports read from one directory in one run.
+MAX_EXPORTS_PER_RUN: Final = 10_000
+
+# Rows of per-index mismatches fetched from SQL per compared column.
+MAX_MISMATCH_ROWS: Final = MAX_FINDINGS_PER_RULE
+
+# Refresh period of the progress bar on a terminal.
+PROGRESS_INTERVAL_S: Final = 0.5

@@ -1,0 +1,106 @@
+"""Open envelopes and check their signatures: the CPU-heavy part, run in worker processes.
+
+``open_chunk`` is a pure function of its arguments, so it runs the same inline, in a
+thread or in another process. For every envelope it decodes strictly (SPEC §2-§3 via
+``proto.envelope.open_envelope``), hashes, and checks each signature against the keys
+the caller lists for that key id. It does not decide anything: whether a key was bound
+or required is the fold's business (``verifier/decisions.py``), which is why the result
+says, per signature, which candidate key verified — if any.
+
+Results may cross process boundaries, so they are plain named tuples holding the decoded
+record (msgspec Structs pickle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final, NamedTuple
+
+from proto.envelope import open_envelope, sha256_hex
+from proto.errors import ProtoError
+from proto.keys import key_id, verify
+from proto.merkle import leaf_hash
+from proto.reasons import Reason
+from proto.records import PlacementTerms, Record
+
+# Signature outcomes.
+SIG_VALID: Final = 1
+SIG_INVALID: Final = 0
+SIG_UNKNOWN_KEY: Final = -1
+
+Keyring = Mapping[str, Sequence[bytes]]
+"""Key id -> the public keys with that id that an envelope may be signed by."""
+
+
+class SigResult(NamedTuple):
+    """One signature of an envelope: its key id, the outcome, and the key that verified."""
+
+    keyid: str
+    outcome: int
+    key: bytes
+
+
+class OpenResult(NamedTuple):
+    """What one envelope turned out to be. ``error`` is '' or the SPEC reason code."""
+
+    tag: int
+    error: str
+    detail: str
+    kind: str
+    input_hash: str
+    record_hash: str
+    leaf: bytes
+    record: Record | None
+    sigs: tuple[SigResult, ...]
+
+
+def _terms_keys(record: Record) -> dict[str, list[bytes]]:
+    """A terms envelope is signed by keys named inside it, which no keyring can know."""
+    if not isinstance(record, PlacementTerms):
+        return {}
+    extra: dict[str, list[bytes]] = {}
+    for party in (record.operator, record.buyer, record.desk):
+        extra.setdefault(key_id(party.key), []).append(party.key)
+    return extra
+
+
+def open_one(tag: int, raw: bytes, keyring: Keyring) -> OpenResult:
+    """Open one envelope; never raises (anything unexpected is MALFORMED with a detail)."""
+    try:
+        opened = open_envelope(raw)
+    except ProtoError as exc:
+        return OpenResult(tag, exc.reason.value, exc.detail, "", sha256_hex(raw), "", b"", None, ())
+    except Exception as exc:  # a decoder bug must not stop the run; report it as input
+        detail = f"{type(exc).__name__}: {exc}"
+        return OpenResult(
+            tag, Reason.MALFORMED.value, detail, "", sha256_hex(raw), "", b"", None, ()
+        )
+    payload = opened.envelope.payload
+    extra = _terms_keys(opened.record)
+    sigs: list[SigResult] = []
+    for signature in opened.envelope.signatures:
+        candidates = [*keyring.get(signature.keyid, ()), *extra.get(signature.keyid, ())]
+        if not candidates:
+            sigs.append(SigResult(signature.keyid, SIG_UNKNOWN_KEY, b""))
+            continue
+        good = next((k for k in candidates if verify(k, payload, signature.sig)), None)
+        if good is None:
+            sigs.append(SigResult(signature.keyid, SIG_INVALID, b""))
+        else:
+            sigs.append(SigResult(signature.keyid, SIG_VALID, good))
+    return OpenResult(
+        tag,
+        "",
+        "",
+        opened.kind,
+        opened.input_hash,
+        opened.record_hash,
+        leaf_hash(payload),
+        opened.record,
+        tuple(sigs),
+    )
+
+
+def open_chunk(rows: Sequence[tuple[int, bytes]], keyring: Keyring) -> list[OpenResult]:
+    """Open every (tag, envelope bytes) row; the tag comes back unchanged."""
+    return [open_one(tag, raw, keyring) for tag, raw in rows]

@@ -1,0 +1,281 @@
+"""The obligation (SPEC §7), recomputed as set-based SQL over tables built from envelopes.
+
+The verifier fills small work tables with values taken from DECODED envelopes (never the
+export's convenience columns) and only for inputs its own referee accepted; then DuckDB
+computes, for every chain index, the cumulative totals: interval overlaps with the window
+and the effective end, sums and products in HUGEINT (``B × rate`` reaches ~2^85), running
+totals with window functions. Rounding happens once, on cumulative values, as SPEC §7
+says. A rejected input contributes nothing, so it leaves the totals unchanged.
+
+Two stages, because one decision depends on amounts (ADJUSTMENT_INVALID): ``w_base``
+holds D, B, G, R and Q per index (none depends on adjustments); after the adjustments are
+decided, ``w_totals`` adds Ac, Ah and everything of §7.6.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from proto import limits as proto_limits
+from proto.records import PlacementTerms
+from proto.terms import total_share_milli
+
+TOTAL_FIELDS: Final = (
+    "delivered_mgms",
+    "billable_mgms",
+    "gross_minor",
+    "reclaim_credit_minor",
+    "sla_credit_minor",
+    "adjustment_credit_minor",
+    "adjustment_charge_minor",
+    "credits_minor",
+    "net_minor",
+    "fee_minor",
+    "buyer_owes_minor",
+    "operator_receives_minor",
+    "desk_receives_minor",
+)
+
+_MGMS_PER_GPU_HOUR: Final = proto_limits.MILLI_GPU_MS_PER_GPU_HOUR
+_BPS: Final = proto_limits.MAX_BPS
+
+WORK_TABLES: Final = (
+    "CREATE TABLE w_terms(ws BIGINT, we BIGINT, unit_mgms HUGEINT, rate HUGEINT, "
+    "share_total HUGEINT, notice_ms BIGINT, interruptible BOOLEAN, min_duration_ms BIGINT, "
+    "penalty_bps HUGEINT, sla_target_bps BIGINT, sla_credit_bps HUGEINT, fee_bps HUGEINT, "
+    "fee_payer VARCHAR)",
+    "CREATE TABLE w_gpus(uuid VARCHAR, share_milli BIGINT)",
+    "CREATE TABLE w_usage(chain_index BIGINT, node_id VARCHAR, seq BIGINT, "
+    "record_hash VARCHAR, start_ms BIGINT, end_ms BIGINT)",
+    "CREATE TABLE w_samples(chain_index BIGINT, uuid VARCHAR, allocated BOOLEAN, healthy BOOLEAN)",
+    "CREATE TABLE w_reclaim(chain_index BIGINT, issued_at_ms BIGINT, effective_at_ms BIGINT)",
+    "CREATE TABLE w_adjust(chain_index BIGINT, adjustment_id VARCHAR, direction VARCHAR, "
+    "amount_minor BIGINT, accepted BOOLEAN)",
+    "CREATE TABLE w_close(chain_index BIGINT)",
+    "CREATE TABLE w_records(chain_index BIGINT, record_hash VARCHAR, event_delivered_mgms BIGINT, "
+    + ", ".join(f"{name} BIGINT" for name in TOTAL_FIELDS)
+    + ")",
+)
+
+
+def create_work_tables(con: Any) -> None:
+    """Create the (empty) work tables in the verifier's in-memory database."""
+    for ddl in WORK_TABLES:
+        con.execute(ddl)
+
+
+def load_terms(con: Any, terms: PlacementTerms) -> None:
+    """The pricing parameters of the accepted terms, and each GPU's share."""
+    con.execute(
+        "INSERT INTO w_terms VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            terms.window_start_ms,
+            terms.window_end_ms,
+            terms.increment_ms * 1000,
+            terms.rate_per_gpu_hour_minor,
+            total_share_milli(terms),
+            terms.reclaim_notice_ms,
+            terms.interruptible,
+            terms.minimum_duration_ms,
+            terms.reclaim_penalty_bps,
+            terms.sla_availability_target_bps,
+            terms.sla_credit_bps,
+            terms.desk_fee_bps,
+            terms.fee_payer,
+        ],
+    )
+    appender = con.appender("w_gpus")
+    appender.append_rows([(g.uuid, g.share_milli) for g in terms.gpus])
+    appender.flush()
+
+
+# The index set: every chain index with a ledger record, plus every adjustment.
+_INDEX_SQL: Final = (
+    "SELECT chain_index FROM w_records UNION SELECT chain_index FROM w_adjust "
+    "UNION SELECT chain_index FROM w_usage"
+)
+
+# SPEC §7.1-§7.3 and §7.5 per chain index. Every product is HUGEINT.
+_BASE_SQL: Final = f"""
+CREATE OR REPLACE TABLE w_base AS
+WITH t AS (SELECT * FROM w_terms LIMIT 1),
+rc AS (SELECT chain_index AS rc_index, issued_at_ms, effective_at_ms
+       FROM w_reclaim ORDER BY chain_index LIMIT 1),
+cl AS (SELECT min(chain_index) AS cl_index FROM w_close),
+ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded))
+    SELECT u.chain_index,
+           SUM(g.share_milli::HUGEINT * GREATEST(0,
+               LEAST(u.end_ms, CASE WHEN rc.rc_index < u.chain_index
+                                    THEN rc.effective_at_ms ELSE t.we END)
+               - GREATEST(u.start_ms, t.ws))) AS d_i
+    FROM w_usage u
+    JOIN w_samples s ON s.chain_index = u.chain_index AND s.allocated AND s.healthy
+    JOIN w_gpus g ON g.uuid = s.uuid
+    CROSS JOIN t LEFT JOIN rc ON TRUE
+    GROUP BY u.chain_index
+),
+cum AS (
+    SELECT i.chain_index, COALESCE(ev.d_i, 0)::HUGEINT AS d_i,
+           SUM(COALESCE(ev.d_i, 0)::HUGEINT) OVER (
+               ORDER BY i.chain_index ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS d
+    FROM ({_INDEX_SQL}) i LEFT JOIN ev USING (chain_index)
+),
+billed AS (  -- §7.2
+    SELECT c.chain_index, c.d_i, c.d,
+           ((c.d + t.unit_mgms - 1) // t.unit_mgms) * t.unit_mgms AS b,
+           (((c.d + t.unit_mgms - 1) // t.unit_mgms) * t.unit_mgms * t.rate)
+               // {_MGMS_PER_GPU_HOUR} AS g,
+           CASE WHEN rc.rc_index <= c.chain_index THEN  -- §7.3
+               (t.share_total
+                * (GREATEST(0, t.notice_ms - (rc.effective_at_ms - rc.issued_at_ms))
+                   + CASE WHEN t.interruptible
+                          THEN GREATEST(0, t.ws + t.min_duration_ms - rc.effective_at_ms)
+                          ELSE t.we - rc.effective_at_ms END)
+                * t.rate * t.penalty_bps) // ({_MGMS_PER_GPU_HOUR}::HUGEINT * {_BPS})
+           ELSE 0 END AS r
+    FROM cum c CROSS JOIN t LEFT JOIN rc ON TRUE
+),
+q AS (  -- §7.5: fixed at the accepted close from D and G there
+    SELECT cl.cl_index,
+           CASE WHEN (CASE WHEN e.span_ms = 0 THEN {_BPS}
+                           ELSE ({_BPS} * b.d) // (t.share_total * e.span_ms) END)
+                     < t.sla_target_bps
+                THEN (b.g * t.sla_credit_bps) // {_BPS} ELSE 0 END AS q
+    FROM cl JOIN billed b ON b.chain_index = cl.cl_index CROSS JOIN t
+    CROSS JOIN (SELECT (CASE WHEN rc.rc_index < cl.cl_index THEN rc.effective_at_ms
+                             ELSE t.we END) - t.ws AS span_ms
+                FROM t CROSS JOIN cl LEFT JOIN rc ON TRUE) e
+)
+SELECT b.chain_index, b.d_i, b.d, b.b, b.g, b.r,
+       CASE WHEN q.cl_index <= b.chain_index THEN q.q ELSE 0 END::HUGEINT AS q
+FROM billed b LEFT JOIN q ON TRUE
+"""
+
+# SPEC §7.4 and §7.6 on top of the base, with the decided adjustments.
+_TOTALS_SQL: Final = f"""
+CREATE OR REPLACE TABLE w_totals AS
+WITH t AS (SELECT * FROM w_terms LIMIT 1),
+adj AS (
+    SELECT b.*,
+           SUM(CASE WHEN a.direction = 'credit' THEN a.amount_minor ELSE 0 END::HUGEINT)
+               OVER w AS ac,
+           SUM(CASE WHEN a.direction = 'charge' THEN a.amount_minor ELSE 0 END::HUGEINT)
+               OVER w AS ah
+    FROM w_base b LEFT JOIN (SELECT * FROM w_adjust WHERE accepted) a USING (chain_index)
+    WINDOW w AS (ORDER BY b.chain_index ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+),
+net AS (
+    SELECT *, LEAST(r + q + ac, g + ah) AS c, g + ah - LEAST(r + q + ac, g + ah) AS n FROM adj
+)
+SELECT n.chain_index, n.d_i AS event_delivered_mgms,
+       n.d AS delivered_mgms, n.b AS billable_mgms, n.g AS gross_minor,
+       n.r AS reclaim_credit_minor, n.q AS sla_credit_minor,
+       n.ac AS adjustment_credit_minor, n.ah AS adjustment_charge_minor,
+       n.c AS credits_minor, n.n AS net_minor,
+       (n.n * t.fee_bps) // {_BPS} AS fee_minor,
+       CASE WHEN t.fee_payer = 'buyer' THEN n.n + (n.n * t.fee_bps) // {_BPS} ELSE n.n END
+           AS buyer_owes_minor,
+       CASE WHEN t.fee_payer = 'operator' THEN n.n - (n.n * t.fee_bps) // {_BPS} ELSE n.n END
+           AS operator_receives_minor,
+       (n.n * t.fee_bps) // {_BPS} AS desk_receives_minor
+FROM net n CROSS JOIN t
+"""
+
+
+def compute_base(con: Any) -> None:
+    """Fill ``w_base``: D, B, G, R, Q at every index (SPEC §7.1-§7.3, §7.5)."""
+    con.execute(_BASE_SQL)
+
+
+def compute_totals(con: Any) -> None:
+    """Fill ``w_totals``: every total of SPEC §7.6 at every index."""
+    con.execute(_TOTALS_SQL)
+
+
+def base_at(con: Any, chain_index: int) -> tuple[int, int, int, int, int]:
+    """(D, B, G, R, Q) at ``chain_index`` from ``w_base`` (zeros if the index is unknown)."""
+    row = con.execute(
+        "SELECT d, b, g, r, q FROM w_base WHERE chain_index = ?", [chain_index]
+    ).fetchone()
+    if row is None:
+        return (0, 0, 0, 0, 0)
+    return (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
+
+
+def settle_amounts(
+    terms: PlacementTerms,
+    base: tuple[int, int, int, int, int],
+    credit_minor: int,
+    charge_minor: int,
+) -> list[int]:
+    """SPEC §7.6 in Python for one index: every total, in TOTAL_FIELDS order.
+
+    Used only to decide ADJUSTMENT_INVALID (would any total pass 2^53 - 1?); the totals the
+    verifier compares come from ``w_totals``.
+    """
+    delivered, billable, gross, reclaim, sla = base
+    credits = min(reclaim + sla + credit_minor, gross + charge_minor)
+    net = gross + charge_minor - credits
+    fee = net * terms.desk_fee_bps // _BPS
+    buyer = net + fee if terms.fee_payer == "buyer" else net
+    operator = net - fee if terms.fee_payer == "operator" else net
+    return [
+        delivered,
+        billable,
+        gross,
+        reclaim,
+        sla,
+        credit_minor,
+        charge_minor,
+        credits,
+        net,
+        fee,
+        buyer,
+        operator,
+        fee,
+    ]
+
+
+def totals_at(con: Any, chain_index: int) -> dict[str, int] | None:
+    """The recomputed totals at one index, or None when the index has none."""
+    names = ", ".join(TOTAL_FIELDS)
+    row = con.execute(
+        f"SELECT {names} FROM w_totals WHERE chain_index = ?", [chain_index]
+    ).fetchone()
+    if row is None:
+        return None
+    return {name: int(value) for name, value in zip(TOTAL_FIELDS, row, strict=True)}
+
+
+def record_mismatches(con: Any, limit: int) -> list[tuple[str, int, int, int, int]]:
+    """Per compared column: (column, mismatching rows, first index, expected, actual).
+
+    Compares every LedgerRecord's event ``delivered_mgms`` and totals (decoded from its
+    envelope) with the recomputed ones; at most ``limit`` examples per column.
+    """
+    out: list[tuple[str, int, int, int, int]] = []
+    for column in ("event_delivered_mgms", *TOTAL_FIELDS):
+        count = con.execute(
+            f"SELECT count(*) FROM w_records r JOIN w_totals t USING (chain_index) "
+            f"WHERE r.{column} IS DISTINCT FROM t.{column}"
+        ).fetchone()[0]
+        if not count:
+            continue
+        rows = con.execute(
+            f"SELECT r.chain_index, t.{column}, r.{column} FROM w_records r "
+            f"JOIN w_totals t USING (chain_index) WHERE r.{column} IS DISTINCT FROM t.{column} "
+            f"ORDER BY r.chain_index LIMIT {int(limit)}"
+        ).fetchall()
+        for index, expected, actual in rows:
+            out.append((column, int(count), int(index), int(expected), int(actual)))
+    return out
+
+
+def head_totals(con: Any) -> tuple[int, dict[str, int]] | None:
+    """(index, totals) at the highest index of the chain, or None for an empty chain."""
+    row = con.execute("SELECT max(chain_index) FROM w_totals").fetchone()
+    if row is None or row[0] is None:
+        return None
+    totals = totals_at(con, int(row[0]))
+    assert totals is not None
+    return int(row[0]), totals

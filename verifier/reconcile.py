@@ -1,0 +1,147 @@
+"""Reconciliation across placements: what each party owes or receives, per currency.
+
+Only verified exports count; failed or unusable ones are listed apart and excluded from
+every total, so a bad file can never move a party's balance. Per (currency, scale) the
+buyers' total must equal what operators and desks receive together (SPEC §7.6: buyer owes
+N (+F), operator receives N (-F), desk receives F).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from verifier.verify import ExportReport
+
+# Which total each role is owed or owes, from SPEC §7.6.
+ROLE_AMOUNT = {
+    "buyer": "buyer_owes_minor",
+    "operator": "operator_receives_minor",
+    "desk": "desk_receives_minor",
+}
+
+
+@dataclass
+class PartyLine:
+    """One party in one role and one currency, summed over verified placements."""
+
+    role: str
+    party: str
+    currency: str
+    currency_scale: int
+    placements: int = 0
+    final_placements: int = 0
+    amount_minor: int = 0
+    credits_minor: int = 0
+
+
+@dataclass
+class Balance:
+    """Per (currency, scale): buyers owe = operators + desks receive."""
+
+    currency: str
+    currency_scale: int
+    buyer_owes_minor: int = 0
+    operator_receives_minor: int = 0
+    desk_receives_minor: int = 0
+
+    @property
+    def balanced(self) -> bool:
+        """True when what buyers owe is exactly what operators and desks receive."""
+        return self.buyer_owes_minor == self.operator_receives_minor + self.desk_receives_minor
+
+
+@dataclass
+class Reconciliation:
+    """Per-party lines, per-currency balances, and the exports left out."""
+
+    lines: list[PartyLine] = field(default_factory=list)
+    balances: list[Balance] = field(default_factory=list)
+    verified: list[str] = field(default_factory=list)
+    excluded: list[tuple[str, str]] = field(default_factory=list)  # (path, verdict)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "verified": self.verified,
+            "excluded": [{"path": p, "verdict": v} for p, v in self.excluded],
+            "parties": [asdict(line) for line in self.lines],
+            "balances": [{**asdict(b), "balanced": b.balanced} for b in self.balances],
+        }
+
+
+def reconcile(reports: Iterable[ExportReport]) -> Reconciliation:
+    """Sum verified placements per party, role and currency."""
+    result = Reconciliation()
+    lines: dict[tuple[str, str, str, int], PartyLine] = {}
+    balances: dict[tuple[str, int], Balance] = {}
+    for report in reports:
+        if not report.ok or report.totals is None:
+            result.excluded.append((report.path, report.verdict))
+            continue
+        result.verified.append(report.path)
+        money = (report.currency, report.currency_scale)
+        balance = balances.setdefault(money, Balance(*money))
+        for role, column in ROLE_AMOUNT.items():
+            party = report.parties.get(role, "?")
+            line = lines.setdefault((role, party, *money), PartyLine(role, party, *money))
+            line.placements += 1
+            line.final_placements += int(report.final)
+            line.amount_minor += report.totals[column]
+            line.credits_minor += report.totals["credits_minor"] if role != "desk" else 0
+            setattr(balance, column, getattr(balance, column) + report.totals[column])
+    result.lines = sorted(
+        lines.values(), key=lambda x: (x.currency, x.currency_scale, x.role, x.party)
+    )
+    result.balances = sorted(balances.values(), key=lambda b: (b.currency, b.currency_scale))
+    return result
+
+
+def format_minor(amount_minor: int, scale: int) -> str:
+    """Minor units as a decimal amount (1234 at scale 2 -> 12.34)."""
+    if scale == 0:
+        return str(amount_minor)
+    sign = "-" if amount_minor < 0 else ""
+    whole, frac = divmod(abs(amount_minor), 10**scale)
+    return f"{sign}{whole}.{frac:0{scale}d}"
+
+
+def render(rec: Reconciliation) -> list[str]:
+    """The reconciliation as text lines: one table per role, then the balances."""
+    out = [
+        f"Reconciliation: {len(rec.verified)} verified placement(s); "
+        f"{len(rec.excluded)} excluded from the totals"
+    ]
+    for path, verdict in rec.excluded:
+        out.append(f"  excluded ({verdict}): {path}")
+    titles = {
+        "buyer": "Buyers: owe",
+        "operator": "Operators: receive",
+        "desk": "Desks: receive (fees)",
+    }
+    for role, title in titles.items():
+        rows = [line for line in rec.lines if line.role == role]
+        if not rows:
+            continue
+        out.append(f"{title}")
+        out.append(
+            f"  {'party':<24} {'currency':<8} {'placements':>10} {'final':>5} "
+            f"{'amount':>20} {'credits':>16}"
+        )
+        for line in rows:
+            amount = format_minor(line.amount_minor, line.currency_scale)
+            credits = format_minor(line.credits_minor, line.currency_scale)
+            out.append(
+                f"  {line.party:<24} {line.currency + '/' + str(line.currency_scale):<8} "
+                f"{line.placements:>10} {line.final_placements:>5} {amount:>20} {credits:>16}"
+            )
+    for b in rec.balances:
+        state = "balanced" if b.balanced else "NOT BALANCED"
+        out.append(
+            f"{b.currency}/{b.currency_scale}: buyers owe "
+            f"{format_minor(b.buyer_owes_minor, b.currency_scale)} = operators "
+            f"{format_minor(b.operator_receives_minor, b.currency_scale)} + desks "
+            f"{format_minor(b.desk_receives_minor, b.currency_scale)}: {state}"
+        )
+    return out

@@ -1,0 +1,114 @@
+"""Rendering verification results: ``OK:`` / ``FAIL:`` lines for people, JSON for programs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from verifier.findings import Findings
+from verifier.reconcile import Reconciliation, format_minor, reconcile, render
+from verifier.verify import UNUSABLE, ExportReport
+
+REPORT_FORMAT: Final = "gridledger-verify-report/v1"
+EXIT_VERIFIED: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_UNUSABLE: Final = 2
+
+
+def exit_code(reports: Sequence[ExportReport]) -> int:
+    """0 all verified, 1 some readable export does not check out, 2 some input unusable."""
+    if any(r.verdict == UNUSABLE for r in reports):
+        return EXIT_UNUSABLE
+    if any(not r.ok for r in reports):
+        return EXIT_FAILED
+    return EXIT_VERIFIED
+
+
+def findings_json(findings: Findings) -> dict[str, Any]:
+    """Findings as JSON: the kept ones, and the count per rule (all of them)."""
+    return {
+        "total": findings.total,
+        "by_rule": dict(sorted(findings.counts.items())),
+        "not_shown": findings.not_kept(),
+        "items": [f.to_json() for f in findings.kept],
+    }
+
+
+def export_json(report: ExportReport) -> dict[str, Any]:
+    """One export's report as JSON."""
+    return {
+        "path": report.path,
+        "verdict": report.verdict,
+        "error": report.error,
+        "placement_id": report.placement_id,
+        "parties": report.parties,
+        "currency": report.currency,
+        "currency_scale": report.currency_scale,
+        "head_index": report.head_index,
+        "final": report.final,
+        "totals": report.totals,
+        "counts": report.counts,
+        "checkpoints": report.checkpoints,
+        "elapsed_s": round(report.elapsed_s, 3),
+        "findings": findings_json(report.findings),
+    }
+
+
+def run_json(reports: Sequence[ExportReport]) -> dict[str, Any]:
+    """The whole run as JSON; with several exports, the reconciliation too."""
+    data: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "exit_code": exit_code(reports),
+        "exports": [export_json(r) for r in reports],
+    }
+    if len(reports) > 1:
+        data["reconciliation"] = reconcile(reports).to_json()
+    return data
+
+
+def render_export(report: ExportReport) -> list[str]:
+    """``OK:`` or ``FAIL:`` for one export, then its findings, one per line."""
+    if report.verdict == UNUSABLE:
+        return [f"FAIL: {report.path}: unusable input: {report.error}"]
+    if report.ok and report.totals is not None:
+        t, scale = report.totals, report.currency_scale
+        money = report.currency
+        return [
+            f"OK: {report.path}: placement {report.placement_id}, "
+            f"{report.counts.get('records', 0)} records through index {report.head_index}"
+            f"{' (final)' if report.final else ''}; buyer owes "
+            f"{format_minor(t['buyer_owes_minor'], scale)} {money}, operator receives "
+            f"{format_minor(t['operator_receives_minor'], scale)} {money}, desk receives "
+            f"{format_minor(t['desk_receives_minor'], scale)} {money}"
+        ]
+    lines = [
+        f"FAIL: {report.path}: placement {report.placement_id or '?'}: "
+        f"{report.findings.total} finding(s)"
+    ]
+    lines += [f"  {f.line()}" for f in report.findings.kept]
+    for rule, n in sorted(report.findings.not_kept().items()):
+        lines.append(f"  ... and {n} more {rule} finding(s) not shown")
+    return lines
+
+
+def render_run(reports: Sequence[ExportReport]) -> list[str]:
+    """Every export's lines, then the reconciliation when there are several."""
+    lines: list[str] = []
+    for report in reports:
+        lines += render_export(report)
+    if len(reports) > 1:
+        lines += render(reconcile(reports))
+    return lines
+
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_UNUSABLE",
+    "EXIT_VERIFIED",
+    "Reconciliation",
+    "exit_code",
+    "export_json",
+    "render_export",
+    "render_run",
+    "run_json",
+]

@@ -1,0 +1,296 @@
+"""Reading an export (proto/EXPORT.md): open, check the schema, stream rows by chain index.
+
+The export is attached READ_ONLY to an in-memory DuckDB that also holds the verifier's
+own work tables, so verification never writes to the file it checks. Every big table is
+read by chain-index range (``CHAIN_BATCH_INDICES`` at a time): memory stays bounded
+whatever the export's size, and the reader never trusts the export's row order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import duckdb
+
+from verifier import limits
+from verifier.errors import UnusableInput
+
+EXPORT_FORMAT: Final = "gridledger-export"
+EXPORT_FORMAT_VERSION: Final = "1"
+ALIAS: Final = "x"
+
+_COMMON: Final = (
+    ("chain_index", "BIGINT"),
+    ("position", "VARCHAR"),
+    ("input_hash", "VARCHAR"),
+    ("envelope", "BLOB"),
+    ("status", "VARCHAR"),
+    ("reason", "VARCHAR"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InputTable:
+    """One input table of the export: its name, the kind it holds, its extra columns."""
+
+    kind: str
+    name: str
+    extras: tuple[tuple[str, str], ...]
+
+    @property
+    def columns(self) -> tuple[tuple[str, str], ...]:
+        """Every column, common ones first."""
+        return (*_COMMON, *self.extras)
+
+
+INPUT_TABLES: Final = (
+    InputTable("terms", "terms", ()),
+    InputTable(
+        "keybinding",
+        "key_bindings",
+        (("node_id", "VARCHAR"), ("valid_from_ms", "BIGINT"), ("valid_until_ms", "BIGINT")),
+    ),
+    InputTable(
+        "usage",
+        "usage_events",
+        (("node_id", "VARCHAR"), ("seq", "BIGINT"), ("start_ms", "BIGINT"), ("end_ms", "BIGINT")),
+    ),
+    InputTable("reclaim", "reclaims", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
+    InputTable("adjustment", "adjustments", (("direction", "VARCHAR"), ("amount_minor", "BIGINT"))),
+    InputTable("closed", "closes", (("closed_at_ms", "BIGINT"),)),
+)
+TABLE_OF_KIND: Final = {t.kind: t for t in INPUT_TABLES}
+
+RECORD_COLUMNS: Final = (
+    ("chain_index", "BIGINT"),
+    ("envelope", "BLOB"),
+    ("record_hash", "VARCHAR"),
+    ("kind", "VARCHAR"),
+    ("status", "VARCHAR"),
+    ("reason", "VARCHAR"),
+    ("delivered_mgms", "BIGINT"),
+    ("gross_minor", "BIGINT"),
+    ("buyer_owes_minor", "BIGINT"),
+    ("operator_receives_minor", "BIGINT"),
+    ("desk_receives_minor", "BIGINT"),
+)
+STATEMENT_COLUMNS: Final = (
+    ("through_index", "BIGINT"),
+    ("envelope", "BLOB"),
+    ("final", "BOOLEAN"),
+    ("buyer_owes_minor", "BIGINT"),
+    ("operator_receives_minor", "BIGINT"),
+    ("desk_receives_minor", "BIGINT"),
+)
+CHECKPOINT_COLUMNS: Final = (("size", "BIGINT"), ("note", "VARCHAR"))
+HELD_COLUMNS: Final = (("position", "VARCHAR"), ("input_hash", "VARCHAR"), ("envelope", "BLOB"))
+META_COLUMNS: Final = (("key", "VARCHAR"), ("value", "VARCHAR"))
+
+SCHEMA: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    "meta": META_COLUMNS,
+    **{t.name: t.columns for t in INPUT_TABLES},
+    "ledger_records": RECORD_COLUMNS,
+    "statements": STATEMENT_COLUMNS,
+    "checkpoints": CHECKPOINT_COLUMNS,
+    "held": HELD_COLUMNS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class InputRow:
+    """One row of an input table, as stored (nothing in it is trusted yet)."""
+
+    kind: str
+    chain_index: int
+    position: str | None
+    input_hash: str | None
+    envelope: bytes
+    status: str | None
+    reason: str | None
+    extras: tuple[Any, ...]
+
+    @property
+    def table(self) -> str:
+        """The table the row came from."""
+        return TABLE_OF_KIND[self.kind].name
+
+    @property
+    def where(self) -> str:
+        """How findings name the row."""
+        return f"{self.table} chain_index {self.chain_index}"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRow:
+    """One row of ``ledger_records``, as stored."""
+
+    chain_index: int
+    envelope: bytes
+    columns: tuple[Any, ...]  # record_hash .. desk_receives_minor, in RECORD_COLUMNS order
+
+    @property
+    def where(self) -> str:
+        """How findings name the row."""
+        return f"ledger_records[{self.chain_index}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Rows of every chained table whose chain_index lies in [lo, hi)."""
+
+    lo: int
+    hi: int
+    records: list[RecordRow]
+    inputs: list[InputRow]
+
+
+class ExportSource:
+    """An export attached read-only, with the schema checked. Close it when done."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.is_file():
+            raise UnusableInput(str(path), "no such file")
+        with path.open("rb") as handle:
+            head = handle.read(16)
+        # A DuckDB file has the magic "DUCK" at byte 8; anything else is not an export.
+        if len(head) < 12 or head[8:12] != b"DUCK":
+            raise UnusableInput(str(path), "not a DuckDB file")
+        self.con: Any = duckdb.connect(":memory:")
+        try:
+            self.con.execute(f"SET memory_limit = '{limits.DUCKDB_MEMORY_LIMIT}'")
+            quoted = str(path).replace("'", "''")
+            self.con.execute(f"ATTACH '{quoted}' AS {ALIAS} (READ_ONLY)")
+        except duckdb.Error as exc:
+            self.con.close()
+            raise UnusableInput(str(path), f"DuckDB cannot open it: {exc}") from exc
+        try:
+            self._check_schema()
+            self.meta = self._read_meta()
+        except BaseException:
+            self.con.close()
+            raise
+
+    def close(self) -> None:
+        """Detach the export and drop the work tables."""
+        self.con.close()
+
+    def __enter__(self) -> ExportSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- schema and meta ---------------------------------------------------------------
+
+    def _check_schema(self) -> None:
+        rows = self.con.execute(
+            "SELECT table_name, column_name, data_type FROM duckdb_columns() "
+            "WHERE database_name = ? AND schema_name = 'main'",
+            [ALIAS],
+        ).fetchall()
+        have: dict[str, dict[str, str]] = {}
+        for table, column, data_type in rows:
+            have.setdefault(table, {})[column] = data_type
+        if "meta" not in have:
+            raise UnusableInput(str(self.path), "no meta table: not a gridledger export")
+        problems: list[str] = []
+        for table, columns in SCHEMA.items():
+            if table not in have:
+                problems.append(f"table {table} missing")
+                continue
+            for column, data_type in columns:
+                actual = have[table].get(column)
+                if actual != data_type:
+                    problems.append(f"{table}.{column} is {actual or 'missing'}, want {data_type}")
+        if problems:
+            raise UnusableInput(str(self.path), "export schema: " + "; ".join(problems[:5]))
+
+    def _read_meta(self) -> dict[str, str]:
+        rows = self.con.execute(
+            f"SELECT key, value FROM {ALIAS}.meta LIMIT {limits.SMALL_TABLE_FETCH_ROWS}"
+        ).fetchall()
+        meta: dict[str, str] = {}
+        for key, value in rows:
+            if isinstance(key, str) and isinstance(value, str) and key not in meta:
+                meta[key] = value
+        return meta
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def scalar(self, sql: str, params: list[Any] | None = None) -> Any:
+        """The first column of the first row of a query."""
+        row = self.con.execute(sql, params or []).fetchone()
+        return None if row is None else row[0]
+
+    def count(self, table: str) -> int:
+        """Rows in an export table."""
+        return int(self.scalar(f"SELECT count(*) FROM {ALIAS}.{table}"))
+
+    def small_table(self, table: str, columns: str, order: str) -> list[tuple[Any, ...]]:
+        """At most MAX_SMALL_TABLE_ROWS rows of a table that is small in an honest export."""
+        return list(
+            self.con.execute(
+                f"SELECT {columns} FROM {ALIAS}.{table} ORDER BY {order} "
+                f"LIMIT {limits.MAX_SMALL_TABLE_ROWS}"
+            ).fetchall()
+        )
+
+    def input_rows(self, table: InputTable, lo: int, hi: int) -> list[InputRow]:
+        """The first row (by storage order) of each chain index in [lo, hi) of a table."""
+        names = ", ".join(c for c, _ in table.columns)
+        rows = self.con.execute(
+            f"SELECT {names} FROM {ALIAS}.{table.name} "
+            "WHERE chain_index >= ? AND chain_index < ? "
+            "QUALIFY row_number() OVER (PARTITION BY chain_index ORDER BY rowid) = 1 "
+            "ORDER BY chain_index",
+            [lo, hi],
+        ).fetchall()
+        return [
+            InputRow(table.kind, r[0], r[1], r[2], bytes(r[3]), r[4], r[5], tuple(r[6:]))
+            for r in rows
+        ]
+
+    def record_rows(self, lo: int, hi: int) -> list[RecordRow]:
+        """The first ledger_records row of each chain index in [lo, hi)."""
+        names = ", ".join(c for c, _ in RECORD_COLUMNS)
+        rows = self.con.execute(
+            f"SELECT {names} FROM {ALIAS}.ledger_records "
+            "WHERE chain_index >= ? AND chain_index < ? "
+            "QUALIFY row_number() OVER (PARTITION BY chain_index ORDER BY rowid) = 1 "
+            "ORDER BY chain_index",
+            [lo, hi],
+        ).fetchall()
+        return [RecordRow(r[0], bytes(r[1]), tuple(r[2:])) for r in rows]
+
+    def all_indices_sql(self) -> str:
+        """SQL: every chain_index of ledger_records and the input tables (with repeats)."""
+        parts = [f"SELECT chain_index FROM {ALIAS}.ledger_records"]
+        parts += [f"SELECT chain_index FROM {ALIAS}.{t.name}" for t in INPUT_TABLES]
+        return " UNION ALL ".join(parts)
+
+    def next_index(self, at_least: int) -> int | None:
+        """The smallest chain index >= ``at_least`` in any chained table."""
+        value = self.scalar(
+            f"SELECT min(chain_index) FROM ({self.all_indices_sql()}) WHERE chain_index >= ?",
+            [at_least],
+        )
+        return None if value is None else int(value)
+
+    def batches(self, start: int = 0) -> Iterator[Batch]:
+        """Batches covering every chain index >= ``start`` present anywhere, in order.
+
+        Empty stretches are skipped (a forged huge index costs one query, not a loop).
+        """
+        lo = self.next_index(start)
+        while lo is not None:
+            hi = lo + limits.CHAIN_BATCH_INDICES
+            records = self.record_rows(lo, hi)
+            inputs: list[InputRow] = []
+            for table in INPUT_TABLES:
+                inputs.extend(self.input_rows(table, lo, hi))
+            yield Batch(lo, hi, records, inputs)
+            lo = self.next_index(hi)

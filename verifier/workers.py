@@ -1,0 +1,87 @@
+"""Spreading envelope opening and Ed25519 checks over both cores, in bounded chunks.
+
+pynacl releases the GIL while it verifies, so two threads reach about twice the
+single-core rate (LIMITS.md); a process pool also parallelises the JSON decoding but
+pays for pickling. ``bench/verifier_1m.py`` measures both on the same export; threads are
+the default (see the bench's report for the numbers that chose it). ``inline`` runs in
+the caller, for small exports and for debugging.
+
+``OpenPool.run`` keeps at most MAX_BATCHES_IN_FLIGHT batches in the pool and yields
+results in submission order, so memory is bounded and the fold sees chain order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Generic, Literal, TypeVar
+
+from verifier import limits
+from verifier.opener import Keyring, OpenResult, open_chunk
+
+PoolKind = Literal["inline", "thread", "process"]
+T = TypeVar("T")
+
+
+def default_workers() -> int:
+    """One worker per core this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class OpenPool(Generic[T]):
+    """Opens batches of envelopes with ``open_chunk`` on a pool; see the module docstring."""
+
+    def __init__(self, kind: PoolKind = "thread", workers: int | None = None) -> None:
+        self.kind = kind
+        self.workers = workers or default_workers()
+        self._executor: Executor | None = None
+        if kind == "thread":
+            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="verify")
+        elif kind == "process":
+            self._executor = ProcessPoolExecutor(self.workers)
+
+    def close(self) -> None:
+        """Stop the workers."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def __enter__(self) -> OpenPool[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(
+        self, batches: Iterable[tuple[T, Sequence[tuple[int, bytes]]]], keyring: Keyring
+    ) -> Iterator[tuple[T, list[OpenResult]]]:
+        """For each (batch, rows) in order: the batch and the opened rows, same order."""
+        executor = self._executor
+        if executor is None:
+            for batch, rows in batches:
+                yield batch, open_chunk(rows, keyring)
+            return
+        pending: deque[tuple[T, list[Future[list[OpenResult]]]]] = deque()
+        for batch, rows in batches:
+            futures = [
+                executor.submit(open_chunk, rows[i : i + limits.OPEN_CHUNK_ROWS], keyring)
+                for i in range(0, len(rows), limits.OPEN_CHUNK_ROWS)
+            ]
+            pending.append((batch, futures))
+            if len(pending) >= limits.MAX_BATCHES_IN_FLIGHT:
+                yield _collect(pending.popleft())
+        while pending:
+            yield _collect(pending.popleft())
+
+
+def _collect(item: tuple[T, list[Future[list[OpenResult]]]]) -> tuple[T, list[OpenResult]]:
+    batch, futures = item
+    results: list[OpenResult] = []
+    for future in futures:
+        results.extend(future.result())
+    return batch, results
