@@ -1,0 +1,211 @@
+"""NVML readings through a fake NVML patched into pynvml: values, health, vanished GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from meter.agent import Agent, AgentConfig
+from meter.clock import SimClock
+from meter.nvml import NvmlSource
+from proto import builders
+from proto.envelope import open_envelope
+from proto.records import UsageEvent
+
+T0 = 1_700_000_000_000
+MINUTE_MS = 60_000
+MIB = 1024 * 1024
+
+
+@dataclass
+class FakeDevice:
+    uuid: str
+    name: str = "A100-80GB"
+    used_mib: int = 40_000
+    total_mib: int = 81_920
+    util_pct: int = 80
+    power_mw: int | None = 300_000  # None: not supported
+    energy_mj: int = 1_000_000
+    ecc: int | None = 0
+    retire_pending: int = 0
+    lost: bool = False
+
+
+@dataclass
+class FakeNvml:
+    """The subset of NVML the agent uses, with the real pynvml error classes."""
+
+    devices: list[FakeDevice] = field(default_factory=list)
+    events: list[FakeDevice] = field(default_factory=list)
+    registered: set[str] = field(default_factory=set)
+    initialised: int = 0
+
+    def _dev(self, handle: FakeDevice) -> FakeDevice:
+        if handle.lost:
+            raise pynvml.NVMLError_GpuIsLost()
+        return handle
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def init() -> None:
+            self.initialised += 1
+
+        def shutdown() -> None:
+            self.initialised -= 1
+
+        def power(h: FakeDevice) -> int:
+            d = self._dev(h)
+            if d.power_mw is None:
+                raise pynvml.NVMLError_NotSupported()
+            return d.power_mw
+
+        def ecc(h: FakeDevice, error_type: int, counter: int) -> int:
+            assert error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+            assert counter == pynvml.NVML_VOLATILE_ECC
+            d = self._dev(h)
+            if d.ecc is None:
+                raise pynvml.NVMLError_NotSupported()
+            return d.ecc
+
+        def register(h: FakeDevice, kinds: int, event_set: Any) -> None:
+            assert kinds & pynvml.nvmlEventTypeXidCriticalError
+            self.registered.add(self._dev(h).uuid)
+
+        def wait(event_set: Any, timeout_ms: int) -> Any:
+            assert timeout_ms == 0  # never blocks the agent
+            if not self.events:
+                raise pynvml.NVMLError_Timeout()
+            return SimpleNamespace(device=self.events.pop(0), eventData=79)
+
+        functions = {
+            "nvmlInit": init,
+            "nvmlShutdown": shutdown,
+            "nvmlDeviceGetCount": lambda: len(self.devices),
+            "nvmlDeviceGetHandleByIndex": lambda i: self.devices[i],
+            "nvmlDeviceGetUUID": lambda h: self._dev(h).uuid.encode(),
+            "nvmlDeviceGetName": lambda h: self._dev(h).name,
+            "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(
+                used=self._dev(h).used_mib * MIB, total=self._dev(h).total_mib * MIB
+            ),
+            "nvmlDeviceGetUtilizationRates": lambda h: SimpleNamespace(
+                gpu=self._dev(h).util_pct, memory=10
+            ),
+            "nvmlDeviceGetPowerUsage": power,
+            "nvmlDeviceGetTotalEnergyConsumption": lambda h: self._dev(h).energy_mj,
+            "nvmlDeviceGetTotalEccErrors": ecc,
+            "nvmlDeviceGetRetiredPagesPendingStatus": lambda h: self._dev(h).retire_pending,
+            "nvmlEventSetCreate": lambda: "event-set",
+            "nvmlEventSetFree": lambda s: None,
+            "nvmlDeviceRegisterEvents": register,
+            "nvmlEventSetWait_v2": wait,
+        }
+        for name, fn in functions.items():
+            assert hasattr(pynvml, name), name  # the real module has it: same names
+            monkeypatch.setattr(pynvml, name, fn)
+
+
+def test_readings_map_to_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml([FakeDevice("GPU-a"), FakeDevice("GPU-b", power_mw=None, ecc=None)])
+    fake.install(monkeypatch)
+    source = NvmlSource()
+    assert fake.initialised == 1 and fake.registered == {"GPU-a", "GPU-b"}
+    fake.devices[0].energy_mj += 18_000_000
+    readings = source.read(T0, T0 + MINUTE_MS)
+    a, b = readings["GPU-a"], readings["GPU-b"]
+    assert (a.model, a.utilisation_pct, a.memory_used_mib, a.memory_total_mib) == (
+        "A100-80GB",
+        80,
+        40_000,
+        81_920,
+    )
+    assert (a.power_mw, a.energy_mj, a.healthy) == (300_000, 18_000_000, True)
+    # Not supported: zero, and not a reason to call the GPU unhealthy.
+    assert (b.power_mw, b.ecc_errors, b.energy_mj, b.healthy) == (0, 0, 0, True)
+    source.close()
+    assert fake.initialised == 0
+
+
+def _terms_and_agent(tmp_path: Path, clock: SimClock) -> tuple[list[str], Agent]:
+    cast = builders.make_cast("nvml")
+    gpus = [builders.gpu("n1", i) for i in range(4)]
+    terms = builders.make_terms(cast, "p1", gpus, T0, T0 + 3_600_000)
+    config = AgentConfig("n1", cast.node_key("n1"), (terms,), tmp_path / "spool")
+    return [g.uuid for g in gpus], Agent(config, NvmlSource(), clock)
+
+
+def _samples(envelopes: list[bytes]) -> dict[str, Any]:
+    assert len(envelopes) == 1
+    event = open_envelope(envelopes[0]).record
+    assert isinstance(event, UsageEvent)
+    return {s.uuid: s for s in event.samples}
+
+
+def test_unhealthy_and_vanished_gpus_in_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uuids = [f"GPU-n1-{i}" for i in range(4)]
+    fake = FakeNvml([FakeDevice(u) for u in uuids] + [FakeDevice("GPU-not-in-terms")])
+    fake.devices[3].ecc = 5  # counts before the agent started are not this interval's
+    fake.install(monkeypatch)
+    clock = SimClock(T0)
+    terms_uuids, agent = _terms_and_agent(tmp_path, clock)
+    assert terms_uuids == uuids
+
+    # Interval 1: all well; energy is the counter's delta over the interval.
+    for d in fake.devices:
+        d.energy_mj += 1000 * (1 + fake.devices.index(d))
+    clock.advance(MINUTE_MS)
+    s = _samples(agent.tick())
+    assert sorted(s) == uuids  # the device outside the terms is not reported
+    assert all(x.healthy and x.allocated for x in s.values())
+    assert [s[u].energy_mj for u in uuids] == [1000, 2000, 3000, 4000]
+
+    # Interval 2: an XID on GPU 1, an uncorrected ECC error on GPU 3, GPU 2 lost.
+    fake.events.append(fake.devices[1])
+    fake.devices[3].ecc = 6
+    fake.devices[2].lost = True
+    clock.advance(MINUTE_MS)
+    s = _samples(agent.tick())
+    assert (s["GPU-n1-1"].healthy, s["GPU-n1-1"].xid_errors) == (False, 1)
+    assert (s["GPU-n1-3"].healthy, s["GPU-n1-3"].ecc_errors) == (False, 1)
+    lost = s["GPU-n1-2"]
+    assert (lost.healthy, lost.utilisation_pct, lost.power_mw, lost.model) == (
+        False,
+        0,
+        0,
+        "A100-80GB",
+    )
+    assert s["GPU-n1-0"].healthy
+
+    # Interval 3: errors stopped; GPU 2 fell off the bus (no longer enumerated); GPU 0
+    # has pages pending retirement.
+    fake.devices = [d for d in fake.devices if d.uuid != "GPU-n1-2"]
+    fake.devices[0].retire_pending = pynvml.NVML_FEATURE_ENABLED
+    clock.advance(MINUTE_MS)
+    s = _samples(agent.tick())
+    assert s["GPU-n1-1"].healthy and s["GPU-n1-3"].healthy
+    assert not s["GPU-n1-2"].healthy and s["GPU-n1-2"].energy_mj == 0
+    assert not s["GPU-n1-0"].healthy
+    agent.close()
+
+
+def test_nvml_failure_to_enumerate_reports_every_gpu_unhealthy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeNvml([FakeDevice(f"GPU-n1-{i}") for i in range(4)])
+    fake.install(monkeypatch)
+    clock = SimClock(T0)
+    _, agent = _terms_and_agent(tmp_path, clock)
+
+    def broken() -> int:
+        raise pynvml.NVMLError_Unknown()
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", broken)
+    clock.advance(MINUTE_MS)
+    s = _samples(agent.tick())  # the agent keeps running and says what it knows
+    assert len(s) == 4 and not any(x.healthy for x in s.values())
+    agent.close()
