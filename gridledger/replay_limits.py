@@ -1,0 +1,51 @@
+"""Every named maximum and default of the trace replay, in one place.
+
+The replay reads a trace it did not write, so every file, row and loop has a bound; and
+it runs a whole cluster on one machine, so every buffer it fills has one too.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MAX_TRACE_NODES: Final = 100_000
+"""Rows of a node list (OpenB has 1,213)."""
+
+MAX_TRACE_TASKS: Final = 1_000_000
+"""Rows of a task list (OpenB has 8,152)."""
+
+MAX_TRACE_ROW_CHARS: Final = 4096
+"""Characters of one CSV row: a longer row is not a trace row, it is refused."""
+
+TRACE_EPOCH_MS: Final = 1_767_225_600_000
+"""Second 0 of the trace, as a time of the replay: 2026-01-01T00:00:00Z."""
+
+DEFAULT_INTERVAL_S: Final = 60
+"""Default usage interval of the replayed node agents (one event per minute)."""
+
+STEP_MS: Final = 6 * 3_600_000
+"""Simulated time per replay step: the agents tick to the step's end, the events are
+handed to the transport, the ledger catches up and closes what is due. Larger steps mean
+fewer fsyncs and rounds; smaller ones fewer events in flight (memory)."""
+
+MAX_AGENT_TICKS_PER_STEP: Final = 100_000
+"""Ticks of one agent in one step (each emits at most meter's MAX_EVENTS_PER_TICK): a bound
+on the loop far above what a step of the longest trace needs."""
+
+SEND_WINDOW_RECORDS: Final = 20_000
+"""Kafka sends in flight before the replay waits for their acknowledgements."""
+
+MAX_BUYERS: Final = 64
+"""Buyers a replay may spread placements over (the default is 4)."""
+
+MAX_LEDGER_ROUNDS_PER_STEP: Final = 1_000
+"""Consume/close rounds of the ledger in one step (each drains the transport once)."""
+
+LEDGER_IDLE_POLL_MS: Final = 20
+"""Kafka poll wait once the ledger has caught up (the replay knows more is not coming)."""
+
+LEDGER_STEP_DEADLINE_S: Final = 1_800.0
+"""Longest the ledger may take to catch up with one step's records through Kafka."""
+
+UNPLACEABLE_SHOWN: Final = 20
+"""Unplaceable task ids printed in the human report (the JSON report lists them all)."""
