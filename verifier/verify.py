@@ -510,15 +510,30 @@ class _Run:
         self.usage_app: Any = self.con.appender("w_usage")
         self.sample_app: Any = self.con.appender("w_samples")
         self.record_app: Any = self.con.appender("w_records")
+        self.usage_buffer: list[tuple[Any, ...]] = []
+        self.sample_buffer: list[tuple[Any, ...]] = []
+        self.record_buffer: list[tuple[Any, ...]] = []
         self.progress.start(self.source.path.name, self.record_count)
         done = 0
         for batch, results in self.pool.run(self._batch_rows(), self.keyring()):
             self._check_batch(batch, results)
+            self._flush_buffers()
             done += len(batch.records)
             self.progress.update(done)
         self.progress.finish()
-        for app in (self.usage_app, self.sample_app, self.record_app):
-            app.flush()
+        self._flush_buffers()
+
+    def _flush_buffers(self) -> None:
+        """Append what the last batch produced to the work tables (one call per table)."""
+        for app, buffer in (
+            (self.usage_app, self.usage_buffer),
+            (self.sample_app, self.sample_buffer),
+            (self.record_app, self.record_buffer),
+        ):
+            if buffer:
+                app.append_rows(buffer)
+                app.flush()
+                buffer.clear()
 
     def _batch_rows(self) -> Iterator[tuple[Batch, list[tuple[int, bytes]]]]:
         for batch in self.source.batches():
@@ -528,7 +543,7 @@ class _Run:
             yield batch, rows
 
     def _lookup_usage(self, node_id: str, seq: int) -> str | None:
-        self.usage_app.flush()
+        self._flush_buffers()
         row = self.con.execute(
             "SELECT record_hash FROM w_usage WHERE node_id = ? AND seq = ? LIMIT 1", [node_id, seq]
         ).fetchone()
@@ -687,7 +702,7 @@ class _Run:
                 "prev is not the record hash of the previous record",
             )
         self.prev_index, self.prev_hash = index, opened.record_hash
-        self.record_app.append_row(
+        self.record_buffer.append(
             (
                 index,
                 opened.record_hash,
@@ -811,7 +826,7 @@ class _Run:
         if verdict.outcome != ACCEPTED:
             return
         if isinstance(record, UsageEvent):
-            self.usage_app.append_row(
+            self.usage_buffer.append(
                 (
                     index,
                     record.node_id,
@@ -821,8 +836,8 @@ class _Run:
                     record.end_ms,
                 )
             )
-            self.sample_app.append_rows(
-                [(index, s.uuid, s.allocated, s.healthy) for s in record.samples]
+            self.sample_buffer.extend(
+                (index, s.uuid, s.allocated, s.healthy) for s in record.samples
             )
         elif isinstance(record, ReclaimNotice):
             self.con.execute(

@@ -1,0 +1,602 @@
+"""Test-only export writer for the verifier's tests, and the honest-export tests.
+
+Until the ledger writes exports, tests build their own: signed inputs from
+``proto.builders``, the decision for each input written BY HAND in the scenario (what the
+test author reads in SPEC §6), totals from a deliberately plain Python reading of SPEC §7
+(``Pricer``, a third implementation, independent of verifier/pricing.py's SQL), and
+LedgerRecords, statements and checkpoints signed with the cast's ledger key. The DuckDB
+tables follow proto/EXPORT.md.
+
+Other verifier test modules import from here (pytest puts tests/ on sys.path).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from proto.builders import (
+    Cast,
+    StreamWriter,
+    adjustment,
+    closed,
+    gpu,
+    key_binding,
+    make_cast,
+    make_terms,
+    reclaim,
+    sample,
+    signed_terms,
+)
+from proto.canonical import signed_bytes
+from proto.envelope import open_envelope, seal, sha256_hex
+from proto.keys import SigningKey
+from proto.merkle import root
+from proto.note import checkpoint_body, checkpoint_origin, sign_note
+from proto.records import (
+    ZERO_HASH,
+    Adjustment,
+    Checkpoint,
+    LedgerRecord,
+    PlacementClosed,
+    PlacementTerms,
+    ReclaimNotice,
+    Statement,
+    Totals,
+    UsageEvent,
+)
+from proto.trust import TrustFile, dump_trust
+from verifier.verify import ExportReport, verify_export
+
+T0 = 1_700_000_000_000
+MINUTE = 60_000
+HOUR = 60 * MINUTE
+
+TABLES = {
+    "terms": "terms",
+    "keybinding": "key_bindings",
+    "usage": "usage_events",
+    "reclaim": "reclaims",
+    "adjustment": "adjustments",
+    "closed": "closes",
+}
+
+DDL = [
+    "CREATE TABLE meta(key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
+    *[
+        f"CREATE TABLE {name}(chain_index BIGINT NOT NULL, position VARCHAR NOT NULL, "
+        f"input_hash VARCHAR NOT NULL, envelope BLOB NOT NULL, status VARCHAR NOT NULL, "
+        f"reason VARCHAR NOT NULL{extra})"
+        for name, extra in (
+            ("terms", ""),
+            ("key_bindings", ", node_id VARCHAR, valid_from_ms BIGINT, valid_until_ms BIGINT"),
+            ("usage_events", ", node_id VARCHAR, seq BIGINT, start_ms BIGINT, end_ms BIGINT"),
+            ("reclaims", ", issued_at_ms BIGINT, effective_at_ms BIGINT"),
+            ("adjustments", ", direction VARCHAR, amount_minor BIGINT"),
+            ("closes", ", closed_at_ms BIGINT"),
+        )
+    ],
+    "CREATE TABLE ledger_records(chain_index BIGINT NOT NULL, envelope BLOB NOT NULL, "
+    "record_hash VARCHAR NOT NULL, kind VARCHAR, status VARCHAR, reason VARCHAR, "
+    "delivered_mgms BIGINT, gross_minor BIGINT, buyer_owes_minor BIGINT, "
+    "operator_receives_minor BIGINT, desk_receives_minor BIGINT)",
+    "CREATE TABLE statements(through_index BIGINT NOT NULL, envelope BLOB NOT NULL, "
+    "final BOOLEAN, buyer_owes_minor BIGINT, operator_receives_minor BIGINT, "
+    "desk_receives_minor BIGINT)",
+    "CREATE TABLE checkpoints(size BIGINT NOT NULL, note VARCHAR NOT NULL)",
+    "CREATE TABLE held(position VARCHAR NOT NULL, input_hash VARCHAR NOT NULL, "
+    "envelope BLOB NOT NULL)",
+]
+
+EXTRA_COLUMNS = {
+    "terms": (),
+    "keybinding": ("node_id", "valid_from_ms", "valid_until_ms"),
+    "usage": ("node_id", "seq", "start_ms", "end_ms"),
+    "reclaim": ("issued_at_ms", "effective_at_ms"),
+    "adjustment": ("direction", "amount_minor"),
+    "closed": ("closed_at_ms",),
+}
+
+
+# ---- SPEC §7, plainly -----------------------------------------------------------------
+
+
+@dataclass
+class Pricer:
+    """SPEC §7 as a person reads it, one accepted input at a time (test reference)."""
+
+    terms: PlacementTerms
+    delivered: int = 0
+    reclaim_notice: ReclaimNotice | None = None
+    effective_end: int = 0
+    credit: int = 0
+    charge: int = 0
+    sla: int = 0
+
+    def __post_init__(self) -> None:
+        self.effective_end = self.terms.window_end_ms
+
+    @property
+    def share(self) -> int:
+        return sum(g.share_milli for g in self.terms.gpus)
+
+    def event_delivered(self, event: UsageEvent) -> int:
+        shares = {g.uuid: g.share_milli for g in self.terms.gpus}
+        start = max(self.terms.window_start_ms, 0)
+        total = 0
+        for s in event.samples:
+            if s.allocated and s.healthy:
+                lo = max(event.start_ms, start)
+                hi = min(event.end_ms, self.effective_end)
+                total += shares[s.uuid] * max(0, hi - lo)
+        return total
+
+    def gross(self) -> tuple[int, int]:
+        unit = self.terms.increment_ms * 1000
+        billable = -(-self.delivered // unit) * unit
+        return billable, billable * self.terms.rate_per_gpu_hour_minor // 3_600_000_000
+
+    def reclaim_credit(self) -> int:
+        r = self.reclaim_notice
+        if r is None:
+            return 0
+        t = self.terms
+        short = max(0, t.reclaim_notice_ms - (r.effective_at_ms - r.issued_at_ms))
+        if t.interruptible:
+            taken = max(0, t.window_start_ms + t.minimum_duration_ms - r.effective_at_ms)
+        else:
+            taken = t.window_end_ms - r.effective_at_ms
+        return (
+            self.share
+            * (short + taken)
+            * t.rate_per_gpu_hour_minor
+            * t.reclaim_penalty_bps
+            // (3_600_000_000 * 10_000)
+        )
+
+    def apply(self, record: Any) -> int:
+        """Fold one ACCEPTED input; returns its own delivered milli-GPU-ms."""
+        own = 0
+        if isinstance(record, UsageEvent):
+            own = self.event_delivered(record)
+            self.delivered += own
+        elif isinstance(record, ReclaimNotice):
+            self.reclaim_notice = record
+            self.effective_end = record.effective_at_ms
+        elif isinstance(record, Adjustment):
+            if record.direction == "credit":
+                self.credit += record.amount_minor
+            else:
+                self.charge += record.amount_minor
+        elif isinstance(record, PlacementClosed):
+            span = self.effective_end - self.terms.window_start_ms
+            availability = 10_000 if span == 0 else 10_000 * self.delivered // (self.share * span)
+            _, gross = self.gross()
+            if availability < self.terms.sla_availability_target_bps:
+                self.sla = gross * self.terms.sla_credit_bps // 10_000
+        return own
+
+    def totals(self) -> Totals:
+        billable, gross = self.gross()
+        reclaim_credit = self.reclaim_credit()
+        credits = min(reclaim_credit + self.sla + self.credit, gross + self.charge)
+        net = gross + self.charge - credits
+        fee = net * self.terms.desk_fee_bps // 10_000
+        buyer = net + fee if self.terms.fee_payer == "buyer" else net
+        operator = net - fee if self.terms.fee_payer == "operator" else net
+        return Totals(
+            delivered_mgms=self.delivered,
+            billable_mgms=billable,
+            gross_minor=gross,
+            reclaim_credit_minor=reclaim_credit,
+            sla_credit_minor=self.sla,
+            adjustment_credit_minor=self.credit,
+            adjustment_charge_minor=self.charge,
+            credits_minor=credits,
+            net_minor=net,
+            fee_minor=fee,
+            buyer_owes_minor=buyer,
+            operator_receives_minor=operator,
+            desk_receives_minor=fee,
+        )
+
+
+# ---- the export writer ------------------------------------------------------------------
+
+
+@dataclass
+class Chained:
+    """One chained input: envelope, the hand-written decision, and its ledger record."""
+
+    raw: bytes
+    status: str
+    reason: str
+    record: LedgerRecord | None = None
+    record_envelope: bytes = b""
+
+
+@dataclass
+class ExportBuilder:
+    """Chains inputs with hand-written decisions and writes an EXPORT.md file."""
+
+    cast: Cast
+    terms: PlacementTerms
+    items: list[Chained] = field(default_factory=list)
+    statements_at: list[int] = field(default_factory=list)
+    checkpoints_at: list[int] = field(default_factory=list)
+    cosigners: list[tuple[str, SigningKey]] = field(default_factory=list)
+    dropped_duplicates: int = 0
+
+    def add(self, raw: bytes, status: str = "accepted", reason: str = "") -> int:
+        """Chain one input with the decision the test expects; returns its chain index."""
+        self.items.append(Chained(raw, status, reason))
+        return len(self.items) - 1
+
+    def chain(self) -> list[Chained]:
+        """Sign a LedgerRecord per input (prices through ``Pricer``)."""
+        pricer = Pricer(self.terms)
+        prev = ZERO_HASH
+        for index, item in enumerate(self.items):
+            opened = open_envelope(item.raw)
+            own = pricer.apply(opened.record) if item.status == "accepted" else 0
+            record = LedgerRecord(
+                placement_id=self.terms.placement_id,
+                index=index,
+                prev=prev,
+                kind=opened.kind,  # type: ignore[arg-type]
+                source=opened.input_hash,
+                status=item.status,  # type: ignore[arg-type]
+                reason=item.reason,
+                delivered_mgms=own,
+                totals=pricer.totals(),
+            )
+            item.record = record
+            item.record_envelope = seal(record, [self.cast.ledger])
+            prev = sha256_hex(signed_bytes(record))
+        return self.items
+
+    def write(self, path: Path) -> Path:
+        """Write the export file (overwrites)."""
+        items = self.chain()
+        if path.exists():
+            path.unlink()
+        con = duckdb.connect(str(path))
+        for ddl in DDL:
+            con.execute(ddl)
+        meta = {
+            "format": "gridledger-export",
+            "format_version": "1",
+            "placement_id": self.terms.placement_id,
+            "ledger_key": base64.b64encode(self.terms.ledger_key).decode(),
+            "records": str(len(items)),
+            "dropped_duplicates": str(self.dropped_duplicates),
+        }
+        con.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
+        for index, item in enumerate(items):
+            opened = open_envelope(item.raw)
+            extras = [getattr(opened.record, c) for c in EXTRA_COLUMNS[opened.kind]]
+            marks = ", ".join("?" for _ in range(6 + len(extras)))
+            con.execute(
+                f"INSERT INTO {TABLES[opened.kind]} VALUES ({marks})",
+                [
+                    index,
+                    f"kafka:placements:0:{index}",
+                    opened.input_hash,
+                    item.raw,
+                    item.status,
+                    item.reason,
+                    *extras,
+                ],
+            )
+            record = item.record
+            assert record is not None
+            con.execute(
+                "INSERT INTO ledger_records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    index,
+                    item.record_envelope,
+                    sha256_hex(signed_bytes(record)),
+                    record.kind,
+                    record.status,
+                    record.reason,
+                    record.delivered_mgms,
+                    record.totals.gross_minor,
+                    record.totals.buyer_owes_minor,
+                    record.totals.operator_receives_minor,
+                    record.totals.desk_receives_minor,
+                ],
+            )
+        for through in self.statements_at:
+            envelope = self.statement(through)
+            record = items[through].record
+            assert record is not None
+            t = record.totals
+            con.execute(
+                "INSERT INTO statements VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    through,
+                    envelope,
+                    self.is_final(through),
+                    t.buyer_owes_minor,
+                    t.operator_receives_minor,
+                    t.desk_receives_minor,
+                ],
+            )
+        for size in self.checkpoints_at:
+            con.execute("INSERT INTO checkpoints VALUES (?, ?)", [size, self.checkpoint(size)])
+        con.close()
+        return path
+
+    def is_final(self, through: int) -> bool:
+        return any(
+            open_envelope(i.raw).kind == "closed" and i.status == "accepted"
+            for i in self.items[: through + 1]
+        )
+
+    def statement(self, through: int, key: SigningKey | None = None, **changes: Any) -> bytes:
+        """The ledger-signed statement through record ``through``."""
+        record = self.items[through].record
+        assert record is not None
+        fields: dict[str, Any] = {
+            "placement_id": self.terms.placement_id,
+            "through_index": through,
+            "head": sha256_hex(signed_bytes(record)),
+            "currency": self.terms.currency,
+            "currency_scale": self.terms.currency_scale,
+            "final": self.is_final(through),
+            "totals": record.totals,
+        }
+        fields.update(changes)
+        return seal(Statement(**fields), [key or self.cast.ledger])
+
+    def checkpoint(self, size: int) -> str:
+        """The ledger-signed (and cosigned) checkpoint note of the first ``size`` records."""
+        payloads = [signed_bytes(i.record) for i in self.items[:size] if i.record is not None]
+        body = checkpoint_body(
+            Checkpoint(
+                origin=checkpoint_origin(self.terms.placement_id), size=size, root=root(payloads)
+            )
+        )
+        note = sign_note(body, "gridledger-ledger", self.cast.ledger)
+        for name, key in self.cosigners:
+            note = note.cosign(name, key)
+        return note.text()
+
+
+def write_trust(cast: Cast, path: Path) -> Path:
+    """The cast's trust file."""
+    path.write_bytes(dump_trust(cast.trust()))
+    return path
+
+
+# ---- scenarios --------------------------------------------------------------------------
+
+
+@dataclass
+class Scenario:
+    """A built export with everything a test may want to poke at."""
+
+    cast: Cast
+    terms: PlacementTerms
+    builder: ExportBuilder
+    path: Path
+    trust: TrustFile
+    trust_path: Path
+    expected: dict[str, Any] = field(default_factory=dict)
+
+    def index_of(self, kind: str, status: str | None = None, reason: str | None = None) -> int:
+        """The first chain index of an input of ``kind`` (and status / reason if given)."""
+        for i, item in enumerate(self.builder.items):
+            if open_envelope(item.raw).kind != kind:
+                continue
+            if status is not None and item.status != status:
+                continue
+            if reason is not None and item.reason != reason:
+                continue
+            return i
+        raise LookupError(kind)
+
+
+def full_scenario(
+    tmp: Path, name: str = "p-full", seed: str = "verifier-full", **term_overrides: Any
+) -> Scenario:
+    """Every kind of input and decision: usage accepted and rejected, key rotation,
+    reclaim with short notice, adjustments, SLA credit at close, late data after close."""
+    cast = make_cast(seed)
+    gpus = [gpu("node-a", 0), gpu("node-a", 1), gpu("node-b", 0, share_milli=500)]
+    overrides = {"reclaim_penalty_bps": 1000, **term_overrides}
+    terms = make_terms(cast, name, gpus, T0, T0 + HOUR, **overrides)
+    b = ExportBuilder(cast, terms, cosigners=[(cast.buyer.name, cast.buyer)])
+    a = StreamWriter(cast.node_key("node-a"), name, "node-a")
+    nb = StreamWriter(cast.node_key("node-b"), name, "node-b")
+    b.add(signed_terms(cast, terms))
+    # Node a: ten good minutes; one with an unhealthy GPU.
+    for m in range(10):
+        samples = [sample(gpus[0]), sample(gpus[1], healthy=m != 3)]
+        b.add(a.event(T0 + m * MINUTE, T0 + (m + 1) * MINUTE, samples))
+    # Node b: five minutes, then rotates to a new key bound by the operator.
+    for m in range(5):
+        b.add(nb.event(T0 + m * MINUTE, T0 + (m + 1) * MINUTE, [sample(gpus[2])]))
+    new_key = SigningKey.from_seed_text("node-b-2", f"{seed}/rotated")
+    b.add(key_binding(cast, name, "node-b", new_key, T0 + 5 * MINUTE, T0 + 2 * HOUR, T0))
+    nb.key = new_key
+    for m in range(5, 8):
+        b.add(nb.event(T0 + m * MINUTE, T0 + (m + 1) * MINUTE, [sample(gpus[2])]))
+    # Rejections, each named by SPEC §6.3.
+    forged = StreamWriter(SigningKey.from_seed_text("x", "stranger"), name, "node-a", seq=10)
+    forged.prev = a.prev
+    b.add(
+        forged.event(T0 + 10 * MINUTE, T0 + 11 * MINUTE, [sample(gpus[0])]),
+        "rejected",
+        "NODE_KEY_UNKNOWN",
+    )
+    gap = StreamWriter(cast.node_key("node-a"), name, "node-a", seq=12, prev=a.prev)
+    b.add(gap.event(T0 + 12 * MINUTE, T0 + 13 * MINUTE, [sample(gpus[0])]), "rejected", "SEQ_GAP")
+    wrong_gpu = StreamWriter(cast.node_key("node-a"), name, "node-a", seq=a.seq, prev=a.prev)
+    b.add(
+        wrong_gpu.event(T0 + 10 * MINUTE, T0 + 11 * MINUTE, [sample(gpus[2])]),
+        "rejected",
+        "GPU_NOT_IN_TERMS",
+    )
+    for m in range(10, 20):
+        b.add(a.event(T0 + m * MINUTE, T0 + (m + 1) * MINUTE, [sample(gpus[0]), sample(gpus[1])]))
+    b.add(adjustment(cast, name, "adj-1", "credit", 7, T0 + 20 * MINUTE))
+    b.add(
+        adjustment(cast, name, "adj-1", "credit", 9, T0 + 20 * MINUTE, reason="again"),
+        "rejected",
+        "ADJUSTMENT_DUPLICATE",
+    )
+    b.add(adjustment(cast, name, "adj-2", "charge", 11, T0 + 21 * MINUTE))
+    # Reclaim at minute 30 with five minutes' notice (ten agreed): a credit for the short
+    # notice and the rest of the window. One earlier attempt behind usage is rejected.
+    b.add(
+        reclaim(cast, terms, T0 + 10 * MINUTE, T0 + 15 * MINUTE, "rc-0"),
+        "rejected",
+        "RECLAIM_BEHIND_USAGE",
+    )
+    b.add(reclaim(cast, terms, T0 + 25 * MINUTE, T0 + 30 * MINUTE, "rc-1"))
+    # Usage after the effective end: accepted, delivers nothing.
+    b.add(a.event(T0 + 30 * MINUTE, T0 + 31 * MINUTE, [sample(gpus[0])]))
+    b.add(closed(cast, name, T0 + HOUR), "rejected", "CLOSE_INVALID")
+    b.add(closed(cast, name, T0 + HOUR + terms.late_grace_ms))
+    # Late data: usage after the close is kept, not folded; an adjustment still folds.
+    b.add(a.event(T0 + 31 * MINUTE, T0 + 32 * MINUTE, [sample(gpus[0])]), "rejected", "AFTER_CLOSE")
+    b.add(adjustment(cast, name, "adj-3", "credit", 5, T0 + 2 * HOUR))
+    n = len(b.items)
+    b.statements_at = [14, n - 3, n - 1]
+    b.checkpoints_at = [1, 14, n]
+    path = b.write(tmp / f"{name}.duckdb")
+    trust_path = write_trust(cast, tmp / f"{name}-trust.json")
+    return Scenario(cast, terms, b, path, cast.trust(), trust_path)
+
+
+def small_scenario(
+    tmp: Path,
+    name: str = "p-small",
+    seed: str = "verifier-small",
+    minutes: int = 5,
+    rate: int = 250,
+    window_ms: int = HOUR,
+    **overrides: Any,
+) -> Scenario:
+    """Terms, a few minutes of one GPU, a close: the smallest honest export."""
+    cast = make_cast(seed)
+    gpus = [gpu("node-a", 0)]
+    terms = make_terms(
+        cast, name, gpus, T0, T0 + window_ms, rate_per_gpu_hour_minor=rate, **overrides
+    )
+    b = ExportBuilder(cast, terms)
+    a = StreamWriter(cast.node_key("node-a"), name, "node-a")
+    b.add(signed_terms(cast, terms))
+    for m in range(minutes):
+        b.add(a.event(T0 + m * MINUTE, T0 + (m + 1) * MINUTE, [sample(gpus[0])]))
+    b.add(closed(cast, name, terms.window_end_ms + terms.late_grace_ms))
+    b.statements_at = [len(b.items) - 1]
+    b.checkpoints_at = [len(b.items)]
+    path = b.write(tmp / f"{name}.duckdb")
+    return Scenario(
+        cast, terms, b, path, cast.trust(), write_trust(cast, tmp / f"{name}-trust.json")
+    )
+
+
+def verify(path: Path, trust: TrustFile) -> ExportReport:
+    """Verify inline (no pool): what most tests need."""
+    from verifier.workers import OpenPool
+
+    with OpenPool[Any]("inline") as pool:
+        return verify_export(path, trust, pool=pool)
+
+
+def explain(report: ExportReport) -> str:
+    """Every kept finding, for assertion messages."""
+    return "\n".join(f.line() for f in report.findings.kept) or "(no findings)"
+
+
+# ---- tests of honest exports ----------------------------------------------------------
+
+
+def test_full_honest_export_verifies(tmp_path: Path) -> None:
+    s = full_scenario(tmp_path)
+    report = verify(s.path, s.trust)
+    assert report.ok, explain(report)
+    last = s.builder.items[-1].record
+    assert last is not None
+    # The recomputed head totals are exactly the ledger's (Pricer's) last totals.
+    assert report.totals == {k: getattr(last.totals, k) for k in report.totals}
+    assert report.final
+    assert report.head_index == len(s.builder.items) - 1
+    # The scenario exercises the interesting terms: reclaim credit, SLA credit, adjustments.
+    t = last.totals
+    assert t.reclaim_credit_minor > 0 and t.sla_credit_minor > 0
+    assert t.adjustment_credit_minor == 12 and t.adjustment_charge_minor == 11
+    rejected = sum(1 for i in s.builder.items if i.status == "rejected")
+    assert report.counts["decided.rejected"] == rejected
+    assert report.counts["decided.accepted"] == len(s.builder.items) - rejected
+    assert report.counts["statements"] == 3 and report.counts["checkpoints"] == 3
+    assert all(c["cosigned_by"] == [s.cast.buyer.name] for c in report.checkpoints)
+
+
+def test_small_honest_export_verifies_with_exact_amounts(tmp_path: Path) -> None:
+    # 5 GPU-minutes at 250 minor/GPU-hour: D = 1000 * 5 * 60_000 mgms; B = D (whole
+    # minutes); G = floor(B * 250 / 3.6e9) = 20; fee 5% paid by the operator = 1.
+    # Availability 5/60 < 99%: SLA credit 10% of G = 2. N = 18, F = 0 (floor 0.9).
+    s = small_scenario(tmp_path)
+    report = verify(s.path, s.trust)
+    assert report.ok, explain(report)
+    assert report.totals is not None
+    assert report.totals["delivered_mgms"] == 1000 * 5 * MINUTE
+    assert report.totals["gross_minor"] == 20
+    assert report.totals["sla_credit_minor"] == 2
+    assert report.totals["buyer_owes_minor"] == 18
+    assert report.totals["desk_receives_minor"] == 0
+    assert report.totals["operator_receives_minor"] == 18
+
+
+def test_wide_products_do_not_overflow(tmp_path: Path) -> None:
+    # The largest rate and a long window: B x rate passes 2^64 and must stay exact.
+    window_ms = 100 * HOUR
+    s = small_scenario(
+        tmp_path, minutes=3, rate=3_600_000_000, window_ms=window_ms, increment_ms=window_ms
+    )
+    report = verify(s.path, s.trust)
+    assert report.ok, explain(report)
+    assert report.totals is not None
+    billable = window_ms * 1000
+    assert billable * 3_600_000_000 > 2**64
+    assert report.totals["gross_minor"] == billable * 3_600_000_000 // 3_600_000_000
+
+
+def test_buyer_pays_fee(tmp_path: Path) -> None:
+    s = small_scenario(tmp_path, minutes=30, fee_payer="buyer", desk_fee_bps=1000)
+    report = verify(s.path, s.trust)
+    assert report.ok, explain(report)
+    t = report.totals
+    assert t is not None
+    assert t["buyer_owes_minor"] == t["net_minor"] + t["fee_minor"] > t["operator_receives_minor"]
+
+
+def test_sha256_of_envelope_is_input_hash(tmp_path: Path) -> None:
+    # Guard the helper itself: the export it writes follows EXPORT.md's hash rule.
+    s = small_scenario(tmp_path)
+    con = duckdb.connect(str(s.path), read_only=True)
+    rows = con.execute("SELECT input_hash, envelope FROM usage_events").fetchall()
+    con.close()
+    assert rows and all(h == hashlib.sha256(bytes(e)).hexdigest() for h, e in rows)
+
+
+__all__: Sequence[str] = (
+    "ExportBuilder",
+    "Pricer",
+    "Scenario",
+    "explain",
+    "full_scenario",
+    "small_scenario",
+    "verify",
+    "write_trust",
+)
