@@ -1,0 +1,177 @@
+"""Ledger throughput on the real Kafka broker, beside the machine's Ed25519 verify limit.
+
+    .venv/bin/python bench/ledger_throughput.py [--events 50000] [--placements 200]
+        [--partitions 2] [--batch 5000] [--bootstrap HOST:PORT]
+
+Pre-generates N signed usage events over many placements, publishes them (and the
+terms) to a fresh topic, then runs one ledger shard over a fresh DuckDB file until it
+has consumed everything, and reports events/s end to end. In the same run it measures
+pynacl Ed25519 verification on one core and prints the ratio, plus peak RSS. No asserts:
+a benchmark reports, the tests judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gridledger.kafka_broker import KafkaBroker, create_topic  # noqa: E402
+from gridledger.publish import KafkaSettings, make_producer  # noqa: E402
+from ledger.config import KafkaConfig  # noqa: E402
+from ledger.service import KafkaLedgerService, fixed_clock  # noqa: E402
+from ledger.store import Store  # noqa: E402
+from proto.builders import (  # noqa: E402
+    StreamWriter,
+    gpu,
+    make_cast,
+    make_terms,
+    sample,
+    signed_terms,
+)
+from proto.keys import SigningKey, verify  # noqa: E402
+
+T0_MS = 1_767_225_600_000
+INTERVAL_MS = 60_000
+
+
+def generate(events: int, placements: int) -> tuple[object, list[tuple[str, bytes]]]:
+    """Terms for every placement, then usage events round-robin over placements."""
+    cast = make_cast("bench")
+    per = -(-events // placements)
+    window_ms = (per + 1) * INTERVAL_MS
+    items: list[tuple[str, bytes]] = []
+    writers = []
+    for i in range(placements):
+        pid = f"bench-{i:05d}"
+        g = gpu(f"{pid}-n0", 0)
+        terms = make_terms(cast, pid, [g], T0_MS, T0_MS + window_ms)
+        items.append((pid, signed_terms(cast, terms)))
+        writers.append((pid, StreamWriter(cast.node_key(g.node_id), pid, g.node_id), g))
+    produced = 0
+    for e in range(per):
+        for pid, writer, g in writers:
+            if produced == events:
+                break
+            start = T0_MS + e * INTERVAL_MS
+            items.append((pid, writer.event(start, start + INTERVAL_MS, [sample(g)])))
+            produced += 1
+    return cast, items
+
+
+async def publish(bootstrap: str, topic: str, items: list[tuple[str, bytes]]) -> None:
+    """One idempotent producer, everything in flight, every ack awaited."""
+    producer = make_producer(KafkaSettings(bootstrap=bootstrap, topic=topic), linger_ms=20)
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, value=envelope, key=pid.encode()) for pid, envelope in items
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+def verify_rate(seconds: float = 2.0) -> float:
+    """Ed25519 verifications per second on one core (pynacl), ~400-byte messages."""
+    key = SigningKey.from_seed_text("bench", "verify")
+    message = b"x" * 400
+    signature = key.sign(message)
+    public = key.public_key
+    count = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(500):
+            verify(public, message, signature)
+        count += 500
+    return count / (time.perf_counter() - started)
+
+
+async def run_ledger(
+    bootstrap: str, topic: str, cast: object, db: Path, batch: int, total: int
+) -> tuple[float, int]:
+    """Fold every message of the topic into a fresh store; (seconds, inputs)."""
+    key = cast.ledger  # type: ignore[attr-defined]
+    store = Store(db, ledger_public_key=key.public_key)
+    kafka = KafkaConfig(settings=KafkaSettings(bootstrap=bootstrap, topic=topic))
+    # The clock stays inside the windows: no closes, pure ingest.
+    service = KafkaLedgerService(
+        store, key, kafka, clock=fixed_clock(T0_MS), batch_max_records=batch, close=False
+    )
+    await service.start()
+    consumed = 0
+    try:
+        started = time.perf_counter()
+        deadline = time.monotonic() + 3600
+        while consumed < total and time.monotonic() < deadline:
+            report = await service.step(200)
+            if report is not None:
+                consumed += report.inputs
+        seconds = time.perf_counter() - started
+    finally:
+        await service.stop()
+        service.close()
+    return seconds, consumed
+
+
+def main() -> int:
+    """Run the benchmark and print the numbers."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--placements", type=int, default=200)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=5000)
+    parser.add_argument("--bootstrap", default=None, help="use this broker instead of starting one")
+    args = parser.parse_args()
+
+    broker: KafkaBroker | None = None
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        broker = KafkaBroker().start()
+        bootstrap = broker.bootstrap
+    try:
+        topic = f"bench.{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, args.partitions)
+        t = time.perf_counter()
+        cast, items = generate(args.events, args.placements)
+        generate_s = time.perf_counter() - t
+        t = time.perf_counter()
+        asyncio.run(publish(bootstrap, topic, items))
+        publish_s = time.perf_counter() - t
+        with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
+            db = Path(tmp) / "bench.duckdb"
+            seconds, consumed = asyncio.run(
+                run_ledger(bootstrap, topic, cast, db, args.batch, len(items))
+            )
+            db_bytes = db.stat().st_size
+        rate = consumed / seconds
+        limit = verify_rate()
+        peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(
+            f"inputs                  {consumed} ({args.placements} placements, "
+            f"{args.partitions} partitions, batch {args.batch})"
+        )
+        print(f"generate (sign)         {generate_s:.2f} s")
+        print(f"publish to Kafka        {publish_s:.2f} s ({len(items) / publish_s:,.0f}/s)")
+        print(f"ledger end to end       {seconds:.2f} s = {rate:,.0f} inputs/s")
+        print(f"Ed25519 verify, 1 core  {limit:,.0f}/s (pynacl)")
+        print(f"ratio ledger / verify   {rate / limit:.2f}")
+        print(f"store size              {db_bytes / 2**20:.1f} MiB")
+        print(f"peak RSS (this process) {peak_rss_mib:.0f} MiB")
+    finally:
+        if broker is not None:
+            broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
