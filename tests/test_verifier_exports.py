@@ -378,7 +378,7 @@ def write_trust(cast: Cast, path: Path) -> Path:
 # ---- scenarios --------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(repr=False)
 class Scenario:
     """A built export with everything a test may want to poke at."""
 
@@ -401,6 +401,9 @@ class Scenario:
                 continue
             return i
         raise LookupError(kind)
+
+    def __repr__(self) -> str:
+        return f"Scenario({self.terms.placement_id!r}, {self.path.name})"
 
 
 def full_scenario(

@@ -296,6 +296,16 @@ class _Run:
                 chosen = (int(index), opened.record, envelope)
                 break
         if chosen is None:
+            for index, raw, _ in rows:
+                opened = open_one(0, bytes(raw), {})
+                self.add(
+                    Step.ENVELOPES,
+                    opened.error or "KIND_MISMATCH",
+                    f"terms chain_index {index}",
+                    "a canonical PlacementTerms envelope",
+                    opened.error or opened.kind,
+                    opened.detail,
+                )
             self.add(
                 Step.TERMS,
                 "TERMS_MISSING",
@@ -1137,7 +1147,17 @@ class _Run:
                     continue
                 key = parties.get(sig.name)
                 if key is None:
+                    # C2SP lets verifiers skip unknown signers, but an export carries only the
+                    # ledger's and the parties' lines: anything else was added or altered.
                     summary["ignored_signers"].append(sig.name)
+                    self.add(
+                        Step.MERKLE,
+                        "CHECKPOINT_UNKNOWN_SIGNER",
+                        where,
+                        "signature lines by the ledger or a party of the terms",
+                        sig.name,
+                        "a signature line by someone the terms do not name",
+                    )
                 elif note.signed_by(sig.name, key):
                     summary["cosigned_by"].append(sig.name)
                 else:
