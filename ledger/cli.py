@@ -94,13 +94,7 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _logs_to_stderr() -> None:
-    # Client subcommands print their answer on stdout (--json is parsed by scripts).
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-
-
 def _load(path: Path) -> tuple[LedgerConfig, SigningKey]:
-    _logs_to_stderr()
     config = load_config(path)
     return config, load_signing_key(config.key_file)
 

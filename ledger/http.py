@@ -95,8 +95,8 @@ def _handler(api: LedgerApi) -> type[BaseHTTPRequestHandler]:
         server_version = "gridledger-ledger/1"
         timeout = HTTP_TIMEOUT_S
 
-        def log_message(self, format: str, *args: Any) -> None:  # structlog instead
-            log.debug("http_request", line=format % args)
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # no access log on stdout; errors are logged with structlog below
 
         def do_GET(self) -> None:
             self._dispatch("GET")

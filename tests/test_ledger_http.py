@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
+import structlog
 from test_ledger_scenario import (
     build_scenario,
     ledger_key_file,
@@ -51,7 +54,17 @@ def _config(tmp_path: Path, key_file: Path) -> Path:
     return path
 
 
-def test_http_api_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def quiet_logs() -> Iterator[None]:
+    """The server runs in this process: keep its info logs off the CLI's stdout."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    yield
+    structlog.reset_defaults()
+
+
+def test_http_api_and_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], quiet_logs: None
+) -> None:
     scenario = build_scenario("http", placements=2, nodes=1, events=3)
     publish_scenario_local(tmp_path / "spool", scenario.inputs)
     service = local_service(tmp_path, scenario)
