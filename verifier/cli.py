@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from proto.trust import TrustError, TrustFile, load_trust
 from verifier import limits
@@ -78,8 +81,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="worker count (default: cores)")
 
 
+def _quiet_logs() -> None:
+    """Logs go to stderr, warnings and worse only: stdout carries the report (or JSON)."""
+    if not structlog.is_configured():
+        structlog.configure(
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        )
+
+
 def handle(args: argparse.Namespace) -> int:
     """Dispatch to the mode chosen by the first operand."""
+    _quiet_logs()
     paths: list[str] = args.paths
     if paths[0] == "inclusion":
         return _inclusion(args)
