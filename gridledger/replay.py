@@ -1,0 +1,690 @@
+"""`gridledger replay TRACE_DIR --workdir DIR`: a production GPU trace through the system.
+
+    trace (CSV)  ->  plan (first-fit)  ->  keys + signed terms  ->  node agents (meter)
+    ->  transport (local spools | Kafka)  ->  ledger (fold, close)  ->  exports  ->  verifier
+
+1. Read the trace strictly (``gridledger.trace``) and compute its own GPU usage.
+2. Plan one placement per GPU task that ran (``gridledger.placement_plan``).
+3. Derive the keys from the seed, sign every placement's terms (``gridledger.replay_terms``),
+   write ``DIR/trust.json``.
+4. Step a simulated clock through the trace, ``STEP_MS`` at a time. Each step: publish the
+   terms of the placements that start in it, tick every node agent
+   (``gridledger.replay_cluster``) to the step's end, hand the events to the transport
+   (local: the agents' spools are the transport; Kafka: sent keyed by placement and
+   acknowledged), then let the ledger consume everything and close, at the step's end,
+   each placement whose ``window_end + late_grace`` has passed.
+5. Export every placement to ``DIR/exports/<placement>.duckdb`` and verify each export
+   with the verifier against ``DIR/trust.json``.
+6. Report: placements, events, delivered GPU-hours (total, by QoS, by GPU model), gross,
+   fees and what each side owes or receives, the verdicts — and the trace's own GPU-hours
+   computed from the CSV, which the delivered total must equal exactly.
+
+The exact rule where interval boundaries cut a task: a placement's window is
+[scheduled_time, deletion_time) of its task (seconds -> ms after 2026-01-01T00:00:00Z);
+its node's agent emits one event per interval [start + k x I, min(start + (k + 1) x I,
+end)) — the last interval is clipped at the window end — so the intervals tile the window
+with nothing cut off and nothing counted twice, and with every GPU healthy and allocated
+the delivered milli-GPU-ms are exactly num_gpu x gpu_milli x duration_ms.
+
+Crash safety: kill the replay at any point and run it again with the same arguments and
+workdir. Keys and terms are derived again (same bytes); agents recover their heads from
+their spools; in Kafka mode, spooled events past the acknowledged position (``ACKED_FILE``
+in each spool) are sent again; the ledger resumes from its stored offsets and drops exact
+re-deliveries. The totals are the same as an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import resource
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+
+from gridledger.money import format_gpu_hours, format_minor
+from gridledger.placement_plan import Placement, Plan, plan_placements
+from gridledger.publish import KafkaSettings, make_producer, publish_local, publisher_source
+from gridledger.replay_cluster import NodeAgent, ReplayCluster, placement_id_of
+from gridledger.replay_limits import (
+    DEFAULT_INTERVAL_S,
+    LEDGER_IDLE_POLL_MS,
+    LEDGER_STEP_DEADLINE_S,
+    SEND_WINDOW_RECORDS,
+    STEP_MS,
+    TRACE_EPOCH_MS,
+    UNPLACEABLE_SHOWN,
+)
+from gridledger.replay_terms import (
+    PriceTable,
+    ReplayCast,
+    load_price_table,
+    make_replay_cast,
+    signed_placement_terms,
+)
+from gridledger.trace import Task, TraceUsage, read_trace, trace_usage
+from ledger.config import KafkaConfig
+from ledger.export import export_placement
+from ledger.service import KafkaLedgerService, LedgerService
+from ledger.store import Store
+from meter.durable import read_small_file, write_atomic
+from meter.spool import SpoolPosition, read_spool
+from proto.records import PlacementTerms
+from proto.trust import TrustFile, dump_trust
+
+__all__ = [
+    "ACKED_FILE",
+    "REPORT_FORMAT",
+    "ReplayOptions",
+    "ReplayReport",
+    "register",
+    "run_replay",
+    "select_tasks",
+]
+
+log = structlog.get_logger("gridledger.replay")
+
+REPORT_FORMAT: Final = "gridledger-replay-report/v1"
+ACKED_FILE: Final = "REPLAY_ACKED"
+LEDGER_ID: Final = "ledger-1"
+PUBLISHER: Final = "replay"
+DEFAULT_SEED: Final = "openb"
+DEFAULT_BUYERS: Final = 4
+DEFAULT_TOPIC: Final = "gridledger.replay"
+DEFAULT_PARTITIONS: Final = 8
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Everything a replay run depends on (the same options give the same result)."""
+
+    trace_dir: Path
+    workdir: Path
+    kafka: str | None = None
+    topic: str = DEFAULT_TOPIC
+    partitions: int = DEFAULT_PARTITIONS
+    interval_s: int = DEFAULT_INTERVAL_S
+    limit: int | None = None
+    prices: Path | None = None
+    seed: str = DEFAULT_SEED
+    buyers: int = DEFAULT_BUYERS
+    step_ms: int = STEP_MS
+
+
+@dataclass
+class Money:
+    """Sums of one currency at one scale, in minor units."""
+
+    currency: str
+    scale: int
+    gross_minor: int = 0
+    credits_minor: int = 0
+    net_minor: int = 0
+    fee_minor: int = 0
+    buyer_owes_minor: int = 0
+    operator_receives_minor: int = 0
+    desk_receives_minor: int = 0
+
+    def add(self, totals: dict[str, int]) -> None:
+        """Add one placement's final totals."""
+        self.gross_minor += totals["gross_minor"]
+        self.credits_minor += totals["credits_minor"]
+        self.net_minor += totals["net_minor"]
+        self.fee_minor += totals["fee_minor"]
+        self.buyer_owes_minor += totals["buyer_owes_minor"]
+        self.operator_receives_minor += totals["operator_receives_minor"]
+        self.desk_receives_minor += totals["desk_receives_minor"]
+
+    def to_json(self) -> dict[str, Any]:
+        """Exact integers and their decimal rendering."""
+        out: dict[str, Any] = {"currency": self.currency, "currency_scale": self.scale}
+        for name in (
+            "gross_minor",
+            "credits_minor",
+            "net_minor",
+            "fee_minor",
+            "buyer_owes_minor",
+            "operator_receives_minor",
+            "desk_receives_minor",
+        ):
+            value = getattr(self, name)
+            out[name] = value
+            out[name.removesuffix("_minor")] = format_minor(value, self.scale)
+        return out
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did and found (``to_json`` / ``render``)."""
+
+    trace_dir: str
+    transport: str
+    interval_s: int
+    tasks: int = 0
+    trace: TraceUsage | None = None
+    placements: int = 0
+    unplaceable: list[tuple[str, str]] = field(default_factory=list)
+    nodes: int = 0
+    events_generated: int = 0
+    events_accepted: int = 0
+    inputs_rejected: int = 0
+    delivered_mgms: int = 0
+    delivered_by_qos_mgms: dict[str, int] = field(default_factory=dict)
+    delivered_by_model_mgms: dict[str, int] = field(default_factory=dict)
+    money: dict[str, Money] = field(default_factory=dict)
+    verified: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    peak_rss_mib: float = 0.0
+
+    @property
+    def delivered_equals_trace(self) -> bool:
+        """The delivered total equals the trace's own weighted total, exactly."""
+        return self.trace is not None and self.delivered_mgms == self.trace.weighted_mgms
+
+    @property
+    def ok(self) -> bool:
+        """Every export verified and the delivered total equals the trace's."""
+        return (
+            self.delivered_equals_trace
+            and not self.failed
+            and not self.unplaceable
+            and self.verified == self.placements
+        )
+
+    def rate(self, phase: str) -> float:
+        """Accepted events per second of a phase (0 when it took no time)."""
+        seconds = self.seconds.get(phase, 0.0)
+        return self.events_accepted / seconds if seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable report."""
+        trace = self.trace
+        return {
+            "format": REPORT_FORMAT,
+            "trace_dir": self.trace_dir,
+            "transport": self.transport,
+            "interval_s": self.interval_s,
+            "tasks": self.tasks,
+            "trace": None
+            if trace is None
+            else {
+                "gpu_tasks": trace.gpu_tasks,
+                "gpu_tasks_by_qos": trace.gpu_tasks_by_qos,
+                "ran_tasks": trace.ran_tasks,
+                "whole_mgms": trace.whole_mgms,
+                "whole_gpu_hours": format_gpu_hours(trace.whole_mgms),
+                "weighted_mgms": trace.weighted_mgms,
+                "weighted_gpu_hours": format_gpu_hours(trace.weighted_mgms),
+            },
+            "placements": self.placements,
+            "unplaceable": [{"task": t, "reason": r} for t, r in self.unplaceable],
+            "nodes": self.nodes,
+            "events_generated": self.events_generated,
+            "events_accepted": self.events_accepted,
+            "inputs_rejected": self.inputs_rejected,
+            "delivered_mgms": self.delivered_mgms,
+            "delivered_gpu_hours": format_gpu_hours(self.delivered_mgms),
+            "delivered_by_qos": _hours_json(self.delivered_by_qos_mgms),
+            "delivered_by_model": _hours_json(self.delivered_by_model_mgms),
+            "delivered_equals_trace": self.delivered_equals_trace,
+            "money": [m.to_json() for _, m in sorted(self.money.items())],
+            "verdicts": {"verified": self.verified, "failed": len(self.failed)},
+            "failed": [{"placement": p, "why": w} for p, w in self.failed],
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "events_per_s": {
+                "ledger": round(self.rate("ledger"), 1),
+                "verifier": round(self.rate("verify"), 1),
+                "agents": round(self.rate("agents"), 1),
+            },
+            "peak_rss_mib": round(self.peak_rss_mib, 1),
+            "ok": self.ok,
+        }
+
+    def render(self) -> list[str]:
+        """The human report, one line per fact."""
+        lines = [f"replay of {self.trace_dir} ({self.transport}, interval {self.interval_s} s)"]
+        trace = self.trace
+        if trace is not None:
+            lines.append(
+                f"trace: {self.tasks} tasks, {trace.gpu_tasks} GPU tasks, {trace.ran_tasks} ran; "
+                f"GPU-hours whole {format_gpu_hours(trace.whole_mgms)}, "
+                f"weighted {format_gpu_hours(trace.weighted_mgms)} "
+                f"({trace.weighted_mgms} milli-GPU-ms)"
+            )
+        lines.append(
+            f"placements: {self.placements} on {self.nodes} nodes; "
+            f"unplaceable: {len(self.unplaceable)}"
+        )
+        for task, reason in self.unplaceable[:UNPLACEABLE_SHOWN]:
+            lines.append(f"  unplaceable {task}: {reason}")
+        lines.append(
+            f"events: {self.events_generated} signed by the agents this run, "
+            f"{self.events_accepted} accepted by the ledger, {self.inputs_rejected} rejected"
+        )
+        lines.append(
+            f"delivered: {format_gpu_hours(self.delivered_mgms)} GPU-hours "
+            f"({self.delivered_mgms} milli-GPU-ms)"
+        )
+        for qos, mgms in sorted(self.delivered_by_qos_mgms.items()):
+            lines.append(f"  QoS {qos}: {format_gpu_hours(mgms)} GPU-hours")
+        for model, mgms in sorted(self.delivered_by_model_mgms.items()):
+            lines.append(f"  model {model}: {format_gpu_hours(mgms)} GPU-hours")
+        for _, m in sorted(self.money.items()):
+            lines.append(
+                f"money ({m.currency}): gross {format_minor(m.gross_minor, m.scale)}, "
+                f"credits {format_minor(m.credits_minor, m.scale)}, "
+                f"fees {format_minor(m.fee_minor, m.scale)}; "
+                f"buyers owe {format_minor(m.buyer_owes_minor, m.scale)}, "
+                f"operator receives {format_minor(m.operator_receives_minor, m.scale)}, "
+                f"desk receives {format_minor(m.desk_receives_minor, m.scale)}"
+            )
+        lines.append(f"verdicts: {self.verified} verified, {len(self.failed)} failed")
+        for placement, why in self.failed[:UNPLACEABLE_SHOWN]:
+            lines.append(f"  FAIL {placement}: {why}")
+        lines.append(f"delivered_equals_trace: {str(self.delivered_equals_trace).lower()}")
+        timing = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+        lines.append(f"time: {timing}; peak RSS {self.peak_rss_mib:.0f} MiB")
+        lines.append(
+            ("OK: " if self.ok else "FAIL: ")
+            + "replay "
+            + ("checks out" if self.ok else "does not check out")
+        )
+        return lines
+
+
+def _hours_json(by: dict[str, int]) -> dict[str, dict[str, Any]]:
+    return {k: {"mgms": v, "gpu_hours": format_gpu_hours(v)} for k, v in sorted(by.items())}
+
+
+def select_tasks(tasks: Sequence[Task], limit: int | None) -> tuple[Task, ...]:
+    """The tasks a run replays: all, or the first ``limit`` GPU tasks that ran, by
+    (scheduled_time, file line)."""
+    if limit is None:
+        return tuple(tasks)
+    if limit < 1:
+        raise ValueError(f"--limit must be positive, got {limit}")
+    ran = sorted((t for t in tasks if t.ran), key=lambda t: (t.scheduled_time_s, t.line))
+    return tuple(ran[:limit])
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process and its waited-for children, in MiB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 1024  # Linux reports KiB
+
+
+class _Timer:
+    def __init__(self, seconds: dict[str, float], phase: str) -> None:
+        self.seconds = seconds
+        self.phase = phase
+        self.started = 0.0
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.perf_counter() - self.started
+        self.seconds[self.phase] = self.seconds.get(self.phase, 0.0) + elapsed
+
+
+# ---- the run -------------------------------------------------------------------------------
+
+
+class _Run:
+    """State of one replay run (see the module docstring for the steps)."""
+
+    def __init__(self, options: ReplayOptions) -> None:
+        self.options = options
+        self.workdir = Path(options.workdir)
+        self.report = ReplayReport(
+            trace_dir=str(options.trace_dir),
+            transport="kafka" if options.kafka else "local",
+            interval_s=options.interval_s,
+        )
+        self.seconds = self.report.seconds
+        self.plan: Plan | None = None
+        self.cast: ReplayCast = make_replay_cast(options.seed, options.buyers)
+        self.prices: PriceTable = load_price_table(options.prices)
+        self.terms: dict[str, PlacementTerms] = {}
+        self.terms_envelopes: dict[str, bytes] = {}
+
+    # 1-3: trace, plan, keys and terms
+    def prepare(self) -> Plan:
+        with _Timer(self.seconds, "plan"):
+            trace = read_trace(self.options.trace_dir)
+            tasks = select_tasks(trace.tasks, self.options.limit)
+            self.report.tasks = len(tasks)
+            self.report.trace = trace_usage(tasks)
+            plan = plan_placements(
+                trace.nodes, tasks, epoch_ms=TRACE_EPOCH_MS, buyers=self.options.buyers
+            )
+            self.report.placements = len(plan.placements)
+            self.report.unplaceable = [(u.task.name, u.reason) for u in plan.unplaceable]
+            self.report.nodes = len(plan.nodes_used)
+        with _Timer(self.seconds, "terms"):
+            for placement in plan.placements:
+                terms, envelope = signed_placement_terms(placement, self.cast, self.prices)
+                self.terms[placement.placement_id] = terms
+                self.terms_envelopes[placement.placement_id] = envelope
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.workdir / "trust.json", dump_trust(self.cast.trust()))
+        self.plan = plan
+        return plan
+
+    def steps(self, plan: Plan) -> list[int]:
+        """The step ends: from the first window start to past the last close."""
+        if not plan.placements:
+            return []
+        start = min(p.window_start_ms for p in plan.placements)
+        grace = max(t.late_grace_ms for t in self.terms.values())
+        last = max(p.window_end_ms for p in plan.placements) + grace
+        count = -(-(last - start) // self.options.step_ms)
+        return [start + (k + 1) * self.options.step_ms for k in range(count)]
+
+    def cluster(self, plan: Plan, spool_root: Path) -> ReplayCluster:
+        start = min((p.window_start_ms for p in plan.placements), default=TRACE_EPOCH_MS)
+        return ReplayCluster(
+            plan,
+            self.terms,
+            self.cast,
+            self.prices,
+            spool_root,
+            interval_ms=self.options.interval_s * 1000,
+            start_ms=start,
+        )
+
+    def starting(self, plan: Plan, after_ms: int | None, until_ms: int) -> list[Placement]:
+        """Placements whose window starts before ``until_ms`` (and not before ``after_ms``)."""
+        return [
+            p
+            for p in plan.placements
+            if p.window_start_ms < until_ms and (after_ms is None or p.window_start_ms >= after_ms)
+        ]
+
+    # 4 (local): the agents' spools are the transport
+    def run_local(self, plan: Plan) -> None:
+        local_dir = self.workdir / "local"
+        local_dir.mkdir(parents=True, exist_ok=True)
+        store = Store(self.workdir / "ledger.duckdb", ledger_public_key=self.cast.ledger.public_key)
+        now = _ClockHolder()
+        service = LedgerService(
+            store, self.cast.ledger, ledger_id=LEDGER_ID, local_dir=local_dir, clock=now.read
+        )
+        cluster = self.cluster(plan, local_dir)
+        try:
+            previous: int | None = None
+            for until in self.steps(plan):
+                starting = self.starting(plan, previous, until)
+                if starting:
+                    publish_local(
+                        local_dir,
+                        publisher_source(PUBLISHER),
+                        [self.terms_envelopes[p.placement_id] for p in starting],
+                    )
+                with _Timer(self.seconds, "agents"):
+                    for _, envelopes in cluster.tick_to(previous or 0, until):
+                        self.report.events_generated += len(envelopes)
+                now.value = until
+                with _Timer(self.seconds, "ledger"):
+                    service.run_until_idle()
+                previous = until
+            self.finish(plan, store)
+        finally:
+            cluster.close()
+            service.close()
+
+    # 4 (kafka): events sent keyed by placement, acknowledged, then consumed
+    async def run_kafka(self, plan: Plan) -> None:
+        from gridledger.kafka_broker import create_topic_async
+
+        assert self.options.kafka is not None
+        settings = KafkaSettings(bootstrap=self.options.kafka, topic=self.options.topic)
+        await create_topic_async(
+            settings.bootstrap, settings.topic, self.options.partitions, exist_ok=True
+        )
+        store = Store(self.workdir / "ledger.duckdb", ledger_public_key=self.cast.ledger.public_key)
+        now = _ClockHolder()
+        service = KafkaLedgerService(
+            store, self.cast.ledger, KafkaConfig(settings=settings), clock=now.read
+        )
+        cluster = self.cluster(plan, self.workdir / "spools")
+        producer = make_producer(settings, linger_ms=5)
+        sender = _Sender(producer, settings.topic)
+        try:
+            await producer.start()
+            await service.start()
+            # Events spooled by an earlier run but never acknowledged: send them again.
+            for node in cluster.nodes():
+                await sender.resend_unacked(node)
+            await sender.flush()
+            previous: int | None = None
+            for until in self.steps(plan):
+                for p in self.starting(plan, previous, until):
+                    await sender.send(p.placement_id, self.terms_envelopes[p.placement_id])
+                touched: list[NodeAgent] = []
+                for node, envelopes in cluster.tick_to(previous or 0, until):
+                    self.report.events_generated += len(envelopes)
+                    for envelope in envelopes:
+                        await sender.send(placement_id_of(envelope), envelope)
+                    touched.append(node)
+                await sender.flush()
+                for node in touched:  # acknowledged: record it, then free the spool
+                    _write_acked(node)
+                now.value = until
+                with _Timer(self.seconds, "ledger"):
+                    await service.run_until(
+                        deadline_s=LEDGER_STEP_DEADLINE_S, idle_poll_ms=LEDGER_IDLE_POLL_MS
+                    )
+                previous = until
+            self.seconds["agents_and_send"] = sender.seconds
+            self.finish(plan, store)
+        finally:
+            cluster.close()
+            await service.stop()
+            await producer.stop()
+            service.close()
+
+    # 5-6: exports, verifier, report
+    def finish(self, plan: Plan, store: Store) -> None:
+        exports = self.workdir / "exports"
+        if exports.exists():
+            shutil.rmtree(exports)
+        exports.mkdir(parents=True)
+        paths: list[tuple[Placement, Path]] = []
+        with _Timer(self.seconds, "export"):
+            for placement in plan.placements:
+                if store.close_index(placement.placement_id) is None:
+                    self.report.failed.append((placement.placement_id, "never closed"))
+                    continue
+                out = exports / f"{placement.placement_id}.duckdb"
+                export_placement(store, placement.placement_id, out, key=self.cast.ledger)
+                paths.append((placement, out))
+            counts = store.query(
+                "SELECT status, count(*) FROM records WHERE kind = 'usage' GROUP BY 1"
+            )
+            by_status = {str(s): int(n) for s, n in counts}
+            self.report.events_accepted = by_status.get("accepted", 0)
+            self.report.inputs_rejected = int(
+                store.query("SELECT count(*) FROM records WHERE status = 'rejected'")[0][0]
+            )
+        with _Timer(self.seconds, "verify"):
+            self.verify(paths, self.cast.trust())
+
+    def verify(self, paths: list[tuple[Placement, Path]], trust: TrustFile) -> None:
+        from verifier.verify import verify_export
+        from verifier.workers import OpenPool
+
+        by_qos: Counter[str] = Counter()
+        by_model: Counter[str] = Counter()
+        with OpenPool[Any]("thread") as pool:
+            for placement, path in paths:
+                try:
+                    result = verify_export(path, trust, pool=pool)
+                except Exception as exc:  # a verifier crash is a failed verdict, named
+                    self.report.failed.append(
+                        (placement.placement_id, f"verifier raised {type(exc).__name__}: {exc}")
+                    )
+                    continue
+                totals = result.totals
+                if not result.ok or totals is None or not result.final:
+                    kept = result.findings.kept
+                    why = result.error or (kept[0].line() if kept else result.verdict)
+                    self.report.failed.append((placement.placement_id, why))
+                    continue
+                self.report.verified += 1
+                delivered = totals["delivered_mgms"]
+                self.report.delivered_mgms += delivered
+                by_qos[placement.task.qos] += delivered
+                by_model[placement.model] += delivered
+                money = self.report.money.setdefault(
+                    f"{result.currency}/{result.currency_scale}",
+                    Money(result.currency, result.currency_scale),
+                )
+                money.add(totals)
+        self.report.delivered_by_qos_mgms = dict(sorted(by_qos.items()))
+        self.report.delivered_by_model_mgms = dict(sorted(by_model.items()))
+
+
+class _ClockHolder:
+    """The ledger's simulated clock: the end of the step the replay has reached."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def read(self) -> int:
+        return self.value
+
+
+class _Sender:
+    """Sends (key, envelope) to Kafka, at most SEND_WINDOW_RECORDS unacknowledged."""
+
+    def __init__(self, producer: Any, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.pending: list[Any] = []
+        self.seconds = 0.0
+
+    async def send(self, key: str, envelope: bytes) -> None:
+        started = time.perf_counter()
+        future = await self.producer.send(self.topic, value=envelope, key=key.encode())
+        self.pending.append(future)
+        self.seconds += time.perf_counter() - started
+        if len(self.pending) >= SEND_WINDOW_RECORDS:
+            await self.flush()
+
+    async def flush(self) -> None:
+        started = time.perf_counter()
+        pending, self.pending = self.pending, []
+        if pending:
+            await asyncio.gather(*pending)
+        self.seconds += time.perf_counter() - started
+
+    async def resend_unacked(self, node: NodeAgent) -> int:
+        acked = _read_acked(node.spool_dir)
+        count = 0
+        for entry in read_spool(node.spool_dir, acked):
+            await self.send(placement_id_of(entry.data), entry.data)
+            count += 1
+        if count:
+            log.info("resent_unacked", node=node.node_id, events=count)
+        return count
+
+
+def _read_acked(spool_dir: Path) -> SpoolPosition | None:
+    raw = read_small_file(spool_dir / ACKED_FILE)
+    if raw is None:
+        return None
+    segment, _, offset = raw.decode("ascii").strip().partition(":")
+    return SpoolPosition(int(segment), int(offset))
+
+
+def _write_acked(node: NodeAgent) -> None:
+    """Record that everything the node spooled so far is in Kafka, then free the spool."""
+    position = node.end_position
+    write_atomic(node.spool_dir / ACKED_FILE, f"{position.segment}:{position.offset}\n".encode())
+    node.agent.collect_garbage(position)
+
+
+def run_replay(options: ReplayOptions) -> ReplayReport:
+    """Run a whole replay (module docstring) and return its report. Never exits."""
+    started = time.perf_counter()
+    run = _Run(options)
+    plan = run.prepare()
+    if options.kafka:
+        asyncio.run(run.run_kafka(plan))
+    else:
+        run.run_local(plan)
+    run.seconds["total"] = time.perf_counter() - started
+    run.report.peak_rss_mib = peak_rss_mib()
+    return run.report
+
+
+# ---- CLI ---------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `gridledger replay`."""
+    parser = subparsers.add_parser(
+        "replay",
+        help="meter, settle and verify a production GPU cluster trace (OpenB CSV format)",
+        description=__doc__.split("\n\n", 1)[0] if __doc__ else None,
+    )
+    parser.add_argument("trace_dir", type=Path, metavar="TRACE_DIR")
+    parser.add_argument("--workdir", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--kafka", metavar="HOST:PORT", help="use Kafka (default: local spools)")
+    parser.add_argument("--topic", default=DEFAULT_TOPIC)
+    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
+    parser.add_argument("--interval-s", type=int, default=DEFAULT_INTERVAL_S, metavar="N")
+    parser.add_argument("--limit", type=int, metavar="N", help="first N GPU tasks that ran")
+    parser.add_argument("--prices", type=Path, metavar="FILE", help="price table (TOML)")
+    parser.add_argument("--seed", default=DEFAULT_SEED, help="seed text of every key")
+    parser.add_argument("--buyers", type=int, default=DEFAULT_BUYERS)
+    parser.add_argument("--json", action="store_true", help="machine-readable report")
+    parser.set_defaults(handler=_handle)
+
+
+def quiet_logs(level: int = logging.WARNING) -> None:
+    """Per-placement info logs (thousands of them) off: the report says what matters."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from gridledger.replay_terms import PriceTableError
+    from gridledger.trace import TraceError
+
+    quiet_logs()
+    options = ReplayOptions(
+        trace_dir=args.trace_dir,
+        workdir=args.workdir,
+        kafka=args.kafka,
+        topic=args.topic,
+        partitions=args.partitions,
+        interval_s=args.interval_s,
+        limit=args.limit,
+        prices=args.prices,
+        seed=args.seed,
+        buyers=args.buyers,
+    )
+    try:
+        report = run_replay(options)
+    except (TraceError, PriceTableError, ValueError) as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return 2
+    emit: Callable[[str], None] = print
+    if args.json:
+        emit(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        for line in report.render():
+            emit(line)
+    return 0 if report.ok else 1
