@@ -11,8 +11,9 @@ reason. Each method below carries the SPEC section it implements.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 import msgspec
@@ -59,6 +60,8 @@ INPUT_KINDS: Final = frozenset({"terms", "keybinding", "usage", "reclaim", "adju
 _AFTER_CLOSE_KINDS: Final = frozenset({"usage", "keybinding", "reclaim", "closed"})
 _FOREVER: Final = (0, limits.MAX_SAFE_INTEGER)
 SNAPSHOT_VERSION: Final = 1
+# Signatures checked or made per job handed to an executor thread.
+CRYPTO_CHUNK: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class Outcome:
     record_envelope: bytes | None
     record_hash: str | None
     detail: str = ""
+    record_payload: bytes | None = None
 
 
 class _Drop(Exception):
@@ -121,6 +125,13 @@ class _Placement:
     seen: set[str] = field(default_factory=set)
     held: list[tuple[bytes, str]] = field(default_factory=list)
     held_hashes: set[str] = field(default_factory=set)
+
+    def key_for(self, node_id: str, keyid: str) -> bytes | None:
+        """The public key with this key id bound to the node (any validity), if any."""
+        for public_key in self.bindings.get(node_id, ()):
+            if key_id(public_key) == keyid:
+                return public_key
+        return None
 
     def accept_terms(self, terms: PlacementTerms, payload: bytes, record_hash: str) -> None:
         self.terms = terms
@@ -185,6 +196,8 @@ class Fold:
         self.load_state = load_state
         self._placements: dict[str, _Placement] = {}
         self._dirty: set[str] = set()
+        self._preverified: dict[bytes, tuple[bytes, bytes, Future[list[bool]], int]] = {}
+        self._defer_signing = False
         # Without a lookup (tests, pure replays) every accepted usage event is remembered.
         self._history: dict[tuple[str, str, int], tuple[str, str]] | None = (
             {} if lookup is None else None
@@ -194,11 +207,82 @@ class Fold:
 
     def apply(self, raw: bytes, position: str, stream_key: str | None) -> list[Outcome]:
         """Process one input received at ``position`` under transport key ``stream_key``."""
-        # §6.1 (1): decode, else quarantine (not attributable).
+        return self._apply_opened(raw, position, stream_key, _open(raw))
+
+    def apply_batch(
+        self, items: Sequence[tuple[bytes, str, str | None]], executor: Executor | None = None
+    ) -> list[Outcome]:
+        """``apply`` each input in order and return all outcomes, flattened.
+
+        With an executor, the Ed25519 work runs on its threads (libsodium releases the
+        GIL): usage signatures are checked ahead of the fold with the keys bound when the
+        batch starts, and record signatures are made after it. The outcomes are the same
+        as ``apply`` one input at a time; a check the pre-pass could not do (a key bound
+        inside the batch) is simply done inline.
+        """
+        if executor is None:
+            return [o for raw, pos, key in items for o in self.apply(raw, pos, key)]
+        opened = [_open(raw) for raw, _, _ in items]
+        self._preverified = self._preverify(opened, executor)
+        self._defer_signing = True
         try:
-            opened = open_envelope(raw)
-        except ProtoError as exc:
-            return [_unattributed(raw, position, None, None, exc.reason, exc.detail)]
+            outcomes = [
+                o
+                for (raw, position, key), op in zip(items, opened, strict=True)
+                for o in self._apply_opened(raw, position, key, op)
+            ]
+        finally:
+            self._preverified = {}
+            self._defer_signing = False
+        return self._sign_outcomes(outcomes, executor)
+
+    def _preverify(
+        self, opened: Sequence[Opened | ProtoError], executor: Executor
+    ) -> dict[bytes, tuple[bytes, bytes, Future[list[bool]], int]]:
+        jobs: list[tuple[bytes, bytes, bytes]] = []
+        for op in opened:
+            if not isinstance(op, Opened) or not isinstance(op.record, UsageEvent):
+                continue
+            signatures = op.envelope.signatures
+            placement = self._placements.get(op.record.placement_id)
+            if len(signatures) != 1 or placement is None:
+                continue
+            public_key = placement.key_for(op.record.node_id, signatures[0].keyid)
+            if public_key is not None:
+                jobs.append((public_key, op.payload, signatures[0].sig))
+        table: dict[bytes, tuple[bytes, bytes, Future[list[bool]], int]] = {}
+        for start in range(0, len(jobs), CRYPTO_CHUNK):
+            chunk = jobs[start : start + CRYPTO_CHUNK]
+            future = executor.submit(_verify_chunk, chunk)
+            for i, (public_key, payload, sig) in enumerate(chunk):
+                table[sig] = (public_key, payload, future, i)
+        return table
+
+    def _verified(self, public_key: bytes, payload: bytes, sig: bytes) -> bool:
+        entry = self._preverified.get(sig)
+        if entry is not None and entry[0] == public_key and entry[1] is payload:
+            return entry[2].result()[entry[3]]
+        return verify(public_key, payload, sig)
+
+    def _sign_outcomes(self, outcomes: list[Outcome], executor: Executor) -> list[Outcome]:
+        pending = [i for i, o in enumerate(outcomes) if o.decision == "chained"]
+        chunks = [pending[s : s + CRYPTO_CHUNK] for s in range(0, len(pending), CRYPTO_CHUNK)]
+        key = self.ledger_key
+        futures = [
+            executor.submit(_sign_chunk, key, [outcomes[i].record_payload for i in chunk])
+            for chunk in chunks
+        ]
+        for chunk, future in zip(chunks, futures, strict=True):
+            for i, envelope in zip(chunk, future.result(), strict=True):
+                outcomes[i] = replace(outcomes[i], record_envelope=envelope)
+        return outcomes
+
+    def _apply_opened(
+        self, raw: bytes, position: str, stream_key: str | None, opened: Opened | ProtoError
+    ) -> list[Outcome]:
+        # §6.1 (1): decode, else quarantine (not attributable).
+        if isinstance(opened, ProtoError):
+            return [_unattributed(raw, position, None, None, opened.reason, opened.detail)]
         record = opened.record
         placement_id: str = record.placement_id
         if opened.kind not in INPUT_KINDS:
@@ -440,7 +524,7 @@ class Fold:
             totals=p.totals,
         )
         payload = signed_bytes(record)
-        envelope = encode_envelope(sign_payload(payload, [self.ledger_key]))
+        envelope = None if self._defer_signing else _sign_record(self.ledger_key, payload)
         record_hash = sha256_hex(payload)
         p.next_index += 1
         p.head = record_hash
@@ -459,6 +543,7 @@ class Fold:
             record_envelope=envelope,
             record_hash=record_hash,
             detail=detail,
+            record_payload=payload,
         )
 
     def _reprice(self, p: _Placement, **changes: int) -> Totals:
@@ -511,11 +596,11 @@ class Fold:
         if len(signatures) > 1:
             raise _Reject(Reason.SIG_SURPLUS, f"{len(signatures)} signatures, want 1")
         signature = signatures[0]
-        match = [(k, v) for k, v in bound.items() if key_id(k) == signature.keyid]
-        if not match:
+        public_key = p.key_for(event.node_id, signature.keyid)
+        if public_key is None:
             raise _Reject(Reason.NODE_KEY_UNKNOWN, f"key {signature.keyid} is not bound to node")
-        public_key, (valid_from, valid_until) = match[0]
-        if not verify(public_key, opened.payload, signature.sig):
+        valid_from, valid_until = bound[public_key]
+        if not self._verified(public_key, opened.payload, signature.sig):
             raise _Reject(Reason.SIG_INVALID, f"bad signature by key {signature.keyid}")
         if not (valid_from <= event.start_ms and event.end_ms <= valid_until):
             raise _Reject(
@@ -713,3 +798,26 @@ def _from_snapshot(placement_id: str, data: bytes) -> _Placement:
     p.held = [(raw, position) for raw, position in snap.held]
     p.held_hashes = {sha256_hex(raw) for raw, _ in p.held}
     return p
+
+
+def _open(raw: bytes) -> Opened | ProtoError:
+    try:
+        return open_envelope(raw)
+    except ProtoError as exc:
+        return exc
+
+
+def _sign_record(key: SigningKey, payload: bytes) -> bytes:
+    return encode_envelope(sign_payload(payload, [key]))
+
+
+def _verify_chunk(jobs: Sequence[tuple[bytes, bytes, bytes]]) -> list[bool]:
+    return [verify(public_key, payload, sig) for public_key, payload, sig in jobs]
+
+
+def _sign_chunk(key: SigningKey, payloads: Sequence[bytes | None]) -> list[bytes]:
+    out = []
+    for payload in payloads:
+        assert payload is not None
+        out.append(_sign_record(key, payload))
+    return out

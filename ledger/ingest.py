@@ -16,12 +16,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
 
 from ledger.fold import Fold, Outcome
 from ledger.inputs import Item
+from ledger.limits import CRYPTO_THREADS
 from ledger.metrics import LedgerMetrics
 from ledger.statements import make_statement
 from ledger.store import Batch, ChainedRow, QuarantineRow, StateRow, Store
@@ -56,12 +58,18 @@ class Ingestor:
         self.key = key
         self.metrics = metrics
         self.fold = Fold(key, lookup=store.lookup_usage, load_state=store.load_state)
+        # Ed25519 checks and record signatures run on these threads beside the fold.
+        self._crypto = ThreadPoolExecutor(CRYPTO_THREADS, thread_name_prefix="ledger-crypto")
         self._broken = False
         restored = 0
         for placement_id, snapshot in store.open_states():
             self.fold.restore(placement_id, snapshot)
             restored += 1
         log.info("fold_restored", placements=restored)
+
+    def close(self) -> None:
+        """Stop the crypto threads (the store is the owner's to close)."""
+        self._crypto.shutdown(wait=True)
 
     def ingest(self, items: Sequence[Item]) -> BatchReport:
         """Fold ``items`` in order and commit the batch with the sources' next positions."""
@@ -71,12 +79,13 @@ class Ingestor:
         batch = Batch()
         held = 0
         closes: dict[str, ChainedRow] = {}
+        triples = [(item.data, item.position, item.stream_key) for item in items]
+        for outcome in self.fold.apply_batch(triples, self._crypto):
+            if outcome.decision == "held":
+                held += 1
+            else:
+                self._collect(batch, outcome, closes)
         for item in items:
-            for outcome in self.fold.apply(item.data, item.position, item.stream_key):
-                if outcome.decision == "held":
-                    held += 1
-                else:
-                    self._collect(batch, outcome, closes)
             batch.offsets[item.source] = item.next_position
         for placement_id in sorted(self.fold.dirty()):
             batch.states.append(

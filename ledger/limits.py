@@ -40,3 +40,7 @@ HTTP_CLIENT_TIMEOUT_S: Final = 60.0
 
 # Batch latency histogram buckets (seconds).
 BATCH_LATENCY_BUCKETS_S: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+# Threads that check input signatures and sign records beside the fold (libsodium
+# releases the GIL, so two threads use both cores of the reference machine).
+CRYPTO_THREADS: Final = 2

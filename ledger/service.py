@@ -225,7 +225,8 @@ class LedgerService:
         return run
 
     def close(self) -> None:
-        """Close the store."""
+        """Stop the crypto threads and close the store."""
+        self.ingestor.close()
         self.store.close()
 
 
@@ -363,5 +364,6 @@ class KafkaLedgerService:
         return run
 
     def close(self) -> None:
-        """Close the store (after ``stop``)."""
+        """Stop the crypto threads and close the store (after ``stop``)."""
+        self.ingestor.close()
         self.store.close()

@@ -440,3 +440,21 @@ def test_snapshot_is_json_free_bytes() -> None:
     with pytest.raises(ValueError):
         json.loads(data)
     assert base64.b64encode(data)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 50))
+def test_batched_fold_with_crypto_threads_equals_one_by_one(seed: int, batch: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    cast, inputs = build_stream(seed)
+    one = Fold(cast.ledger)
+    expected = [o for i, raw in enumerate(inputs) for o in one.apply(raw, f"p:{i}", None)]
+    batched = Fold(cast.ledger)
+    got: list[Outcome] = []
+    items = [(raw, f"p:{i}", None) for i, raw in enumerate(inputs)]
+    with ThreadPoolExecutor(2) as pool:
+        for start in range(0, len(items), batch):
+            got.extend(batched.apply_batch(items[start : start + batch], pool))
+    assert got == expected
+    assert batched.head(PID) == one.head(PID)
