@@ -83,16 +83,25 @@ def main() -> None:
             if args.kafka
             else None
         )
-        events = 0
-        sample_envelope = b""
+
+        async def drive() -> tuple[int, bytes]:
+            # One event loop for the whole run: the producer belongs to it.
+            count, last = 0, b""
+            try:
+                for _ in range(args.intervals):
+                    clock.advance(interval_ms)
+                    emitted = agent.tick()
+                    count += len(emitted)
+                    last = emitted[-1] if emitted else last
+                    if shipper is not None:
+                        await shipper.ship_available()
+            finally:
+                if shipper is not None:
+                    await shipper.close()
+            return count, last
+
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        for _ in range(args.intervals):
-            clock.advance(interval_ms)
-            emitted = agent.tick()
-            events += len(emitted)
-            sample_envelope = emitted[-1] if emitted else sample_envelope
-            if shipper is not None:
-                asyncio.run(shipper.ship_available())
+        events, sample_envelope = asyncio.run(drive())
         cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
         spool_bytes = agent.spool.bytes_used
         agent.close()

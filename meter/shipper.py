@@ -124,6 +124,10 @@ class Shipper:
             async with asyncio.timeout(PRODUCER_STOP_TIMEOUT_S):
                 await producer.stop()
 
+    async def close(self) -> None:
+        """Stop the producer (the shipper can be used again: it makes a new one)."""
+        await self._discard_producer()
+
     async def _discard_producer(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:

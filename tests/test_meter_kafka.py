@@ -290,7 +290,7 @@ def test_shipper_acks_collects_garbage_and_resumes_without_resending(
         try:
             return await shipper.ship_available()
         finally:
-            await shipper._discard_producer()
+            await shipper.close()
 
     clock.advance(60 * MINUTE_MS)
     first = agent.tick()
