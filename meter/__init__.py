@@ -1,1 +1,13 @@
-"""gridledger meter package."""
+"""The node agent (DESIGN.md, "meter/"): measure GPUs, sign usage, spool first, ship.
+
+Modules, by concept:
+
+* ``spool`` — the durable, checksummed, segmented log every record goes to first (fsync);
+* ``stream`` — one (node, placement) stream as pure functions: intervals, samples, events;
+* ``agent`` — ``Agent.tick()``: every due interval of every stream, signed and spooled;
+* ``sources`` / ``nvml`` / ``sim`` — where readings come from: NVML or a seeded simulator;
+* ``clock`` — injected time: the wall clock, a simulated clock, a skewed one;
+* ``shipper`` — spool -> Kafka, acknowledged, at least once, with garbage collection;
+* ``config`` / ``cli`` — meter.toml and ``gridledger meter run``;
+* ``limits`` — every named bound of the agent; ``metrics`` — its Prometheus counters.
+"""

@@ -305,7 +305,7 @@ class Agent:
         sealed: list[tuple[_Stream, SealedEvent]] = []
         for stream, start, end in jobs:
             if (start, end) not in readings:
-                readings[(start, end)] = self._source.read(start, end)
+                readings[(start, end)] = self._read_source(start, end)
             head = heads[stream.key]
             event = build_event(
                 stream.key, head, start, end, samples_for(stream.gpus, readings[(start, end)])
@@ -322,6 +322,16 @@ class Agent:
         self.metrics.events_emitted.inc(len(envelopes))
         self.metrics.spool_bytes.set(self._spool.bytes_used)
         return envelopes
+
+    def _read_source(self, start_ms: int, end_ms: int) -> Mapping[str, GpuReading]:
+        """The source's readings; a failing source is counted and every GPU of the interval
+        reported unhealthy (it could not be seen), never a crash of the agent."""
+        try:
+            return self._source.read(start_ms, end_ms)
+        except Exception as exc:
+            self.metrics.source_errors.inc()
+            _log.error("gpu_source_failed", error=f"{type(exc).__name__}: {exc}")
+            return {}
 
     def save_heads(self) -> None:
         """Write the last event of every stream to HEADS (before segments are deleted)."""

@@ -29,6 +29,9 @@ class MeterMetrics:
         self.ship_failures = Counter(
             "meter_ship_failures", "Failed attempts to ship a batch to Kafka", registry=r
         )
+        self.source_errors = Counter(
+            "meter_source_errors", "Reads of the GPU source that failed", registry=r
+        )
         self.records_skipped = Counter(
             "meter_records_skipped",
             "Spool records that could not be used, by reason",

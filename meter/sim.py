@@ -12,7 +12,8 @@ Spec grammar (``gridledger meter run --simulate SPEC``)::
                                                of this node; more adds GPUs no placement has)
            | "unhealthy=" UUID "@" MS "-" MS   the GPU reports XID errors in [MS, MS)
            | "vanish=" UUID "@" MS ["-" MS]    the GPU is gone from MS (until MS, if given)
-           | "skew_ms=" ["-"] INT              the agent's clock is off by this much
+           | "skew_ms=" ["-"] INT              the agent's clock is off by this much (wall-
+                                               clock runs; --until-ms drives its own clock)
            | "crash_after=" INT                the agent kills itself (SIGKILL) after it has
                                                spooled this many events (crash tests)
            | "pace_ms=" INT                    with --until-ms: wall-clock pause per step

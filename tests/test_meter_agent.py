@@ -382,3 +382,23 @@ def test_node_spool_positions_are_resumable_by_a_reader(tmp_path: Path) -> None:
     later = agent.tick()
     agent.close()
     assert [e.data for e in read_spool(tmp_path / "spool", position)] == later
+
+
+class _BrokenSource:
+    def read(self, start_ms: int, end_ms: int) -> dict[str, object]:
+        raise RuntimeError("driver went away")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failing_source_is_counted_not_fatal(tmp_path: Path) -> None:
+    cast, terms = _scenario()
+    clock = SimClock(T0)
+    config = AgentConfig("n1", cast.node_key("n1"), tuple(terms), tmp_path / "s")
+    agent = Agent(config, _BrokenSource(), clock)  # type: ignore[arg-type]
+    clock.advance(2 * MINUTE_MS)
+    events = check_streams(agent.tick(), terms)
+    agent.close()
+    assert all(not s.healthy for e in events["p1"] for s in e.samples)
+    assert agent.metrics.snapshot()["meter_source_errors_total"] == 2
