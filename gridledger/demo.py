@@ -1,0 +1,564 @@
+"""`gridledger demo`: the whole story of one placement, end to end, in under a minute.
+
+1. Operator, buyer and desk each get a key pair; the ledger gets one; two GPU nodes get
+   one each (files under ``WORKDIR/keys``, private keys 0600).
+2. The placement terms are written as readable TOML (``WORKDIR/terms.toml``) and each
+   party signs the same canonical bytes separately (``terms.signed.json``).
+3. Two node agents meter one hour of simulated GPU time on a simulated clock (an hour
+   in seconds): one GPU goes unhealthy for ten minutes; the operator issues a reclaim
+   notice with less notice than the terms require.
+4. The ledger folds every signed event as it arrives (embedded ``local`` transport by
+   default, or a real Kafka broker with ``--kafka``), closes the placement once its
+   window and late grace have passed, and issues a final signed statement.
+5. The export (``WORKDIR/exports/<placement>.duckdb``) is verified offline against the
+   trust file the parties pinned (``WORKDIR/trust.json``) — and then a copy in which one
+   signed usage event claims a minute more (signature kept) is shown to fail, with the
+   findings named.
+
+Everything is deterministic except the key pairs, which are fresh for each workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import duckdb
+import msgspec
+import structlog
+
+from gridledger.money import format_gpu_hours, format_minor
+from proto.canonical import signed_bytes
+from proto.envelope import encode_envelope, open_envelope, sign_payload
+from proto.keys import SigningKey, load_signing_key, write_key_pair
+from proto.records import PlacementTerms, Statement
+from proto.terms import check_terms_signatures, load_terms_file, validate_terms
+from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile, dump_trust
+
+WINDOW_START_MS: Final = 1_796_083_200_000  # 2026-12-01T00:00:00Z
+MINUTE_MS: Final = 60_000
+HOUR_MS: Final = 60 * MINUTE_MS
+PLACEMENT_ID: Final = "pl-demo-0001"
+TOPIC: Final = "gridledger.records"
+PARTIES: Final = {
+    "operator": "acme-gpu-cloud",
+    "buyer": "inferco-batch",
+    "desk": "gridx-desk",
+    "ledger": "gridledger-ledger-1",
+}
+NODES: Final = ("node-a", "node-b")
+UNHEALTHY_GPU: Final = "GPU-node-b-1"
+STEP_MS: Final = 5 * MINUTE_MS
+TAMPER_LINES_SHOWN: Final = 6
+# The reclaim: issued at minute 48, effective at minute 52 (4 minutes' notice; 10 agreed).
+RECLAIM_ISSUED_MS: Final = WINDOW_START_MS + 48 * MINUTE_MS
+RECLAIM_EFFECTIVE_MS: Final = WINDOW_START_MS + 52 * MINUTE_MS
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `demo` command."""
+    demo = sub.add_parser(
+        "demo",
+        help="run one placement end to end: sign, meter, settle, export, verify, tamper",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument("--workdir", type=Path, default=Path("demo-out"))
+    demo.add_argument("--kafka", metavar="HOST:PORT", help="use a real Kafka broker")
+    demo.set_defaults(handler=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    _quiet_logs()
+    try:
+        result = run_demo(args.workdir, kafka=args.kafka, out=sys.stdout)
+    except DemoError as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return 1
+    return 0 if result.verified and result.tamper_caught else 1
+
+
+class DemoError(Exception):
+    """The demo could not run (a broker that does not answer, a busy workdir)."""
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What the demo produced, for tests and scripts."""
+
+    workdir: Path
+    export: Path
+    tampered: Path
+    trust: Path
+    statement: Statement
+    verified: bool
+    tamper_caught: bool
+    tamper_findings: str
+
+
+def _quiet_logs() -> None:
+    import logging
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def _say(out: io.TextIOBase | None, text: str = "") -> None:
+    if out is not None:
+        print(text, file=out, flush=True)
+
+
+def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> DemoResult:
+    """Run the demo in ``workdir`` (created fresh; an earlier demo there is replaced)."""
+    stream = out if isinstance(out, io.TextIOBase) else None
+    workdir = workdir.resolve()
+    if workdir.exists():
+        if not (workdir / ".gridledger-demo").exists() and any(workdir.iterdir()):
+            raise DemoError(f"{workdir} exists and is not a demo workdir; choose another")
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    (workdir / ".gridledger-demo").write_text("made by gridledger demo\n")
+    started = time.perf_counter()
+
+    _say(stream, "== 1. Parties and keys")
+    keys = _make_keys(workdir / "keys")
+    for role, name in PARTIES.items():
+        _say(stream, f"   {role:<8} {name:<22} key id {keys[name].key_id}")
+    for node in NODES:
+        _say(stream, f"   node     {node:<22} key id {keys[node].key_id}")
+
+    _say(stream, "\n== 2. Terms, signed by each party apart")
+    terms_toml = _write_terms_toml(workdir, keys)
+    signed = _sign_apart(terms_toml, workdir / "keys", workdir / "terms.signed.json")
+    terms = signed[0]
+    _describe_terms(stream, terms)
+    trust_path = workdir / "trust.json"
+    trust_path.write_bytes(dump_trust(_trust(keys)))
+    _say(stream, f"   signed by operator, buyer and desk -> {signed[1].name}")
+    _say(stream, f"   trust file pinned by the parties     -> {trust_path.name}")
+
+    _say(stream, "\n== 3. Metering one hour on a simulated clock")
+    _say(stream, f"   {UNHEALTHY_GPU} is unhealthy from minute 20 to 30")
+    _say(stream, "   reclaim notice issued at minute 48, effective at minute 52 (10 agreed)")
+    if kafka is None:
+        statement = _run_local(workdir, keys, terms, signed[1], stream)
+    else:
+        statement = _run_kafka(workdir, keys, terms, signed[1], kafka, stream)
+
+    _say(stream, "\n== 4. The statement, per party")
+    _print_statement(stream, terms, statement)
+
+    _say(stream, "\n== 5. Export, verified offline")
+    export = workdir / "exports" / f"{PLACEMENT_ID}.duckdb"
+    code, text = _verify(export, trust_path)
+    _say(stream, _indent(text))
+    verified = code == 0
+
+    _say(stream, "== 6. A tampered copy: one signed usage event edited, its signature kept")
+    tampered = workdir / "exports" / "tampered" / f"{PLACEMENT_ID}.duckdb"
+    what = _tamper(export, tampered)
+    _say(stream, f"   changed: {what}")
+    tamper_code, tamper_text = _verify(tampered, trust_path)
+    _say(stream, _indent(_first_lines(tamper_text, TAMPER_LINES_SHOWN)))
+    caught = tamper_code == 1
+    _say(stream, "   the verifier caught it" if caught else "   NOT CAUGHT")
+    _say(stream, f"\ndone in {time.perf_counter() - started:.1f} s; files in {workdir}")
+    return DemoResult(
+        workdir=workdir,
+        export=export,
+        tampered=tampered,
+        trust=trust_path,
+        statement=statement,
+        verified=verified,
+        tamper_caught=caught,
+        tamper_findings=tamper_text,
+    )
+
+
+# ---- 1 and 2: keys and terms ---------------------------------------------------------------
+
+
+def _make_keys(keys_dir: Path) -> dict[str, SigningKey]:
+    keys: dict[str, SigningKey] = {}
+    for name in [*PARTIES.values(), *NODES]:
+        write_key_pair(SigningKey.generate(name), keys_dir)
+        keys[name] = load_signing_key(keys_dir / f"{name}.key")
+    return keys
+
+
+def _gpus() -> list[tuple[str, str, str, int]]:
+    """(node, uuid, model, share_milli): two whole H100s and two half A100s (MIG)."""
+    return [
+        ("node-a", "GPU-node-a-0", "H100-SXM-80GB", 1000),
+        ("node-a", "GPU-node-a-1", "H100-SXM-80GB", 1000),
+        ("node-b", "GPU-node-b-0", "A100-SXM-80GB", 500),
+        ("node-b", UNHEALTHY_GPU, "A100-SXM-80GB", 500),
+    ]
+
+
+def _write_terms_toml(workdir: Path, keys: dict[str, SigningKey]) -> Path:
+    lines = [
+        "# Placement terms: what operator, buyer and desk agree before the work starts.",
+        "# Times are UTC; durations and money are integers (minor units of the currency).",
+        f'placement_id = "{PLACEMENT_ID}"',
+        "window_start_ms = 2026-12-01T00:00:00Z",
+        "window_end_ms = 2026-12-01T01:00:00Z",
+        "created_at_ms = 2026-11-30T12:00:00Z",
+        'rate_basis = "gpu_hour"',
+        "rate_per_gpu_hour_minor = 245        # 2.45 USD per GPU-hour",
+        'currency = "USD"',
+        "currency_scale = 2",
+        "increment_ms = 60000                 # billed by the started minute",
+        "minimum_duration_ms = 1800000",
+        "desk_fee_bps = 250                   # 2.5 %",
+        'fee_payer = "operator"',
+        "interruptible = false",
+        "reclaim_notice_ms = 600000           # 10 minutes",
+        "reclaim_penalty_bps = 10000",
+        "sla_availability_target_bps = 9500",
+        "sla_credit_bps = 1000",
+        "settlement_period_ms = 3600000",
+        "late_grace_ms = 300000",
+        f'ledger_key = "file:keys/{PARTIES["ledger"]}.pub"',
+    ]
+    for role in ("operator", "buyer", "desk"):
+        name = PARTIES[role]
+        lines += ["", f"[{role}]", f'id = "{name}"', f'key = "file:keys/{name}.pub"']
+    for node in NODES:
+        lines += [
+            "",
+            "[[nodes]]",
+            f'node_id = "{node}"',
+            f'key = "file:keys/{node}.pub"',
+            'region = "eu-west-1"',
+            'fabric = "nvlink"',
+        ]
+    for node, gpu_uuid, model, share in _gpus():
+        lines += [
+            "",
+            "[[gpus]]",
+            f'node_id = "{node}"',
+            f'uuid = "{gpu_uuid}"',
+            f'model = "{model}"',
+            f"share_milli = {share}",
+            "memory_mib = 81920",
+        ]
+    path = workdir / "terms.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _sign_apart(toml: Path, keys_dir: Path, out: Path) -> tuple[PlacementTerms, Path]:
+    """Each party runs `gridledger terms sign` on its own machine; here, one after another."""
+    from gridledger.cli import main
+
+    source = toml
+    for role in ("buyer", "operator", "desk"):
+        key_file = keys_dir / f"{PARTIES[role]}.key"
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = main(["terms", "sign", str(source), "--key", str(key_file), "--out", str(out)])
+        if code != 0:
+            raise DemoError(f"{role} could not sign the terms (exit {code})")
+        source = out
+    terms, envelope = load_terms_file(out)
+    assert envelope is not None and not validate_terms(terms)
+    assert check_terms_signatures(envelope, terms)
+    return terms, out
+
+
+def _trust(keys: dict[str, SigningKey]) -> TrustFile:
+    pinned = [
+        TrustedKey(id=name, role=role, key=keys[name].public_key)  # type: ignore[arg-type]
+        for role, name in PARTIES.items()
+    ]
+    return TrustFile(format=TRUST_FORMAT, keys=pinned)
+
+
+def _describe_terms(out: io.TextIOBase | None, t: PlacementTerms) -> None:
+    gpus = ", ".join(f"{g.uuid} ({g.model}, {g.share_milli}/1000)" for g in t.gpus)
+    _say(out, f"   placement {t.placement_id}: 1 hour from 2026-12-01T00:00Z")
+    _say(out, f"   GPUs: {gpus}")
+    rate = format_minor(t.rate_per_gpu_hour_minor, t.currency_scale)
+    _say(out, f"   price {rate} {t.currency} per GPU-hour, billed per started minute,")
+    _say(
+        out, f"   desk fee {t.desk_fee_bps / 100:g}% paid by the {t.fee_payer}, SLA 95% or 10% back"
+    )
+
+
+# ---- 3: meter and ledger ---------------------------------------------------------------------
+
+
+def _agents(
+    workdir: Path, keys: dict[str, SigningKey], terms: PlacementTerms, clock: object
+) -> list[object]:
+    from meter.agent import Agent, AgentConfig
+    from meter.clock import SimClock
+    from meter.sim import SimDevice, Simulator, parse_sim_spec
+
+    assert isinstance(clock, SimClock)
+    agents: list[object] = []
+    for node in NODES:
+        devices = [
+            SimDevice(g.uuid, g.model, g.memory_mib) for g in terms.gpus if g.node_id == node
+        ]
+        spec = "seed=7"
+        if node == "node-b":
+            spec += f",unhealthy={UNHEALTHY_GPU}@{20 * MINUTE_MS}-{30 * MINUTE_MS}"
+        source = Simulator(parse_sim_spec(spec), devices, terms.window_start_ms, node_id=node)
+        config = AgentConfig(
+            node_id=node,
+            signing_key=keys[node],
+            terms=(terms,),
+            spool_dir=workdir / "local" / f"node-{node}",
+            interval_ms=MINUTE_MS,
+        )
+        agents.append(Agent(config, source, clock))
+    return agents
+
+
+def _reclaim(keys: dict[str, SigningKey], terms: PlacementTerms) -> bytes:
+    from proto.records import ReclaimNotice
+
+    notice = ReclaimNotice(
+        placement_id=terms.placement_id,
+        reclaim_id="reclaim-0001",
+        issued_at_ms=RECLAIM_ISSUED_MS,
+        effective_at_ms=RECLAIM_EFFECTIVE_MS,
+        gpus=[g.uuid for g in terms.gpus],
+        reason="capacity needed for a priority tenant",
+    )
+    return encode_envelope(sign_payload(signed_bytes(notice), [keys[PARTIES["operator"]]]))
+
+
+def _timeline(terms: PlacementTerms) -> Iterator[int]:
+    now = terms.window_start_ms
+    end = terms.window_end_ms + terms.late_grace_ms + MINUTE_MS
+    while now < end:
+        now = min(now + STEP_MS, end)
+        yield now
+
+
+def _run_local(
+    workdir: Path,
+    keys: dict[str, SigningKey],
+    terms: PlacementTerms,
+    signed_terms: Path,
+    out: io.TextIOBase | None,
+) -> Statement:
+    from gridledger.publish import publish_local
+    from ledger.export import export_placement
+    from ledger.service import LedgerService
+    from ledger.store import Store
+    from meter.agent import Agent
+    from meter.clock import SimClock
+
+    local = workdir / "local"
+    clock = SimClock(terms.window_start_ms)
+    publish_local(local, "publish-terms", [signed_terms.read_bytes().rstrip(b"\n")])
+    agents = [a for a in _agents(workdir, keys, terms, clock) if isinstance(a, Agent)]
+    ledger_key = keys[PARTIES["ledger"]]
+    store = Store(workdir / "ledger.duckdb", ledger_public_key=ledger_key.public_key)
+    service = LedgerService(
+        store, ledger_key, ledger_id=PARTIES["ledger"], local_dir=local, clock=clock.now_ms
+    )
+    reclaimed = False
+    events = 0
+    try:
+        for now in _timeline(terms):
+            clock.set(now)
+            for agent in agents:
+                events += len(agent.tick())
+            if not reclaimed and now >= RECLAIM_ISSUED_MS:
+                publish_local(local, "publish-operator", [_reclaim(keys, terms)])
+                reclaimed = True
+            service.run_until_idle()
+            _progress(out, terms, store, now, events)
+        for agent in agents:
+            agent.close()
+        export = workdir / "exports" / f"{PLACEMENT_ID}.duckdb"
+        export.parent.mkdir(parents=True, exist_ok=True)
+        export_placement(store, PLACEMENT_ID, export, key=ledger_key)
+        return _final_statement(store)
+    finally:
+        service.close()
+
+
+def _run_kafka(
+    workdir: Path,
+    keys: dict[str, SigningKey],
+    terms: PlacementTerms,
+    signed_terms: Path,
+    bootstrap: str,
+    out: io.TextIOBase | None,
+) -> Statement:
+    from gridledger.kafka_broker import create_topic
+    from gridledger.publish import KafkaSettings, publish_kafka
+    from ledger.config import KafkaConfig
+    from ledger.export import export_placement
+    from ledger.service import KafkaLedgerService
+    from ledger.store import Store
+    from meter.agent import Agent
+    from meter.clock import SimClock
+
+    topic = f"{TOPIC}.demo-{uuid.uuid4().hex[:8]}"
+    try:
+        create_topic(bootstrap, topic, 3)
+    except Exception as exc:
+        raise DemoError(f"cannot create topic {topic} on {bootstrap}: {exc}") from exc
+    _say(out, f"   through Kafka at {bootstrap}, topic {topic}")
+    settings = KafkaSettings(bootstrap=bootstrap, topic=topic)
+    clock = SimClock(terms.window_start_ms)
+    agents = [a for a in _agents(workdir, keys, terms, clock) if isinstance(a, Agent)]
+    ledger_key = keys[PARTIES["ledger"]]
+    store = Store(workdir / "ledger.duckdb", ledger_public_key=ledger_key.public_key)
+    kafka = KafkaConfig(settings=settings)
+
+    async def run() -> Statement:
+        service = KafkaLedgerService(store, ledger_key, kafka, clock=clock.now_ms)
+        await service.start()
+        try:
+            await publish_kafka(settings, [(PLACEMENT_ID, signed_terms.read_bytes().rstrip())])
+            reclaimed = False
+            events = 0
+            for now in _timeline(terms):
+                clock.set(now)
+                batch: list[tuple[str, bytes]] = []
+                for agent in agents:
+                    batch += [(PLACEMENT_ID, e) for e in agent.tick()]
+                if not reclaimed and now >= RECLAIM_ISSUED_MS:
+                    batch.append((PLACEMENT_ID, _reclaim(keys, terms)))
+                    reclaimed = True
+                # The agents' own shipper does this in production (meter run); here the
+                # spooled events are published in order, awaiting every ack.
+                await publish_kafka(settings, batch)
+                events += len(batch)
+                await service.run_until(deadline_s=60.0)
+                _progress(out, terms, store, now, events)
+            await service.run_until(
+                lambda: store.close_index(PLACEMENT_ID) is not None, deadline_s=60.0
+            )
+            for agent in agents:
+                agent.close()
+            export = workdir / "exports" / f"{PLACEMENT_ID}.duckdb"
+            export.parent.mkdir(parents=True, exist_ok=True)
+            export_placement(store, PLACEMENT_ID, export, key=ledger_key)
+            return _final_statement(store)
+        finally:
+            await service.stop()
+            service.close()
+
+    return asyncio.run(run())
+
+
+def _progress(
+    out: io.TextIOBase | None, terms: PlacementTerms, store: object, now: int, events: int
+) -> None:
+    from ledger.store import Store
+
+    assert isinstance(store, Store)
+    minute = (now - terms.window_start_ms) // MINUTE_MS
+    head = store.head(PLACEMENT_ID)
+    records = 0 if head is None else head.chain_index + 1
+    closed = store.close_index(PLACEMENT_ID) is not None
+    label = f"minute {minute:>3}" if minute <= 60 else f"minute {minute:>3} (late grace)"
+    _say(
+        out,
+        f"   {label}: {events:>3} events signed and spooled, {records:>3} ledger records"
+        + (", placement closed" if closed else ""),
+    )
+
+
+def _final_statement(store: object) -> Statement:
+    from ledger.store import Store
+
+    assert isinstance(store, Store)
+    rows = [r for r in store.statements(PLACEMENT_ID) if r[2]]
+    if not rows:
+        raise DemoError("the ledger issued no final statement; the placement did not close")
+    record = open_envelope(rows[-1][1]).record
+    assert isinstance(record, Statement)
+    return record
+
+
+# ---- 4, 5, 6: statement, verify, tamper -------------------------------------------------------
+
+
+def _print_statement(out: io.TextIOBase | None, t: PlacementTerms, s: Statement) -> None:
+    def money(value: int) -> str:
+        return f"{format_minor(value, s.currency_scale):>9} {s.currency}"
+
+    totals = s.totals
+    _say(out, f"   delivered        {format_gpu_hours(totals.delivered_mgms):>9} GPU-hours")
+    _say(out, f"   billable         {format_gpu_hours(totals.billable_mgms):>9} GPU-hours")
+    _say(out, f"   gross            {money(totals.gross_minor)}")
+    _say(out, f"   reclaim credit   {money(totals.reclaim_credit_minor)}  (4 min notice of 10)")
+    _say(out, f"   SLA credit       {money(totals.sla_credit_minor)}")
+    _say(out, f"   desk fee         {money(totals.fee_minor)}  (paid by the {t.fee_payer})")
+    _say(out, f"   buyer   {t.buyer.id:<16} owes      {money(totals.buyer_owes_minor)}")
+    _say(out, f"   operator {t.operator.id:<15} receives  {money(totals.operator_receives_minor)}")
+    _say(out, f"   desk    {t.desk.id:<16} receives  {money(totals.desk_receives_minor)}")
+    _say(out, f"   (final statement through record {s.through_index}, signed by the ledger)")
+
+
+def _verify(export: Path, trust: Path) -> tuple[int, str]:
+    from verifier.cli import main as verify_main
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        code = verify_main([str(export), "--trust", str(trust)])
+    return code, buffer.getvalue()
+
+
+def _tamper(export: Path, tampered: Path) -> str:
+    """Copy the export and move one accepted usage event's end a minute later."""
+    tampered.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(export, tampered)
+    con = duckdb.connect(str(tampered))
+    try:
+        row = con.execute(
+            "SELECT chain_index, envelope FROM usage_events WHERE status = 'accepted' "
+            "ORDER BY chain_index LIMIT 1 OFFSET 10"
+        ).fetchone()
+        if row is None:
+            raise DemoError("the export has too few usage events to tamper with")
+        chain_index, envelope = int(row[0]), bytes(row[1])
+        data = json.loads(envelope)
+        opened = open_envelope(envelope)
+        # Claim one more minute of delivery: end_ms + 60000, signatures kept as they were.
+        event = msgspec.json.decode(opened.payload.split(b"\n", 1)[1])
+        forged = opened.payload.replace(
+            f'"end_ms":{event["end_ms"]}'.encode(), f'"end_ms":{event["end_ms"] + 60000}'.encode()
+        )
+        data["payload"] = msgspec.json.encode(forged).decode().strip('"')
+        new_envelope = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+        con.execute(
+            "UPDATE usage_events SET envelope = ? WHERE chain_index = ?",
+            [new_envelope, chain_index],
+        )
+    finally:
+        con.close()
+    return f"usage event at chain index {chain_index}: end_ms moved one minute later"
+
+
+def _first_lines(text: str, count: int) -> str:
+    lines = text.rstrip("\n").splitlines()
+    if len(lines) <= count:
+        return text
+    hidden = len(lines) - count
+    return "\n".join(
+        [*lines[:count], f"  ... {hidden} more lines: the edit breaks everything after it"]
+    )
+
+
+def _indent(text: str) -> str:
+    return "".join(f"   {line}\n" for line in text.rstrip("\n").splitlines())
