@@ -96,7 +96,15 @@ class Referee:
     max_usage_end_ms: int = 0
     gpus: dict[str, GpuSpec] = field(default_factory=dict)
     bindings: dict[str, dict[bytes, tuple[int, int]]] = field(default_factory=dict)
+    # node -> key id -> keys bound to the node with that id (ids cached: hot path)
+    bound_ids: dict[str, dict[str, list[bytes]]] = field(default_factory=dict)
     streams: dict[str, _Stream] = field(default_factory=dict)
+    operator_required: dict[str, bytes] = field(default_factory=dict)
+    desk_required: dict[str, bytes] = field(default_factory=dict)
+    ledger_required: dict[str, bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ledger_required = required_of((self.ledger_key,))
 
     def decide(self, opened: OpenResult, duplicate: bool) -> Verdict:
         """The decision for the next input in chain order; updates the state when accepted.
@@ -157,14 +165,16 @@ class Referee:
         self.terms_record_hash = opened.record_hash
         self.effective_end_ms = terms.window_end_ms
         self.gpus = {g.uuid: g for g in terms.gpus}
+        self.operator_required = required_of((terms.operator.key,))
+        self.desk_required = required_of((terms.desk.key,))
         for node in terms.nodes:
             self.bindings[node.node_id] = {node.key: (0, _FOREVER_MS)}
+            self.bound_ids[node.node_id] = {key_id(node.key): [node.key]}
             self.streams[node.node_id] = _Stream()
         return _OK
 
     def _operator_signed(self, opened: OpenResult) -> Reason | None:
-        assert self.terms is not None
-        return signer_failure(opened.sigs, required_of((self.terms.operator.key,)))
+        return signer_failure(opened.sigs, self.operator_required)
 
     def _keybinding(self, opened: OpenResult, binding: NodeKeyBinding) -> Verdict:
         failure = self._operator_signed(opened)
@@ -174,10 +184,11 @@ class Referee:
             return _reject(Reason.NODE_UNKNOWN)
         if binding.valid_from_ms >= binding.valid_until_ms:
             return _reject(Reason.BINDING_INVALID)
-        self.bindings[binding.node_id][binding.key] = (
-            binding.valid_from_ms,
-            binding.valid_until_ms,
-        )
+        keys = self.bindings[binding.node_id]
+        if binding.key not in keys:
+            ids = self.bound_ids[binding.node_id]
+            ids.setdefault(key_id(binding.key), []).append(binding.key)
+        keys[binding.key] = (binding.valid_from_ms, binding.valid_until_ms)
         return _OK
 
     def _usage(self, opened: OpenResult, event: UsageEvent) -> Verdict:
@@ -194,7 +205,7 @@ class Referee:
         if len(opened.sigs) > 1:
             return _reject(Reason.SIG_SURPLUS)
         sig = opened.sigs[0]
-        bound = [k for k in keys if key_id(k) == sig.keyid]
+        bound = self.bound_ids[event.node_id].get(sig.keyid)
         if not bound:
             return _reject(Reason.NODE_KEY_UNKNOWN)
         if sig.outcome != SIG_VALID or sig.key not in bound:
@@ -260,15 +271,14 @@ class Referee:
         return _OK
 
     def _adjustment(self, opened: OpenResult) -> Verdict:
-        assert self.terms is not None
-        failure = signer_failure(opened.sigs, required_of((self.terms.desk.key,)))
+        failure = signer_failure(opened.sigs, self.desk_required)
         if failure is not None:
             return _reject(failure)
         return Verdict(PENDING)
 
     def _closed(self, opened: OpenResult, close: PlacementClosed) -> Verdict:
         assert self.terms is not None
-        failure = signer_failure(opened.sigs, required_of((self.ledger_key,)))
+        failure = signer_failure(opened.sigs, self.ledger_required)
         if failure is not None:
             return _reject(failure)
         if close.closed_at_ms < self.terms.window_end_ms + self.terms.late_grace_ms:

@@ -194,9 +194,10 @@ def compute_totals(con: Any) -> None:
 
 def base_at(con: Any, chain_index: int) -> tuple[int, int, int, int, int]:
     """(D, B, G, R, Q) at ``chain_index`` from ``w_base`` (zeros if the index is unknown)."""
-    row = con.execute(
+    rows = con.execute(
         "SELECT d, b, g, r, q FROM w_base WHERE chain_index = ?", [chain_index]
-    ).fetchone()
+    ).fetchall()
+    row = rows[0] if rows else None
     if row is None:
         return (0, 0, 0, 0, 0)
     return (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
@@ -239,9 +240,10 @@ def settle_amounts(
 def totals_at(con: Any, chain_index: int) -> dict[str, int] | None:
     """The recomputed totals at one index, or None when the index has none."""
     names = ", ".join(TOTAL_FIELDS)
-    row = con.execute(
+    rows = con.execute(
         f"SELECT {names} FROM w_totals WHERE chain_index = ?", [chain_index]
-    ).fetchone()
+    ).fetchall()
+    row = rows[0] if rows else None
     if row is None:
         return None
     return {name: int(value) for name, value in zip(TOTAL_FIELDS, row, strict=True)}
@@ -258,7 +260,7 @@ def record_mismatches(con: Any, limit: int) -> list[tuple[str, int, int, int, in
         count = con.execute(
             f"SELECT count(*) FROM w_records r JOIN w_totals t USING (chain_index) "
             f"WHERE r.{column} IS DISTINCT FROM t.{column}"
-        ).fetchone()[0]
+        ).fetchall()[0][0]
         if not count:
             continue
         rows = con.execute(
@@ -273,7 +275,7 @@ def record_mismatches(con: Any, limit: int) -> list[tuple[str, int, int, int, in
 
 def head_totals(con: Any) -> tuple[int, dict[str, int]] | None:
     """(index, totals) at the highest index of the chain, or None for an empty chain."""
-    row = con.execute("SELECT max(chain_index) FROM w_totals").fetchone()
+    row = con.execute("SELECT max(chain_index) FROM w_totals").fetchall()[0]
     if row is None or row[0] is None:
         return None
     totals = totals_at(con, int(row[0]))

@@ -223,7 +223,9 @@ class ExportSource:
 
     def scalar(self, sql: str, params: list[Any] | None = None) -> Any:
         """The first column of the first row of a query."""
-        row = self.con.execute(sql, params or []).fetchone()
+        # fetchall, never fetchone: an unfinished result blocks the connection's appenders.
+        rows = self.con.execute(sql, params or []).fetchall()
+        row = rows[0] if rows else None
         return None if row is None else row[0]
 
     def count(self, table: str) -> int:

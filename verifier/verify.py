@@ -554,9 +554,10 @@ class _Run:
 
     def _lookup_usage(self, node_id: str, seq: int) -> str | None:
         self._flush_buffers()
-        row = self.con.execute(
+        rows = self.con.execute(
             "SELECT record_hash FROM w_usage WHERE node_id = ? AND seq = ? LIMIT 1", [node_id, seq]
-        ).fetchone()
+        ).fetchall()
+        row = rows[0] if rows else None
         return None if row is None else str(row[0])
 
     def _check_batch(self, batch: Batch, results: list[OpenResult]) -> None:
@@ -665,7 +666,7 @@ class _Run:
                     "a convenience column disagrees with the signed record",
                 )
         # (6) the chain.
-        failure = signer_failure(opened.sigs, required_of((self.ledger_key,)))
+        failure = signer_failure(opened.sigs, self.referee.ledger_required)
         if failure is not None:
             self.add(
                 Step.CHAIN,
@@ -1033,9 +1034,10 @@ class _Run:
                     "a statement in other money than the terms",
                 )
             index = statement.through_index
-            head = self.con.execute(
+            heads = self.con.execute(
                 "SELECT record_hash FROM w_records WHERE chain_index = ?", [index]
-            ).fetchone()
+            ).fetchall()
+            head = heads[0] if heads else None
             if head is None or head[0] != statement.head:
                 self.add(
                     Step.OBLIGATION,
@@ -1174,7 +1176,7 @@ class _Run:
 
     def summarise(self) -> None:
         """Head totals, finality and counts into the report."""
-        row = self.con.execute("SELECT max(chain_index) FROM w_records").fetchone()
+        row = self.con.execute("SELECT max(chain_index) FROM w_records").fetchall()[0]
         if row is not None and row[0] is not None:
             self.report.head_index = int(row[0])
             self.report.totals = totals_at(self.con, int(row[0]))

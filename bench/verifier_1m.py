@@ -1,0 +1,394 @@
+"""Benchmark: verify a 1M-usage-event export offline, next to the machine's verify limit.
+
+    .venv/bin/python bench/verifier_1m.py [--events 1000000] [--pools thread,process]
+
+1. Builds (once; cached under ~/.cache/gridledger/bench/) an honest export of one
+   placement: 100 nodes x 1 GPU, one-minute usage events, chain-ordered minute by minute,
+   each event and each LedgerRecord Ed25519-signed (signing spread over processes), then
+   a close, statements and checkpoints. Written to a temporary file and renamed.
+2. Measures, in the same run, the machine's Ed25519 verification rate with pynacl: one
+   process, and two processes (the limit the verifier is compared with).
+3. Runs ``python -m verifier FILE --trust TRUST --json --pool P`` in a child process for
+   each pool kind, and reports wall time, usage events/s, signatures/s, the ratio of
+   signatures/s to the two-process limit, and the child's peak RSS (os.wait4).
+
+Every usage event needs two signature checks (the node's, and the ledger's on its
+LedgerRecord), so events/s is at most half the signature rate; the ratio is therefore
+given for signatures/s. No asserts: this prints numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_verifier_exports import DDL, Pricer, write_trust  # noqa: E402
+
+from proto.builders import closed, gpu, make_cast, make_terms, sample, signed_terms  # noqa: E402
+from proto.canonical import signed_bytes  # noqa: E402
+from proto.envelope import encode_envelope, open_envelope, sha256_hex, sign_payload  # noqa: E402
+from proto.keys import SigningKey, verify  # noqa: E402
+from proto.merkle import leaf_hash  # noqa: E402
+from proto.note import checkpoint_body, checkpoint_origin, sign_note  # noqa: E402
+from proto.records import (  # noqa: E402
+    ZERO_HASH,
+    Checkpoint,
+    LedgerRecord,
+    Statement,
+    UsageEvent,
+)
+from verifier.merkle_stream import CompactRange  # noqa: E402
+
+CACHE = Path.home() / ".cache" / "gridledger" / "bench"
+NODES = 100
+MINUTE_MS = 60_000
+T0 = 1_700_000_000_000
+CHUNK = 20_000  # events signed per round trip to the signing processes
+SEED = "bench-verifier-1m"
+
+# ---- signing workers -------------------------------------------------------------------
+
+_KEYS: dict[str, SigningKey] = {}
+
+
+def _init_signer(seeds: dict[str, bytes]) -> None:
+    _KEYS.update({name: SigningKey(name, seed) for name, seed in seeds.items()})
+
+
+def _sign(items: Sequence[tuple[str, bytes]]) -> list[bytes]:
+    return [encode_envelope(sign_payload(payload, [_KEYS[name]])) for name, payload in items]
+
+
+def _split(items: Sequence[Any], parts: int) -> list[Sequence[Any]]:
+    size = -(-len(items) // parts)
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+# ---- the export --------------------------------------------------------------------------
+
+
+def build_export(events: int, out: Path, trust_out: Path) -> None:
+    """Write an honest export with ``events`` usage events to ``out`` (via a temp file)."""
+    minutes = -(-events // NODES)
+    cast = make_cast(SEED)
+    gpus = [gpu(f"n{n:03d}", 0) for n in range(NODES)]
+    window_ms = max(minutes, 60) * MINUTE_MS
+    terms = make_terms(cast, "p-bench", gpus, T0, T0 + window_ms, late_grace_ms=0)
+    node_keys = {g.node_id: cast.node_key(g.node_id) for g in gpus}
+    seeds = {k.name: k.seed for k in (*node_keys.values(), cast.ledger)}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    con = duckdb.connect(str(tmp))
+    for ddl in DDL:
+        con.execute(ddl)
+    pricer = Pricer(terms)
+    compact = CompactRange()
+    checkpoint_sizes = {events // 2, events + 2}
+    statement_at = {events // 2, events + 1}
+    heads: dict[int, tuple[str, LedgerRecord]] = {}
+    roots: dict[int, bytes] = {}
+    prev_record = ZERO_HASH
+    stream_prev = {n: ZERO_HASH for n in node_keys}
+    usage_app = con.appender("usage_events")
+    record_app = con.appender("ledger_records")
+    index = 0
+
+    def chain(raws: list[bytes], records_out: list[tuple[str, bytes]]) -> list[LedgerRecord]:
+        nonlocal prev_record, index
+        made: list[LedgerRecord] = []
+        for raw in raws:
+            opened = open_envelope(raw)
+            own = pricer.apply(opened.record)
+            record = LedgerRecord(
+                placement_id="p-bench",
+                index=index,
+                prev=prev_record,
+                kind=opened.kind,  # type: ignore[arg-type]
+                source=opened.input_hash,
+                status="accepted",
+                reason="",
+                delivered_mgms=own,
+                totals=pricer.totals(),
+            )
+            payload = signed_bytes(record)
+            prev_record = sha256_hex(payload)
+            compact.append(leaf_hash(payload))
+            if compact.size in checkpoint_sizes:
+                roots[compact.size] = compact.root()
+            if index in statement_at:
+                heads[index] = (prev_record, record)
+            records_out.append((cast.ledger.name, payload))
+            made.append(record)
+            index += 1
+        return made
+
+    def write_records(made: list[LedgerRecord], envelopes: list[bytes]) -> None:
+        rows = []
+        for record, env in zip(made, envelopes, strict=True):
+            t = record.totals
+            rows.append(
+                (
+                    record.index,
+                    env,
+                    sha256_hex(signed_bytes(record)),
+                    record.kind,
+                    record.status,
+                    record.reason,
+                    record.delivered_mgms,
+                    t.gross_minor,
+                    t.buyer_owes_minor,
+                    t.operator_receives_minor,
+                    t.desk_receives_minor,
+                )
+            )
+        record_app.append_rows(rows)
+        record_app.flush()
+
+    def input_row(table: str, i: int, raw: bytes, extra: Sequence[Any]) -> None:
+        marks = ", ".join("?" for _ in range(6 + len(extra)))
+        con.execute(
+            f"INSERT INTO {table} VALUES ({marks})",
+            [i, f"bench:{i}", sha256_hex(raw), raw, "accepted", "", *extra],
+        )
+
+    started = time.monotonic()
+    with ProcessPoolExecutor(2, initializer=_init_signer, initargs=(seeds,)) as pool:
+        terms_raw = signed_terms(cast, terms)
+        pending: list[tuple[str, bytes]] = []
+        made = chain([terms_raw], pending)
+        write_records(made, [e for part in pool.map(_sign, _split(pending, 2)) for e in part])
+        input_row("terms", 0, terms_raw, [])
+        produced = 0
+        for chunk_start in range(0, events, CHUNK):
+            todo: list[tuple[str, bytes]] = []
+            meta: list[UsageEvent] = []
+            for k in range(chunk_start, min(events, chunk_start + CHUNK)):
+                minute, n = divmod(k, NODES)
+                node_id = gpus[n].node_id
+                event = UsageEvent(
+                    placement_id="p-bench",
+                    node_id=node_id,
+                    seq=minute,
+                    prev=stream_prev[node_id],
+                    start_ms=T0 + minute * MINUTE_MS,
+                    end_ms=T0 + (minute + 1) * MINUTE_MS,
+                    samples=[sample(gpus[n])],
+                )
+                payload = signed_bytes(event)
+                stream_prev[node_id] = sha256_hex(payload)
+                todo.append((node_id, payload))
+                meta.append(event)
+            raws = [e for part in pool.map(_sign, _split(todo, 4)) for e in part]
+            first = index
+            records_todo: list[tuple[str, bytes]] = []
+            made = chain(raws, records_todo)
+            rows = [
+                (
+                    first + i,
+                    f"bench:{first + i}",
+                    sha256_hex(raw),
+                    raw,
+                    "accepted",
+                    "",
+                    ev.node_id,
+                    ev.seq,
+                    ev.start_ms,
+                    ev.end_ms,
+                )
+                for i, (raw, ev) in enumerate(zip(raws, meta, strict=True))
+            ]
+            usage_app.append_rows(rows)
+            usage_app.flush()
+            envelopes = [e for part in pool.map(_sign, _split(records_todo, 4)) for e in part]
+            write_records(made, envelopes)
+            produced += len(raws)
+            rate = produced / (time.monotonic() - started)
+            print(
+                f"\rbuilding: {produced}/{events} events ({rate:,.0f}/s)",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+        close_raw = closed(cast, "p-bench", terms.window_end_ms + terms.late_grace_ms)
+        pending = []
+        made = chain([close_raw], pending)
+        write_records(made, _sign_inline(cast.ledger, pending))
+        input_row("closes", index - 1, close_raw, [terms.window_end_ms + terms.late_grace_ms])
+    print(file=sys.stderr)
+    for through, (head, record) in sorted(heads.items()):
+        final = through == index - 1
+        st = Statement(
+            placement_id="p-bench",
+            through_index=through,
+            head=head,
+            currency=terms.currency,
+            currency_scale=terms.currency_scale,
+            final=final,
+            totals=record.totals,
+        )
+        env = encode_envelope(sign_payload(signed_bytes(st), [cast.ledger]))
+        t = record.totals
+        con.execute(
+            "INSERT INTO statements VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                through,
+                env,
+                final,
+                t.buyer_owes_minor,
+                t.operator_receives_minor,
+                t.desk_receives_minor,
+            ],
+        )
+    for size, root_hash in sorted(roots.items()):
+        body = checkpoint_body(
+            Checkpoint(origin=checkpoint_origin("p-bench"), size=size, root=root_hash)
+        )
+        note = sign_note(body, "gridledger-ledger", cast.ledger).cosign(cast.buyer.name, cast.buyer)
+        con.execute("INSERT INTO checkpoints VALUES (?, ?)", [size, note.text()])
+    import base64
+
+    meta_rows = {
+        "format": "gridledger-export",
+        "format_version": "1",
+        "placement_id": "p-bench",
+        "ledger_key": base64.b64encode(cast.ledger.public_key).decode(),
+        "records": str(index),
+        "dropped_duplicates": "0",
+    }
+    con.executemany("INSERT INTO meta VALUES (?, ?)", list(meta_rows.items()))
+    con.execute("CHECKPOINT")
+    con.close()
+    os.replace(tmp, out)
+    write_trust(cast, trust_out)
+    print(f"built {out} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+
+def _sign_inline(key: SigningKey, items: list[tuple[str, bytes]]) -> list[bytes]:
+    return [encode_envelope(sign_payload(payload, [key])) for _, payload in items]
+
+
+# ---- the machine's limit -------------------------------------------------------------------
+
+_VECTORS: list[tuple[bytes, bytes, bytes]] = []
+
+
+def _vectors(n: int = 2000) -> list[tuple[bytes, bytes, bytes]]:
+    key = SigningKey.from_seed_text("bench", "limit")
+    msg = b"gridledger/usage/v1\n" + b"x" * 480
+    sig = key.sign(msg)
+    return [(key.public_key, msg, sig)] * n
+
+
+def _verify_for(seconds: float) -> int:
+    vectors = _vectors()
+    done = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for public_key, msg, sig in vectors:
+            verify(public_key, msg, sig)
+        done += len(vectors)
+    return done
+
+
+def verify_rate(processes: int, seconds: float = 3.0) -> float:
+    """Ed25519 verifications per second with ``processes`` processes (pynacl)."""
+    if processes == 1:
+        started = time.monotonic()
+        done = _verify_for(seconds)
+        return done / (time.monotonic() - started)
+    with ProcessPoolExecutor(processes) as pool:
+        list(pool.map(_verify_for, [0.2] * processes))  # warm up
+        started = time.monotonic()
+        done = sum(pool.map(_verify_for, [seconds] * processes))
+        return done / (time.monotonic() - started)
+
+
+# ---- one verification in a child process ---------------------------------------------------
+
+
+def run_verifier(export: Path, trust: Path, pool: str) -> dict[str, Any]:
+    """Run the verifier CLI in a child; wall time, its JSON report, peak RSS."""
+    started = time.monotonic()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "verifier",
+            str(export),
+            "--trust",
+            str(trust),
+            "--json",
+            "--pool",
+            pool,
+        ],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert child.stdout is not None
+    out = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - started
+    report = json.loads(out)
+    return {
+        "pool": pool,
+        "wall_s": wall,
+        "exit_code": child.returncode,
+        "peak_rss_mib": usage.ru_maxrss / 1024,
+        "report": report["exports"][0],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--pools", default="thread,process")
+    parser.add_argument("--rebuild", action="store_true")
+    args = parser.parse_args(argv)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    export = CACHE / f"verifier-{args.events}-v1.duckdb"
+    trust = CACHE / f"verifier-{args.events}-v1-trust.json"
+    if args.rebuild or not (export.exists() and trust.exists()):
+        build_export(args.events, export, trust)
+    one = verify_rate(1)
+    two = verify_rate(2)
+    print(
+        f"machine: Ed25519 verify (pynacl) 1 process {one:,.0f}/s, "
+        f"2 processes {two:,.0f}/s (the limit)"
+    )
+    for pool in args.pools.split(","):
+        result = run_verifier(export, trust, pool)
+        report = result["report"]
+        counts = report["counts"]
+        usage = counts.get("inputs.usage", 0)
+        sigs = counts.get("signatures", 0)
+        wall = result["wall_s"]
+        print(
+            f"verifier pool={pool}: exit {result['exit_code']} ({report['verdict']}), "
+            f"{wall:.1f} s wall ({report['elapsed_s']:.1f} s in verify_export), "
+            f"{usage:,} usage events -> {usage / wall:,.0f} events/s, "
+            f"{sigs:,} signatures -> {sigs / wall:,.0f} sig/s = "
+            f"{sigs / wall / two:.2f}x the 2-process limit "
+            f"(events/s = {usage / wall / two:.2f}x), peak RSS {result['peak_rss_mib']:.0f} MiB"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
