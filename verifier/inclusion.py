@@ -13,11 +13,13 @@ is a canonical LedgerRecord signed by a pinned ledger key and nobody else; the p
 names the record's placement and index; the note is signed by the same ledger key under
 ``gridledger-ledger``, names the placement's log and the proof's size; and the path
 leads from the record's payload to the note's root. ``make_inclusion_bundle`` produces
-such a bundle from an export (tests and the ledger's HTTP API hand them out).
+such a bundle from an export; ``proof_from_leaves`` is the pure core a ledger can call on
+its own records (e.g. behind its HTTP API).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final
@@ -128,14 +130,20 @@ def make_inclusion_bundle(
         if len(leaves) != size or not record:
             raise UnusableInput(str(export), f"ledger_records do not hold records 0..{size - 1}")
         placement_id = source.meta.get("placement_id", "")
-    proof = InclusionProof(
+    proof = proof_from_leaves(placement_id, leaves, index)
+    return InclusionBundle(record=record, proof=proof, checkpoint=notes[size])
+
+
+def proof_from_leaves(placement_id: str, leaves: Sequence[bytes], index: int) -> InclusionProof:
+    """The proof of leaf ``index`` in the tree of ``leaves`` (``proto.merkle.leaf_hash`` of
+    each record payload, in index order). Pure: a ledger can serve it from its own store."""
+    return InclusionProof(
         format=PROOF_FORMAT,
         placement_id=placement_id,
         index=index,
-        tree_size=size,
+        tree_size=len(leaves),
         hashes=inclusion_proof(leaves, index),
     )
-    return InclusionBundle(record=record, proof=proof, checkpoint=notes[size])
 
 
 def verify_inclusion_bundle(

@@ -655,16 +655,8 @@ class _Run:
             "operator_receives_minor",
             "desk_receives_minor",
         )
-        for name, want, have in zip(names, expected_columns, row.columns, strict=True):
-            if want != have:
-                self.add(
-                    Step.COLUMNS,
-                    "COLUMN_MISMATCH",
-                    f"{where}.{name}",
-                    want,
-                    have,
-                    "a convenience column disagrees with the signed record",
-                )
+        if expected_columns != row.columns:  # one tuple compare on the hot path
+            self._column_findings(where, names, expected_columns, row.columns)
         # (6) the chain.
         failure = signer_failure(opened.sigs, self.referee.ledger_required)
         if failure is not None:
@@ -723,6 +715,20 @@ class _Run:
         )
         return record
 
+    def _column_findings(
+        self, where: str, names: tuple[str, ...], wanted: tuple[Any, ...], have: tuple[Any, ...]
+    ) -> None:
+        for name, want, got in zip(names, wanted, have, strict=True):
+            if want != got:
+                self.add(
+                    Step.COLUMNS,
+                    "COLUMN_MISMATCH",
+                    f"{where}.{name}",
+                    want,
+                    got,
+                    "a convenience column disagrees with the signed envelope",
+                )
+
     # an input row: (4), (5) ------------------------------------------------------------
 
     def _check_input(self, row: InputRow, opened: OpenResult) -> None:
@@ -761,17 +767,10 @@ class _Run:
                 f"a {opened.kind} envelope in table {row.table}",
             )
             return
-        for (name, _), have in zip(TABLE_OF_KIND[row.kind].extras, row.extras, strict=True):
-            want = getattr(record, name)
-            if want != have:
-                self.add(
-                    Step.COLUMNS,
-                    "COLUMN_MISMATCH",
-                    f"{where}.{name}",
-                    want,
-                    have,
-                    "a convenience column disagrees with the signed envelope",
-                )
+        extras = TABLE_OF_KIND[row.kind].extras
+        wanted = tuple(getattr(record, name) for name, _ in extras)
+        if wanted != row.extras:
+            self._column_findings(where, tuple(n for n, _ in extras), wanted, row.extras)
 
     # the link between a record and its input: (6) -----------------------------------------
 
@@ -1095,6 +1094,17 @@ class _Run:
                 )
                 continue
             summary: dict[str, Any] = {"size": body.size, "cosigned_by": [], "ignored_signers": []}
+            if note.text() != str(note_text):
+                # Same signatures, other spelling (e.g. base64 with non-zero padding bits):
+                # harmless to the maths, but the ledger never writes it, so it was altered.
+                self.add(
+                    Step.MERKLE,
+                    "CHECKPOINT_NON_CANONICAL",
+                    where,
+                    "the note as the ledger writes it",
+                    "a differently spelled note",
+                    "the note text is not in canonical form",
+                )
             self.report.checkpoints.append(summary)
             if body.size != size_column:
                 self.add(
