@@ -514,3 +514,24 @@ def _payload(raw: bytes) -> bytes:
     from proto.envelope import decode_envelope
 
     return decode_envelope(raw).payload
+
+
+def test_nulls_in_a_hostile_export_are_findings_not_crashes(
+    honest: Scenario, tmp_path: Path
+) -> None:
+    path = tmp_path / "nulls.duckdb"
+    shutil.copyfile(honest.path, path)
+    con = duckdb.connect(str(path))
+    for table in ("usage_events", "ledger_records", "statements"):
+        # Recreate without NOT NULL, as a hostile writer may.
+        con.execute(f"CREATE TABLE t AS SELECT * FROM {table}")
+        con.execute(f"DROP TABLE {table}")
+        con.execute(f"ALTER TABLE t RENAME TO {table}")
+    con.execute("UPDATE usage_events SET envelope = NULL WHERE chain_index = 2")
+    con.execute("UPDATE usage_events SET chain_index = NULL WHERE chain_index = 3")
+    con.execute("UPDATE ledger_records SET envelope = NULL WHERE chain_index = 4")
+    con.execute("UPDATE statements SET envelope = NULL WHERE through_index = 14")
+    con.close()
+    report = verify(path, honest.trust)
+    failed_with(report, "CHAIN_INDEX_NULL", "MALFORMED", "CHAIN_INPUT_MISSING")
+    assert "VERIFIER_ERROR" not in report.findings.rules()

@@ -36,7 +36,7 @@ from verifier import limits
 from verifier.errors import UnusableInput
 from verifier.findings import Findings, Step
 from verifier.opener import SIG_VALID, open_one
-from verifier.source import ALIAS, ExportSource
+from verifier.source import ALIAS, ExportSource, blob
 from verifier.verify import LEDGER_NOTE_NAME
 
 PROOF_FORMAT: Final = "gridledger-inclusion/v1"
@@ -121,12 +121,12 @@ def make_inclusion_bundle(
         )
         while rows := cursor.fetchmany(limits.SMALL_TABLE_FETCH_ROWS):
             for chain_index, raw in rows:
-                opened = open_one(int(chain_index), bytes(raw), {})
+                opened = open_one(int(chain_index), blob(raw), {})
                 if opened.error:
                     raise UnusableInput(str(export), f"record {chain_index}: {opened.detail}")
                 leaves.append(opened.leaf)
                 if chain_index == index:
-                    record = bytes(raw)
+                    record = blob(raw)
         if len(leaves) != size or not record:
             raise UnusableInput(str(export), f"ledger_records do not hold records 0..{size - 1}")
         placement_id = source.meta.get("placement_id", "")

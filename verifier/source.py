@@ -99,6 +99,12 @@ SCHEMA: Final[dict[str, tuple[tuple[str, str], ...]]] = {
 }
 
 
+def blob(value: Any) -> bytes:
+    """A BLOB cell as bytes; NULL (a hostile export may hold one) as b"", which fails to
+    decode and so becomes a finding, never a crash."""
+    return b"" if value is None else bytes(value)
+
+
 @dataclass(frozen=True, slots=True)
 class InputRow:
     """One row of an input table, as stored (nothing in it is trusted yet)."""
@@ -252,7 +258,7 @@ class ExportSource:
             [lo, hi],
         ).fetchall()
         return [
-            InputRow(table.kind, r[0], r[1], r[2], bytes(r[3]), r[4], r[5], tuple(r[6:]))
+            InputRow(table.kind, r[0], r[1], r[2], blob(r[3]), r[4], r[5], tuple(r[6:]))
             for r in rows
         ]
 
@@ -266,7 +272,7 @@ class ExportSource:
             "ORDER BY chain_index",
             [lo, hi],
         ).fetchall()
-        return [RecordRow(r[0], bytes(r[1]), tuple(r[2:])) for r in rows]
+        return [RecordRow(r[0], blob(r[1]), tuple(r[2:])) for r in rows]
 
     def all_indices_sql(self) -> str:
         """SQL: every chain_index of ledger_records and the input tables (with repeats)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import duckdb
 import structlog
 
 from proto.envelope import Envelope, check_signatures, decode_envelope
@@ -87,6 +88,7 @@ from verifier.source import (
     ExportSource,
     InputRow,
     RecordRow,
+    blob,
 )
 from verifier.workers import OpenPool
 
@@ -144,6 +146,19 @@ def verify_export(
     except UnusableInput as exc:
         report.verdict = UNUSABLE
         report.error = exc.detail
+    except duckdb.Error as exc:  # a damaged file that attached but cannot be read
+        report.verdict = UNUSABLE
+        report.error = f"DuckDB cannot read it: {exc}"
+    except Exception as exc:  # a verifier bug must not pass for a verdict, nor crash a batch run
+        log.error("verifier error", path=str(path), exc_info=True)
+        report.findings.add(
+            Step.FORMAT,
+            "VERIFIER_ERROR",
+            str(path),
+            "a completed verification",
+            type(exc).__name__,
+            f"internal error, the export is NOT verified: {exc}",
+        )
     finally:
         if own_pool and pool is not None:
             pool.close()
@@ -288,8 +303,8 @@ class _Run:
         chosen: tuple[int, PlacementTerms, Envelope] | None = None
         for index, raw, _ in accepted + [r for r in rows if r[2] != ACCEPTED]:
             try:
-                envelope = decode_envelope(bytes(raw))
-                opened = open_one(0, bytes(raw), {})
+                envelope = decode_envelope(blob(raw))
+                opened = open_one(0, blob(raw), {})
             except ProtoError:
                 continue
             if isinstance(opened.record, PlacementTerms):
@@ -297,7 +312,7 @@ class _Run:
                 break
         if chosen is None:
             for index, raw, _ in rows:
-                opened = open_one(0, bytes(raw), {})
+                opened = open_one(0, blob(raw), {})
                 self.add(
                     Step.ENVELOPES,
                     opened.error or "KIND_MISMATCH",
@@ -417,6 +432,11 @@ class _Run:
             f"SELECT chain_index FROM ({self.source.all_indices_sql()}) WHERE chain_index < 0",
             lambda r: (f"chain_index {r[0]}", ">= 0", r[0], "negative chain index"),
         )
+        self._set_check(
+            "CHAIN_INDEX_NULL",
+            f"SELECT 'NULL' FROM ({self.source.all_indices_sql()}) WHERE chain_index IS NULL",
+            lambda r: ("chain_index NULL", "an index", "NULL", "a row without a chain index"),
+        )
         tagged = " UNION ALL ".join(
             f"SELECT chain_index, '{t.name}' AS tbl FROM {x}.{t.name}" for t in INPUT_TABLES
         )
@@ -434,7 +454,9 @@ class _Run:
         self._set_check(
             "CHAIN_INPUT_MISSING",
             f"SELECT DISTINCT chain_index FROM {x}.ledger_records "
-            f"WHERE chain_index NOT IN (SELECT chain_index FROM ({tagged}))",
+            # NOT IN over a set holding NULL is never true: keep NULLs out of the set.
+            f"WHERE chain_index NOT IN (SELECT chain_index FROM ({tagged}) "
+            "WHERE chain_index IS NOT NULL)",
             lambda r: (
                 f"ledger_records[{r[0]}]",
                 "an input row",
@@ -445,7 +467,8 @@ class _Run:
         self._set_check(
             "CHAIN_RECORD_MISSING",
             f"SELECT DISTINCT chain_index FROM ({tagged}) "
-            f"WHERE chain_index NOT IN (SELECT chain_index FROM {x}.ledger_records)",
+            f"WHERE chain_index NOT IN (SELECT chain_index FROM {x}.ledger_records "
+            "WHERE chain_index IS NOT NULL)",
             lambda r: (
                 f"chain_index {r[0]}",
                 "a ledger record",
@@ -484,7 +507,7 @@ class _Run:
         keys: set[bytes] = {self.ledger_key, *(n.key for n in self.terms.nodes)}
         keys.update(p.key for p in (self.terms.operator, self.terms.buyer, self.terms.desk))
         for (raw,) in self.source.small_table("key_bindings", "envelope", "chain_index"):
-            opened = open_one(0, bytes(raw), {})
+            opened = open_one(0, blob(raw), {})
             if isinstance(opened.record, NodeKeyBinding):
                 keys.add(opened.record.key)
         ring: dict[str, list[bytes]] = {}
@@ -875,7 +898,7 @@ class _Run:
         rows = self.source.small_table("held", "position, input_hash, envelope", "position")
         for position, input_hash, raw in rows:
             where = f"held {position}"
-            actual = open_one(0, bytes(raw), {}).input_hash
+            actual = open_one(0, blob(raw), {}).input_hash
             if input_hash != actual:
                 self.add(
                     Step.ENVELOPES,
@@ -960,7 +983,7 @@ class _Run:
         for through_index, raw, *columns in rows:
             self.bump("statements")
             where = f"statements through_index {through_index}"
-            opened = open_one(0, bytes(raw), ring)
+            opened = open_one(0, blob(raw), ring)
             statement = opened.record
             if opened.error or not isinstance(statement, Statement):
                 self.add(
