@@ -523,35 +523,34 @@ class _Run:
 
     def verify(self, paths: list[tuple[Placement, Path]], trust: TrustFile) -> None:
         from verifier.verify import verify_export
-        from verifier.workers import OpenPool
 
         by_qos: Counter[str] = Counter()
         by_model: Counter[str] = Counter()
-        with OpenPool[Any]("thread") as pool:
-            for placement, path in paths:
-                try:
-                    result = verify_export(path, trust, pool=pool)
-                except Exception as exc:  # a verifier crash is a failed verdict, named
-                    self.report.failed.append(
-                        (placement.placement_id, f"verifier raised {type(exc).__name__}: {exc}")
-                    )
-                    continue
-                totals = result.totals
-                if not result.ok or totals is None or not result.final:
-                    kept = result.findings.kept
-                    why = result.error or (kept[0].line() if kept else result.verdict)
-                    self.report.failed.append((placement.placement_id, why))
-                    continue
-                self.report.verified += 1
-                delivered = totals["delivered_mgms"]
-                self.report.delivered_mgms += delivered
-                by_qos[placement.task.qos] += delivered
-                by_model[placement.model] += delivered
-                money = self.report.money.setdefault(
-                    f"{result.currency}/{result.currency_scale}",
-                    Money(result.currency, result.currency_scale),
+        # The verifier picks its own pool per export (inline below its row threshold).
+        for placement, path in paths:
+            try:
+                result = verify_export(path, trust)
+            except Exception as exc:  # a verifier crash is a failed verdict, named
+                self.report.failed.append(
+                    (placement.placement_id, f"verifier raised {type(exc).__name__}: {exc}")
                 )
-                money.add(totals)
+                continue
+            totals = result.totals
+            if not result.ok or totals is None or not result.final:
+                kept = result.findings.kept
+                why = result.error or (kept[0].line() if kept else result.verdict)
+                self.report.failed.append((placement.placement_id, why))
+                continue
+            self.report.verified += 1
+            delivered = totals["delivered_mgms"]
+            self.report.delivered_mgms += delivered
+            by_qos[placement.task.qos] += delivered
+            by_model[placement.model] += delivered
+            money = self.report.money.setdefault(
+                f"{result.currency}/{result.currency_scale}",
+                Money(result.currency, result.currency_scale),
+            )
+            money.add(totals)
         self.report.delivered_by_qos_mgms = dict(sorted(by_qos.items()))
         self.report.delivered_by_model_mgms = dict(sorted(by_model.items()))
 
