@@ -504,12 +504,13 @@ def read_spool(
         segments = list_segments(directory)
         if not any(s > segment for s in segments):
             return  # the last segment: clean end, or a tail still being written / torn
+        # A later segment exists, so this one is sealed now; but what we read may predate
+        # the writer's last appends to it (it rotates only when a batch no longer fits).
+        # Read it once more from here before moving on, or judging a bad frame.
+        here = SpoolPosition(segment, offset)
+        if rechecked != here:
+            rechecked = here
+            continue
         if status is not _Frame.END:
-            # Sealed: the writer completed this file before it created the next one, but
-            # our read may have raced that final write. Read it once more, then judge.
-            here = SpoolPosition(segment, offset)
-            if rechecked != here:
-                rechecked = here
-                continue
             raise SpoolCorrupt(path, offset, f"sealed segment has a {status.value} frame")
         segment, offset = segment + 1, 0

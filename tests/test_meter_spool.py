@@ -300,3 +300,29 @@ def test_append_after_failed_write_leaves_no_partial_frame(
     writer.append([b"third"])
     writer.close()
     assert _datas(directory) == [b"first", b"third"]
+
+
+def test_reader_does_not_skip_appends_racing_a_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader hits the end of segment 0; before it lists the directory again the
+    writer appends once more to segment 0 and then rotates. Nothing may be skipped."""
+    import meter.spool as spool_module
+
+    directory = tmp_path / "s"
+    writer = SpoolWriter(directory, segment_max_bytes=SMALL_SEGMENT)
+    a, b, c = _records(3, 150, "a"), _records(3, 150, "b"), _records(4, 900, "c")
+    writer.append(a)
+    real_list = spool_module.list_segments
+    calls = {"n": 0}
+
+    def racing_list(path: Path) -> list[int]:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the reader just saw the clean end of segment 0
+            assert writer.append(b)[0].segment == 0  # still fits segment 0
+            assert writer.append(c)[0].segment == 1  # does not: rotates
+        return real_list(path)
+
+    monkeypatch.setattr(spool_module, "list_segments", racing_list)
+    assert _datas(directory) == a + b + c
+    writer.close()
