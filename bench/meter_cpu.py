@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -128,6 +129,7 @@ def main() -> None:
         "max_events_per_s_one_core": round(1e6 / cpu_per_event_us),
         "production_events_per_s": round(events_per_s_production, 4),
         "production_cpu_fraction_of_one_core": cpu_per_event_us * 1e-6 * events_per_s_production,
+        "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "cpus": os.cpu_count(),
     }
     print(json.dumps(result, indent=1))
