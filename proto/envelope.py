@@ -108,8 +108,10 @@ def decode_envelope(raw: bytes) -> Envelope:
             raise ProtoError(Reason.UNKNOWN_FIELD, f"envelope: {exc}") from exc
         if "got `float`" in message:
             raise ProtoError(Reason.FLOAT, f"envelope: {exc}") from exc
-        if "$.payload" in message and "length" in message:
+        if "$.payload" in message and "length <=" in message:
             raise ProtoError(Reason.OVERSIZE, f"envelope: {exc}") from exc
+        if "length" in message:
+            raise ProtoError(Reason.OUT_OF_RANGE, f"envelope: {exc}") from exc
         raise ProtoError(Reason.MALFORMED, f"envelope: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise ProtoError(Reason.MALFORMED, f"envelope: {exc}") from exc

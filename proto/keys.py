@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import os
 import stat
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Final
@@ -50,16 +50,38 @@ def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
 class SigningKey:
-    """An Ed25519 private key with the id it is known by (the person or node it belongs to)."""
+    """An Ed25519 private key with the id it is known by (the person or node it belongs to).
 
-    name: str
-    seed: bytes
+    Deliberately not a dataclass or a Struct: nothing generic (``dataclasses.asdict``,
+    msgspec, structlog's renderers, ``repr``) can serialize the seed by accident. Code
+    that must write the seed asks for ``seed`` by name.
+    """
 
-    def __post_init__(self) -> None:
-        if len(self.seed) != 32:
-            raise ValueError(f"an Ed25519 seed is 32 bytes, got {len(self.seed)}")
+    __slots__ = ("_seed", "name")
+
+    def __init__(self, name: str, seed: bytes) -> None:
+        if len(seed) != 32:
+            raise ValueError(f"an Ed25519 seed is 32 bytes, got {len(seed)}")
+        self.name = name
+        self._seed = bytes(seed)
+
+    @property
+    def seed(self) -> bytes:
+        """The 32-byte private seed. Only key files and key derivation read it."""
+        return self._seed
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SigningKey):
+            return NotImplemented
+        return self.name == other.name and hmac.compare_digest(self._seed, other._seed)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.public_key))
+
+    def __reduce__(self) -> tuple[type[SigningKey], tuple[str, bytes]]:
+        # Pickling is for handing a key to this program's own worker processes.
+        return (SigningKey, (self.name, self._seed))
 
     @classmethod
     def generate(cls, name: str) -> SigningKey:

@@ -29,6 +29,23 @@ _NAME_RE: Final = re.compile(r"^[^\s+]+$")
 MAX_NOTE_BYTES: Final = 64 * 1024
 
 
+_DECIMAL_RE: Final = re.compile(r"^(0|[1-9][0-9]*)$", re.ASCII)
+_BASE64_RE: Final = re.compile(r"^[A-Za-z0-9+/]*={0,2}$", re.ASCII)
+
+
+def _strict_b64(text: str, what: str) -> bytes:
+    """Standard base64, canonical: ASCII, padded, and re-encoding gives the same text."""
+    if len(text) % 4 or not _BASE64_RE.match(text):
+        raise ProtoError(Reason.MALFORMED, f"{what} is not base64")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtoError(Reason.MALFORMED, f"{what} is not base64") from exc
+    if base64.b64encode(data).decode("ascii") != text:
+        raise ProtoError(Reason.NON_CANONICAL, f"{what} is not canonical base64")
+    return data
+
+
 def note_key_hash(name: str, public_key: bytes) -> bytes:
     """The 4-byte key hash that starts each signature of ``name``'s Ed25519 key."""
     return hashlib.sha256(name.encode() + b"\n\x01" + public_key).digest()[:4]
@@ -85,7 +102,11 @@ def sign_note(body: str, name: str, key: SigningKey) -> SignedNote:
 
 def parse_note(text: str) -> SignedNote:
     """Parse note text; raise ProtoError(MALFORMED) on anything off the format."""
-    if len(text.encode()) > MAX_NOTE_BYTES:
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise ProtoError(Reason.MALFORMED, "note: text is not valid Unicode") from exc
+    if size > MAX_NOTE_BYTES:
         raise ProtoError(Reason.OVERSIZE, f"note exceeds {MAX_NOTE_BYTES} bytes")
     body, sep, sigs = text.rpartition("\n\n")
     if not sep or not sigs.endswith("\n"):
@@ -96,10 +117,7 @@ def parse_note(text: str) -> SignedNote:
         parts = line.split(" ")
         if len(parts) != 3 or parts[0] != _DASH or not _NAME_RE.match(parts[1]):
             raise ProtoError(Reason.MALFORMED, f"note: bad signature line {line[:80]!r}")
-        try:
-            blob = base64.b64decode(parts[2], validate=True)
-        except binascii.Error as exc:
-            raise ProtoError(Reason.MALFORMED, f"note: bad base64 in {parts[1]}") from exc
+        blob = _strict_b64(parts[2], f"note: signature of {parts[1]}")
         if len(blob) != 4 + 64:
             raise ProtoError(Reason.MALFORMED, f"note: {parts[1]} signature is not Ed25519")
         parsed.append(NoteSignature(parts[1], blob[:4], blob[4:]))
@@ -121,15 +139,12 @@ def parse_checkpoint_body(body: str) -> Checkpoint:
     if len(lines) != 4 or lines[3] != "":
         raise ProtoError(Reason.MALFORMED, "checkpoint: body is not three lines")
     origin, size_text, root_text = lines[:3]
-    if not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")):
-        raise ProtoError(Reason.MALFORMED, f"checkpoint: size {size_text!r} is not decimal")
+    if len(size_text) > 16 or not _DECIMAL_RE.match(size_text):
+        raise ProtoError(Reason.MALFORMED, f"checkpoint: size {size_text[:20]!r} is not decimal")
     size = int(size_text)
     if size > limits.MAX_SAFE_INTEGER:
         raise ProtoError(Reason.OUT_OF_RANGE, "checkpoint: size out of range")
-    try:
-        root = base64.b64decode(root_text, validate=True)
-    except binascii.Error as exc:
-        raise ProtoError(Reason.MALFORMED, "checkpoint: root is not base64") from exc
+    root = _strict_b64(root_text, "checkpoint: root")
     if len(root) != 32 or not origin:
         raise ProtoError(Reason.MALFORMED, "checkpoint: root is not 32 bytes or origin empty")
     return Checkpoint(origin=origin, size=size, root=root)

@@ -49,6 +49,8 @@ CURRENCY_MINOR_UNITS: Final[Mapping[str, int]] = {
     "KWD": 3,
 }
 MAX_CURRENCY_SCALE: Final = 9
+# A terms file (TOML or signed JSON) is read whole; anything larger is refused unread.
+MAX_TERMS_FILE_BYTES: Final = limits.MAX_ENVELOPE_BYTES
 ROLES: Final = ("operator", "buyer", "desk")
 
 
@@ -207,21 +209,38 @@ def terms_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> Place
 
 def load_terms_toml(path: Path) -> PlacementTerms:
     """Read a readable TOML terms file."""
+    return _terms_from_toml_bytes(_read_bounded(path), path)
+
+
+def _terms_from_toml_bytes(raw: bytes, path: Path) -> PlacementTerms:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise TermsError([f"cannot read {path}: {exc.strerror}"]) from exc
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TermsError([f"{path} is not UTF-8 text (byte {exc.start})"]) from exc
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TermsError([f"{path} is not valid TOML: {exc}"]) from exc
+    except RecursionError as exc:
+        raise TermsError([f"{path} nests arrays or tables too deeply"]) from exc
     return terms_from_mapping(data, path.parent)
+
+
+def _read_bounded(path: Path) -> bytes:
+    """A terms file's bytes, refused past MAX_TERMS_FILE_BYTES before it is parsed."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_TERMS_FILE_BYTES + 1)
+    except OSError as exc:
+        raise TermsError([f"cannot read {path}: {exc.strerror}"]) from exc
+    if len(raw) > MAX_TERMS_FILE_BYTES:
+        raise TermsError([f"{path} is larger than {MAX_TERMS_FILE_BYTES} bytes"])
+    return raw
 
 
 def load_terms_file(path: Path) -> tuple[PlacementTerms, Envelope | None]:
     """Read TOML terms (unsigned) or a signed terms envelope (JSON)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TermsError([f"cannot read {path}: {exc.strerror}"]) from exc
+    raw = _read_bounded(path)
     if raw.lstrip().startswith(b"{"):
         try:
             opened: Opened = open_envelope(raw.rstrip(b"\n"))
@@ -230,13 +249,13 @@ def load_terms_file(path: Path) -> tuple[PlacementTerms, Envelope | None]:
         if not isinstance(opened.record, PlacementTerms):
             raise TermsError([f"{path} holds a {opened.kind} record, not terms"])
         return opened.record, opened.envelope
-    return load_terms_toml(path), None
+    return _terms_from_toml_bytes(raw, path), None
 
 
 def read_envelope_file(path: Path) -> Envelope:
     """Read a signed envelope file (one JSON object)."""
     try:
-        return decode_envelope(path.read_bytes().rstrip(b"\n"))
+        return decode_envelope(_read_bounded(path).rstrip(b"\n"))
     except ProtoError as exc:
         raise TermsError([f"{path}: {exc}"]) from exc
 

@@ -727,44 +727,24 @@ def test_multi_mib_files_are_refused_quickly(tmp_path: Path, what: str) -> None:
     assert elapsed < OVERSIZE_REFUSAL_S, f"{what}: {elapsed:.2f} s"
 
 
-# ---- trackers of bugs in others' files ---------------------------------------------------------
+# ---- regressions: bugs the fuzzers found (fixed unless marked xfail) -------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proto/note.py:100 base64.b64decode(str) raises ValueError (not binascii.Error) "
-    "for non-ASCII text; parse_note lets it escape (also reaches verifier/verify.py:474 and "
-    ":1083 and ledger/attest.py:67 through POST .../checkpoint/cosign)",
-)
 def test_tracker_note_signature_with_non_ascii_base64() -> None:
     with pytest.raises(ProtoError):
         parse_note("a\n\n\u2014 ledger-1 \u00e9\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proto/note.py:130 base64.b64decode(str) raises ValueError for a non-ASCII root",
-)
 def test_tracker_checkpoint_root_with_non_ascii() -> None:
     with pytest.raises(ProtoError):
         parse_checkpoint_body("o\n1\n\u00e9\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proto/note.py:124 str.isdigit() accepts '²', then int('²') raises ValueError",
-)
 def test_tracker_checkpoint_size_superscript_digit() -> None:
     with pytest.raises(ProtoError):
         parse_checkpoint_body("o\n\u00b2\n" + "A" * 43 + "=\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proto/note.py:124 accepts non-ASCII decimal digits ('\u0661' reads as 1); "
-    "proto/note.py:100 and :130 accept base64 with non-zero padding bits: several texts "
-    "read as one checkpoint or one signature line",
-)
 def test_tracker_note_and_checkpoint_texts_are_canonical() -> None:
     root = "A" * 42 + "B="  # non-zero padding bits: decodes like "A" * 43 + "="
     for text in ("o\n\u0661\n" + "A" * 43 + "=\n", f"o\n1\n{root}\n"):
@@ -783,20 +763,11 @@ def test_tracker_note_and_checkpoint_texts_are_canonical() -> None:
         parse_note(NOTE.replace(blob, altered))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proto/note.py:88 text.encode() raises UnicodeEncodeError on a lone surrogate",
-)
 def test_tracker_note_with_a_lone_surrogate() -> None:
     with pytest.raises(ProtoError):
         parse_note("a\ud800\n\n\u2014 n AAAA\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proto/terms.py:211 read_text(encoding='utf-8') raises UnicodeDecodeError; "
-    "only OSError and TOMLDecodeError are turned into TermsError",
-)
 def test_tracker_terms_toml_not_utf8(tmp_path: Path) -> None:
     path = tmp_path / "terms.toml"
     path.write_bytes(b"a = \xff\n")
@@ -804,11 +775,6 @@ def test_tracker_terms_toml_not_utf8(tmp_path: Path) -> None:
         load_terms_file(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proto/terms.py:211 tomllib.loads recurses per nesting level: RecursionError "
-    "on ~1000 nested arrays or inline tables",
-)
 def test_tracker_terms_toml_deeply_nested(tmp_path: Path) -> None:
     path = tmp_path / "terms.toml"
     path.write_bytes(b"a = " + b"[" * 5000 + b"]" * 5000 + b"\n")
@@ -837,12 +803,6 @@ def test_tracker_spool_damaged_length_is_corruption_not_a_torn_tail(tmp_path: Pa
         SpoolWriter(tmp_path).close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proto/terms.py:208-222 load_terms_file/load_terms_toml have no size limit: "
-    "4 MiB of TOML junk is read and parsed whole before the error (3.5-6 s here); "
-    "a limit (e.g. limits.MAX_ENVELOPE_BYTES) would refuse it at once",
-)
 def test_tracker_terms_toml_has_a_size_limit(tmp_path: Path) -> None:
     call, allowed = _multi_mib(tmp_path / "terms.toml", "terms-toml")
     elapsed, error = _timed(call)

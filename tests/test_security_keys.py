@@ -284,12 +284,6 @@ def test_cast_and_agent_config_reprs_never_show_seeds() -> None:
         assert_no_seed(text, key.seed, f"repr(Cast) for {key.name}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proto/keys.py:53 SigningKey is a plain dataclass: dataclasses.asdict() and "
-    "msgspec.json.encode() of it (or of any config dataclass holding it, e.g. "
-    "meter.agent.AgentConfig.signing_key) serialize the seed",
-)
 def test_serializing_a_signing_key_does_not_reveal_the_seed() -> None:
     key = SigningKey.generate("node-a")
     try:
