@@ -184,12 +184,30 @@ def _read_frame(handle: BinaryIO) -> tuple[_Frame, bytes, int]:
 
 
 def _valid_frame_follows(handle: BinaryIO, offset: int, frame_bytes: int) -> bool:
-    """Whether a complete, valid frame starts right after a bad one of known length."""
-    if frame_bytes == 0:
-        return False  # the bad frame's length is unknown: nothing after it can be found
-    handle.seek(offset + frame_bytes)
-    status, _, _ = _read_frame(handle)
-    return status is _Frame.OK
+    """Whether a complete, valid frame lies after an invalid one at ``offset``.
+
+    With a known length (a checksum mismatch) the next frame is right after it. With an
+    unknown one (a damaged magic or length field, or a length running past the end) the
+    rest of the segment is scanned for any checksum-valid frame: a damaged length must
+    not hide acknowledged frames behind it and get them cut as a "torn tail".
+    """
+    if frame_bytes:
+        handle.seek(offset + frame_bytes)
+        status, _, _ = _read_frame(handle)
+        return status is _Frame.OK
+    handle.seek(offset + 1)
+    rest = handle.read()
+    magic = bytes([FRAME_MAGIC])
+    at = rest.find(magic)
+    while 0 <= at <= len(rest) - FRAME_HEADER_BYTES - 1:
+        _, length, crc = _HEADER.unpack_from(rest, at)
+        end = at + FRAME_HEADER_BYTES + length
+        if 1 <= length <= MAX_RECORD_BYTES and end <= len(rest):
+            data = rest[at + FRAME_HEADER_BYTES : end]
+            if _checksum(rest[at + 1 : at + 5], data) == crc:
+                return True
+        at = rest.find(magic, at + 1)
+    return False
 
 
 # ---- directory helpers ------------------------------------------------------------------
@@ -299,7 +317,9 @@ class SpoolWriter:
                     continue
                 if status is _Frame.END:
                     return
-                if status is _Frame.BAD and _valid_frame_follows(handle, offset, frame_bytes):
+                # No writer runs beside this one (the lock): an incomplete frame followed
+                # by valid frames is damage too, not a short write.
+                if _valid_frame_follows(handle, offset, frame_bytes):
                     raise SpoolCorrupt(path, offset, "bad frame followed by valid frames")
                 break
             handle.seek(offset)

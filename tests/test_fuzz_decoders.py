@@ -21,11 +21,10 @@ Budget: ``GRIDLEDGER_FUZZ_EXAMPLES`` examples per property (default 200); a Hypo
 deadline per example stands for "no hang". Each oversized input (a few MiB) must be
 refused by a size limit, quickly.
 
-Known bugs found by these fuzzers in files owned by others are tracked as
-``xfail(strict=True)`` tests at the end (minimal input, file:line). Until they are
-fixed, the random properties tolerate exactly those failure signatures (``KNOWN``),
-so that the suite stays green while the trackers keep them visible; a fix turns the
-tracker into an XPASS, which fails, which is the cue to delete both entries.
+Bugs these fuzzers found are kept at the end as regression tests with their minimal
+input; one not fixed yet is an ``xfail(strict=True)`` tracker naming file:line, and
+the random properties tolerate exactly its failure signature (``KNOWN``) until then —
+a fix turns the tracker into an XPASS, which fails: the cue to delete both entries.
 """
 
 from __future__ import annotations
@@ -83,21 +82,9 @@ OVERSIZE_REFUSAL_S = 0.5
 
 # ---- known bugs in others' files (trackers at the end of this file) ------------------------
 
-KNOWN: dict[str, Callable[[BaseException], bool]] = {
-    # proto/note.py:100 and :130 — base64.b64decode of a str with non-ASCII characters
-    # raises a plain ValueError, not binascii.Error.
-    "note-b64-non-ascii": lambda e: type(e) is ValueError and "only ASCII characters" in str(e),
-    # proto/note.py:124-126 — str.isdigit() is true for digits like "²", int() refuses.
-    "checkpoint-size-unicode-digit": lambda e: (
-        type(e) is ValueError and "invalid literal for int()" in str(e)
-    ),
-    # proto/note.py:88 — text.encode() of a str holding a lone surrogate.
-    "note-surrogate": lambda e: isinstance(e, UnicodeEncodeError),
-    # proto/terms.py:211 — read_text() of bytes that are not UTF-8.
-    "terms-not-utf8": lambda e: isinstance(e, UnicodeDecodeError),
-    # proto/terms.py:211 — tomllib recursion on deeply nested arrays or inline tables.
-    "terms-deep-toml": lambda e: isinstance(e, RecursionError),
-}
+# Fixed in 309549c (proto): non-ASCII base64 and decimals in notes, lone surrogates,
+# terms files not UTF-8 / deeply nested / unbounded. Nothing tolerated at the moment.
+KNOWN: dict[str, Callable[[BaseException], bool]] = {}
 
 
 def known(exc: BaseException) -> str | None:
@@ -374,28 +361,13 @@ def test_every_corpus_envelope_is_accepted() -> None:
 # ---- notes and checkpoints --------------------------------------------------------------------
 
 
-def _b64_non_canonical(text: str) -> bool:
-    """Whether some base64 field decodes but is not the canonical encoding of its bytes."""
-    for field in text.replace("\n", " ").split(" "):
-        try:
-            blob = base64.b64decode(field, validate=True)
-        except ValueError:
-            continue
-        if field and base64.b64encode(blob).decode() != field:
-            return True
-    return False
-
-
 def check_note(text: str) -> None:
     """The note property: ProtoError, or a note that prints back to the same text."""
     note = expect_only((ProtoError,), lambda: parse_note(text))
     if note is None:
         return
-    if note.text() != text:
-        # Tracked (test_tracker_note_and_checkpoint_texts_are_canonical): the only way
-        # two texts may read as one note is base64 with non-zero padding bits.
-        assert _b64_non_canonical(text), f"{text!r} prints back as {note.text()!r}"
-        event("known bug: note-b64-malleable")
+    # One text per note: a second spelling would be a second text under one signature.
+    assert note.text() == text, f"{text!r} prints back as {note.text()!r}"
     body = expect_only((ProtoError,), lambda: parse_checkpoint_body(note.body))
     if body is not None:
         check_checkpoint_roundtrip(note.body, body)
@@ -403,12 +375,7 @@ def check_note(text: str) -> None:
 
 def check_checkpoint_roundtrip(text: str, checkpoint: Checkpoint) -> None:
     """An accepted checkpoint body is the one canonical text of its checkpoint."""
-    if checkpoint_body(checkpoint) == text:
-        return
-    # Tracked: non-ASCII decimal digits in the size, base64 with non-zero padding bits.
-    size_text = text.split("\n")[1]
-    assert not size_text.isascii() or _b64_non_canonical(text), f"{text!r} is not canonical"
-    event("known bug: checkpoint-body-malleable")
+    assert checkpoint_body(checkpoint) == text, f"{text!r} is not the canonical spelling"
 
 
 @FUZZ
@@ -727,25 +694,25 @@ def test_multi_mib_files_are_refused_quickly(tmp_path: Path, what: str) -> None:
     assert elapsed < OVERSIZE_REFUSAL_S, f"{what}: {elapsed:.2f} s"
 
 
-# ---- regressions: bugs the fuzzers found (fixed unless marked xfail) -------------------------
+# ---- regressions: bugs the fuzzers found (fixed unless marked xfail) ---------------------
 
 
-def test_tracker_note_signature_with_non_ascii_base64() -> None:
+def test_regression_note_signature_with_non_ascii_base64() -> None:
     with pytest.raises(ProtoError):
         parse_note("a\n\n\u2014 ledger-1 \u00e9\n")
 
 
-def test_tracker_checkpoint_root_with_non_ascii() -> None:
+def test_regression_checkpoint_root_with_non_ascii() -> None:
     with pytest.raises(ProtoError):
         parse_checkpoint_body("o\n1\n\u00e9\n")
 
 
-def test_tracker_checkpoint_size_superscript_digit() -> None:
+def test_regression_checkpoint_size_superscript_digit() -> None:
     with pytest.raises(ProtoError):
         parse_checkpoint_body("o\n\u00b2\n" + "A" * 43 + "=\n")
 
 
-def test_tracker_note_and_checkpoint_texts_are_canonical() -> None:
+def test_regression_note_and_checkpoint_texts_are_canonical() -> None:
     root = "A" * 42 + "B="  # non-zero padding bits: decodes like "A" * 43 + "="
     for text in ("o\n\u0661\n" + "A" * 43 + "=\n", f"o\n1\n{root}\n"):
         with pytest.raises(ProtoError):
@@ -763,32 +730,25 @@ def test_tracker_note_and_checkpoint_texts_are_canonical() -> None:
         parse_note(NOTE.replace(blob, altered))
 
 
-def test_tracker_note_with_a_lone_surrogate() -> None:
+def test_regression_note_with_a_lone_surrogate() -> None:
     with pytest.raises(ProtoError):
         parse_note("a\ud800\n\n\u2014 n AAAA\n")
 
 
-def test_tracker_terms_toml_not_utf8(tmp_path: Path) -> None:
+def test_regression_terms_toml_not_utf8(tmp_path: Path) -> None:
     path = tmp_path / "terms.toml"
     path.write_bytes(b"a = \xff\n")
     with pytest.raises(TermsError):
         load_terms_file(path)
 
 
-def test_tracker_terms_toml_deeply_nested(tmp_path: Path) -> None:
+def test_regression_terms_toml_deeply_nested(tmp_path: Path) -> None:
     path = tmp_path / "terms.toml"
     path.write_bytes(b"a = " + b"[" * 5000 + b"]" * 5000 + b"\n")
     with pytest.raises(TermsError):
         load_terms_file(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="meter/spool.py:176-177,186-191 a frame whose length field is damaged hides the valid "
-    "frames after it (the reader follows the bad length), so a bit flip in frame 0 of the "
-    "last segment makes SpoolWriter cut every acknowledged frame as a 'torn tail' "
-    "(module docstring: a bad frame followed by valid frames is corruption, nothing cut)",
-)
 def test_tracker_spool_damaged_length_is_corruption_not_a_torn_tail(tmp_path: Path) -> None:
     records = [CORPUS["usage"], CORPUS["adjustment"], CORPUS["closed"]]
     with SpoolWriter(tmp_path) as writer:
@@ -803,7 +763,7 @@ def test_tracker_spool_damaged_length_is_corruption_not_a_torn_tail(tmp_path: Pa
         SpoolWriter(tmp_path).close()
 
 
-def test_tracker_terms_toml_has_a_size_limit(tmp_path: Path) -> None:
+def test_regression_terms_toml_has_a_size_limit(tmp_path: Path) -> None:
     call, allowed = _multi_mib(tmp_path / "terms.toml", "terms-toml")
     elapsed, error = _timed(call)
     assert isinstance(error, allowed), repr(error)
