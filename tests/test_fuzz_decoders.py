@@ -749,7 +749,7 @@ def test_regression_terms_toml_deeply_nested(tmp_path: Path) -> None:
         load_terms_file(path)
 
 
-def test_tracker_spool_damaged_length_is_corruption_not_a_torn_tail(tmp_path: Path) -> None:
+def test_regression_spool_damaged_length_is_corruption_not_a_torn_tail(tmp_path: Path) -> None:
     records = [CORPUS["usage"], CORPUS["adjustment"], CORPUS["closed"]]
     with SpoolWriter(tmp_path) as writer:
         writer.append(records)
