@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "verifier.cli",
     "gridledger.demo",
     "gridledger.replay",
+    "gridledger.example_stack",
 )
 
 

@@ -10,7 +10,6 @@ import base64
 import re
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -128,26 +127,57 @@ def test_every_service_has_a_valid_image_or_build(compose: dict[str, Any]) -> No
             assert (context / (dockerfile or "Dockerfile")).is_file(), name
 
 
-def test_app_services_run_the_stable_commands(compose: dict[str, Any]) -> None:
+def test_app_services_run_the_stable_commands(compose: dict[str, Any], tmp_path: Path) -> None:
     services = _services(compose)
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.M)
     assert re.search(r"pip install \.", dockerfile)
     assert 'ENTRYPOINT ["gridledger"]' in dockerfile
+    setup = services["setup"]
+    assert setup["command"][0] == "example-setup" and "--publish" in setup["command"]
+    assert _depends_on(setup) == {"kafka-init": "service_completed_successfully"}
+    stack_dir = setup["command"][setup["command"].index("--out") + 1]
+    bootstrap = setup["command"][setup["command"].index("--bootstrap") + 1]
+    assert bootstrap == "kafka:9092"  # the compose network's listener
     ledger = services["ledger"]
     assert ledger["command"][:3] == ["ledger", "run", "--config"]
-    assert {"kafka-init": "service_completed_successfully"}.items() <= _depends_on(ledger).items()
     for name in ("meter-a", "meter-b"):
         command = services[name]["command"]
         assert command[:3] == ["meter", "run", "--config"], name
-        assert "--simulate" in command, name
+    # What setup writes is what the services read: run it here and load every config with
+    # the real parsers (paths in the configs are relative to the stack directory).
+    from gridledger.cli import main
+    from ledger.config import load_config
+    from meter.config import load_meter_config
+    from meter.sim import parse_sim_spec
+
+    out = tmp_path / "stack"
+    assert main(["example-setup", "--out", str(out), "--bootstrap", bootstrap]) == 0
     for name in APP_SERVICES:
         service = services[name]
+        assert _depends_on(service) == {"setup": "service_completed_successfully"}, name
+        assert ("stack", stack_dir) in _volume_entries(service), name
         config = service["command"][service["command"].index("--config") + 1]
-        mounts = dict((target, source) for source, target in _volume_entries(service))
-        assert config in mounts, f"{name}: {config} is not mounted"
-        with (ROOT / mounts[config]).open("rb") as handle:
-            tomllib.load(handle)  # the config file exists and is valid TOML
+        assert config.startswith(stack_dir + "/"), name
+        local = out / config[len(stack_dir) + 1 :]
+        if name == "ledger":
+            ledger_config = load_config(local)
+            assert ledger_config.kafka is not None
+            assert ledger_config.kafka.settings.bootstrap == bootstrap
+            assert ledger_config.key_file.is_file()
+        else:
+            meter_config = load_meter_config(local)
+            assert meter_config.transport == "kafka" and meter_config.source == "simulate"
+            assert meter_config.key_file.is_file()
+            command = service["command"]
+            if "--simulate" in command:
+                parse_sim_spec(command[command.index("--simulate") + 1])
+    # Running setup again keeps the keys and the placement (a restarted stack).
+    before = sorted(p.name for p in (out / "terms").iterdir())
+    key_before = (out / "keys" / "example-ledger.key").read_bytes()
+    assert main(["example-setup", "--out", str(out), "--bootstrap", bootstrap]) == 0
+    assert sorted(p.name for p in (out / "terms").iterdir()) == before
+    assert (out / "keys" / "example-ledger.key").read_bytes() == key_before
 
 
 def test_depends_on_volumes_and_ports(compose: dict[str, Any]) -> None:
@@ -211,3 +241,68 @@ def test_docker_compose_config_accepts_the_file() -> None:
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_example_stack_runs_for_real(
+    tmp_path: Path, tmp_topic: Any, kafka_bootstrap: str
+) -> None:
+    """The files `setup` writes drive a real meter and ledger through the test broker."""
+    import asyncio
+    import os
+    import sys
+
+    from gridledger.cli import main
+    from ledger.config import load_config
+    from ledger.service import KafkaLedgerService
+    from proto.terms import load_terms_file
+
+    topic = tmp_topic(3)
+    out = tmp_path / "stack"
+    start_ms = 1_796_083_200_000
+    args = ["example-setup", "--out", str(out), "--bootstrap", kafka_bootstrap]
+    args += ["--topic", topic, "--start-ms", str(start_ms), "--hours", "1", "--http", "off"]
+    assert main([*args, "--publish"]) == 0
+    terms, _ = load_terms_file(next((out / "terms").iterdir()))
+    # Both meters, as the compose services run them, on a simulated clock for 20 minutes.
+    for name in ("meter-a", "meter-b"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gridledger",
+                "meter",
+                "run",
+                "--config",
+                str(out / f"{name}.toml"),
+                "--simulate",
+                "seed=3",
+                "--until-ms",
+                str(start_ms + 20 * 60_000),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    config = load_config(out / "ledger.toml")
+    service = KafkaLedgerService.from_config(config, clock=lambda: start_ms + 20 * 60_000)
+
+    async def run() -> None:
+        await service.start()
+        try:
+            await service.run_until(deadline_s=60.0)
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
+    try:
+        head = service.store.head(terms.placement_id)
+        assert head is not None
+        # terms + 20 events from each of the two nodes, all accepted.
+        assert head.chain_index == 40
+        rejected = service.store.query("SELECT count(*) FROM records WHERE status = 'rejected'")
+        assert rejected == [(0,)]
+    finally:
+        service.close()
