@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 import msgspec
@@ -64,9 +64,10 @@ SNAPSHOT_VERSION: Final = 1
 CRYPTO_CHUNK: Final = 256
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
-    """What became of one input."""
+    """What became of one input. (Mutable only so deferred signing can fill in
+    ``record_envelope``; nothing else changes one after the fold returns it.)"""
 
     decision: Decision
     position: str
@@ -274,7 +275,7 @@ class Fold:
         ]
         for chunk, future in zip(chunks, futures, strict=True):
             for i, envelope in zip(chunk, future.result(), strict=True):
-                outcomes[i] = replace(outcomes[i], record_envelope=envelope)
+                outcomes[i].record_envelope = envelope
         return outcomes
 
     def _apply_opened(

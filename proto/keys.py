@@ -27,6 +27,7 @@ PRIVATE_FORMAT: Final = "gridledger-ed25519-private/v1"
 PUBLIC_FORMAT: Final = "gridledger-ed25519-public/v1"
 
 
+@lru_cache(maxsize=65536)
 def key_id(public_key: bytes) -> str:
     """Key id: first 8 bytes of SHA-256(``gridledger/keyid/v1\\n`` || raw public key), hex."""
     if len(public_key) != 32:
