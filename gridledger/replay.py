@@ -39,16 +39,19 @@ import argparse
 import asyncio
 import json
 import logging
+import multiprocessing
 import resource
 import shutil
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 import structlog
 
 from gridledger.money import format_gpu_hours, format_minor
@@ -59,10 +62,12 @@ from gridledger.replay_limits import (
     DEFAULT_INTERVAL_S,
     LEDGER_IDLE_POLL_MS,
     LEDGER_STEP_DEADLINE_S,
+    MAX_VERIFY_IN_FLIGHT,
     SEND_WINDOW_RECORDS,
     STEP_MS,
     TRACE_EPOCH_MS,
     UNPLACEABLE_SHOWN,
+    VERIFY_WORKERS,
 )
 from gridledger.replay_terms import (
     PriceTable,
@@ -243,7 +248,7 @@ class ReplayReport:
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
             "events_per_s": {
                 "ledger": round(self.rate("ledger"), 1),
-                "verifier": round(self.rate("verify"), 1),
+                "verifier_busy": round(self.rate("verify_busy"), 1),
                 "agents": round(self.rate("agents"), 1),
             },
             "peak_rss_mib": round(self.peak_rss_mib, 1),
@@ -358,6 +363,8 @@ class _Run:
         self.prices: PriceTable = load_price_table(options.prices)
         self.terms: dict[str, PlacementTerms] = {}
         self.terms_envelopes: dict[str, bytes] = {}
+        self.by_qos: Counter[str] = Counter()
+        self.by_model: Counter[str] = Counter()
 
     # 1-3: trace, plan, keys and terms
     def prepare(self) -> Plan:
@@ -488,71 +495,114 @@ class _Run:
                     )
                 previous = until
             self.seconds["agents_and_send"] = sender.seconds
+        except BaseException:
+            service.close()
+            raise
+        finally:
+            # Stopped before the exports: their work would block the event loop while the
+            # consumer's fetches wait for it, and time out.
+            cluster.close()
+            try:
+                await service.stop()
+            finally:
+                await producer.stop()
+        try:
             self.finish(plan, store)
         finally:
-            cluster.close()
-            await service.stop()
-            await producer.stop()
             service.close()
 
     # 5-6: exports, verifier, report
     def finish(self, plan: Plan, store: Store) -> None:
+        """Export every placement and verify each export in worker processes meanwhile."""
         exports = self.workdir / "exports"
         if exports.exists():
             shutil.rmtree(exports)
         exports.mkdir(parents=True)
-        paths: list[tuple[Placement, Path]] = []
-        with _Timer(self.seconds, "export"):
+        counts = store.query("SELECT status, count(*) FROM records WHERE kind = 'usage' GROUP BY 1")
+        self.report.events_accepted = {str(s): int(n) for s, n in counts}.get("accepted", 0)
+        self.report.inputs_rejected = int(
+            store.query("SELECT count(*) FROM records WHERE status = 'rejected'")[0][0]
+        )
+        trust = dump_trust(self.cast.trust())
+        started = time.perf_counter()
+        context = multiprocessing.get_context("spawn")  # never fork a process holding DuckDB
+        pending: deque[tuple[Placement, Future[VerifySummary]]] = deque()
+        with ProcessPoolExecutor(VERIFY_WORKERS, mp_context=context) as pool:
             for placement in plan.placements:
                 if store.close_index(placement.placement_id) is None:
                     self.report.failed.append((placement.placement_id, "never closed"))
                     continue
                 out = exports / f"{placement.placement_id}.duckdb"
-                export_placement(store, placement.placement_id, out, key=self.cast.ledger)
-                paths.append((placement, out))
-            counts = store.query(
-                "SELECT status, count(*) FROM records WHERE kind = 'usage' GROUP BY 1"
-            )
-            by_status = {str(s): int(n) for s, n in counts}
-            self.report.events_accepted = by_status.get("accepted", 0)
-            self.report.inputs_rejected = int(
-                store.query("SELECT count(*) FROM records WHERE status = 'rejected'")[0][0]
-            )
-        with _Timer(self.seconds, "verify"):
-            self.verify(paths, self.cast.trust())
+                with _Timer(self.seconds, "export"):
+                    export_placement(store, placement.placement_id, out, key=self.cast.ledger)
+                pending.append((placement, pool.submit(verify_one, str(out), trust)))
+                while len(pending) > MAX_VERIFY_IN_FLIGHT:
+                    self.count_verdict(*_result(pending.popleft()))
+            while pending:
+                self.count_verdict(*_result(pending.popleft()))
+        self.seconds["export_and_verify"] = time.perf_counter() - started
+        self.report.delivered_by_qos_mgms = dict(sorted(self.by_qos.items()))
+        self.report.delivered_by_model_mgms = dict(sorted(self.by_model.items()))
 
-    def verify(self, paths: list[tuple[Placement, Path]], trust: TrustFile) -> None:
-        from verifier.verify import verify_export
+    def count_verdict(self, placement: Placement, summary: VerifySummary) -> None:
+        """Add one export's verdict and, when verified, its recomputed totals."""
+        self.seconds["verify_busy"] = self.seconds.get("verify_busy", 0.0) + summary.elapsed_s
+        totals = summary.totals
+        if summary.why or totals is None:
+            self.report.failed.append((placement.placement_id, summary.why or "no totals"))
+            return
+        self.report.verified += 1
+        delivered = totals["delivered_mgms"]
+        self.report.delivered_mgms += delivered
+        self.by_qos[placement.task.qos] += delivered
+        self.by_model[placement.model] += delivered
+        money = self.report.money.setdefault(
+            f"{summary.currency}/{summary.currency_scale}",
+            Money(summary.currency, summary.currency_scale),
+        )
+        money.add(totals)
 
-        by_qos: Counter[str] = Counter()
-        by_model: Counter[str] = Counter()
-        # The verifier picks its own pool per export (inline below its row threshold).
-        for placement, path in paths:
-            try:
-                result = verify_export(path, trust)
-            except Exception as exc:  # a verifier crash is a failed verdict, named
-                self.report.failed.append(
-                    (placement.placement_id, f"verifier raised {type(exc).__name__}: {exc}")
-                )
-                continue
-            totals = result.totals
-            if not result.ok or totals is None or not result.final:
-                kept = result.findings.kept
-                why = result.error or (kept[0].line() if kept else result.verdict)
-                self.report.failed.append((placement.placement_id, why))
-                continue
-            self.report.verified += 1
-            delivered = totals["delivered_mgms"]
-            self.report.delivered_mgms += delivered
-            by_qos[placement.task.qos] += delivered
-            by_model[placement.model] += delivered
-            money = self.report.money.setdefault(
-                f"{result.currency}/{result.currency_scale}",
-                Money(result.currency, result.currency_scale),
-            )
-            money.add(totals)
-        self.report.delivered_by_qos_mgms = dict(sorted(by_qos.items()))
-        self.report.delivered_by_model_mgms = dict(sorted(by_model.items()))
+
+@dataclass(frozen=True)
+class VerifySummary:
+    """What the replay keeps of one export's verification (small, picklable)."""
+
+    why: str
+    totals: dict[str, int] | None
+    currency: str
+    currency_scale: int
+    elapsed_s: float
+
+
+_TRUST_CACHE: dict[bytes, TrustFile] = {}
+
+
+def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
+    """Verify one export (in a worker process); ``why`` is empty when it verified, final."""
+    from verifier.verify import verify_export
+
+    quiet_logs()
+    trust = _TRUST_CACHE.get(trust_bytes)
+    if trust is None:
+        trust = msgspec.json.decode(trust_bytes, type=TrustFile)
+        _TRUST_CACHE[trust_bytes] = trust
+    started = time.perf_counter()
+    try:
+        result = verify_export(Path(path), trust)
+    except Exception as exc:  # a verifier crash is a failed verdict, named
+        why = f"verifier raised {type(exc).__name__}: {exc}"
+        return VerifySummary(why, None, "", 0, time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    if not result.ok or result.totals is None or not result.final:
+        kept = result.findings.kept
+        why = result.error or (kept[0].line() if kept else f"{result.verdict}, not final")
+        return VerifySummary(why, None, "", 0, elapsed)
+    return VerifySummary("", result.totals, result.currency, result.currency_scale, elapsed)
+
+
+def _result(item: tuple[Placement, Future[VerifySummary]]) -> tuple[Placement, VerifySummary]:
+    placement, future = item
+    return placement, future.result()
 
 
 class _ClockHolder:

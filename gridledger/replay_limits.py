@@ -49,3 +49,9 @@ LEDGER_STEP_DEADLINE_S: Final = 1_800.0
 
 UNPLACEABLE_SHOWN: Final = 20
 """Unplaceable task ids printed in the human report (the JSON report lists them all)."""
+
+VERIFY_WORKERS: Final = 2
+"""Processes verifying exports while the replay writes the next ones (one per core)."""
+
+MAX_VERIFY_IN_FLIGHT: Final = 16
+"""Exports handed to the verifier workers and not yet reported back."""
