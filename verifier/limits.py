@@ -27,8 +27,9 @@ MAX_BATCHES_IN_FLIGHT: Final = 4
 # Below this many envelopes a worker pool costs more to start than it saves.
 MIN_ROWS_FOR_POOL: Final = 20_000
 
-# Memory DuckDB may use for the verifier's own work tables before it spills to disk.
-DUCKDB_MEMORY_LIMIT: Final = "1GB"
+# Memory DuckDB may use (buffer pool for the export and the scratch work tables) before it
+# evicts or spills to the scratch directory.
+DUCKDB_MEMORY_LIMIT: Final = "512MB"
 
 # Rows fetched at once from small tables (terms, bindings, statements, checkpoints).
 SMALL_TABLE_FETCH_ROWS: Final = 1024

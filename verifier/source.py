@@ -1,13 +1,16 @@
 """Reading an export (proto/EXPORT.md): open, check the schema, stream rows by chain index.
 
-The export is attached READ_ONLY to an in-memory DuckDB that also holds the verifier's
-own work tables, so verification never writes to the file it checks. Every big table is
+The export is attached READ_ONLY to a scratch DuckDB (in a temporary directory, removed
+on close) that holds the verifier's own work tables, so verification never writes to the
+file it checks. Every big table is
 read by chain-index range (``CHAIN_BATCH_INDICES`` at a time): memory stays bounded
 whatever the export's size, and the reader never trusts the export's row order.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,24 +168,35 @@ class ExportSource:
         # A DuckDB file has the magic "DUCK" at byte 8; anything else is not an export.
         if len(head) < 12 or head[8:12] != b"DUCK":
             raise UnusableInput(str(path), "not a DuckDB file")
-        self.con: Any = duckdb.connect(":memory:")
+        # The work tables live in a scratch file, not in memory, so DuckDB can page them out
+        # under memory_limit: a million-event export costs bounded RAM.
+        self._scratch = Path(tempfile.mkdtemp(prefix="gridledger-verify-"))
+        try:
+            self.con: Any = duckdb.connect(str(self._scratch / "work.duckdb"))
+        except duckdb.Error:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise
         try:
             self.con.execute(f"SET memory_limit = '{limits.DUCKDB_MEMORY_LIMIT}'")
+            self.con.execute(f"SET temp_directory = '{self._scratch}/spill'")
             quoted = str(path).replace("'", "''")
             self.con.execute(f"ATTACH '{quoted}' AS {ALIAS} (READ_ONLY)")
         except duckdb.Error as exc:
-            self.con.close()
+            self.close()
             raise UnusableInput(str(path), f"DuckDB cannot open it: {exc}") from exc
         try:
             self._check_schema()
             self.meta = self._read_meta()
         except BaseException:
-            self.con.close()
+            self.close()
             raise
 
     def close(self) -> None:
-        """Detach the export and drop the work tables."""
-        self.con.close()
+        """Detach the export and delete the work tables with their scratch directory."""
+        try:
+            self.con.close()
+        finally:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self) -> ExportSource:
         return self
