@@ -535,3 +535,34 @@ def test_nulls_in_a_hostile_export_are_findings_not_crashes(
     report = verify(path, honest.trust)
     failed_with(report, "CHAIN_INDEX_NULL", "MALFORMED", "CHAIN_INPUT_MISSING")
     assert "VERIFIER_ERROR" not in report.findings.rules()
+
+
+def test_a_view_in_place_of_a_table_is_unusable_and_never_runs(
+    honest: Scenario, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-7")
+    path = mutated(
+        honest,
+        tmp_path,
+        "ALTER TABLE meta RENAME TO meta_orig",
+        "CREATE VIEW meta AS SELECT key, CASE WHEN key = 'placement_id' THEN "
+        f"(SELECT content FROM read_text('{secret}')) ELSE value END AS value FROM meta_orig",
+    )
+    report = verify(path, honest.trust)
+    assert report.verdict == "unusable"
+    assert "meta is a view" in report.error and "SECRET" not in report.error
+
+
+def test_rows_past_the_small_table_bound_fail_the_export(
+    honest: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verifier import limits
+
+    monkeypatch.setattr(limits, "MAX_SMALL_TABLE_ROWS", 2)
+    report = verify(honest.path, honest.trust)  # 3 statements and 3 checkpoints
+    failed_with(report, "TABLE_TOO_LARGE")
+    assert {f.record for f in report.findings.kept if f.rule == "TABLE_TOO_LARGE"} == {
+        "statements",
+        "checkpoints",
+    }

@@ -181,6 +181,10 @@ class ExportSource:
             self.con.execute(f"SET temp_directory = '{self._scratch}/spill'")
             quoted = str(path).replace("'", "''")
             self.con.execute(f"ATTACH '{quoted}' AS {ALIAS} (READ_ONLY)")
+            # From here on SQL touches nothing outside the two databases: a VIEW hidden in
+            # an export cannot read local files or the network with the verifier's rights.
+            self.con.execute("SET enable_external_access = false")
+            self.con.execute("SET lock_configuration = true")
         except duckdb.Error as exc:
             self.close()
             raise UnusableInput(str(path), f"DuckDB cannot open it: {exc}") from exc
@@ -217,7 +221,19 @@ class ExportSource:
             have.setdefault(table, {})[column] = data_type
         if "meta" not in have:
             raise UnusableInput(str(self.path), "no meta table: not a gridledger export")
-        problems: list[str] = []
+        tables = {
+            name
+            for (name,) in self.con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
+                "AND schema_name = 'main'",
+                [ALIAS],
+            ).fetchall()
+        }
+        problems: list[str] = [
+            f"{name} is a view, not a table"
+            for name in SCHEMA
+            if name in have and name not in tables
+        ]
         for table, columns in SCHEMA.items():
             if table not in have:
                 problems.append(f"table {table} missing")

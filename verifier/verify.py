@@ -222,6 +222,7 @@ class _Run:
     def run(self) -> None:
         """Steps (1) to (9), in order."""
         self.check_format()  # (1)
+        self.check_sizes()  # (1) small tables small enough to check whole
         self.check_trust()  # (2)
         if not self.check_terms():  # (3)
             self.report.counts = self.counts
@@ -254,6 +255,20 @@ class _Run:
                 f"meta.format_version is {meta.get('format_version')!r}, "
                 f"this verifier reads {EXPORT_FORMAT_VERSION!r}",
             )
+
+    def check_sizes(self) -> None:
+        """(1) tables read whole must fit their bound: rows past it would go unchecked."""
+        for table in ("terms", "key_bindings", "statements", "checkpoints", "held"):
+            rows = self.source.count(table)
+            if rows > limits.MAX_SMALL_TABLE_ROWS:
+                self.add(
+                    Step.FORMAT,
+                    "TABLE_TOO_LARGE",
+                    table,
+                    f"<= {limits.MAX_SMALL_TABLE_ROWS} rows",
+                    rows,
+                    "rows beyond the bound are not checked, so the export cannot verify",
+                )
 
     # (2) trust -------------------------------------------------------------------------
 
@@ -980,6 +995,14 @@ class _Run:
             "desk_receives_minor",
             "through_index",
         )
+        chain_at = self._chain_at(
+            {int(r[0]) for r in rows if r[0] is not None}
+            | {
+                int(o.record.through_index)
+                for o in (open_one(0, blob(r[1]), {}) for r in rows)
+                if isinstance(o.record, Statement)
+            }
+        )
         for through_index, raw, *columns in rows:
             self.bump("statements")
             where = f"statements through_index {through_index}"
@@ -1056,16 +1079,13 @@ class _Run:
                     "a statement in other money than the terms",
                 )
             index = statement.through_index
-            heads = self.con.execute(
-                "SELECT record_hash FROM w_records WHERE chain_index = ?", [index]
-            ).fetchall()
-            head = heads[0] if heads else None
-            if head is None or head[0] != statement.head:
+            head, mine = chain_at.get(index, (None, None))
+            if head is None or head != statement.head:
                 self.add(
                     Step.OBLIGATION,
                     "STATEMENT_HEAD",
                     where,
-                    head[0] if head else f"a record at index {index}",
+                    head or f"a record at index {index}",
                     statement.head,
                     "head is not the record hash at through_index",
                 )
@@ -1079,7 +1099,6 @@ class _Run:
                     statement.final,
                     "final is true exactly when the chain through the index holds the close",
                 )
-            mine = totals_at(self.con, index)
             if mine is None:
                 continue
             for name in TOTAL_FIELDS:
@@ -1093,6 +1112,23 @@ class _Run:
                         have,
                         "the statement's amount differs from SPEC §7 at its index",
                     )
+
+    def _chain_at(self, indices: set[int]) -> dict[int, tuple[str, dict[str, int]]]:
+        """Record hash and recomputed totals at each index, in one query (not one per row)."""
+        self.con.execute("CREATE OR REPLACE TABLE w_wanted(chain_index BIGINT)")
+        if indices:
+            appender = self.con.appender("w_wanted")
+            appender.append_rows([(i,) for i in indices])
+            appender.flush()
+        names = ", ".join(f"t.{name}" for name in TOTAL_FIELDS)
+        rows = self.con.execute(
+            f"SELECT r.chain_index, r.record_hash, {names} FROM w_records r "
+            "JOIN w_totals t USING (chain_index) JOIN w_wanted w USING (chain_index)"
+        ).fetchall()
+        return {
+            int(r[0]): (str(r[1]), dict(zip(TOTAL_FIELDS, map(int, r[2:]), strict=True)))
+            for r in rows
+        }
 
     # (8) checkpoints ----------------------------------------------------------------------
 
