@@ -118,8 +118,11 @@ def test_unplaceable_tasks_are_reported_with_a_reason() -> None:
     trace = read_trace(EXCERPT)
     p100 = tuple(n for n in trace.nodes if n.model == "P100")[:2]  # 4 GPUs in all
     tasks = [t for t in trace.tasks if t.ran]
-    tasks.append(dataclasses.replace(tasks[0], name="needs-a-missing-model", line=10_001,
-                                     gpu_spec=frozenset({"H100"})))
+    tasks.append(
+        dataclasses.replace(
+            tasks[0], name="needs-a-missing-model", line=10_001, gpu_spec=frozenset({"H100"})
+        )
+    )
     plan = _plan(p100, tasks)
     reasons = {u.task.name: u.reason for u in plan.unplaceable}
     assert reasons["needs-a-missing-model"] == "no node has a GPU of model H100"
