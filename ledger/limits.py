@@ -44,3 +44,6 @@ BATCH_LATENCY_BUCKETS_S: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 # Threads that check input signatures and sign records beside the fold (libsodium
 # releases the GIL, so two threads use both cores of the reference machine).
 CRYPTO_THREADS: Final = 2
+
+# DuckDB memory of the store (buffer pool); the file grows, the process does not.
+STORE_MEMORY_LIMIT: Final = "512MB"

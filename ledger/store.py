@@ -28,7 +28,7 @@ from typing import Any, Final, Self
 import duckdb
 import msgspec
 
-from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES
+from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES, STORE_MEMORY_LIMIT
 from proto.envelope import decode_envelope, open_envelope, sha256_hex
 from proto.keys import b64
 from proto.records import (
@@ -327,7 +327,11 @@ class Store:
         self.path = Path(path)
         self._lock = threading.RLock()
         try:
-            self._con = duckdb.connect(str(self.path))
+            # Bounded memory: DuckDB's buffer pool would otherwise grow towards 80 % of RAM
+            # as the store grows; past the limit it spills to the file, never fails.
+            self._con = duckdb.connect(
+                str(self.path), config={"memory_limit": STORE_MEMORY_LIMIT, "threads": 2}
+            )
         except duckdb.IOException as exc:
             raise StoreError(f"cannot open ledger store {self.path}: {exc}") from exc
         try:
