@@ -1219,6 +1219,7 @@ class _Run:
         self.observed: set[bytes] = set()
         self.reference: Reference | None = None
         self.started = time.monotonic()
+        self.pace_ms = self.schedule.pace_ms
 
     # -- failure and bookkeeping --
 
@@ -1280,7 +1281,7 @@ class _Run:
     def _start_meter(self, meter: _Meter) -> None:
         segment = meter.current()
         assert segment is not None
-        spec = f"{meter.plan.sim_spec},pace_ms={self.schedule.pace_ms}"
+        spec = f"{meter.plan.sim_spec},pace_ms={self.pace_ms}"
         meter.start_bytes = _spool_bytes(meter.spool)
         meter.start_shipped = load_shipped(meter.spool) if meter.spool.exists() else None
         meter.process.start(
@@ -1557,6 +1558,7 @@ class _Run:
             self.inject(fault)
         if not terms_published:
             _publish(self.settings, self._late_terms())
+        self._hurry()
         self.wait_for(
             lambda: all(
                 not self._meter_due(m) and not m.process.alive() for m in self.meters.values()
@@ -1580,9 +1582,11 @@ class _Run:
         mark = time.monotonic()
         _publish(self.settings, list(scenario.late))
         self.meter_phase = "late"
+        self.pace_ms = schedule.pace_ms
         self.supervise()
         for fault in schedule.of_phase("after_close"):
             self.inject(fault)
+        self._hurry()
         self.wait_for(
             lambda: all(
                 not self._meter_due(m) and not m.process.alive() for m in self.meters.values()
@@ -1609,6 +1613,21 @@ class _Run:
         for meter in self.meters.values():
             self._check_meter(meter)
         timings["late"] = time.monotonic() - mark
+
+    def _hurry(self) -> None:
+        """The phase's faults are done: agents still pacing are killed (checked like any
+        kill, not counted as a cycle) and restarted at full speed to finish the phase."""
+        self.pace_ms = 0
+        for meter in self.meters.values():
+            if meter.process.alive():
+                code = meter.process.kill9()
+                if code == 0:
+                    meter.segment += 1
+                elif code != -signal.SIGKILL:
+                    self._unexpected(meter.process, code)
+                self._check_meter(meter)
+                self.note(f"hurry: {meter.plan.node_id} restarted unpaced")
+        self.supervise()
 
     def _held_terms(self, placement_id: str, envelope: bytes) -> bool:
         return placement_id == self.scenario.late_terms and open_envelope(envelope).kind == "terms"
