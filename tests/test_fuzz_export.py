@@ -12,7 +12,7 @@ Extra tables, schemas and macros are ignored by design (the verifier trusts only
 envelope bytes and its trust file): for those the verdict must equal the untouched
 export's.
 
-Known bugs are tracked as ``xfail(strict=True)`` tests at the end, with file:line.
+Bugs the fuzzers found are regression tests at the end (``xfail(strict=True)`` while open).
 """
 
 from __future__ import annotations
@@ -403,13 +403,6 @@ def test_a_truncated_export_is_unusable(base: Base, tmp_path: Path) -> None:
 # ---- trackers of bugs in others' files ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="verifier/source.py:172 attaches the export without disabling external "
-    "access and accepts VIEWs as tables (_check_schema, source.py:195, reads "
-    "duckdb_columns(), which lists views): a view stored in the export runs with the "
-    "verifier's rights, e.g. read_text() of a local file, whose content then appears in the report",
-)
 def test_tracker_views_in_an_export_do_not_run(base: Base, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET-CONTENT-42")
@@ -428,12 +421,6 @@ def test_tracker_views_in_an_export_do_not_run(base: Base, tmp_path: Path) -> No
     assert_clean(verdict, EXIT_UNUSABLE, "an export with views")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="verifier/source.py:241 small_table() keeps the first MAX_SMALL_TABLE_ROWS "
-    "rows and says nothing: a forged statement (or checkpoint, binding, held input) "
-    "ordered after them is never checked and the export still verifies (exit 0)",
-)
 def test_tracker_rows_beyond_the_small_table_limit_are_a_finding(
     base: Base, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -449,13 +436,6 @@ def test_tracker_rows_beyond_the_small_table_limit_are_a_finding(
     assert_clean(verify_in_process(export, base.trust), EXIT_FAILED, "a forged 2nd statement")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="verifier/verify.py:973 check_statements runs two DuckDB queries per "
-    "statement row (~2.5 ms each here): 2,000 copied statements take 3-5 s, and at "
-    "MAX_SMALL_TABLE_ROWS (100,000) the run took 258 s — a hostile export hangs the "
-    "verifier for minutes",
-)
 def test_tracker_many_statement_rows_verify_quickly(base: Base, tmp_path: Path) -> None:
     export = craft(
         base.export,
