@@ -310,9 +310,9 @@ def test_fault_cycles_replay(seed: int, tmp_path: Path, kafka_broker: KafkaBroke
         cycles=SUITE_CYCLES,
     )
     print(report.summary())
-    for line in report.unexpected_exits:
-        print(f"  unexpected exit: {line[:200]}")
     replay = replay_command(seed, SUITE_CYCLES)
+    # Processes may exit by themselves only in the known way (the xfail tracker below).
+    assert report.unexplained_exits() == [], f"{report.summary()}\nreplay: {replay}"
     assert report.total_cycles == SUITE_CYCLES, f"{report.summary()}\nreplay: {replay}"
     # The kills landed on processes (a kill with no agent left becomes a ledger kill).
     kills = report.cycles[FaultKind.METER_KILL] + report.cycles[FaultKind.LEDGER_KILL]
