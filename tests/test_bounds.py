@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gridledger.kafka_tls import MAX_SCRAM_USERS, ScramUser, scram_format_args
 from ledger.fold import Fold, Outcome
 from proto import builders as b
 from proto import limits
@@ -535,6 +536,17 @@ def test_terms_file_of_exactly_max_bytes_loads_one_more_is_refused(tmp_path: Pat
         load_terms_file(past)
 
 
+# ---- other named limits -----------------------------------------------------------------------
+
+
+def test_scram_users_of_the_test_broker_up_to_max_scram_users() -> None:
+    users = [ScramUser(f"user-{i}", f"secret-{i}") for i in range(MAX_SCRAM_USERS + 1)]
+    args = scram_format_args(users[:MAX_SCRAM_USERS])
+    assert args.count("--add-scram") == MAX_SCRAM_USERS
+    with pytest.raises(ValueError, match=f"limit {MAX_SCRAM_USERS}"):
+        scram_format_args(users)
+
+
 # ---- BOUNDS.md is complete, and every limit is read by the code it bounds ---------------------
 
 LIMIT_MODULES = (
@@ -613,7 +625,7 @@ def _python_files() -> Iterable[Path]:
 # Constants kept in a limits module for documentation only: nothing reads them. Each one is
 # a finding in BOUNDS.md (a bound that states a maximum nothing enforces).
 DEAD_LIMITS = {
-    "MAX_LEDGER_ROUNDS_PER_STEP": "gridledger/replay_limits.py:41 nothing reads it: a replay "
+    "MAX_LEDGER_ROUNDS_PER_STEP": "gridledger/replay_limits.py:42 nothing reads it: a replay "
     "step's ledger rounds are bounded by LEDGER_STEP_DEADLINE_S (Kafka) and MAX_IDLE_PASSES "
     "(local) instead",
 }
