@@ -617,6 +617,29 @@ def test_every_named_limit_has_a_row_in_bounds_md(module: str, name: str) -> Non
     assert module in rows[name], f"BOUNDS.md names {name} in {sorted(rows[name])}, not {module}"
 
 
+_ABBREVIATIONS = {
+    "b": "test_bounds.py",
+    "bm": "test_bounds_meter.py",
+    "bl": "test_bounds_ledger.py",
+    "bv": "test_bounds_verifier.py",
+}
+_CITED = re.compile(r"`(b|bm|bl|bv|test_[a-z_]+\.py)::(test_[a-z0-9_]+)")
+
+
+def test_every_test_bounds_md_cites_exists() -> None:
+    text = (ROOT / "BOUNDS.md").read_text(encoding="utf-8")
+    cited = {(_ABBREVIATIONS.get(f, f), name) for f, name in _CITED.findall(text)}
+    assert len(cited) > 50
+    missing = [
+        f"{f}::{name}"
+        for f, name in sorted(cited)
+        if not re.search(
+            rf"^(async )?def {name}\(", (ROOT / "tests" / f).read_text(encoding="utf-8"), re.M
+        )
+    ]
+    assert missing == []
+
+
 def _python_files() -> Iterable[Path]:
     for package in PACKAGES:
         yield from sorted((ROOT / package).rglob("*.py"))
