@@ -57,6 +57,14 @@ nodes of one placement interleave. So two references are used:
   depend on how node streams interleave), and for a placement on one node — one ordered
   source — heads and final statements must be equal byte for byte as well.
 
+Running it: ``run_seed(seed, bootstrap=..., broker=..., workdir=..., cycles=...)``
+returns a ``FaultReport`` (cycles by class, timings, counts) or raises ``FaultFailure``.
+The agents are paced (``pace_ms``) so the kills find them busy; once a phase's faults
+are done, agents still working are restarted unpaced. A process that exits by itself is
+restarted (as a supervisor would) and reported; only ``KNOWN_EXIT_MARKERS`` are
+tolerated by the tests. ``tests/test_faults.py`` runs ``DEFAULT_SEEDS`` (more with
+``GRIDLEDGER_FAULT_SEEDS``), ``bench/fault_soak.py`` long soaks on a broker of its own.
+
 Determinism: the scenario, the keys (``proto.builders`` seed text), the readings, the
 fault schedule and every choice the runner makes come from ``random.Random`` seeded by
 the seed. The moments the operating system schedules processes do not; the invariants
