@@ -39,9 +39,6 @@ SEND_WINDOW_RECORDS: Final = 20_000
 MAX_BUYERS: Final = 64
 """Buyers a replay may spread placements over (the default is 4)."""
 
-MAX_LEDGER_ROUNDS_PER_STEP: Final = 1_000
-"""Consume/close rounds of the ledger in one step (each drains the transport once)."""
-
 LEDGER_IDLE_POLL_MS: Final = 20
 """Kafka poll wait once the ledger has caught up (the replay knows more is not coming)."""
 

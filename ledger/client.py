@@ -86,6 +86,10 @@ def _request(url: str, data: bytes | None = None) -> bytes:
         except ValueError:
             message = raw.decode(errors="replace")
         raise ApiError(exc.code, message) from exc
+    except (OSError, urllib.error.URLError) as exc:  # TimeoutError is an OSError
+        raise ApiError(
+            0, f"the running ledger did not answer {url} within {HTTP_CLIENT_TIMEOUT_S:g} s: {exc}"
+        ) from exc
 
 
 def get_statement(base: str, placement_id: str) -> dict[str, Any]:

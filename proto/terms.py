@@ -28,6 +28,7 @@ from proto.envelope import (
     open_envelope,
 )
 from proto.errors import ProtoError
+from proto.files import read_at_most
 from proto.keys import key_id, load_public_key
 from proto.records import PlacementTerms
 
@@ -229,8 +230,7 @@ def _terms_from_toml_bytes(raw: bytes, path: Path) -> PlacementTerms:
 def _read_bounded(path: Path) -> bytes:
     """A terms file's bytes, refused past MAX_TERMS_FILE_BYTES before it is parsed."""
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_TERMS_FILE_BYTES + 1)
+        raw = read_at_most(path, MAX_TERMS_FILE_BYTES)
     except OSError as exc:
         raise TermsError([f"cannot read {path}: {exc.strerror}"]) from exc
     if len(raw) > MAX_TERMS_FILE_BYTES:

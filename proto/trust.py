@@ -13,10 +13,14 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from proto.files import read_at_most
 from proto.keys import key_id
 from proto.records import Identifier
 
 TRUST_FORMAT: Final = "gridledger-trust/v1"
+# A trust file is read whole; past these it is refused unread.
+MAX_TRUST_FILE_BYTES: Final = 4 * 1024 * 1024
+MAX_TRUSTED_KEYS: Final = 10_000
 Role = Literal["operator", "buyer", "desk", "ledger"]
 
 
@@ -32,7 +36,7 @@ class TrustFile(Struct, frozen=True, forbid_unknown_fields=True):
     """The whole trust file."""
 
     format: str
-    keys: Annotated[list[TrustedKey], Meta(max_length=10_000)]
+    keys: Annotated[list[TrustedKey], Meta(max_length=MAX_TRUSTED_KEYS)]
 
     def roles_of(self, public_key: bytes) -> set[str]:
         """Every role this key is trusted for."""
@@ -57,9 +61,11 @@ class TrustError(Exception):
 def load_trust(path: Path) -> TrustFile:
     """Read and check a trust file."""
     try:
-        raw = path.read_bytes()
+        raw = read_at_most(path, MAX_TRUST_FILE_BYTES)
     except OSError as exc:
         raise TrustError(f"cannot read trust file {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_TRUST_FILE_BYTES:
+        raise TrustError(f"trust file {path} is larger than {MAX_TRUST_FILE_BYTES} bytes")
     try:
         trust = msgspec.json.decode(raw, type=TrustFile)
     except msgspec.MsgspecError as exc:

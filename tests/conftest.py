@@ -99,3 +99,13 @@ def tmp_topic(request: pytest.FixtureRequest) -> Callable[..., str]:
         return name
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _structlog_isolated() -> Iterator[None]:
+    """A CLI run in-process configures structlog with the stream it saw (pytest's capture
+    of that test); reset it after every test so no later test logs to a closed file."""
+    yield
+    import structlog
+
+    structlog.reset_defaults()

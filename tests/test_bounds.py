@@ -647,11 +647,7 @@ def _python_files() -> Iterable[Path]:
 
 # Constants kept in a limits module for documentation only: nothing reads them. Each one is
 # a finding in BOUNDS.md (a bound that states a maximum nothing enforces).
-DEAD_LIMITS = {
-    "MAX_LEDGER_ROUNDS_PER_STEP": "gridledger/replay_limits.py:42 nothing reads it: a replay "
-    "step's ledger rounds are bounded by LEDGER_STEP_DEADLINE_S (Kafka) and MAX_IDLE_PASSES "
-    "(local) instead",
-}
+DEAD_LIMITS: dict[str, str] = {}
 
 
 def _limit_cases() -> list[Any]:

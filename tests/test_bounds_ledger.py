@@ -316,12 +316,6 @@ class _HangingLedger(BaseHTTPRequestHandler):
         self.release.wait(WAIT_S)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger/client.py:79 a request past HTTP_CLIENT_TIMEOUT_S raises TimeoutError / "
-    "URLError, which ledger/cli.py:197 does not catch: the CLI dies with a traceback "
-    "instead of a clear error and exit code",
-)
 def test_the_cli_gives_up_on_a_hanging_ledger_with_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

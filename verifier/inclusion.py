@@ -28,8 +28,9 @@ import msgspec
 from msgspec import Meta, Struct
 
 from proto.errors import ProtoError
+from proto.files import read_at_most
 from proto.merkle import inclusion_proof, verify_inclusion
-from proto.note import checkpoint_origin, parse_checkpoint_body, parse_note
+from proto.note import MAX_NOTE_BYTES, checkpoint_origin, parse_checkpoint_body, parse_note
 from proto.records import Identifier, LedgerRecord, NonNegInt
 from proto.trust import TrustFile
 from verifier import limits
@@ -244,13 +245,17 @@ def read_bundle_files(
 ) -> tuple[bytes, InclusionProof, str]:
     """Read the three files of a bundle; raise UnusableInput when one cannot be used."""
     try:
-        record = record_path.read_bytes()[: limits.MAX_RECORD_FILE_BYTES + 1]
-        proof_raw = proof_path.read_bytes()
-        note = note_path.read_bytes()
+        record = read_at_most(record_path, limits.MAX_RECORD_FILE_BYTES)
+        proof_raw = read_at_most(proof_path, limits.MAX_PROOF_BYTES)
+        note = read_at_most(note_path, MAX_NOTE_BYTES)
     except OSError as exc:
         raise UnusableInput(str(exc.filename), exc.strerror or "unreadable") from exc
     if len(record) > limits.MAX_RECORD_FILE_BYTES:
         raise UnusableInput(str(record_path), "larger than any record envelope")
+    if len(proof_raw) > limits.MAX_PROOF_BYTES:
+        raise UnusableInput(str(proof_path), f"larger than {limits.MAX_PROOF_BYTES} bytes")
+    if len(note) > MAX_NOTE_BYTES:
+        raise UnusableInput(str(note_path), f"larger than {MAX_NOTE_BYTES} bytes")
     try:
         note_text = note.decode("utf-8")
     except UnicodeDecodeError as exc:

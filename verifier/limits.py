@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
+
 # Findings kept per rule id; every finding is still counted (a tampered export can produce
 # one finding per row, and a million identical lines help nobody).
 MAX_FINDINGS_PER_RULE: Final = 20
@@ -37,8 +38,6 @@ SMALL_TABLE_FETCH_ROWS: Final = 1024
 # Rows of the small tables we process at all: more is a finding, not a memory blow-up.
 MAX_SMALL_TABLE_ROWS: Final = 100_000
 
-# Largest trust, proof or note file we read.
-MAX_TRUST_BYTES: Final = 4 * 1024 * 1024
 MAX_PROOF_BYTES: Final = 1024 * 1024
 MAX_RECORD_FILE_BYTES: Final = 512 * 1024
 
