@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Final
 
-
 # Findings kept per rule id; every finding is still counted (a tampered export can produce
 # one finding per row, and a million identical lines help nobody).
 MAX_FINDINGS_PER_RULE: Final = 20
