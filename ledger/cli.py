@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -36,15 +37,19 @@ from ledger.client import (
     post_cosign,
 )
 from ledger.config import ConfigError, LedgerConfig, load_config
-from ledger.consume import SourceError
+from ledger.consume import SourceError, SourceUnavailable
 from ledger.export import export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer
+from ledger.limits import START_ATTEMPTS, START_BACKOFF_INITIAL_S, START_BACKOFF_MAX_S
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.statements import statement_json
 from ledger.store import Store, StoreError
 from proto.errors import KeyFileError, ProtoError
 from proto.keys import SigningKey, load_signing_key
 from proto.note import parse_note
+
+# Exit code when Kafka stayed unreachable: try again later (sysexits EX_TEMPFAIL).
+EX_TEMPFAIL = 75
 
 log = structlog.get_logger("ledger.cli")
 
@@ -133,6 +138,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             try:
                 asyncio.run(_run_kafka(service))
+            except SourceUnavailable as exc:
+                return _fail(f"{exc} (gave up after {START_ATTEMPTS} attempts)", EX_TEMPFAIL)
             except SourceError as exc:
                 return _fail(str(exc), 2)
     finally:
@@ -147,7 +154,21 @@ async def _run_kafka(service: KafkaLedgerService) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await service.start()
+    delay_s = START_BACKOFF_INITIAL_S
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            await service.start()
+            break
+        except SourceUnavailable as exc:
+            # A ledger restarted during a broker outage waits for it, within a bound.
+            log.warning("kafka_unavailable", attempt=attempt, of=START_ATTEMPTS, error=str(exc))
+            if attempt == START_ATTEMPTS:
+                raise
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay_s)
+            if stop.is_set():
+                return
+            delay_s = min(delay_s * 2, START_BACKOFF_MAX_S)
     try:
         log.info("ledger_running", transport="kafka", partitions=service.source.partitions)
         await service.run_forever(stop)

@@ -15,6 +15,7 @@ Kafka offset commits): the store is the only record of how far the ledger has re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any, Final
 
 import structlog
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from ledger.config import KafkaConfig
@@ -35,6 +37,10 @@ _METADATA_TIMEOUT_S: Final = 30.0
 
 class SourceError(Exception):
     """The source cannot be read (topic missing, no partitions for this shard, bad offset)."""
+
+
+class SourceUnavailable(SourceError):
+    """The broker did not answer; trying again later may succeed."""
 
 
 # ---- local spools -----------------------------------------------------------------------------
@@ -163,7 +169,14 @@ class KafkaSource:
             max_poll_records=self._max_poll_records,
             **self._extra,
         )
-        await consumer.start()
+        try:
+            await consumer.start()
+        except (KafkaError, OSError) as exc:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            raise SourceUnavailable(
+                f"Kafka at {self.config.settings.bootstrap} did not answer: {exc!r}"
+            ) from exc
         self._consumer = consumer
         try:
             async with asyncio.timeout(_METADATA_TIMEOUT_S):

@@ -47,3 +47,9 @@ CRYPTO_THREADS: Final = 2
 
 # DuckDB memory of the store (buffer pool); the file grows, the process does not.
 STORE_MEMORY_LIMIT: Final = "512MB"
+
+# `ledger run` waiting for an unreachable broker at start: attempts and backoff, then it
+# exits 75 (EX_TEMPFAIL) for its supervisor to restart it.
+START_ATTEMPTS: Final = 10
+START_BACKOFF_INITIAL_S: Final = 0.5
+START_BACKOFF_MAX_S: Final = 10.0

@@ -333,12 +333,6 @@ def _closed_port() -> int:
     return port
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger/consume.py:166 KafkaSource.start lets aiokafka's KafkaConnectionError out "
-    "of `ledger run` (exit 1, traceback, 'Unclosed AIOKafkaConsumer') when the broker is "
-    "unreachable at start, e.g. a restart during an outage; the agent retries with backoff",
-)
 def test_ledger_run_waits_or_fails_cleanly_without_a_broker(tmp_path: Path) -> None:
     from proto.builders import make_cast
     from proto.keys import write_key_pair
