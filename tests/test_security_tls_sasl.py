@@ -40,7 +40,7 @@ from gridledger.kafka_broker import KafkaLauncherError, create_topic
 from gridledger.kafka_tls import ScramUser, SecureKafkaBroker, TestPki, make_test_pki
 from gridledger.publish import KafkaSettings, client_kwargs, publish_kafka
 from ledger.config import config_from_mapping
-from ledger.consume import KafkaSource
+from ledger.consume import KafkaSource, SourceUnavailable
 from proto.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
@@ -313,8 +313,10 @@ def test_refused_client_gets_nothing_in_and_nothing_out(secured: Secured, case: 
     # (2) The publisher's producer cannot start: nothing is written.
     error = asyncio.run(attempt(lambda: _publish(settings, items[1:])))
     assert isinstance(error, KafkaError), f"{case.name}: publish got {error!r}"
-    # (3) The ledger's consumer cannot start: nothing is read.
+    # (3) The ledger's consumer cannot start: nothing is read. The source names the broker
+    # that refused (SourceUnavailable, which `ledger run` retries) over aiokafka's error.
     error = asyncio.run(attempt(lambda: _consume(settings)))
-    assert isinstance(error, KafkaError), f"{case.name}: consume got {error!r}"
+    assert isinstance(error, SourceUnavailable), f"{case.name}: consume got {error!r}"
+    assert isinstance(error.__cause__, KafkaError), f"{case.name}: cause {error.__cause__!r}"
     # Only the allowed client's one record is in the topic.
     assert asyncio.run(_end_offset(allowed)) == 1
