@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -76,11 +76,11 @@ class Outcome:
     placement_id: str | None
     kind: str | None
     opened: Opened | None
-    status: Status | None
-    reason: Reason | None
-    record: LedgerRecord | None
-    record_envelope: bytes | None
-    record_hash: str | None
+    status: Status | None = None
+    reason: Reason | None = None
+    record: LedgerRecord | None = None
+    record_envelope: bytes | None = None
+    record_hash: str | None = None
     detail: str = ""
     record_payload: bytes | None = None
 
@@ -314,7 +314,7 @@ class Fold:
             placement.held.append((raw, position))
             placement.held_hashes.add(opened.input_hash)
             self._dirty.add(placement_id)
-            return [_outcome("held", raw, position, placement_id, opened)]
+            return [_outcome("held", position, placement_id, opened)]
         had_terms = placement.terms is not None
         outcomes = [self._process(placement, opened, position)]
         if not had_terms and placement.terms is not None and placement.held:
@@ -444,20 +444,7 @@ class Fold:
         return self.lookup(p.placement_id, node_id, seq)
 
     def _dropped(self, p: _Placement, opened: Opened, position: str) -> Outcome:
-        return Outcome(
-            decision="dropped",
-            position=position,
-            raw=opened.raw,
-            input_hash=opened.input_hash,
-            placement_id=p.placement_id,
-            kind=opened.kind,
-            opened=opened,
-            status=None,
-            reason=Reason.DUPLICATE,
-            record=None,
-            record_envelope=None,
-            record_hash=None,
-        )
+        return _outcome("dropped", position, p.placement_id, opened, reason=Reason.DUPLICATE)
 
     def _release_held(self, p: _Placement) -> list[Outcome]:
         held, p.held = p.held, []
@@ -530,14 +517,11 @@ class Fold:
         p.next_index += 1
         p.head = record_hash
         self._dirty.add(p.placement_id)
-        return Outcome(
-            decision="chained",
-            position=position,
-            raw=opened.raw,
-            input_hash=opened.input_hash,
-            placement_id=p.placement_id,
-            kind=opened.kind,
-            opened=opened,
+        return _outcome(
+            "chained",
+            position,
+            p.placement_id,
+            opened,
             status=status,
             reason=reason,
             record=record,
@@ -726,21 +710,22 @@ def _require(opened: Opened, required: dict[str, bytes]) -> None:
 
 
 def _outcome(
-    decision: Decision, raw: bytes, position: str, placement_id: str | None, opened: Opened
+    decision: Decision,
+    position: str,
+    placement_id: str | None,
+    opened: Opened,
+    **fields: Any,
 ) -> Outcome:
+    """The outcome of an input that opened (its bytes, hash and kind come from it)."""
     return Outcome(
         decision=decision,
         position=position,
-        raw=raw,
+        raw=opened.raw,
         input_hash=opened.input_hash,
         placement_id=placement_id,
         kind=opened.kind,
         opened=opened,
-        status=None,
-        reason=None,
-        record=None,
-        record_envelope=None,
-        record_hash=None,
+        **fields,
     )
 
 
@@ -760,11 +745,7 @@ def _unattributed(
         placement_id=placement_id,
         kind=None if opened is None else opened.kind,
         opened=opened,
-        status=None,
         reason=reason,
-        record=None,
-        record_envelope=None,
-        record_hash=None,
         detail=detail,
     )
 
