@@ -131,7 +131,34 @@ def clock_of(config: LedgerConfig) -> Clock:
 # ---- local transport ------------------------------------------------------------------------
 
 
-class LedgerService:
+class _ServiceCore:
+    """What both transports share: the store, the key, the fold (Ingestor) and the closer."""
+
+    def __init__(
+        self,
+        store: Store,
+        key: SigningKey,
+        *,
+        clock: Clock,
+        batch_max_records: int,
+        close: bool,
+        metrics: LedgerMetrics | None,
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.batch_max_records = batch_max_records
+        self.close_enabled = close
+        self.metrics = metrics or LedgerMetrics()
+        self.ingestor = Ingestor(store, key, self.metrics)
+        self.closer = Closer(store, self.ingestor, key, clock)
+
+    def close(self) -> None:
+        """Stop the crypto threads and close the store (for Kafka: after ``stop``)."""
+        self.ingestor.close()
+        self.store.close()
+
+
+class LedgerService(_ServiceCore):
     """The ledger over local spool directories (synchronous)."""
 
     def __init__(
@@ -146,15 +173,16 @@ class LedgerService:
         close: bool = True,
         metrics: LedgerMetrics | None = None,
     ) -> None:
-        self.store = store
-        self.key = key
+        super().__init__(
+            store,
+            key,
+            clock=clock,
+            batch_max_records=batch_max_records,
+            close=close,
+            metrics=metrics,
+        )
         self.ledger_id = ledger_id
         self.local_dir = local_dir
-        self.batch_max_records = batch_max_records
-        self.close_enabled = close
-        self.metrics = metrics or LedgerMetrics()
-        self.ingestor = Ingestor(store, key, self.metrics)
-        self.closer = Closer(store, self.ingestor, key, clock)
         self.source = LocalSource(local_dir, store.offsets())
 
     @classmethod
@@ -224,16 +252,11 @@ class LedgerService:
             stop.wait(idle_sleep_s)
         return run
 
-    def close(self) -> None:
-        """Stop the crypto threads and close the store."""
-        self.ingestor.close()
-        self.store.close()
-
 
 # ---- Kafka transport -------------------------------------------------------------------------
 
 
-class KafkaLedgerService:
+class KafkaLedgerService(_ServiceCore):
     """The ledger over the shard's Kafka partitions (asyncio)."""
 
     def __init__(
@@ -247,14 +270,15 @@ class KafkaLedgerService:
         close: bool = True,
         metrics: LedgerMetrics | None = None,
     ) -> None:
-        self.store = store
-        self.key = key
+        super().__init__(
+            store,
+            key,
+            clock=clock,
+            batch_max_records=batch_max_records,
+            close=close,
+            metrics=metrics,
+        )
         self.kafka = kafka
-        self.batch_max_records = batch_max_records
-        self.close_enabled = close
-        self.metrics = metrics or LedgerMetrics()
-        self.ingestor = Ingestor(store, key, self.metrics)
-        self.closer = Closer(store, self.ingestor, key, clock)
         self.source = KafkaSource(kafka, store.offsets(), max_poll_records=batch_max_records)
 
     @classmethod
@@ -362,8 +386,3 @@ class KafkaLedgerService:
                 await self.update_lag()
                 last_lag = time.monotonic()
         return run
-
-    def close(self) -> None:
-        """Stop the crypto threads and close the store (after ``stop``)."""
-        self.ingestor.close()
-        self.store.close()
