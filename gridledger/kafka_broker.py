@@ -906,6 +906,7 @@ logger.reflections.level = ERROR
             "--config",
             str(work / _PROPERTIES_FILE),
             "--standalone",
+            *self._format_args(),
         ]
         try:
             done = subprocess.run(
@@ -921,8 +922,16 @@ logger.reflections.level = ERROR
         if done.returncode != 0:
             raise BrokerStartError(
                 f"formatting the KRaft storage failed (exit {done.returncode})",
-                _tail_text(done.stdout + done.stderr) + "\n" + self.log_tail(),
+                self._redact(_tail_text(done.stdout + done.stderr)) + "\n" + self.log_tail(),
             )
+
+    def _format_args(self) -> list[str]:
+        """Extra arguments of the storage format step (a subclass adds SCRAM users)."""
+        return []
+
+    def _redact(self, text: str) -> str:
+        """Output of the format step as it may be shown (a subclass hides secrets)."""
+        return text
 
     def _launch(self, java: str, libs: Path) -> None:
         work = self._workdir_path()

@@ -34,7 +34,6 @@ import datetime as dt
 import ipaddress
 import os
 import re
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -433,43 +432,14 @@ class SecureKafkaBroker(KafkaBroker):
         state = "running" if self.running else "stopped"
         return f"SecureKafkaBroker({self.workdir}, secure={self.secure_bootstrap}, {state})"
 
-    def _format(self, java: str, libs: Path) -> None:
-        """Format the KRaft storage with the SCRAM users (the launcher's step plus them).
+    def _format_args(self) -> list[str]:
+        """``--add-scram`` arguments: SCRAM credentials must exist in the metadata log
+        before a SASL client can log in, and on a fresh KRaft node the format step is
+        where they are written."""
+        return list(self._scram_args)
 
-        Mirrors ``KafkaBroker._format`` with ``--add-scram`` arguments: SCRAM credentials
-        must exist in the metadata log before a SASL client can log in, and on a fresh
-        KRaft node the format step is where they are written.
-        """
-        work = self._workdir_path()
-        assert self._cluster_id is not None
-        cmd = [
-            *self._java_cmd(java, libs, ("-Xmx256m",)),
-            "kafka.tools.StorageTool",
-            "format",
-            "--cluster-id",
-            self._cluster_id,
-            "--config",
-            str(work / "server.properties"),
-            "--standalone",
-            *self._scram_args,
-        ]
-        try:
-            done = subprocess.run(
-                cmd,
-                cwd=work,
-                capture_output=True,
-                text=True,
-                timeout=self._start_timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BrokerStartError("formatting the KRaft storage timed out") from exc
-        if done.returncode != 0:
-            # The output can echo the --add-scram arguments: never show the passwords.
-            output = done.stdout + done.stderr
-            for user in self._users:
-                output = output.replace(user.password, "***")
-            raise BrokerStartError(
-                f"formatting the KRaft storage with SCRAM users failed (exit {done.returncode})",
-                "\n".join(output.splitlines()[-60:]),
-            )
+    def _redact(self, text: str) -> str:
+        """The format output can echo the --add-scram arguments: never show passwords."""
+        for user in self._users:
+            text = text.replace(user.password, "***")
+        return text
