@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "meter.cli",
     "ledger.cli",
     "verifier.cli",
+    "witness.cli",
     "gridledger.demo",
     "gridledger.replay",
     "gridledger.example_stack",

@@ -321,6 +321,7 @@ def _agents(
             terms=(terms,),
             spool_dir=workdir / "local" / f"node-{node}",
             interval_ms=MINUTE_MS,
+            delivered_on_spool=True,
         )
         agents.append(Agent(config, source, clock))
     return agents

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from proto import merkle
+from proto.cosign import cosignature_of
 from proto.errors import ProtoError
 from proto.keys import SigningKey
 from proto.note import SignedNote, checkpoint_body, checkpoint_origin, parse_note, sign_note
@@ -36,11 +37,12 @@ def party_note_keys(terms: PlacementTerms) -> dict[str, bytes]:
 def merge_cosignature(
     stored: str, submitted: str, terms: PlacementTerms, ledger_public_key: bytes
 ) -> tuple[str, list[str]]:
-    """Merge the valid party signatures of ``submitted`` into the ``stored`` note.
+    """Merge the valid party cosignatures (SPEC §8.2) of ``submitted`` into ``stored``.
 
-    Returns (merged note text, names of the parties whose signatures were added).
-    Raises ProtoError when the submitted note is over another body, or carries no new
-    valid party signature (each party's line must verify under the key the terms name).
+    Returns (merged note text, names of the parties whose cosignatures were added or
+    renewed). Raises ProtoError when the submitted note is over another body, or carries
+    no valid party cosignature (each line must verify as a C2SP cosignature/v1 under the
+    key the terms name for that party id).
     """
     current = parse_note(stored)
     offered = parse_note(submitted)
@@ -57,7 +59,7 @@ def merge_cosignature(
         key = keys.get(line.name)
         if key is None:
             raise ProtoError(Reason.SIG_SURPLUS, f"{line.name!r} is not a party of the terms")
-        if not SignedNote(offered.body, (line,)).signed_by(line.name, key):
+        if cosignature_of(SignedNote(offered.body, (line,)), line.name, key) is None:
             raise ProtoError(Reason.SIG_INVALID, f"cosignature of {line.name!r} does not verify")
         lines = [s for s in lines if s.name != line.name] + [line]
         added.append(line.name)

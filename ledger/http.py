@@ -17,6 +17,7 @@ a ledger listening on an OS-chosen port.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -28,7 +29,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 import structlog
 
@@ -38,12 +39,17 @@ from ledger.limits import HTTP_TIMEOUT_S, MAX_HTTP_BODY_BYTES
 from ledger.metrics import LedgerMetrics
 from ledger.statements import statement_json
 from ledger.store import Store
+from proto import merkle
 from proto.errors import ProtoError
 from proto.keys import SigningKey
 
 log = structlog.get_logger("ledger.http")
 
-_ROUTE: Final = re.compile(r"^/placements/([^/]+)/(statement|export|checkpoint|checkpoint/cosign)$")
+_ROUTE: Final = re.compile(
+    r"^/placements/([^/]+)/(statement|export|checkpoint|checkpoint/cosign|records|consistency)$"
+)
+# Records served per request: a witness pages through a long log (SPEC §8.4).
+MAX_RECORDS_PER_REQUEST: Final = 10_000
 _ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
@@ -82,12 +88,53 @@ class LedgerApi:
         log.info("checkpoint_cosigned", placement=placement_id, parties=added)
         return merged
 
+    def records(self, placement_id: str, start: int, stop: int | None) -> str:
+        """Record envelopes [start, stop), base64, one per line (at most a page)."""
+        head = self.store.head(placement_id)
+        if head is None:
+            raise UnknownPlacement(f"no records for placement {placement_id!r}")
+        size = head.chain_index + 1
+        stop = size if stop is None else stop
+        if not 0 <= start <= stop <= size:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, f"range [{start}, {stop}) outside [0, {size}]")
+        stop = min(stop, start + MAX_RECORDS_PER_REQUEST)
+        envelopes = self.store.record_envelopes(placement_id, stop - 1)[start:stop]
+        return "".join(base64.b64encode(e).decode() + "\n" for e in envelopes)
+
+    def consistency(self, placement_id: str, first: int, second: int | None) -> str:
+        """RFC 9162 consistency proof from size ``first`` to ``second``, one hash a line."""
+        head = self.store.head(placement_id)
+        if head is None:
+            raise UnknownPlacement(f"no records for placement {placement_id!r}")
+        size = head.chain_index + 1
+        second = size if second is None else second
+        if not 0 <= first <= second <= size:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, f"sizes {first}..{second} outside 0..{size}")
+        payloads = self.store.record_payloads(placement_id, second - 1) if second else []
+        proof = merkle.consistency_proof(payloads, first)
+        return "".join(base64.b64encode(h).decode() + "\n" for h in proof)
+
     def export_bytes(self, placement_id: str) -> bytes:
         """The export file of the placement, built in a temporary directory."""
         with tempfile.TemporaryDirectory(prefix="gridledger-export-") as tmp:
             out = Path(tmp) / f"{placement_id}.duckdb"
             export_placement(self.store, placement_id, out, key=self.key)
             return out.read_bytes()
+
+
+def _range_query(path: str) -> tuple[int, int | None]:
+    """``from`` (default 0) and ``to`` (default: the current size) of a query string."""
+    query = parse_qs(path.partition("?")[2], max_num_fields=4)
+    values: dict[str, int] = {}
+    for name in ("from", "to"):
+        texts = query.get(name, [])
+        if len(texts) > 1 or (texts and not (texts[0].isascii() and texts[0].isdigit())):
+            raise _HttpError(HTTPStatus.BAD_REQUEST, f"{name!r} is not one decimal number")
+        if texts:
+            if len(texts[0]) > 16:
+                raise _HttpError(HTTPStatus.BAD_REQUEST, f"{name!r} is out of range")
+            values[name] = int(texts[0])
+    return values.get("from", 0), values.get("to")
 
 
 def _handler(api: LedgerApi) -> type[BaseHTTPRequestHandler]:
@@ -141,7 +188,13 @@ def _handler(api: LedgerApi) -> type[BaseHTTPRequestHandler]:
                 self._send(
                     HTTPStatus.OK, "application/octet-stream", api.export_bytes(placement_id)
                 )
-            elif (method, action) == ("POST", "checkpoint/cosign"):
+            elif (method, action) == ("GET", "records"):
+                start, stop = _range_query(self.path)
+                self._text(HTTPStatus.OK, api.records(placement_id, start, stop))
+            elif (method, action) == ("GET", "consistency"):
+                start, stop = _range_query(self.path)
+                self._text(HTTPStatus.OK, api.consistency(placement_id, start, stop))
+            elif (method, action) in (("POST", "checkpoint/cosign"), ("POST", "cosign")):
                 self._text(HTTPStatus.OK, api.cosign(placement_id, self._body()))
             else:
                 raise _HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} {action}")

@@ -54,6 +54,7 @@ from meter.stream import (
     samples_for,
     seal_event,
 )
+from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.keys import SigningKey
@@ -80,6 +81,9 @@ class AgentConfig:
     interval_ms: int = DEFAULT_INTERVAL_MS
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
     segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES
+    # On the embedded transport the spool is the delivery: log each event as delivered
+    # once it is in the spool (with Kafka the shipper logs it when acknowledged).
+    delivered_on_spool: bool = False
 
     def __post_init__(self) -> None:
         if not MIN_INTERVAL_MS <= self.interval_ms <= MAX_INTERVAL_MS:
@@ -315,6 +319,11 @@ class Agent:
             sealed.append((stream, item))
         envelopes = [item.envelope for _, item in sealed]
         self._spool.append(envelopes)  # durable before anything else may see them
+        if self.config.delivered_on_spool:
+            append_delivered(
+                self.config.spool_dir / DELIVERY_LOG_FILE,
+                [delivered_usage(e, now_ms) for e in envelopes],
+            )
         for stream, item in sealed:
             stream.head = stream.head.after(item.event, item.record_hash)
             stream.next_start_ms = item.event.end_ms

@@ -171,6 +171,7 @@ def build_agent(
         interval_ms=config.interval_ms,
         spool_max_bytes=config.spool_max_bytes,
         segment_max_bytes=config.segment_max_bytes,
+        delivered_on_spool=config.transport != "kafka",
     )
     try:
         return Agent(agent_config, source, clock, metrics=metrics)
@@ -252,7 +253,11 @@ async def _serve(
     ship_stop = asyncio.Event()
     if config.transport == "kafka" and config.kafka is not None:
         shipper = Shipper(
-            config.spool_dir, config.kafka, metrics=metrics, collect_garbage=agent.collect_garbage
+            config.spool_dir,
+            config.kafka,
+            metrics=metrics,
+            collect_garbage=agent.collect_garbage,
+            now_ms=agent.now_ms,
         )
         ship_task = asyncio.create_task(
             shipper.run(ship_stop, drain_timeout_s=SHIP_DRAIN_TIMEOUT_S)

@@ -38,6 +38,7 @@ from meter.limits import (
 )
 from meter.metrics import MeterMetrics
 from meter.spool import SpoolPosition, read_spool
+from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
 from proto.errors import ProtoError
 
 __all__ = ["SHIPPED_FILE", "Shipper", "load_shipped", "store_shipped"]
@@ -79,8 +80,11 @@ class Shipper:
         collect_garbage: Callable[[SpoolPosition], int] | None = None,
         batch_max_records: int = SHIP_BATCH_MAX_RECORDS,
         attempt_timeout_s: float = SHIP_ATTEMPT_TIMEOUT_S,
+        now_ms: Callable[[], int] | None = None,
     ) -> None:
         self._spool_dir = Path(spool_dir)
+        # The clock that dates deliveries in the delivery log (the agent's clock).
+        self._now_ms = now_ms if now_ms is not None else (lambda: int(time.time() * 1000))
         self._settings = settings
         self.metrics = metrics if metrics is not None else MeterMetrics()
         self._collect_garbage = collect_garbage
@@ -149,6 +153,7 @@ class Shipper:
             producer = await self._ensure_producer()
             async with asyncio.timeout(self._attempt_timeout_s):
                 futures = []
+                sent: list[bytes] = []
                 for entry in entries:
                     try:
                         key = placement_of(entry.data)
@@ -167,13 +172,27 @@ class Shipper:
                             self._settings.topic, value=entry.data, key=key.encode()
                         )
                     )
+                    sent.append(entry.data)
                 await asyncio.gather(*futures)
+            # Acknowledged: the delivery log (for the operator's witness) first, then the
+            # position. A crash between the two re-sends and logs again; readers dedupe.
+            self._log_delivered(sent)
             self._acked = entries[-1].next_position
             store_shipped(self._spool_dir, self._acked)
             shipped += len(futures)
             self.metrics.events_shipped.inc(len(futures))
             if self._collect_garbage is not None:
                 self._collect_garbage(self._acked)
+
+    def _log_delivered(self, sent: list[bytes]) -> None:
+        now_ms = self._now_ms()
+        lines = []
+        for data in sent:
+            try:
+                lines.append(delivered_usage(data, now_ms))
+            except (ProtoError, ValueError):
+                continue  # not a usage event: nothing a node witness tracks
+        append_delivered(self._spool_dir / DELIVERY_LOG_FILE, lines)
 
     async def run(self, stop: asyncio.Event, *, drain_timeout_s: float) -> bool:
         """Ship until ``stop`` is set, then drain for at most ``drain_timeout_s``.

@@ -118,7 +118,9 @@ def parse_note(text: str) -> SignedNote:
         if len(parts) != 3 or parts[0] != _DASH or not _NAME_RE.match(parts[1]):
             raise ProtoError(Reason.MALFORMED, f"note: bad signature line {line[:80]!r}")
         blob = _strict_b64(parts[2], f"note: signature of {parts[1]}")
-        if len(blob) != 4 + 64:
+        # 4 + 64: an Ed25519 note signature (type 0x01); 4 + 8 + 64: a timestamped
+        # cosignature (C2SP tlog-cosignature v1, type 0x04, proto/cosign.py).
+        if len(blob) not in (4 + 64, 4 + 8 + 64):
             raise ProtoError(Reason.MALFORMED, f"note: {parts[1]} signature is not Ed25519")
         parsed.append(NoteSignature(parts[1], blob[:4], blob[4:]))
     if not parsed:

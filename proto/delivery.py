@@ -1,0 +1,96 @@
+"""The delivery log: what a party handed to the transport, for its own witness (SPEC §8.3).
+
+One JSON object per line, appended and fsync'd before the party treats an input as sent:
+
+    {"delivered_at_ms": T, "input_hash": H, "kind": K, "node_id": N, "placement_id": P, "seq": S}
+
+A meter agent writes a line per usage event once the transport has it (Kafka acknowledged
+it, or, on the embedded transport, it is in the spool); the file is never
+garbage-collected with the spool. The operator's witness reads these lines to check that
+every event it delivered before the close is in the ledger's log, in seq order.
+
+Reading tolerates one torn last line (a crash mid-append): it is ignored, as the input
+was not yet counted as delivered. Any other unreadable line is an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from proto.envelope import open_envelope, sha256_hex
+from proto.records import Identifier, UsageEvent
+
+DELIVERY_LOG_FILE: Final = "DELIVERED.jsonl"
+MAX_DELIVERY_LINE_BYTES: Final = 1024
+
+
+class Delivered(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One input a party delivered to the transport."""
+
+    delivered_at_ms: int
+    input_hash: str
+    kind: str
+    node_id: Identifier
+    placement_id: Identifier
+    seq: int
+
+
+class DeliveryLogError(ValueError):
+    """A delivery log line that cannot be read (not the torn last line)."""
+
+
+_encoder = msgspec.json.Encoder(order="sorted")
+_decoder = msgspec.json.Decoder(Delivered)
+
+
+def delivered_usage(envelope: bytes, delivered_at_ms: int) -> Delivered:
+    """The delivery line of one usage event envelope (signatures are not checked here)."""
+    opened = open_envelope(envelope)
+    record = opened.record
+    if not isinstance(record, UsageEvent):
+        raise DeliveryLogError(f"delivery log takes usage events, not {opened.kind}")
+    return Delivered(
+        delivered_at_ms=delivered_at_ms,
+        input_hash=sha256_hex(envelope),
+        kind="usage",
+        node_id=record.node_id,
+        placement_id=record.placement_id,
+        seq=record.seq,
+    )
+
+
+def append_delivered(path: Path, lines: Iterable[Delivered]) -> None:
+    """Append ``lines`` to the log at ``path`` and fsync (creating it 0600)."""
+    data = b"".join(_encoder.encode(line) + b"\n" for line in lines)
+    if not data:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_delivered(path: Path) -> Iterator[Delivered]:
+    """Every complete line of the log at ``path``, in order (a torn last line skipped)."""
+    with path.open("rb") as f:
+        pending: bytes | None = None
+        for number, raw in enumerate(f, start=1):
+            if pending is not None:
+                raise DeliveryLogError(f"{path}: line {number - 1} is not a delivery record")
+            if not raw.endswith(b"\n") or len(raw) > MAX_DELIVERY_LINE_BYTES:
+                pending = raw
+                continue
+            try:
+                yield _decoder.decode(raw)
+            except msgspec.DecodeError:
+                pending = raw
+        # A last line that does not parse is a torn append: nothing to yield.

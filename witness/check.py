@@ -1,0 +1,245 @@
+"""The witness's decision (SPEC.md §8.3): cosign a new checkpoint, or refuse, and why.
+
+A pure function of the witness's state, its own copy of the terms, the note offered,
+the new records and the inputs the party knows of. No I/O, no clock (``now_s`` is given).
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from proto.cosign import cosign
+from proto.envelope import decode_envelope, open_envelope, sha256_hex
+from proto.errors import ProtoError
+from proto.keys import SigningKey, key_id, verify
+from proto.merkle import leaf_hash
+from proto.note import (
+    NoteSignature,
+    SignedNote,
+    checkpoint_origin,
+    note_key_hash,
+    parse_checkpoint_body,
+)
+from proto.records import LedgerRecord, PlacementTerms
+from witness.known import Known
+from witness.state import Refusal, WitnessState
+
+LEDGER_NOTE_NAME: Final = "gridledger-ledger"
+# How far the party's clock may be from the ledger's when it judges "delivered before the
+# close deadline" (SPEC §8.3 W_MISSING).
+MAX_CLOCK_SKEW_MS: Final = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class Cosigned:
+    """The witness cosigned: the new state (to store first) and the note to hand back."""
+
+    state: WitnessState
+    note: SignedNote
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The witness refused; ``refusal`` is the evidence to keep."""
+
+    refusal: Refusal
+
+
+class _Refuse(Exception):
+    def __init__(self, code: str, detail: str, index: int = -1, record: bytes = b"") -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.index = index
+        self.record = record
+
+
+def witness(
+    state: WitnessState,
+    terms: PlacementTerms,
+    note: SignedNote,
+    new_records: Sequence[bytes],
+    known: Sequence[Known],
+    *,
+    name: str,
+    key: SigningKey,
+    now_s: int,
+) -> Cosigned | Refused:
+    """Check ``note`` (with the record envelopes past ``state.size``) and cosign or refuse."""
+    try:
+        new_state = _check(state, terms, note, new_records, known)
+    except _Refuse as refuse:
+        return Refused(
+            Refusal(
+                code=refuse.code,
+                detail=refuse.detail,
+                placement_id=terms.placement_id,
+                refused_at_s=now_s,
+                checkpoint=note.text(),
+                cosigned=state.cosigned_note,
+                index=refuse.index,
+                record=base64.b64encode(refuse.record).decode() if refuse.record else "",
+            )
+        )
+    cosigned = cosign(SignedNote(note.body, _ledger_lines(note, terms)), name, key, now_s)
+    new_state.cosigned_note = cosigned.text()
+    new_state.cosigned_at_s = now_s
+    return Cosigned(new_state, cosigned)
+
+
+def _ledger_lines(note: SignedNote, terms: PlacementTerms) -> tuple[NoteSignature, ...]:
+    key_hash = note_key_hash(LEDGER_NOTE_NAME, terms.ledger_key)
+    return tuple(
+        s for s in note.signatures if s.name == LEDGER_NOTE_NAME and s.key_hash == key_hash
+    )
+
+
+def _check(
+    state: WitnessState,
+    terms: PlacementTerms,
+    note: SignedNote,
+    new_records: Sequence[bytes],
+    known: Sequence[Known],
+) -> WitnessState:
+    # (1) W_SIGNATURE: the ledger the terms name signed it, for this placement's log.
+    if not note.signed_by(LEDGER_NOTE_NAME, terms.ledger_key):
+        raise _Refuse("W_SIGNATURE", "the checkpoint is not signed by the terms' ledger key")
+    try:
+        checkpoint = parse_checkpoint_body(note.body)
+    except ProtoError as exc:
+        raise _Refuse("W_SIGNATURE", f"the checkpoint body is malformed: {exc.detail}") from exc
+    if checkpoint.origin != checkpoint_origin(terms.placement_id):
+        raise _Refuse("W_SIGNATURE", f"the checkpoint is of another log: {checkpoint.origin!r}")
+    # (2) W_ROLLBACK: the log never shrinks.
+    if checkpoint.size < state.size:
+        raise _Refuse(
+            "W_ROLLBACK",
+            f"the checkpoint has {checkpoint.size} records; {state.size} were cosigned before",
+        )
+    if len(new_records) != checkpoint.size - state.size:
+        raise _Refuse(
+            "W_INCONSISTENT",
+            f"the ledger served {len(new_records)} records for sizes "
+            f"{state.size}..{checkpoint.size}",
+        )
+    # (3) W_INCONSISTENT: the new records extend the cosigned tree to exactly this root.
+    payloads: list[bytes] = []
+    for offset, raw in enumerate(new_records):
+        try:
+            payloads.append(decode_envelope(raw).payload)
+        except ProtoError as exc:
+            raise _Refuse(
+                "W_RECORD",
+                f"record {state.size + offset} does not decode: {exc}",
+                state.size + offset,
+                raw,
+            ) from exc
+    frontier = state.tree()
+    for payload in payloads:
+        frontier = frontier.append_leaf_hash(leaf_hash(payload))
+    if frontier.root() != checkpoint.root:
+        raise _Refuse(
+            "W_INCONSISTENT",
+            f"the checkpoint of size {checkpoint.size} is not an extension of the tree of "
+            f"size {state.size} this witness cosigned (equivocation: keep both notes)",
+        )
+    # (4) W_RECORD: each record is the ledger's, at its index, linked to the one before.
+    included = dict(state.included)
+    close_index = state.close_index
+    prev = state.last_record_hash
+    ledger_keyid = key_id(terms.ledger_key)
+    for offset, raw in enumerate(new_records):
+        index = state.size + offset
+        record = _ledger_record(raw, index, prev, terms, ledger_keyid)
+        prev = sha256_hex(payloads[offset])
+        included.setdefault(record.source, index)
+        if record.kind == "closed" and record.status == "accepted" and close_index < 0:
+            close_index = index
+    # (5) W_ORDER: each of the party's node streams is in the log in seq order.
+    _check_order(known, included)
+    # (6) W_MISSING: once closed, everything delivered before the deadline is before it.
+    if close_index >= 0:
+        _check_complete(known, included, close_index, terms)
+    return WitnessState(
+        format=state.format,
+        placement_id=state.placement_id,
+        size=checkpoint.size,
+        frontier=list(frontier.hashes),
+        last_record_hash=prev,
+        close_index=close_index,
+        included=included,
+    )
+
+
+def _ledger_record(
+    raw: bytes, index: int, prev: str, terms: PlacementTerms, ledger_keyid: str
+) -> LedgerRecord:
+    try:
+        opened = open_envelope(raw)
+    except ProtoError as exc:
+        raise _Refuse("W_RECORD", f"record {index} does not decode: {exc}", index, raw) from exc
+    record = opened.record
+    if not isinstance(record, LedgerRecord):
+        raise _Refuse("W_RECORD", f"entry {index} is a {opened.kind}, not a record", index, raw)
+    sigs = opened.envelope.signatures
+    if not (
+        len(sigs) == 1
+        and sigs[0].keyid == ledger_keyid
+        and verify(terms.ledger_key, opened.payload, sigs[0].sig)
+    ):
+        raise _Refuse("W_RECORD", f"record {index} is not signed by the ledger key", index, raw)
+    if record.placement_id != terms.placement_id or record.index != index:
+        raise _Refuse(
+            "W_RECORD",
+            f"record at {index} says placement {record.placement_id!r} index {record.index}",
+            index,
+            raw,
+        )
+    if record.prev != prev:
+        raise _Refuse("W_RECORD", f"record {index} does not link to record {index - 1}", index, raw)
+    return record
+
+
+def _check_order(known: Sequence[Known], included: dict[str, int]) -> None:
+    streams: dict[str, list[tuple[int, int, Known]]] = defaultdict(list)
+    for k in known:
+        if k.kind == "usage" and k.input_hash in included:
+            streams[k.node_id].append((k.seq, included[k.input_hash], k))
+    for node_id in sorted(streams):
+        events = sorted(streams[node_id], key=lambda e: e[0])
+        for (seq_a, index_a, _), (seq_b, index_b, later) in itertools.pairwise(events):
+            if index_b < index_a:
+                raise _Refuse(
+                    "W_ORDER",
+                    f"node {node_id}: seq {seq_b} is at record {index_b}, before seq {seq_a} "
+                    f"at record {index_a} ({later.describe()})",
+                    index_b,
+                )
+
+
+def _check_complete(
+    known: Sequence[Known], included: dict[str, int], close_index: int, terms: PlacementTerms
+) -> None:
+    deadline_ms = terms.window_end_ms + terms.late_grace_ms - MAX_CLOCK_SKEW_MS
+    missing = []
+    for k in sorted(known, key=lambda k: (k.kind, k.node_id, k.seq, k.input_hash)):
+        if k.delivered_at_ms > deadline_ms:
+            continue  # delivered too close to (or after) the close to be owed before it
+        index = included.get(k.input_hash)
+        if index is None:
+            missing.append(
+                f"{k.describe()} (delivered at {k.delivered_at_ms} ms) is not in the log"
+            )
+        elif index > close_index:
+            missing.append(
+                f"{k.describe()} (delivered at {k.delivered_at_ms} ms, before the close "
+                f"deadline {deadline_ms} ms) is at record {index}, after the close at {close_index}"
+            )
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise _Refuse("W_MISSING", "; ".join(missing[:5]) + more)

@@ -1,0 +1,100 @@
+"""What a party knows it handed to the ledger: the inputs its witness looks for (SPEC §8.3).
+
+* Delivery logs (``proto.delivery``): the usage events an agent of the operator
+  delivered, with the time it delivered them.
+* Known envelope files: any signed input the party holds (the terms it signed, a reclaim
+  it published or received, an adjustment), one envelope per file; its delivery time is
+  the file's modification time, when the party saved it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from proto import limits
+from proto.delivery import DeliveryLogError, read_delivered
+from proto.envelope import open_envelope
+from proto.errors import ProtoError
+from proto.files import read_at_most
+from proto.records import UsageEvent
+
+MAX_KNOWN_FILES: Final = 100_000
+
+
+class KnownError(Exception):
+    """A known-input source that cannot be read; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """One input the party delivered: its hash, what it is, and when it was delivered."""
+
+    input_hash: str
+    kind: str
+    node_id: str  # "" unless usage
+    seq: int  # -1 unless usage
+    delivered_at_ms: int
+    origin: str  # where the witness learned of it (file name), for refusals
+
+    def describe(self) -> str:
+        """How a refusal names this input."""
+        if self.kind == "usage":
+            return f"node {self.node_id} seq {self.seq} input {self.input_hash}"
+        return f"{self.kind} input {self.input_hash}"
+
+
+def from_delivery_logs(paths: Iterable[Path], placement_id: str) -> list[Known]:
+    """The usage events of ``placement_id`` in these delivery logs, first delivery kept."""
+    found: dict[str, Known] = {}
+    for path in paths:
+        try:
+            for line in read_delivered(path):
+                if line.placement_id != placement_id or line.input_hash in found:
+                    continue
+                found[line.input_hash] = Known(
+                    line.input_hash,
+                    line.kind,
+                    line.node_id,
+                    line.seq,
+                    line.delivered_at_ms,
+                    path.name,
+                )
+        except OSError as exc:
+            raise KnownError(f"cannot read delivery log {path}: {exc.strerror}") from exc
+        except DeliveryLogError as exc:
+            raise KnownError(str(exc)) from exc
+    return list(found.values())
+
+
+def from_envelope_files(directory: Path, placement_id: str) -> list[Known]:
+    """Signed inputs of ``placement_id`` saved as files in ``directory`` (others skipped)."""
+    try:
+        paths = sorted(p for p in directory.iterdir() if p.is_file())
+    except OSError as exc:
+        raise KnownError(f"cannot read known-inputs directory {directory}: {exc.strerror}") from exc
+    if len(paths) > MAX_KNOWN_FILES:
+        raise KnownError(f"{directory} holds more than {MAX_KNOWN_FILES} files")
+    known: list[Known] = []
+    for path in paths:
+        try:
+            raw = read_at_most(path, limits.MAX_ENVELOPE_BYTES + 1).rstrip(b"\n")
+            delivered_at_ms = int(path.stat().st_mtime * 1000)
+        except OSError as exc:
+            raise KnownError(f"cannot read {path}: {exc.strerror}") from exc
+        try:
+            opened = open_envelope(raw)
+        except ProtoError as exc:
+            raise KnownError(f"{path} is not a signed input: {exc}") from exc
+        if getattr(opened.record, "placement_id", None) != placement_id:
+            continue
+        record = opened.record
+        node_id, seq = ("", -1)
+        if isinstance(record, UsageEvent):
+            node_id, seq = record.node_id, record.seq
+        known.append(
+            Known(opened.input_hash, opened.kind, node_id, seq, delivered_at_ms, path.name)
+        )
+    return known
