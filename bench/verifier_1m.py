@@ -40,6 +40,7 @@ from test_verifier_exports import DDL, Pricer, write_trust  # noqa: E402
 
 from proto.builders import closed, gpu, make_cast, make_terms, sample, signed_terms  # noqa: E402
 from proto.canonical import signed_bytes  # noqa: E402
+from proto.cosign import cosign  # noqa: E402
 from proto.envelope import encode_envelope, open_envelope, sha256_hex, sign_payload  # noqa: E402
 from proto.keys import SigningKey, verify  # noqa: E402
 from proto.merkle import leaf_hash  # noqa: E402
@@ -257,7 +258,9 @@ def build_export(events: int, out: Path, trust_out: Path) -> None:
         body = checkpoint_body(
             Checkpoint(origin=checkpoint_origin("p-bench"), size=size, root=root_hash)
         )
-        note = sign_note(body, "gridledger-ledger", cast.ledger).cosign(cast.buyer.name, cast.buyer)
+        note = cosign(
+            sign_note(body, "gridledger-ledger", cast.ledger), cast.buyer.name, cast.buyer, 1
+        )
         con.execute("INSERT INTO checkpoints VALUES (?, ?)", [size, note.text()])
     import base64
 

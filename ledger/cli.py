@@ -1,14 +1,16 @@
-"""``gridledger ledger ...``: run the ledger, ask it for statements, exports, cosignatures.
+"""``gridledger ledger ...``: run the ledger, ask it for statements and exports.
+
+Parties cosign checkpoints with ``gridledger witness run`` (SPEC §8.3), never through
+the ledger's own tools.
 
     gridledger ledger run --config ledger.toml
     gridledger ledger statement PLACEMENT [--json] [--config ledger.toml]
     gridledger ledger export PLACEMENT --out FILE.duckdb [--parquet DIR] [--config ledger.toml]
-    gridledger ledger cosign PLACEMENT --key KEYFILE --name PARTY_ID [--config ledger.toml]
 
 The keys of ledger.toml are documented in ``ledger.config`` and
-``deploy/ledger.example.toml``. statement/export/cosign use the HTTP API of the running
+``deploy/ledger.example.toml``. statement/export use the HTTP API of the running
 ledger when there is one (the DB has one writer) and open the DB directly otherwise.
-Exit codes: 0 done, 1 the request failed (unknown placement, invalid cosignature), 2
+Exit codes: 0 done, 1 the request failed (unknown placement), 2
 unusable input (config, key file, store).
 """
 
@@ -27,14 +29,12 @@ from typing import Any
 import structlog
 
 from gridledger.money import format_gpu_hours, format_minor
-from ledger.attest import UnknownPlacement, cosign_checkpoint, issue_checkpoint, issue_statement
+from ledger.attest import UnknownPlacement, issue_statement
 from ledger.client import (
     ApiError,
     download_export,
     find_running,
-    get_checkpoint,
     get_statement,
-    post_cosign,
 )
 from ledger.config import ConfigError, LedgerConfig, load_config
 from ledger.consume import SourceError, SourceUnavailable
@@ -44,9 +44,8 @@ from ledger.limits import START_ATTEMPTS, START_BACKOFF_INITIAL_S, START_BACKOFF
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.statements import statement_json
 from ledger.store import Store, StoreError
-from proto.errors import KeyFileError, ProtoError
+from proto.errors import KeyFileError
 from proto.keys import SigningKey, load_signing_key
-from proto.note import parse_note
 
 # Exit code when Kafka stayed unreachable: try again later (sysexits EX_TEMPFAIL).
 EX_TEMPFAIL = 75
@@ -78,13 +77,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export.add_argument("--parquet", type=Path, default=None, help="also write DIR/<table>.parquet")
     with_config(export)
     export.set_defaults(handler=cmd_export)
-
-    cosign = sub.add_parser("cosign", help="cosign the current checkpoint as a party")
-    cosign.add_argument("placement")
-    cosign.add_argument("--key", type=Path, required=True, help="the party's private key file")
-    cosign.add_argument("--name", required=True, help="the party id named in the terms")
-    with_config(cosign)
-    cosign.set_defaults(handler=cmd_cosign)
 
     ledger.set_defaults(handler=lambda args: _usage(ledger))
 
@@ -240,31 +232,4 @@ def cmd_export(args: argparse.Namespace) -> int:
     except (UnknownPlacement, ApiError) as exc:
         return _fail(str(exc), 1)
     print(f"OK: exported {args.placement} to {args.out}")
-    return 0
-
-
-# ---- cosign ------------------------------------------------------------------------------------
-
-
-def cmd_cosign(args: argparse.Namespace) -> int:
-    """``ledger cosign``: sign the current checkpoint as a party and hand it to the ledger."""
-    try:
-        config, key = _load(args.config)
-        party_key = load_signing_key(args.key)
-        base = find_running(config)
-        if base is not None:
-            note = parse_note(get_checkpoint(base, args.placement))
-            merged = post_cosign(base, args.placement, note.cosign(args.name, party_key).text())
-        else:
-            with Store(config.db, ledger_public_key=key.public_key) as store:
-                note = parse_note(issue_checkpoint(store, key, args.placement))
-                signed = note.cosign(args.name, party_key).text()
-                merged, _ = cosign_checkpoint(store, key, args.placement, signed)
-    except (ConfigError, KeyFileError, StoreError) as exc:
-        return _fail(str(exc), 2)
-    except (UnknownPlacement, ApiError) as exc:
-        return _fail(str(exc), 1)
-    except ProtoError as exc:
-        return _fail(f"{exc.reason.value}: {exc.detail}", 1)
-    sys.stdout.write(merged)
     return 0

@@ -103,12 +103,6 @@ def get_checkpoint(base: str, placement_id: str) -> str:
     return _request(f"{base}/placements/{placement_id}/checkpoint").decode()
 
 
-def post_cosign(base: str, placement_id: str, note_text: str) -> str:
-    """POST /placements/<id>/checkpoint/cosign."""
-    url = f"{base}/placements/{placement_id}/checkpoint/cosign"
-    return _request(url, note_text.encode()).decode()
-
-
 def download_export(base: str, placement_id: str, out: Path) -> int:
     """GET /placements/<id>/export into ``out`` (temp file + rename); bytes written."""
     data = _request(f"{base}/placements/{placement_id}/export")

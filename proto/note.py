@@ -84,8 +84,11 @@ class SignedNote:
             for s in self.signatures
         )
 
-    def cosign(self, name: str, key: SigningKey) -> SignedNote:
-        """The note with one more signature line (or the same one replaced)."""
+    def add_signature(self, name: str, key: SigningKey) -> SignedNote:
+        """The note with one more Ed25519 note signature (type 0x01) of (name, key).
+
+        This is the log's own signature; witnesses cosign with ``proto.cosign.cosign``.
+        """
         line = NoteSignature(
             name, note_key_hash(name, key.public_key), key.sign(self.body.encode())
         )
@@ -97,7 +100,7 @@ def sign_note(body: str, name: str, key: SigningKey) -> SignedNote:
     """A new note over ``body`` signed by (name, key)."""
     if not body.endswith("\n"):
         raise ValueError("a note body ends with a newline")
-    return SignedNote(body, ()).cosign(name, key)
+    return SignedNote(body, ()).add_signature(name, key)
 
 
 def parse_note(text: str) -> SignedNote:

@@ -48,6 +48,7 @@ from meter.limits import MAX_RECORD_BYTES
 from meter.spool import SpoolCorrupt, SpoolWriter, frame, read_spool, segment_path
 from proto import builders, limits
 from proto.canonical import canonical_json, decode_payload, signed_bytes
+from proto.cosign import cosign
 from proto.envelope import decode_envelope, encode_envelope, open_envelope
 from proto.errors import ProtoError
 from proto.keys import b64
@@ -168,7 +169,9 @@ def _note_text() -> str:
     body = checkpoint_body(
         Checkpoint(origin=checkpoint_origin("p-fuzz"), size=7, root=b"\x11" * 32)
     )
-    return sign_note(body, "ledger-1", CAST.ledger).cosign("buyer-1", CAST.buyer).text()
+    return cosign(
+        sign_note(body, "ledger-1", CAST.ledger), "buyer-1", CAST.buyer, 1_700_000_000
+    ).text()
 
 
 NOTE = _note_text()
@@ -717,7 +720,7 @@ def test_regression_note_and_checkpoint_texts_are_canonical() -> None:
     for text in ("o\n\u0661\n" + "A" * 43 + "=\n", f"o\n1\n{root}\n"):
         with pytest.raises(ProtoError):
             parse_checkpoint_body(text)
-    line = NOTE.rstrip("\n").rsplit("\n", 1)[1]
+    line = next(x for x in NOTE.splitlines() if x.startswith("\u2014 ledger-1 "))
     blob = line.rsplit(" ", 1)[1]  # 68 bytes: base64 ends in "=", 2 padding bits
     last = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".index(blob[-2])
     altered = (

@@ -24,6 +24,8 @@ from ledger.checkpoints import LEDGER_NOTE_NAME
 from ledger.client import find_running
 from ledger.config import load_config
 from ledger.http import LedgerApi, LedgerHttpServer
+from proto.builders import signed_terms
+from proto.cosign import cosign, cosignature_of
 from proto.keys import SigningKey, write_key_pair
 from proto.note import parse_note
 
@@ -104,20 +106,20 @@ def test_http_api_and_cli(
         assert status == 200 and note.signed_by(LEDGER_NOTE_NAME, scenario.cast.ledger.public_key)
 
         buyer = scenario.cast.buyer
-        signed = note.cosign(buyer.name, buyer).text().encode()
+        signed = cosign(note, buyer.name, buyer, 1_800_000_000).text().encode()
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", signed)
         assert status == 200, body
         merged = parse_note(body.decode())
-        assert merged.signed_by(buyer.name, buyer.public_key)
+        assert cosignature_of(merged, buyer.name, buyer.public_key) is not None
         assert merged.signed_by(LEDGER_NOTE_NAME, scenario.cast.ledger.public_key)
         # Stored: asking again returns the cosigned note.
         assert parse_note(_get(f"{base}/placements/{pid}/checkpoint")[1].decode()) == merged
 
         impostor = SigningKey.from_seed_text(buyer.name, "not the buyer")
-        forged = note.cosign(buyer.name, impostor).text().encode()
+        forged = cosign(note, buyer.name, impostor, 1_800_000_000).text().encode()
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", forged)
         assert status == 400 and json.loads(body)["reason"] == "SIG_INVALID"
-        stranger = note.cosign("stranger-1", impostor).text().encode()
+        stranger = cosign(note, "stranger-1", impostor, 1_800_000_000).text().encode()
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", stranger)
         assert status == 400 and json.loads(body)["reason"] == "SIG_SURPLUS"
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", b"garbage")
@@ -132,7 +134,9 @@ def test_http_api_and_cli(
                 head_index + 1,
             )
             cosigned = con.execute("SELECT note FROM checkpoints").fetchall()
-            assert any(parse_note(n).signed_by(buyer.name, buyer.public_key) for (n,) in cosigned)
+            assert any(
+                cosignature_of(parse_note(n), buyer.name, buyer.public_key) for (n,) in cosigned
+            )
 
         # The CLI finds the running ledger through the port file and asks over HTTP.
         capsys.readouterr()
@@ -147,12 +151,23 @@ def test_http_api_and_cli(
         assert gridledger_main(argv) == 0
         assert out.stat().st_size > 0
         assert "OK: exported" in capsys.readouterr().out
+        # The desk's witness checks the log through the API and cosigns it.
         desk_key_path, _ = write_key_pair(scenario.cast.desk, tmp_path / "desk")
-        argv = ["ledger", "cosign", pid, "--key", str(desk_key_path), "--name", "desk-1"]
-        assert gridledger_main([*argv, "--config", str(config_path)]) == 0
-        cosigned_note = parse_note(capsys.readouterr().out)
-        assert cosigned_note.signed_by("desk-1", scenario.cast.desk.public_key)
-        assert cosigned_note.signed_by(buyer.name, buyer.public_key)
+        terms_path = tmp_path / "terms.signed.json"
+        terms_path.write_bytes(signed_terms(scenario.cast, scenario.terms[pid]))
+        argv = ["witness", "run", "--ledger", base, "--terms", str(terms_path)]
+        argv += ["--key", str(desk_key_path), "--state", str(tmp_path / "desk-witness")]
+        assert gridledger_main(argv) == 0
+        assert "OK: " in capsys.readouterr().out
+        stored = parse_note(_get(f"{base}/placements/{pid}/checkpoint")[1].decode())
+        assert cosignature_of(stored, "desk-1", scenario.cast.desk.public_key) is not None
+        assert cosignature_of(stored, buyer.name, buyer.public_key) is not None
+        records = _get(f"{base}/placements/{pid}/records?from=1&to=3")[1].decode().splitlines()
+        assert len(records) == 2
+        assert _get(f"{base}/placements/{pid}/records?from=3&to=1")[0] == 400
+        assert _get(f"{base}/placements/{pid}/records?from=x")[0] == 400
+        proof = _get(f"{base}/placements/{pid}/consistency?from=2")[1].decode().splitlines()
+        assert proof, "a consistency proof from size 2 to the head is not empty"
     finally:
         server.stop()
         service.close()

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proto import merkle
+from proto.cosign import Cosignature, cosign, cosignature_of
 from proto.errors import ProtoError
 from proto.keys import SigningKey
 from proto.note import (
@@ -106,18 +107,24 @@ def test_checkpoint_note_sign_cosign_parse() -> None:
     checkpoint = Checkpoint(origin=checkpoint_origin("pl-1"), size=8, root=bytes(range(32)))
     body = checkpoint_body(checkpoint)
     assert body.count("\n") == 3
-    note = sign_note(body, "gridledger-ledger", ledger).cosign("buyer-1", buyer)
+    note = cosign(sign_note(body, "gridledger-ledger", ledger), "buyer-1", buyer, 1_700_000_000)
     text = note.text()
     parsed = parse_note(text)
     assert parsed.text() == text
     assert parsed.signed_by("gridledger-ledger", ledger.public_key)
-    assert parsed.signed_by("buyer-1", buyer.public_key)
-    assert not parsed.signed_by("buyer-1", ledger.public_key)
+    assert cosignature_of(parsed, "buyer-1", buyer.public_key) == Cosignature(
+        "buyer-1", 1_700_000_000
+    )
+    assert cosignature_of(parsed, "buyer-1", ledger.public_key) is None
+    # A cosignature is not a note signature, and the log's signature is not a cosignature.
+    assert not parsed.signed_by("buyer-1", buyer.public_key)
+    assert cosignature_of(parsed, "gridledger-ledger", ledger.public_key) is None
     assert parse_checkpoint_body(parsed.body) == checkpoint
     assert parsed.signatures[0].key_hash == note_key_hash("gridledger-ledger", ledger.public_key)
     # A changed body no longer carries valid signatures.
     forged = parse_note(text.replace("\n8\n", "\n9\n"))
     assert not forged.signed_by("gridledger-ledger", ledger.public_key)
+    assert cosignature_of(forged, "buyer-1", buyer.public_key) is None
 
 
 @pytest.mark.parametrize(

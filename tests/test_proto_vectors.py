@@ -13,6 +13,7 @@ import vectorgen
 from ledger.fold import Fold
 from ledger.pricing import price
 from proto import merkle
+from proto.cosign import cosignature_of
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.keys import SigningKey, key_id, verify
@@ -78,8 +79,11 @@ def test_merkle() -> None:
 def test_checkpoint() -> None:
     data = load("checkpoint.json")
     note = parse_note(data["note"])
-    for name, key in data["signers"].items():
-        assert note.signed_by(name, base64.b64decode(key))
+    signers = {name: base64.b64decode(key) for name, key in data["signers"].items()}
+    assert note.signed_by("gridledger-ledger", signers.pop("gridledger-ledger"))
+    for name, key in signers.items():
+        cosig = cosignature_of(note, name, key)
+        assert cosig is not None and cosig.timestamp_s == data["cosigned_at_s"]
     checkpoint = parse_checkpoint_body(note.body)
     assert (checkpoint.origin, checkpoint.size) == (data["origin"], data["size"])
     assert checkpoint.root == base64.b64decode(data["root_b64"])

@@ -21,6 +21,7 @@ import msgspec
 
 from proto import builders as b
 from proto import merkle
+from proto.cosign import cosign
 from proto.envelope import Envelope, encode_envelope, open_envelope
 from proto.errors import ProtoError
 from proto.keys import SigningKey, key_id
@@ -31,6 +32,7 @@ VECTORS_DIR = Path(__file__).resolve().parent.parent / "proto" / "vectors"
 WS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MINUTE = 60_000
 HOUR = 3_600_000
+COSIGNED_AT_S = 1_767_225_600
 
 
 def _b64(data: bytes) -> str:
@@ -196,11 +198,13 @@ def merkle_vectors() -> Any:
 
 
 def checkpoint_vectors() -> Any:
-    """A checkpoint note signed by the ledger and cosigned by the buyer."""
+    """A checkpoint note signed by the ledger and cosigned (C2SP cosignature/v1) by the buyer."""
     cast = _cast()
     root = merkle.root([b"record 0", b"record 1", b"record 2"])
     body = checkpoint_body(Checkpoint(origin=checkpoint_origin("pl-vector"), size=3, root=root))
-    note = sign_note(body, "gridledger-ledger", cast.ledger).cosign("buyer-1", cast.buyer)
+    note = cosign(
+        sign_note(body, "gridledger-ledger", cast.ledger), "buyer-1", cast.buyer, COSIGNED_AT_S
+    )
     return {
         "note": note.text(),
         "signers": {
@@ -210,6 +214,7 @@ def checkpoint_vectors() -> Any:
         "origin": checkpoint_origin("pl-vector"),
         "size": 3,
         "root_b64": _b64(root),
+        "cosigned_at_s": COSIGNED_AT_S,
     }
 
 
