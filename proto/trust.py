@@ -21,7 +21,11 @@ TRUST_FORMAT: Final = "gridledger-trust/v1"
 # A trust file is read whole; past these it is refused unread.
 MAX_TRUST_FILE_BYTES: Final = 4 * 1024 * 1024
 MAX_TRUSTED_KEYS: Final = 10_000
-Role = Literal["operator", "buyer", "desk", "ledger"]
+Role = Literal["operator", "buyer", "desk", "ledger", "witness"]
+# The witness policy when a trust file names none (SPEC §9): the operator's and the
+# buyer's witnesses must both have cosigned the checkpoint a verdict rests on.
+DEFAULT_COSIGNERS: Final = ("operator", "buyer")
+PARTY_ROLES: Final = ("operator", "buyer", "desk")
 
 
 class TrustedKey(Struct, frozen=True, forbid_unknown_fields=True):
@@ -37,6 +41,13 @@ class TrustFile(Struct, frozen=True, forbid_unknown_fields=True):
 
     format: str
     keys: Annotated[list[TrustedKey], Meta(max_length=MAX_TRUSTED_KEYS)]
+    # Witness policy (SPEC §9): "operator" | "buyer" | "desk" (that party of the placement)
+    # or the id of a key pinned with role "witness". None: DEFAULT_COSIGNERS.
+    cosigners: Annotated[list[Identifier], Meta(max_length=64)] | None = None
+
+    def cosigner_policy(self) -> tuple[str, ...]:
+        """The cosigners a final verdict requires."""
+        return DEFAULT_COSIGNERS if self.cosigners is None else tuple(self.cosigners)
 
     def roles_of(self, public_key: bytes) -> set[str]:
         """Every role this key is trusted for."""
@@ -76,5 +87,8 @@ def load_trust(path: Path) -> TrustFile:
 
 
 def dump_trust(trust: TrustFile) -> bytes:
-    """Trust file bytes (pretty enough to read and edit)."""
-    return msgspec.json.format(msgspec.json.encode(trust), indent=2) + b"\n"
+    """Trust file bytes (pretty enough to read and edit); no ``cosigners`` when unset."""
+    data = msgspec.to_builtins(trust)
+    if trust.cosigners is None:
+        data.pop("cosigners", None)
+    return msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"
