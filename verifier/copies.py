@@ -23,13 +23,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proto import merkle
 from proto.envelope import decode_envelope
 from proto.errors import ProtoError
+from proto.frontier import Frontier
+from proto.merkle import leaf_hash
 from proto.note import SignedNote, checkpoint_origin, parse_checkpoint_body, parse_note
 from verifier.source import ExportSource
 
 LEDGER_NOTE_NAME = "gridledger-ledger"
+_BATCH = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,21 +55,29 @@ class CopyFindings:
     equivocations: list[dict[str, str]] = field(default_factory=list)
 
 
+def _root_of(source: ExportSource, size: int) -> bytes:
+    """RFC 9162 root of the first ``size`` records, streamed in bounded batches."""
+    frontier = Frontier.empty()
+    for lo in range(0, size, _BATCH):
+        for row in source.record_rows(lo, min(size, lo + _BATCH)):
+            frontier = frontier.append_leaf_hash(leaf_hash(decode_envelope(row.envelope).payload))
+    return frontier.root()
+
+
 def prefix_root(path: str, size: int) -> bytes:
     """The root of the first ``size`` records of the export at ``path``."""
     with ExportSource(Path(path)) as source:
-        rows = source.record_rows(0, size)
-    return merkle.root([decode_envelope(r.envelope).payload for r in rows])
+        return _root_of(source, size)
 
 
 def read_copy(path: str, placement_id: str) -> Copy:
     """The view an already verified export holds (its records and largest checkpoint)."""
     with ExportSource(Path(path)) as source:
         size = source.count("ledger_records")
-        payloads = [decode_envelope(r.envelope).payload for r in source.record_rows(0, size)]
+        root = _root_of(source, size)
         notes = source.small_table("checkpoints", "size, note", "size")
     largest = max(((int(s), str(n)) for s, n in notes), default=(0, ""))
-    return Copy(path, placement_id, len(payloads), merkle.root(payloads), largest[1])
+    return Copy(path, placement_id, size, root, largest[1])
 
 
 def compare_copies(
