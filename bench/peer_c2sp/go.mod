@@ -1,0 +1,13 @@
+module gridledger/bench/peer_c2sp
+
+go 1.26.0
+
+require (
+	github.com/transparency-dev/formats v0.1.1
+	golang.org/x/mod v0.43.0
+)
+
+require (
+	filippo.io/mldsa v0.0.0-20260215214346-43d0283efc3e // indirect
+	golang.org/x/crypto v0.52.0 // indirect
+)
