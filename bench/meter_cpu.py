@@ -25,7 +25,6 @@ from pathlib import Path
 
 import structlog
 
-from gridledger.publish import KafkaSettings
 from meter.agent import Agent, AgentConfig
 from meter.clock import SimClock
 from meter.shipper import Shipper
@@ -33,6 +32,7 @@ from meter.sim import SimDevice, Simulator, parse_sim_spec
 from proto import builders
 from proto.canonical import signed_bytes
 from proto.envelope import open_envelope
+from transport.kafka import KafkaSettings
 
 T0 = 1_700_000_000_000
 

@@ -38,10 +38,10 @@ import duckdb
 import msgspec
 import structlog
 
-from gridledger.money import format_gpu_hours, format_minor
 from proto.canonical import signed_bytes
 from proto.envelope import encode_envelope, open_envelope, sign_payload
 from proto.keys import SigningKey, load_signing_key, write_key_pair
+from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms, Statement
 from proto.terms import check_terms_signatures, load_terms_file, validate_terms
 from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile, dump_trust
@@ -355,12 +355,12 @@ def _run_local(
     signed_terms: Path,
     out: io.TextIOBase | None,
 ) -> Statement:
-    from gridledger.publish import publish_local
     from ledger.export import export_placement
     from ledger.service import LedgerService
     from ledger.store import Store
     from meter.agent import Agent
     from meter.clock import SimClock
+    from transport.local import publish_local
 
     local = workdir / "local"
     clock = SimClock(terms.window_start_ms)
@@ -401,14 +401,13 @@ def _run_kafka(
     bootstrap: str,
     out: io.TextIOBase | None,
 ) -> Statement:
-    from gridledger.kafka_broker import create_topic
-    from gridledger.publish import KafkaSettings, publish_kafka
     from ledger.config import KafkaConfig
     from ledger.export import export_placement
     from ledger.service import KafkaLedgerService
     from ledger.store import Store
     from meter.agent import Agent
     from meter.clock import SimClock
+    from transport.kafka import KafkaSettings, create_topic, publish_kafka
 
     topic = f"{TOPIC}.demo-{uuid.uuid4().hex[:8]}"
     try:

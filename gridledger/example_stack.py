@@ -201,7 +201,7 @@ def _write_toml(path: Path, data: dict[str, Any], command: str) -> None:
 
 
 def _publish(terms_path: Path, bootstrap: str, topic: str) -> int:
-    from gridledger.publish import KafkaSettings, placement_of, publish_kafka
+    from transport.kafka import KafkaSettings, placement_of, publish_kafka
 
     envelope = terms_path.read_bytes().rstrip(b"\n")
     settings = KafkaSettings(bootstrap=bootstrap, topic=topic)

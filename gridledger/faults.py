@@ -96,7 +96,6 @@ from typing import Final, Literal, Protocol
 import structlog
 import tomli_w
 
-from gridledger.publish import KafkaSettings, client_kwargs, publish_kafka, publish_local
 from ledger.config import KafkaConfig
 from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, LedgerService, fixed_clock
@@ -107,7 +106,6 @@ from meter.config import load_meter_config
 from meter.metrics import MeterMetrics
 from meter.shipper import load_shipped
 from meter.sim import parse_sim_spec
-from meter.spool import SpoolError, SpoolPosition, list_segments, read_spool, segment_path
 from proto import builders
 from proto.envelope import open_envelope, sha256_hex
 from proto.errors import ProtoError
@@ -123,6 +121,10 @@ from proto.records import (
 )
 from proto.terms import CURRENCY_MINOR_UNITS, validate_terms
 from proto.trust import dump_trust
+from transport.kafka import KafkaSettings, client_kwargs, publish_kafka
+from transport.local import publish_local
+from transport.positions import SpoolPosition
+from transport.spool import SpoolError, list_segments, read_spool, segment_path
 
 __all__ = [
     "CYCLES_ENV",
@@ -1545,7 +1547,7 @@ class _Run:
         configs = self._setup()
         self.reference = build_reference(self.scenario, configs, self.workdir / "reference")
         timings["reference"] = time.monotonic() - mark
-        from gridledger.kafka_broker import create_topic
+        from transport.kafka import create_topic
 
         create_topic(self.bootstrap, self.topic, self.scenario.partitions)
         self.note(f"topic {self.topic}; {self.scenario.describe()}")

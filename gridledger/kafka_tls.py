@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gridledger.kafka_broker import HOST, BrokerStartError, KafkaBroker, _free_port
-from gridledger.publish import DEFAULT_TOPIC, KafkaSettings
+from transport.kafka import DEFAULT_TOPIC, KafkaSettings
 
 __all__ = [
     "DEFAULT_SCRAM_MECHANISM",

@@ -54,9 +54,7 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from gridledger.money import format_gpu_hours, format_minor
 from gridledger.placement_plan import Placement, Plan, plan_placements
-from gridledger.publish import KafkaSettings, make_producer, publish_local, publisher_source
 from gridledger.replay_cluster import NodeAgent, ReplayCluster, placement_id_of
 from gridledger.replay_limits import (
     DEFAULT_INTERVAL_S,
@@ -82,9 +80,13 @@ from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
 from meter.durable import read_small_file, write_atomic
-from meter.spool import SpoolPosition, read_spool
+from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms
 from proto.trust import TrustFile, dump_trust
+from transport.kafka import KafkaSettings, make_producer
+from transport.local import publish_local, publisher_source
+from transport.positions import SpoolPosition
+from transport.spool import read_spool
 
 __all__ = [
     "ACKED_FILE",
@@ -453,7 +455,7 @@ class _Run:
 
     # 4 (kafka): events sent keyed by placement, acknowledged, then consumed
     async def run_kafka(self, plan: Plan) -> None:
-        from gridledger.kafka_broker import create_topic_async
+        from transport.kafka import create_topic_async
 
         assert self.options.kafka is not None
         settings = KafkaSettings(bootstrap=self.options.kafka, topic=self.options.topic)

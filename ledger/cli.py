@@ -26,7 +26,6 @@ from typing import Any
 
 import structlog
 
-from gridledger.money import format_gpu_hours, format_minor
 from ledger.attest import UnknownPlacement, cosign_checkpoint, issue_checkpoint, issue_statement
 from ledger.client import (
     ApiError,
@@ -46,6 +45,7 @@ from ledger.statements import statement_json
 from ledger.store import Store, StoreError
 from proto.errors import KeyFileError, ProtoError
 from proto.keys import SigningKey, load_signing_key
+from proto.money import format_gpu_hours, format_minor
 from proto.note import parse_note
 
 # Exit code when Kafka stayed unreachable: try again later (sysexits EX_TEMPFAIL).

@@ -33,8 +33,6 @@ from meter.clock import Clock
 from meter.durable import read_small_file, write_atomic
 from meter.limits import (
     DEFAULT_INTERVAL_MS,
-    DEFAULT_SEGMENT_MAX_BYTES,
-    DEFAULT_SPOOL_MAX_BYTES,
     MAX_EVENTS_PER_TICK,
     MAX_INTERVAL_MS,
     MAX_STREAMS,
@@ -42,7 +40,6 @@ from meter.limits import (
 )
 from meter.metrics import MeterMetrics
 from meter.sources import GpuReading, GpuSource
-from meter.spool import SpoolPosition, SpoolWriter, list_segments, read_spool
 from meter.stream import (
     SealedEvent,
     StreamHead,
@@ -58,6 +55,9 @@ from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.keys import SigningKey
 from proto.records import GpuSpec, PlacementTerms, UsageEvent
+from transport.limits import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SPOOL_MAX_BYTES
+from transport.positions import SpoolPosition
+from transport.spool import SpoolWriter, list_segments, read_spool
 
 __all__ = ["HEADS_FILE", "Agent", "AgentConfig", "AgentConfigError", "recover_heads"]
 

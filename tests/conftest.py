@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gridledger.kafka_broker import KafkaBroker, KafkaLauncherError, create_topic, wait_for_broker
+from gridledger.kafka_broker import KafkaBroker, KafkaLauncherError, wait_for_broker
+from transport.kafka import create_topic
 
 _EXTERNAL = "GRIDLEDGER_KAFKA"
 _KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "kafka_broker", "tmp_topic"})

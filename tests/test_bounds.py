@@ -551,6 +551,7 @@ def test_scram_users_of_the_test_broker_up_to_max_scram_users() -> None:
 
 LIMIT_MODULES = (
     "proto/limits.py",
+    "transport/limits.py",
     "meter/limits.py",
     "ledger/limits.py",
     "verifier/limits.py",
@@ -570,7 +571,7 @@ OTHER_LIMIT_MODULES = (
     "gridledger/trace.py",
     "gridledger/kafka_tls.py",
 )
-PACKAGES = ("proto", "meter", "ledger", "verifier", "gridledger")
+PACKAGES = ("proto", "transport", "meter", "ledger", "verifier", "gridledger", "devtools")
 
 
 def _constants(relative: str, only_limits: bool) -> list[str]:

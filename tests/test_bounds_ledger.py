@@ -33,7 +33,6 @@ from test_ledger_scenario import (
 )
 
 from gridledger.cli import main as gridledger_main
-from gridledger.publish import KafkaSettings
 from ledger import client, service
 from ledger import http as ledger_http
 from ledger.config import ConfigError, KafkaConfig, config_from_mapping, port_file_for
@@ -51,6 +50,7 @@ from ledger.service import KafkaLedgerService, LedgerService, fixed_clock
 from ledger.store import Store
 from proto import builders
 from proto.envelope import open_envelope
+from transport.kafka import KafkaSettings
 
 T0_MS = 1_767_225_600_000
 HOUR_MS = 3_600_000

@@ -5,7 +5,7 @@ refused with a message naming it; a tick past MAX_EVENTS_PER_TICK leaves the res
 next tick (backpressure, no gap); the shipper sends at most ``batch_max_records`` before
 recording an acknowledgement, gives up an attempt on a silent broker after its timeout,
 and backs off up to its ceiling. Spool-full behaviour is shown by the tests BOUNDS.md
-names (tests/test_meter_spool.py, test_meter_agent.py, test_meter_cli.py).
+names (tests/test_transport_spool.py, test_meter_agent.py, test_meter_cli.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from aiokafka.structs import TopicPartition
 from structlog.testing import capture_logs
 from test_meter_nvml import FakeDevice, FakeNvml
 
-from gridledger.publish import KafkaSettings, publish_local
 from meter import durable, shipper
 from meter.agent import Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock
@@ -35,15 +34,18 @@ from meter.limits import (
     MAX_STREAMS,
     MAX_TERMS_FILES,
     MIN_INTERVAL_MS,
-    MIN_SEGMENT_MAX_BYTES,
 )
 from meter.nvml import MAX_XID_EVENTS_PER_READ, NvmlSource
 from meter.shipper import Shipper, load_shipped
 from meter.sim import MAX_SIM_GPUS, SimDevice, SimSpecError, Simulator, parse_sim_spec
-from meter.spool import SpoolPosition, SpoolWriter, read_spool
 from proto import builders
 from proto.envelope import open_envelope
 from proto.records import PlacementTerms, UsageEvent
+from transport.kafka import KafkaSettings
+from transport.limits import MIN_SEGMENT_MAX_BYTES
+from transport.local import publish_local
+from transport.positions import SpoolPosition
+from transport.spool import SpoolWriter, read_spool
 
 T0 = 1_767_225_600_000
 HOUR_MS = 3_600_000

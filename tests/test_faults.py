@@ -46,11 +46,11 @@ from gridledger.faults import (
     write_node_configs,
 )
 from gridledger.kafka_broker import KafkaBroker
-from gridledger.publish import publish_local
 from meter.sim import parse_sim_spec
 from proto.envelope import open_envelope, sha256_hex
 from proto.records import UsageEvent
 from proto.terms import validate_terms
+from transport.local import publish_local
 
 # A seed whose scenario has a multi-node placement, a key rotation, a skewed node with
 # late usage, terms arriving mid-stream, reclaims and late records.

@@ -12,12 +12,13 @@ import pytest
 from meter.agent import HEADS_FILE, Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock, SkewedClock
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
-from meter.spool import SpoolFull, SpoolPosition, list_segments, read_spool
 from meter.stream import node_gpus
 from proto import builders
 from proto.envelope import open_envelope, require_signatures
 from proto.keys import key_id
 from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
+from transport.positions import SpoolPosition
+from transport.spool import SpoolFull, list_segments, read_spool
 
 T0 = 1_700_000_000_000
 HOUR_MS = 3_600_000

@@ -15,10 +15,10 @@ import pytest
 import tomli_w
 
 from meter.scenario import write_meter_setup
-from meter.spool import read_spool
 from proto import builders
 from proto.envelope import open_envelope, seal
 from proto.records import PlacementTerms, UsageEvent
+from transport.spool import read_spool
 
 T0 = 1_700_000_000_000
 MINUTE_MS = 60_000

@@ -42,10 +42,10 @@ from hypothesis import strategies as st
 from gridledger.cli import main as gridledger_main
 from meter.config import load_meter_config
 from meter.scenario import write_meter_setup
-from meter.spool import read_spool
 from proto import builders
 from proto.errors import KeyFileError
 from proto.keys import PRIVATE_FORMAT, SigningKey, load_signing_key, write_key_pair
+from transport.spool import read_spool
 
 T0_MS = 1_767_225_600_000
 MINUTE_MS = 60_000
@@ -400,7 +400,7 @@ def setup(tmp_path: Path) -> Setup:
         tmp_path, cast, "node-a", [terms], local_dir=local_dir, simulate="seed=3"
     )
     # The ledger reads the published terms from the local transport, as in the demo.
-    from gridledger.publish import publish_local, publisher_source
+    from transport.local import publish_local, publisher_source
 
     publish_local(local_dir, publisher_source("desk"), [builders.signed_terms(cast, terms)])
     ledger_key_file, _ = write_key_pair(cast.ledger, tmp_path / "ledger-keys")
