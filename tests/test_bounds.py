@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from gridledger.kafka_tls import MAX_SCRAM_USERS, ScramUser, scram_format_args
+from devtools import builders as b
+from devtools.kafka_tls import MAX_SCRAM_USERS, ScramUser, scram_format_args
 from ledger.fold import Fold, Outcome
-from proto import builders as b
 from proto import limits
 from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import (
@@ -569,7 +569,7 @@ OTHER_LIMIT_MODULES = (
     "meter/cli.py",
     "verifier/inclusion.py",
     "gridledger/trace.py",
-    "gridledger/kafka_tls.py",
+    "devtools/kafka_tls.py",
 )
 PACKAGES = ("proto", "transport", "meter", "ledger", "verifier", "gridledger", "devtools")
 

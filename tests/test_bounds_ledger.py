@@ -32,6 +32,7 @@ from test_ledger_scenario import (
     publish_scenario_local,
 )
 
+from devtools import builders
 from gridledger.cli import main as gridledger_main
 from ledger import client, service
 from ledger import http as ledger_http
@@ -48,7 +49,6 @@ from ledger.limits import (
 )
 from ledger.service import KafkaLedgerService, LedgerService, fixed_clock
 from ledger.store import Store
-from proto import builders
 from proto.envelope import open_envelope
 from transport.kafka import KafkaSettings
 

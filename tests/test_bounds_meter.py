@@ -24,6 +24,7 @@ from aiokafka.structs import TopicPartition
 from structlog.testing import capture_logs
 from test_meter_nvml import FakeDevice, FakeNvml
 
+from devtools import builders
 from meter import durable, shipper
 from meter.agent import Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock
@@ -38,7 +39,6 @@ from meter.limits import (
 from meter.nvml import MAX_XID_EVENTS_PER_READ, NvmlSource
 from meter.shipper import Shipper, load_shipped
 from meter.sim import MAX_SIM_GPUS, SimDevice, SimSpecError, Simulator, parse_sim_spec
-from proto import builders
 from proto.envelope import open_envelope
 from proto.records import PlacementTerms, UsageEvent
 from transport.kafka import KafkaSettings

@@ -1,4 +1,4 @@
-"""The seeded fault harness (``gridledger.faults``): its pure parts, its checkers, the runs.
+"""The seeded fault harness (``devtools.faults``): its pure parts, its checkers, the runs.
 
 * Pure: a seed's scenario and schedule are deterministic, valid, and the default seeds
   draw every scenario feature and fault class; the fault-free reference agrees with
@@ -23,7 +23,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from gridledger.faults import (
+from devtools.faults.runner import (
     CYCLES_ENV,
     DEFAULT_CYCLES_PER_SEED,
     DEFAULT_SEEDS,
@@ -45,7 +45,7 @@ from gridledger.faults import (
     suite_seeds,
     write_node_configs,
 )
-from gridledger.kafka_broker import KafkaBroker
+from devtools.kafka_broker import KafkaBroker
 from meter.sim import parse_sim_spec
 from proto.envelope import open_envelope, sha256_hex
 from proto.records import UsageEvent
@@ -334,7 +334,7 @@ def _closed_port() -> int:
 
 
 def test_ledger_run_waits_or_fails_cleanly_without_a_broker(tmp_path: Path) -> None:
-    from proto.builders import make_cast
+    from devtools.builders import make_cast
     from proto.keys import write_key_pair
 
     key_file, _ = write_key_pair(make_cast("no-broker").ledger, tmp_path / "keys")

@@ -44,7 +44,8 @@ import tomli_w
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proto import builders, limits
+from devtools import builders
+from proto import limits
 from proto.canonical import canonical_json, decode_payload, signed_bytes
 from proto.envelope import decode_envelope, encode_envelope, open_envelope
 from proto.errors import ProtoError

@@ -18,16 +18,10 @@ from test_ledger_scenario import (
     final_statements,
 )
 
+from devtools.builders import StreamWriter, gpu, make_terms, sample, signed_terms
 from ledger.config import KafkaConfig
 from ledger.service import KafkaLedgerService, RunReport, fixed_clock
 from ledger.store import Store
-from proto.builders import (
-    StreamWriter,
-    gpu,
-    make_terms,
-    sample,
-    signed_terms,
-)
 from proto.envelope import Envelope, Signature, decode_envelope, encode_envelope
 from transport.kafka import KafkaSettings, publish_kafka
 

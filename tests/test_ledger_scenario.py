@@ -13,17 +13,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from devtools.builders import Cast, StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
 from ledger.service import LedgerService, fixed_clock
 from ledger.store import Store
-from proto.builders import (
-    Cast,
-    StreamWriter,
-    gpu,
-    make_cast,
-    make_terms,
-    sample,
-    signed_terms,
-)
 from proto.envelope import open_envelope
 from proto.keys import SigningKey, write_key_pair
 from proto.records import PlacementTerms, Statement

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from devtools import builders
 from meter.agent import HEADS_FILE, Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock, SkewedClock
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
 from meter.stream import node_gpus
-from proto import builders
 from proto.envelope import open_envelope, require_signatures
 from proto.keys import key_id
 from proto.records import ZERO_HASH, PlacementTerms, UsageEvent

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from meter.scenario import write_meter_setup
-from proto import builders
+from devtools import builders
+from devtools.scenario import write_meter_setup
 from proto.envelope import open_envelope, seal
 from proto.records import PlacementTerms, UsageEvent
 from transport.spool import read_spool

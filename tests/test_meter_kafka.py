@@ -17,13 +17,13 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from gridledger.kafka_broker import KafkaBroker
+from devtools import builders
+from devtools.kafka_broker import KafkaBroker
+from devtools.scenario import write_meter_setup
 from meter.agent import HEADS_FILE, Agent, AgentConfig
 from meter.clock import SimClock
-from meter.scenario import write_meter_setup
 from meter.shipper import Shipper, load_shipped
 from meter.sim import SimDevice, Simulator, parse_sim_spec
-from proto import builders
 from proto.envelope import open_envelope, require_signatures
 from proto.errors import ProtoError
 from proto.keys import key_id

@@ -39,10 +39,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devtools import builders
+from devtools.scenario import write_meter_setup
 from gridledger.cli import main as gridledger_main
 from meter.config import load_meter_config
-from meter.scenario import write_meter_setup
-from proto import builders
 from proto.errors import KeyFileError
 from proto.keys import PRIVATE_FORMAT, SigningKey, load_signing_key, write_key_pair
 from transport.spool import read_spool

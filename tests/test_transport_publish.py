@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import transport.local as local_transport
-from proto import builders
+from devtools import builders
 from proto.envelope import seal
 from proto.errors import ProtoError
 from proto.reasons import Reason

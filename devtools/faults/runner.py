@@ -65,7 +65,7 @@ restarted (as a supervisor would) and reported; only ``KNOWN_EXIT_MARKERS`` are
 tolerated by the tests. ``tests/test_faults.py`` runs ``DEFAULT_SEEDS`` (more with
 ``GRIDLEDGER_FAULT_SEEDS``), ``bench/fault_soak.py`` long soaks on a broker of its own.
 
-Determinism: the scenario, the keys (``proto.builders`` seed text), the readings, the
+Determinism: the scenario, the keys (``devtools.builders`` seed text), the readings, the
 fault schedule and every choice the runner makes come from ``random.Random`` seeded by
 the seed. The moments the operating system schedules processes do not; the invariants
 must hold whatever they are, and a failure names the seed and the command that replays
@@ -96,6 +96,7 @@ from typing import Final, Literal, Protocol
 import structlog
 import tomli_w
 
+from devtools import builders
 from ledger.config import KafkaConfig
 from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, LedgerService, fixed_clock
@@ -106,7 +107,6 @@ from meter.config import load_meter_config
 from meter.metrics import MeterMetrics
 from meter.shipper import load_shipped
 from meter.sim import parse_sim_spec
-from proto import builders
 from proto.envelope import open_envelope, sha256_hex
 from proto.errors import ProtoError
 from proto.keys import SigningKey, write_key_pair
@@ -157,7 +157,7 @@ __all__ = [
     "write_node_configs",
 ]
 
-_log = structlog.get_logger("gridledger.faults")
+_log = structlog.get_logger("devtools.faults")
 
 # ---- named limits and defaults --------------------------------------------------------
 
@@ -852,7 +852,7 @@ def write_node_configs(
 ) -> dict[str, dict[str, Path]]:
     """Each node's key files, signed terms and meter.toml files (Kafka transport):
     ``result[node]["k0"]`` signs with the terms' key, ``["k1"]`` with the rotated key."""
-    from meter.scenario import write_meter_setup
+    from devtools.scenario import write_meter_setup
 
     configs: dict[str, dict[str, Path]] = {}
     for plan in scenario.nodes:
@@ -1087,7 +1087,7 @@ def fold_partitions(
 
 
 class BrokerControl(Protocol):
-    """What the harness needs of the broker (``gridledger.kafka_broker.KafkaBroker``)."""
+    """What the harness needs of the broker (``devtools.kafka_broker.KafkaBroker``)."""
 
     def kill(self) -> None:
         """SIGKILL the broker, keeping its data."""
