@@ -80,6 +80,7 @@ from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
 from meter.durable import read_small_file, write_atomic
+from proto.invariant import present
 from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms
 from proto.trust import TrustFile, dump_trust
@@ -457,8 +458,8 @@ class _Run:
     async def run_kafka(self, plan: Plan) -> None:
         from transport.kafka import create_topic_async
 
-        assert self.options.kafka is not None
-        settings = KafkaSettings(bootstrap=self.options.kafka, topic=self.options.topic)
+        bootstrap = present(self.options.kafka, "the bootstrap of a Kafka replay")
+        settings = KafkaSettings(bootstrap=bootstrap, topic=self.options.topic)
         await create_topic_async(
             settings.bootstrap, settings.topic, self.options.partitions, exist_ok=True
         )

@@ -30,6 +30,7 @@ import msgspec
 
 from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES, STORE_MEMORY_LIMIT
 from proto.envelope import decode_envelope, open_envelope, sha256_hex
+from proto.invariant import present
 from proto.keys import b64
 from proto.records import (
     Adjustment,
@@ -622,9 +623,7 @@ class Store:
                 f"INSERT INTO checkpoints VALUES (?, ?, ?) ON CONFLICT {conflict}",
                 [placement_id, size, note],
             )
-            stored = self.checkpoint(placement_id, size)
-            assert stored is not None
-            return stored
+            return present(self.checkpoint(placement_id, size), "checkpoint just stored")
 
     # ---- closes the ledger publishes ------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from meter.stream import (
 )
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
+from proto.invariant import present
 from proto.keys import SigningKey
 from proto.records import GpuSpec, PlacementTerms, UsageEvent
 from transport.limits import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SPOOL_MAX_BYTES
@@ -266,11 +267,11 @@ class Agent:
         self._decide_starts(self._clock.now_ms())
         due: list[int] = []
         for stream in self._streams:
-            assert stream.next_start_ms is not None
-            if stream.next_start_ms < stream.terms.window_end_ms:
+            next_start_ms = present(stream.next_start_ms, "start of a decided stream")
+            if next_start_ms < stream.terms.window_end_ms:
                 due.append(
                     min(
-                        stream.next_start_ms + self.config.interval_ms,
+                        next_start_ms + self.config.interval_ms,
                         stream.terms.window_end_ms,
                     )
                 )
@@ -288,9 +289,8 @@ class Agent:
         budget = MAX_EVENTS_PER_TICK
         jobs: list[tuple[_Stream, int, int]] = []
         for stream in self._streams:
-            assert stream.next_start_ms is not None
             intervals = due_intervals(
-                stream.next_start_ms,
+                present(stream.next_start_ms, "start of a decided stream"),
                 now_ms,
                 self.config.interval_ms,
                 stream.terms.window_end_ms,
