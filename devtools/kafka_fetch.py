@@ -30,7 +30,6 @@ __all__ = [
     "MissingToolError",
     "cache_dir",
     "fetch_kafka",
-    "kafka_libs_dir",
     "require_java",
     "require_maven",
     "tail_text",
@@ -132,11 +131,6 @@ def cache_dir() -> Path:
 
 def _kafka_home(cache: Path | None) -> Path:
     return (cache if cache is not None else cache_dir()) / "kafka" / KAFKA_VERSION
-
-
-def kafka_libs_dir(cache: Path | None = None) -> Path:
-    """Where the Kafka jars live (`<cache>/kafka/<version>/libs`), fetched or not."""
-    return _kafka_home(cache) / "libs"
 
 
 def _pom_xml() -> str:

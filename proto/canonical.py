@@ -33,11 +33,6 @@ def canonical_json(obj: Any) -> bytes:
     return _ENCODER.encode(obj)
 
 
-def prefix_of(kind: str) -> bytes:
-    """The domain-separation line of a record kind, newline included."""
-    return _PREFIXES[kind]
-
-
 def signed_bytes(record: Record) -> bytes:
     """The exact bytes that are signed and hashed for ``record``."""
     kind = of_type(record.__struct_config__.tag, str, "wire tag of a record")

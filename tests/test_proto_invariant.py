@@ -17,11 +17,11 @@ def test_a_holding_invariant_passes_values_through() -> None:
 
 
 def test_a_broken_invariant_raises_a_named_error() -> None:
-    with pytest.raises(InvariantViolation, match="^the head moved$"):
+    with pytest.raises(InvariantViolation, match=r"^the head moved$"):
         invariant(False, "the head moved")
-    with pytest.raises(InvariantViolation, match="^head of p1: is None$"):
+    with pytest.raises(InvariantViolation, match=r"^head of p1: is None$"):
         present(None, "head of p1")
-    with pytest.raises(InvariantViolation, match="^a tag: a int, not a str$"):
+    with pytest.raises(InvariantViolation, match=r"^a tag: a int, not a str$"):
         of_type(3, str, "a tag")
 
 

@@ -75,7 +75,6 @@ __all__ = [
     "SpoolLocked",
     "SpoolWriter",
     "frame",
-    "framed_size",
     "list_segments",
     "read_spool",
     "segment_path",
@@ -142,11 +141,6 @@ def frame(record: bytes) -> bytes:
     _check_record(record)
     length_bytes = _LENGTH.pack(len(record))
     return _HEADER.pack(FRAME_MAGIC, len(record), _checksum(length_bytes, record)) + record
-
-
-def framed_size(record: bytes) -> int:
-    """Bytes the record takes in a segment, header included."""
-    return FRAME_HEADER_BYTES + len(record)
 
 
 class _Frame(Enum):
