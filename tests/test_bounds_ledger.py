@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ledger_toml
 from test_ledger_scenario import (
     build_scenario,
     chain_heads,
@@ -322,11 +323,7 @@ def test_the_cli_gives_up_on_a_hanging_ledger_with_a_clear_error(
     monkeypatch.setattr(client, "HTTP_CLIENT_TIMEOUT_S", 0.5)
     cast = builders.make_cast("bounds-client")
     key_file = ledger_key_file(tmp_path / "keys", cast)
-    config = tmp_path / "ledger.toml"
-    config.write_text(
-        f'ledger_id = "ledger-1"\nkey_file = "{key_file}"\ndb = "ledger.duckdb"\n'
-        'transport = "local"\nlocal_dir = "spool"\n'
-    )
+    config = ledger_toml(tmp_path / "ledger.toml", key_file)
     hanging = ThreadingHTTPServer(("127.0.0.1", 0), _HangingLedger)
     hanging.daemon_threads = True
     thread = threading.Thread(target=hanging.serve_forever, daemon=True)

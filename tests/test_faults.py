@@ -21,6 +21,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from support import ledger_toml
 
 from devtools.faults.runner import (
     CYCLES_ENV,
@@ -341,10 +342,14 @@ def test_ledger_run_waits_or_fails_cleanly_without_a_broker(tmp_path: Path) -> N
 
     key_file, _ = write_key_pair(make_cast("no-broker").ledger, tmp_path / "keys")
     bootstrap = f"127.0.0.1:{_closed_port()}"
-    config = tmp_path / "ledger.toml"
-    config.write_text(
-        f'ledger_id = "x"\nkey_file = "{key_file}"\ndb = "l.duckdb"\ntransport = "kafka"\n'
-        f'http = "off"\n[kafka]\nbootstrap = "{bootstrap}"\ntopic = "t"\n'
+    config = ledger_toml(
+        tmp_path / "ledger.toml",
+        key_file,
+        ledger_id="x",
+        db="l.duckdb",
+        transport="kafka",
+        kafka={"bootstrap": bootstrap, "topic": "t"},
+        http="off",
     )
     backoff_s = sum(
         min(START_BACKOFF_INITIAL_S * 2**i, START_BACKOFF_MAX_S) for i in range(START_ATTEMPTS - 1)

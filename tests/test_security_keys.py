@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import ledger_toml
 
 from devtools import builders
 from devtools.scenario import write_meter_setup
@@ -405,11 +406,13 @@ def setup(tmp_path: Path) -> Setup:
     publish_local(local_dir, publisher_source("desk"), [builders.signed_terms(cast, terms)])
     ledger_key_file, _ = write_key_pair(cast.ledger, tmp_path / "ledger-keys")
     ledger_db = tmp_path / "ledger.duckdb"
-    ledger_config = tmp_path / "ledger.toml"
-    ledger_config.write_text(
-        f'ledger_id = "ledger-1"\nkey_file = "{ledger_key_file}"\ndb = "{ledger_db}"\n'
-        f'transport = "local"\nlocal_dir = "{local_dir}"\nhttp = "127.0.0.1:0"\n'
-        f"clock_ms = {T0_MS + intervals * MINUTE_MS}\n"
+    ledger_config = ledger_toml(
+        tmp_path / "ledger.toml",
+        ledger_key_file,
+        db=ledger_db,
+        local_dir=local_dir,
+        http="127.0.0.1:0",
+        clock_ms=T0_MS + intervals * MINUTE_MS,
     )
     node_key_file = meter_config.parent / "keys" / "node-a.key"
     return Setup(
