@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import nacl.signing  # noqa: E402
 
-from proto import builders  # noqa: E402
+from devtools import builders  # noqa: E402
 from proto.canonical import signed_bytes  # noqa: E402
 from proto.envelope import open_envelope  # noqa: E402
 

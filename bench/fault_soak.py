@@ -1,9 +1,9 @@
-"""Long soak of the seeded fault harness (``gridledger.faults``) on a broker of its own.
+"""Long soak of the seeded fault harness (``devtools.faults``) on a broker of its own.
 
     .venv/bin/python bench/fault_soak.py [--seeds N | --seed S ...] [--first F]
                                          [--cycles C] [--workdir DIR] [--keep]
 
-Starts an Apache Kafka broker (``gridledger.kafka_broker``) in a temporary directory,
+Starts an Apache Kafka broker (``devtools.kafka_broker``) in a temporary directory,
 runs each seed's scenario with C fault cycles (meter and ledger kill -9, broker kill and
 restart, duplicate deliveries; see the harness's docstring), prints one summary per seed
 and the totals: cycles by fault class, seconds, messages, duplicates dropped. A seed
@@ -24,8 +24,11 @@ from pathlib import Path
 
 import structlog
 
-from gridledger.faults import DEFAULT_CYCLES_PER_SEED, FaultFailure, FaultReport, run_seed
-from gridledger.kafka_broker import KafkaBroker
+# devtools/ is not installed (not in the wheel): import it from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from devtools.faults.runner import DEFAULT_CYCLES_PER_SEED, FaultFailure, FaultReport, run_seed
+from devtools.kafka_broker import KafkaBroker
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -32,8 +32,11 @@ from pathlib import Path
 
 import atheris
 
+# devtools/ is not installed (not in the wheel): import it from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 with atheris.instrument_imports():
-    from proto import builders
+    from devtools import builders
     from proto.canonical import decode_payload, signed_bytes
     from proto.envelope import decode_envelope, encode_envelope, open_envelope
     from proto.errors import ProtoError

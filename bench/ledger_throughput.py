@@ -24,20 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gridledger.kafka_broker import KafkaBroker, create_topic  # noqa: E402
-from gridledger.publish import KafkaSettings, make_producer  # noqa: E402
+from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms  # noqa: E402
+from devtools.kafka_broker import KafkaBroker  # noqa: E402
 from ledger.config import KafkaConfig  # noqa: E402
 from ledger.service import KafkaLedgerService, fixed_clock  # noqa: E402
 from ledger.store import Store  # noqa: E402
-from proto.builders import (  # noqa: E402
-    StreamWriter,
-    gpu,
-    make_cast,
-    make_terms,
-    sample,
-    signed_terms,
-)
 from proto.keys import SigningKey, verify  # noqa: E402
+from transport.kafka import KafkaSettings, create_topic, make_producer  # noqa: E402
 
 T0_MS = 1_767_225_600_000
 INTERVAL_MS = 60_000

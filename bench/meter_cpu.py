@@ -19,20 +19,24 @@ import json
 import logging
 import os
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import structlog
 
-from gridledger.publish import KafkaSettings
+# devtools/ is not installed (not in the wheel): import it from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from devtools import builders
 from meter.agent import Agent, AgentConfig
 from meter.clock import SimClock
 from meter.shipper import Shipper
 from meter.sim import SimDevice, Simulator, parse_sim_spec
-from proto import builders
 from proto.canonical import signed_bytes
 from proto.envelope import open_envelope
+from transport.kafka import KafkaSettings
 
 T0 = 1_700_000_000_000
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/replay_trace.py [--trace DIR] [--workdir DIR] [--kafka HOST:PORT]
         [--interval-s 60] [--limit N] [--json]
 
-Starts the project's Kafka broker (``gridledger.kafka_broker``) unless ``--kafka`` is
+Starts the project's Kafka broker (``devtools.kafka_broker``) unless ``--kafka`` is
 given, measures the Ed25519 verify limit of this machine in the same run (pynacl, one
 core and two threads), replays the trace, then verifies every export again on its own
 (two processes) to time the verifier alone. Reports events/s of the ledger and of the
@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import nacl.signing
+
+# devtools/ is not installed (not in the wheel): import it from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gridledger.replay import ReplayOptions, quiet_logs, run_replay, verify_one
 from proto.trust import dump_trust, load_trust
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     broker: Any = None
     bootstrap = args.kafka
     if bootstrap is None:
-        from gridledger.kafka_broker import KafkaBroker
+        from devtools.kafka_broker import KafkaBroker
 
         broker = KafkaBroker()
         broker.start()

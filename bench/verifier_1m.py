@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_verifier_exports import DDL, Pricer, write_trust  # noqa: E402
 
-from proto.builders import closed, gpu, make_cast, make_terms, sample, signed_terms  # noqa: E402
+from devtools.builders import closed, gpu, make_cast, make_terms, sample, signed_terms  # noqa: E402
 from proto.canonical import signed_bytes  # noqa: E402
 from proto.cosign import cosign  # noqa: E402
 from proto.envelope import encode_envelope, open_envelope, sha256_hex, sign_payload  # noqa: E402

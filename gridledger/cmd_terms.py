@@ -16,11 +16,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-from gridledger.money import format_minor
 from proto.canonical import signed_bytes
 from proto.envelope import Envelope, add_signatures, encode_envelope, sign_payload
 from proto.errors import KeyFileError
 from proto.keys import load_signing_key
+from proto.money import format_minor
 from proto.records import PlacementTerms
 from proto.terms import (
     TermsError,
@@ -170,13 +170,13 @@ def _publish(args: argparse.Namespace) -> int:
             print(f"FAIL: {failure}", file=sys.stderr)
         return 1
     raw = encode_envelope(envelope)
-    from gridledger import publish
+    from transport import kafka, local
 
     if args.local is not None:
-        publish.publish_local(args.local, "publish-terms", [raw])
+        local.publish_local(args.local, local.publisher_source("terms"), [raw])
         print(f"OK: published {terms.placement_id} to {args.local}")
     else:
-        settings = publish.KafkaSettings(bootstrap=args.kafka, topic=args.topic)
-        asyncio.run(publish.publish_kafka(settings, [(terms.placement_id, raw)]))
+        settings = kafka.KafkaSettings(bootstrap=args.kafka, topic=args.topic)
+        asyncio.run(kafka.publish_kafka(settings, [(terms.placement_id, raw)]))
         print(f"OK: published {terms.placement_id} to {args.kafka} topic {args.topic}")
     return 0

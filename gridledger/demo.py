@@ -38,10 +38,11 @@ import duckdb
 import msgspec
 import structlog
 
-from gridledger.money import format_gpu_hours, format_minor
 from proto.canonical import signed_bytes
 from proto.envelope import encode_envelope, open_envelope, sign_payload
+from proto.invariant import invariant, of_type, present
 from proto.keys import SigningKey, load_signing_key, write_key_pair
+from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms, Statement
 from proto.terms import check_terms_signatures, load_terms_file, validate_terms
 from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile, dump_trust
@@ -271,8 +272,9 @@ def _sign_apart(toml: Path, keys_dir: Path, out: Path) -> tuple[PlacementTerms, 
             raise DemoError(f"{role} could not sign the terms (exit {code})")
         source = out
     terms, envelope = load_terms_file(out)
-    assert envelope is not None and not validate_terms(terms)
-    assert check_terms_signatures(envelope, terms)
+    envelope = present(envelope, "envelope of the signed terms")
+    invariant(not validate_terms(terms), "the demo's terms are valid")
+    invariant(check_terms_signatures(envelope, terms), "all three parties signed the terms")
     return terms, out
 
 
@@ -305,7 +307,7 @@ def _agents(
     from meter.clock import SimClock
     from meter.sim import SimDevice, Simulator, parse_sim_spec
 
-    assert isinstance(clock, SimClock)
+    sim_clock = of_type(clock, SimClock, "the demo's clock")
     agents: list[object] = []
     for node in NODES:
         devices = [
@@ -323,7 +325,7 @@ def _agents(
             interval_ms=MINUTE_MS,
             delivered_on_spool=True,
         )
-        agents.append(Agent(config, source, clock))
+        agents.append(Agent(config, source, sim_clock))
     return agents
 
 
@@ -356,12 +358,12 @@ def _run_local(
     signed_terms: Path,
     out: io.TextIOBase | None,
 ) -> Statement:
-    from gridledger.publish import publish_local
     from ledger.export import export_placement
     from ledger.service import LedgerService
     from ledger.store import Store
     from meter.agent import Agent
     from meter.clock import SimClock
+    from transport.local import publish_local
 
     local = workdir / "local"
     clock = SimClock(terms.window_start_ms)
@@ -402,14 +404,13 @@ def _run_kafka(
     bootstrap: str,
     out: io.TextIOBase | None,
 ) -> Statement:
-    from gridledger.kafka_broker import create_topic
-    from gridledger.publish import KafkaSettings, publish_kafka
     from ledger.config import KafkaConfig
     from ledger.export import export_placement
     from ledger.service import KafkaLedgerService
     from ledger.store import Store
     from meter.agent import Agent
     from meter.clock import SimClock
+    from transport.kafka import KafkaSettings, create_topic, publish_kafka
 
     topic = f"{TOPIC}.demo-{uuid.uuid4().hex[:8]}"
     try:
@@ -466,11 +467,11 @@ def _progress(
 ) -> None:
     from ledger.store import Store
 
-    assert isinstance(store, Store)
+    ledger = of_type(store, Store, "the demo's store")
     minute = (now - terms.window_start_ms) // MINUTE_MS
-    head = store.head(PLACEMENT_ID)
+    head = ledger.head(PLACEMENT_ID)
     records = 0 if head is None else head.chain_index + 1
-    closed = store.close_index(PLACEMENT_ID) is not None
+    closed = ledger.close_index(PLACEMENT_ID) is not None
     label = f"minute {minute:>3}" if minute <= 60 else f"minute {minute:>3} (late grace)"
     _say(
         out,
@@ -482,13 +483,11 @@ def _progress(
 def _final_statement(store: object) -> Statement:
     from ledger.store import Store
 
-    assert isinstance(store, Store)
-    rows = [r for r in store.statements(PLACEMENT_ID) if r[2]]
+    ledger = of_type(store, Store, "the demo's store")
+    rows = [r for r in ledger.statements(PLACEMENT_ID) if r[2]]
     if not rows:
         raise DemoError("the ledger issued no final statement; the placement did not close")
-    record = open_envelope(rows[-1][1]).record
-    assert isinstance(record, Statement)
-    return record
+    return of_type(open_envelope(rows[-1][1]).record, Statement, "record of a statement row")
 
 
 # ---- 4, 5, 6: statement, verify, tamper -------------------------------------------------------

@@ -27,11 +27,10 @@ from typing import Any, Final
 
 import tomli_w
 
-from proto.builders import gpu
 from proto.canonical import signed_bytes
 from proto.envelope import encode_envelope, sign_payload
 from proto.keys import SigningKey, load_signing_key, write_key_pair
-from proto.records import NodeSpec, Party, PlacementTerms
+from proto.records import GpuSpec, NodeSpec, Party, PlacementTerms
 from proto.terms import require_valid_terms
 from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile, dump_trust
 
@@ -109,7 +108,17 @@ def write_stack(
 
 def _write_terms(terms_dir: Path, keys: dict[str, SigningKey], start_ms: int, hours: int) -> Path:
     placement_id = f"pl-example-{start_ms // 60_000}"
-    gpus = [gpu(node, i, model="SIM-GPU") for node, n in NODE_GPUS.items() for i in range(n)]
+    gpus = [
+        GpuSpec(
+            node_id=node,
+            uuid=f"GPU-{node}-{i}",
+            model="SIM-GPU",
+            share_milli=1000,
+            memory_mib=81920,
+        )
+        for node, n in NODE_GPUS.items()
+        for i in range(n)
+    ]
     terms = PlacementTerms(
         placement_id=placement_id,
         operator=Party(id=PARTIES["operator"], key=keys[PARTIES["operator"]].public_key),
@@ -201,7 +210,7 @@ def _write_toml(path: Path, data: dict[str, Any], command: str) -> None:
 
 
 def _publish(terms_path: Path, bootstrap: str, topic: str) -> int:
-    from gridledger.publish import KafkaSettings, placement_of, publish_kafka
+    from transport.kafka import KafkaSettings, placement_of, publish_kafka
 
     envelope = terms_path.read_bytes().rstrip(b"\n")
     settings = KafkaSettings(bootstrap=bootstrap, topic=topic)

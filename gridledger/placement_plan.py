@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gridledger.trace import MILLI_PER_GPU, MS_PER_S, Node, Task
+from proto.invariant import present
 
 __all__ = [
     "Placement",
@@ -167,8 +168,8 @@ def plan_placements(
     placements: list[Placement] = []
     unplaceable: list[Unplaceable] = []
     for task in ran:
-        assert task.scheduled_time_s is not None and task.deletion_time_s is not None
-        start_s = task.scheduled_time_s
+        start_s = present(task.scheduled_time_s, "scheduled time of a task that ran")
+        end_s = present(task.deletion_time_s, "deletion time of a task that ran")
         touched: set[int] = set()
         while releases and releases[0][0] <= start_s:
             _, s, index, share = heapq.heappop(releases)
@@ -193,7 +194,7 @@ def plan_placements(
         state = states[s]
         for index in chosen:
             state.used[index] += task.gpu_milli
-            heapq.heappush(releases, (task.deletion_time_s, s, index, task.gpu_milli))
+            heapq.heappush(releases, (end_s, s, index, task.gpu_milli))
         state.refresh()
         node = state.node
         placements.append(
@@ -206,7 +207,7 @@ def plan_placements(
                     for i in chosen
                 ),
                 window_start_ms=epoch_ms + start_s * MS_PER_S,
-                window_end_ms=epoch_ms + task.deletion_time_s * MS_PER_S,
+                window_end_ms=epoch_ms + end_s * MS_PER_S,
                 created_at_ms=epoch_ms + task.creation_time_s * MS_PER_S,
                 interruptible=task.qos == "BE",
                 buyer=buyer_index(task.name, buyers),

@@ -28,9 +28,10 @@ the delivered milli-GPU-ms are exactly num_gpu x gpu_milli x duration_ms.
 
 Crash safety: kill the replay at any point and run it again with the same arguments and
 workdir. Keys and terms are derived again (same bytes); agents recover their heads from
-their spools; in Kafka mode, spooled events past the acknowledged position (``ACKED_FILE``
-in each spool) are sent again; the ledger resumes from its stored offsets and drops exact
-re-deliveries. The totals are the same as an uninterrupted run's.
+their spools; in Kafka mode, spooled events past the acknowledged position (the
+shipper's ``SHIPPED`` file in each spool, ``meter.shipper``) are sent again; the ledger
+resumes from its stored offsets and drops exact re-deliveries. The totals are the same as
+an uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -54,9 +55,7 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from gridledger.money import format_gpu_hours, format_minor
 from gridledger.placement_plan import Placement, Plan, plan_placements
-from gridledger.publish import KafkaSettings, make_producer, publish_local, publisher_source
 from gridledger.replay_cluster import NodeAgent, ReplayCluster, placement_id_of
 from gridledger.replay_limits import (
     DEFAULT_INTERVAL_S,
@@ -81,13 +80,17 @@ from ledger.config import KafkaConfig
 from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
-from meter.durable import read_small_file, write_atomic
-from meter.spool import SpoolPosition, read_spool
+from meter.durable import write_atomic
+from meter.shipper import load_shipped, store_shipped
+from proto.invariant import present
+from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms
 from proto.trust import TrustFile, dump_trust
+from transport.kafka import KafkaSettings, make_producer
+from transport.local import publish_local, publisher_source
+from transport.spool import read_spool
 
 __all__ = [
-    "ACKED_FILE",
     "REPORT_FORMAT",
     "ReplayOptions",
     "ReplayReport",
@@ -99,7 +102,6 @@ __all__ = [
 log = structlog.get_logger("gridledger.replay")
 
 REPORT_FORMAT: Final = "gridledger-replay-report/v1"
-ACKED_FILE: Final = "REPLAY_ACKED"
 LEDGER_ID: Final = "ledger-1"
 PUBLISHER: Final = "replay"
 DEFAULT_SEED: Final = "openb"
@@ -453,10 +455,10 @@ class _Run:
 
     # 4 (kafka): events sent keyed by placement, acknowledged, then consumed
     async def run_kafka(self, plan: Plan) -> None:
-        from gridledger.kafka_broker import create_topic_async
+        from transport.kafka import create_topic_async
 
-        assert self.options.kafka is not None
-        settings = KafkaSettings(bootstrap=self.options.kafka, topic=self.options.topic)
+        bootstrap = present(self.options.kafka, "the bootstrap of a Kafka replay")
+        settings = KafkaSettings(bootstrap=bootstrap, topic=self.options.topic)
         await create_topic_async(
             settings.bootstrap, settings.topic, self.options.partitions, exist_ok=True
         )
@@ -640,7 +642,7 @@ class _Sender:
         self.seconds += time.perf_counter() - started
 
     async def resend_unacked(self, node: NodeAgent) -> int:
-        acked = _read_acked(node.spool_dir)
+        acked = load_shipped(node.spool_dir)
         count = 0
         for entry in read_spool(node.spool_dir, acked):
             await self.send(placement_id_of(entry.data), entry.data)
@@ -650,18 +652,10 @@ class _Sender:
         return count
 
 
-def _read_acked(spool_dir: Path) -> SpoolPosition | None:
-    raw = read_small_file(spool_dir / ACKED_FILE)
-    if raw is None:
-        return None
-    segment, _, offset = raw.decode("ascii").strip().partition(":")
-    return SpoolPosition(int(segment), int(offset))
-
-
 def _write_acked(node: NodeAgent) -> None:
     """Record that everything the node spooled so far is in Kafka, then free the spool."""
     position = node.end_position
-    write_atomic(node.spool_dir / ACKED_FILE, f"{position.segment}:{position.offset}\n".encode())
+    store_shipped(node.spool_dir, position)
     node.agent.collect_garbage(position)
 
 

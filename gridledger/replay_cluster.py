@@ -37,8 +37,8 @@ from gridledger.replay_terms import PriceTable, ReplayCast
 from meter.agent import Agent, AgentConfig
 from meter.clock import SimClock
 from meter.sim import SimDevice, Simulator, parse_sim_spec
-from meter.spool import SpoolPosition
 from proto.records import PlacementTerms
+from transport.positions import SpoolPosition
 
 __all__ = ["NodeAgent", "ReplayCluster", "placement_id_of"]
 

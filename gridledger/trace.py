@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Final
 
 from gridledger.replay_limits import MAX_TRACE_NODES, MAX_TRACE_ROW_CHARS, MAX_TRACE_TASKS
+from proto.invariant import present
 
 __all__ = [
     "NODE_COLUMNS",
@@ -123,8 +124,8 @@ class Task:
         """Seconds from scheduled to deleted (0 for a task that did not run)."""
         if not self.ran:
             return 0
-        assert self.deletion_time_s is not None and self.scheduled_time_s is not None
-        return self.deletion_time_s - self.scheduled_time_s
+        deleted = present(self.deletion_time_s, "deletion time of a task that ran")
+        return deleted - present(self.scheduled_time_s, "scheduled time of a task that ran")
 
 
 @dataclass(frozen=True, slots=True)

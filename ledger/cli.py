@@ -28,7 +28,6 @@ from typing import Any
 
 import structlog
 
-from gridledger.money import format_gpu_hours, format_minor
 from ledger.attest import UnknownPlacement, issue_statement
 from ledger.client import (
     ApiError,
@@ -46,6 +45,7 @@ from ledger.statements import statement_json
 from ledger.store import Store, StoreError
 from proto.errors import KeyFileError
 from proto.keys import SigningKey, load_signing_key
+from proto.money import format_gpu_hours, format_minor
 
 # Exit code when Kafka stayed unreachable: try again later (sysexits EX_TEMPFAIL).
 EX_TEMPFAIL = 75

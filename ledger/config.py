@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from gridledger.publish import DEFAULT_TOPIC, KafkaSettings, client_kwargs
 from ledger.limits import DEFAULT_BATCH_MAX_RECORDS, MAX_BATCH_RECORDS
+from transport.kafka import DEFAULT_TOPIC, KafkaSettings
 
 DEFAULT_HTTP: Final = "127.0.0.1:0"
 
@@ -92,10 +92,6 @@ class KafkaConfig:
         if self.partitions is not None:
             return partition in self.partitions
         return partition % self.shards == self.shard
-
-    def client_kwargs(self) -> dict[str, Any]:
-        """aiokafka keyword arguments for the connection and its security."""
-        return client_kwargs(self.settings)
 
 
 @dataclass(frozen=True, slots=True)

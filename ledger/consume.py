@@ -9,7 +9,7 @@ Kafka offset commits): the store is the only record of how far the ledger has re
   fresh store replays from offset 0). ``auto_offset_reset="none"``: a stored offset the
   broker no longer has is an error, never a silent jump.
 * ``LocalSource``: every spool directory under ``local_dir``, in name order, read with
-  ``meter.spool.read_spool`` from the stored next position.
+  ``transport.spool.read_spool`` from the stored next position.
 """
 
 from __future__ import annotations
@@ -22,13 +22,25 @@ from pathlib import Path
 from typing import Any, Final
 
 import structlog
-from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from ledger.config import KafkaConfig
-from ledger.inputs import Item, kafka_position, kafka_source, local_position, local_source
-from meter.spool import SpoolCorrupt, SpoolPosition, read_spool
+from ledger.inputs import Item
+from transport.kafka import make_consumer
+from transport.positions import (
+    PositionError,
+    SpoolPosition,
+    kafka_offset,
+    kafka_position,
+    kafka_source,
+    local_position,
+    local_source,
+    parse_spool_position,
+    partition_of_source,
+    spool_position_text,
+)
+from transport.spool import SpoolCorrupt, read_spool
 
 log = structlog.get_logger("ledger.consume")
 
@@ -46,11 +58,11 @@ class SourceUnavailable(SourceError):
 # ---- local spools -----------------------------------------------------------------------------
 
 
-def _parse_spool_position(text: str) -> SpoolPosition:
-    segment, sep, offset = text.partition(":")
-    if not sep or not segment.isdigit() or not offset.isdigit():
-        raise SourceError(f"stored spool position {text!r} is not SEGMENT:OFFSET")
-    return SpoolPosition(int(segment), int(offset))
+def _stored_spool_position(text: str) -> SpoolPosition:
+    try:
+        return parse_spool_position(text)
+    except PositionError as exc:
+        raise SourceError(str(exc)) from exc
 
 
 class LocalSource:
@@ -63,7 +75,7 @@ class LocalSource:
         prefix = local_source("")
         for source, position in offsets.items():
             if source.startswith(prefix):
-                self._next[source[len(prefix) :]] = _parse_spool_position(position)
+                self._next[source[len(prefix) :]] = _stored_spool_position(position)
 
     def directories(self) -> list[str]:
         """Names of the spool directories, in the order they are read."""
@@ -92,16 +104,13 @@ class LocalSource:
             for entry in read_spool(
                 self.local_dir / name, self._next.get(name), max_records=budget
             ):
-                nxt = entry.next_position
                 out.append(
                     Item(
                         data=entry.data,
-                        position=local_position(
-                            name, entry.position.segment, entry.position.offset
-                        ),
+                        position=local_position(name, entry.position),
                         stream_key=None,
                         source=source,
-                        next_position=f"{nxt.segment}:{nxt.offset}",
+                        next_position=spool_position_text(entry.next_position),
                     )
                 )
         except SpoolCorrupt as exc:
@@ -115,7 +124,7 @@ class LocalSource:
         """Move past ``items`` (after their batch is committed)."""
         prefix = len(local_source(""))
         for item in items:
-            self._next[item.source[prefix:]] = _parse_spool_position(item.next_position)
+            self._next[item.source[prefix:]] = parse_spool_position(item.next_position)
 
     def stalled(self) -> dict[str, str]:
         """Spools that stopped on corruption, with the error."""
@@ -149,7 +158,7 @@ class KafkaSource:
         self._offsets = dict(offsets)
         self._max_poll_records = max_poll_records
         self._extra = dict(consumer_kwargs or {})
-        self._consumer: AIOKafkaConsumer | None = None
+        self._consumer: Any = None
         self._partitions: list[TopicPartition] = []
         self._next: dict[int, int] = {}
 
@@ -161,10 +170,8 @@ class KafkaSource:
     async def start(self) -> None:
         """Connect, assign the shard's partitions and seek to the stored offsets."""
         topic = self.config.topic
-        consumer = AIOKafkaConsumer(
-            **self.config.client_kwargs(),
-            group_id=None,
-            enable_auto_commit=False,
+        consumer = make_consumer(
+            self.config.settings,
             auto_offset_reset="none",
             max_poll_records=self._max_poll_records,
             **self._extra,
@@ -205,10 +212,12 @@ class KafkaSource:
                     await consumer.seek_to_beginning(tp)
                     self._next[tp.partition] = -1  # known after the first fetch
                 else:
-                    if not stored.isdigit():
-                        raise SourceError(f"stored offset {stored!r} of {tp} is not a number")
-                    consumer.seek(tp, int(stored))
-                    self._next[tp.partition] = int(stored)
+                    try:
+                        offset = kafka_offset(stored)
+                    except PositionError as exc:
+                        raise SourceError(f"{tp}: {exc}") from exc
+                    consumer.seek(tp, offset)
+                    self._next[tp.partition] = offset
             log.info("kafka_assigned", topic=topic, partitions=self.partitions)
         except BaseException:
             await self.stop()
@@ -241,8 +250,7 @@ class KafkaSource:
     def advance(self, items: list[Item]) -> None:
         """Move past ``items`` (after their batch is committed)."""
         for item in items:
-            partition = int(item.source.rsplit(":", 1)[1])
-            self._next[partition] = int(item.next_position)
+            self._next[partition_of_source(item.source)] = kafka_offset(item.next_position)
 
     async def lag(self) -> list[PartitionLag]:
         """Per partition: the next offset to read and the log end offset now."""
@@ -267,7 +275,7 @@ class KafkaSource:
         if consumer is not None:
             await consumer.stop()
 
-    def _require(self) -> AIOKafkaConsumer:
+    def _require(self) -> Any:
         if self._consumer is None:
             raise SourceError("the Kafka source is not started")
         return self._consumer

@@ -27,6 +27,7 @@ from ledger.limits import CRYPTO_THREADS
 from ledger.metrics import LedgerMetrics
 from ledger.statements import make_statement
 from ledger.store import Batch, ChainedRow, QuarantineRow, StateRow, Store
+from proto.invariant import present
 from proto.keys import SigningKey
 from proto.records import PlacementTerms
 
@@ -127,8 +128,7 @@ class Ingestor:
 
     def _collect(self, batch: Batch, outcome: Outcome, closes: dict[str, ChainedRow]) -> None:
         if outcome.decision == "dropped":
-            assert outcome.placement_id is not None
-            batch.dropped[outcome.placement_id] += 1
+            batch.dropped[present(outcome.placement_id, "placement of a dropped input")] += 1
         elif outcome.decision == "quarantined":
             reason = outcome.reason.value if outcome.reason is not None else "MALFORMED"
             batch.quarantined.append(

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import structlog
 
-from gridledger.publish import ledger_source, publish_kafka, publish_local
 from ledger.config import KafkaConfig, LedgerConfig
 from ledger.consume import KafkaSource, LocalSource
 from ledger.ingest import BatchReport, Ingestor
@@ -47,6 +46,8 @@ from ledger.store import Store
 from proto.envelope import seal
 from proto.keys import SigningKey, load_signing_key
 from proto.records import PlacementClosed
+from transport.kafka import publish_kafka
+from transport.local import ledger_source, publish_local
 
 log = structlog.get_logger("ledger.service")
 

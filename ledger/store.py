@@ -26,10 +26,10 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 import duckdb
-import msgspec
 
 from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES, STORE_MEMORY_LIMIT
 from proto.envelope import decode_envelope, open_envelope, sha256_hex
+from proto.invariant import present
 from proto.keys import b64
 from proto.records import (
     Adjustment,
@@ -622,9 +622,7 @@ class Store:
                 f"INSERT INTO checkpoints VALUES (?, ?, ?) ON CONFLICT {conflict}",
                 [placement_id, size, note],
             )
-            stored = self.checkpoint(placement_id, size)
-            assert stored is not None
-            return stored
+            return present(self.checkpoint(placement_id, size), "checkpoint just stored")
 
     # ---- closes the ledger publishes ------------------------------------------------------------
 
@@ -688,13 +686,3 @@ def _statement_tuple(row: StatementRow) -> tuple[Any, ...]:
         t.operator_receives_minor,
         t.desk_receives_minor,
     )
-
-
-def totals_from_row(values: Sequence[int]) -> Totals:
-    """Totals from the totals columns of a ``records`` row, in TOTALS_FIELDS order."""
-    return Totals(**dict(zip(TOTALS_FIELDS, (int(v) for v in values), strict=True)))
-
-
-def encode_totals(totals: Totals) -> dict[str, int]:
-    """Totals as a plain mapping (JSON answers)."""
-    return msgspec.to_builtins(totals)  # type: ignore[no-any-return]

@@ -1,8 +1,7 @@
 """The node agent (DESIGN.md, "meter/"): measure GPUs, sign usage, spool first, ship.
 
-Modules, by concept:
+The spool every record goes to first (fsync) is ``transport.spool``. Modules, by concept:
 
-* ``spool`` — the durable, checksummed, segmented log every record goes to first (fsync);
 * ``stream`` — one (node, placement) stream as pure functions: intervals, samples, events;
 * ``agent`` — ``Agent.tick()``: every due interval of every stream, signed and spooled;
 * ``sources`` / ``nvml`` / ``sim`` — where readings come from: NVML or a seeded simulator;

@@ -33,8 +33,6 @@ from meter.clock import Clock
 from meter.durable import read_small_file, write_atomic
 from meter.limits import (
     DEFAULT_INTERVAL_MS,
-    DEFAULT_SEGMENT_MAX_BYTES,
-    DEFAULT_SPOOL_MAX_BYTES,
     MAX_EVENTS_PER_TICK,
     MAX_INTERVAL_MS,
     MAX_STREAMS,
@@ -42,7 +40,6 @@ from meter.limits import (
 )
 from meter.metrics import MeterMetrics
 from meter.sources import GpuReading, GpuSource
-from meter.spool import SpoolPosition, SpoolWriter, list_segments, read_spool
 from meter.stream import (
     SealedEvent,
     StreamHead,
@@ -57,8 +54,12 @@ from meter.stream import (
 from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
+from proto.invariant import present
 from proto.keys import SigningKey
 from proto.records import GpuSpec, PlacementTerms, UsageEvent
+from transport.limits import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SPOOL_MAX_BYTES
+from transport.positions import SpoolPosition
+from transport.spool import SpoolWriter, list_segments, read_spool
 
 __all__ = ["HEADS_FILE", "Agent", "AgentConfig", "AgentConfigError", "recover_heads"]
 
@@ -270,11 +271,11 @@ class Agent:
         self._decide_starts(self._clock.now_ms())
         due: list[int] = []
         for stream in self._streams:
-            assert stream.next_start_ms is not None
-            if stream.next_start_ms < stream.terms.window_end_ms:
+            next_start_ms = present(stream.next_start_ms, "start of a decided stream")
+            if next_start_ms < stream.terms.window_end_ms:
                 due.append(
                     min(
-                        stream.next_start_ms + self.config.interval_ms,
+                        next_start_ms + self.config.interval_ms,
                         stream.terms.window_end_ms,
                     )
                 )
@@ -292,9 +293,8 @@ class Agent:
         budget = MAX_EVENTS_PER_TICK
         jobs: list[tuple[_Stream, int, int]] = []
         for stream in self._streams:
-            assert stream.next_start_ms is not None
             intervals = due_intervals(
-                stream.next_start_ms,
+                present(stream.next_start_ms, "start of a decided stream"),
                 now_ms,
                 self.config.interval_ms,
                 stream.terms.window_end_ms,

@@ -46,12 +46,12 @@ from meter.metrics import MeterMetrics
 from meter.shipper import Shipper
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
 from meter.sources import GpuSource
-from meter.spool import SpoolCorrupt, SpoolFull, SpoolLocked
 from meter.stream import node_gpus
 from proto.errors import KeyFileError
 from proto.keys import load_signing_key
 from proto.records import PlacementTerms
 from proto.terms import TermsError, check_terms_signatures, load_terms_file, validate_terms
+from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked
 
 __all__ = ["EX_CONFIG", "EX_OK", "EX_TEMPFAIL", "build_agent", "load_terms", "register"]
 

@@ -37,16 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from gridledger.publish import DEFAULT_TOPIC, KafkaSettings, node_source
-from meter.limits import (
-    DEFAULT_INTERVAL_MS,
+from meter.limits import DEFAULT_INTERVAL_MS, MAX_INTERVAL_MS, MAX_TERMS_FILES, MIN_INTERVAL_MS
+from transport.kafka import DEFAULT_TOPIC, KafkaSettings
+from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SPOOL_MAX_BYTES,
-    MAX_INTERVAL_MS,
-    MAX_TERMS_FILES,
-    MIN_INTERVAL_MS,
     MIN_SEGMENT_MAX_BYTES,
 )
+from transport.local import node_source
 
 __all__ = ["ConfigError", "MeterConfig", "load_meter_config"]
 

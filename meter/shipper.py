@@ -23,23 +23,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-import msgspec
 import structlog
 
-from gridledger.publish import KafkaSettings, make_producer, placement_of
 from meter.durable import read_small_file, write_atomic
 from meter.limits import (
     PRODUCER_STOP_TIMEOUT_S,
-    SHIP_ATTEMPT_TIMEOUT_S,
     SHIP_BACKOFF_INITIAL_S,
     SHIP_BACKOFF_MAX_S,
     SHIP_BATCH_MAX_RECORDS,
     SHIP_IDLE_POLL_S,
 )
 from meter.metrics import MeterMetrics
-from meter.spool import SpoolPosition, read_spool
 from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
 from proto.errors import ProtoError
+from transport.kafka import KafkaSettings, make_producer, placement_of
+from transport.limits import SHIP_ATTEMPT_TIMEOUT_S
+from transport.positions import SpoolPosition, decode_shipped, encode_shipped
+from transport.spool import read_spool
 
 __all__ = ["SHIPPED_FILE", "Shipper", "load_shipped", "store_shipped"]
 
@@ -47,25 +47,17 @@ SHIPPED_FILE: Final = "SHIPPED"
 _log = structlog.get_logger("meter.shipper")
 
 
-class _Shipped(msgspec.Struct, forbid_unknown_fields=True):
-    segment: int
-    offset: int
-
-
 def load_shipped(spool_dir: Path) -> SpoolPosition | None:
     """The acknowledged position recorded in ``spool_dir`` (None: nothing shipped yet)."""
     raw = read_small_file(spool_dir / SHIPPED_FILE)
     if raw is None:
         return None
-    parsed = msgspec.json.decode(raw, type=_Shipped)
-    return SpoolPosition(parsed.segment, parsed.offset)
+    return decode_shipped(raw)
 
 
 def store_shipped(spool_dir: Path, position: SpoolPosition) -> None:
     """Record ``position`` as acknowledged, atomically and durably."""
-    write_atomic(
-        spool_dir / SHIPPED_FILE, msgspec.json.encode(_Shipped(position.segment, position.offset))
-    )
+    write_atomic(spool_dir / SHIPPED_FILE, encode_shipped(position))
 
 
 class Shipper:

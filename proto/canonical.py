@@ -18,6 +18,7 @@ import msgspec
 
 from proto import limits
 from proto.errors import ProtoError
+from proto.invariant import of_type
 from proto.reasons import Reason
 from proto.records import KIND_TO_TYPE, Record
 
@@ -32,15 +33,9 @@ def canonical_json(obj: Any) -> bytes:
     return _ENCODER.encode(obj)
 
 
-def prefix_of(kind: str) -> bytes:
-    """The domain-separation line of a record kind, newline included."""
-    return _PREFIXES[kind]
-
-
 def signed_bytes(record: Record) -> bytes:
     """The exact bytes that are signed and hashed for ``record``."""
-    kind = record.__struct_config__.tag
-    assert isinstance(kind, str)
+    kind = of_type(record.__struct_config__.tag, str, "wire tag of a record")
     return _PREFIXES[kind] + _ENCODER.encode(record)
 
 

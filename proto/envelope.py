@@ -21,6 +21,7 @@ from msgspec import Meta, Struct
 from proto import limits
 from proto.canonical import canonical_json, decode_payload, signed_bytes
 from proto.errors import ProtoError
+from proto.invariant import of_type
 from proto.keys import SigningKey, verify
 from proto.reasons import Reason
 from proto.records import Record
@@ -127,8 +128,7 @@ def open_envelope(raw: bytes) -> Opened:
     """Decode an envelope and its payload. Raises ProtoError; signatures are not checked."""
     envelope = decode_envelope(raw)
     record = decode_payload(envelope.payload)
-    kind = record.__struct_config__.tag
-    assert isinstance(kind, str)
+    kind = of_type(record.__struct_config__.tag, str, "wire tag of a record")
     return Opened(
         raw=raw,
         envelope=envelope,

@@ -14,7 +14,7 @@ import base64
 import binascii
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -158,11 +158,6 @@ def parse_checkpoint_body(body: str) -> Checkpoint:
 def checkpoint_origin(placement_id: str) -> str:
     """The origin line of a placement's checkpoints."""
     return f"gridledger/placement/{placement_id}"
-
-
-def verify_note(note: SignedNote, required: Mapping[str, bytes]) -> list[str]:
-    """Names in ``required`` (name -> public key) that did not validly sign the note."""
-    return [name for name, key in required.items() if not note.signed_by(name, key)]
 
 
 def names(signatures: Iterable[NoteSignature]) -> list[str]:

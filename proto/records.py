@@ -18,6 +18,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from proto import limits
+from proto.invariant import of_type
 
 # ---- field types -------------------------------------------------------------------
 
@@ -274,8 +275,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
 def kind_of(record_type: type[Record]) -> str:
     """The wire tag of a record type (``"usage"`` for UsageEvent)."""
     tag = msgspec.inspect.type_info(record_type).tag  # type: ignore[attr-defined]
-    assert isinstance(tag, str)
-    return tag
+    return of_type(tag, str, "wire tag of a record type")
 
 
 KIND_TO_TYPE: Final[dict[str, type[Record]]] = {kind_of(t): t for t in RECORD_TYPES}

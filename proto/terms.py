@@ -24,7 +24,6 @@ from proto.envelope import (
     Opened,
     SignatureReport,
     check_signatures,
-    decode_envelope,
     open_envelope,
 )
 from proto.errors import ProtoError
@@ -208,11 +207,6 @@ def terms_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> Place
     return terms
 
 
-def load_terms_toml(path: Path) -> PlacementTerms:
-    """Read a readable TOML terms file."""
-    return _terms_from_toml_bytes(_read_bounded(path), path)
-
-
 def _terms_from_toml_bytes(raw: bytes, path: Path) -> PlacementTerms:
     try:
         text = raw.decode("utf-8")
@@ -252,20 +246,11 @@ def load_terms_file(path: Path) -> tuple[PlacementTerms, Envelope | None]:
     return _terms_from_toml_bytes(raw, path), None
 
 
-def read_envelope_file(path: Path) -> Envelope:
-    """Read a signed envelope file (one JSON object)."""
-    try:
-        return decode_envelope(_read_bounded(path).rstrip(b"\n"))
-    except ProtoError as exc:
-        raise TermsError([f"{path}: {exc}"]) from exc
-
-
 __all__ = [
     "CURRENCY_MINOR_UNITS",
     "TermsError",
     "check_terms_signatures",
     "load_terms_file",
-    "load_terms_toml",
     "party_keys",
     "require_valid_terms",
     "role_of_key",

@@ -1,7 +1,7 @@
 """Session fixtures for the real Kafka broker.
 
 * `kafka_bootstrap` (session): "HOST:PORT" of a broker. `GRIDLEDGER_KAFKA` if set, else a
-  broker started by `gridledger.kafka_broker` the first time a test asks for it, stopped
+  broker started by `devtools.kafka_broker` the first time a test asks for it, stopped
   at the end of the session. A broker that cannot start fails the tests that need it.
 * `kafka_broker` (function): the launcher object, for tests that stop/restart/kill the
   broker; after the test it is running again. Fails with an external broker.
@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gridledger.kafka_broker import KafkaBroker, KafkaLauncherError, create_topic, wait_for_broker
+from devtools.kafka_broker import KafkaBroker, wait_for_broker
+from devtools.kafka_fetch import KafkaLauncherError
+from transport.kafka import create_topic
 
 _EXTERNAL = "GRIDLEDGER_KAFKA"
 _KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "kafka_broker", "tmp_topic"})

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from gridledger.kafka_tls import MAX_SCRAM_USERS, ScramUser, scram_format_args
+from devtools import builders as b
+from devtools.kafka_tls import MAX_SCRAM_USERS, ScramUser, scram_format_args
 from ledger.fold import Fold, Outcome
-from proto import builders as b
 from proto import limits
 from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import (
@@ -551,6 +551,7 @@ def test_scram_users_of_the_test_broker_up_to_max_scram_users() -> None:
 
 LIMIT_MODULES = (
     "proto/limits.py",
+    "transport/limits.py",
     "meter/limits.py",
     "ledger/limits.py",
     "verifier/limits.py",
@@ -568,9 +569,9 @@ OTHER_LIMIT_MODULES = (
     "meter/cli.py",
     "verifier/inclusion.py",
     "gridledger/trace.py",
-    "gridledger/kafka_tls.py",
+    "devtools/kafka_tls.py",
 )
-PACKAGES = ("proto", "meter", "ledger", "verifier", "gridledger")
+PACKAGES = ("proto", "transport", "meter", "ledger", "verifier", "gridledger", "devtools")
 
 
 def _constants(relative: str, only_limits: bool) -> list[str]:

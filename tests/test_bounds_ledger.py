@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ledger_toml
 from test_ledger_scenario import (
     build_scenario,
     chain_heads,
@@ -32,8 +33,8 @@ from test_ledger_scenario import (
     publish_scenario_local,
 )
 
+from devtools import builders
 from gridledger.cli import main as gridledger_main
-from gridledger.publish import KafkaSettings
 from ledger import client, service
 from ledger import http as ledger_http
 from ledger.config import ConfigError, KafkaConfig, config_from_mapping, port_file_for
@@ -49,8 +50,8 @@ from ledger.limits import (
 )
 from ledger.service import KafkaLedgerService, LedgerService, fixed_clock
 from ledger.store import Store
-from proto import builders
 from proto.envelope import open_envelope
+from transport.kafka import KafkaSettings
 
 T0_MS = 1_767_225_600_000
 HOUR_MS = 3_600_000
@@ -322,11 +323,7 @@ def test_the_cli_gives_up_on_a_hanging_ledger_with_a_clear_error(
     monkeypatch.setattr(client, "HTTP_CLIENT_TIMEOUT_S", 0.5)
     cast = builders.make_cast("bounds-client")
     key_file = ledger_key_file(tmp_path / "keys", cast)
-    config = tmp_path / "ledger.toml"
-    config.write_text(
-        f'ledger_id = "ledger-1"\nkey_file = "{key_file}"\ndb = "ledger.duckdb"\n'
-        'transport = "local"\nlocal_dir = "spool"\n'
-    )
+    config = ledger_toml(tmp_path / "ledger.toml", key_file)
     hanging = ThreadingHTTPServer(("127.0.0.1", 0), _HangingLedger)
     hanging.daemon_threads = True
     thread = threading.Thread(target=hanging.serve_forever, daemon=True)

@@ -5,7 +5,7 @@ refused with a message naming it; a tick past MAX_EVENTS_PER_TICK leaves the res
 next tick (backpressure, no gap); the shipper sends at most ``batch_max_records`` before
 recording an acknowledgement, gives up an attempt on a silent broker after its timeout,
 and backs off up to its ceiling. Spool-full behaviour is shown by the tests BOUNDS.md
-names (tests/test_meter_spool.py, test_meter_agent.py, test_meter_cli.py).
+names (tests/test_transport_spool.py, test_meter_agent.py, test_meter_cli.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from structlog.testing import capture_logs
+from support import usage_events
 from test_meter_nvml import FakeDevice, FakeNvml
 
-from gridledger.publish import KafkaSettings, publish_local
+from devtools import builders
 from meter import durable, shipper
 from meter.agent import Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock
@@ -35,15 +36,16 @@ from meter.limits import (
     MAX_STREAMS,
     MAX_TERMS_FILES,
     MIN_INTERVAL_MS,
-    MIN_SEGMENT_MAX_BYTES,
 )
 from meter.nvml import MAX_XID_EVENTS_PER_READ, NvmlSource
 from meter.shipper import Shipper, load_shipped
 from meter.sim import MAX_SIM_GPUS, SimDevice, SimSpecError, Simulator, parse_sim_spec
-from meter.spool import SpoolPosition, SpoolWriter, read_spool
-from proto import builders
-from proto.envelope import open_envelope
 from proto.records import PlacementTerms, UsageEvent
+from transport.kafka import KafkaSettings
+from transport.limits import MIN_SEGMENT_MAX_BYTES
+from transport.local import publish_local
+from transport.positions import SpoolPosition
+from transport.spool import SpoolWriter, read_spool
 
 T0 = 1_767_225_600_000
 HOUR_MS = 3_600_000
@@ -66,15 +68,6 @@ def _agent(
     )
     config = AgentConfig("n1", CAST.node_key("n1"), terms, tmp / "spool", interval_ms=interval_ms)
     return Agent(config, Simulator(parse_sim_spec("seed=3"), devices, T0), clock)
-
-
-def _events(envelopes: list[bytes]) -> list[UsageEvent]:
-    out = []
-    for raw in envelopes:
-        record = open_envelope(raw).record
-        assert isinstance(record, UsageEvent)
-        out.append(record)
-    return out
 
 
 def _assert_contiguous(events: list[UsageEvent], first_start_ms: int) -> None:
@@ -109,7 +102,7 @@ def test_a_tick_emits_at_most_max_events_and_the_rest_comes_next_tick(tmp_path: 
     agent.close()
     spooled = [e.data for e in read_spool(tmp_path / "spool")]
     assert spooled == first + second  # durable, in the order returned
-    events = _events(first + second)
+    events = usage_events(first + second)
     for t in terms:
         stream = [e for e in events if e.placement_id == t.placement_id]
         assert len(stream) == due_per_stream
@@ -123,7 +116,7 @@ def test_max_streams_placements_are_metered_one_more_is_refused(tmp_path: Path) 
     clock = SimClock(T0)
     agent = _agent(tmp_path, clock, terms[:MAX_STREAMS], MINUTE_MS)
     clock.advance(MINUTE_MS)
-    events = _events(agent.tick())
+    events = usage_events(agent.tick())
     agent.close()
     # At the bound every stream runs: one event each, seq 0, in one tick.
     assert len(events) == MAX_STREAMS
@@ -154,7 +147,7 @@ def test_an_interval_of_max_ms_is_one_event(tmp_path: Path) -> None:
     clock = SimClock(T0)
     agent = _agent(tmp_path, clock, (_terms("p1", hours=48),), MAX_INTERVAL_MS)
     clock.advance(MAX_INTERVAL_MS)
-    events = _events(agent.tick())
+    events = usage_events(agent.tick())
     agent.close()
     assert [(e.start_ms, e.end_ms) for e in events] == [(T0, T0 + MAX_INTERVAL_MS)]
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gridledger.kafka_broker import KAFKA_VERSION
+from devtools.kafka_fetch import KAFKA_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

@@ -1,4 +1,4 @@
-"""The seeded fault harness (``gridledger.faults``): its pure parts, its checkers, the runs.
+"""The seeded fault harness (``devtools.faults``): its pure parts, its checkers, the runs.
 
 * Pure: a seed's scenario and schedule are deterministic, valid, and the default seeds
   draw every scenario feature and fault class; the fault-free reference agrees with
@@ -17,13 +17,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
 import pytest
+from support import ledger_toml
 
-from gridledger.faults import (
+from devtools.faults.runner import (
     CYCLES_ENV,
     DEFAULT_CYCLES_PER_SEED,
     DEFAULT_SEEDS,
@@ -45,12 +45,12 @@ from gridledger.faults import (
     suite_seeds,
     write_node_configs,
 )
-from gridledger.kafka_broker import KafkaBroker
-from gridledger.publish import publish_local
+from devtools.kafka_broker import KafkaBroker
 from meter.sim import parse_sim_spec
 from proto.envelope import open_envelope, sha256_hex
 from proto.records import UsageEvent
 from proto.terms import validate_terms
+from transport.local import publish_local
 
 # A seed whose scenario has a multi-node placement, a key rotation, a skewed node with
 # late usage, terms arriving mid-stream, reclaims and late records.
@@ -334,14 +334,25 @@ def _closed_port() -> int:
 
 
 def test_ledger_run_waits_or_fails_cleanly_without_a_broker(tmp_path: Path) -> None:
-    from proto.builders import make_cast
+    """Kafka never answers: START_ATTEMPTS tries, each logged, then exit 75 with one FAIL
+    line naming the broker. A process still running after the whole backoff is a hang."""
+    from devtools.builders import make_cast
+    from ledger.limits import START_ATTEMPTS, START_BACKOFF_INITIAL_S, START_BACKOFF_MAX_S
     from proto.keys import write_key_pair
 
     key_file, _ = write_key_pair(make_cast("no-broker").ledger, tmp_path / "keys")
-    config = tmp_path / "ledger.toml"
-    config.write_text(
-        f'ledger_id = "x"\nkey_file = "{key_file}"\ndb = "l.duckdb"\ntransport = "kafka"\n'
-        f'http = "off"\n[kafka]\nbootstrap = "127.0.0.1:{_closed_port()}"\ntopic = "t"\n'
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+    config = ledger_toml(
+        tmp_path / "ledger.toml",
+        key_file,
+        ledger_id="x",
+        db="l.duckdb",
+        transport="kafka",
+        kafka={"bootstrap": bootstrap, "topic": "t"},
+        http="off",
+    )
+    backoff_s = sum(
+        min(START_BACKOFF_INITIAL_S * 2**i, START_BACKOFF_MAX_S) for i in range(START_ATTEMPTS - 1)
     )
     process = subprocess.Popen(
         [sys.executable, "-m", "gridledger", "ledger", "run", "--config", str(config)],
@@ -349,12 +360,15 @@ def test_ledger_run_waits_or_fails_cleanly_without_a_broker(tmp_path: Path) -> N
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    deadline = time.monotonic() + 8.0
-    while process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # bounded wait for an exit; still running = it waits for Kafka
-    if process.poll() is None:
+    try:
+        raw = process.communicate(timeout=backoff_s + 60)[0]
+    except subprocess.TimeoutExpired:
         process.kill()
-        process.wait(timeout=30)
-        return  # retrying while the broker is away: acceptable
-    output = process.communicate(timeout=30)[0].decode(errors="replace")
-    assert "Traceback" not in output and process.returncode in (2, 75), output[-2000:]
+        process.communicate(timeout=30)
+        pytest.fail(f"ledger run still running {backoff_s + 60:.0f} s without a broker: a hang")
+    output = raw.decode(errors="replace")
+    assert "Traceback" not in output, output[-2000:]
+    assert process.returncode == 75, output[-2000:]
+    assert output.count("kafka_unavailable") == START_ATTEMPTS, output[-2000:]
+    fails = [line for line in output.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 1 and bootstrap in fails[0], output[-2000:]

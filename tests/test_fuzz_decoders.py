@@ -9,7 +9,7 @@ Decoders and what each may raise (anything else is a bug):
 | proto.note.parse_note / parse_checkpoint_body | ProtoError |
 | proto.trust.load_trust | TrustError |
 | proto.terms.load_terms_file (TOML and JSON) | TermsError |
-| meter.spool.read_spool | SpoolCorrupt (a SpoolError) |
+| transport.spool.read_spool | SpoolCorrupt (a SpoolError) |
 
 Inputs: random bytes and text; valid records of every kind, mutated as JSON structures
 (keys dropped or added, values replaced by other JSON types, huge integers, floats,
@@ -44,9 +44,8 @@ import tomli_w
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from meter.limits import MAX_RECORD_BYTES
-from meter.spool import SpoolCorrupt, SpoolWriter, frame, read_spool, segment_path
-from proto import builders, limits
+from devtools import builders
+from proto import limits
 from proto.canonical import canonical_json, decode_payload, signed_bytes
 from proto.cosign import cosign
 from proto.envelope import decode_envelope, encode_envelope, open_envelope
@@ -64,6 +63,8 @@ from proto.reasons import Reason
 from proto.records import Checkpoint, LedgerRecord, Statement, Totals
 from proto.terms import TermsError, load_terms_file
 from proto.trust import TrustError, dump_trust, load_trust
+from transport.limits import MAX_RECORD_BYTES
+from transport.spool import SpoolCorrupt, SpoolWriter, frame, read_spool, segment_path
 
 FUZZ_EXAMPLES = int(os.environ.get("GRIDLEDGER_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(

@@ -20,7 +20,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from gridledger.kafka_broker import KafkaBroker
+from devtools.kafka_broker import KafkaBroker
 
 PHASE_TIMEOUT_S = 60.0
 

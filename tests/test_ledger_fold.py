@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devtools import builders as b
 from ledger.fold import Fold, Outcome
-from proto import builders as b
 from proto.canonical import signed_bytes
 from proto.envelope import Envelope, encode_envelope, open_envelope, seal, sign_payload
 from proto.keys import SigningKey

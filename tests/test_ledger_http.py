@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 import structlog
+from support import ledger_toml
 from test_ledger_scenario import (
     build_scenario,
     ledger_key_file,
@@ -19,12 +20,12 @@ from test_ledger_scenario import (
     publish_scenario_local,
 )
 
+from devtools.builders import signed_terms
 from gridledger.cli import main as gridledger_main
 from ledger.checkpoints import LEDGER_NOTE_NAME
 from ledger.client import find_running
 from ledger.config import load_config
 from ledger.http import LedgerApi, LedgerHttpServer
-from proto.builders import signed_terms
 from proto.cosign import cosign, cosignature_of
 from proto.keys import SigningKey, write_key_pair
 from proto.note import parse_note
@@ -47,15 +48,6 @@ def _post(url: str, body: bytes) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def _config(tmp_path: Path, key_file: Path) -> Path:
-    path = tmp_path / "ledger.toml"
-    path.write_text(
-        f'ledger_id = "ledger-1"\nkey_file = "{key_file}"\ndb = "ledger.duckdb"\n'
-        'transport = "local"\nlocal_dir = "spool"\nhttp = "127.0.0.1:0"\n'
-    )
-    return path
-
-
 @pytest.fixture
 def quiet_logs() -> Iterator[None]:
     """The server runs in this process: keep its info logs off the CLI's stdout."""
@@ -72,7 +64,11 @@ def test_http_api_and_cli(
     service = local_service(tmp_path, scenario)
     service.run_until_idle()
     pid = scenario.placement_ids[0]
-    config_path = _config(tmp_path, ledger_key_file(tmp_path / "keys", scenario.cast))
+    config_path = ledger_toml(
+        tmp_path / "ledger.toml",
+        ledger_key_file(tmp_path / "keys", scenario.cast),
+        http="127.0.0.1:0",
+    )
     config = load_config(config_path)
     api = LedgerApi(service.store, service.key, service.metrics, health=lambda: {"x": 1})
     server = LedgerHttpServer(api, "127.0.0.1", 0, port_file=config.port_file)

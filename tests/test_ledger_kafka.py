@@ -18,18 +18,12 @@ from test_ledger_scenario import (
     final_statements,
 )
 
-from gridledger.publish import KafkaSettings, publish_kafka
+from devtools.builders import StreamWriter, gpu, make_terms, sample, signed_terms
 from ledger.config import KafkaConfig
 from ledger.service import KafkaLedgerService, RunReport, fixed_clock
 from ledger.store import Store
-from proto.builders import (
-    StreamWriter,
-    gpu,
-    make_terms,
-    sample,
-    signed_terms,
-)
 from proto.envelope import Envelope, Signature, decode_envelope, encode_envelope
+from transport.kafka import KafkaSettings, publish_kafka
 
 RUN_DEADLINE_S = 60.0
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from support import ledger_toml
 from test_ledger_kafka import heads_and_statements, publish, run_ledger
 from test_ledger_scenario import (
     EARLY_CLOCK_MS,
@@ -37,13 +38,17 @@ MAX_KILL_DELAY_S = 0.4
 
 
 def _config(tmp: Path, key_file: Path, bootstrap: str, topic: str, clock_ms: int) -> Path:
-    path = tmp / "ledger.toml"
-    path.write_text(
-        f'ledger_id = "kill"\nkey_file = "{key_file}"\ndb = "kill.duckdb"\n'
-        f'transport = "kafka"\nbatch_max_records = 4\nhttp = "off"\nclock_ms = {clock_ms}\n'
-        f'[kafka]\nbootstrap = "{bootstrap}"\ntopic = "{topic}"\n'
+    return ledger_toml(
+        tmp / "ledger.toml",
+        key_file,
+        ledger_id="kill",
+        db="kill.duckdb",
+        transport="kafka",
+        kafka={"bootstrap": bootstrap, "topic": topic},
+        batch_max_records=4,
+        http="off",
+        clock_ms=clock_ms,
     )
-    return path
 
 
 def _start_and_kill(config: Path, log_path: Path, rng: random.Random) -> str:

@@ -13,21 +13,13 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from gridledger.publish import node_source, publish_local, publisher_source
+from devtools.builders import Cast, StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
 from ledger.service import LedgerService, fixed_clock
 from ledger.store import Store
-from proto.builders import (
-    Cast,
-    StreamWriter,
-    gpu,
-    make_cast,
-    make_terms,
-    sample,
-    signed_terms,
-)
 from proto.envelope import open_envelope
 from proto.keys import SigningKey, write_key_pair
 from proto.records import PlacementTerms, Statement
+from transport.local import node_source, publish_local, publisher_source
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 WINDOW_MS = 3_600_000

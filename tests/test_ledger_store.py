@@ -14,10 +14,10 @@ from test_ledger_scenario import (
     publish_scenario_local,
 )
 
+from devtools.builders import make_cast
 from ledger.ingest import IngestBroken
 from ledger.limits import MAX_QUARANTINE_BYTES
 from ledger.store import Batch, QuarantineRow, Store, StoreError
-from proto.builders import make_cast
 
 
 def test_crash_between_fold_and_commit_writes_nothing(

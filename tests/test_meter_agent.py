@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from support import usage_events
 
+from devtools import builders
 from meter.agent import HEADS_FILE, Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock, SkewedClock
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
-from meter.spool import SpoolFull, SpoolPosition, list_segments, read_spool
 from meter.stream import node_gpus
-from proto import builders
 from proto.envelope import open_envelope, require_signatures
 from proto.keys import key_id
 from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
+from transport.positions import SpoolPosition
+from transport.spool import SpoolFull, list_segments, read_spool
 
 T0 = 1_700_000_000_000
 HOUR_MS = 3_600_000
@@ -68,15 +70,6 @@ def _agent(
         **config,
     )
     return Agent(agent_config, Simulator(parse_sim_spec(spec), devices, T0), clock)
-
-
-def _events(envelopes: Iterable[bytes]) -> list[UsageEvent]:
-    out = []
-    for envelope in envelopes:
-        record = open_envelope(envelope).record
-        assert isinstance(record, UsageEvent)
-        out.append(record)
-    return out
 
 
 def check_streams(
@@ -291,7 +284,7 @@ def test_skewed_clock_shifts_the_intervals(tmp_path: Path) -> None:
     base = SimClock(T0)
     agent = _agent(tmp_path, SkewedClock(base, 250), spec="seed=1,skew_ms=250")
     base.advance(3 * MINUTE_MS)
-    events = _events(agent.tick())
+    events = usage_events(agent.tick())
     agent.close()
     p1 = [e for e in events if e.placement_id == "p1"]
     # The agent started at T0 + 250 by its clock: within one interval of the window
@@ -340,7 +333,7 @@ def test_recovery_after_garbage_collection_uses_heads(tmp_path: Path) -> None:
     assert len(list_segments(tmp_path / "spool")) == 1
     agent.close()
     # p2's last events went with the deleted segments: only HEADS knows its head now.
-    remaining = _events(e.data for e in read_spool(tmp_path / "spool"))
+    remaining = usage_events(e.data for e in read_spool(tmp_path / "spool"))
     assert all(e.placement_id == "p1" for e in remaining)
     agent = _agent(tmp_path, clock, segment_max_bytes=4096)
     assert agent.heads == heads

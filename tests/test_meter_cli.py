@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from support import usage_events
 
-from meter.scenario import write_meter_setup
-from meter.spool import read_spool
-from proto import builders
-from proto.envelope import open_envelope, seal
+from devtools import builders
+from devtools.scenario import write_meter_setup
+from proto.envelope import seal
 from proto.records import PlacementTerms, UsageEvent
+from transport.spool import read_spool
 
 T0 = 1_700_000_000_000
 MINUTE_MS = 60_000
@@ -44,12 +45,7 @@ def _run(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedP
 
 
 def _events(spool: Path) -> list[UsageEvent]:
-    out = []
-    for entry in read_spool(spool):
-        record = open_envelope(entry.data).record
-        assert isinstance(record, UsageEvent)
-        out.append(record)
-    return out
+    return usage_events(entry.data for entry in read_spool(spool))
 
 
 def _setup(

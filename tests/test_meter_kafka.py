@@ -17,19 +17,20 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from gridledger.kafka_broker import KafkaBroker
-from gridledger.publish import KafkaSettings, publish_kafka, publish_local
+from devtools import builders
+from devtools.kafka_broker import KafkaBroker
+from devtools.scenario import write_meter_setup
 from meter.agent import HEADS_FILE, Agent, AgentConfig
 from meter.clock import SimClock
-from meter.scenario import write_meter_setup
 from meter.shipper import Shipper, load_shipped
 from meter.sim import SimDevice, Simulator, parse_sim_spec
-from meter.spool import list_segments, read_spool
-from proto import builders
 from proto.envelope import open_envelope, require_signatures
 from proto.errors import ProtoError
 from proto.keys import key_id
 from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
+from transport.kafka import KafkaSettings, publish_kafka
+from transport.local import publish_local
+from transport.spool import list_segments, read_spool
 
 T0 = 1_700_000_000_000
 MINUTE_MS = 60_000

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gridledger.publish import node_source, publish_local, publisher_source
+from devtools import builders
 from ledger.service import LedgerService, fixed_clock
 from ledger.store import Store
 from meter.agent import Agent, AgentConfig
 from meter.clock import SimClock
 from meter.sim import SimDevice, Simulator, parse_sim_spec
-from meter.spool import read_spool
 from meter.stream import node_gpus
-from proto import builders
 from proto.envelope import open_envelope
 from proto.records import PlacementTerms, Statement, UsageEvent
+from transport.local import node_source, publish_local, publisher_source
+from transport.spool import read_spool
 
 T0 = 1_700_000_000_000
 HOUR_MS = 3_600_000

@@ -10,10 +10,10 @@ from typing import Any
 import pynvml
 import pytest
 
+from devtools import builders
 from meter.agent import Agent, AgentConfig
 from meter.clock import SimClock
 from meter.nvml import NvmlSource
-from proto import builders
 from proto.envelope import open_envelope
 from proto.records import UsageEvent
 

@@ -11,7 +11,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proto import builders as b
+from devtools import builders as b
 from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import (
     Envelope,

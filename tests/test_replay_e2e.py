@@ -14,6 +14,7 @@ from gridledger.placement_plan import plan_placements
 from gridledger.replay import ReplayOptions, ReplayReport, run_replay, select_tasks
 from gridledger.replay_limits import TRACE_EPOCH_MS
 from gridledger.trace import read_trace, trace_usage
+from meter.shipper import SHIPPED_FILE
 
 EXCERPT = Path(__file__).parent / "data" / "openb_excerpt"
 DAY_MS = 86_400_000
@@ -86,7 +87,7 @@ def test_excerpt_replays_through_kafka(tmp_path: Path, kafka_bootstrap: str) -> 
     _check(report, interval_s)
     # Acknowledged spools are garbage-collected: the agents keep only their last segment.
     spools = list((tmp_path / "run" / "spools").iterdir())
-    assert spools and all((s / "REPLAY_ACKED").is_file() for s in spools)
+    assert spools and all((s / SHIPPED_FILE).is_file() for s in spools)
 
 
 def test_a_rerun_over_the_same_workdir_counts_nothing_twice(tmp_path: Path) -> None:

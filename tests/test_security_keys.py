@@ -38,14 +38,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import ledger_toml
 
+from devtools import builders
+from devtools.scenario import write_meter_setup
 from gridledger.cli import main as gridledger_main
 from meter.config import load_meter_config
-from meter.scenario import write_meter_setup
-from meter.spool import read_spool
-from proto import builders
 from proto.errors import KeyFileError
 from proto.keys import PRIVATE_FORMAT, SigningKey, load_signing_key, write_key_pair
+from transport.spool import read_spool
 
 T0_MS = 1_767_225_600_000
 MINUTE_MS = 60_000
@@ -400,16 +401,18 @@ def setup(tmp_path: Path) -> Setup:
         tmp_path, cast, "node-a", [terms], local_dir=local_dir, simulate="seed=3"
     )
     # The ledger reads the published terms from the local transport, as in the demo.
-    from gridledger.publish import publish_local, publisher_source
+    from transport.local import publish_local, publisher_source
 
     publish_local(local_dir, publisher_source("desk"), [builders.signed_terms(cast, terms)])
     ledger_key_file, _ = write_key_pair(cast.ledger, tmp_path / "ledger-keys")
     ledger_db = tmp_path / "ledger.duckdb"
-    ledger_config = tmp_path / "ledger.toml"
-    ledger_config.write_text(
-        f'ledger_id = "ledger-1"\nkey_file = "{ledger_key_file}"\ndb = "{ledger_db}"\n'
-        f'transport = "local"\nlocal_dir = "{local_dir}"\nhttp = "127.0.0.1:0"\n'
-        f"clock_ms = {T0_MS + intervals * MINUTE_MS}\n"
+    ledger_config = ledger_toml(
+        tmp_path / "ledger.toml",
+        ledger_key_file,
+        db=ledger_db,
+        local_dir=local_dir,
+        http="127.0.0.1:0",
+        clock_ms=T0_MS + intervals * MINUTE_MS,
     )
     node_key_file = meter_config.parent / "keys" / "node-a.key"
     return Setup(

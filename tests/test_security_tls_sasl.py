@@ -1,8 +1,8 @@
 """Secure transport: a broker with a SASL_SSL (SCRAM) listener refuses whoever it should.
 
 The test starts its own broker (not the session's PLAINTEXT one) with a throwaway CA
-(``gridledger.kafka_tls``). Every client is built the way the meter and the ledger build
-theirs: ``KafkaSettings`` -> ``gridledger.publish.client_kwargs``; the authenticated
+(``devtools.kafka_tls``). Every client is built the way the meter and the ledger build
+theirs: ``KafkaSettings`` -> ``transport.kafka.client_kwargs``; the authenticated
 round trip goes through ``publish_kafka`` (the publisher's producer) and the ledger's
 own ``KafkaSource`` configured from a ``[kafka]`` table with a password file.
 
@@ -36,12 +36,12 @@ from aiokafka.errors import (
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.structs import TopicPartition
 
-from gridledger.kafka_broker import KafkaLauncherError, create_topic
-from gridledger.kafka_tls import ScramUser, SecureKafkaBroker, TestPki, make_test_pki
-from gridledger.publish import KafkaSettings, client_kwargs, publish_kafka
+from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
+from devtools.kafka_fetch import KafkaLauncherError
+from devtools.kafka_tls import ScramUser, SecureKafkaBroker, TestPki, make_test_pki
 from ledger.config import config_from_mapping
 from ledger.consume import KafkaSource, SourceUnavailable
-from proto.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
+from transport.kafka import KafkaSettings, client_kwargs, create_topic, publish_kafka
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 

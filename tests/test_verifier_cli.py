@@ -220,7 +220,7 @@ def test_inclusion_tampering_is_caught(
 ) -> None:
     from test_verifier_exports import write_trust
 
-    from proto.builders import make_cast
+    from devtools.builders import make_cast
     from verifier.inclusion import decode_proof, encode_proof, make_inclusion_bundle
 
     bundle = make_inclusion_bundle(full.path, 9)

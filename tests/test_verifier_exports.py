@@ -1,7 +1,7 @@
 """Test-only export writer for the verifier's tests, and the honest-export tests.
 
 Until the ledger writes exports, tests build their own: signed inputs from
-``proto.builders``, the decision for each input written BY HAND in the scenario (what the
+``devtools.builders``, the decision for each input written BY HAND in the scenario (what the
 test author reads in SPEC §6), totals from a deliberately plain Python reading of SPEC §7
 (``Pricer``, a third implementation, independent of verifier/pricing.py's SQL), and
 LedgerRecords, statements and checkpoints signed with the cast's ledger key. The DuckDB
@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 
-from proto.builders import (
+from devtools.builders import (
     Cast,
     StreamWriter,
     adjustment,

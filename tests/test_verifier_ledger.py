@@ -17,11 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_verifier_exports import HOUR, MINUTE, T0, explain, full_scenario, verify
 
-from ledger.export import export_placement
-from ledger.ingest import Ingestor
-from ledger.inputs import Item
-from ledger.store import Store
-from proto.builders import (
+from devtools.builders import (
     StreamWriter,
     adjustment,
     closed,
@@ -32,6 +28,10 @@ from proto.builders import (
     sample,
     signed_terms,
 )
+from ledger.export import export_placement
+from ledger.ingest import Ingestor
+from ledger.inputs import Item
+from ledger.store import Store
 from proto.keys import SigningKey
 
 

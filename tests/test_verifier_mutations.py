@@ -25,7 +25,7 @@ from test_verifier_exports import (
     verify,
 )
 
-from proto.builders import StreamWriter, adjustment, sample, signed_terms
+from devtools.builders import StreamWriter, adjustment, sample, signed_terms
 from proto.keys import SigningKey
 from proto.records import Statement
 from proto.trust import load_trust

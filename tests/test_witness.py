@@ -14,10 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.checkpoints import make_checkpoint
-from ledger.pricing import ZERO_TOTALS
-from proto import merkle
-from proto.builders import (
+from devtools.builders import (
     Cast,
     StreamWriter,
     closed,
@@ -27,6 +24,9 @@ from proto.builders import (
     sample,
     signed_terms,
 )
+from ledger.checkpoints import make_checkpoint
+from ledger.pricing import ZERO_TOTALS
+from proto import merkle
 from proto.canonical import signed_bytes
 from proto.cosign import cosignature_of, cosigner_key_id
 from proto.delivery import Delivered, append_delivered, delivered_usage, read_delivered

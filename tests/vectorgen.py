@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from proto import builders as b
+from devtools import builders as b
 from proto import merkle
 from proto.cosign import cosign
 from proto.envelope import Envelope, encode_envelope, open_envelope

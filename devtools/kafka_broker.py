@@ -1,8 +1,9 @@
-"""A single-node Apache Kafka broker for the test suite and the demo.
+"""A single-node Apache Kafka broker for the test suite and the benchmarks.
 
-The broker is real Apache Kafka (version pinned below), fetched with Maven into a cache
-folder and run as a combined broker+controller KRaft node on 127.0.0.1. Nothing here is
-a fake or an emulator: the tests talk to the same broker code that runs in production.
+The broker is real Apache Kafka (version pinned in ``devtools.kafka_fetch``, which
+fetches it with Maven into a cache folder) run as a combined broker+controller KRaft node
+on 127.0.0.1. Nothing here is a fake or an emulator: the tests talk to the same broker
+code that runs in production.
 
 Library use::
 
@@ -14,16 +15,16 @@ Library use::
 
 Command line::
 
-    python -m gridledger.kafka_broker fetch            # jars into the cache, print the path
-    python -m gridledger.kafka_broker start [--workdir DIR] [--port N]   # prints HOST:PORT
-    python -m gridledger.kafka_broker stop [--workdir DIR] [--purge]
-    python -m gridledger.kafka_broker create-topic NAME --bootstrap HOST:PORT [--partitions N]
+    python -m devtools.kafka_broker fetch            # jars into the cache, print the path
+    python -m devtools.kafka_broker start [--workdir DIR] [--port N]   # prints HOST:PORT
+    python -m devtools.kafka_broker stop [--workdir DIR] [--purge]
+    python -m devtools.kafka_broker create-topic NAME --bootstrap HOST:PORT [--partitions N]
 
 Broker settings worth knowing: infinite retention (``log.retention.ms=-1``; the topics
 are event-sourced and a ledger rebuilds by replaying from offset 0), and
 ``auto.create.topics.enable=false``: a topic must be created with its intended partition
-count (``create_topic``), so a misspelt name or a producer that starts first fails loudly
-instead of silently getting a one-partition topic.
+count (``transport.kafka.create_topic``), so a misspelt name or a producer that starts
+first fails loudly instead of silently getting a one-partition topic.
 """
 
 from __future__ import annotations
@@ -33,11 +34,9 @@ import asyncio
 import atexit
 import base64
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -48,84 +47,43 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Final, Self
+
+from devtools.kafka_fetch import (
+    KAFKA_VERSION,
+    LOG_TAIL_LINES,
+    KafkaLauncherError,
+    cache_dir,
+    fetch_kafka,
+    require_java,
+    tail_text,
+)
+from transport.kafka import TopicError, create_topic, run_sync
 
 __all__ = [
     "DEFAULT_HEAP_OPTS",
-    "EVENT_SOURCED_TOPIC_CONFIG",
-    "KAFKA_VERSION",
-    "LOG4J_VERSION",
-    "SCALA_VERSION",
     "BrokerStartError",
     "KafkaBroker",
-    "KafkaFetchError",
-    "KafkaLauncherError",
-    "MissingToolError",
-    "cache_dir",
-    "create_topic",
-    "fetch_kafka",
-    "kafka_libs_dir",
     "main",
     "wait_for_broker",
 ]
-
-# --- pinned versions -------------------------------------------------------------------
-
-KAFKA_VERSION: Final = "4.1.1"
-SCALA_VERSION: Final = "2.13"
-# Kafka 4.1.1 depends on log4j-core/api 2.24.3 and on slf4j-api 1.7.36; the 1.x-style
-# binding of the same log4j release routes slf4j into log4j2, so the broker writes a log.
-LOG4J_VERSION: Final = "2.24.3"
-MAVEN_DEPENDENCY_PLUGIN_VERSION: Final = "2.8"
-MIN_JAVA_MAJOR: Final = 17
-
-KAFKA_COORDINATES: Final = ("org.apache.kafka", f"kafka_{SCALA_VERSION}", KAFKA_VERSION)
-LOG4J_BINDING_COORDINATES: Final = (
-    "org.apache.logging.log4j",
-    "log4j-slf4j-impl",
-    LOG4J_VERSION,
-)
 
 # --- defaults --------------------------------------------------------------------------
 
 DEFAULT_HEAP_OPTS: Final[tuple[str, ...]] = ("-Xms256m", "-Xmx512m")
 START_TIMEOUT_S: Final = 90.0
 STOP_TIMEOUT_S: Final = 30.0
-FETCH_TIMEOUT_S: Final = 900.0
-LOG_TAIL_LINES: Final = 60
 NODE_ID: Final = 1
 HOST: Final = "127.0.0.1"
 
-# Topic-level settings for event-sourced topics: never delete anything by age or size.
-EVENT_SOURCED_TOPIC_CONFIG: Final[Mapping[str, str]] = {
-    "retention.ms": "-1",
-    "retention.bytes": "-1",
-}
-
-_FETCH_MARKER: Final = "libs.complete"
 _STATE_FILE: Final = "broker.json"
 _PROPERTIES_FILE: Final = "server.properties"
 _LOG4J_FILE: Final = "log4j2.properties"
 
-_T = TypeVar("_T")
-
-
 # --- errors ----------------------------------------------------------------------------
-
-
-class KafkaLauncherError(RuntimeError):
-    """Base class: the broker could not be fetched, started or stopped."""
-
-
-class MissingToolError(KafkaLauncherError):
-    """`java` or `mvn` is not installed (or too old)."""
-
-
-class KafkaFetchError(KafkaLauncherError):
-    """Maven could not fetch the Kafka jars."""
 
 
 class BrokerStartError(KafkaLauncherError):
@@ -135,204 +93,6 @@ class BrokerStartError(KafkaLauncherError):
         full = f"{message}\n--- broker log tail ---\n{log_tail}" if log_tail else message
         super().__init__(full)
         self.log_tail = log_tail
-
-
-# --- tools -----------------------------------------------------------------------------
-
-
-def _require_tool(name: str, hint: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise MissingToolError(f"`{name}` was not found on PATH. {hint}")
-    return path
-
-
-def require_java() -> str:
-    """Path of a `java` of at least version 17 (Kafka 4.x brokers need Java 17+)."""
-    java = _require_tool(
-        "java",
-        f"The test Kafka broker needs a Java {MIN_JAVA_MAJOR}+ runtime "
-        "(e.g. `apt-get install openjdk-17-jre-headless`), "
-        "or point GRIDLEDGER_KAFKA at a broker of your own.",
-    )
-    try:
-        out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise MissingToolError(f"`{java} -version` failed: {exc}") from exc
-    text = out.stderr + out.stdout
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
-    if match is not None:
-        major = int(match.group(1))
-        if major == 1 and match.group(2) is not None:  # "1.8.0_..."
-            major = int(match.group(2))
-        if major < MIN_JAVA_MAJOR:
-            raise MissingToolError(
-                f"Kafka {KAFKA_VERSION} needs Java {MIN_JAVA_MAJOR}+, found Java {major} at {java}."
-            )
-    return java
-
-
-def require_maven() -> str:
-    """Path of `mvn`."""
-    return _require_tool(
-        "mvn",
-        f"Maven fetches Apache Kafka {KAFKA_VERSION} for the test broker "
-        "(e.g. `apt-get install maven`), or point GRIDLEDGER_KAFKA at a broker of your own.",
-    )
-
-
-# --- fetch -----------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """`$GRIDLEDGER_CACHE`, else `~/.cache/gridledger`."""
-    env = os.environ.get("GRIDLEDGER_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "gridledger"
-
-
-def _kafka_home(cache: Path | None) -> Path:
-    return (cache if cache is not None else cache_dir()) / "kafka" / KAFKA_VERSION
-
-
-def kafka_libs_dir(cache: Path | None = None) -> Path:
-    """Where the Kafka jars live (`<cache>/kafka/<version>/libs`), fetched or not."""
-    return _kafka_home(cache) / "libs"
-
-
-def _pom_xml() -> str:
-    deps = "\n".join(
-        "    <dependency><groupId>{}</groupId><artifactId>{}</artifactId>"
-        "<version>{}</version></dependency>".format(*coords)
-        for coords in (KAFKA_COORDINATES, LOG4J_BINDING_COORDINATES)
-    )
-    return f"""<?xml version="1.0" encoding="UTF-8"?>
-<!-- Generated by gridledger.kafka_broker: the runtime classpath of an Apache Kafka
-     {KAFKA_VERSION} broker, fetched with
-     mvn dependency:copy-dependencies -DincludeScope=runtime -->
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>gridledger.cache</groupId>
-  <artifactId>kafka-broker-classpath</artifactId>
-  <version>{KAFKA_VERSION}</version>
-  <packaging>pom</packaging>
-  <dependencies>
-{deps}
-  </dependencies>
-  <build>
-    <plugins>
-      <plugin>
-        <groupId>org.apache.maven.plugins</groupId>
-        <artifactId>maven-dependency-plugin</artifactId>
-        <version>{MAVEN_DEPENDENCY_PLUGIN_VERSION}</version>
-      </plugin>
-    </plugins>
-  </build>
-</project>
-"""
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _tail_text(text: str, lines: int = LOG_TAIL_LINES) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _fetch_complete(marker: Path, libs: Path) -> bool:
-    """The marker exists and every jar it lists is in place (a damaged cache is refetched)."""
-    try:
-        listed = json.loads(marker.read_text(encoding="utf-8"))["jars"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return (
-        isinstance(listed, list)
-        and f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar" in listed
-        and all((libs / str(name)).is_file() for name in listed)
-    )
-
-
-def fetch_kafka(cache: Path | None = None, *, timeout_s: float = FETCH_TIMEOUT_S) -> Path:
-    """Fetch the Kafka broker jars with Maven (once) and return the libs folder.
-
-    The jars are copied into a temporary folder next to the cache and renamed into place
-    only after Maven succeeded; a marker file written last says the cache is complete. A
-    fetch killed half way leaves no half cache behind. Concurrent callers (two test
-    sessions) serialise on a lock file.
-    """
-    home = _kafka_home(cache)
-    libs = home / "libs"
-    marker = home / _FETCH_MARKER
-    if _fetch_complete(marker, libs):
-        return libs
-    mvn = require_maven()
-    with _file_lock(home / ".fetch.lock"):
-        if _fetch_complete(marker, libs):
-            return libs
-        marker.unlink(missing_ok=True)
-        for stale in home.glob(".fetch-*"):  # left by a fetch that was killed (we hold the lock)
-            shutil.rmtree(stale, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=home))
-        try:
-            pom = staging / "pom.xml"
-            pom.write_text(_pom_xml(), encoding="utf-8")
-            out = staging / "libs"
-            cmd = [
-                mvn,
-                "-q",
-                "-B",
-                "-f",
-                str(pom),
-                "dependency:copy-dependencies",
-                "-DincludeScope=runtime",
-                f"-DoutputDirectory={out}",
-            ]
-            try:
-                done = subprocess.run(
-                    cmd,
-                    cwd=staging,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout_s,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise KafkaFetchError(
-                    f"Maven did not fetch Kafka {KAFKA_VERSION} within {timeout_s:.0f} s"
-                ) from exc
-            if done.returncode != 0:
-                raise KafkaFetchError(
-                    f"Maven failed to fetch Kafka {KAFKA_VERSION} (exit {done.returncode}): "
-                    f"{' '.join(cmd)}\n{_tail_text(done.stdout + done.stderr)}"
-                )
-            expected = f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar"
-            if not (out / expected).is_file():
-                raise KafkaFetchError(f"Maven succeeded but {expected} is not in {out}")
-            if libs.exists():  # a leftover without marker: not trusted
-                shutil.rmtree(libs)
-            os.replace(out, libs)
-            shutil.copyfile(pom, home / "pom.xml")
-            jars = sorted(p.name for p in libs.glob("*.jar"))
-            tmp_marker = home / (_FETCH_MARKER + ".tmp")
-            tmp_marker.write_text(
-                json.dumps({"kafka": KAFKA_VERSION, "jars": jars}, indent=1) + "\n",
-                encoding="utf-8",
-            )
-            os.replace(tmp_marker, marker)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return libs
 
 
 # --- small helpers ---------------------------------------------------------------------
@@ -363,29 +123,6 @@ def new_cluster_id() -> str:
             return text
 
 
-def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run a coroutine to completion from sync code, even inside a running event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def runner() -> None:
-        try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=runner, name="gridledger-kafka-sync", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    value: _T = box["value"]
-    return value
-
-
 def _props_value(value: str) -> str:
     return value.replace("\\", "\\\\")
 
@@ -399,10 +136,10 @@ def _read_tail(path: Path, lines: int) -> str:
             data = handle.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-    return _tail_text(data, lines)
+    return tail_text(data, lines)
 
 
-# --- readiness and topics --------------------------------------------------------------
+# --- readiness --------------------------------------------------------------
 
 _PROBING: set[str] = set()  # bootstraps being waited for: connection refusals are expected
 
@@ -461,91 +198,11 @@ def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
             )
         try:
             with _probing(bootstrap):
-                _run_sync(_probe(bootstrap, min(5.0, remaining)))
+                run_sync(_probe(bootstrap, min(5.0, remaining)))
             return
         except Exception as exc:
             last = exc
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-
-
-async def create_topic_async(
-    bootstrap: str,
-    name: str,
-    partitions: int = 1,
-    *,
-    replication_factor: int = 1,
-    config: Mapping[str, str] | None = None,
-    exist_ok: bool = False,
-    timeout_s: float = 30.0,
-) -> None:
-    """Create a topic and wait until every partition has a leader.
-
-    `config` defaults to `EVENT_SOURCED_TOPIC_CONFIG` (infinite retention); pass `{}` for
-    the broker's defaults.
-    """
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from aiokafka.errors import for_code
-    from aiokafka.structs import TopicPartition
-
-    topic_config = dict(EVENT_SOURCED_TOPIC_CONFIG if config is None else config)
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        request_timeout_ms=max(1000, int(timeout_s * 1000)),
-        client_id="gridledger-kafka-admin",
-    )
-    try:
-        async with asyncio.timeout(timeout_s):
-            await admin.start()
-            response = await admin.create_topics(
-                [NewTopic(name, partitions, replication_factor, topic_configs=topic_config)]
-            )
-            for entry in response.topic_errors:
-                topic, code = entry[0], entry[1]
-                message = entry[2] if len(entry) > 2 else ""
-                if code == 0:
-                    continue
-                error = for_code(code)
-                if exist_ok and error.__name__ == "TopicAlreadyExistsError":
-                    continue
-                raise KafkaLauncherError(
-                    f"creating topic {topic!r}: {error.__name__} ({code}) {message or ''}"
-                )
-            client = admin._client  # the admin's own connection, to watch metadata
-            while True:
-                metadata = await client.fetch_all_metadata()
-                found = metadata.partitions_for_topic(name) or set()
-                if len(found) >= partitions and all(
-                    (metadata.leader_for_partition(TopicPartition(name, p)) or -1) >= 0
-                    for p in found
-                ):
-                    return
-                await asyncio.sleep(0.05)
-    finally:
-        await admin.close()
-
-
-def create_topic(
-    bootstrap: str,
-    name: str,
-    partitions: int = 1,
-    *,
-    replication_factor: int = 1,
-    config: Mapping[str, str] | None = None,
-    exist_ok: bool = False,
-    timeout_s: float = 30.0,
-) -> None:
-    """Synchronous `create_topic_async` (works inside a running event loop too)."""
-    _run_sync(
-        create_topic_async(
-            bootstrap,
-            name,
-            partitions,
-            replication_factor=replication_factor,
-            config=config,
-            exist_ok=exist_ok,
-            timeout_s=timeout_s,
-        )
-    )
 
 
 # --- the broker ------------------------------------------------------------------------
@@ -859,11 +516,11 @@ class KafkaBroker:
         }
         settings.update(self._extra_config)
         lines = [
-            f"# Generated by gridledger.kafka_broker for Apache Kafka {KAFKA_VERSION}.",
+            f"# Generated by devtools.kafka_broker for Apache Kafka {KAFKA_VERSION}.",
             *(f"{key}={_props_value(value)}" for key, value in settings.items()),
         ]
         (work / _PROPERTIES_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
-        log4j = f"""# Generated by gridledger.kafka_broker: the broker logs to logs/server.log.
+        log4j = f"""# Generated by devtools.kafka_broker: the broker logs to logs/server.log.
 status = warn
 name = gridledger-kafka
 appender.file.type = File
@@ -922,7 +579,7 @@ logger.reflections.level = ERROR
         if done.returncode != 0:
             raise BrokerStartError(
                 f"formatting the KRaft storage failed (exit {done.returncode})",
-                self._redact(_tail_text(done.stdout + done.stderr)) + "\n" + self.log_tail(),
+                self._redact(tail_text(done.stdout + done.stderr)) + "\n" + self.log_tail(),
             )
 
     def _format_args(self) -> list[str]:
@@ -979,7 +636,7 @@ logger.reflections.level = ERROR
                 )
             try:
                 with _probing(self.bootstrap):
-                    _run_sync(_probe(self.bootstrap, min(5.0, remaining)))
+                    run_sync(_probe(self.bootstrap, min(5.0, remaining)))
                 return
             except Exception as exc:
                 last = exc
@@ -1053,7 +710,7 @@ def _default_workdir() -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gridledger.kafka_broker",
+        prog="python -m devtools.kafka_broker",
         description=f"A single-node Apache Kafka {KAFKA_VERSION} broker on 127.0.0.1.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1113,7 +770,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         broker.stop()
         return 0
-    except KafkaLauncherError as exc:
+    except (KafkaLauncherError, TopicError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -1,6 +1,6 @@
 """Ready-to-run node setups for tests, benchmarks and the demo: key, signed terms, meter.toml.
 
-Deterministic for a ``proto.builders.Cast``: the node key and the terms signatures come
+Deterministic for a ``devtools.builders.Cast``: the node key and the terms signatures come
 from the cast's seed, so two runs write the same files.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import tomli_w
 
-from proto.builders import Cast, signed_terms
+from devtools.builders import Cast, signed_terms
 from proto.keys import write_key_pair
 from proto.records import PlacementTerms
 

@@ -1,4 +1,5 @@
-"""gridledger.publish without a broker: settings, client arguments, local publishing."""
+"""transport.kafka and transport.local without a broker: settings, client arguments, local
+publishing."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-import gridledger.publish as publish
-from gridledger.publish import KafkaSettings, client_kwargs, placement_of, publish_local
-from meter.spool import SpoolLocked, SpoolWriter, read_spool
-from proto import builders
+import transport.local as local_transport
+from devtools import builders
 from proto.envelope import seal
 from proto.errors import ProtoError
 from proto.reasons import Reason
 from proto.records import PlacementClosed
+from transport.kafka import KafkaSettings, client_kwargs, placement_of
+from transport.local import publish_local
+from transport.spool import SpoolLocked, SpoolWriter, read_spool
 
 T0 = 1_700_000_000_000
 
@@ -95,7 +97,7 @@ def test_publish_local_waits_for_the_lock_then_gives_up(
     finally:
         release.join()
     assert len(positions) == 3
-    monkeypatch.setattr(publish, "SPOOL_LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(local_transport, "SPOOL_LOCK_WAIT_S", 0.2)
     with SpoolWriter(tmp_path / "publish-desk"), pytest.raises(SpoolLocked):
         publish_local(tmp_path, "publish-desk", envelopes)
     assert len(list(read_spool(tmp_path / "publish-desk"))) == 3

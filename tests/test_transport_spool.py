@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meter.limits import MAX_RECORD_BYTES
-from meter.spool import (
+from transport.limits import MAX_RECORD_BYTES
+from transport.positions import SpoolPosition
+from transport.spool import (
     FRAME_HEADER_BYTES,
     SpoolCorrupt,
     SpoolFull,
     SpoolLocked,
-    SpoolPosition,
     SpoolWriter,
     frame,
     read_spool,
@@ -208,7 +208,8 @@ def test_lock_is_exclusive_across_processes_and_released_on_close(tmp_path: Path
     with pytest.raises(SpoolLocked):
         SpoolWriter(directory)
     probe = (
-        "import sys; from pathlib import Path; from meter.spool import SpoolWriter, SpoolLocked\n"
+        "import sys; from pathlib import Path\n"
+        "from transport.spool import SpoolWriter, SpoolLocked\n"
         "try:\n    SpoolWriter(Path(sys.argv[1]))\nexcept SpoolLocked:\n    sys.exit(3)\n"
     )
     locked = subprocess.run([sys.executable, "-c", probe, str(directory)], timeout=60)
@@ -307,7 +308,7 @@ def test_reader_does_not_skip_appends_racing_a_rotation(
 ) -> None:
     """The reader hits the end of segment 0; before it lists the directory again the
     writer appends once more to segment 0 and then rotates. Nothing may be skipped."""
-    import meter.spool as spool_module
+    import transport.spool as spool_module
 
     directory = tmp_path / "s"
     writer = SpoolWriter(directory, segment_max_bytes=SMALL_SEGMENT)

@@ -65,7 +65,7 @@ restarted (as a supervisor would) and reported; only ``KNOWN_EXIT_MARKERS`` are
 tolerated by the tests. ``tests/test_faults.py`` runs ``DEFAULT_SEEDS`` (more with
 ``GRIDLEDGER_FAULT_SEEDS``), ``bench/fault_soak.py`` long soaks on a broker of its own.
 
-Determinism: the scenario, the keys (``proto.builders`` seed text), the readings, the
+Determinism: the scenario, the keys (``devtools.builders`` seed text), the readings, the
 fault schedule and every choice the runner makes come from ``random.Random`` seeded by
 the seed. The moments the operating system schedules processes do not; the invariants
 must hold whatever they are, and a failure names the seed and the command that replays
@@ -96,7 +96,7 @@ from typing import Final, Literal, Protocol
 import structlog
 import tomli_w
 
-from gridledger.publish import KafkaSettings, client_kwargs, publish_kafka, publish_local
+from devtools import builders
 from ledger.config import KafkaConfig
 from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, LedgerService, fixed_clock
@@ -107,8 +107,6 @@ from meter.config import load_meter_config
 from meter.metrics import MeterMetrics
 from meter.shipper import load_shipped
 from meter.sim import parse_sim_spec
-from meter.spool import SpoolError, SpoolPosition, list_segments, read_spool, segment_path
-from proto import builders
 from proto.envelope import open_envelope, sha256_hex
 from proto.errors import ProtoError
 from proto.keys import SigningKey, write_key_pair
@@ -123,6 +121,10 @@ from proto.records import (
 )
 from proto.terms import CURRENCY_MINOR_UNITS, validate_terms
 from proto.trust import dump_trust
+from transport.kafka import KafkaSettings, client_kwargs, publish_kafka
+from transport.local import publish_local
+from transport.positions import SpoolPosition
+from transport.spool import SpoolError, list_segments, read_spool, segment_path
 
 __all__ = [
     "CYCLES_ENV",
@@ -155,7 +157,7 @@ __all__ = [
     "write_node_configs",
 ]
 
-_log = structlog.get_logger("gridledger.faults")
+_log = structlog.get_logger("devtools.faults")
 
 # ---- named limits and defaults --------------------------------------------------------
 
@@ -850,7 +852,7 @@ def write_node_configs(
 ) -> dict[str, dict[str, Path]]:
     """Each node's key files, signed terms and meter.toml files (Kafka transport):
     ``result[node]["k0"]`` signs with the terms' key, ``["k1"]`` with the rotated key."""
-    from meter.scenario import write_meter_setup
+    from devtools.scenario import write_meter_setup
 
     configs: dict[str, dict[str, Path]] = {}
     for plan in scenario.nodes:
@@ -1085,7 +1087,7 @@ def fold_partitions(
 
 
 class BrokerControl(Protocol):
-    """What the harness needs of the broker (``gridledger.kafka_broker.KafkaBroker``)."""
+    """What the harness needs of the broker (``devtools.kafka_broker.KafkaBroker``)."""
 
     def kill(self) -> None:
         """SIGKILL the broker, keeping its data."""
@@ -1545,7 +1547,7 @@ class _Run:
         configs = self._setup()
         self.reference = build_reference(self.scenario, configs, self.workdir / "reference")
         timings["reference"] = time.monotonic() - mark
-        from gridledger.kafka_broker import create_topic
+        from transport.kafka import create_topic
 
         create_topic(self.bootstrap, self.topic, self.scenario.partitions)
         self.note(f"topic {self.topic}; {self.scenario.describe()}")

@@ -20,9 +20,9 @@ Frame format (version 1), one per record, back to back in a segment::
     9       N     the record bytes
 
 The checksum covers the length too, so a corrupted length is caught rather than followed.
-A position is (segment number, byte offset of a frame in it); a record's
-``next_position`` is where the following frame starts, which is what a reader stores to
-resume.
+A position is (segment number, byte offset of a frame in it; ``transport.positions``
+holds its codec); a record's ``next_position`` is where the following frame starts, which
+is what a reader stores to resume.
 
 Durability: ``append`` writes one batch with one ``write`` and one ``fdatasync``, and the
 directory is fsynced whenever a segment file is created or removed. A batch never spans
@@ -57,12 +57,13 @@ from typing import BinaryIO, Final, Self
 
 import structlog
 
-from meter.limits import (
+from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SPOOL_MAX_BYTES,
     MAX_RECORD_BYTES,
     MIN_SEGMENT_MAX_BYTES,
 )
+from transport.positions import SpoolPosition
 
 __all__ = [
     "FRAME_HEADER_BYTES",
@@ -72,10 +73,8 @@ __all__ = [
     "SpoolError",
     "SpoolFull",
     "SpoolLocked",
-    "SpoolPosition",
     "SpoolWriter",
     "frame",
-    "framed_size",
     "list_segments",
     "read_spool",
     "segment_path",
@@ -89,7 +88,7 @@ LOCK_NAME: Final = "LOCK"
 SEGMENT_SUFFIX: Final = ".seg"
 _SEGMENT_RE: Final = re.compile(r"^(\d{20})\.seg$")
 
-_log = structlog.get_logger("meter.spool")
+_log = structlog.get_logger("transport.spool")
 
 
 class SpoolError(Exception):
@@ -112,14 +111,6 @@ class SpoolCorrupt(SpoolError):
         self.path = path
         self.offset = offset
         self.detail = detail
-
-
-@dataclass(frozen=True, order=True, slots=True)
-class SpoolPosition:
-    """A place in the spool: segment file number and byte offset of a frame in it."""
-
-    segment: int
-    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +141,6 @@ def frame(record: bytes) -> bytes:
     _check_record(record)
     length_bytes = _LENGTH.pack(len(record))
     return _HEADER.pack(FRAME_MAGIC, len(record), _checksum(length_bytes, record)) + record
-
-
-def framed_size(record: bytes) -> int:
-    """Bytes the record takes in a segment, header included."""
-    return FRAME_HEADER_BYTES + len(record)
 
 
 class _Frame(Enum):

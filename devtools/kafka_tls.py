@@ -11,7 +11,7 @@ known user. This module builds what a test needs to show that end to end on one 
   the CA key sits next to the certificates and lives as long as the test.
 * ``sasl_ssl_listener_config(listener, pki, mechanism)`` — the broker properties of one
   SASL_SSL listener using that PKI (PEM keystore and truststore, SCRAM enabled).
-* ``SecureKafkaBroker`` — ``gridledger.kafka_broker.KafkaBroker`` with one more listener,
+* ``SecureKafkaBroker`` — ``devtools.kafka_broker.KafkaBroker`` with one more listener,
   SASL_SSL on its own port, and SCRAM users written into the KRaft storage when it is
   formatted (``kafka-storage format --add-scram``), so they exist before the first start.
 
@@ -44,8 +44,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gridledger.kafka_broker import HOST, BrokerStartError, KafkaBroker, _free_port
-from gridledger.publish import DEFAULT_TOPIC, KafkaSettings
+from devtools.kafka_broker import HOST, BrokerStartError, KafkaBroker, _free_port
+from transport.kafka import DEFAULT_TOPIC, KafkaSettings
 
 __all__ = [
     "DEFAULT_SCRAM_MECHANISM",

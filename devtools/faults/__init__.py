@@ -1,0 +1,1 @@
+"""The seeded fault harness (``devtools.faults.runner``)."""

@@ -1,0 +1,49 @@
+"""Helpers several test files share (import as ``support``; tests/ is on the path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from proto.envelope import open_envelope
+from proto.records import UsageEvent
+
+
+def usage_events(envelopes: Iterable[bytes]) -> list[UsageEvent]:
+    """The UsageEvents inside ``envelopes``; anything else in them fails the test."""
+    out = []
+    for envelope in envelopes:
+        record = open_envelope(envelope).record
+        assert isinstance(record, UsageEvent), f"a {type(record).__name__}, not a usage event"
+        out.append(record)
+    return out
+
+
+def ledger_toml(
+    path: Path,
+    key_file: Path,
+    *,
+    ledger_id: str = "ledger-1",
+    db: str | Path = "ledger.duckdb",
+    transport: str = "local",
+    local_dir: str | Path = "spool",
+    kafka: dict[str, Any] | None = None,
+    **top: Any,
+) -> Path:
+    """Write a ledger.toml at ``path`` (top-level keys in ``top``, e.g. http, clock_ms)."""
+    data: dict[str, Any] = {
+        "ledger_id": ledger_id,
+        "key_file": str(key_file),
+        "db": str(db),
+        "transport": transport,
+    }
+    if transport == "local":
+        data["local_dir"] = str(local_dir)
+    data.update(top)
+    if kafka is not None:
+        data["kafka"] = kafka
+    path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    return path

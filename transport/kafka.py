@@ -1,0 +1,289 @@
+"""The Kafka transport: settings, client arguments, producer, consumer, topic creation.
+
+One topic (``DEFAULT_TOPIC``), message key = ``placement_id``, an idempotent producer
+with ``acks="all"``; every send is awaited until acknowledged. Topics are created
+explicitly with their partition count and infinite retention (event-sourced,
+``EVENT_SOURCED_TOPIC_CONFIG``), so a misspelt name or a producer that starts first fails
+loudly instead of auto-creating a one-partition topic.
+
+Every envelope is opened (``proto.envelope.open_envelope``) before it is sent: bytes that
+are not a well-formed envelope, or whose key is not their placement, are refused with a
+ProtoError and nothing of the batch is sent. The local transport is ``transport.local``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from proto.envelope import open_envelope
+from proto.errors import ProtoError
+from proto.reasons import Reason
+from transport.limits import SHIP_ATTEMPT_TIMEOUT_S
+
+__all__ = [
+    "DEFAULT_TOPIC",
+    "EVENT_SOURCED_TOPIC_CONFIG",
+    "KafkaSettings",
+    "TopicError",
+    "client_kwargs",
+    "create_topic",
+    "create_topic_async",
+    "make_consumer",
+    "make_producer",
+    "placement_of",
+    "publish_kafka",
+    "run_sync",
+]
+
+DEFAULT_TOPIC: Final = "gridledger.records"
+_SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+# Topic-level settings for event-sourced topics: never delete anything by age or size.
+EVENT_SOURCED_TOPIC_CONFIG: Final[Mapping[str, str]] = {
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+}
+
+_T = TypeVar("_T")
+
+
+class TopicError(RuntimeError):
+    """A topic could not be created (the broker's error code is in the message)."""
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Where and how to reach Kafka. TLS/SASL become client arguments in ``client_kwargs``."""
+
+    bootstrap: str
+    topic: str = DEFAULT_TOPIC
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_cafile: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap:
+            raise ValueError("kafka bootstrap is empty")
+        if self.security_protocol not in _SECURITY_PROTOCOLS:
+            raise ValueError(
+                f"security_protocol {self.security_protocol!r} is not one of "
+                f"{', '.join(_SECURITY_PROTOCOLS)}"
+            )
+        if self.security_protocol.startswith("SASL"):
+            if self.sasl_mechanism not in _SASL_MECHANISMS:
+                raise ValueError(
+                    f"sasl_mechanism {self.sasl_mechanism!r} is not one of "
+                    f"{', '.join(_SASL_MECHANISMS)}"
+                )
+            if not self.sasl_username or self.sasl_password is None:
+                raise ValueError(f"{self.security_protocol} needs sasl_username and sasl_password")
+
+    def __repr__(self) -> str:  # never print the password
+        shown = "***" if self.sasl_password is not None else None
+        return (
+            f"KafkaSettings(bootstrap={self.bootstrap!r}, topic={self.topic!r}, "
+            f"security_protocol={self.security_protocol!r}, "
+            f"sasl_mechanism={self.sasl_mechanism!r}, sasl_username={self.sasl_username!r}, "
+            f"sasl_password={shown!r}, ssl_cafile={self.ssl_cafile!r})"
+        )
+
+
+def client_kwargs(settings: KafkaSettings) -> dict[str, Any]:
+    """Connection arguments for AIOKafkaProducer / AIOKafkaConsumer / admin clients."""
+    kwargs: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap,
+        "security_protocol": settings.security_protocol,
+    }
+    if settings.security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        kwargs["ssl_context"] = create_ssl_context(cafile=settings.ssl_cafile)
+    if settings.security_protocol.startswith("SASL"):
+        kwargs["sasl_mechanism"] = settings.sasl_mechanism
+        kwargs["sasl_plain_username"] = settings.sasl_username
+        kwargs["sasl_plain_password"] = settings.sasl_password
+    return kwargs
+
+
+def make_producer(settings: KafkaSettings, **extra: Any) -> Any:
+    """An idempotent producer (acks=all) for ``settings``; the caller starts and stops it."""
+    from aiokafka import AIOKafkaProducer
+
+    return AIOKafkaProducer(
+        **client_kwargs(settings),
+        enable_idempotence=True,
+        acks="all",
+        client_id="gridledger-publisher",
+        **extra,
+    )
+
+
+def make_consumer(settings: KafkaSettings, **extra: Any) -> Any:
+    """A consumer for ``settings`` that commits nothing to Kafka (no group, no auto commit):
+    the reader stores its own positions. The caller assigns, starts and stops it."""
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(
+        **client_kwargs(settings),
+        group_id=None,
+        enable_auto_commit=False,
+        **extra,
+    )
+
+
+def placement_of(envelope: bytes) -> str:
+    """The placement_id inside an envelope; ProtoError when it is not a valid envelope."""
+    record = open_envelope(envelope).record
+    placement_id = getattr(record, "placement_id", None)
+    if not isinstance(placement_id, str):
+        raise ProtoError(Reason.KIND_MISMATCH, f"a {type(record).__name__} has no placement_id")
+    return placement_id
+
+
+# ---- kafka ------------------------------------------------------------------------------
+
+
+async def publish_kafka(
+    settings: KafkaSettings,
+    items: Sequence[tuple[str, bytes]],
+    *,
+    timeout_s: float = SHIP_ATTEMPT_TIMEOUT_S,
+) -> None:
+    """Send (placement_id, envelope) pairs in order, keyed by placement; await every ack.
+
+    Raises ProtoError (nothing sent) when an envelope does not open or does not belong
+    to the placement it is keyed by; TimeoutError or a KafkaError when not every record
+    was acknowledged within ``timeout_s`` (some may have been: resending is safe, the
+    ledger drops exact duplicates).
+    """
+    for key, envelope in items:
+        inside = placement_of(envelope)
+        if inside != key:
+            raise ProtoError(
+                Reason.PLACEMENT_MISMATCH, f"keyed by {key!r}, envelope is for {inside!r}"
+            )
+    producer = make_producer(settings)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await producer.start()
+            futures = [
+                await producer.send(settings.topic, value=envelope, key=key.encode())
+                for key, envelope in items
+            ]
+            await asyncio.gather(*futures)
+    finally:
+        async with asyncio.timeout(timeout_s):
+            await producer.stop()
+
+
+# ---- topics -----------------------------------------------------------------------------
+
+
+def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine to completion from sync code, even inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def runner() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=runner, name="gridledger-kafka-sync", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    value: _T = box["value"]
+    return value
+
+
+async def create_topic_async(
+    bootstrap: str,
+    name: str,
+    partitions: int = 1,
+    *,
+    replication_factor: int = 1,
+    config: Mapping[str, str] | None = None,
+    exist_ok: bool = False,
+    timeout_s: float = 30.0,
+) -> None:
+    """Create a topic and wait until every partition has a leader.
+
+    `config` defaults to `EVENT_SOURCED_TOPIC_CONFIG` (infinite retention); pass `{}` for
+    the broker's defaults. Raises TopicError naming the broker's error.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import for_code
+    from aiokafka.structs import TopicPartition
+
+    topic_config = dict(EVENT_SOURCED_TOPIC_CONFIG if config is None else config)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=max(1000, int(timeout_s * 1000)),
+        client_id="gridledger-kafka-admin",
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            response = await admin.create_topics(
+                [NewTopic(name, partitions, replication_factor, topic_configs=topic_config)]
+            )
+            for entry in response.topic_errors:
+                topic, code = entry[0], entry[1]
+                message = entry[2] if len(entry) > 2 else ""
+                if code == 0:
+                    continue
+                error = for_code(code)
+                if exist_ok and error.__name__ == "TopicAlreadyExistsError":
+                    continue
+                raise TopicError(
+                    f"creating topic {topic!r}: {error.__name__} ({code}) {message or ''}"
+                )
+            client = admin._client  # the admin's own connection, to watch metadata
+            while True:
+                metadata = await client.fetch_all_metadata()
+                found = metadata.partitions_for_topic(name) or set()
+                if len(found) >= partitions and all(
+                    (metadata.leader_for_partition(TopicPartition(name, p)) or -1) >= 0
+                    for p in found
+                ):
+                    return
+                await asyncio.sleep(0.05)
+    finally:
+        await admin.close()
+
+
+def create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int = 1,
+    *,
+    replication_factor: int = 1,
+    config: Mapping[str, str] | None = None,
+    exist_ok: bool = False,
+    timeout_s: float = 30.0,
+) -> None:
+    """Synchronous `create_topic_async` (works inside a running event loop too)."""
+    run_sync(
+        create_topic_async(
+            bootstrap,
+            name,
+            partitions,
+            replication_factor=replication_factor,
+            config=config,
+            exist_ok=exist_ok,
+            timeout_s=timeout_s,
+        )
+    )

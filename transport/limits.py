@@ -1,0 +1,40 @@
+"""Every named maximum of the transport (the spool and Kafka sends), in one place."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from proto import limits as proto_limits
+
+# ---- spool --------------------------------------------------------------------------
+
+MAX_RECORD_BYTES: Final = proto_limits.MAX_ENVELOPE_BYTES
+"""Largest record one spool frame may hold: one envelope at its wire limit."""
+
+DEFAULT_SPOOL_MAX_BYTES: Final = 1024 * 1024 * 1024
+"""Default bound on the bytes of all segment files of one spool (1 GiB).
+
+At one event per minute per placement of ~1 KiB this holds years of events; in Kafka
+mode acknowledged segments are deleted, so the bound only matters during a long outage.
+"""
+
+DEFAULT_SEGMENT_MAX_BYTES: Final = 16 * 1024 * 1024
+"""A segment file is closed (sealed) and a new one started past this size (16 MiB).
+
+A soft limit: one append never spans two files, so a segment can exceed it by one batch.
+"""
+
+MIN_SEGMENT_MAX_BYTES: Final = 4096
+"""Smallest segment size accepted (tests use small segments to exercise rotation)."""
+
+SPOOL_LOCK_WAIT_S: Final = 10.0
+"""How long ``publish_local`` waits for another writer to release a spool directory."""
+
+SPOOL_LOCK_POLL_S: Final = 0.05
+"""Pause between two attempts to take a spool lock while waiting for it."""
+
+# ---- Kafka --------------------------------------------------------------------------
+
+SHIP_ATTEMPT_TIMEOUT_S: Final = 30.0
+"""Longest wait for one batch to be acknowledged (or a producer to start) before the
+producer is torn down and the batch resent."""

@@ -1,0 +1,68 @@
+"""The local transport: one directory of spools, read by the ledger in name order.
+
+A directory ``LOCAL_DIR`` holds one spool directory (``transport.spool``) per writer:
+node agents write ``LOCAL_DIR/node-<node_id>/``, publishers of terms, reclaims and
+adjustments ``LOCAL_DIR/publish-<name>/``, the ledger its PlacementClosed records
+``LOCAL_DIR/ledger-<ledger_id>/``. The ledger reads every subdirectory, sorted by name
+(DESIGN.md, "Embedded default": same records, same results as Kafka).
+
+Every envelope is opened (``proto.envelope.open_envelope``) before it is written: bytes
+that are not a well-formed envelope are refused with a ProtoError and nothing of the
+batch is written.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from transport.kafka import placement_of
+from transport.limits import SPOOL_LOCK_POLL_S, SPOOL_LOCK_WAIT_S
+from transport.positions import SpoolPosition
+from transport.spool import SpoolLocked, SpoolWriter
+
+__all__ = ["ledger_source", "node_source", "publish_local", "publisher_source"]
+
+_SOURCE_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$")
+
+
+def node_source(node_id: str) -> str:
+    """The local-directory subfolder of a node agent."""
+    return f"node-{node_id}"
+
+
+def publisher_source(name: str) -> str:
+    """The local-directory subfolder of a publisher of terms, reclaims, adjustments."""
+    return f"publish-{name}"
+
+
+def ledger_source(ledger_id: str) -> str:
+    """The local-directory subfolder where a ledger publishes its PlacementClosed records."""
+    return f"ledger-{ledger_id}"
+
+
+def publish_local(local_dir: Path, source: str, envelopes: Sequence[bytes]) -> list[SpoolPosition]:
+    """Append ``envelopes`` durably to ``local_dir/source/``; return their spool positions.
+
+    Waits up to SPOOL_LOCK_WAIT_S for another writer of the same directory; raises
+    SpoolLocked after that, ProtoError (nothing written) for an envelope that does not
+    open, ValueError for a source name that is not a plain directory name.
+    """
+    if not _SOURCE_RE.match(source):
+        raise ValueError(f"source {source!r} is not a plain directory name")
+    for envelope in envelopes:
+        placement_of(envelope)
+    deadline = time.monotonic() + SPOOL_LOCK_WAIT_S
+    while True:
+        try:
+            writer = SpoolWriter(Path(local_dir) / source)
+            break
+        except SpoolLocked:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(SPOOL_LOCK_POLL_S)
+    with writer:
+        return writer.append(list(envelopes))
