@@ -23,6 +23,7 @@ import structlog
 
 from ledger.fold import Fold, Outcome
 from ledger.inputs import Item
+from ledger.invariant import InvariantError
 from ledger.limits import CRYPTO_THREADS
 from ledger.metrics import LedgerMetrics
 from ledger.statements import make_statement
@@ -127,7 +128,8 @@ class Ingestor:
 
     def _collect(self, batch: Batch, outcome: Outcome, closes: dict[str, ChainedRow]) -> None:
         if outcome.decision == "dropped":
-            assert outcome.placement_id is not None
+            if outcome.placement_id is None:
+                raise InvariantError(f"dropped outcome at {outcome.position} has no placement")
             batch.dropped[outcome.placement_id] += 1
         elif outcome.decision == "quarantined":
             reason = outcome.reason.value if outcome.reason is not None else "MALFORMED"
