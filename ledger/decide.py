@@ -31,7 +31,7 @@ from typing import Any, Final, Literal, get_args
 
 import msgspec
 
-from ledger.invariant import invariant
+from ledger.invariant import InvariantError, invariant
 from ledger.persistent import PSet
 from ledger.pricing import overlap_ms, price, reclaim_credit_minor, sla_credit_minor
 from ledger.state import (
@@ -165,9 +165,8 @@ def decide(
     ``ledger_key`` is the public key of the ledger folding the stream (SPEC §5 (6)).
     See the module docstring for ``accepted_at`` and ``checked``.
     """
-    invariant(
-        opened.record.placement_id == state.placement_id, "input of another placement's state"
-    )
+    if opened.record.placement_id != state.placement_id:
+        raise InvariantError(f"an input of {opened.record.placement_id} for {state.placement_id}")
     run = _Run(ledger_key, accepted_at)
     verdict, new = run.one(state, opened, position, checked)
     if state.terms is None and new.terms is not None and new.held:
@@ -571,17 +570,20 @@ def _chain(
         seen=seen,
         **changes,
     )
-    verdict = _verdict(
+    verdict = Verdict(
         "chained",
         position,
+        opened.raw,
+        opened.input_hash,
         state.placement_id,
+        opened.kind,
         opened,
-        status=status,
-        reason=reason,
-        detail=detail,
-        record=record,
-        record_payload=payload,
-        record_hash=record_hash,
+        status,
+        reason,
+        detail,
+        record,
+        payload,
+        record_hash,
     )
     return verdict, new
 

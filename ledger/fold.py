@@ -68,20 +68,20 @@ class Outcome(msgspec.Struct, frozen=True):
 def outcome(verdict: Verdict, record_envelope: bytes | None) -> Outcome:
     """The outcome of a verdict (``record_envelope``: the ledger's signed record, if chained)."""
     return Outcome(
-        decision=verdict.decision,
-        position=verdict.position,
-        raw=verdict.raw,
-        input_hash=verdict.input_hash,
-        placement_id=verdict.placement_id,
-        kind=verdict.kind,
-        opened=verdict.opened,
-        status=verdict.status,
-        reason=verdict.reason,
-        record=verdict.record,
-        record_envelope=record_envelope,
-        record_hash=verdict.record_hash,
-        detail=verdict.detail,
-        record_payload=verdict.record_payload,
+        verdict.decision,
+        verdict.position,
+        verdict.raw,
+        verdict.input_hash,
+        verdict.placement_id,
+        verdict.kind,
+        verdict.opened,
+        verdict.status,
+        verdict.reason,
+        verdict.record,
+        record_envelope,
+        verdict.record_hash,
+        verdict.detail,
+        verdict.record_payload,
     )
 
 
