@@ -299,8 +299,9 @@ def test_key_rotation_and_revocation() -> None:
 
 def _stream_prev(s: Scenario) -> str:
     assert s.fold is not None
-    placement = s.fold._placements[PID]  # test peeks at the stream state
-    return placement.streams["node-a"].last_hash
+    state = s.fold.state(PID)
+    assert state is not None
+    return state.streams["node-a"].last_hash
 
 
 # ---- pricing through the fold ------------------------------------------------------------
@@ -391,14 +392,24 @@ def build_stream(seed: int) -> tuple[b.Cast, list[bytes]]:
 
 
 def run_fold(cast: b.Cast, inputs: list[bytes], snapshot_every: int = 0) -> tuple[int, str]:
-    fold = Fold(cast.ledger)
+    # What the store's ``lookup_usage`` answers: the accepted usage events committed so far.
+    committed: dict[tuple[str, str, int], tuple[str, str]] = {}
+
+    def lookup(placement_id: str, node_id: str, seq: int) -> tuple[str, str] | None:
+        return committed.get((placement_id, node_id, seq))
+
+    fold = Fold(cast.ledger, lookup=lookup)
     for i, raw in enumerate(inputs):
-        fold.apply(raw, f"p:{i}", None)
+        for o in fold.apply(raw, f"p:{i}", None):
+            if o.status == "accepted" and o.opened is not None:
+                event = o.opened.record
+                if isinstance(event, UsageEvent):
+                    key = (event.placement_id, event.node_id, event.seq)
+                    committed[key] = (o.input_hash, o.opened.record_hash)
         if snapshot_every and i % snapshot_every == 0 and PID in fold.dirty():
             data = fold.snapshot(PID)
-            fresh = Fold(cast.ledger)
+            fresh = Fold(cast.ledger, lookup=lookup)
             fresh.restore(PID, data)
-            fresh._history = fold._history  # the store would answer lookups
             fold = fresh
     head = fold.head(PID)
     assert head is not None

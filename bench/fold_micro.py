@@ -1,0 +1,131 @@
+"""Micro-benchmark of the fold alone (no Kafka, no DuckDB), the production wrapper's path.
+
+    .venv/bin/python bench/fold_micro.py [--events 20000] [--placements 50] [--repeat 5]
+
+Pre-generates signed usage events round-robin over many placements (after their terms),
+then folds them through ``ledger.fold.Fold``:
+
+* ``batched``: ``apply_batch`` in batches of 5000 with the ledger's crypto threads (the
+  service's path: signatures checked ahead and records signed on the threads);
+* ``inline``: ``apply`` one input at a time, all Ed25519 work on this thread;
+* ``rejections``: one placement whose node stream is blocked by a SEQ_GAP, so every
+  event is chained as rejected (the path whose state grows per input).
+
+Prints the best of ``--repeat`` runs as inputs/s (wall clock), and the CPU time of the
+main thread per input (``time.thread_time``): the fold's own work, which the other
+sessions on a shared machine disturb less than the wall clock. No asserts: a benchmark
+reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from devtools.builders import Cast, StreamWriter, gpu, make_cast, make_terms, sample, signed_terms  # noqa: E402
+from ledger.fold import Fold  # noqa: E402
+from ledger.limits import CRYPTO_THREADS  # noqa: E402
+
+T0_MS = 1_767_225_600_000
+INTERVAL_MS = 60_000
+BATCH = 5000
+
+
+def generate(events: int, placements: int) -> tuple[Cast, list[tuple[bytes, str, str | None]]]:
+    """Terms for every placement, then usage events round-robin over placements."""
+    cast = make_cast("bench")
+    per = -(-events // placements)
+    window_ms = (per + 2) * INTERVAL_MS
+    items: list[tuple[bytes, str, str | None]] = []
+    writers = []
+    for i in range(placements):
+        pid = f"bench-{i:05d}"
+        g = gpu(f"{pid}-n0", 0)
+        terms = make_terms(cast, pid, [g], T0_MS, T0_MS + window_ms)
+        items.append((signed_terms(cast, terms), f"t:{i}", pid))
+        writers.append((pid, StreamWriter(cast.node_key(g.node_id), pid, g.node_id), g))
+    produced = 0
+    for e in range(per):
+        for pid, writer, g in writers:
+            if produced == events:
+                break
+            start = T0_MS + e * INTERVAL_MS
+            raw = writer.event(start, start + INTERVAL_MS, [sample(g)])
+            items.append((raw, f"e:{produced}", pid))
+            produced += 1
+    return cast, items
+
+
+def blocked(events: int) -> tuple[Cast, list[tuple[bytes, str, str | None]]]:
+    """One placement whose stream skips seq 0: every event is rejected (SEQ_GAP)."""
+    cast = make_cast("bench-blocked")
+    pid = "bench-blocked"
+    g = gpu(f"{pid}-n0", 0)
+    terms = make_terms(cast, pid, [g], T0_MS, T0_MS + (events + 2) * INTERVAL_MS)
+    items: list[tuple[bytes, str, str | None]] = [(signed_terms(cast, terms), "t:0", pid)]
+    writer = StreamWriter(cast.node_key(g.node_id), pid, g.node_id)
+    writer.event(T0_MS, T0_MS + INTERVAL_MS, [sample(g)])  # seq 0, never delivered
+    for e in range(1, events + 1):
+        start = T0_MS + e * INTERVAL_MS
+        raw = writer.event(start, start + INTERVAL_MS, [sample(g)])
+        items.append((raw, f"e:{e}", pid))
+    return cast, items
+
+
+def best(repeat: int, run: Callable[[], int]) -> str:
+    rates, cpu = [], []
+    for _ in range(repeat):
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        n = run()
+        cpu.append((time.thread_time() - started_cpu) / n * 1e6)
+        rates.append(n / (time.perf_counter() - started))
+    return f"{max(rates):9.0f} inputs/s  main thread {min(cpu):6.1f} us CPU/input"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--placements", type=int, default=50)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    cast, items = generate(args.events, args.placements)
+    bcast, bitems = blocked(args.events // 4)
+
+    def batched() -> int:
+        fold = Fold(cast.ledger)
+        with ThreadPoolExecutor(CRYPTO_THREADS) as pool:
+            for start in range(0, len(items), BATCH):
+                fold.apply_batch(items[start : start + BATCH], pool)
+                fold.clear_dirty()
+        return len(items)
+
+    def inline() -> int:
+        fold = Fold(cast.ledger)
+        for raw, position, key in items:
+            fold.apply(raw, position, key)
+        return len(items)
+
+    def rejections() -> int:
+        fold = Fold(bcast.ledger)
+        with ThreadPoolExecutor(CRYPTO_THREADS) as pool:
+            for start in range(0, len(bitems), BATCH):
+                fold.apply_batch(bitems[start : start + BATCH], pool)
+                fold.clear_dirty()
+        return len(bitems)
+
+    print(f"inputs: {len(items)} over {args.placements} placements; best of {args.repeat}")
+    print(f"batched    {best(args.repeat, batched)}")
+    print(f"inline     {best(args.repeat, inline)}")
+    print(f"rejections {best(args.repeat, rejections)} ({len(bitems)} inputs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

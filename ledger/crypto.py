@@ -1,0 +1,85 @@
+"""The crypto pool beside the fold: usage signatures checked ahead, records signed after.
+
+libsodium releases the GIL, so Ed25519 work on a few threads runs beside the fold on
+the main thread. ``preverify`` checks each usage event's signature with the key bound
+to its node when the batch starts, in chunks, and hands back one pending check per
+input; the fold resolves an input's check just before ``decide`` and passes the result
+in as data (a key bound inside the batch is simply checked inline by ``decide``).
+``sign`` signs the chained records' bytes after the fold, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from typing import Final
+
+from ledger.decide import CheckedSignature
+from proto.envelope import Opened, encode_envelope, sign_payload
+from proto.errors import ProtoError
+from proto.keys import SigningKey, verify
+from proto.records import UsageEvent
+
+# Signatures checked or made per job handed to an executor thread.
+CRYPTO_CHUNK: Final = 256
+
+# (placement_id, node_id, key id) -> the public key bound to that node now, if known.
+KeyFinder = Callable[[str, str, str], bytes | None]
+
+
+class PendingCheck:
+    """One signature of a chunk being checked on a thread."""
+
+    __slots__ = ("_future", "_index", "_public_key")
+
+    def __init__(self, public_key: bytes, future: Future[list[bool]], index: int) -> None:
+        self._public_key = public_key
+        self._future = future
+        self._index = index
+
+    def result(self) -> CheckedSignature:
+        """Wait for the chunk; the check of this signature."""
+        return CheckedSignature(self._public_key, self._future.result()[self._index])
+
+
+def preverify(
+    executor: Executor, opened: Sequence[Opened | ProtoError], key_for: KeyFinder
+) -> list[PendingCheck | None]:
+    """A pending check per input: for usage events with one signature by a known key."""
+    pending: list[PendingCheck | None] = [None] * len(opened)
+    jobs: list[tuple[int, bytes, bytes, bytes]] = []
+    for i, op in enumerate(opened):
+        if not isinstance(op, Opened) or not isinstance(op.record, UsageEvent):
+            continue
+        signatures = op.envelope.signatures
+        if len(signatures) != 1:
+            continue
+        public_key = key_for(op.record.placement_id, op.record.node_id, signatures[0].keyid)
+        if public_key is not None:
+            jobs.append((i, public_key, op.payload, signatures[0].sig))
+    for start in range(0, len(jobs), CRYPTO_CHUNK):
+        chunk = jobs[start : start + CRYPTO_CHUNK]
+        future = executor.submit(_verify_chunk, [(k, p, s) for _, k, p, s in chunk])
+        for j, (i, public_key, _, _) in enumerate(chunk):
+            pending[i] = PendingCheck(public_key, future, j)
+    return pending
+
+
+def sign_record(key: SigningKey, payload: bytes) -> bytes:
+    """The ledger's envelope over a record's signed bytes."""
+    return encode_envelope(sign_payload(payload, [key]))
+
+
+def sign(executor: Executor, key: SigningKey, payloads: Sequence[bytes]) -> list[bytes]:
+    """``sign_record`` of each payload, in order, on the executor's threads."""
+    chunks = [payloads[s : s + CRYPTO_CHUNK] for s in range(0, len(payloads), CRYPTO_CHUNK)]
+    futures = [executor.submit(_sign_chunk, key, chunk) for chunk in chunks]
+    return [envelope for future in futures for envelope in future.result()]
+
+
+def _verify_chunk(jobs: Sequence[tuple[bytes, bytes, bytes]]) -> list[bool]:
+    return [verify(public_key, payload, sig) for public_key, payload, sig in jobs]
+
+
+def _sign_chunk(key: SigningKey, payloads: Sequence[bytes]) -> list[bytes]:
+    return [sign_record(key, payload) for payload in payloads]

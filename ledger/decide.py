@@ -1,0 +1,631 @@
+"""The fold as a pure function (SPEC.md §6-§7): ``decide(state, opened) -> (verdict, state)``.
+
+``decide`` takes the state of one placement and one input of it, and returns the
+verdict for that input together with the placement's new state. It does no I/O, reads
+no clock, calls back into nothing and never changes the state it was given: a verdict
+that changes nothing (a drop, a quarantine) returns the very same state object, and a
+rejection changes only the chain (its head, its length, the seen inputs) — never a
+stream, a binding or a total.
+
+What it needs from outside the state is passed in as data, looked up by the caller
+before the call:
+
+* ``accepted_at`` — the (input hash, record hash) of the accepted usage event at the
+  input's ``seq``, when ``usage_lookup(state, opened)`` says it is needed (a re-delivery
+  or an equivocation of an event committed earlier; SPEC §6.1 (2), §6.3 usage (3));
+* ``checked`` — the result of the usage signature check when a thread pool did it ahead
+  of the fold. Without it ``decide`` verifies inline (Ed25519 verification is itself a
+  pure function of key, bytes and signature).
+
+The checks run in the order SPEC.md §6 writes them; the first that fails names the
+reason. Each check cites its section. Signing the records is not done here: a chained
+verdict carries the record's signed bytes and hash, and the caller signs them.
+
+``attribute`` is SPEC §6.1 (1): whether an input belongs to a placement at all.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Final, Literal, get_args
+
+import msgspec
+
+from ledger.persistent import PSet
+from ledger.pricing import overlap_ms, price, reclaim_credit_minor, sla_credit_minor
+from ledger.state import (
+    NEW_STREAM,
+    NO_HASHES,
+    NO_HELD,
+    PlacementState,
+    StreamState,
+    terms_fields,
+)
+from proto import limits
+from proto.canonical import signed_bytes
+from proto.envelope import Opened, check_signatures, open_envelope, sha256_hex
+from proto.errors import ProtoError
+from proto.invariant import InvariantViolation, invariant
+from proto.keys import key_id, verify
+from proto.reasons import Reason
+from proto.records import (
+    Adjustment,
+    LedgerRecord,
+    NodeKeyBinding,
+    PlacementClosed,
+    PlacementTerms,
+    ReclaimNotice,
+    Status,
+    Totals,
+    UsageEvent,
+)
+from proto.terms import party_keys, validate_terms
+
+# SPEC §6: every input gets exactly one decision.
+Decision = Literal["chained", "dropped", "quarantined", "held"]
+DECISIONS: Final[tuple[Decision, ...]] = get_args(Decision)
+
+INPUT_KINDS: Final = frozenset({"terms", "keybinding", "usage", "reclaim", "adjustment", "closed"})
+_AFTER_CLOSE_KINDS: Final = frozenset({"usage", "keybinding", "reclaim", "closed"})
+
+# (input hash, record hash) of an accepted usage event.
+AcceptedEvent = tuple[str, str]
+
+
+class NotLookedUp(Enum):
+    """``accepted_at`` was not looked up (distinct from "looked up: none")."""
+
+    NOT_LOOKED_UP = 0
+
+
+NOT_LOOKED_UP: Final = NotLookedUp.NOT_LOOKED_UP
+
+
+class CheckedSignature(msgspec.Struct, frozen=True):
+    """A usage signature checked ahead of the fold: with this key, it verified or not."""
+
+    public_key: bytes
+    valid: bool
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """What SPEC §6 decides for one input (and, for accepted terms, the inputs it released).
+
+    A chained verdict carries its LedgerRecord, the record's signed bytes and their hash;
+    the envelope (the ledger's signature over those bytes) is made by the caller.
+    """
+
+    decision: Decision
+    position: str
+    raw: bytes
+    input_hash: str
+    placement_id: str | None
+    kind: str | None
+    opened: Opened | None
+    status: Status | None = None
+    reason: Reason | None = None
+    detail: str = ""
+    record: LedgerRecord | None = None
+    record_payload: bytes | None = None
+    record_hash: str | None = None
+    # SPEC §6.2: the held inputs processed right after accepted terms, in arrival order.
+    released: tuple[Verdict, ...] = ()
+
+    def flatten(self) -> list[Verdict]:
+        """This verdict, then those of the inputs it released."""
+        return [self, *self.released] if self.released else [self]
+
+
+# ---- §6.1 (1): attributable or quarantined ------------------------------------------------
+
+
+def attribute(
+    raw: bytes, opened: Opened | ProtoError, position: str, stream_key: str | None
+) -> Verdict | None:
+    """SPEC §6.1 (1): the quarantine verdict of an input that is not attributable to a
+    placement, or None when it is (``opened.record.placement_id`` names it)."""
+    if isinstance(opened, ProtoError):
+        return _quarantined(raw, position, None, None, opened.reason, opened.detail)
+    placement_id: str = opened.record.placement_id
+    if opened.kind not in INPUT_KINDS:
+        detail = f"{opened.kind} records are not inputs"
+        return _quarantined(raw, position, placement_id, opened, Reason.KIND_MISMATCH, detail)
+    if stream_key is not None and stream_key != placement_id:
+        detail = f"stream key {stream_key!r} differs from placement_id {placement_id!r}"
+        return _quarantined(raw, position, placement_id, opened, Reason.PLACEMENT_MISMATCH, detail)
+    return None
+
+
+def usage_lookup(state: PlacementState, opened: Opened) -> tuple[str, int] | None:
+    """(node_id, seq) whose accepted usage event ``decide`` needs as ``accepted_at``
+    for this input, or None when the state answers it (SPEC §6.1 (2), §6.3 usage (3))."""
+    record = opened.record
+    if not isinstance(record, UsageEvent) or state.terms is None:
+        return None
+    stream = state.streams.get(record.node_id)
+    if stream is None or record.seq >= stream.next_seq - 1:
+        return None
+    return record.node_id, record.seq
+
+
+# ---- decide -------------------------------------------------------------------------------
+
+
+def decide(
+    state: PlacementState,
+    opened: Opened,
+    position: str,
+    *,
+    ledger_key: bytes,
+    accepted_at: AcceptedEvent | NotLookedUp | None = NOT_LOOKED_UP,
+    checked: CheckedSignature | None = None,
+) -> tuple[Verdict, PlacementState]:
+    """The verdict for one attributable input of ``state``'s placement, and the new state.
+
+    ``ledger_key`` is the public key of the ledger folding the stream (SPEC §5 (6)).
+    See the module docstring for ``accepted_at`` and ``checked``.
+    """
+    if opened.record.placement_id != state.placement_id:
+        raise InvariantViolation(
+            f"an input of {opened.record.placement_id} for {state.placement_id}"
+        )
+    run = _Run(ledger_key, accepted_at)
+    verdict, new = run.one(state, opened, position, checked)
+    if state.terms is None and new.terms is not None and new.held:
+        # SPEC §6.2: held inputs are processed right after the accepted terms.
+        released, new = run.release(new)
+        verdict = msgspec.structs.replace(verdict, released=tuple(released))
+    return verdict, new
+
+
+class _Drop(Exception):
+    """Control flow: the input is a re-delivery (SPEC §6.1 (2), §6.3): dropped."""
+
+
+class _Reject(Exception):
+    def __init__(self, reason: Reason, detail: str = "") -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+        self.detail = detail
+
+
+class _Run:
+    """One call of ``decide``: its inputs from outside, and the usage events it accepted
+    (held inputs released by terms can re-deliver one of those)."""
+
+    __slots__ = ("accepted", "accepted_at", "ledger_key")
+
+    def __init__(self, ledger_key: bytes, accepted_at: AcceptedEvent | NotLookedUp | None) -> None:
+        self.ledger_key = ledger_key
+        self.accepted_at = accepted_at
+        self.accepted: dict[tuple[str, int], AcceptedEvent] = {}
+
+    def one(
+        self,
+        state: PlacementState,
+        opened: Opened,
+        position: str,
+        checked: CheckedSignature | None,
+    ) -> tuple[Verdict, PlacementState]:
+        # §6.1 (2): an exact re-delivery is dropped.
+        if self._is_redelivery(state, opened):
+            return _dropped(state, opened, position), state
+        # §6.1 (3), §6.2: inputs before the terms are held, up to the bound.
+        if state.terms is None and opened.kind != "terms":
+            if len(state.held) >= limits.MAX_HELD_PER_PLACEMENT:
+                detail = f"{limits.MAX_HELD_PER_PLACEMENT} inputs already held without terms"
+                verdict = _quarantined(
+                    opened.raw,
+                    position,
+                    state.placement_id,
+                    opened,
+                    Reason.UNKNOWN_PLACEMENT,
+                    detail,
+                )
+                return verdict, state
+            new = msgspec.structs.replace(
+                state,
+                held=state.held.append((opened.raw, position)),
+                held_hashes=state.held_hashes.add(opened.input_hash),
+            )
+            return _verdict("held", position, state.placement_id, opened), new
+        return self._process(state, opened, position, checked)
+
+    def release(self, state: PlacementState) -> tuple[list[Verdict], PlacementState]:
+        """SPEC §6.2: the held inputs in arrival order, as if they arrived now."""
+        held = list(state.held)
+        state = msgspec.structs.replace(state, held=NO_HELD, held_hashes=NO_HASHES)
+        verdicts = []
+        for raw, position in held:
+            opened = open_envelope(raw)  # it decoded when it was held
+            verdict, state = self.one(state, opened, position, None)
+            verdicts.append(verdict)
+        return verdicts, state
+
+    # §6.1 (2)
+    def _is_redelivery(self, state: PlacementState, opened: Opened) -> bool:
+        if opened.input_hash in state.seen or opened.input_hash in state.held_hashes:
+            return True
+        record = opened.record
+        if isinstance(record, UsageEvent) and state.terms is not None:
+            stream = state.streams.get(record.node_id)
+            if stream is not None and record.seq < stream.next_seq:
+                accepted = self._accepted_at(state, stream, record.node_id, record.seq)
+                return accepted is not None and accepted[0] == opened.input_hash
+        return False
+
+    def _accepted_at(
+        self, state: PlacementState, stream: StreamState, node_id: str, seq: int
+    ) -> AcceptedEvent | None:
+        if seq == stream.next_seq - 1:
+            return stream.last_input_hash, stream.last_hash
+        mine = self.accepted.get((node_id, seq))
+        if mine is not None:
+            return mine
+        given = self.accepted_at
+        invariant(
+            given is not NOT_LOOKED_UP,
+            f"decide needs the accepted usage event at {state.placement_id}/{node_id}/{seq}: "
+            "look it up (usage_lookup) before the call",
+        )
+        return None if isinstance(given, NotLookedUp) else given
+
+    # §6.1 (4) and §6.3
+    def _process(
+        self,
+        state: PlacementState,
+        opened: Opened,
+        position: str,
+        checked: CheckedSignature | None,
+    ) -> tuple[Verdict, PlacementState]:
+        record = opened.record
+        delivered = 0
+        try:
+            # §6.1 (4): after the close only adjustments (and terms: dropped/conflict).
+            if state.closed and opened.kind in _AFTER_CLOSE_KINDS:
+                raise _Reject(Reason.AFTER_CLOSE, "the placement is closed")
+            terms = state.terms
+            if isinstance(record, PlacementTerms):
+                new = self._terms(state, opened, record)
+            elif terms is None:  # pragma: no cover - §6.1 (3) held it
+                raise AssertionError(f"{opened.kind} input without terms was not held")
+            elif isinstance(record, NodeKeyBinding):
+                new = _key_binding(state, terms, opened, record)
+            elif isinstance(record, UsageEvent):
+                new, delivered = self._usage(state, terms, opened, record, checked)
+            elif isinstance(record, ReclaimNotice):
+                new = _reclaim(state, terms, opened, record)
+            elif isinstance(record, Adjustment):
+                new = _adjustment(state, terms, opened, record)
+            elif isinstance(record, PlacementClosed):
+                new = _close(state, terms, opened, record)
+            else:  # pragma: no cover - attribute() lets only INPUT_KINDS through
+                raise AssertionError(opened.kind)
+        except _Drop:
+            return _dropped(state, opened, position), state
+        except _Reject as rejection:
+            # A rejection is chained (SPEC §6) and changes nothing else.
+            seen = state.seen.add(opened.input_hash)
+            return _chain(
+                state,
+                seen,
+                opened,
+                position,
+                "rejected",
+                rejection.reason,
+                0,
+                rejection.detail,
+                state.totals,
+                {},
+            )
+        totals: Totals = new.pop("totals", state.totals)
+        # Accepted usage events are recognised by their stream position, not in ``seen``.
+        seen = state.seen if isinstance(record, UsageEvent) else state.seen.add(opened.input_hash)
+        return _chain(state, seen, opened, position, "accepted", None, delivered, "", totals, new)
+
+    # §6.3 terms
+    def _terms(
+        self, state: PlacementState, opened: Opened, terms: PlacementTerms
+    ) -> dict[str, Any]:
+        if state.terms is not None:
+            if opened.record_hash == state.terms_record_hash:
+                raise _Drop
+            raise _Reject(Reason.TERMS_CONFLICT, "the placement already has other terms")
+        _require(opened, party_keys(terms))
+        problems = validate_terms(terms)
+        if problems:
+            raise _Reject(Reason.TERMS_INVALID, "; ".join(problems))
+        if terms.ledger_key != self.ledger_key:
+            raise _Reject(Reason.TERMS_INVALID, "ledger_key names another ledger")
+        return terms_fields(terms, opened.payload, opened.record_hash)
+
+    # §6.3 usage
+    def _usage(
+        self,
+        state: PlacementState,
+        terms: PlacementTerms,
+        opened: Opened,
+        event: UsageEvent,
+        checked: CheckedSignature | None,
+    ) -> tuple[dict[str, Any], int]:
+        node_id = event.node_id
+        # (1) the node is in the terms
+        bound = state.bindings.get(node_id)
+        if bound is None:
+            raise _Reject(Reason.NODE_UNKNOWN, f"node {node_id!r} is not in the terms")
+        # (2) one signature, by a key bound to the node, valid, and covering the interval
+        signatures = opened.envelope.signatures
+        if not signatures:
+            raise _Reject(Reason.SIG_MISSING, "usage must be signed by its node")
+        if len(signatures) > 1:
+            raise _Reject(Reason.SIG_SURPLUS, f"{len(signatures)} signatures, want 1")
+        signature = signatures[0]
+        public_key = state.key_for(node_id, signature.keyid)
+        if public_key is None:
+            raise _Reject(Reason.NODE_KEY_UNKNOWN, f"key {signature.keyid} is not bound to node")
+        valid_from, valid_until = bound[public_key]
+        if checked is not None and checked.public_key == public_key:
+            valid = checked.valid
+        else:
+            valid = verify(public_key, opened.payload, signature.sig)
+        if not valid:
+            raise _Reject(Reason.SIG_INVALID, f"bad signature by key {signature.keyid}")
+        if not (valid_from <= event.start_ms and event.end_ms <= valid_until):
+            raise _Reject(
+                Reason.NODE_KEY_NOT_VALID, "the key's binding does not cover the interval"
+            )
+        # (3) the stream position: re-delivery, equivocation, gap, fork
+        stream = state.streams.get(node_id, NEW_STREAM)
+        if event.seq < stream.next_seq:
+            accepted = self._accepted_at(state, stream, node_id, event.seq)
+            if accepted is not None and accepted[1] == opened.record_hash:
+                raise _Drop
+            raise _Reject(Reason.EQUIVOCATION, f"a different event for accepted seq {event.seq}")
+        if event.seq > stream.next_seq:
+            raise _Reject(Reason.SEQ_GAP, f"seq {event.seq}, expected {stream.next_seq}")
+        if event.prev != stream.last_hash:
+            raise _Reject(Reason.PREV_MISMATCH, f"prev {event.prev}, expected {stream.last_hash}")
+        # (4) the interval
+        if not (
+            event.start_ms < event.end_ms
+            and event.end_ms - event.start_ms <= limits.MAX_INTERVAL_MS
+        ):
+            raise _Reject(Reason.INTERVAL_INVALID, f"[{event.start_ms}, {event.end_ms})")
+        if event.seq > 0 and event.start_ms < stream.last_end_ms:
+            raise _Reject(
+                Reason.INTERVAL_OVERLAP,
+                f"starts at {event.start_ms}, the previous ended at {stream.last_end_ms}",
+            )
+        # (5) the window
+        if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
+            raise _Reject(Reason.OUTSIDE_WINDOW, f"[{event.start_ms}, {event.end_ms})")
+        # (6) the samples; §7.1 delivered
+        uuids = [s.uuid for s in event.samples]
+        if len(set(uuids)) != len(uuids):
+            raise _Reject(Reason.SAMPLE_DUPLICATE_GPU, "a GPU is sampled twice")
+        delivered = 0
+        for sample in event.samples:
+            spec = state.gpus.get(sample.uuid)
+            if spec is None or spec.node_id != node_id:
+                raise _Reject(Reason.GPU_NOT_IN_TERMS, f"GPU {sample.uuid} on {node_id}")
+            if spec.model != sample.model:
+                raise _Reject(
+                    Reason.GPU_MODEL_MISMATCH, f"GPU {sample.uuid}: {sample.model} != {spec.model}"
+                )
+            if sample.allocated and sample.healthy:
+                delivered += spec.share_milli * overlap_ms(
+                    event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
+                )
+        # (7) accepted: advance the stream and fold
+        self.accepted[(node_id, event.seq)] = (opened.input_hash, opened.record_hash)
+        streams = dict(state.streams)
+        streams[node_id] = StreamState(
+            event.seq + 1, opened.record_hash, event.end_ms, opened.input_hash
+        )
+        changes: dict[str, Any] = {
+            "streams": streams,
+            "max_usage_end_ms": max(state.max_usage_end_ms, event.end_ms),
+        }
+        if delivered:
+            changes["totals"] = _reprice(
+                terms, state.totals, delivered_mgms=state.totals.delivered_mgms + delivered
+            )
+        return changes, delivered
+
+
+# §6.3 keybinding
+def _key_binding(
+    state: PlacementState, terms: PlacementTerms, opened: Opened, binding: NodeKeyBinding
+) -> dict[str, Any]:
+    _require(opened, {key_id(terms.operator.key): terms.operator.key})
+    keys = state.bindings.get(binding.node_id)
+    if keys is None:
+        raise _Reject(Reason.NODE_UNKNOWN, f"node {binding.node_id!r} is not in the terms")
+    if binding.valid_from_ms >= binding.valid_until_ms:
+        raise _Reject(Reason.BINDING_INVALID, "valid_from_ms is not before valid_until_ms")
+    bindings = dict(state.bindings)
+    bindings[binding.node_id] = {
+        **keys,
+        binding.key: (binding.valid_from_ms, binding.valid_until_ms),
+    }
+    return {"bindings": bindings}
+
+
+# §6.3 reclaim; §7.3 reclaim credit
+def _reclaim(
+    state: PlacementState, terms: PlacementTerms, opened: Opened, notice: ReclaimNotice
+) -> dict[str, Any]:
+    _require(opened, {key_id(terms.operator.key): terms.operator.key})
+    if state.reclaimed:
+        raise _Reject(Reason.RECLAIM_DUPLICATE, "a reclaim was already accepted")
+    if not notice.issued_at_ms <= notice.effective_at_ms:
+        raise _Reject(Reason.RECLAIM_INVALID, "issued after it takes effect")
+    if not terms.window_start_ms <= notice.effective_at_ms < terms.window_end_ms:
+        raise _Reject(Reason.RECLAIM_INVALID, "effective time outside the window")
+    if len(set(notice.gpus)) != len(notice.gpus) or set(notice.gpus) != set(state.gpus):
+        raise _Reject(Reason.RECLAIM_INVALID, "gpus are not exactly the placement's GPUs")
+    if state.max_usage_end_ms > notice.effective_at_ms:
+        raise _Reject(
+            Reason.RECLAIM_BEHIND_USAGE,
+            f"usage already folded to {state.max_usage_end_ms} > {notice.effective_at_ms}",
+        )
+    credit = reclaim_credit_minor(terms, notice.issued_at_ms, notice.effective_at_ms)
+    return {
+        "reclaimed": True,
+        "effective_end_ms": notice.effective_at_ms,
+        "totals": _reprice(terms, state.totals, reclaim_credit=credit),
+    }
+
+
+# §6.3 adjustment; §7.4 adjustments, §7.7 bounds
+def _adjustment(
+    state: PlacementState, terms: PlacementTerms, opened: Opened, adjustment: Adjustment
+) -> dict[str, Any]:
+    _require(opened, {key_id(terms.desk.key): terms.desk.key})
+    if adjustment.adjustment_id in state.adjustment_ids:
+        raise _Reject(Reason.ADJUSTMENT_DUPLICATE, f"{adjustment.adjustment_id} seen before")
+    current = state.totals
+    if adjustment.direction == "credit":
+        totals = _reprice(
+            terms,
+            current,
+            adjustment_credit=current.adjustment_credit_minor + adjustment.amount_minor,
+        )
+    else:
+        totals = _reprice(
+            terms,
+            current,
+            adjustment_charge=current.adjustment_charge_minor + adjustment.amount_minor,
+        )
+    if any(value > limits.MAX_SAFE_INTEGER for value in msgspec.structs.astuple(totals)):
+        raise _Reject(Reason.ADJUSTMENT_INVALID, "a total would pass 2^53 - 1")
+    return {
+        "adjustment_ids": state.adjustment_ids.add(adjustment.adjustment_id),
+        "totals": totals,
+    }
+
+
+# §6.3 closed; §7.5 SLA credit
+def _close(
+    state: PlacementState, terms: PlacementTerms, opened: Opened, close: PlacementClosed
+) -> dict[str, Any]:
+    _require(opened, {key_id(terms.ledger_key): terms.ledger_key})
+    due = terms.window_end_ms + terms.late_grace_ms
+    if close.closed_at_ms < due:
+        raise _Reject(Reason.CLOSE_INVALID, f"closed at {close.closed_at_ms}, due {due}")
+    totals = state.totals
+    sla = sla_credit_minor(terms, totals.delivered_mgms, totals.gross_minor, state.effective_end_ms)
+    return {"closed": True, "totals": _reprice(terms, totals, sla_credit=sla)}
+
+
+# §3 signatures, for the kinds whose signers are named by the terms.
+def _require(opened: Opened, required: dict[str, bytes]) -> None:
+    error = check_signatures(opened.envelope, required).failure()
+    if error is not None:
+        raise _Reject(error.reason, error.detail)
+
+
+# §7: the totals after a change of one of the cumulative inputs of the price.
+def _reprice(terms: PlacementTerms, current: Totals, **changes: int) -> Totals:
+    values = {
+        "delivered_mgms": current.delivered_mgms,
+        "reclaim_credit": current.reclaim_credit_minor,
+        "sla_credit": current.sla_credit_minor,
+        "adjustment_credit": current.adjustment_credit_minor,
+        "adjustment_charge": current.adjustment_charge_minor,
+    }
+    values.update(changes)
+    return price(terms, **values)
+
+
+# §8: record i of the chain.
+def _chain(
+    state: PlacementState,
+    seen: PSet[str],
+    opened: Opened,
+    position: str,
+    status: Status,
+    reason: Reason | None,
+    delivered: int,
+    detail: str,
+    totals: Totals,
+    changes: dict[str, Any],
+) -> tuple[Verdict, PlacementState]:
+    record = LedgerRecord(
+        placement_id=state.placement_id,
+        index=state.next_index,
+        prev=state.head,
+        kind=opened.kind,  # type: ignore[arg-type]
+        source=opened.input_hash,
+        status=status,
+        reason="" if reason is None else reason.value,
+        delivered_mgms=delivered,
+        totals=totals,
+    )
+    payload = signed_bytes(record)
+    record_hash = sha256_hex(payload)
+    new = msgspec.structs.replace(
+        state,
+        next_index=state.next_index + 1,
+        head=record_hash,
+        totals=totals,
+        seen=seen,
+        **changes,
+    )
+    verdict = Verdict(
+        "chained",
+        position,
+        opened.raw,
+        opened.input_hash,
+        state.placement_id,
+        opened.kind,
+        opened,
+        status,
+        reason,
+        detail,
+        record,
+        payload,
+        record_hash,
+    )
+    return verdict, new
+
+
+def _verdict(
+    decision: Decision, position: str, placement_id: str | None, opened: Opened, **fields: Any
+) -> Verdict:
+    """The verdict on an input that opened (its bytes, hash and kind come from it)."""
+    return Verdict(
+        decision=decision,
+        position=position,
+        raw=opened.raw,
+        input_hash=opened.input_hash,
+        placement_id=placement_id,
+        kind=opened.kind,
+        opened=opened,
+        **fields,
+    )
+
+
+def _dropped(state: PlacementState, opened: Opened, position: str) -> Verdict:
+    return _verdict("dropped", position, state.placement_id, opened, reason=Reason.DUPLICATE)
+
+
+def _quarantined(
+    raw: bytes,
+    position: str,
+    placement_id: str | None,
+    opened: Opened | None,
+    reason: Reason,
+    detail: str,
+) -> Verdict:
+    return Verdict(
+        decision="quarantined",
+        position=position,
+        raw=raw,
+        input_hash=sha256_hex(raw),
+        placement_id=placement_id,
+        kind=None if opened is None else opened.kind,
+        opened=opened,
+        reason=reason,
+        detail=detail,
+    )

@@ -1,0 +1,111 @@
+"""Persistent (immutable, structure-sharing) collections for the fold state.
+
+The fold's state is immutable: ``decide`` returns a new state and never changes the one
+it was given. A placement's set of seen input hashes and its held inputs grow by one per
+input, so copying them on every change would make a long stream quadratic. These share
+structure instead, as a binary counter of immutable layers: adding one element makes a
+one-element layer and merges equal-sized layers at the end, so an add costs amortised
+O(log n) and a lookup probes at most log2(n) + 1 frozensets. Old versions stay valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator
+from typing import Generic, TypeVar
+
+H = TypeVar("H", bound=Hashable)
+T = TypeVar("T")
+
+
+class PSet(Generic[H]):
+    """An immutable set with a cheap ``add`` (returns a new set)."""
+
+    __slots__ = ("_layers", "_len")
+
+    def __init__(self, items: Iterable[H] = ()) -> None:
+        layer = frozenset(items)
+        self._layers: tuple[frozenset[H], ...] = (layer,) if layer else ()
+        self._len = len(layer)
+
+    @classmethod
+    def _of(cls, layers: tuple[frozenset[H], ...], length: int) -> PSet[H]:
+        new = cls.__new__(cls)
+        new._layers = layers
+        new._len = length
+        return new
+
+    def __contains__(self, item: object) -> bool:
+        return any(item in layer for layer in self._layers)
+
+    def add(self, item: H) -> PSet[H]:
+        """This set with ``item`` (``self`` when it is already in)."""
+        if item in self:
+            return self
+        layers = list(self._layers)
+        new: frozenset[H] = frozenset((item,))
+        while layers and len(layers[-1]) <= len(new):
+            new = layers.pop() | new
+        layers.append(new)
+        return PSet._of(tuple(layers), self._len + 1)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[H]:
+        for layer in self._layers:
+            yield from layer
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PSet):
+            return NotImplemented
+        return self._len == other._len and all(item in other for item in self)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self))
+
+    def __repr__(self) -> str:
+        return f"PSet({sorted(map(repr, self))})"
+
+
+class PLog(Generic[T]):
+    """An immutable sequence with a cheap ``append`` (returns a new sequence)."""
+
+    __slots__ = ("_layers", "_len")
+
+    def __init__(self, items: Iterable[T] = ()) -> None:
+        layer = tuple(items)
+        self._layers: tuple[tuple[T, ...], ...] = (layer,) if layer else ()
+        self._len = len(layer)
+
+    def append(self, item: T) -> PLog[T]:
+        """This sequence with ``item`` at the end."""
+        layers = list(self._layers)
+        new: tuple[T, ...] = (item,)
+        while layers and len(layers[-1]) <= len(new):
+            new = layers.pop() + new
+        layers.append(new)
+        log: PLog[T] = PLog.__new__(PLog)
+        log._layers = tuple(layers)
+        log._len = self._len + 1
+        return log
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def __iter__(self) -> Iterator[T]:
+        for layer in self._layers:
+            yield from layer
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PLog):
+            return NotImplemented
+        return self._len == other._len and list(self) == list(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"PLog({list(self)!r})"

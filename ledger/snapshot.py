@@ -1,0 +1,132 @@
+"""The snapshot codec: a placement's fold state <-> bytes (msgpack), stored beside its
+records in the same transaction (``placement_state.snapshot``).
+
+The byte format is the one stores already hold (version 1): the same msgpack structs,
+sorted the same way, so a store written before the fold became ``decide`` restores, and
+the same state encodes to the same bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from ledger.persistent import PLog, PSet
+from ledger.state import PlacementState, StreamState, terms_fields
+from proto.canonical import decode_payload
+from proto.envelope import sha256_hex
+from proto.records import PlacementTerms, Totals
+
+SNAPSHOT_VERSION: Final = 1
+
+
+class _StreamSnap(msgspec.Struct, array_like=True):
+    node_id: str
+    next_seq: int
+    last_hash: str
+    last_end_ms: int
+    last_input_hash: str
+
+
+class _BindingSnap(msgspec.Struct, array_like=True):
+    node_id: str
+    key: bytes
+    valid_from_ms: int
+    valid_until_ms: int
+
+
+class _Snapshot(msgspec.Struct):
+    version: int
+    placement_id: str
+    terms_payload: bytes | None
+    next_index: int
+    head: str
+    totals: Totals
+    streams: list[_StreamSnap]
+    bindings: list[_BindingSnap]
+    closed: bool
+    effective_end_ms: int
+    reclaimed: bool
+    max_usage_end_ms: int
+    adjustment_ids: list[str]
+    seen: list[str]
+    held: list[tuple[bytes, str]]
+
+
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_DECODER: Final = msgspec.msgpack.Decoder(_Snapshot)
+
+
+class SnapshotError(ValueError):
+    """Snapshot bytes that are not a version-1 snapshot of the expected placement."""
+
+
+def encode(state: PlacementState) -> bytes:
+    """The state as snapshot bytes."""
+    snap = _Snapshot(
+        version=SNAPSHOT_VERSION,
+        placement_id=state.placement_id,
+        terms_payload=state.terms_payload,
+        next_index=state.next_index,
+        head=state.head,
+        totals=state.totals,
+        streams=[
+            _StreamSnap(n, s.next_seq, s.last_hash, s.last_end_ms, s.last_input_hash)
+            for n, s in sorted(state.streams.items())
+        ],
+        bindings=[
+            _BindingSnap(node, key, frm, until)
+            for node, keys in sorted(state.bindings.items())
+            for key, (frm, until) in sorted(keys.items())
+        ],
+        closed=state.closed,
+        effective_end_ms=state.effective_end_ms,
+        reclaimed=state.reclaimed,
+        max_usage_end_ms=state.max_usage_end_ms,
+        adjustment_ids=sorted(state.adjustment_ids),
+        seen=sorted(state.seen),
+        held=list(state.held),
+    )
+    return _ENCODER.encode(snap)
+
+
+def decode(placement_id: str, data: bytes) -> PlacementState:
+    """The state ``encode`` wrote for ``placement_id``."""
+    snap = _DECODER.decode(data)
+    if snap.version != SNAPSHOT_VERSION or snap.placement_id != placement_id:
+        raise SnapshotError(
+            f"snapshot of {snap.placement_id} v{snap.version} is not for {placement_id}"
+        )
+    bindings: dict[str, dict[bytes, tuple[int, int]]] = {}
+    for b in snap.bindings:
+        bindings.setdefault(b.node_id, {})[b.key] = (b.valid_from_ms, b.valid_until_ms)
+    held = [(raw, position) for raw, position in snap.held]
+    state = PlacementState(
+        placement_id,
+        next_index=snap.next_index,
+        head=snap.head,
+        totals=snap.totals,
+        streams={
+            s.node_id: StreamState(s.next_seq, s.last_hash, s.last_end_ms, s.last_input_hash)
+            for s in snap.streams
+        },
+        bindings=bindings,
+        closed=snap.closed,
+        effective_end_ms=snap.effective_end_ms,
+        reclaimed=snap.reclaimed,
+        max_usage_end_ms=snap.max_usage_end_ms,
+        adjustment_ids=PSet(snap.adjustment_ids),
+        seen=PSet(snap.seen),
+        held=PLog(held),
+        held_hashes=PSet(sha256_hex(raw) for raw, _ in held),
+    )
+    if snap.terms_payload is None:
+        return state
+    terms = decode_payload(snap.terms_payload)
+    if not isinstance(terms, PlacementTerms):
+        raise SnapshotError(f"snapshot of {placement_id}: its terms are a {type(terms).__name__}")
+    fields = terms_fields(terms, snap.terms_payload, sha256_hex(snap.terms_payload))
+    # Bindings and the effective end are the snapshot's own (revocations, a reclaim).
+    del fields["bindings"], fields["effective_end_ms"]
+    return msgspec.structs.replace(state, **fields)

@@ -1,0 +1,101 @@
+"""The fold state of one placement: immutable values that ``decide`` reads and replaces.
+
+Nothing here changes after it is built: ``decide`` (ledger/decide.py) returns a new
+``PlacementState`` (``msgspec.structs.replace``) and leaves the one it was given as it
+was. Mappings are never mutated once built; a change builds a new mapping (copy on
+write — they are small: one entry per node). The sets and the held list that grow with
+every input are persistent structures (ledger/persistent.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgspec
+
+from ledger.persistent import PLog, PSet
+from ledger.pricing import ZERO_TOTALS
+from proto import limits
+from proto.keys import key_id
+from proto.records import ZERO_HASH, GpuSpec, PlacementTerms, Totals
+
+# Binding window of the node keys the terms list (SPEC §6.3 terms): [0, 2^53 - 1).
+FOREVER: Final = (0, limits.MAX_SAFE_INTEGER)
+
+# node_id -> public key -> [valid_from_ms, valid_until_ms).
+Bindings = Mapping[str, Mapping[bytes, tuple[int, int]]]
+
+
+class StreamState(msgspec.Struct, frozen=True):
+    """One (placement, node) usage stream (SPEC §6.3 usage): what the next event must be."""
+
+    next_seq: int = 0
+    last_hash: str = ZERO_HASH
+    last_end_ms: int = 0
+    last_input_hash: str = ""
+
+
+NEW_STREAM: Final = StreamState()
+
+NO_HASHES: Final[PSet[str]] = PSet()
+NO_HELD: Final[PLog[tuple[bytes, str]]] = PLog()
+
+
+class PlacementState(msgspec.Struct, frozen=True):
+    """Everything the fold knows about one placement between two inputs."""
+
+    placement_id: str
+    terms: PlacementTerms | None = None
+    terms_payload: bytes | None = None
+    terms_record_hash: str = ""
+    gpus: Mapping[str, GpuSpec] = msgspec.field(default_factory=dict)
+    # The chain: records so far and the record hash of the last one.
+    next_index: int = 0
+    head: str = ZERO_HASH
+    totals: Totals = ZERO_TOTALS
+    streams: Mapping[str, StreamState] = msgspec.field(default_factory=dict)
+    bindings: Bindings = msgspec.field(default_factory=dict)
+    closed: bool = False
+    effective_end_ms: int = 0
+    reclaimed: bool = False
+    max_usage_end_ms: int = 0
+    adjustment_ids: PSet[str] = NO_HASHES
+    # Input hashes of every chained input except accepted usage events (those are
+    # recognised by their stream position, SPEC §6.3 usage (3)).
+    seen: PSet[str] = NO_HASHES
+    # Inputs held before the terms (SPEC §6.2), in arrival order: (raw, position).
+    held: PLog[tuple[bytes, str]] = NO_HELD
+    held_hashes: PSet[str] = NO_HASHES
+
+    def key_for(self, node_id: str, keyid: str) -> bytes | None:
+        """The public key with this key id bound to the node (any validity), if any."""
+        for public_key in self.bindings.get(node_id, ()):
+            if key_id(public_key) == keyid:
+                return public_key
+        return None
+
+    def close_due_ms(self) -> int | None:
+        """window_end_ms + late_grace_ms; None without accepted terms."""
+        if self.terms is None:
+            return None
+        return self.terms.window_end_ms + self.terms.late_grace_ms
+
+
+def empty(placement_id: str) -> PlacementState:
+    """A placement the fold has seen nothing of."""
+    return PlacementState(placement_id)
+
+
+def terms_fields(terms: PlacementTerms, payload: bytes, record_hash: str) -> dict[str, Any]:
+    """The fields accepted terms set (SPEC §6.3 terms, "Accepted"): the placement's GPUs,
+    each node's key bound for [0, 2^53 - 1), ``effective_end = window_end_ms``. (Every
+    stream starts at seq 0 with ``prev`` = ZERO_HASH: ``NEW_STREAM``.)"""
+    return {
+        "terms": terms,
+        "terms_payload": payload,
+        "terms_record_hash": record_hash,
+        "gpus": {g.uuid: g for g in terms.gpus},
+        "bindings": {n.node_id: {n.key: FOREVER} for n in terms.nodes},
+        "effective_end_ms": terms.window_end_ms,
+    }

@@ -1,0 +1,404 @@
+"""``decide`` (ledger/decide.py), the pure fold, against the production wrapper.
+
+Random streams of one placement — valid events, gaps, forks, re-deliveries,
+equivocations, junk, held inputs, bindings, reclaims, adjustments, late inputs after
+the close — are folded twice:
+
+* by a reference loop that calls ``decide`` directly, keeping states in a dict and the
+  accepted usage events in another (what the store's lookup would answer);
+* by the production path: ``Ingestor`` (the fold wrapper, its cache, the crypto thread
+  pool, the snapshot codec) committing random batches into a real DuckDB store, which
+  evicts a closed placement and reloads it from the store for a late input.
+
+They must agree on every chained record, drop, quarantine and on the stored state.
+Along the way the reference checks that ``decide`` never changes the state it is given
+and that a rejection changes nothing but the chain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import msgspec
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from test_ledger_fold import PID as FOLD_PID
+from test_ledger_fold import build_stream
+
+from devtools import builders as b
+from ledger import snapshot
+from ledger.decide import (
+    NOT_LOOKED_UP,
+    Verdict,
+    attribute,
+    decide,
+    usage_lookup,
+)
+from ledger.fold import Fold
+from ledger.ingest import Ingestor
+from ledger.inputs import Item
+from ledger.persistent import PLog, PSet
+from ledger.state import PlacementState, empty
+from ledger.store import Store
+from proto.envelope import Opened, open_envelope
+from proto.errors import ProtoError
+from proto.invariant import InvariantViolation
+from proto.records import PlacementTerms
+
+WS: Final = 1_767_225_600_000
+HOUR: Final = 3_600_000
+MINUTE: Final = 60_000
+PID: Final = "pl-decide"
+OTHER: Final = "pl-no-terms"
+CAST: Final = b.make_cast("decide-tests")
+NODES: Final = ("node-a", "node-b")
+GPUS: Final = [b.gpu("node-a", 0), b.gpu("node-a", 1, share_milli=500), b.gpu("node-b", 0)]
+TERMS: Final = b.make_terms(CAST, PID, GPUS, WS, WS + HOUR)
+OTHER_TERMS: Final = b.make_terms(CAST, PID, GPUS, WS, WS + 2 * HOUR)
+
+ACTIONS: Final = (
+    "event-a",
+    "event-a",
+    "event-b",
+    "event-b",
+    "gap-a",
+    "fork-b",
+    "redeliver",
+    "equivocate-a",
+    "junk",
+    "wrong-key",
+    "other-placement",
+    "terms",
+    "terms-conflict",
+    "bind-new-key",
+    "revoke-a",
+    "reclaim",
+    "adjust",
+    "adjust-again",
+    "close",
+)
+
+
+@dataclass
+class Stream:
+    """Builds a placement's inputs from a list of actions."""
+
+    inputs: list[tuple[bytes, str | None]] = field(default_factory=list)
+    t: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NODES, WS))
+    writers: dict[str, b.StreamWriter] = field(default_factory=dict)
+    last: dict[str, tuple[int, str]] = field(default_factory=dict)
+    adjustments: int = 0
+
+    def __post_init__(self) -> None:
+        for node in NODES:
+            self.writers[node] = b.StreamWriter(CAST.node_key(node), PID, node)
+
+    def add(self, raw: bytes, key: str | None = PID) -> None:
+        self.inputs.append((raw, key))
+
+    def event(self, node: str, writer: b.StreamWriter | None = None) -> bytes:
+        w = writer or self.writers[node]
+        self.last[node] = (w.seq, w.prev)
+        start = self.t[node]
+        self.t[node] = start + MINUTE
+        samples = [b.sample(g) for g in GPUS if g.node_id == node]
+        return w.event(start, start + MINUTE, samples)
+
+    def act(self, action: str, i: int) -> None:
+        if action.startswith("event-"):
+            self.add(self.event(f"node-{action[-1]}"), PID if i % 3 else None)
+        elif action == "gap-a":
+            self.writers["node-a"].seq += 1
+        elif action == "fork-b":
+            self.writers["node-b"].prev = "f" * 64
+        elif action == "redeliver" and self.inputs:
+            self.add(self.inputs[i % len(self.inputs)][0])
+        elif action == "equivocate-a" and "node-a" in self.last:
+            seq, prev = self.last["node-a"]
+            w = b.StreamWriter(CAST.node_key("node-a"), PID, "node-a", seq=seq, prev=prev)
+            self.t["node-a"] += MINUTE
+            self.add(self.event("node-a", w))
+        elif action == "junk":
+            self.add(b"junk-%d" % i)
+        elif action == "wrong-key":
+            w = b.StreamWriter(CAST.node_key("node-z"), PID, "node-a", seq=0)
+            self.add(self.event("node-a", w))
+        elif action == "other-placement":
+            w = b.StreamWriter(CAST.node_key("node-a"), OTHER, "node-a", seq=i)
+            self.add(w.event(WS, WS + MINUTE, []), OTHER if i % 2 else PID)
+        elif action == "terms":
+            self.add(b.signed_terms(CAST, TERMS))
+        elif action == "terms-conflict":
+            self.add(b.signed_terms(CAST, OTHER_TERMS))
+        elif action == "bind-new-key":
+            key = CAST.node_key("node-a-2")
+            self.add(b.key_binding(CAST, PID, "node-a", key, WS, WS + HOUR, WS))
+        elif action == "revoke-a":
+            old = CAST.node_key("node-a")
+            self.add(b.key_binding(CAST, PID, "node-a", old, 0, self.t["node-a"] + MINUTE, WS))
+        elif action == "reclaim":
+            effective = max(self.t.values()) + MINUTE
+            self.add(b.reclaim(CAST, TERMS, effective - 30 * MINUTE, effective, f"r{i}"))
+        elif action == "adjust":
+            self.adjustments += 1
+            self.add(b.adjustment(CAST, PID, f"adj-{self.adjustments}", "credit", 7 * i + 1, WS))
+        elif action == "adjust-again":
+            direction = "charge" if i % 2 else "credit"
+            self.add(b.adjustment(CAST, PID, f"adj-{self.adjustments}", direction, i + 1, WS))
+        elif action == "close":
+            self.add(b.closed(CAST, PID, WS + HOUR + 5 * MINUTE))
+
+
+def build(actions: list[str]) -> list[tuple[bytes, str, str | None]]:
+    stream = Stream()
+    for i, action in enumerate(actions):
+        stream.act(action, i)
+    if "terms" not in actions:
+        stream.add(b.signed_terms(CAST, TERMS))
+    return [(raw, f"t:0:{i}", key) for i, (raw, key) in enumerate(stream.inputs)]
+
+
+def _open(raw: bytes) -> Opened | ProtoError:
+    try:
+        return open_envelope(raw)
+    except ProtoError as exc:
+        return exc
+
+
+def fingerprint(state: PlacementState) -> tuple[object, ...]:
+    """Everything observable in a state (the codec's bytes cover all but derived fields)."""
+    return (
+        snapshot.encode(state),
+        state.terms,
+        dict(state.gpus),
+        frozenset(state.held_hashes),
+        {n: dict(k) for n, k in state.bindings.items()},
+        dict(state.streams),
+    )
+
+
+def check_change(before: PlacementState, verdicts: list[Verdict], after: PlacementState) -> None:
+    """What a verdict may change: nothing, the held inputs, or (rejected) only the chain."""
+    verdict = verdicts[0]
+    if verdict.decision in ("dropped", "quarantined"):
+        assert after is before
+    elif verdict.decision == "held":
+        assert msgspec.structs.replace(after, held=before.held, held_hashes=before.held_hashes) == (
+            before
+        )
+        assert list(after.held)[:-1] == list(before.held)
+    elif verdict.status == "rejected":
+        assert verdict.record_hash is not None
+        assert after == msgspec.structs.replace(
+            before,
+            next_index=before.next_index + 1,
+            head=verdict.record_hash,
+            seen=before.seen.add(verdict.input_hash),
+        )
+        assert set(after.streams) == set(before.streams)  # no stream created by a rejection
+
+
+@dataclass
+class Reference:
+    """The fold as a loop over ``decide``: states and accepted usage events in dicts."""
+
+    states: dict[str, PlacementState] = field(default_factory=dict)
+    accepted: dict[tuple[str, str, int], tuple[str, str]] = field(default_factory=dict)
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def run(self, items: list[tuple[bytes, str, str | None]]) -> Reference:
+        for raw, position, key in items:
+            opened = _open(raw)
+            quarantined = attribute(raw, opened, position, key)
+            if quarantined is not None:
+                self.verdicts.append(quarantined)
+                continue
+            assert isinstance(opened, Opened)
+            pid = opened.record.placement_id
+            state = self.states.get(pid) or empty(pid)
+            wanted = usage_lookup(state, opened)
+            accepted_at = NOT_LOOKED_UP if wanted is None else self.accepted.get((pid, *wanted))
+            before = fingerprint(state)
+            verdict, new = decide(
+                state, opened, position, ledger_key=CAST.ledger.public_key, accepted_at=accepted_at
+            )
+            assert fingerprint(state) == before  # decide never changes its input
+            flat = verdict.flatten()
+            check_change(state, flat, new)
+            for v in flat:
+                if v.status == "accepted" and v.kind == "usage":
+                    assert v.opened is not None
+                    event = v.opened.record
+                    key3 = (pid, event.node_id, event.seq)  # type: ignore[union-attr]
+                    self.accepted[key3] = (v.input_hash, v.opened.record_hash)
+            self.states[pid] = new
+            self.verdicts.extend(flat)
+        return self
+
+
+def production(
+    items: list[tuple[bytes, str, str | None]], cuts: list[int], db: Path
+) -> dict[str, object]:
+    """Ingest ``items`` in batches cut at ``cuts`` into a fresh store; what it holds."""
+    store = Store(db, ledger_public_key=CAST.ledger.public_key)
+    ingestor = Ingestor(store, CAST.ledger)
+    try:
+        bounds = sorted({0, len(items), *(c % (len(items) + 1) for c in cuts)})
+        for lo, hi in itertools.pairwise(bounds):
+            batch = [
+                Item(raw, pos, key, "t:0", f"t:0:{i + 1}")
+                for i, (raw, pos, key) in enumerate(items[lo:hi], start=lo)
+            ]
+            ingestor.ingest(batch)
+        return {
+            "records": {p: store.record_payloads(p) for p in store.placements()},
+            "dropped": {p: store.dropped_count(p) for p in (PID, OTHER)},
+            "quarantined": store.quarantine_counts(),
+            "states": {p: store.load_state(p) for p in (PID, OTHER)},
+        }
+    finally:
+        ingestor.close()
+        store.close()
+
+
+def expected(reference: Reference) -> dict[str, object]:
+    records: dict[str, list[bytes]] = {}
+    for v in reference.verdicts:
+        if v.decision == "chained":
+            assert v.placement_id is not None and v.record_payload is not None
+            records.setdefault(v.placement_id, []).append(v.record_payload)
+    dropped = Counter(v.placement_id for v in reference.verdicts if v.decision == "dropped")
+    quarantined = Counter(
+        v.reason.value for v in reference.verdicts if v.decision == "quarantined" and v.reason
+    )
+    states = {
+        p: snapshot.encode(reference.states[p]) if p in reference.states else None
+        for p in (PID, OTHER)
+    }
+    return {
+        "records": records,
+        "dropped": {p: dropped.get(p, 0) for p in (PID, OTHER)},
+        "quarantined": dict(quarantined),
+        "states": states,
+    }
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=40),
+    st.lists(st.integers(0, 60), max_size=6),
+)
+# Held inputs released by terms, an equivocation, a close (the placement is evicted
+# after its batch), then a re-delivery of seq 0 in a later batch: reloaded from the
+# store, and the accepted event at seq 0 looked up in the store.
+@example(
+    actions=[
+        "event-a",
+        "event-b",
+        "terms",
+        "event-a",
+        "event-a",
+        "event-a",
+        "equivocate-a",
+        "close",
+        "adjust",
+        "redeliver",
+        "event-b",
+    ],
+    cuts=[4, 8, 9],
+)
+def test_decide_over_a_stream_equals_the_production_ingest(
+    actions: list[str], cuts: list[int]
+) -> None:
+    items = build(actions)
+    reference = Reference().run(items)
+    with tempfile.TemporaryDirectory() as tmp:
+        got = production(items, cuts, Path(tmp) / "ledger.duckdb")
+    assert got == expected(reference)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=40))
+def test_snapshot_round_trip_and_wrapper_outcomes(actions: list[str]) -> None:
+    items = build(actions)
+    reference = Reference().run(items)
+    for state in reference.states.values():
+        assert snapshot.decode(state.placement_id, snapshot.encode(state)) == state
+    # The wrapper one input at a time gives the same verdicts (plus the signatures).
+    fold = Fold(CAST.ledger)
+    outcomes = [o for raw, pos, key in items for o in fold.apply(raw, pos, key)]
+    assert [(o.decision, o.status, o.reason, o.record_hash, o.detail) for o in outcomes] == [
+        (v.decision, v.status, v.reason, v.record_hash, v.detail) for v in reference.verdicts
+    ]
+
+
+def test_decide_demands_the_lookup_it_needs() -> None:
+    """An old seq needs the accepted event from the store: decide refuses to guess."""
+    items = build(["terms", "event-a", "event-a", "event-a"])
+    reference = Reference().run(items)
+    state = reference.states[PID]
+    # Seq 0 again after seq 2 was accepted: not answerable from the state alone.
+    first = open_envelope(items[1][0])
+    assert usage_lookup(state, first) == ("node-a", 0)
+    with pytest.raises(InvariantViolation):
+        decide(state, first, "x", ledger_key=CAST.ledger.public_key)
+
+
+def test_a_rejected_event_creates_no_stream() -> None:
+    items = build(["terms", "gap-a", "event-a"])
+    reference = Reference().run(items)
+    assert reference.verdicts[-1].reason is not None
+    assert reference.verdicts[-1].reason.value == "SEQ_GAP"
+    assert "node-a" not in reference.states[PID].streams
+
+
+# Snapshot bytes and outcomes of the fold before it became ``decide`` (commit 2218ddb),
+# over the seeded streams of tests/test_ledger_fold.py, terms first and terms sixth.
+OLD_SNAPSHOTS_SHA256: Final = "f096b8769f793fd14887c88f3368846b30d6d10f3ea58cf9bcee867e856f3dff"
+OLD_OUTCOMES_SHA256: Final = "33f20f1e1382c21a95bc5c974d903b2dc28da11d167e352c1af54b1706731003"
+
+
+def test_snapshot_bytes_and_outcomes_match_the_fold_before_decide() -> None:
+    snapshots, outcomes = hashlib.sha256(), hashlib.sha256()
+    for seed in range(20):
+        cast, inputs = build_stream(seed)
+        for variant in (inputs, [*inputs[1:6], inputs[0], *inputs[6:]]):
+            fold = Fold(cast.ledger)
+            for i, raw in enumerate(variant):
+                for o in fold.apply(raw, f"p:{i}", None):
+                    fields = (o.decision, o.position, o.status, o.reason, o.record_hash, o.detail)
+                    outcomes.update(repr(fields).encode())
+                snapshots.update(fold.snapshot(FOLD_PID) if FOLD_PID in fold.dirty() else b"-")
+    assert snapshots.hexdigest() == OLD_SNAPSHOTS_SHA256
+    assert outcomes.hexdigest() == OLD_OUTCOMES_SHA256
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=80))
+def test_persistent_set_and_log_behave_like_set_and_list(values: list[int]) -> None:
+    pset: PSet[int] = PSet()
+    plog: PLog[int] = PLog()
+    versions = []
+    for v in values:
+        versions.append((pset, set(pset), plog, list(plog)))
+        pset, plog = pset.add(v), plog.append(v)
+    assert set(pset) == set(values) and len(pset) == len(set(values))
+    assert all(v in pset for v in values) and -1 not in pset
+    assert list(plog) == values and len(plog) == len(values)
+    assert PSet(values) == pset and PLog(values) == plog
+    for old_set, as_set, old_log, as_list in versions:  # old versions never change
+        assert set(old_set) == as_set and list(old_log) == as_list
+
+
+def test_states_are_frozen() -> None:
+    state = empty(PID)
+    with pytest.raises(AttributeError):
+        state.next_index = 3  # type: ignore[misc]
+    assert isinstance(TERMS, PlacementTerms)
