@@ -45,7 +45,7 @@ from proto import limits
 from proto.canonical import signed_bytes
 from proto.envelope import Opened, check_signatures, open_envelope, sha256_hex
 from proto.errors import ProtoError
-from proto.invariant import InvariantViolation, invariant
+from proto.invariant import InvariantViolation, invariant, of_type
 from proto.keys import key_id, verify
 from proto.reasons import Reason
 from proto.records import (
@@ -108,12 +108,23 @@ class Verdict(msgspec.Struct, frozen=True):
     record: LedgerRecord | None = None
     record_payload: bytes | None = None
     record_hash: str | None = None
-    # SPEC §6.2: the held inputs processed right after accepted terms, in arrival order.
+    # SPEC §6.2: the held inputs processed right after this one (after accepted terms, in
+    # arrival order; after an accepted usage event, its stream's next held events).
     released: tuple[Verdict, ...] = ()
+    # SPEC §6.3 closed: the close flush, chained right before the close record.
+    preceded: tuple[Verdict, ...] = ()
 
     def flatten(self) -> list[Verdict]:
-        """This verdict, then those of the inputs it released."""
-        return [self, *self.released] if self.released else [self]
+        """The verdicts in chain order: the flush before it, this one, what it released."""
+        if not self.released and not self.preceded:
+            return [self]
+        out: list[Verdict] = []
+        for v in self.preceded:
+            out.extend(v.flatten())
+        out.append(self)
+        for v in self.released:
+            out.extend(v.flatten())
+        return out
 
 
 # ---- §6.1 (1): attributable or quarantined ------------------------------------------------
@@ -182,11 +193,19 @@ class _Drop(Exception):
     """Control flow: the input is a re-delivery (SPEC §6.1 (2), §6.3): dropped."""
 
 
+class _HoldInStream(Exception):
+    """Control flow: a usage event beyond its stream's next seq waits (SPEC §6.2)."""
+
+
 class _Reject(Exception):
-    def __init__(self, reason: Reason, detail: str = "") -> None:
+    def __init__(
+        self, reason: Reason, detail: str = "", takes: tuple[str, int] | None = None
+    ) -> None:
         super().__init__(reason.value)
         self.reason = reason
         self.detail = detail
+        # (node_id, seq) a rejected usage event takes for good (SPEC §6.3 usage (3)).
+        self.takes = takes
 
 
 class _Run:
@@ -212,7 +231,7 @@ class _Run:
             return _dropped(state, opened, position), state
         # §6.1 (3), §6.2: inputs before the terms are held, up to the bound.
         if state.terms is None and opened.kind != "terms":
-            if len(state.held) >= limits.MAX_HELD_PER_PLACEMENT:
+            if state.held_count() >= limits.MAX_HELD_PER_PLACEMENT:
                 detail = f"{limits.MAX_HELD_PER_PLACEMENT} inputs already held without terms"
                 verdict = _quarantined(
                     opened.raw,
@@ -248,6 +267,9 @@ class _Run:
             return True
         record = opened.record
         if isinstance(record, UsageEvent) and state.terms is not None:
+            held = state.stream_held.get(record.node_id)
+            if held is not None and record.seq in held:
+                return held[record.seq][2] == opened.input_hash
             stream = state.streams.get(record.node_id)
             if stream is not None and record.seq < stream.next_seq:
                 accepted = self._accepted_at(state, stream, record.node_id, record.seq)
@@ -277,6 +299,8 @@ class _Run:
         opened: Opened,
         position: str,
         checked: CheckedSignature | None,
+        *,
+        release: bool = True,
     ) -> tuple[Verdict, PlacementState]:
         record = opened.record
         delivered = 0
@@ -300,12 +324,21 @@ class _Run:
             elif isinstance(record, PlacementClosed):
                 new = _close(state, terms, opened, record)
             else:  # pragma: no cover - attribute() lets only INPUT_KINDS through
-                raise AssertionError(opened.kind)
+                raise InvariantViolation(f"no rule for kind {opened.kind}")
         except _Drop:
             return _dropped(state, opened, position), state
+        except _HoldInStream:
+            return _hold_in_stream(state, opened, position)
         except _Reject as rejection:
-            # A rejection is chained (SPEC §6) and changes nothing else.
+            # A rejection is chained (SPEC §6) and changes nothing else — but a usage
+            # event rejected from §6.3 usage (3) on takes its seq for good.
             seen = state.seen.add(opened.input_hash)
+            changes: dict[str, Any] = {}
+            if rejection.takes is not None:
+                node_id, seq = rejection.takes
+                taken = dict(state.taken)
+                taken[node_id] = taken.get(node_id, frozenset()) | {seq}
+                changes["taken"] = taken
             return _chain(
                 state,
                 seen,
@@ -316,12 +349,45 @@ class _Run:
                 0,
                 rejection.detail,
                 state.totals,
-                {},
+                changes,
             )
+        flush: list[Verdict] = []
+        if isinstance(record, PlacementClosed):
+            # §6.3 closed: the close flush comes first, then the close record.
+            flush, state = _close_flush(state)
         totals: Totals = new.pop("totals", state.totals)
         # Accepted usage events are recognised by their stream position, not in ``seen``.
         seen = state.seen if isinstance(record, UsageEvent) else state.seen.add(opened.input_hash)
-        return _chain(state, seen, opened, position, "accepted", None, delivered, "", totals, new)
+        verdict, state = _chain(
+            state, seen, opened, position, "accepted", None, delivered, "", totals, new
+        )
+        if flush:
+            verdict = msgspec.structs.replace(verdict, preceded=tuple(flush))
+        if release and isinstance(record, UsageEvent) and record.node_id in state.stream_held:
+            released, state = self._release_stream(state, record.node_id)
+            if released:
+                verdict = msgspec.structs.replace(verdict, released=tuple(released))
+        return verdict, state
+
+    def _release_stream(
+        self, state: PlacementState, node_id: str
+    ) -> tuple[list[Verdict], PlacementState]:
+        """SPEC §6.2: the stream's held events that are next in seq order, as if they
+        arrived now (each one accepted advances the stream to the next)."""
+        released: list[Verdict] = []
+        for _ in range(limits.MAX_HELD_PER_PLACEMENT):
+            held = state.stream_held.get(node_id)
+            stream = state.streams.get(node_id, NEW_STREAM)
+            if not held or stream.next_seq not in held:
+                break
+            raw, position, _ = held[stream.next_seq]
+            state = _without_held(state, node_id, stream.next_seq)
+            opened = open_envelope(raw)  # it decoded when it was held
+            verdict, state = self._process(state, opened, position, None, release=False)
+            released.append(verdict)
+            if verdict.status != "accepted":
+                break  # the stream did not advance: the rest waits
+        return released, state
 
     # §6.3 terms
     def _terms(
@@ -374,43 +440,53 @@ class _Run:
             raise _Reject(
                 Reason.NODE_KEY_NOT_VALID, "the key's binding does not cover the interval"
             )
-        # (3) the stream position: re-delivery, equivocation, gap, fork
+        # (3) the stream position: re-delivery, equivocation, held beyond a gap, fork
         stream = state.streams.get(node_id, NEW_STREAM)
         if event.seq < stream.next_seq:
             accepted = self._accepted_at(state, stream, node_id, event.seq)
             if accepted is not None and accepted[1] == opened.record_hash:
                 raise _Drop
             raise _Reject(Reason.EQUIVOCATION, f"a different event for accepted seq {event.seq}")
+        if event.seq in state.taken.get(node_id, ()):
+            raise _Reject(Reason.EQUIVOCATION, f"seq {event.seq} was taken by a rejected event")
         if event.seq > stream.next_seq:
-            raise _Reject(Reason.SEQ_GAP, f"seq {event.seq}, expected {stream.next_seq}")
+            if event.seq in state.stream_held.get(node_id, {}):
+                raise _Reject(Reason.EQUIVOCATION, f"a different event for held seq {event.seq}")
+            raise _HoldInStream
+        takes = (node_id, event.seq)
         if event.prev != stream.last_hash:
-            raise _Reject(Reason.PREV_MISMATCH, f"prev {event.prev}, expected {stream.last_hash}")
+            raise _Reject(
+                Reason.PREV_MISMATCH, f"prev {event.prev}, expected {stream.last_hash}", takes
+            )
         # (4) the interval
         if not (
             event.start_ms < event.end_ms
             and event.end_ms - event.start_ms <= limits.MAX_INTERVAL_MS
         ):
-            raise _Reject(Reason.INTERVAL_INVALID, f"[{event.start_ms}, {event.end_ms})")
+            raise _Reject(Reason.INTERVAL_INVALID, f"[{event.start_ms}, {event.end_ms})", takes)
         if event.seq > 0 and event.start_ms < stream.last_end_ms:
             raise _Reject(
                 Reason.INTERVAL_OVERLAP,
                 f"starts at {event.start_ms}, the previous ended at {stream.last_end_ms}",
+                takes,
             )
         # (5) the window
         if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
-            raise _Reject(Reason.OUTSIDE_WINDOW, f"[{event.start_ms}, {event.end_ms})")
+            raise _Reject(Reason.OUTSIDE_WINDOW, f"[{event.start_ms}, {event.end_ms})", takes)
         # (6) the samples; §7.1 delivered
         uuids = [s.uuid for s in event.samples]
         if len(set(uuids)) != len(uuids):
-            raise _Reject(Reason.SAMPLE_DUPLICATE_GPU, "a GPU is sampled twice")
+            raise _Reject(Reason.SAMPLE_DUPLICATE_GPU, "a GPU is sampled twice", takes)
         delivered = 0
         for sample in event.samples:
             spec = state.gpus.get(sample.uuid)
             if spec is None or spec.node_id != node_id:
-                raise _Reject(Reason.GPU_NOT_IN_TERMS, f"GPU {sample.uuid} on {node_id}")
+                raise _Reject(Reason.GPU_NOT_IN_TERMS, f"GPU {sample.uuid} on {node_id}", takes)
             if spec.model != sample.model:
                 raise _Reject(
-                    Reason.GPU_MODEL_MISMATCH, f"GPU {sample.uuid}: {sample.model} != {spec.model}"
+                    Reason.GPU_MODEL_MISMATCH,
+                    f"GPU {sample.uuid}: {sample.model} != {spec.model}",
+                    takes,
                 )
             if sample.allocated and sample.healthy:
                 delivered += spec.share_milli * overlap_ms(
@@ -431,6 +507,65 @@ class _Run:
                 terms, state.totals, delivered_mgms=state.totals.delivered_mgms + delivered
             )
         return changes, delivered
+
+
+# §6.2: a usage event waits in its stream
+def _hold_in_stream(
+    state: PlacementState, opened: Opened, position: str
+) -> tuple[Verdict, PlacementState]:
+    event = of_type(opened.record, UsageEvent, "an event held in its stream")
+    if state.held_count() >= limits.MAX_HELD_PER_PLACEMENT:
+        detail = f"{limits.MAX_HELD_PER_PLACEMENT} inputs already held"
+        verdict = _quarantined(
+            opened.raw, position, state.placement_id, opened, Reason.HOLD_FULL, detail
+        )
+        return verdict, state
+    holds = dict(state.stream_held)
+    holds[event.node_id] = {
+        **holds.get(event.node_id, {}),
+        event.seq: (opened.raw, position, opened.input_hash),
+    }
+    new = msgspec.structs.replace(state, stream_held=holds)
+    return _verdict("held", position, state.placement_id, opened), new
+
+
+def _without_held(state: PlacementState, node_id: str, seq: int) -> PlacementState:
+    holds = dict(state.stream_held)
+    rest = {k: v for k, v in holds[node_id].items() if k != seq}
+    if rest:
+        holds[node_id] = rest
+    else:
+        del holds[node_id]
+    return msgspec.structs.replace(state, stream_held=holds)
+
+
+# §6.3 closed: the close flush — every event still held is chained as rejected SEQ_GAP.
+def _close_flush(state: PlacementState) -> tuple[list[Verdict], PlacementState]:
+    holds = state.stream_held
+    if not holds:
+        return [], state
+    state = msgspec.structs.replace(state, stream_held={})
+    verdicts: list[Verdict] = []
+    for node_id in sorted(holds):
+        expected = state.streams.get(node_id, NEW_STREAM).next_seq
+        for seq in sorted(holds[node_id]):
+            raw, position, input_hash = holds[node_id][seq]
+            opened = open_envelope(raw)  # it decoded when it was held
+            detail = f"seq {seq} still held at the close; the stream expected {expected}"
+            verdict, state = _chain(
+                state,
+                state.seen.add(input_hash),
+                opened,
+                position,
+                "rejected",
+                Reason.SEQ_GAP,
+                0,
+                detail,
+                state.totals,
+                {},
+            )
+            verdicts.append(verdict)
+    return verdicts, state
 
 
 # §6.3 keybinding

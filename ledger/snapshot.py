@@ -36,7 +36,19 @@ class _BindingSnap(msgspec.Struct, array_like=True):
     valid_until_ms: int
 
 
-class _Snapshot(msgspec.Struct):
+class _StreamHeldSnap(msgspec.Struct, array_like=True):
+    node_id: str
+    seq: int
+    raw: bytes
+    position: str
+
+
+class _TakenSnap(msgspec.Struct, array_like=True):
+    node_id: str
+    seqs: list[int]
+
+
+class _Snapshot(msgspec.Struct, omit_defaults=True):
     version: int
     placement_id: str
     terms_payload: bytes | None
@@ -52,6 +64,10 @@ class _Snapshot(msgspec.Struct):
     adjustment_ids: list[str]
     seen: list[str]
     held: list[tuple[bytes, str]]
+    # Added after version 1 shipped; absent (empty) in older snapshots, so the bytes of a
+    # state without them are what they were (SPEC §6.2 stream holds, §6.3 taken seqs).
+    stream_held: list[_StreamHeldSnap] = []
+    taken: list[_TakenSnap] = []
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -87,6 +103,12 @@ def encode(state: PlacementState) -> bytes:
         adjustment_ids=sorted(state.adjustment_ids),
         seen=sorted(state.seen),
         held=list(state.held),
+        stream_held=[
+            _StreamHeldSnap(node, seq, raw, position)
+            for node, holds in sorted(state.stream_held.items())
+            for seq, (raw, position, _) in sorted(holds.items())
+        ],
+        taken=[_TakenSnap(node, sorted(seqs)) for node, seqs in sorted(state.taken.items())],
     )
     return _ENCODER.encode(snap)
 
@@ -120,6 +142,8 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         seen=PSet(snap.seen),
         held=PLog(held),
         held_hashes=PSet(sha256_hex(raw) for raw, _ in held),
+        stream_held=_stream_held(snap.stream_held),
+        taken={t.node_id: frozenset(t.seqs) for t in snap.taken},
     )
     if snap.terms_payload is None:
         return state
@@ -130,3 +154,12 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
     # Bindings and the effective end are the snapshot's own (revocations, a reclaim).
     del fields["bindings"], fields["effective_end_ms"]
     return msgspec.structs.replace(state, **fields)
+
+
+def _stream_held(
+    rows: list[_StreamHeldSnap],
+) -> dict[str, dict[int, tuple[bytes, str, str]]]:
+    out: dict[str, dict[int, tuple[bytes, str, str]]] = {}
+    for row in rows:
+        out.setdefault(row.node_id, {})[row.seq] = (row.raw, row.position, sha256_hex(row.raw))
+    return out

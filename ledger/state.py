@@ -67,6 +67,17 @@ class PlacementState(msgspec.Struct, frozen=True):
     # Inputs held before the terms (SPEC §6.2), in arrival order: (raw, position).
     held: PLog[tuple[bytes, str]] = NO_HELD
     held_hashes: PSet[str] = NO_HASHES
+    # Usage events held in their stream until the seqs before them arrive (SPEC §6.2):
+    # node_id -> seq -> (raw, position, input hash). Small, copied on write.
+    stream_held: Mapping[str, Mapping[int, tuple[bytes, str, str]]] = msgspec.field(
+        default_factory=dict
+    )
+    # Seqs of a stream taken by a rejected event (SPEC §6.3 usage (3)): node_id -> seqs.
+    taken: Mapping[str, frozenset[int]] = msgspec.field(default_factory=dict)
+
+    def held_count(self) -> int:
+        """Inputs held before the terms plus usage events held in their streams."""
+        return len(self.held) + sum(len(h) for h in self.stream_held.values())
 
     def key_for(self, node_id: str, keyid: str) -> bytes | None:
         """The public key with this key id bound to the node (any validity), if any."""

@@ -189,18 +189,24 @@ def check_change(before: PlacementState, verdicts: list[Verdict], after: Placeme
     verdict = verdicts[0]
     if verdict.decision in ("dropped", "quarantined"):
         assert after is before
-    elif verdict.decision == "held":
+    elif verdict.decision == "held" and before.terms is None:
         assert msgspec.structs.replace(after, held=before.held, held_hashes=before.held_hashes) == (
             before
         )
         assert list(after.held)[:-1] == list(before.held)
-    elif verdict.status == "rejected":
+    elif verdict.decision == "held":
+        # SPEC §6.2: a usage event beyond its stream's next seq waits in the stream hold.
+        assert msgspec.structs.replace(after, stream_held=before.stream_held) == before
+        assert after.held_count() == before.held_count() + 1
+    elif verdict.status == "rejected" and len(verdicts) == 1:
         assert verdict.record_hash is not None
+        # A rejected usage event may take its seq for good (SPEC §6.3 usage (3)).
         assert after == msgspec.structs.replace(
             before,
             next_index=before.next_index + 1,
             head=verdict.record_hash,
             seen=before.seen.add(verdict.input_hash),
+            taken=after.taken,
         )
         assert set(after.streams) == set(before.streams)  # no stream created by a rejection
 
@@ -351,18 +357,19 @@ def test_decide_demands_the_lookup_it_needs() -> None:
         decide(state, first, "x", ledger_key=CAST.ledger.public_key)
 
 
-def test_a_rejected_event_creates_no_stream() -> None:
-    items = build(["terms", "gap-a", "event-a"])
-    reference = Reference().run(items)
-    assert reference.verdicts[-1].reason is not None
-    assert reference.verdicts[-1].reason.value == "SEQ_GAP"
-    assert "node-a" not in reference.states[PID].streams
+def test_an_event_beyond_a_gap_waits_and_creates_no_stream() -> None:
+    reference = Reference().run(build(["terms", "gap-a", "event-a"]))
+    assert reference.verdicts[-1].decision == "held"  # SPEC §6.2 stream hold
+    state = reference.states[PID]
+    assert "node-a" not in state.streams and state.held_count() == 1
 
 
-# Snapshot bytes and outcomes of the fold before it became ``decide`` (commit 2218ddb),
-# over the seeded streams of tests/test_ledger_fold.py, terms first and terms sixth.
-OLD_SNAPSHOTS_SHA256: Final = "f096b8769f793fd14887c88f3368846b30d6d10f3ea58cf9bcee867e856f3dff"
-OLD_OUTCOMES_SHA256: Final = "33f20f1e1382c21a95bc5c974d903b2dc28da11d167e352c1af54b1706731003"
+# Snapshot bytes and outcomes over the seeded streams of tests/test_ledger_fold.py, terms
+# first and terms sixth. Pinned to the fold before it became ``decide`` (commit 2218ddb),
+# and re-pinned once, on purpose, when SPEC §6.2 stream holds and §6.3 taken seqs
+# changed what a gap or a rejected event does. Any other change here is a regression.
+OLD_SNAPSHOTS_SHA256: Final = "959831df5bf039b4e6945436260d4981bacaf46d8a9ae84152a8983964834626"
+OLD_OUTCOMES_SHA256: Final = "0b0a7ae44e5fee04fd1c1bfdffbc3ebd2ca6cbd62c94ba1ebe0f78db767bf1b0"
 
 
 def test_snapshot_bytes_and_outcomes_match_the_fold_before_decide() -> None:

@@ -137,7 +137,6 @@ BAD_USAGE: list[tuple[str, Callable[[Scenario], bytes], Reason]] = [
         ),
         Reason.SIG_SURPLUS,
     ),
-    ("seq gap", lambda s: usage_with(s, seq=5), Reason.SEQ_GAP),
     ("prev mismatch", lambda s: usage_with(s, prev="ab" * 32), Reason.PREV_MISMATCH),
     ("empty interval", lambda s: usage_with(s, end_ms=WS), Reason.INTERVAL_INVALID),
     (
@@ -179,10 +178,22 @@ BAD_USAGE: list[tuple[str, Callable[[Scenario], bytes], Reason]] = [
 ]
 
 
+_NOT_THE_NODES = frozenset(
+    {
+        Reason.SIG_INVALID,
+        Reason.SIG_MISSING,
+        Reason.SIG_SURPLUS,
+        Reason.NODE_UNKNOWN,
+        Reason.NODE_KEY_UNKNOWN,
+        Reason.NODE_KEY_NOT_VALID,
+    }
+)
+
+
 @pytest.mark.parametrize(
     ("make", "reason"), [c[1:] for c in BAD_USAGE], ids=[c[0] for c in BAD_USAGE]
 )
-def test_bad_usage_is_rejected_and_good_usage_keeps_flowing(
+def test_bad_usage_is_rejected_and_takes_its_seq(
     make: Callable[[Scenario], bytes], reason: Reason
 ) -> None:
     s = Scenario()
@@ -195,12 +206,56 @@ def test_bad_usage_is_rejected_and_good_usage_keeps_flowing(
     # A rejected input changes no total and does not advance the stream.
     assert outcome.record is not None and outcome.record.totals == totals_before
     s.writers["node-a"] = b.StreamWriter(s.cast.node_key("node-a"), PID, "node-a")
-    good = s.one(s.event("node-a", WS, WS + MINUTE))
-    assert good.status == "accepted" and good.record is not None
-    assert good.record.delivered_mgms == 1500 * MINUTE
+    replacement = s.one(s.event("node-a", WS, WS + MINUTE))
+    if reason in _NOT_THE_NODES:
+        # Not the node's own signed event (steps 1-2): its seq is still free.
+        assert replacement.status == "accepted"
+    else:
+        # SPEC §6.3 usage (3): a node never replaces a seq it signed — another seq 0 is an
+        # equivocation, and the node's later events wait for the seq that never comes.
+        rejected(replacement, Reason.EQUIVOCATION)
+        later = s.fold.apply(s.event("node-a", WS + MINUTE, WS + 2 * MINUTE), "p", PID)
+        assert [o.decision for o in later] == ["held"]
     # The same bad bytes again are a re-delivery: dropped, not chained twice.
     again = s.one(bad)
     assert again.decision == "dropped" and again.reason is Reason.DUPLICATE
+
+
+def test_events_beyond_a_gap_wait_and_fold_in_seq_order() -> None:
+    s = Scenario()
+    s.start()
+    first, second, third = (
+        s.event("node-a", WS + i * MINUTE, WS + (i + 1) * MINUTE) for i in range(3)
+    )
+    assert s.fold is not None
+    assert [o.decision for o in s.fold.apply(third, "p3", PID)] == ["held"]
+    assert [o.decision for o in s.fold.apply(second, "p2", PID)] == ["held"]
+    # Seq 0 arrives: it and the two held ones are chained, in seq order.
+    outcomes = s.fold.apply(first, "p1", PID)
+    assert [(o.status, o.position) for o in outcomes] == [
+        ("accepted", p) for p in ("p1", "p2", "p3")
+    ]
+    assert [o.record.index for o in outcomes if o.record] == [1, 2, 3]
+    # A re-delivery of a released event is dropped.
+    assert [o.decision for o in s.fold.apply(third, "p4", PID)] == ["dropped"]
+
+
+def test_the_close_flushes_held_events_as_seq_gap_before_the_close_record() -> None:
+    s = Scenario()
+    s.start()
+    events = [s.event("node-a", WS + i * MINUTE, WS + (i + 1) * MINUTE) for i in range(4)]
+    assert s.fold is not None
+    s.one(events[0])
+    for i in (3, 2):  # seq 1 never arrives
+        assert [o.decision for o in s.fold.apply(events[i], f"h{i}", PID)] == ["held"]
+    outcomes = s.fold.apply(b.closed(s.cast, PID, WS + 2 * HOUR), "c", PID)
+    assert [(o.kind, o.status, o.reason) for o in outcomes] == [
+        ("usage", "rejected", Reason.SEQ_GAP),
+        ("usage", "rejected", Reason.SEQ_GAP),
+        ("closed", "accepted", None),
+    ]
+    assert [o.position for o in outcomes[:2]] == ["h2", "h3"]  # seq order
+    assert s.fold.state(PID) is not None and not s.fold.state(PID).stream_held
 
 
 def test_overlap_and_equivocation() -> None:

@@ -115,7 +115,10 @@ def test_each_bad_input_class_is_named_while_good_records_flow(
     # Placement "bad-x" receives every bad class between good events.
     pid = "bad-x"
     g0, g1 = gpu("bad-x-n0", 0), gpu("bad-x-n0", 1)
-    terms = make_terms(cast, pid, [g0, g1], T0_MS, T0_MS + WINDOW_MS, late_grace_ms=300_000)
+    # A node's own rejected event takes its seq for good (SPEC §6.3 usage (3)), so the
+    # content-bad events come from nodes n1 and n2 and node n0's good events keep flowing.
+    g2, g3 = gpu("bad-x-n1", 0), gpu("bad-x-n2", 0)
+    terms = make_terms(cast, pid, [g0, g1, g2, g3], T0_MS, T0_MS + WINDOW_MS, late_grace_ms=300_000)
     writer = StreamWriter(cast.node_key("bad-x-n0"), pid, "bad-x-n0")
 
     def at(e: int) -> tuple[int, int]:
@@ -132,10 +135,12 @@ def test_each_bad_input_class_is_named_while_good_records_flow(
     equivocation = StreamWriter(cast.node_key("bad-x-n0"), pid, "bad-x-n0").event(
         *at(0), [sample(g1)]
     )
-    outside = dataclasses.replace(writer).event(
-        T0_MS + WINDOW_MS + INTERVAL_MS, T0_MS + WINDOW_MS + 2 * INTERVAL_MS, [sample(g0)]
+    outside = StreamWriter(cast.node_key("bad-x-n1"), pid, "bad-x-n1").event(
+        T0_MS + WINDOW_MS + INTERVAL_MS, T0_MS + WINDOW_MS + 2 * INTERVAL_MS, [sample(g2)]
     )
-    foreign_gpu = dataclasses.replace(writer).event(*at(2), [sample(gpu("bad-x-n0", 7))])
+    foreign_gpu = StreamWriter(cast.node_key("bad-x-n2"), pid, "bad-x-n2").event(
+        *at(2), [sample(gpu("bad-x-n2", 7))]
+    )
     third = writer.event(*at(2), [sample(g0), sample(g1)])
     # Placement "late-terms": usage arrives before its terms.
     late_gpu = gpu("late-n0", 0)
@@ -194,11 +199,12 @@ def test_each_bad_input_class_is_named_while_good_records_flow(
             ("usage", "accepted", ""),
             ("usage", "rejected", "NODE_UNKNOWN"),
             ("usage", "rejected", "SIG_INVALID"),
-            ("usage", "rejected", "SEQ_GAP"),
             ("usage", "rejected", "EQUIVOCATION"),
             ("usage", "rejected", "OUTSIDE_WINDOW"),
             ("usage", "rejected", "GPU_NOT_IN_TERMS"),
             ("usage", "accepted", ""),
+            # The event beyond the gap waited in its stream; the close flush chains it.
+            ("usage", "rejected", "SEQ_GAP"),
             ("closed", "accepted", ""),
             ("usage", "rejected", "AFTER_CLOSE"),
         ]
