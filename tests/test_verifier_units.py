@@ -24,7 +24,7 @@ FORBIDDEN = ("ledger", "meter", "gridledger")
 
 def test_verifier_imports_only_proto_and_libraries() -> None:
     offenders: list[str] = []
-    files = sorted(VERIFIER.glob("*.py"))
+    files = sorted(VERIFIER.rglob("*.py"))
     assert len(files) > 10
     for path in files:
         tree = ast.parse(path.read_text(), filename=str(path))

@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from verifier.findings import Findings
 from verifier.reconcile import Reconciliation, format_minor, reconcile, render
-from verifier.verify import UNUSABLE, ExportReport
+from verifier.state import UNUSABLE, ExportReport
 
 REPORT_FORMAT: Final = "gridledger-verify-report/v1"
 EXIT_VERIFIED: Final = 0
