@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from verifier.findings import Findings
-from verifier.reconcile import Reconciliation, format_minor, reconcile, render
+from verifier.reconcile import format_minor, reconcile, render
 from verifier.state import UNUSABLE, ExportReport
 
 REPORT_FORMAT: Final = "gridledger-verify-report/v1"
@@ -105,9 +105,9 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_UNUSABLE",
     "EXIT_VERIFIED",
-    "Reconciliation",
     "exit_code",
     "export_json",
+    "findings_json",
     "render_export",
     "render_run",
     "run_json",
