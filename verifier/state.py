@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from proto.records import PlacementTerms
-from proto.trust import TrustFile
 from verifier.decisions import Claim, Referee
 from verifier.findings import Findings, Step
 from verifier.progress import Progress
@@ -60,7 +59,6 @@ class Verification:
     def __init__(
         self,
         source: ExportSource,
-        trust: TrustFile,
         report: ExportReport,
         pool: OpenPool[Any],
         progress: Progress,
@@ -68,7 +66,6 @@ class Verification:
     ) -> None:
         self.source = source
         self.con: Any = source.con
-        self.trust = trust
         self.report = report
         self.findings = report.findings
         self.pool = pool

@@ -1,32 +1,32 @@
 """Verify one export offline: the checklist, step by step (SPEC.md, EXPORT.md).
 
-Each step is one module, ``verifier/step1_format.py`` to ``verifier/step9_obligation.py``,
-read in order; ``run_checklist`` below runs them, and steps (4)-(9) visit the single
-streaming pass over the chain (``verifier/walk.py``) once per chain index.
+One module per step, read in order; ``run_checklist`` below runs them, and steps (4)-(9)
+visit the single streaming pass over the chain (``verifier/walk.py``) per chain index.
 
-    (1) format      meta.format is gridledger-export, meta.format_version is 1 (else the
-                    input is unusable: exit 2)                      step1_format.py
-    (2) trust       the trust file names which keys belong to which party and role
-                                                                    step2_trust.py
-    (3) terms       exactly one accepted terms row, signed by its three parties, each party
-                    key pinned under that role, its ledger_key pinned as a ledger key
-                                                                    step3_terms.py
-    (4) envelopes   every envelope decodes canonically; input_hash = SHA-256(envelope)
-                                                                    step4_envelopes.py
-    (5) columns     every convenience column equals the value decoded from its envelope
-                                                                    step5_columns.py
-    (6) chain       ledger_records 0..n-1 contiguous, each a canonical LedgerRecord signed by
-                    the trusted ledger key only; prev, placement, source, kind, status and
-                    reason right; every chain index in exactly one input table
-                                                                    step6_chain.py
-    (7) decisions   every decision re-derived from SPEC §6 (``decisions.py``, its §5 rules
-                    in ``terms_rules.py``) and compared with the ledger's status and reason
-                                                                    step7_decisions.py
-    (8) merkle      each checkpoint: origin, size, RFC 9162 root of the record payloads,
-                    signed by the ledger key; cosignatures of the parties checked
-                                                                    step8_merkle.py
-    (9) obligation  every total of SPEC §7 recomputed in SQL (``pricing.py``) and compared
-                    with every LedgerRecord and every statement   step9_obligation.py
+    step1_format.py      (1) format: meta.format is gridledger-export, meta.format_version
+                         is 1 (else the input is unusable: exit 2)
+    step2_trust.py       (2) trust: the trust file names which keys belong to which party
+                         and role
+    step3_terms.py       (3) terms: exactly one accepted terms row, signed by its three
+                         parties, each party key pinned under that role, its ledger_key
+                         pinned as a ledger key
+    step4_envelopes.py   (4) envelopes: every envelope decodes canonically;
+                         input_hash = SHA-256(envelope)
+    step5_columns.py     (5) columns: every convenience column equals the value decoded
+                         from its envelope
+    step6_chain.py       (6) chain: ledger_records 0..n-1 contiguous, each a canonical
+                         LedgerRecord signed by the trusted ledger key only; prev,
+                         placement, source, kind, status and reason right; every chain
+                         index in exactly one input table
+    step7_decisions.py   (7) decisions: every decision re-derived from SPEC §6
+                         (``decisions.py``; its §5 rules in ``terms_rules.py``) and
+                         compared with the ledger's status and reason
+    step8_merkle.py      (8) merkle: each checkpoint's origin, size, RFC 9162 root of the
+                         record payloads, signed by the ledger key; the parties'
+                         cosignatures
+    step9_obligation.py  (9) obligation: every total of SPEC §7 recomputed in SQL
+                         (``pricing.py``) and compared with every LedgerRecord and every
+                         statement
 
 Library code: returns an ``ExportReport``, never exits. Unusable input is reported with
 verdict ``unusable``; anything readable that does not check out is a finding.
@@ -146,7 +146,7 @@ def run_checklist(
     step5_columns.check_meta_terms(source, terms, findings)
     create_work_tables(source.con)
     load_terms(source.con, terms)
-    run = Verification(source, trust, report, pool, progress, terms)
+    run = Verification(source, report, pool, progress, terms)
     step5_columns.check_meta_records(run)
     step6_chain.check_sets(run)  # the set-based half of (6), SQL over the export
     step8_merkle.read_sizes(run)  # which tree sizes the pass must keep roots for
