@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pytest
 
 from devtools.builders import (
     Cast,
@@ -52,6 +53,7 @@ from proto.records import (
     UsageEvent,
 )
 from proto.trust import TrustFile, dump_trust
+from verifier.findings import Step
 from verifier.verify import ExportReport, verify_export
 
 T0 = 1_700_000_000_000
@@ -582,6 +584,40 @@ def test_buyer_pays_fee(tmp_path: Path) -> None:
     t = report.totals
     assert t is not None
     assert t["buyer_owes_minor"] == t["net_minor"] + t["fee_minor"] > t["operator_receives_minor"]
+
+
+@pytest.mark.parametrize("direction", ["credit", "charge"])
+@pytest.mark.parametrize("first", [2**53 - 1, 2**53 - 2])
+def test_adjustment_past_max_safe_integer_is_re_derived_from_the_sql_totals(
+    tmp_path: Path, direction: str, first: int
+) -> None:
+    """SPEC §7.7: an adjustment that would carry a total past 2^53 - 1 is rejected
+    ADJUSTMENT_INVALID; the verifier decides it from §7.6 in SQL (``totals_after``).
+    The ledger here always rejects the second one: right after 2^53 - 1, wrong after
+    2^53 - 2 (the total reaches exactly 2^53 - 1, which is allowed)."""
+    cast = make_cast("verifier-adjustment-bound")
+    name = "p-adj-bound"
+    gpus = [gpu("node-a", 0)]
+    terms = make_terms(cast, name, gpus, T0, T0 + HOUR, desk_fee_bps=0)
+    b = ExportBuilder(cast, terms)
+    b.add(signed_terms(cast, terms))
+    b.add(adjustment(cast, name, "adj-first", direction, first, T0))
+    b.add(
+        adjustment(cast, name, "adj-one-more", direction, 1, T0), "rejected", "ADJUSTMENT_INVALID"
+    )
+    b.add(closed(cast, name, terms.window_end_ms + terms.late_grace_ms))
+    b.statements_at = [len(b.items) - 1]
+    b.checkpoints_at = [len(b.items)]
+    path = b.write(tmp_path / f"{name}.duckdb")
+    report = verify(path, cast.trust())
+    if first == 2**53 - 1:
+        assert report.ok, explain(report)
+        assert report.counts["decided.rejected"] == 1
+        return
+    found = [f for f in report.findings.kept if f.step == Step.DECISIONS]
+    assert [(f.rule, f.expected, f.actual) for f in found] == [
+        ("ADJUSTMENT_INVALID", "accepted", "rejected ADJUSTMENT_INVALID")
+    ], explain(report)
 
 
 def test_sha256_of_envelope_is_input_hash(tmp_path: Path) -> None:

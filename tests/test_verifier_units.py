@@ -24,7 +24,7 @@ FORBIDDEN = ("ledger", "meter", "gridledger")
 
 def test_verifier_imports_only_proto_and_libraries() -> None:
     offenders: list[str] = []
-    files = sorted(VERIFIER.glob("*.py"))
+    files = sorted(VERIFIER.rglob("*.py"))
     assert len(files) > 10
     for path in files:
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -89,3 +89,33 @@ ID_A, ID_B = key_id(KEY_A), key_id(KEY_B)
 )
 def test_signer_rules(sigs: list[SigResult], reason: Reason | None) -> None:
     assert signer_failure(sigs, {ID_A: KEY_A}) == reason
+
+
+def test_invariant_holds_under_python_dash_o() -> None:
+    """Unlike ``assert``, ``invariant()`` still raises when Python runs with -O."""
+    import subprocess
+    import sys
+
+    code = (
+        "from verifier.invariant import InvariantError, invariant\n"
+        "assert False, 'asserts are gone under -O'\n"
+        "try:\n    invariant(False, 'broken')\nexcept InvariantError as e:\n    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-O", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=VERIFIER.parent,
+    )
+    assert done.stdout == "broken\n"
+
+
+def test_verifier_has_no_bare_asserts() -> None:
+    offenders = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted(VERIFIER.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assert)
+    ]
+    assert not offenders

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from proto import limits as proto_limits
 from proto.keys import key_id
@@ -35,16 +35,20 @@ from proto.records import (
     Record,
     UsageEvent,
 )
-from proto.terms import validate_terms
 from verifier.opener import SIG_VALID, OpenResult
 from verifier.signers import required_of, signer_failure
+from verifier.terms_rules import broken_rules
 
-ACCEPTED: Final = "accepted"
-REJECTED: Final = "rejected"
-DROPPED: Final = "dropped"
-QUARANTINED: Final = "quarantined"
-HELD: Final = "held"
-PENDING: Final = "pending"
+# What SPEC §6 decides for one input (``pending``: an adjustment waiting for the amounts).
+# The verifier's own words, not the ledger's ``Decision`` (it must not import ledger/).
+Outcome = Literal["accepted", "rejected", "dropped", "quarantined", "held", "pending"]
+
+ACCEPTED: Final[Outcome] = "accepted"
+REJECTED: Final[Outcome] = "rejected"
+DROPPED: Final[Outcome] = "dropped"
+QUARANTINED: Final[Outcome] = "quarantined"
+HELD: Final[Outcome] = "held"
+PENDING: Final[Outcome] = "pending"
 
 INPUT_KINDS: Final = frozenset({"terms", "keybinding", "usage", "reclaim", "adjustment", "closed"})
 _CLOSED_TO: Final = frozenset({"usage", "keybinding", "reclaim", "closed"})
@@ -58,11 +62,26 @@ UsageLookup = Callable[[str, int], str | None]
 class Verdict:
     """What SPEC §6 decides for one input: an outcome and '' or a reason code."""
 
-    outcome: str
+    outcome: Outcome
     reason: str = ""
 
     def __str__(self) -> str:
         return f"{self.outcome} {self.reason}".rstrip()
+
+    def matches(self, claim: Claim) -> bool:
+        """True when the ledger claimed exactly this decision."""
+        return self.outcome == claim.status and self.reason == claim.reason
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What the export says the ledger decided: any status and reason text (untrusted)."""
+
+    status: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.reason}".rstrip()
 
 
 _OK: Final = Verdict(ACCEPTED)
@@ -124,8 +143,12 @@ class Referee:
         # §6.1 step 2: exact re-delivery.
         if duplicate:
             return Verdict(DROPPED, Reason.DUPLICATE.value)
-        # §6.1 step 3: nothing but terms before terms.
-        if self.terms is None and not isinstance(record, PlacementTerms):
+        # §6.1 step 3: nothing but terms before terms (and nothing is closed before terms,
+        # so step 4 cannot apply yet).
+        terms = self.terms
+        if terms is None:
+            if isinstance(record, PlacementTerms):
+                return self._terms(opened, record)
             return Verdict(HELD)
         # §6.1 step 4: the close ends usage, bindings, reclaims and closes (not adjustments).
         if self.closed and opened.kind in _CLOSED_TO:
@@ -137,13 +160,13 @@ class Referee:
             case NodeKeyBinding():
                 return self._keybinding(opened, record)
             case UsageEvent():
-                return self._usage(opened, record)
+                return self._usage(opened, record, terms)
             case ReclaimNotice():
-                return self._reclaim(opened, record)
+                return self._reclaim(opened, record, terms)
             case Adjustment():
                 return self._adjustment(opened)
             case PlacementClosed():
-                return self._closed(opened, record)
+                return self._closed(opened, record, terms)
         return Verdict(QUARANTINED, Reason.KIND_MISMATCH.value)
 
     # ---- per kind (SPEC §6.3) -----------------------------------------------------------
@@ -158,8 +181,9 @@ class Referee:
         )
         if failure is not None:
             return _reject(failure)
-        # §5 rules 1-5, and rule 6: the terms name the ledger that folds (and signs) this chain.
-        if validate_terms(terms) or terms.ledger_key != self.ledger_key:
+        # §5 rules 1-5 (the verifier's own transcription, ``verifier/terms_rules.py``), and
+        # rule 6: the terms name the ledger that folds (and signs) this chain.
+        if broken_rules(terms) or terms.ledger_key != self.ledger_key:
             return _reject(Reason.TERMS_INVALID)
         self.terms = terms
         self.terms_record_hash = opened.record_hash
@@ -191,9 +215,7 @@ class Referee:
         keys[binding.key] = (binding.valid_from_ms, binding.valid_until_ms)
         return _OK
 
-    def _usage(self, opened: OpenResult, event: UsageEvent) -> Verdict:
-        assert self.terms is not None
-        terms = self.terms
+    def _usage(self, opened: OpenResult, event: UsageEvent, terms: PlacementTerms) -> Verdict:
         # 1. the node
         keys = self.bindings.get(event.node_id)
         stream = self.streams.get(event.node_id)
@@ -248,9 +270,7 @@ class Referee:
         self.max_usage_end_ms = max(self.max_usage_end_ms, event.end_ms)
         return _OK
 
-    def _reclaim(self, opened: OpenResult, notice: ReclaimNotice) -> Verdict:
-        assert self.terms is not None
-        terms = self.terms
+    def _reclaim(self, opened: OpenResult, notice: ReclaimNotice, terms: PlacementTerms) -> Verdict:
         failure = self._operator_signed(opened)
         if failure is not None:
             return _reject(failure)
@@ -276,12 +296,11 @@ class Referee:
             return _reject(failure)
         return Verdict(PENDING)
 
-    def _closed(self, opened: OpenResult, close: PlacementClosed) -> Verdict:
-        assert self.terms is not None
+    def _closed(self, opened: OpenResult, close: PlacementClosed, terms: PlacementTerms) -> Verdict:
         failure = signer_failure(opened.sigs, self.ledger_required)
         if failure is not None:
             return _reject(failure)
-        if close.closed_at_ms < self.terms.window_end_ms + self.terms.late_grace_ms:
+        if close.closed_at_ms < terms.window_end_ms + terms.late_grace_ms:
             return _reject(Reason.CLOSE_INVALID)
         self.closed = True
         return _OK

@@ -38,7 +38,7 @@ from verifier.errors import UnusableInput
 from verifier.findings import Findings, Step
 from verifier.opener import SIG_VALID, open_one
 from verifier.source import ALIAS, ExportSource, blob
-from verifier.verify import LEDGER_NOTE_NAME
+from verifier.step8_merkle import LEDGER_NOTE_NAME
 
 PROOF_FORMAT: Final = "gridledger-inclusion/v1"
 

@@ -10,6 +10,13 @@ says. A rejected input contributes nothing, so it leaves the totals unchanged.
 Two stages, because one decision depends on amounts (ADJUSTMENT_INVALID): ``w_base``
 holds D, B, G, R and Q per index (none depends on adjustments); after the adjustments are
 decided, ``w_totals`` adds Ac, Ah and everything of §7.6.
+
+§7.6 is written once, in SQL (``_settle_sql``), and used twice: for the whole chain
+(``compute_totals``) and, while adjustments are decided, for one index with candidate
+(Ac, Ah) (``totals_after``). The verifier once had a Python copy for the second use; it
+went, because the SQL is the verifier's independent implementation of SPEC §7 (the
+ledger's is the Python fold): a second copy inside the verifier could drift from the SQL
+while every cross-check still compared the ledger with only one of them.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from typing import Any, Final
 
 from proto import limits as proto_limits
 from proto.records import PlacementTerms
-from proto.terms import total_share_milli
+from verifier.invariant import invariant
+from verifier.terms_rules import share_total
 
 TOTAL_FIELDS: Final = (
     "delivered_mgms",
@@ -73,7 +81,7 @@ def load_terms(con: Any, terms: PlacementTerms) -> None:
             terms.window_end_ms,
             terms.increment_ms * 1000,
             terms.rate_per_gpu_hour_minor,
-            total_share_milli(terms),
+            share_total(terms),
             terms.reclaim_notice_ms,
             terms.interruptible,
             terms.minimum_duration_ms,
@@ -151,19 +159,12 @@ SELECT b.chain_index, b.d_i, b.d, b.b, b.g, b.r,
 FROM billed b LEFT JOIN q ON TRUE
 """
 
-# SPEC §7.4 and §7.6 on top of the base, with the decided adjustments.
-_TOTALS_SQL: Final = f"""
-CREATE OR REPLACE TABLE w_totals AS
+
+def _settle_sql(adjusted: str) -> str:
+    """SPEC §7.6 for the rows of ``adjusted``: (chain_index, d_i, d, b, g, r, q, ac, ah)."""
+    return f"""
 WITH t AS (SELECT * FROM w_terms LIMIT 1),
-adj AS (
-    SELECT b.*,
-           SUM(CASE WHEN a.direction = 'credit' THEN a.amount_minor ELSE 0 END::HUGEINT)
-               OVER w AS ac,
-           SUM(CASE WHEN a.direction = 'charge' THEN a.amount_minor ELSE 0 END::HUGEINT)
-               OVER w AS ah
-    FROM w_base b LEFT JOIN (SELECT * FROM w_adjust WHERE accepted) a USING (chain_index)
-    WINDOW w AS (ORDER BY b.chain_index ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-),
+adj AS ({adjusted}),
 net AS (
     SELECT *, LEAST(r + q + ac, g + ah) AS c, g + ah - LEAST(r + q + ac, g + ah) AS n FROM adj
 )
@@ -182,6 +183,27 @@ FROM net n CROSS JOIN t
 """
 
 
+# SPEC §7.4 (cumulative accepted adjustments) and §7.6 on top of the base, every index.
+_TOTALS_SQL: Final = "CREATE OR REPLACE TABLE w_totals AS " + _settle_sql(
+    """SELECT b.*,
+           SUM(CASE WHEN a.direction = 'credit' THEN a.amount_minor ELSE 0 END::HUGEINT)
+               OVER w AS ac,
+           SUM(CASE WHEN a.direction = 'charge' THEN a.amount_minor ELSE 0 END::HUGEINT)
+               OVER w AS ah
+    FROM w_base b LEFT JOIN (SELECT * FROM w_adjust WHERE accepted) a USING (chain_index)
+    WINDOW w AS (ORDER BY b.chain_index ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"""
+)
+
+# The same §7.6 at one index, for given cumulative (Ac, Ah): parameters Ac, Ah, index.
+_TOTALS_AFTER_SQL: Final = (
+    f"SELECT {', '.join(TOTAL_FIELDS)} FROM ("
+    + _settle_sql(
+        "SELECT b.*, ?::HUGEINT AS ac, ?::HUGEINT AS ah FROM w_base b WHERE b.chain_index = ?"
+    )
+    + ")"
+)
+
+
 def compute_base(con: Any) -> None:
     """Fill ``w_base``: D, B, G, R, Q at every index (SPEC §7.1-§7.3, §7.5)."""
     con.execute(_BASE_SQL)
@@ -192,49 +214,13 @@ def compute_totals(con: Any) -> None:
     con.execute(_TOTALS_SQL)
 
 
-def base_at(con: Any, chain_index: int) -> tuple[int, int, int, int, int]:
-    """(D, B, G, R, Q) at ``chain_index`` from ``w_base`` (zeros if the index is unknown)."""
-    rows = con.execute(
-        "SELECT d, b, g, r, q FROM w_base WHERE chain_index = ?", [chain_index]
-    ).fetchall()
-    row = rows[0] if rows else None
-    if row is None:
-        return (0, 0, 0, 0, 0)
-    return (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
-
-
-def settle_amounts(
-    terms: PlacementTerms,
-    base: tuple[int, int, int, int, int],
-    credit_minor: int,
-    charge_minor: int,
-) -> list[int]:
-    """SPEC §7.6 in Python for one index: every total, in TOTAL_FIELDS order.
-
-    Used only to decide ADJUSTMENT_INVALID (would any total pass 2^53 - 1?); the totals the
-    verifier compares come from ``w_totals``.
-    """
-    delivered, billable, gross, reclaim, sla = base
-    credits = min(reclaim + sla + credit_minor, gross + charge_minor)
-    net = gross + charge_minor - credits
-    fee = net * terms.desk_fee_bps // _BPS
-    buyer = net + fee if terms.fee_payer == "buyer" else net
-    operator = net - fee if terms.fee_payer == "operator" else net
-    return [
-        delivered,
-        billable,
-        gross,
-        reclaim,
-        sla,
-        credit_minor,
-        charge_minor,
-        credits,
-        net,
-        fee,
-        buyer,
-        operator,
-        fee,
-    ]
+def totals_after(con: Any, chain_index: int, credit_minor: int, charge_minor: int) -> list[int]:
+    """Every total of SPEC §7.6 at ``chain_index`` (in TOTAL_FIELDS order) if the
+    cumulative accepted adjustments there were ``credit_minor`` (Ac) and ``charge_minor``
+    (Ah): what decides ADJUSTMENT_INVALID (would any total pass 2^53 - 1?)."""
+    rows = con.execute(_TOTALS_AFTER_SQL, [credit_minor, charge_minor, chain_index]).fetchall()
+    invariant(len(rows) == 1, f"w_base has no row for adjustment index {chain_index}")
+    return [int(value) for value in rows[0]]
 
 
 def totals_at(con: Any, chain_index: int) -> dict[str, int] | None:
@@ -271,13 +257,3 @@ def record_mismatches(con: Any, limit: int) -> list[tuple[str, int, int, int, in
         for index, expected, actual in rows:
             out.append((column, int(count), int(index), int(expected), int(actual)))
     return out
-
-
-def head_totals(con: Any) -> tuple[int, dict[str, int]] | None:
-    """(index, totals) at the highest index of the chain, or None for an empty chain."""
-    row = con.execute("SELECT max(chain_index) FROM w_totals").fetchall()[0]
-    if row is None or row[0] is None:
-        return None
-    totals = totals_at(con, int(row[0]))
-    assert totals is not None
-    return int(row[0]), totals

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from verifier.verify import ExportReport
+from verifier.state import ExportReport
 
 # Which total each role is owed or owes, from SPEC §7.6.
 ROLE_AMOUNT = {

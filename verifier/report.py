@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from verifier.findings import Findings
-from verifier.reconcile import Reconciliation, format_minor, reconcile, render
-from verifier.verify import UNUSABLE, ExportReport
+from verifier.reconcile import format_minor, reconcile, render
+from verifier.state import UNUSABLE, ExportReport
 
 REPORT_FORMAT: Final = "gridledger-verify-report/v1"
 EXIT_VERIFIED: Final = 0
@@ -105,9 +105,9 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_UNUSABLE",
     "EXIT_VERIFIED",
-    "Reconciliation",
     "exit_code",
     "export_json",
+    "findings_json",
     "render_export",
     "render_run",
     "run_json",

@@ -1,0 +1,97 @@
+"""What one verification of one export carries: the report it fills, and the run state the
+steps (1)-(9) share once the terms are known.
+
+``ExportReport`` is the result (``verify_export`` returns it). ``Verification`` exists
+only after step (3) found readable terms, so every step after it can rely on them; every
+attribute is set in ``__init__``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from proto.records import PlacementTerms
+from verifier.decisions import Claim, Referee
+from verifier.findings import Findings, Step
+from verifier.progress import Progress
+from verifier.source import ExportSource
+from verifier.step8_merkle import CheckpointRoots
+from verifier.work_tables import WorkTables
+from verifier.workers import OpenPool
+
+# The verdict on one export: the CLI exits 0, 1 or 2 on it.
+ExportVerdict = Literal["verified", "failed", "unusable"]
+
+VERIFIED: Final[ExportVerdict] = "verified"
+FAILED: Final[ExportVerdict] = "failed"
+UNUSABLE: Final[ExportVerdict] = "unusable"
+
+
+@dataclass
+class ExportReport:
+    """The outcome of verifying one export."""
+
+    path: str
+    verdict: ExportVerdict = FAILED
+    error: str = ""
+    placement_id: str = ""
+    findings: Findings = field(default_factory=Findings)
+    totals: dict[str, int] | None = None
+    head_index: int | None = None
+    final: bool = False
+    currency: str = ""
+    currency_scale: int = 0
+    parties: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when the export verified."""
+        return self.verdict == VERIFIED
+
+
+class Verification:
+    """Steps (4)-(9) of one export, after (3) accepted ``terms``: the state they share."""
+
+    def __init__(
+        self,
+        source: ExportSource,
+        report: ExportReport,
+        pool: OpenPool[Any],
+        progress: Progress,
+        terms: PlacementTerms,
+    ) -> None:
+        self.source = source
+        self.con: Any = source.con
+        self.report = report
+        self.findings = report.findings
+        self.pool = pool
+        self.progress = progress
+        self.terms = terms
+        self.ledger_key = terms.ledger_key
+        self.placement_id = terms.placement_id
+        self.counts: dict[str, int] = {}
+        self.record_count = source.count("ledger_records")
+        # (4)-(7) the single pass, in chain order
+        self.work = WorkTables(self.con)
+        self.referee = Referee(self.placement_id, self.ledger_key, self.work.usage_record_hash)
+        self.duplicates: set[int] = set()  # chain indices whose input repeats an earlier one
+        self.prev_index = -1  # the last LedgerRecord read, for the prev link (6)
+        self.prev_hash = ""
+        self.close_index: int | None = None  # the first accepted close (7)
+        self.pending_claims: dict[int, tuple[Claim, str]] = {}  # adjustments decided later
+        # (8) the roots of the checkpoints' tree sizes, kept while the pass streams leaves
+        self.roots = CheckpointRoots()
+
+    def add(
+        self, step: Step, rule: str, where: str, expected: object, actual: object, msg: str
+    ) -> None:
+        """Shorthand for one finding."""
+        self.findings.add(step, rule, where, expected, actual, msg)
+
+    def bump(self, name: str, n: int = 1) -> None:
+        """Count something for the report."""
+        self.counts[name] = self.counts.get(name, 0) + n

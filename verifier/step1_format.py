@@ -1,0 +1,42 @@
+"""(1) format: meta.format is gridledger-export and meta.format_version is 1, else the input
+is unusable (exit 2); the tables read whole must fit their bound."""
+
+from __future__ import annotations
+
+from verifier import limits
+from verifier.errors import UnusableInput
+from verifier.findings import Findings, Step
+from verifier.source import EXPORT_FORMAT, EXPORT_FORMAT_VERSION, ExportSource
+
+SMALL_TABLES = ("terms", "key_bindings", "statements", "checkpoints", "held")
+
+
+def check_format(source: ExportSource) -> None:
+    """meta.format and meta.format_version; anything else is unusable (exit 2)."""
+    meta = source.meta
+    if meta.get("format") != EXPORT_FORMAT:
+        raise UnusableInput(
+            str(source.path),
+            f"meta.format is {meta.get('format')!r}, want {EXPORT_FORMAT!r}",
+        )
+    if meta.get("format_version") != EXPORT_FORMAT_VERSION:
+        raise UnusableInput(
+            str(source.path),
+            f"meta.format_version is {meta.get('format_version')!r}, "
+            f"this verifier reads {EXPORT_FORMAT_VERSION!r}",
+        )
+
+
+def check_sizes(source: ExportSource, findings: Findings) -> None:
+    """Tables read whole must fit their bound: rows past it would go unchecked."""
+    for table in SMALL_TABLES:
+        rows = source.count(table)
+        if rows > limits.MAX_SMALL_TABLE_ROWS:
+            findings.add(
+                Step.FORMAT,
+                "TABLE_TOO_LARGE",
+                table,
+                f"<= {limits.MAX_SMALL_TABLE_ROWS} rows",
+                rows,
+                "rows beyond the bound are not checked, so the export cannot verify",
+            )

@@ -1,0 +1,139 @@
+"""(7) decisions: every decision re-derived from SPEC §6 and compared with the ledger's
+status and reason (the rules themselves: ``verifier/decisions.py``).
+
+The pass calls ``decide`` for each chain index in order; what the referee accepts feeds the
+work tables that step (9) prices. After the pass: inputs still held, and the adjustments,
+which are decided once the amounts before each are known (ADJUSTMENT_INVALID).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from proto.records import Adjustment, LedgerRecord, PlacementClosed, ReclaimNotice, UsageEvent
+from verifier.decisions import (
+    ACCEPTED,
+    PENDING,
+    REJECTED,
+    Claim,
+    PendingAdjustment,
+    Verdict,
+    settle_adjustments,
+)
+from verifier.findings import Step
+from verifier.invariant import InvariantError
+from verifier.opener import OpenResult, open_one
+from verifier.pricing import totals_after
+from verifier.source import ALIAS, INPUT_TABLES, InputRow, blob
+from verifier.step4_envelopes import check_input_hash
+
+if TYPE_CHECKING:
+    from verifier.state import Verification
+
+
+def duplicate_indices(run: Verification) -> set[int]:
+    """Chain indices whose envelope bytes equal those of an earlier chained input."""
+    union = " UNION ALL ".join(
+        f"SELECT chain_index, rowid AS r, '{t.name}' AS tbl, sha256(envelope) AS h "
+        f"FROM {ALIAS}.{t.name}"
+        for t in INPUT_TABLES
+    )
+    rows = run.con.execute(
+        f"SELECT chain_index FROM (SELECT chain_index, row_number() OVER "
+        f"(PARTITION BY h ORDER BY chain_index, tbl, r) AS n FROM ({union})) WHERE n > 1"
+    ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def decide(
+    run: Verification, index: int, ledger: LedgerRecord | None, row: InputRow, opened: OpenResult
+) -> None:
+    """SPEC §6 for the input at ``index``; compare with what the ledger recorded."""
+    verdict = run.referee.decide(opened, index in run.duplicates)
+    claimed = (
+        Claim(ledger.status, ledger.reason)
+        if ledger is not None
+        else Claim(str(row.status), str(row.reason or ""))
+    )
+    record = opened.record
+    if verdict.outcome == PENDING:
+        if not isinstance(record, Adjustment):
+            raise InvariantError(f"a pending {opened.kind} at {index}: only adjustments wait")
+        run.con.execute(
+            "INSERT INTO w_adjust VALUES (?, ?, ?, ?, NULL)",
+            [index, record.adjustment_id, record.direction, record.amount_minor],
+        )
+        run.pending_claims[index] = (claimed, row.where)
+        return
+    run.bump(f"decided.{verdict.outcome}")
+    if not verdict.matches(claimed):
+        _finding(run, row.where, verdict, claimed)
+    if verdict.outcome != ACCEPTED:
+        return
+    if isinstance(record, UsageEvent):
+        run.work.usage.append(
+            (index, record.node_id, record.seq, opened.record_hash, record.start_ms, record.end_ms)
+        )
+        run.work.samples.extend((index, s.uuid, s.allocated, s.healthy) for s in record.samples)
+    elif isinstance(record, ReclaimNotice):
+        run.con.execute(
+            "INSERT INTO w_reclaim VALUES (?, ?, ?)",
+            [index, record.issued_at_ms, record.effective_at_ms],
+        )
+    elif isinstance(record, PlacementClosed):
+        run.con.execute("INSERT INTO w_close VALUES (?)", [index])
+        if run.close_index is None:
+            run.close_index = index
+
+
+def _finding(run: Verification, where: str, verdict: Verdict, claimed: Claim) -> None:
+    if verdict.outcome == ACCEPTED:
+        rule = claimed.reason or "DECISION"
+    else:
+        rule = verdict.reason or verdict.outcome.upper()
+    if verdict.outcome in (ACCEPTED, REJECTED):
+        message = "the ledger's decision differs from SPEC §6"
+    else:
+        message = f"SPEC §6 says this input is {verdict.outcome}, never chained"
+    run.add(Step.DECISIONS, rule, where, verdict, claimed, message)
+
+
+def check_held(run: Verification) -> None:
+    """Inputs held for terms that were accepted should have been processed (SPEC §6.2)."""
+    rows = run.source.small_table("held", "position, input_hash, envelope", "position")
+    for position, input_hash, raw in rows:
+        where = f"held {position}"
+        check_input_hash(run.findings, where, input_hash, open_one(0, blob(raw), {}).input_hash)
+        if run.referee.terms is not None:
+            run.add(
+                Step.DECISIONS,
+                "HELD_AFTER_TERMS",
+                where,
+                "processed after the terms",
+                "still held",
+                "SPEC §6.2: held inputs are processed right after the terms",
+            )
+
+
+def decide_adjustments(run: Verification) -> None:
+    """The pending adjustments, in chain order, now that ``w_base`` holds the amounts."""
+    con = run.con
+    pending: list[PendingAdjustment] = []
+    for index, adjustment_id, direction, amount in con.execute(
+        "SELECT chain_index, adjustment_id, direction, amount_minor FROM w_adjust "
+        "ORDER BY chain_index"
+    ).fetchall():
+
+        def after(credit: int, charge: int, index: int = int(index)) -> list[int]:
+            return totals_after(con, index, credit, charge)
+
+        pending.append(PendingAdjustment(int(index), adjustment_id, direction, int(amount), after))
+    for index, verdict in settle_adjustments(pending):
+        claimed, where = run.pending_claims[index]
+        run.bump(f"decided.{verdict.outcome}")
+        if not verdict.matches(claimed):
+            _finding(run, where, verdict, claimed)
+        con.execute(
+            "UPDATE w_adjust SET accepted = ? WHERE chain_index = ?",
+            [verdict.outcome == ACCEPTED, index],
+        )

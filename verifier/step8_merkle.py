@@ -1,0 +1,164 @@
+"""(8) merkle: each checkpoint's origin, size and RFC 9162 root of the record payloads,
+signed by the ledger key; the parties' cosignatures checked.
+
+All of step 8 is here, in three moments of one run: ``read_sizes`` (before the pass: which
+tree sizes the checkpoints name), ``CheckpointRoots.leaf`` (during the pass: each record's
+leaf, keeping the root at each named size) and ``check_checkpoints`` (after it).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any, Final
+
+from proto.errors import ProtoError
+from proto.merkle import leaf_hash
+from proto.note import checkpoint_origin, parse_checkpoint_body, parse_note
+from verifier.findings import Step
+from verifier.merkle_stream import CompactRange
+from verifier.step5_columns import check_checkpoint_size
+
+if TYPE_CHECKING:
+    from verifier.state import Verification
+
+LEDGER_NOTE_NAME: Final = "gridledger-ledger"
+MISSING_LEAF: Final = leaf_hash(b"")  # stands in for a record that is missing or unreadable
+
+
+class CheckpointRoots:
+    """The record leaves streamed in chain order, and the root at every checkpoint size."""
+
+    def __init__(self) -> None:
+        self.sizes: set[int] = set()
+        self.roots: dict[int, bytes] = {}
+        self.compact = CompactRange()
+        self.max_size = 0
+
+    def want(self, sizes: set[int]) -> None:
+        """Keep the roots at these tree sizes (and stop hashing past the largest)."""
+        self.sizes = sizes
+        self.max_size = max(sizes, default=0)
+        if 0 in sizes:
+            self.roots[0] = self.compact.root()
+
+    def leaf(self, index: int, leaf: bytes) -> None:
+        """Append the leaf of ``index`` (filling holes) while a checkpoint still needs it."""
+        compact = self.compact
+        while compact.size <= index and compact.size < self.max_size:
+            compact.append(leaf if compact.size == index else MISSING_LEAF)
+            if compact.size in self.sizes:
+                self.roots[compact.size] = compact.root()
+
+
+def read_sizes(run: Verification) -> None:
+    """Before the pass: the sizes named inside the notes (not the size column)."""
+    sizes: set[int] = set()
+    for (note_text,) in run.source.small_table("checkpoints", "note", "size"):
+        try:
+            body = parse_checkpoint_body(parse_note(str(note_text)).body)
+        except ProtoError:
+            continue
+        sizes.add(body.size)
+    run.roots.want(sizes)
+
+
+def check_checkpoints(run: Verification) -> None:
+    """After the pass: each checkpoint's note, origin, size, root and cosignatures."""
+    terms = run.terms
+    parties = {p.id: p.key for p in (terms.operator, terms.buyer, terms.desk)}
+    for size_column, note_text in run.source.small_table("checkpoints", "size, note", "size"):
+        run.bump("checkpoints")
+        where = f"checkpoints size {size_column}"
+        try:
+            note = parse_note(str(note_text))
+            body = parse_checkpoint_body(note.body)
+        except ProtoError as exc:
+            run.add(
+                Step.MERKLE,
+                "CHECKPOINT_MALFORMED",
+                where,
+                "a C2SP checkpoint note",
+                exc.reason.value,
+                exc.detail,
+            )
+            continue
+        summary: dict[str, Any] = {"size": body.size, "cosigned_by": [], "ignored_signers": []}
+        if note.text() != str(note_text):
+            # Same signatures, other spelling (e.g. base64 with non-zero padding bits):
+            # harmless to the maths, but the ledger never writes it, so it was altered.
+            run.add(
+                Step.MERKLE,
+                "CHECKPOINT_NON_CANONICAL",
+                where,
+                "the note as the ledger writes it",
+                "a differently spelled note",
+                "the note text is not in canonical form",
+            )
+        run.report.checkpoints.append(summary)
+        check_checkpoint_size(run, where, body.size, size_column)
+        origin = checkpoint_origin(run.placement_id)
+        if body.origin != origin:
+            run.add(
+                Step.MERKLE,
+                "CHECKPOINT_ORIGIN",
+                where,
+                origin,
+                body.origin,
+                "a checkpoint of another log",
+            )
+        if not note.signed_by(LEDGER_NOTE_NAME, run.ledger_key):
+            run.add(
+                Step.MERKLE,
+                "CHECKPOINT_SIGNATURE",
+                where,
+                f"signed by {LEDGER_NOTE_NAME} with the trusted ledger key",
+                "no valid signature",
+                "a checkpoint counts only under the ledger's signature",
+            )
+        if body.size > run.record_count:
+            run.add(
+                Step.MERKLE,
+                "CHECKPOINT_SIZE",
+                where,
+                f"<= {run.record_count} records",
+                body.size,
+                "the checkpoint covers records the export does not hold (truncated?)",
+            )
+        else:
+            root = run.roots.roots.get(body.size)
+            if root != body.root:
+                run.add(
+                    Step.MERKLE,
+                    "CHECKPOINT_ROOT",
+                    where,
+                    base64.b64encode(root).decode() if root else "?",
+                    base64.b64encode(body.root).decode(),
+                    "the RFC 9162 root of the record payloads differs",
+                )
+        for sig in note.signatures:
+            if sig.name == LEDGER_NOTE_NAME:
+                continue
+            key = parties.get(sig.name)
+            if key is None:
+                # C2SP lets verifiers skip unknown signers, but an export carries only the
+                # ledger's and the parties' lines: anything else was added or altered.
+                summary["ignored_signers"].append(sig.name)
+                run.add(
+                    Step.MERKLE,
+                    "CHECKPOINT_UNKNOWN_SIGNER",
+                    where,
+                    "signature lines by the ledger or a party of the terms",
+                    sig.name,
+                    "a signature line by someone the terms do not name",
+                )
+            elif note.signed_by(sig.name, key):
+                summary["cosigned_by"].append(sig.name)
+            else:
+                run.add(
+                    Step.MERKLE,
+                    "CHECKPOINT_COSIGNATURE",
+                    where,
+                    f"a valid cosignature by {sig.name}",
+                    "invalid",
+                    "a party's cosignature does not verify with its terms key",
+                )

@@ -1,0 +1,180 @@
+"""(9) obligation: every total of SPEC §7 recomputed in SQL (``verifier/pricing.py``) from
+what the referee accepted, and compared with every LedgerRecord and every statement.
+
+The pass hands each LedgerRecord's own amounts to ``collect_record``; after it,
+``price_base`` computes D, B, G, R, Q (what step (7) needs to decide adjustments), and
+``check_records`` / ``check_statements`` compare once the adjustments are decided.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from proto.keys import key_id
+from proto.records import LedgerRecord, Statement
+from verifier import limits
+from verifier.findings import Step
+from verifier.opener import OpenResult, open_one
+from verifier.pricing import TOTAL_FIELDS, compute_base, compute_totals, record_mismatches
+from verifier.signers import required_of, signer_failure
+from verifier.source import blob
+from verifier.step4_envelopes import unreadable
+from verifier.step5_columns import check_statement_columns
+
+if TYPE_CHECKING:
+    from verifier.state import Verification
+
+
+def collect_record(run: Verification, index: int, opened: OpenResult, record: LedgerRecord) -> None:
+    """During the pass: the amounts a LedgerRecord claims, for the comparison after it."""
+    totals = record.totals
+    run.work.records.append(
+        (
+            index,
+            opened.record_hash,
+            record.delivered_mgms,
+            *(getattr(totals, name) for name in TOTAL_FIELDS),
+        )
+    )
+
+
+def price_base(run: Verification) -> None:
+    """D, B, G, R and Q at every index (SPEC §7.1-§7.3, §7.5): nothing depends on
+    adjustments yet."""
+    compute_base(run.con)
+
+
+def check_records(run: Verification) -> None:
+    """Every total at every index, with the decided adjustments, against the records."""
+    compute_totals(run.con)
+    seen: set[str] = set()
+    for column, count, index, expected, actual in record_mismatches(
+        run.con, limits.MAX_MISMATCH_ROWS
+    ):
+        rule = f"TOTAL_{column.upper()}"
+        if rule not in seen:
+            run.findings.count(rule, count)
+            seen.add(rule)
+        run.findings.add(
+            Step.OBLIGATION,
+            rule,
+            f"ledger_records[{index}]",
+            expected,
+            actual,
+            f"{column} differs from SPEC §7 recomputed from the envelopes",
+            counted=True,
+        )
+
+
+def check_statements(run: Verification) -> None:
+    """Each statement: ledger-signed, head and totals equal to the chain at its index."""
+    terms = run.terms
+    ring = {key_id(run.ledger_key): [run.ledger_key]}
+    rows = run.source.small_table(
+        "statements",
+        "through_index, envelope, final, buyer_owes_minor, operator_receives_minor, "
+        "desk_receives_minor",
+        "through_index",
+    )
+    chain_at = _chain_at(
+        run,
+        {int(r[0]) for r in rows if r[0] is not None}
+        | {
+            int(o.record.through_index)
+            for o in (open_one(0, blob(r[1]), {}) for r in rows)
+            if isinstance(o.record, Statement)
+        },
+    )
+    for through_index, raw, *columns in rows:
+        run.bump("statements")
+        where = f"statements through_index {through_index}"
+        opened = open_one(0, blob(raw), ring)
+        statement = opened.record
+        if opened.error or not isinstance(statement, Statement):
+            unreadable(run.findings, where, "a canonical Statement envelope", opened)
+            continue
+        run.bump("signatures", len(opened.sigs))
+        failure = signer_failure(opened.sigs, required_of((run.ledger_key,)))
+        if failure is not None:
+            run.add(
+                Step.OBLIGATION,
+                "STATEMENT_SIGNATURE",
+                where,
+                "signed by the trusted ledger key only",
+                failure.value,
+                "a statement counts only under the ledger's signature",
+            )
+        check_statement_columns(run, where, statement, (through_index, *columns))
+        if statement.placement_id != run.placement_id:
+            run.add(
+                Step.OBLIGATION,
+                "STATEMENT_PLACEMENT",
+                where,
+                run.placement_id,
+                statement.placement_id,
+                "a statement of another placement",
+            )
+        if (statement.currency, statement.currency_scale) != (
+            terms.currency,
+            terms.currency_scale,
+        ):
+            run.add(
+                Step.OBLIGATION,
+                "STATEMENT_CURRENCY",
+                where,
+                f"{terms.currency}/{terms.currency_scale}",
+                f"{statement.currency}/{statement.currency_scale}",
+                "a statement in other money than the terms",
+            )
+        index = statement.through_index
+        head, mine = chain_at.get(index, (None, None))
+        if head is None or head != statement.head:
+            run.add(
+                Step.OBLIGATION,
+                "STATEMENT_HEAD",
+                where,
+                head or f"a record at index {index}",
+                statement.head,
+                "head is not the record hash at through_index",
+            )
+        final = run.close_index is not None and run.close_index <= index
+        if statement.final != final:
+            run.add(
+                Step.OBLIGATION,
+                "STATEMENT_FINAL",
+                where,
+                final,
+                statement.final,
+                "final is true exactly when the chain through the index holds the close",
+            )
+        if mine is None:
+            continue
+        t = statement.totals
+        for name in TOTAL_FIELDS:
+            have = getattr(t, name)
+            if mine[name] != have:
+                run.add(
+                    Step.OBLIGATION,
+                    "STATEMENT_TOTALS",
+                    f"{where}.{name}",
+                    mine[name],
+                    have,
+                    "the statement's amount differs from SPEC §7 at its index",
+                )
+
+
+def _chain_at(run: Verification, indices: set[int]) -> dict[int, tuple[str, dict[str, int]]]:
+    """Record hash and recomputed totals at each index, in one query (not one per row)."""
+    run.con.execute("CREATE OR REPLACE TABLE w_wanted(chain_index BIGINT)")
+    if indices:
+        appender = run.con.appender("w_wanted")
+        appender.append_rows([(i,) for i in indices])
+        appender.flush()
+    names = ", ".join(f"t.{name}" for name in TOTAL_FIELDS)
+    rows = run.con.execute(
+        f"SELECT r.chain_index, r.record_hash, {names} FROM w_records r "
+        "JOIN w_totals t USING (chain_index) JOIN w_wanted w USING (chain_index)"
+    ).fetchall()
+    return {
+        int(r[0]): (str(r[1]), dict(zip(TOTAL_FIELDS, map(int, r[2:]), strict=True))) for r in rows
+    }

@@ -1,0 +1,75 @@
+"""SPEC §5, "Terms are valid when all of these hold", written for the verifier from the text.
+
+Deliberately NOT ``proto.terms.validate_terms``: the ledger rejects invalid terms with that
+function, and a verifier that called it too would agree with the ledger on any bug in it.
+Here the rules are transcribed again, numbered as in the SPEC, with the SPEC's own
+constants; tests/test_verifier_terms.py compares both implementations on generated terms.
+Rule 6 (``ledger_key`` is the key of the ledger folding the stream) needs the ledger's key
+and is applied by the referee (``verifier/decisions.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from proto.records import PlacementTerms
+
+# §5 rule 2: the currencies and their ISO 4217 minor units, as the SPEC lists them.
+SPEC_CURRENCIES: Final[Mapping[str, int]] = {
+    **dict.fromkeys(("USD", "EUR", "GBP", "CHF", "CAD", "AUD", "SGD", "CNY", "INR"), 2),
+    **dict.fromkeys(("JPY", "KRW"), 0),
+    **dict.fromkeys(("BHD", "KWD"), 3),
+}
+MAX_SCALE: Final = 9  # §5 rule 2: currency_scale <= 9
+MAX_WINDOW_MS: Final = 31_622_400_000  # §4.1: 366 days
+MAX_SAFE: Final = 2**53 - 1  # §5 rule 5
+
+
+def share_total(terms: PlacementTerms) -> int:
+    """S: the sum of ``share_milli`` over ``gpus`` (1000 = one whole GPU)."""
+    total = 0
+    for gpu in terms.gpus:
+        total += gpu.share_milli
+    return total
+
+
+def broken_rules(terms: PlacementTerms) -> list[str]:
+    """The §5 rules 1-5 that ``terms`` break, one line each (empty: the terms are valid)."""
+    broken: list[str] = []
+    w = terms.window_end_ms - terms.window_start_ms
+    # 1. the window, the minimum duration, the increment
+    if not terms.window_end_ms > terms.window_start_ms:
+        broken.append("§5.1: window_end_ms is not after window_start_ms")
+    if w > MAX_WINDOW_MS:
+        broken.append("§5.1: W exceeds MAX_WINDOW_MS")
+    if not w >= terms.minimum_duration_ms:
+        broken.append("§5.1: W < minimum_duration_ms")
+    if not terms.increment_ms <= w:
+        broken.append("§5.1: increment_ms > W")
+    # 2. the currency and its scale
+    minor_units = SPEC_CURRENCIES.get(terms.currency)
+    if minor_units is None:
+        broken.append(f"§5.2: currency {terms.currency!r} is not one the SPEC lists")
+    elif not minor_units <= terms.currency_scale <= MAX_SCALE:
+        broken.append(f"§5.2: currency_scale outside {minor_units}..{MAX_SCALE}")
+    # 3. unique node ids, unique GPU uuids, every GPU on a listed node
+    node_ids = {node.node_id for node in terms.nodes}
+    if len(node_ids) != len(terms.nodes):
+        broken.append("§5.3: node ids are not unique")
+    if len({gpu.uuid for gpu in terms.gpus}) != len(terms.gpus):
+        broken.append("§5.3: GPU uuids are not unique")
+    if any(gpu.node_id not in node_ids for gpu in terms.gpus):
+        broken.append("§5.3: a GPU's node_id is not in nodes")
+    # 4. three different party ids; four different keys; no node key among them
+    if len({terms.operator.id, terms.buyer.id, terms.desk.id}) != 3:
+        broken.append("§5.4: operator, buyer and desk ids are not three different ids")
+    keys = {terms.operator.key, terms.buyer.key, terms.desk.key, terms.ledger_key}
+    if len(keys) != 4:
+        broken.append("§5.4: the four keys (three parties and ledger) are not all different")
+    if any(node.key in keys for node in terms.nodes):
+        broken.append("§5.4: a node key equals a party's or the ledger's key")
+    # 5. bounds
+    if share_total(terms) * (w + terms.reclaim_notice_ms) + terms.increment_ms * 1000 > MAX_SAFE:
+        broken.append("§5.5: S x (W + reclaim_notice_ms) + increment_ms x 1000 > 2^53 - 1")
+    return broken
