@@ -36,6 +36,7 @@ from devtools.builders import (
     signed_terms,
 )
 from proto.canonical import signed_bytes
+from proto.cosign import cosign
 from proto.envelope import open_envelope, seal, sha256_hex
 from proto.keys import SigningKey
 from proto.merkle import root
@@ -57,6 +58,7 @@ from verifier.findings import Step
 from verifier.verify import ExportReport, verify_export
 
 T0 = 1_700_000_000_000
+COSIGNED_AT_S = 1_767_300_000
 MINUTE = 60_000
 HOUR = 60 * MINUTE
 
@@ -367,7 +369,7 @@ class ExportBuilder:
         )
         note = sign_note(body, "gridledger-ledger", self.cast.ledger)
         for name, key in self.cosigners:
-            note = note.cosign(name, key)
+            note = cosign(note, name, key, COSIGNED_AT_S)
         return note.text()
 
 
@@ -441,14 +443,16 @@ def full_scenario(
         "rejected",
         "NODE_KEY_UNKNOWN",
     )
-    gap = StreamWriter(cast.node_key("node-a"), name, "node-a", seq=12, prev=a.prev)
-    b.add(gap.event(T0 + 12 * MINUTE, T0 + 13 * MINUTE, [sample(gpus[0])]), "rejected", "SEQ_GAP")
-    wrong_gpu = StreamWriter(cast.node_key("node-a"), name, "node-a", seq=a.seq, prev=a.prev)
+    # A node's own rejected event takes its seq (SPEC §6.3 usage (3)): node b's last.
+    wrong_gpu = StreamWriter(new_key, name, "node-b", seq=nb.seq, prev=nb.prev)
     b.add(
-        wrong_gpu.event(T0 + 10 * MINUTE, T0 + 11 * MINUTE, [sample(gpus[2])]),
+        wrong_gpu.event(T0 + 8 * MINUTE, T0 + 9 * MINUTE, [sample(gpus[0])]),
         "rejected",
         "GPU_NOT_IN_TERMS",
     )
+    # Beyond a gap: held in its stream (SPEC §6.2), chained by the close flush below.
+    gap = StreamWriter(new_key, name, "node-b", seq=nb.seq + 4, prev=nb.prev)
+    gap_event = gap.event(T0 + 12 * MINUTE, T0 + 13 * MINUTE, [sample(gpus[2])])
     for m in range(10, 20):
         b.add(a.event(T0 + m * MINUTE, T0 + (m + 1) * MINUTE, [sample(gpus[0]), sample(gpus[1])]))
     b.add(adjustment(cast, name, "adj-1", "credit", 7, T0 + 20 * MINUTE))
@@ -469,6 +473,7 @@ def full_scenario(
     # Usage after the effective end: accepted, delivers nothing.
     b.add(a.event(T0 + 30 * MINUTE, T0 + 31 * MINUTE, [sample(gpus[0])]))
     b.add(closed(cast, name, T0 + HOUR), "rejected", "CLOSE_INVALID")
+    b.add(gap_event, "rejected", "SEQ_GAP")  # the close flush
     b.add(closed(cast, name, T0 + HOUR + terms.late_grace_ms))
     # Late data: usage after the close is kept, not folded; an adjustment still folds.
     b.add(a.event(T0 + 31 * MINUTE, T0 + 32 * MINUTE, [sample(gpus[0])]), "rejected", "AFTER_CLOSE")

@@ -98,6 +98,17 @@ class _Stream:
     next_seq: int = 0
     last_hash: str = ZERO_HASH
     last_end_ms: int = 0
+    # Seqs taken by a rejected event of the node (SPEC §6.3 usage (3)): never replaced.
+    taken: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamViolation:
+    """A chain position SPEC §6.2-§6.3 rules out, found after the fact (see ``Referee``)."""
+
+    index: int
+    rule: str
+    message: str
 
 
 @dataclass
@@ -121,16 +132,62 @@ class Referee:
     operator_required: dict[str, bytes] = field(default_factory=dict)
     desk_required: dict[str, bytes] = field(default_factory=dict)
     ledger_required: dict[str, bytes] = field(default_factory=dict)
+    # SPEC §6.2: an event beyond its stream's next seq waits; it may be chained only as a
+    # SEQ_GAP rejection in the close flush, right before an accepted close, in (node, seq)
+    # order. The candidates seen since the last other input: (index, node_id, seq).
+    flush: list[tuple[int, str, int]] = field(default_factory=list)
+    violations: list[StreamViolation] = field(default_factory=list)
+    _gap: bool = False
 
     def __post_init__(self) -> None:
         self.ledger_required = required_of((self.ledger_key,))
 
-    def decide(self, opened: OpenResult, duplicate: bool) -> Verdict:
+    def decide(self, opened: OpenResult, duplicate: bool, index: int = -1) -> Verdict:
         """The decision for the next input in chain order; updates the state when accepted.
 
         ``duplicate`` is true when an earlier input of the placement has the same input
-        hash (SPEC §6.1 step 2).
+        hash (SPEC §6.1 step 2). ``index`` is its chain index: a chain position the
+        stream rules forbid is kept in ``violations`` once it is known (``finish``).
         """
+        self._gap = False
+        verdict = self._decide(opened, duplicate)
+        record = opened.record
+        if self._gap and isinstance(record, UsageEvent):
+            self.flush.append((index, record.node_id, record.seq))
+        elif self.flush:
+            if isinstance(record, PlacementClosed) and verdict == _OK:
+                self._check_flush_order()
+            else:
+                self.finish()
+        return verdict
+
+    def finish(self) -> None:
+        """The chain ended (or went on) without the close that a flush must precede."""
+        for index, node_id, seq in self.flush:
+            self.violations.append(
+                StreamViolation(
+                    index,
+                    "SEQ_GAP_OUT_OF_FLUSH",
+                    f"node {node_id} seq {seq} is beyond its stream's next seq: SPEC §6.2 "
+                    "holds it until the seqs before it arrive (chained early, or reordered)",
+                )
+            )
+        self.flush.clear()
+
+    def _check_flush_order(self) -> None:
+        keys = [(node_id, seq) for _, node_id, seq in self.flush]
+        if keys != sorted(keys):
+            for index, node_id, seq in self.flush:
+                self.violations.append(
+                    StreamViolation(
+                        index,
+                        "FLUSH_ORDER",
+                        f"node {node_id} seq {seq}: the close flush is in node, then seq order",
+                    )
+                )
+        self.flush.clear()
+
+    def _decide(self, opened: OpenResult, duplicate: bool) -> Verdict:
         # §6.1 step 1: what does not decode, is not an input, or names another placement
         # is quarantined: it can never be chained.
         record = opened.record
@@ -235,40 +292,53 @@ class Referee:
         valid_from_ms, valid_until_ms = keys[sig.key]
         if not (valid_from_ms <= event.start_ms and event.end_ms <= valid_until_ms):
             return _reject(Reason.NODE_KEY_NOT_VALID)
-        # 3. the stream: re-delivery, equivocation, gap, fork
+        # 3. the stream: re-delivery, equivocation, held beyond a gap, fork
         if event.seq < stream.next_seq:
             if self.lookup(event.node_id, event.seq) == opened.record_hash:
                 return Verdict(DROPPED, Reason.DUPLICATE.value)
             return _reject(Reason.EQUIVOCATION)
+        if event.seq in stream.taken:
+            return _reject(Reason.EQUIVOCATION)  # a node never replaces a seq it signed
         if event.seq > stream.next_seq:
+            # Held until the close flush (SPEC §6.2); chained, it can only be SEQ_GAP there.
+            self._gap = True
             return _reject(Reason.SEQ_GAP)
-        if event.prev != stream.last_hash:
-            return _reject(Reason.PREV_MISMATCH)
-        # 4. the interval
-        length_ms = event.end_ms - event.start_ms
-        if length_ms <= 0 or length_ms > proto_limits.MAX_INTERVAL_MS:
-            return _reject(Reason.INTERVAL_INVALID)
-        if event.seq > 0 and event.start_ms < stream.last_end_ms:
-            return _reject(Reason.INTERVAL_OVERLAP)
-        # 5. the window
-        if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
-            return _reject(Reason.OUTSIDE_WINDOW)
-        # 6. the samples
-        uuids = [s.uuid for s in event.samples]
-        if len(set(uuids)) != len(uuids):
-            return _reject(Reason.SAMPLE_DUPLICATE_GPU)
-        for sample in event.samples:
-            spec = self.gpus.get(sample.uuid)
-            if spec is None or spec.node_id != event.node_id:
-                return _reject(Reason.GPU_NOT_IN_TERMS)
-            if sample.model != spec.model:
-                return _reject(Reason.GPU_MODEL_MISMATCH)
-        # 7. accepted
+        failure = self._usage_content(event, stream, terms)
+        if failure is not None:
+            stream.taken.add(event.seq)  # rejected from step 3 on: the seq is taken
+            return _reject(failure)
         stream.next_seq += 1
         stream.last_hash = opened.record_hash
         stream.last_end_ms = event.end_ms
         self.max_usage_end_ms = max(self.max_usage_end_ms, event.end_ms)
         return _OK
+
+    def _usage_content(
+        self, event: UsageEvent, stream: _Stream, terms: PlacementTerms
+    ) -> Reason | None:
+        """Steps 3 (the link) to 6 of SPEC §6.3 usage: None when the event may be folded."""
+        if event.prev != stream.last_hash:
+            return Reason.PREV_MISMATCH
+        # 4. the interval
+        length_ms = event.end_ms - event.start_ms
+        if length_ms <= 0 or length_ms > proto_limits.MAX_INTERVAL_MS:
+            return Reason.INTERVAL_INVALID
+        if event.seq > 0 and event.start_ms < stream.last_end_ms:
+            return Reason.INTERVAL_OVERLAP
+        # 5. the window
+        if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
+            return Reason.OUTSIDE_WINDOW
+        # 6. the samples
+        uuids = [s.uuid for s in event.samples]
+        if len(set(uuids)) != len(uuids):
+            return Reason.SAMPLE_DUPLICATE_GPU
+        for sample in event.samples:
+            spec = self.gpus.get(sample.uuid)
+            if spec is None or spec.node_id != event.node_id:
+                return Reason.GPU_NOT_IN_TERMS
+            if sample.model != spec.model:
+                return Reason.GPU_MODEL_MISMATCH
+        return None
 
     def _reclaim(self, opened: OpenResult, notice: ReclaimNotice, terms: PlacementTerms) -> Verdict:
         failure = self._operator_signed(opened)

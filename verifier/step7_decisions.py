@@ -49,7 +49,8 @@ def decide(
     run: Verification, index: int, ledger: LedgerRecord | None, row: InputRow, opened: OpenResult
 ) -> None:
     """SPEC §6 for the input at ``index``; compare with what the ledger recorded."""
-    verdict = run.referee.decide(opened, index in run.duplicates)
+    verdict = run.referee.decide(opened, index in run.duplicates, index)
+    report_stream_violations(run)
     claimed = (
         Claim(ledger.status, ledger.reason)
         if ledger is not None
@@ -86,6 +87,23 @@ def decide(
             run.close_index = index
 
 
+def report_stream_violations(run: Verification, *, at_end: bool = False) -> None:
+    """Chain positions the stream rules forbid (SPEC §6.2-§6.3), once they are known."""
+    referee = run.referee
+    if at_end:
+        referee.finish()
+    for violation in referee.violations:
+        run.add(
+            Step.DECISIONS,
+            violation.rule,
+            f"chain_index {violation.index}",
+            "held in its stream until the close flush",
+            "chained here",
+            violation.message,
+        )
+    referee.violations.clear()
+
+
 def _finding(run: Verification, where: str, verdict: Verdict, claimed: Claim) -> None:
     if verdict.outcome == ACCEPTED:
         rule = claimed.reason or "DECISION"
@@ -99,7 +117,9 @@ def _finding(run: Verification, where: str, verdict: Verdict, claimed: Claim) ->
 
 
 def check_held(run: Verification) -> None:
-    """Inputs held for terms that were accepted should have been processed (SPEC §6.2)."""
+    """Inputs held for terms that were accepted should have been processed (SPEC §6.2);
+    a gap candidate left at the end of the chain was chained outside a close flush."""
+    report_stream_violations(run, at_end=True)
     rows = run.source.small_table("held", "position, input_hash, envelope", "position")
     for position, input_hash, raw in rows:
         where = f"held {position}"

@@ -11,9 +11,10 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING, Any, Final
 
+from proto.cosign import cosignature_of
 from proto.errors import ProtoError
 from proto.merkle import leaf_hash
-from proto.note import checkpoint_origin, parse_checkpoint_body, parse_note
+from proto.note import SignedNote, checkpoint_origin, parse_checkpoint_body, parse_note
 from verifier.findings import Step
 from verifier.merkle_stream import CompactRange
 from verifier.step5_columns import check_checkpoint_size
@@ -151,14 +152,17 @@ def check_checkpoints(run: Verification) -> None:
                     sig.name,
                     "a signature line by someone the terms do not name",
                 )
-            elif note.signed_by(sig.name, key):
-                summary["cosigned_by"].append(sig.name)
             else:
-                run.add(
-                    Step.MERKLE,
-                    "CHECKPOINT_COSIGNATURE",
-                    where,
-                    f"a valid cosignature by {sig.name}",
-                    "invalid",
-                    "a party's cosignature does not verify with its terms key",
-                )
+                cosigned = cosignature_of(SignedNote(note.body, (sig,)), sig.name, key)
+                if cosigned is not None:
+                    summary["cosigned_by"].append(sig.name)
+                    summary.setdefault("cosigned_at_s", {})[sig.name] = cosigned.timestamp_s
+                else:
+                    run.add(
+                        Step.MERKLE,
+                        "CHECKPOINT_COSIGNATURE",
+                        where,
+                        f"a valid C2SP cosignature/v1 by {sig.name}",
+                        "invalid",
+                        "a party's cosignature does not verify with its terms key (SPEC §8.2)",
+                    )
