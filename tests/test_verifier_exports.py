@@ -234,7 +234,9 @@ class ExportBuilder:
     items: list[Chained] = field(default_factory=list)
     statements_at: list[int] = field(default_factory=list)
     checkpoints_at: list[int] = field(default_factory=list)
-    cosigners: list[tuple[str, SigningKey]] = field(default_factory=list)
+    # Witnesses on every checkpoint (SPEC §8.2); None: the operator's and the buyer's,
+    # what a trust file without a policy requires for a FINAL verdict (SPEC §9).
+    cosigners: list[tuple[str, SigningKey]] | None = None
     dropped_duplicates: int = 0
 
     def add(self, raw: bytes, status: str = "accepted", reason: str = "") -> int:
@@ -368,7 +370,10 @@ class ExportBuilder:
             )
         )
         note = sign_note(body, "gridledger-ledger", self.cast.ledger)
-        for name, key in self.cosigners:
+        cosigners = self.cosigners
+        if cosigners is None:
+            cosigners = [(k.name, k) for k in (self.cast.operator, self.cast.buyer)]
+        for name, key in cosigners:
             note = cosign(note, name, key, COSIGNED_AT_S)
         return note.text()
 
@@ -419,7 +424,7 @@ def full_scenario(
     gpus = [gpu("node-a", 0), gpu("node-a", 1), gpu("node-b", 0, share_milli=500)]
     overrides = {"reclaim_penalty_bps": 1000, **term_overrides}
     terms = make_terms(cast, name, gpus, T0, T0 + HOUR, **overrides)
-    b = ExportBuilder(cast, terms, cosigners=[(cast.buyer.name, cast.buyer)])
+    b = ExportBuilder(cast, terms)
     a = StreamWriter(cast.node_key("node-a"), name, "node-a")
     nb = StreamWriter(cast.node_key("node-b"), name, "node-b")
     b.add(signed_terms(cast, terms))
@@ -549,7 +554,10 @@ def test_full_honest_export_verifies(tmp_path: Path) -> None:
     assert report.counts["decided.rejected"] == rejected
     assert report.counts["decided.accepted"] == len(s.builder.items) - rejected
     assert report.counts["statements"] == 3 and report.counts["checkpoints"] == 3
-    assert all(c["cosigned_by"] == [s.cast.buyer.name] for c in report.checkpoints)
+    parties = [s.cast.operator.name, s.cast.buyer.name]
+    assert all(c["cosigned_by"] == parties for c in report.checkpoints)
+    # Step (10): closed, final statement last, witnessed by both (the default policy).
+    assert report.is_final and report.witnessed_by == parties and report.provisional == []
 
 
 def test_small_honest_export_verifies_with_exact_amounts(tmp_path: Path) -> None:

@@ -2,10 +2,14 @@
 
 Three shapes of one command:
 
-    verify FILE.duckdb... | DIR --trust TRUST.json [--json]
+    verify FILE.duckdb... | DIR --trust TRUST.json [--checkpoint NOTE] [--json]
         Verify each export (every *.duckdb of DIR); with several, also print one
-        reconciliation table per party role, per currency. Exit 0 all verified, 1 some
-        export does not check out (findings printed), 2 some input unusable.
+        reconciliation table per party role, per currency, counting each placement once
+        (copies and older views set aside; two views that disagree are equivocation).
+        ``--checkpoint NOTE``: a checkpoint you kept — the export must extend it.
+        Exit 0 every export FINAL (closed, final statement, witnessed as the trust file
+        requires), 3 verified but PROVISIONAL (open, unwitnessed, cut short), 1 some
+        export does not check out or the exports disagree, 2 some input unusable.
 
     verify inclusion --record RECORD.json --proof PROOF.json --checkpoint NOTE
                      --trust TRUST.json [--json]
@@ -25,24 +29,31 @@ import argparse
 import json
 import logging
 import sys
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from proto.files import read_at_most
+from proto.note import MAX_NOTE_BYTES
 from proto.trust import TrustError, TrustFile, load_trust
 from verifier import limits
+from verifier.copies import CopyFindings, check_kept, compare_copies, kept_placement, read_copy
 from verifier.errors import UnusableInput
 from verifier.findings import Findings
 from verifier.inclusion import make_inclusion_bundle, read_bundle_files, verify_inclusion_bundle
 from verifier.progress import Progress
+from verifier.reconcile import reconcile, render
 from verifier.report import (
     EXIT_FAILED,
     EXIT_UNUSABLE,
     EXIT_VERIFIED,
     exit_code,
+    export_json,
     findings_json,
-    render_run,
+    render_export,
     run_json,
 )
 from verifier.verify import ExportReport, verify_export
@@ -53,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``verify`` to the gridledger command."""
     parser = subparsers.add_parser(
         "verify",
-        help="verify exports offline (exit 0 verified, 1 findings, 2 unusable input)",
+        help="verify exports offline (exit 0 final, 3 provisional, 1 findings, 2 unusable input)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -68,7 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a machine-readable report")
     parser.add_argument("--record", type=Path, help="inclusion: the LedgerRecord envelope file")
     parser.add_argument("--proof", type=Path, help="inclusion: the proof file")
-    parser.add_argument("--checkpoint", type=Path, help="inclusion: the checkpoint note file")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="a checkpoint note you kept: the export must extend it (inclusion: the note)",
+    )
     parser.add_argument("--index", type=int, help="prove: the record index")
     parser.add_argument("--size", type=int, help="prove: the checkpoint size to prove against")
     parser.add_argument("--out", type=Path, help="prove: directory for the bundle files")
@@ -139,6 +154,7 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         trust = _load_trust(args)
         paths = export_paths(args.paths)
+        kept = _read_kept(args.checkpoint) if args.checkpoint is not None else None
     except UnusableInput as exc:
         return _fail(str(exc))
     reports: list[ExportReport] = []
@@ -146,11 +162,109 @@ def _verify(args: argparse.Namespace) -> int:
     with OpenPool[Any](args.pool, args.workers) as pool:
         for path in paths:
             reports.append(verify_export(path, trust, pool=pool, progress=progress))
+    across = _across_exports(reports, trust, kept)
+    standing = [r for r in reports if r.path not in across.set_aside]
+    code = exit_code(reports, run_failed=across.failed)
     if args.json:
-        print(json.dumps(run_json(reports), indent=2))
+        data = run_json(standing, {"copies": across.to_json(), "exit_code": code})
+        data["exports"] = [export_json(r) for r in reports]
+        if len(reports) > 1:  # each placement once: copies and older views set aside
+            data["reconciliation"] = reconcile(standing).to_json()
+        print(json.dumps(data, indent=2))
     else:
-        print("\n".join(render_run(reports)))
-    return exit_code(reports)
+        lines: list[str] = []
+        for report in reports:
+            lines += render_export(report)
+        lines += across.lines
+        if len(reports) > 1:
+            lines += render(reconcile(standing))
+        print("\n".join(lines))
+    return code
+
+
+def _read_kept(path: Path) -> str:
+    try:
+        raw = read_at_most(path, MAX_NOTE_BYTES)
+    except OSError as exc:
+        raise UnusableInput(str(path), f"cannot read the kept checkpoint: {exc.strerror}") from exc
+    if len(raw) > MAX_NOTE_BYTES:
+        raise UnusableInput(str(path), f"a checkpoint note is at most {MAX_NOTE_BYTES} bytes")
+    text = raw.decode("utf-8", "replace")
+    if kept_placement(text) is None:
+        raise UnusableInput(str(path), "not a gridledger checkpoint note")
+    return text
+
+
+@dataclass
+class _Across:
+    """What comparing the exports with each other (and a kept checkpoint) found."""
+
+    lines: list[str] = field(default_factory=list)
+    set_aside: set[str] = field(default_factory=set)  # copies that do not count twice
+    failed: bool = False
+    copies: CopyFindings | None = None
+    kept: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.copies
+        return {
+            "duplicates": [list(d) for d in c.duplicates] if c else [],
+            "superseded": [list(d) for d in c.superseded] if c else [],
+            "equivocations": c.equivocations if c else [],
+            "kept_checkpoint": self.kept,
+        }
+
+
+def _across_exports(reports: list[ExportReport], trust: TrustFile, kept: str | None) -> _Across:
+    """SPEC §9 "Many exports" and "A kept checkpoint"."""
+    out = _Across()
+    verified = [r for r in reports if r.ok]
+    counts = Counter(r.placement_id for r in verified)
+    several = [r for r in verified if counts[r.placement_id] > 1]
+    if several:
+        out.copies = compare_copies([read_copy(r.path, r.placement_id) for r in several])
+        for copy, same in out.copies.duplicates:
+            out.set_aside.add(copy)
+            out.lines.append(f"COPY: {copy} is the same log as {same} (counted once)")
+        for older, newer in out.copies.superseded:
+            out.set_aside.add(older)
+            out.lines.append(f"SUPERSEDED: {older} is an older view of {newer} (not counted)")
+        for fork in out.copies.equivocations:
+            out.failed = True
+            out.lines.append(
+                f"FAIL: EQUIVOCATION: placement {fork['placement_id']}: {fork['path_a']} "
+                f"({fork['size_a']} records) and {fork['path_b']} ({fork['size_b']} records) "
+                "are two ledger-signed views that no append-only log can both produce"
+            )
+            out.lines += _indent_note("checkpoint A", fork["checkpoint_a"])
+            out.lines += _indent_note("checkpoint B", fork["checkpoint_b"])
+    if kept is not None:
+        placement = kept_placement(kept)
+        ledger_keys = [k.key for k in trust.keys if k.role == "ledger"]
+        matching = [r for r in verified if r.placement_id == placement]
+        if not matching:
+            out.failed = True
+            out.lines.append(
+                f"FAIL: the kept checkpoint is of placement {placement}; no verified export "
+                "of it was given"
+            )
+        for r in matching:
+            result = check_kept(r.path, r.placement_id, ledger_keys, r.record_count, kept)
+            out.kept.append(
+                {"path": r.path, "ok": result.ok, "rule": result.rule, "detail": result.detail}
+            )
+            if result.ok:
+                out.lines.append(f"OK: {r.path}: {result.detail}")
+            else:
+                out.failed = True
+                out.lines.append(f"FAIL: {r.path}: {result.rule}: {result.detail}")
+    return out
+
+
+def _indent_note(label: str, note: str) -> list[str]:
+    if not note:
+        return [f"  {label}: (none in the export)"]
+    return [f"  {label}:"] + [f"    {line}" for line in note.rstrip("\n").split("\n")]
 
 
 def _inclusion(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from proto.errors import ProtoError
 from proto.frontier import Frontier
 from proto.merkle import leaf_hash
 from proto.note import SignedNote, checkpoint_origin, parse_checkpoint_body, parse_note
+from proto.records import Checkpoint
 from verifier.source import ExportSource
 
 LEDGER_NOTE_NAME = "gridledger-ledger"
@@ -122,7 +123,11 @@ class KeptResult:
 
 
 def check_kept(
-    export_path: str, placement_id: str, ledger_key: bytes, record_count: int, kept_text: str
+    export_path: str,
+    placement_id: str,
+    ledger_keys: Sequence[bytes],
+    record_count: int,
+    kept_text: str,
 ) -> KeptResult:
     """Does the export extend the kept checkpoint? (SPEC §9, "A kept checkpoint")."""
     try:
@@ -130,10 +135,26 @@ def check_kept(
         body = parse_checkpoint_body(note.body)
     except ProtoError as exc:
         return KeptResult(False, "CHECKPOINT_MALFORMED", f"the kept checkpoint: {exc.detail}")
-    if not note.signed_by(LEDGER_NOTE_NAME, ledger_key):
+    if not any(note.signed_by(LEDGER_NOTE_NAME, key) for key in ledger_keys):
         return KeptResult(
-            False, "CHECKPOINT_SIGNATURE", "the kept checkpoint is not signed by the ledger key"
+            False, "CHECKPOINT_SIGNATURE", "the kept checkpoint is not signed by a trusted ledger"
         )
+    return _extends(export_path, placement_id, record_count, note, body)
+
+
+def kept_placement(kept_text: str) -> str | None:
+    """The placement a kept checkpoint note is of (None: not a checkpoint of ours)."""
+    try:
+        origin = parse_checkpoint_body(parse_note(kept_text).body).origin
+    except ProtoError:
+        return None
+    prefix = checkpoint_origin("")
+    return origin[len(prefix) :] if origin.startswith(prefix) else None
+
+
+def _extends(
+    export_path: str, placement_id: str, record_count: int, note: SignedNote, body: Checkpoint
+) -> KeptResult:
     if body.origin != checkpoint_origin(placement_id):
         return KeptResult(False, "CHECKPOINT_ORIGIN", f"the kept checkpoint is of {body.origin!r}")
     if body.size > record_count:

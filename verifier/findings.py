@@ -11,6 +11,7 @@ The checklist (see ``verifier/verify.py``):
     (7) decisions   every decision re-derived from SPEC §6
     (8) merkle      checkpoints: root, size, ledger signature, cosignatures
     (9) obligation  totals recomputed from SPEC §7, compared with records and statements
+    (10) completeness  closed, final statement, checkpoint of the last record, witnessed
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Step(IntEnum):
     DECISIONS = 7
     MERKLE = 8
     OBLIGATION = 9
+    COMPLETENESS = 10
 
     @property
     def label(self) -> str:

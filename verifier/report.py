@@ -1,4 +1,13 @@
-"""Rendering verification results: ``OK:`` / ``FAIL:`` lines for people, JSON for programs."""
+"""Rendering verification results for people (``OK:`` / ``PROVISIONAL:`` / ``FAIL:`` lines)
+and programs (JSON), and the exit code (SPEC §9):
+
+    0  every export FINAL: verified, closed, final statement, witnessed as the trust
+       file requires
+    1  some readable export does not check out (a finding), or the exports disagree
+       (equivocation across copies, a kept checkpoint the export does not extend)
+    2  some input unusable
+    3  verified, but some export is PROVISIONAL: open, unwitnessed or cut short
+"""
 
 from __future__ import annotations
 
@@ -13,14 +22,17 @@ REPORT_FORMAT: Final = "gridledger-verify-report/v1"
 EXIT_VERIFIED: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_UNUSABLE: Final = 2
+EXIT_PROVISIONAL: Final = 3
 
 
-def exit_code(reports: Sequence[ExportReport]) -> int:
-    """0 all verified, 1 some readable export does not check out, 2 some input unusable."""
+def exit_code(reports: Sequence[ExportReport], *, run_failed: bool = False) -> int:
+    """See the module docstring; ``run_failed``: a finding across exports."""
     if any(r.verdict == UNUSABLE for r in reports):
         return EXIT_UNUSABLE
-    if any(not r.ok for r in reports):
+    if run_failed or any(not r.ok for r in reports):
         return EXIT_FAILED
+    if any(not r.is_final for r in reports):
+        return EXIT_PROVISIONAL
     return EXIT_VERIFIED
 
 
@@ -46,6 +58,9 @@ def export_json(report: ExportReport) -> dict[str, Any]:
         "currency_scale": report.currency_scale,
         "head_index": report.head_index,
         "final": report.final,
+        "level": report.level,
+        "provisional": report.provisional,
+        "witnessed_by": report.witnessed_by,
         "totals": report.totals,
         "counts": report.counts,
         "checkpoints": report.checkpoints,
@@ -54,7 +69,9 @@ def export_json(report: ExportReport) -> dict[str, Any]:
     }
 
 
-def run_json(reports: Sequence[ExportReport]) -> dict[str, Any]:
+def run_json(
+    reports: Sequence[ExportReport], extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The whole run as JSON; with several exports, the reconciliation too."""
     data: dict[str, Any] = {
         "format": REPORT_FORMAT,
@@ -63,6 +80,8 @@ def run_json(reports: Sequence[ExportReport]) -> dict[str, Any]:
     }
     if len(reports) > 1:
         data["reconciliation"] = reconcile(reports).to_json()
+    if extra:
+        data.update(extra)
     return data
 
 
@@ -73,13 +92,21 @@ def render_export(report: ExportReport) -> list[str]:
     if report.ok and report.totals is not None:
         t, scale = report.totals, report.currency_scale
         money = report.currency
+        amounts = (
+            f"buyer owes {format_minor(t['buyer_owes_minor'], scale)} {money}, operator "
+            f"receives {format_minor(t['operator_receives_minor'], scale)} {money}, desk "
+            f"receives {format_minor(t['desk_receives_minor'], scale)} {money}"
+        )
+        records = f"{report.counts.get('records', 0)} records through index {report.head_index}"
+        if report.is_final:
+            witnesses = ", ".join(report.witnessed_by) or "no witness required by the trust file"
+            return [
+                f"OK: {report.path}: placement {report.placement_id}, {records} (final, "
+                f"witnessed by {witnesses}); {amounts}"
+            ]
         return [
-            f"OK: {report.path}: placement {report.placement_id}, "
-            f"{report.counts.get('records', 0)} records through index {report.head_index}"
-            f"{' (final)' if report.final else ''}; buyer owes "
-            f"{format_minor(t['buyer_owes_minor'], scale)} {money}, operator receives "
-            f"{format_minor(t['operator_receives_minor'], scale)} {money}, desk receives "
-            f"{format_minor(t['desk_receives_minor'], scale)} {money}"
+            f"PROVISIONAL: {report.path}: placement {report.placement_id}, {records}; "
+            f"{amounts} so far — not final: {'; '.join(report.provisional)}"
         ]
     lines = [
         f"FAIL: {report.path}: placement {report.placement_id or '?'}: "
@@ -103,6 +130,7 @@ def render_run(reports: Sequence[ExportReport]) -> list[str]:
 
 __all__ = [
     "EXIT_FAILED",
+    "EXIT_PROVISIONAL",
     "EXIT_UNUSABLE",
     "EXIT_VERIFIED",
     "exit_code",

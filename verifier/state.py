@@ -46,11 +46,22 @@ class ExportReport:
     counts: dict[str, int] = field(default_factory=dict)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # Step (10): "final" (complete, final, witnessed) or "provisional" (verified as far
+    # as it goes; ``provisional`` says what is missing). Empty until step (10) ran.
+    level: str = ""
+    provisional: list[str] = field(default_factory=list)
+    witnessed_by: list[str] = field(default_factory=list)
+    record_count: int = 0
 
     @property
     def ok(self) -> bool:
-        """True when the export verified."""
+        """True when the export verified (no finding): final or provisional."""
         return self.verdict == VERIFIED
+
+    @property
+    def is_final(self) -> bool:
+        """True when it verified and step (10) found it complete, final and witnessed."""
+        return self.ok and self.level == "final"
 
 
 class Verification:

@@ -27,6 +27,10 @@ visit the single streaming pass over the chain (``verifier/walk.py``) per chain 
     step9_obligation.py  (9) obligation: every total of SPEC §7 recomputed in SQL
                          (``pricing.py``) and compared with every LedgerRecord and every
                          statement
+    step10_completeness.py (10) completeness: the log is closed, ends with its final
+                         statement, a checkpoint covers the last record and carries the
+                         cosignatures the trust file's policy requires (``witnessed.py``):
+                         FINAL, else PROVISIONAL naming what is missing (SPEC §9)
 
 Library code: returns an ``ExportReport``, never exits. Unusable input is reported with
 verdict ``unusable``; anything readable that does not check out is a finding.
@@ -52,6 +56,7 @@ from verifier import (
     step7_decisions,
     step8_merkle,
     step9_obligation,
+    step10_completeness,
 )
 from verifier.errors import UnusableInput
 from verifier.findings import Step
@@ -157,6 +162,7 @@ def run_checklist(
     step9_obligation.check_records(run)
     step9_obligation.check_statements(run)
     step8_merkle.check_checkpoints(run)
+    step10_completeness.check_completeness(run, trust)
     _summarise(run)
 
 

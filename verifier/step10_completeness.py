@@ -1,0 +1,42 @@
+"""(10) completeness: the whole, final, witnessed obligation? (SPEC.md §9)
+
+Reads only what steps (1)-(9) already checked — statements, checkpoints, the close —
+and asks what they add up to (the rule itself: ``verifier/witnessed.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from proto.trust import TrustFile
+from verifier.findings import Step
+from verifier.witnessed import judge
+
+if TYPE_CHECKING:
+    from verifier.state import Verification
+
+
+def check_completeness(run: Verification, trust: TrustFile) -> None:
+    """Step (10) into the report: its level, what is missing, any finding."""
+    statements = [
+        (int(index), bool(final))
+        for index, final in run.source.small_table(
+            "statements", "through_index, final", "through_index"
+        )
+    ]
+    notes = [str(n) for (n,) in run.source.small_table("checkpoints", "note", "size")]
+    result = judge(
+        terms=run.terms,
+        trust=trust,
+        record_count=run.record_count,
+        closed=run.close_index is not None,
+        statements=statements,
+        checkpoint_notes=notes,
+    )
+    for rule, where, expected, actual, message in result.findings:
+        run.add(Step.COMPLETENESS, rule, where, expected, actual, message)
+    report = run.report
+    report.level = result.level
+    report.provisional = list(result.reasons)
+    report.witnessed_by = list(result.witnessed_by)
+    report.record_count = run.record_count
