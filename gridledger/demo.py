@@ -388,6 +388,7 @@ def _run_local(
             _progress(out, terms, store, now, events)
         for agent in agents:
             agent.close()
+        _witnesses(workdir, keys, terms, signed_terms, store, ledger_key, out)
         export = workdir / "exports" / f"{PLACEMENT_ID}.duckdb"
         export.parent.mkdir(parents=True, exist_ok=True)
         export_placement(store, PLACEMENT_ID, export, key=ledger_key)
@@ -451,6 +452,7 @@ def _run_kafka(
             )
             for agent in agents:
                 agent.close()
+            _witnesses(workdir, keys, terms, signed_terms, store, ledger_key, out)
             export = workdir / "exports" / f"{PLACEMENT_ID}.duckdb"
             export.parent.mkdir(parents=True, exist_ok=True)
             export_placement(store, PLACEMENT_ID, export, key=ledger_key)
@@ -460,6 +462,64 @@ def _run_kafka(
             service.close()
 
     return asyncio.run(run())
+
+
+def _witnesses(
+    workdir: Path,
+    keys: dict[str, SigningKey],
+    terms: PlacementTerms,
+    signed_terms: Path,
+    store: object,
+    ledger_key: SigningKey,
+    out: io.TextIOBase | None,
+) -> None:
+    """Operator and buyer witness the closed log through the ledger's API (SPEC §8.3).
+
+    Each uses only its own key and what it knows: the operator its agents' delivery logs,
+    the buyer the terms it signed and the reclaim notice it received (saved with the time
+    it received them). Both must cosign, or the demo stops: no honest run is refused.
+    """
+    import os
+
+    from ledger.http import LedgerApi, LedgerHttpServer
+    from ledger.metrics import LedgerMetrics
+    from ledger.store import Store
+    from witness.runner import EXIT_OK, witness_once
+
+    known = workdir / "witness" / "buyer-known"
+    known.mkdir(parents=True, exist_ok=True)
+    for name, raw, at_ms in (
+        ("terms.signed.json", signed_terms.read_bytes(), terms.created_at_ms),
+        ("reclaim.json", _reclaim(keys, terms), RECLAIM_ISSUED_MS),
+    ):
+        path = known / name
+        path.write_bytes(raw)
+        os.utime(path, ns=(at_ms * 1_000_000, at_ms * 1_000_000))
+    api = LedgerApi(of_type(store, Store, "the demo's store"), ledger_key, LedgerMetrics())
+    server = LedgerHttpServer(api, "127.0.0.1", 0)
+    server.start()
+    try:
+        operator_logs = sorted((workdir / "local").glob("node-*/DELIVERED.jsonl"))
+        roles: list[tuple[str, list[Path], Path | None]] = [
+            ("operator", operator_logs, None),
+            ("buyer", [], known),
+        ]
+        for role, delivery_logs, known_dir in roles:
+            party = PARTIES[role]
+            result = witness_once(
+                ledger_url=server.url,
+                terms_path=signed_terms,
+                key_path=workdir / "keys" / f"{party}.key",
+                state_dir=workdir / "witness" / role,
+                delivery_logs=delivery_logs,
+                known_dir=known_dir,
+                now_s=int(time.time()),
+            )
+            _say(out, f"   {role} witness: {result.line}")
+            if result.code != EXIT_OK:
+                raise DemoError(f"the {role}'s witness did not cosign: {result.line}")
+    finally:
+        server.stop()
 
 
 def _progress(

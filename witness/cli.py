@@ -15,28 +15,15 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-from proto.errors import KeyFileError, ProtoError
-from proto.keys import load_signing_key
-from proto.note import parse_checkpoint_body, parse_note
-from proto.terms import TermsError, load_terms_file
-from witness.check import Cosigned, witness
-from witness.client import LedgerClient, LedgerRefused, LedgerUnreachable
-from witness.known import Known, KnownError, from_delivery_logs, from_envelope_files
+from witness.runner import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, witness_once
 from witness.state import (
-    StateError,
     list_refusals,
     list_states,
-    load_state,
-    store_refusal,
-    store_state,
 )
 
-EXIT_OK: Final = 0
-EXIT_REFUSED: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_UNAVAILABLE: Final = 75
+__all__ = ["EXIT_OK", "EXIT_REFUSED", "EXIT_UNAVAILABLE", "EXIT_USAGE", "register"]
 
 
 def register(sub: Any) -> None:
@@ -68,65 +55,18 @@ def register(sub: Any) -> None:
     parser.set_defaults(handler=lambda _args: (parser.print_help(sys.stderr), EXIT_USAGE)[1])
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"FAIL: {message}", file=sys.stderr)
-    return code
-
-
 def _run(args: argparse.Namespace) -> int:
-    try:
-        terms, _ = load_terms_file(args.terms)
-    except TermsError as exc:
-        return _fail("; ".join(exc.problems))
-    try:
-        key = load_signing_key(args.key)
-    except (KeyFileError, OSError, ValueError) as exc:
-        return _fail(f"cannot use key {args.key}: {exc}")
-    parties = {p.key: p.id for p in (terms.operator, terms.buyer, terms.desk)}
-    name = parties.get(key.public_key)
-    if name is None:
-        return _fail(f"the key {args.key} is not a party key of placement {terms.placement_id}")
-    try:
-        known: list[Known] = from_delivery_logs(args.delivery_log, terms.placement_id)
-        if args.known is not None:
-            known += from_envelope_files(args.known, terms.placement_id)
-        state = load_state(args.state, terms.placement_id)
-    except (KnownError, StateError) as exc:
-        return _fail(str(exc))
-    client = LedgerClient(args.ledger, terms.placement_id)
-    try:
-        note = parse_note(client.checkpoint())
-        size = parse_checkpoint_body(note.body).size
-        if size == state.size and state.cosigned_note.startswith(note.body):
-            print(f"OK: {terms.placement_id}: size {size} already cosigned as {name}")
-            return EXIT_OK
-        records = client.records(state.size, size) if size > state.size else []
-    except LedgerUnreachable as exc:
-        return _fail(str(exc), EXIT_UNAVAILABLE)
-    except (LedgerRefused, ProtoError) as exc:
-        return _fail(f"{terms.placement_id}: {exc}", EXIT_REFUSED)
-    outcome = witness(
-        state, terms, note, records, known, name=name, key=key, now_s=int(time.time())
+    result = witness_once(
+        ledger_url=args.ledger,
+        terms_path=args.terms,
+        key_path=args.key,
+        state_dir=args.state,
+        delivery_logs=args.delivery_log,
+        known_dir=args.known,
+        now_s=int(time.time()),
     )
-    if not isinstance(outcome, Cosigned):
-        path = store_refusal(args.state, outcome.refusal)
-        print(
-            f"REFUSED: {terms.placement_id}: {outcome.refusal.code}: {outcome.refusal.detail} "
-            f"(evidence: {path})"
-        )
-        return EXIT_REFUSED
-    store_state(args.state, outcome.state)  # before the cosignature leaves (SPEC §8.3)
-    try:
-        client.submit(outcome.note.text())
-    except LedgerUnreachable as exc:
-        return _fail(
-            f"cosigned size {size}, but {exc}; run again to hand it over", EXIT_UNAVAILABLE
-        )
-    except LedgerRefused as exc:
-        return _fail(f"cosigned size {size}, but the ledger did not take it: {exc}", EXIT_REFUSED)
-    closed = " (closed)" if outcome.state.close_index >= 0 else ""
-    print(f"OK: {terms.placement_id}: cosigned size {size}{closed} as {name}")
-    return EXIT_OK
+    print(result.line, file=sys.stdout if result.code in (EXIT_OK, EXIT_REFUSED) else sys.stderr)
+    return result.code
 
 
 def _status(args: argparse.Namespace) -> int:
