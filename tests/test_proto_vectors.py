@@ -16,6 +16,7 @@ from proto import merkle
 from proto.cosign import cosignature_of
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
+from proto.frontier import Frontier
 from proto.keys import SigningKey, key_id, verify
 from proto.note import parse_checkpoint_body, parse_note
 from proto.records import PlacementTerms
@@ -58,6 +59,15 @@ def test_rejections() -> None:
         with pytest.raises(ProtoError) as caught:
             open_envelope(base64.b64decode(v["envelope_b64"]))
         assert caught.value.reason.value == v["reason"], v["name"]
+
+
+def test_frontiers() -> None:
+    data = load("merkle.json")
+    leaves = [bytes.fromhex(x) for x in data["leaves_hex"]]
+    for size, hashes in data["frontiers"].items():
+        frontier = Frontier.empty().extend(leaves[: int(size)])
+        assert [h.hex() for h in frontier.hashes] == hashes
+        assert frontier.root().hex() == data["roots"][size]
 
 
 def test_merkle() -> None:

@@ -24,6 +24,7 @@ from proto import merkle
 from proto.cosign import cosign
 from proto.envelope import Envelope, encode_envelope, open_envelope
 from proto.errors import ProtoError
+from proto.frontier import Frontier
 from proto.keys import SigningKey, key_id
 from proto.note import checkpoint_body, checkpoint_origin, sign_note
 from proto.records import Checkpoint, PlacementTerms
@@ -180,6 +181,9 @@ def merkle_vectors() -> Any:
         for n in range(1, 9)
         for i in range(n)
     ]
+    frontiers = {
+        n: [h.hex() for h in Frontier.empty().extend(leaves[:n]).hashes] for n in range(0, 9)
+    }
     consistency = [
         {
             "first": m,
@@ -194,6 +198,8 @@ def merkle_vectors() -> Any:
         "roots": roots,
         "inclusion": inclusion,
         "consistency": consistency,
+        # SPEC §8.3: the right frontier (perfect subtree roots, largest first) of each size.
+        "frontiers": frontiers,
     }
 
 
@@ -369,7 +375,14 @@ def scenario_vectors() -> Any:
     inputs.append(b"not an envelope")
     inputs.append(b.reclaim(cast, terms, WS + 15 * MINUTE, WS + 40 * MINUTE, "r1"))
     inputs.append(nb.event(WS + 10 * MINUTE, WS + 50 * MINUTE, samples("node-b")))
+    # SPEC §6.2 stream holds: node b's seq 3 arrives before its seq 2 and waits for it.
+    nb2 = nb.event(WS + 50 * MINUTE, WS + 55 * MINUTE, samples("node-b"))
+    nb3 = nb.event(WS + 55 * MINUTE, WS + 60 * MINUTE, samples("node-b"))
+    inputs += [nb3, nb2]
     inputs.append(b.adjustment(cast, "pl-vector", "adj-1", "credit", 17, WS + HOUR))
+    # Node a's seq 5 (seqs 2-4 never come) waits, and the close flushes it as SEQ_GAP.
+    beyond = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a", seq=5, prev=a.prev)
+    inputs.append(beyond.event(WS + 50 * MINUTE, WS + 55 * MINUTE, samples("node-a")))
     inputs.append(b.closed(cast, "pl-vector", WS + HOUR + 5 * MINUTE))
     inputs.append(a.event(WS + 20 * MINUTE, WS + 30 * MINUTE, samples("node-a")))
     inputs.append(b.adjustment(cast, "pl-vector", "adj-2", "charge", 40, WS + 2 * HOUR))
