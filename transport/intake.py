@@ -22,6 +22,7 @@ new order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -112,6 +113,24 @@ class IntakeLog:
             segment_max_bytes=segment_max_bytes,
             max_record_bytes=MAX_FRAME_RECORD_BYTES,
         )
+        try:
+            self._sync_tail()
+        except BaseException:
+            self._writer.close()
+            raise
+
+    def _sync_tail(self) -> None:
+        # A writer killed inside ``append`` may leave whole frames it never fsynced; they
+        # are read (and folded) from now on, so make them durable first.
+        path = segment_path(self.directory, self._writer.end_position().segment)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def end_position(self) -> SpoolPosition:
         """Where the next entry will be appended."""
