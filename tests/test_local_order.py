@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from support import ledger_toml
 from test_ledger_scenario import (
     INTERVAL_MS,
@@ -339,3 +340,90 @@ def test_kill_nine_during_intake_fold_and_rebuild(tmp_path: Path) -> None:
     rebuild_kills = [records for _, records in kills[-8:]]
     assert any(0 < records < total for records in rebuild_kills), rebuild_kills
     assert "running" in {when for when, _ in kills}
+
+
+# ---- ledger statement: held inputs, no store, a running ledger without HTTP ------------------
+
+
+def _statement(config: Path, placement: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from gridledger.cli import main
+
+    code = main(["ledger", "statement", placement, "--config", str(config)])
+    captured = capsys.readouterr()
+    return code, captured.err.strip()
+
+
+def test_statement_says_what_is_held_missing_or_locked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = build_scenario("order-cli", placements=1, nodes=2, events=3)
+    pid = scenario.placement_ids[0]
+    key_file = ledger_key_file(tmp_path / "keys", scenario.cast)
+    config = ledger_toml(
+        tmp_path / "ledger.toml",
+        key_file,
+        ledger_id=LEDGER_ID,
+        db="ledger.duckdb",
+        local_dir="spool",
+        http="off",
+        clock_ms=LATE_CLOCK_MS,
+    )
+    # Before the store exists: one sentence, and no store is created by asking.
+    code, err = _statement(config, pid, capsys)
+    assert code == 2
+    assert err.count("\n") == 0 and "no ledger store" in err and "ledger run" in err
+    assert not (tmp_path / "ledger.duckdb").exists()
+
+    # Usage without terms: held, and the statement says so.
+    usage = [item for item in scenario.inputs if open_envelope(item[2]).kind == "usage"]
+    publish_scenario_local(tmp_path / "spool", usage)
+    _finish(config)
+    code, err = _statement(config, pid, capsys)
+    assert code == 1
+    assert err.count("\n") == 0
+    assert f"{len(usage)} input(s) held since" in err and "waiting for its terms" in err
+    assert str(LATE_CLOCK_MS) in err
+
+    # A running ledger with http = "off" holds the store: one sentence on what to do.
+    log_path = tmp_path / "ledger.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gridledger", "ledger", "run", "--config", str(config)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while b"ledger_running" not in log_path.read_bytes():
+                assert process.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the ledger did not start"
+                time.sleep(0.01)
+            code, err = _statement(config, pid, capsys)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+    assert code == 2
+    assert err.count("\n") == 0 and "in use by a running ledger" in err
+    assert "Traceback" not in err and "IO Error" not in err
+
+    # Terms arrive: the held inputs are released in the order of the intake log.
+    terms = [item for item in scenario.inputs if open_envelope(item[2]).kind == "terms"]
+    publish_scenario_local(tmp_path / "spool", terms)
+    _finish(config)
+    code, _ = _statement(config, pid, capsys)
+    assert code == 0
+    db = tmp_path / "ledger.duckdb"
+    with Store(db) as store:
+        chained = [
+            str(p)
+            for (p,) in store.query(
+                "SELECT position FROM inputs WHERE kind = 'usage' ORDER BY chain_index"
+            )
+        ]
+    logged = [
+        f"local:{e.spool}:{e.segment}:{e.offset}"
+        for _, e in read_intake(intake_dir_for(db))
+        if open_envelope(e.data).kind == "usage"
+    ]
+    assert chained == logged
