@@ -23,7 +23,7 @@ class UnknownPlacement(LookupError):
 def _head(store: Store, placement_id: str) -> ChainHead:
     head = store.head(placement_id)
     if head is None:
-        raise UnknownPlacement(f"no records for placement {placement_id!r}")
+        raise UnknownPlacement(store.no_records_text(placement_id))
     return head
 
 

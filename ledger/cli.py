@@ -108,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             service = LedgerService.from_config(config)
         else:
             service = KafkaLedgerService.from_config(config)
-    except (ConfigError, KeyFileError, StoreError, ValueError) as exc:
+    except (ConfigError, KeyFileError, StoreError, SourceError, ValueError) as exc:
         return _fail(str(exc), 2)
     server: LedgerHttpServer | None = None
     try:
@@ -195,6 +195,15 @@ def _print_statement(body: dict[str, Any], as_json: bool) -> None:
     print(f"desk receives     {money('desk_receives_minor')}")
 
 
+def _require_store(config: LedgerConfig, config_path: Path) -> None:
+    """A stopped ledger's store is opened directly; one that was never started has none."""
+    if not config.db.exists():
+        raise StoreError(
+            f"there is no ledger store at {config.db} yet: start the ledger first "
+            f"(gridledger ledger run --config {config_path})"
+        )
+
+
 def cmd_statement(args: argparse.Namespace) -> int:
     """``ledger statement``: through the API if the ledger runs, else from the DB."""
     try:
@@ -203,6 +212,7 @@ def cmd_statement(args: argparse.Namespace) -> int:
         if base is not None:
             body = get_statement(base, args.placement)
         else:
+            _require_store(config, args.config)
             with Store(config.db, ledger_public_key=key.public_key) as store:
                 body = statement_json(issue_statement(store, key, args.placement))
     except (ConfigError, KeyFileError, StoreError) as exc:
@@ -226,6 +236,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             if args.parquet is not None:
                 write_parquet(args.out, args.parquet)
         else:
+            _require_store(config, args.config)
             export_placement(config.db, args.placement, args.out, key=key, parquet_dir=args.parquet)
     except (ConfigError, KeyFileError, StoreError) as exc:
         return _fail(str(exc), 2)

@@ -6,7 +6,8 @@ Keys (relative paths are relative to the directory of the config file)::
     key_file = "keys/ledger-1.key"    # the ledger's Ed25519 key (mode 0600)
     db = "data/ledger.duckdb"         # the store; one writer: this process
     transport = "local"               # "local" (spool directories) or "kafka"
-    local_dir = "spool"               # local: one sub-directory per source, read in name order
+    local_dir = "spool"               # local: one sub-directory per source, read into the
+                                      # intake log "<db>.intake/" (SPEC §6.4)
     batch_max_records = 5000          # inputs per transaction
     close = true                      # publish PlacementClosed when window_end + grace passes
     http = "127.0.0.1:0"              # HTTP API: HOST:PORT; port 0 = any free port, written to

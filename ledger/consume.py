@@ -8,15 +8,18 @@ Kafka offset commits): the store is the only record of how far the ledger has re
   takes seconds, LIMITS.md), ``seek`` to the stored next offset, else the beginning (a
   fresh store replays from offset 0). ``auto_offset_reset="none"``: a stored offset the
   broker no longer has is an error, never a silent jump.
-* ``LocalSource``: every spool directory under ``local_dir``, in name order, read with
-  ``transport.spool.read_spool`` from the stored next position.
+* ``LocalSource``: the embedded transport. Every spool directory under ``local_dir``
+  is read (``transport.spool.read_spool``) into the ledger's own intake log
+  (``transport.intake``), fsynced, and the fold consumes that log: one total order,
+  the same for every reader and every rebuild (SPEC §6.4). The stored positions are
+  the intake log's next entry and each spool's next record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -27,7 +30,9 @@ from aiokafka.structs import TopicPartition
 
 from ledger.config import KafkaConfig
 from ledger.inputs import Item
+from transport.intake import INTAKE_SOURCE, IntakeEntry, IntakeLog
 from transport.kafka import make_consumer
+from transport.local import ledger_source, publisher_source
 from transport.positions import (
     PositionError,
     SpoolPosition,
@@ -40,7 +45,7 @@ from transport.positions import (
     partition_of_source,
     spool_position_text,
 )
-from transport.spool import SpoolCorrupt, read_spool
+from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked, read_spool
 
 log = structlog.get_logger("ledger.consume")
 
@@ -55,7 +60,7 @@ class SourceUnavailable(SourceError):
     """The broker did not answer; trying again later may succeed."""
 
 
-# ---- local spools -----------------------------------------------------------------------------
+# ---- local spools, through the intake log ------------------------------------------------------
 
 
 def _stored_spool_position(text: str) -> SpoolPosition:
@@ -65,52 +70,161 @@ def _stored_spool_position(text: str) -> SpoolPosition:
         raise SourceError(str(exc)) from exc
 
 
-class LocalSource:
-    """Reads every spool directory under ``local_dir`` (see the module docstring)."""
+def _pass_rank(name: str) -> tuple[int, str]:
+    # Within one intake pass: publishers (terms, bindings, reclaims, adjustments) first,
+    # then the nodes, the ledgers' own close spools last. Only the order of the live
+    # intake; a rebuild replays the intake log, whatever the names.
+    if name.startswith(publisher_source("")):
+        return 0, name
+    if name.startswith(ledger_source("")):
+        return 2, name
+    return 1, name
 
-    def __init__(self, local_dir: Path, offsets: Mapping[str, str]) -> None:
+
+class LocalSource:
+    """Spools -> the ledger's intake log -> the fold (see the module docstring).
+
+    ``poll`` hands out inputs from the intake log, after the last committed one; when
+    the fold has caught up with the log it first reads more from the spools and appends
+    it to the log (durably, with ``arrived_ms = clock()``). ``advance`` moves past the
+    inputs of a committed batch. On start the spool read positions are those stored
+    with the last committed batch, moved on past every entry the log holds after it
+    (appended, then killed before the commit): nothing is appended twice, nothing lost.
+    """
+
+    def __init__(
+        self,
+        local_dir: Path,
+        offsets: Mapping[str, str],
+        *,
+        intake_dir: Path,
+        clock: Callable[[], int],
+    ) -> None:
         self.local_dir = local_dir
-        self._next: dict[str, SpoolPosition] = {}
+        self.intake_dir = intake_dir
+        self._clock = clock
+        self._spools: dict[str, SpoolPosition] = {}
         self._stalled: dict[str, str] = {}
         prefix = local_source("")
         for source, position in offsets.items():
             if source.startswith(prefix):
-                self._next[source[len(prefix) :]] = _stored_spool_position(position)
+                self._spools[source[len(prefix) :]] = _stored_spool_position(position)
+        stored = offsets.get(INTAKE_SOURCE)
+        self._next: SpoolPosition | None = (
+            None if stored is None else _stored_spool_position(stored)
+        )
+        try:
+            self._intake = IntakeLog(intake_dir)
+        except SpoolLocked as exc:
+            raise SourceError(f"another ledger holds the intake log {intake_dir}") from exc
+        except SpoolCorrupt as exc:
+            raise SourceError(f"the intake log is damaged: {exc}") from exc
+        try:
+            self._recover()
+        except BaseException:
+            self._intake.close()
+            raise
+
+    def _recover(self) -> None:
+        end = self._intake.end_position()
+        if self._next is not None and self._next > end:
+            raise SourceError(
+                f"the store has folded the intake log {self.intake_dir} up to "
+                f"{spool_position_text(self._next)}, but the log ends at "
+                f"{spool_position_text(end)}: it was lost or replaced. Put it back, or "
+                "rebuild from an empty store"
+            )
+        tail = 0
+        try:
+            for _, entry in self._intake.read(self._next):
+                self._spools[entry.spool] = entry.next_position
+                tail += 1
+        except SpoolCorrupt as exc:
+            raise SourceError(f"the intake log is damaged: {exc}") from exc
+        log.info(
+            "intake_opened",
+            intake=str(self.intake_dir),
+            fold_from=None if self._next is None else spool_position_text(self._next),
+            entries_to_fold=tail,
+        )
 
     def directories(self) -> list[str]:
-        """Names of the spool directories, in the order they are read."""
+        """Names of the spool directories, in the order one intake pass reads them."""
         if not self.local_dir.is_dir():
             return []
-        return sorted(p.name for p in self.local_dir.iterdir() if p.is_dir())
+        intake = self.intake_dir.resolve()
+        names = [p.name for p in self.local_dir.iterdir() if p.is_dir() and p.resolve() != intake]
+        return sorted(names, key=_pass_rank)
 
     def poll(self, max_records: int) -> list[Item]:
-        """Up to ``max_records`` inputs, shared fairly among the spools that have some."""
-        names = [n for n in self.directories() if n not in self._stalled]
-        if not names:
-            return []
-        quota = max(1, max_records // len(names))
-        items: list[Item] = []
-        for name in names:
-            budget = min(quota, max_records - len(items))
-            if budget <= 0:
-                break
-            items.extend(self._read(name, budget))
+        """Up to ``max_records`` inputs from the intake log, in its order."""
+        items = self._from_intake(max_records)
+        if not items and self._take(max_records):
+            items = self._from_intake(max_records)
         return items
 
-    def _read(self, name: str, budget: int) -> list[Item]:
-        out: list[Item] = []
-        source = local_source(name)
+    def _from_intake(self, max_records: int) -> list[Item]:
+        items: list[Item] = []
         try:
-            for entry in read_spool(
-                self.local_dir / name, self._next.get(name), max_records=budget
-            ):
-                out.append(
+            for frame, entry in self._intake.read(self._next, max_records):
+                items.append(
                     Item(
                         data=entry.data,
-                        position=local_position(name, entry.position),
+                        position=local_position(entry.spool, entry.position),
                         stream_key=None,
-                        source=source,
-                        next_position=spool_position_text(entry.next_position),
+                        source=INTAKE_SOURCE,
+                        next_position=spool_position_text(frame.next_position),
+                        arrived_ms=entry.arrived_ms,
+                        fed_by=(
+                            (local_source(entry.spool), spool_position_text(entry.next_position)),
+                        ),
+                    )
+                )
+        except SpoolCorrupt as exc:
+            # The ledger's own log is damaged: folding past it would change the order.
+            raise SourceError(f"the intake log is damaged: {exc}") from exc
+        return items
+
+    def _take(self, max_records: int) -> int:
+        """Read up to ``max_records`` from the spools into the intake log; how many."""
+        names = [n for n in self.directories() if n not in self._stalled]
+        if not names:
+            return 0
+        quota = max(1, max_records // len(names))
+        entries: list[IntakeEntry] = []
+        now = self._clock()
+        for name in names:
+            budget = min(quota, max_records - len(entries))
+            if budget <= 0:
+                break
+            entries.extend(self._read(name, budget, now))
+        if not entries:
+            return 0
+        try:
+            self._intake.append(entries)
+        except SpoolFull as exc:
+            self._stalled[INTAKE_SOURCE] = str(exc)
+            log.error("intake_full", intake=str(self.intake_dir), error=str(exc))
+            return 0
+        for entry in entries:
+            self._spools[entry.spool] = entry.next_position
+        return len(entries)
+
+    def _read(self, name: str, budget: int, now: int) -> list[IntakeEntry]:
+        out: list[IntakeEntry] = []
+        try:
+            for entry in read_spool(
+                self.local_dir / name, self._spools.get(name), max_records=budget
+            ):
+                out.append(
+                    IntakeEntry(
+                        spool=name,
+                        segment=entry.position.segment,
+                        offset=entry.position.offset,
+                        next_segment=entry.next_position.segment,
+                        next_offset=entry.next_position.offset,
+                        arrived_ms=now,
+                        data=entry.data,
                     )
                 )
         except SpoolCorrupt as exc:
@@ -122,13 +236,17 @@ class LocalSource:
 
     def advance(self, items: list[Item]) -> None:
         """Move past ``items`` (after their batch is committed)."""
-        prefix = len(local_source(""))
         for item in items:
-            self._next[item.source[prefix:]] = parse_spool_position(item.next_position)
+            if item.source == INTAKE_SOURCE:
+                self._next = parse_spool_position(item.next_position)
 
     def stalled(self) -> dict[str, str]:
-        """Spools that stopped on corruption, with the error."""
+        """Spools (and the intake log, when full) that stopped, with the error."""
         return dict(self._stalled)
+
+    def close(self) -> None:
+        """Release the intake log (safe to call twice)."""
+        self._intake.close()
 
 
 # ---- Kafka -----------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ledger.inputs import Item
 from ledger.limits import CRYPTO_THREADS
 from ledger.metrics import LedgerMetrics
 from ledger.statements import make_statement
-from ledger.store import Batch, ChainedRow, QuarantineRow, StateRow, Store
+from ledger.store import Batch, ChainedRow, HeldRow, QuarantineRow, StateRow, Store
 from proto.invariant import present
 from proto.keys import SigningKey
 from proto.records import PlacementTerms
@@ -81,13 +81,22 @@ class Ingestor:
         held = 0
         closes: dict[str, ChainedRow] = {}
         triples = [(item.data, item.position, item.stream_key) for item in items]
+        arrived = {item.position: item.arrived_ms for item in items}
         for outcome in self.fold.apply_batch(triples, self._crypto):
             if outcome.decision == "held":
                 held += 1
+                batch.held.append(
+                    HeldRow(
+                        present(outcome.placement_id, "placement of a held input"),
+                        outcome.position,
+                        arrived.get(outcome.position),
+                    )
+                )
             else:
                 self._collect(batch, outcome, closes)
         for item in items:
             batch.offsets[item.source] = item.next_position
+            batch.offsets.update(item.fed_by)
         for placement_id in sorted(self.fold.dirty()):
             batch.states.append(
                 StateRow(

@@ -3,9 +3,11 @@
 Two entry points share one core (``Ingestor``, ``Closer``):
 
 * ``LedgerService`` — the local transport, synchronous: ``run_until_idle()`` consumes
-  everything the spools hold now, folds and commits it, publishes the closes the clock
-  makes due (into ``local_dir/ledger-<ledger_id>/``, which it then reads like any
-  spool), and repeats until nothing is left. ``run_forever(stop)`` keeps polling.
+  everything the spools hold now — appended first to the ledger's intake log
+  (``transport.intake``, ``<db>.intake/``), the one order the fold sees (SPEC §6.4) —
+  folds and commits it, publishes the closes the clock makes due (into
+  ``local_dir/ledger-<ledger_id>/``, which it then reads like any spool), and repeats
+  until nothing is left. ``run_forever(stop)`` keeps polling.
 * ``KafkaLedgerService`` — the Kafka transport, asyncio: ``run_until(...)`` runs until a
   condition holds (given placements closed, caught up and nothing left to close) or a
   deadline passes; ``run_forever(stop)`` is the daemon.
@@ -46,6 +48,7 @@ from ledger.store import Store
 from proto.envelope import seal
 from proto.keys import SigningKey, load_signing_key
 from proto.records import PlacementClosed
+from transport.intake import intake_dir_for
 from transport.kafka import publish_kafka
 from transport.local import ledger_source, publish_local
 
@@ -173,6 +176,7 @@ class LedgerService(_ServiceCore):
         batch_max_records: int = DEFAULT_BATCH_MAX_RECORDS,
         close: bool = True,
         metrics: LedgerMetrics | None = None,
+        intake_dir: Path | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -184,7 +188,19 @@ class LedgerService(_ServiceCore):
         )
         self.ledger_id = ledger_id
         self.local_dir = local_dir
-        self.source = LocalSource(local_dir, store.offsets())
+        self.intake_dir = intake_dir_for(store.path) if intake_dir is None else intake_dir
+        try:
+            self.source = LocalSource(
+                local_dir, store.offsets(), intake_dir=self.intake_dir, clock=clock
+            )
+        except BaseException:
+            self.ingestor.close()
+            raise
+
+    def close(self) -> None:
+        """Release the intake log, stop the crypto threads, close the store."""
+        self.source.close()
+        super().close()
 
     @classmethod
     def from_config(cls, config: LedgerConfig, clock: Clock | None = None) -> LedgerService:
@@ -192,15 +208,19 @@ class LedgerService(_ServiceCore):
         if config.local_dir is None:
             raise ValueError("transport 'local' needs local_dir")
         store, key = _open(config)
-        return cls(
-            store,
-            key,
-            ledger_id=config.ledger_id,
-            local_dir=config.local_dir,
-            clock=clock or clock_of(config),
-            batch_max_records=config.batch_max_records,
-            close=config.close,
-        )
+        try:
+            return cls(
+                store,
+                key,
+                ledger_id=config.ledger_id,
+                local_dir=config.local_dir,
+                clock=clock or clock_of(config),
+                batch_max_records=config.batch_max_records,
+                close=config.close,
+            )
+        except BaseException:
+            store.close()
+            raise
 
     def step(self) -> BatchReport | None:
         """Consume, fold and commit one batch; None when no source had anything."""

@@ -17,6 +17,7 @@ them (DuckDB's Python connection is not safe for concurrent use).
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -27,6 +28,7 @@ from typing import Any, Final, Self
 
 import duckdb
 
+from ledger import snapshot
 from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES, STORE_MEMORY_LIMIT
 from proto.envelope import decode_envelope, open_envelope, sha256_hex
 from proto.invariant import present
@@ -129,6 +131,11 @@ CREATE TABLE IF NOT EXISTS closes (
     published BOOLEAN NOT NULL
 );
 CREATE TABLE IF NOT EXISTS offsets (source VARCHAR PRIMARY KEY, position VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS held_inputs (
+    placement_id VARCHAR NOT NULL,
+    position VARCHAR NOT NULL,
+    arrived_ms BIGINT
+);
 """
 
 INPUT_COLUMNS: Final[tuple[str, ...]] = (
@@ -157,6 +164,10 @@ INPUT_COLUMNS: Final[tuple[str, ...]] = (
 
 class StoreError(Exception):
     """The store cannot be used (wrong format, another ledger's key, locked by a writer)."""
+
+
+class StoreLocked(StoreError):
+    """Another process (a running ledger) holds the store's DuckDB lock."""
 
 
 # ---- what one batch writes ---------------------------------------------------------------
@@ -209,6 +220,24 @@ class StatementRow:
     totals: Totals
 
 
+@dataclass(frozen=True, slots=True)
+class HeldRow:
+    """An input held for a placement without accepted terms, and when it arrived."""
+
+    placement_id: str
+    position: str
+    arrived_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class HeldSummary:
+    """Inputs a placement holds until its terms are accepted (SPEC §6.2)."""
+
+    placement_id: str
+    count: int
+    since_ms: int | None
+
+
 @dataclass(slots=True)
 class Batch:
     """Everything one consumed batch produced; written atomically by ``commit_batch``."""
@@ -219,6 +248,7 @@ class Batch:
     states: list[StateRow] = field(default_factory=list)
     statements: list[StatementRow] = field(default_factory=list)
     offsets: dict[str, str] = field(default_factory=dict)
+    held: list[HeldRow] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.chained) + len(self.quarantined) + sum(self.dropped.values())
@@ -333,6 +363,12 @@ class Store:
                 str(self.path), config={"memory_limit": STORE_MEMORY_LIMIT, "threads": 2}
             )
         except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise StoreLocked(
+                    f"the ledger store {self.path} is in use by a running ledger; ask that "
+                    'ledger over its HTTP API (http in ledger.toml, not "off"), or stop it '
+                    "and try again"
+                ) from exc
             raise StoreError(f"cannot open ledger store {self.path}: {exc}") from exc
         try:
             self._init_schema(ledger_public_key)
@@ -424,6 +460,10 @@ class Store:
                         [placement_id, count],
                     )
                 self._append("offsets", sorted(batch.offsets.items()), upsert=True)
+                self._append(
+                    "held_inputs",
+                    [(h.placement_id, h.position, h.arrived_ms) for h in batch.held],
+                )
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -538,6 +578,42 @@ class Store:
             [placement_id],
         )
         return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def held(self, placement_id: str) -> HeldSummary | None:
+        """The inputs the placement holds now (none once its terms are accepted), or None."""
+        rows = self._rows(
+            "SELECT snapshot FROM placement_state WHERE placement_id = ?", [placement_id]
+        )
+        if not rows:
+            return None
+        state = snapshot.decode(placement_id, bytes(rows[0][0]))
+        positions = [position for _, position in state.held]
+        if state.terms is not None or not positions:
+            return None
+        since = self._rows(
+            "SELECT min(arrived_ms) FROM held_inputs WHERE placement_id = ? "
+            "AND list_contains(?, position)",
+            [placement_id, positions],
+        )
+        since_ms = None if not since or since[0][0] is None else int(since[0][0])
+        return HeldSummary(placement_id, len(positions), since_ms)
+
+    def no_records_text(self, placement_id: str) -> str:
+        """Why the placement has no chain: its inputs are held (how many, since when,
+        waiting for what), or nothing of it was read at all."""
+        held = self.held(placement_id)
+        if held is None:
+            return f"no records for placement {placement_id!r}"
+        since = (
+            ""
+            if held.since_ms is None
+            else f" since {_utc(held.since_ms)} (ledger clock {held.since_ms} ms)"
+        )
+        return (
+            f"placement {placement_id!r} has no records yet: {held.count} input(s) held{since}, "
+            "waiting for its terms (PlacementTerms signed by operator, buyer and desk; "
+            "publish them with `gridledger terms publish`)"
+        )
 
     def dropped_count(self, placement_id: str) -> int:
         """Inputs of the placement dropped as exact re-deliveries."""
@@ -672,6 +748,11 @@ class Store:
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read-only SQL query under the store's lock (exports, diagnostics)."""
         return self._rows(sql, params)
+
+
+def _utc(ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _statement_tuple(row: StatementRow) -> tuple[Any, ...]:

@@ -40,6 +40,7 @@ from devtools.faults.runner import (
     generate_scenario,
     make_schedule,
     read_ledger_state,
+    rebuild_local,
     replay_command,
     run_seed,
     suite_seeds,
@@ -372,3 +373,17 @@ def test_ledger_run_waits_or_fails_cleanly_without_a_broker(tmp_path: Path) -> N
     assert output.count("kafka_unavailable") == START_ATTEMPTS, output[-2000:]
     fails = [line for line in output.splitlines() if line.startswith("FAIL")]
     assert len(fails) == 1 and bootstrap in fails[0], output[-2000:]
+
+
+def test_store_lost_on_the_embedded_transport_rebuilds_the_reference_identically(
+    rich: tuple[Scenario, Reference, Path],
+) -> None:
+    """The ``store_lost`` fault, local half: the canonical reference (its spools include
+    the ledger's own close spool, which sorts before ``publish-canonical``) loses its
+    store and rebuilds it from its intake log: the same chains, statements, decisions."""
+    scenario, reference, directory = rich
+    canonical = directory / "reference" / "canonical"
+    assert (canonical / "spool" / "ledger-reference").is_dir()
+    rebuilt = rebuild_local(scenario.cast.ledger, canonical, scenario.late_clock_ms)
+    assert rebuilt == reference.ledger
+    assert any(d.reason == "AFTER_CLOSE" for d in rebuilt.decisions.values())

@@ -9,7 +9,22 @@ from proto import limits as proto_limits
 # ---- spool --------------------------------------------------------------------------
 
 MAX_RECORD_BYTES: Final = proto_limits.MAX_ENVELOPE_BYTES
-"""Largest record one spool frame may hold: one envelope at its wire limit."""
+"""Largest record a spool writer accepts by default: one envelope at its wire limit."""
+
+INTAKE_ENTRY_OVERHEAD_BYTES: Final = 1024
+"""Room an intake-log entry (``transport.intake``) needs beside the spool record it
+carries: the spool's name (at most 255 bytes, a file name), its positions, the arrival
+time, and the msgpack framing of those fields."""
+
+MAX_FRAME_RECORD_BYTES: Final = MAX_RECORD_BYTES + INTAKE_ENTRY_OVERHEAD_BYTES
+"""Largest record any frame may hold (what readers accept): a spool record wrapped in an
+intake-log entry."""
+
+INTAKE_MAX_BYTES: Final = 256 * 1024**3
+"""Bound on the bytes of the ledger's intake log (256 GiB). It is the embedded
+transport's partition and is never trimmed (infinite retention, like the topic); at
+~1 KiB per input it holds ~250 million inputs. Past it the intake stops with an error
+and the ledger folds what the log holds."""
 
 DEFAULT_SPOOL_MAX_BYTES: Final = 1024 * 1024 * 1024
 """Default bound on the bytes of all segment files of one spool (1 GiB).

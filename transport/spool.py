@@ -15,11 +15,14 @@ Frame format (version 1), one per record, back to back in a segment::
 
     offset  size  field
     0       1     magic 0xA7 (also the format version: a new format gets a new magic)
-    1       4     length N of the record, unsigned big-endian, 1 <= N <= MAX_RECORD_BYTES
+    1       4     length N of the record, unsigned big-endian, 1 <= N <= MAX_FRAME_RECORD_BYTES
     5       4     CRC-32 (zlib/IEEE) of bytes 1..4 followed by the N record bytes, big-endian
     9       N     the record bytes
 
 The checksum covers the length too, so a corrupted length is caught rather than followed.
+A writer accepts records up to its ``max_record_bytes`` (default MAX_RECORD_BYTES, one
+envelope); readers accept frames up to MAX_FRAME_RECORD_BYTES, room for the ledger's
+intake log (``transport.intake``), which wraps a spool record with where it came from.
 A position is (segment number, byte offset of a frame in it; ``transport.positions``
 holds its codec); a record's ``next_position`` is where the following frame starts, which
 is what a reader stores to resume.
@@ -60,6 +63,7 @@ import structlog
 from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SPOOL_MAX_BYTES,
+    MAX_FRAME_RECORD_BYTES,
     MAX_RECORD_BYTES,
     MIN_SEGMENT_MAX_BYTES,
 )
@@ -125,20 +129,23 @@ class SpoolEntry:
 # ---- frames (pure) ----------------------------------------------------------------------
 
 
-def _check_record(record: bytes) -> None:
+def _check_record(record: bytes, max_bytes: int) -> None:
     if not isinstance(record, bytes):
         raise TypeError(f"a spool record is bytes, got {type(record).__name__}")
-    if not 1 <= len(record) <= MAX_RECORD_BYTES:
-        raise ValueError(f"a spool record is 1..{MAX_RECORD_BYTES} bytes, got {len(record)}")
+    if not 1 <= len(record) <= max_bytes:
+        raise ValueError(f"a spool record is 1..{max_bytes} bytes, got {len(record)}")
 
 
 def _checksum(length_bytes: bytes, data: bytes) -> int:
     return zlib.crc32(data, zlib.crc32(length_bytes))
 
 
-def frame(record: bytes) -> bytes:
-    """The frame of one record: magic, length, checksum, bytes (module docstring)."""
-    _check_record(record)
+def frame(record: bytes, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
+    """The frame of one record: magic, length, checksum, bytes (module docstring).
+
+    ``max_bytes`` (at most MAX_FRAME_RECORD_BYTES) bounds the record: ValueError beyond.
+    """
+    _check_record(record, min(max_bytes, MAX_FRAME_RECORD_BYTES))
     length_bytes = _LENGTH.pack(len(record))
     return _HEADER.pack(FRAME_MAGIC, len(record), _checksum(length_bytes, record)) + record
 
@@ -159,7 +166,7 @@ def _read_frame(handle: BinaryIO) -> tuple[_Frame, bytes, int]:
         # A short header whose first byte is not the magic is damage, not a short write.
         return (_Frame.INCOMPLETE if header[0] == FRAME_MAGIC else _Frame.BAD), b"", 0
     magic, length, crc = _HEADER.unpack(header)
-    if magic != FRAME_MAGIC or not 1 <= length <= MAX_RECORD_BYTES:
+    if magic != FRAME_MAGIC or not 1 <= length <= MAX_FRAME_RECORD_BYTES:
         return _Frame.BAD, b"", 0
     data = handle.read(length)
     if len(data) < length:
@@ -188,7 +195,7 @@ def _valid_frame_follows(handle: BinaryIO, offset: int, frame_bytes: int) -> boo
     while 0 <= at <= len(rest) - FRAME_HEADER_BYTES - 1:
         _, length, crc = _HEADER.unpack_from(rest, at)
         end = at + FRAME_HEADER_BYTES + length
-        if 1 <= length <= MAX_RECORD_BYTES and end <= len(rest):
+        if 1 <= length <= MAX_FRAME_RECORD_BYTES and end <= len(rest):
             data = rest[at + FRAME_HEADER_BYTES : end]
             if _checksum(rest[at + 1 : at + 5], data) == crc:
                 return True
@@ -238,7 +245,12 @@ class SpoolWriter:
         *,
         max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
+        max_record_bytes: int = MAX_RECORD_BYTES,
     ) -> None:
+        if not 1 <= max_record_bytes <= MAX_FRAME_RECORD_BYTES:
+            raise ValueError(
+                f"max_record_bytes {max_record_bytes} is outside 1..{MAX_FRAME_RECORD_BYTES}"
+            )
         if segment_max_bytes < MIN_SEGMENT_MAX_BYTES:
             raise ValueError(
                 f"segment_max_bytes {segment_max_bytes} is below {MIN_SEGMENT_MAX_BYTES}"
@@ -250,6 +262,7 @@ class SpoolWriter:
         self._directory = Path(directory)
         self._max_bytes = max_bytes
         self._segment_max_bytes = segment_max_bytes
+        self._max_record_bytes = max_record_bytes
         self._fd: int | None = None
         self._lock_fd: int | None = None
         self._make_directory()
@@ -360,7 +373,7 @@ class SpoolWriter:
             raise SpoolError("the spool writer is closed")
         if not records:
             return []
-        frames = [frame(r) for r in records]
+        frames = [frame(r, self._max_record_bytes) for r in records]
         total = sum(len(f) for f in frames)
         if self._bytes_used + total > self._max_bytes:
             raise SpoolFull(

@@ -14,7 +14,12 @@ real: ``gridledger meter run`` subprocesses (one per node) ship to a Kafka topic
   that resumes from the offsets committed with its records;
 * ``broker_kill`` / ``broker_restart`` — the broker SIGKILLed (data kept) and started
   again after a pause, or stopped cleanly and restarted, while agents keep spooling;
-* ``duplicates`` — envelopes already in the topic are published again (re-delivery).
+* ``duplicates`` — envelopes already in the topic are published again (re-delivery);
+* ``store_lost`` — the ledger's store is lost and rebuilt, on both transports: on Kafka
+  the ledger is killed, its DuckDB file deleted and the topic replayed from offset 0
+  (every lost chain must be a prefix of the rebuilt one); on the embedded transport the
+  canonical reference ledger (whose spools include its own close spool) loses its store
+  and rebuilds it from its intake log (identical heads, statements, decisions).
 
 A *cycle* is one injected fault, its recovery and a check: after a meter kill the spool
 must hold a byte-exact, contiguous run of what the fault-free agent signs and the
@@ -151,6 +156,8 @@ __all__ = [
     "make_schedule",
     "read_ledger_state",
     "read_topic",
+    "rebuild_local",
+    "remove_store",
     "replay_command",
     "run_seed",
     "suite_seeds",
@@ -592,6 +599,7 @@ class FaultKind(enum.StrEnum):
     BROKER_KILL = "broker_kill"
     BROKER_RESTART = "broker_restart"
     DUPLICATES = "duplicates"
+    STORE_LOST = "store_lost"
 
 
 @dataclass(frozen=True)
@@ -637,7 +645,8 @@ def make_schedule(scenario: Scenario, cycles: int) -> Schedule:
     duplicates = max(2, cycles // 10)
     before_close = max(2, cycles // 8)
     after_close = max(1, cycles // 10)
-    early = cycles - outages - duplicates - before_close - after_close
+    store_lost = 1
+    early = cycles - outages - duplicates - before_close - after_close - store_lost
     if early < 1:
         raise ValueError(f"{cycles} cycles are too few for this schedule")
 
@@ -677,6 +686,9 @@ def make_schedule(scenario: Scenario, cycles: int) -> Schedule:
     after = [kill("after_close", late_nodes) for _ in range(after_close)]
     for _ in range(duplicates - early_dups - 1):
         after.insert(rng.randint(0, len(after)), dup("after_close"))
+    # Last: the ledger's store is lost and rebuilt (from offset 0; the local reference
+    # from its intake log) while the late agents may still be shipping.
+    after.append(Fault("after_close", FaultKind.STORE_LOST))
     faults = (*early_faults, *late_faults, *after)
     # Pace the agents so their work spans most of the early phase (kills find them busy).
     steps = 1
@@ -813,6 +825,35 @@ def fold_local(
                 if envelopes:
                     publish_local(local, source, list(envelopes))
             service.run_until_idle()
+    finally:
+        service.close()
+    return read_ledger_state(db)
+
+
+def remove_store(db: Path) -> None:
+    """Lose a ledger's DuckDB store (the file and its WAL); the streams stay."""
+    for path in (db, db.with_name(db.name + ".wal")):
+        path.unlink(missing_ok=True)
+
+
+def rebuild_local(
+    key: SigningKey, directory: Path, clock_ms: int, *, batch_max_records: int = 64
+) -> LedgerState:
+    """Lose the store of a ``fold_local`` ledger and rebuild it from the same files (its
+    intake log first, then whatever the spools hold beyond it)."""
+    db = directory / "ledger.duckdb"
+    remove_store(db)
+    store = Store(db, ledger_public_key=key.public_key)
+    service = LedgerService(
+        store,
+        key,
+        ledger_id="reference",
+        local_dir=directory / "spool",
+        clock=fixed_clock(clock_ms),
+        batch_max_records=batch_max_records,
+    )
+    try:
+        service.run_until_idle()
     finally:
         service.close()
     return read_ledger_state(db)
@@ -1418,6 +1459,8 @@ class _Run:
                 self._kill_ledger(dataclasses.replace(fault, kind=FaultKind.LEDGER_KILL))
         elif fault.kind is FaultKind.LEDGER_KILL:
             self._kill_ledger(fault)
+        elif fault.kind is FaultKind.STORE_LOST:
+            self._store_lost()
         elif fault.kind in (FaultKind.BROKER_KILL, FaultKind.BROKER_RESTART):
             self._outage(fault)
         else:
@@ -1487,6 +1530,55 @@ class _Run:
             self._unexpected(self.ledger, code)
         self._check_ledger()
         self.cycle(FaultKind.LEDGER_KILL, f"{when} after {ran_s:.2f}s")
+        self.ledger.not_before = 0.0
+        self.supervise()
+
+    def _store_lost(self) -> None:
+        """The store is lost on both transports and rebuilt from the stream.
+
+        Kafka: the ledger is killed, its DuckDB file deleted, and a ledger replays the
+        topic from offset 0: every chain of the lost store must be a prefix of the
+        rebuilt one (the stream has grown since), and the store whole. Local: the
+        canonical reference ledger's store is deleted and rebuilt from its intake log
+        (its spools include its own close spool): identical to what was lost.
+        """
+        assert self.reference is not None
+        if self.ledger.alive():
+            code = self.ledger.kill9()
+            if code != -signal.SIGKILL:
+                self._unexpected(self.ledger, code)
+        lost: dict[str, list[bytes]] = {}
+        if self.db.exists():
+            with Store(self.db) as store:
+                lost = {p: store.record_envelopes(p) for p in store.placements()}
+        remove_store(self.db)
+        self._final_run()
+        problems, _ = check_store(self.db, self.reference)
+        with Store(self.db) as store:
+            for placement_id, envelopes in sorted(lost.items()):
+                rebuilt = store.record_envelopes(placement_id)
+                if rebuilt[: len(envelopes)] != envelopes:
+                    problems.append(
+                        f"{placement_id}: the chain rebuilt from offset 0 does not extend the "
+                        f"lost one ({len(envelopes)} records, {len(rebuilt)} rebuilt)"
+                    )
+        if problems:
+            raise self.fail("the store rebuilt from offset 0", problems)
+        canonical = self.workdir / "reference" / "canonical"
+        rebuilt_local = rebuild_local(
+            self.scenario.cast.ledger, canonical, self.scenario.late_clock_ms
+        )
+        if rebuilt_local != self.reference.ledger:
+            raise self.fail(
+                "the local store rebuilt from its intake log differs from the lost one",
+                [f"heads {rebuilt_local.heads} != {self.reference.ledger.heads}"],
+            )
+        records = sum(len(e) for e in lost.values())
+        self.cycle(
+            FaultKind.STORE_LOST,
+            f"kafka: {records} records rebuilt from offset 0; local: "
+            f"{sum(i + 1 for i, _ in rebuilt_local.heads.values())} records from the intake log",
+        )
         self.ledger.not_before = 0.0
         self.supervise()
 
