@@ -4,7 +4,8 @@ Two entry points share one core (``Ingestor``, ``Closer``):
 
 * ``LedgerService`` — the local transport, synchronous: ``run_until_idle()`` consumes
   everything the spools hold now — appended first to the ledger's intake log
-  (``transport.intake``, ``<db>.intake/``), the one order the fold sees (SPEC §6.4) —
+  (``transport.intake``, ``<local_dir>/.intake-<ledger id>/``), the one order the fold
+  sees (SPEC §6.4) —
   folds and commits it, publishes the closes the clock makes due (into
   ``local_dir/ledger-<ledger_id>/``, which it then reads like any spool), and repeats
   until nothing is left. ``run_forever(stop)`` keeps polling.
@@ -188,7 +189,7 @@ class LedgerService(_ServiceCore):
         )
         self.ledger_id = ledger_id
         self.local_dir = local_dir
-        self.intake_dir = intake_dir_for(store.path) if intake_dir is None else intake_dir
+        self.intake_dir = intake_dir_for(local_dir, ledger_id) if intake_dir is None else intake_dir
         try:
             self.source = LocalSource(
                 local_dir, store.offsets(), intake_dir=self.intake_dir, clock=clock

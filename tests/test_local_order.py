@@ -144,14 +144,15 @@ def lose_store(tmp: Path) -> None:
 
 def spool_entries(local: Path) -> Counter[tuple[str, int, int]]:
     out: Counter[tuple[str, int, int]] = Counter()
-    for spool in sorted(p for p in local.iterdir() if p.is_dir()):
+    for spool in sorted(p for p in local.iterdir() if p.is_dir() and not p.name.startswith(".")):
         for entry in read_spool(spool):
             out[(spool.name, entry.position.segment, entry.position.offset)] += 1
     return out
 
 
-def intake_entries(db: Path) -> Counter[tuple[str, int, int]]:
-    return Counter((e.spool, e.segment, e.offset) for _, e in read_intake(intake_dir_for(db)))
+def intake_entries(local: Path) -> Counter[tuple[str, int, int]]:
+    entries = read_intake(intake_dir_for(local, LEDGER_ID))
+    return Counter((e.spool, e.segment, e.offset) for _, e in entries)
 
 
 def check_settled(result: Result, scenario: Scenario) -> None:
@@ -172,21 +173,22 @@ def test_rebuild_after_store_lost_is_identical(tmp_path: Path) -> None:
     assert (local / ledger_source(LEDGER_ID)).is_dir()
     # The intake log holds each spool record exactly once, with its arrival time.
     db = tmp_path / "ledger.duckdb"
-    assert intake_entries(db) == spool_entries(local)
-    assert all(e.arrived_ms == LATE_CLOCK_MS for _, e in read_intake(intake_dir_for(db)))
+    assert intake_entries(local) == spool_entries(local)
+    assert all(
+        e.arrived_ms == LATE_CLOCK_MS for _, e in read_intake(intake_dir_for(local, LEDGER_ID))
+    )
 
     lose_store(tmp_path)
     run_once(tmp_path, scenario)
     assert result_of(db, scenario.cast.ledger) == settled
-    assert intake_entries(db) == spool_entries(local)  # nothing appended twice
+    assert intake_entries(local) == spool_entries(local)  # nothing appended twice
     with Store(db) as store:
         assert sum(store.dropped_count(p) for p in scenario.placement_ids) == 0
 
     # A second ledger on a copy of the files reaches the same bytes.
     copy = tmp_path / "copy"
     copy.mkdir()
-    shutil.copytree(local, copy / "spool")
-    shutil.copytree(intake_dir_for(db), intake_dir_for(copy / "ledger.duckdb"))
+    shutil.copytree(local, copy / "spool")  # the spools and the intake log among them
     run_once(copy, scenario)
     assert result_of(copy / "ledger.duckdb", scenario.cast.ledger) == settled
 
@@ -203,14 +205,14 @@ def test_rebuild_is_identical_whatever_the_spool_directory_names(tmp_path: Path)
     local = tmp_path / "spool"
     db = tmp_path / "ledger.duckdb"
     own = ledger_source(LEDGER_ID)
-    names = sorted(p.name for p in local.iterdir())
+    names = sorted(p.name for p in local.iterdir() if not p.name.startswith("."))
     for first in (True, False):
         # The ledger's own close spool sorts first, then last; the others are renamed too.
         prefix = "0" if first else "z"
         mapping = {own: f"{prefix}-closes"}
         mapping.update({n: f"m-{i}-{n}" for i, n in enumerate(names) if n != own})
         _rename(local, mapping)
-        ordered = sorted(p.name for p in local.iterdir())
+        ordered = sorted(p.name for p in local.iterdir() if not p.name.startswith("."))
         assert (ordered[0] if first else ordered[-1]) == f"{prefix}-closes"
         lose_store(tmp_path)
         run_once(tmp_path, scenario)
@@ -225,7 +227,7 @@ def test_rebuild_is_identical_whatever_the_spool_directory_names(tmp_path: Path)
     # The check can fail: without the intake log, the same rebuild reads the spools in a
     # new order (the closes first) and the bill changes.
     lose_store(tmp_path)
-    shutil.rmtree(intake_dir_for(db))
+    shutil.rmtree(intake_dir_for(local, LEDGER_ID))
     _rename(local, {own: "0-closes"})
     run_once(tmp_path, scenario)
     reordered = result_of(db, scenario.cast.ledger)
@@ -327,7 +329,9 @@ def test_kill_nine_during_intake_fold_and_rebuild(tmp_path: Path) -> None:
     assert settled.totals == reference_result.totals
     decisions = Counter((row[0], row[3], row[4], row[5]) for row in settled.inputs)
     assert decisions == Counter((row[0], row[3], row[4], row[5]) for row in reference_result.inputs)
-    assert intake_entries(db) == spool_entries(work / "spool")  # none lost, none doubled
+    assert intake_entries(work / "spool") == spool_entries(
+        work / "spool"
+    )  # none lost, none doubled
 
     # The store is lost; the rebuild is killed at random points, then finishes.
     lose_store(work)
@@ -336,7 +340,7 @@ def test_kill_nine_during_intake_fold_and_rebuild(tmp_path: Path) -> None:
         kills.append(_start_and_kill(config, log_path, db, rng))
     _finish(config)
     assert result_of(db, scenario.cast.ledger) == settled
-    assert intake_entries(db) == spool_entries(work / "spool")
+    assert intake_entries(work / "spool") == spool_entries(work / "spool")
     rebuild_kills = [records for _, records in kills[-8:]]
     assert any(0 < records < total for records in rebuild_kills), rebuild_kills
     assert "running" in {when for when, _ in kills}
@@ -423,7 +427,7 @@ def test_statement_says_what_is_held_missing_or_locked(
         ]
     logged = [
         f"local:{e.spool}:{e.segment}:{e.offset}"
-        for _, e in read_intake(intake_dir_for(db))
+        for _, e in read_intake(intake_dir_for(tmp_path / "spool", LEDGER_ID))
         if open_envelope(e.data).kind == "usage"
     ]
     assert chained == logged

@@ -14,10 +14,11 @@ from the log itself) and ``arrived_ms``, the ledger clock when it was appended. 
 that is lost is rebuilt by replaying the intake log from its start: the same inputs in
 the same order, whatever the spool directories are called or when they are read.
 
-The log lives next to the store (``intake_dir_for``: ``<db>.intake/``); it is the
-embedded transport's partition and is never trimmed. Losing it together with the store
-is losing the partition: a ledger started without both reads the spools afresh, in a
-new order.
+The log lives with the transport's files, not with the store (``intake_dir_for``:
+``<local_dir>/.intake-<ledger id>/``): it is the embedded transport's partition, never
+trimmed, and a ledger that loses its store (its data directory) rebuilds from it in the
+same order. Losing the intake log is losing the partition: a ledger started without it
+reads the spools afresh, in a new order.
 """
 
 from __future__ import annotations
@@ -76,9 +77,10 @@ _ENCODER: Final = msgspec.msgpack.Encoder()
 _DECODER: Final = msgspec.msgpack.Decoder(IntakeEntry)
 
 
-def intake_dir_for(db: Path) -> Path:
-    """The intake log of the ledger whose store is ``db``: ``<db>.intake/`` beside it."""
-    return db.with_name(db.name + ".intake")
+def intake_dir_for(local_dir: Path, ledger_id: str) -> Path:
+    """The intake log of ledger ``ledger_id`` reading ``local_dir``: a hidden directory in
+    it (the spool reader skips it), beside the spools it orders."""
+    return local_dir / f".intake-{ledger_id}"
 
 
 def read_intake(
