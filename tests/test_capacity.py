@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_verifier_exports import HOUR, MINUTE, T0, explain, verify
+from test_verifier_exports import MINUTE, T0, explain, verify
 
 from devtools.builders import (
     Cast,
@@ -207,6 +207,7 @@ def test_copies_of_one_placement_claim_once(tmp_path: Path) -> None:
     trust_path.write_bytes(dump_trust(_trust(["buyer-a"])))
     code, data, text = _cli(exports, trust_path)
     assert _oversold(data) == [], text
+    assert code == 0, text
 
 
 def _claim(pid: str, share: int, lo: int, hi: int, uuid: str = "g") -> Claim:
