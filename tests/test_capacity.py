@@ -235,3 +235,31 @@ def test_sweep_three_way_and_per_gpu() -> None:
         ("g3", ("c", "d"), 0, 50)
     ]
     assert find_oversold([_claim("a", 1000, 0, 10), _claim("b", 1, 10, 20)]) == []
+
+
+def test_the_replay_plan_of_the_trace_excerpt_never_oversells() -> None:
+    """First fit over the excerpt: no GPU above one whole GPU at any moment, by the
+    verifier's own sweep over the plan's claims (and the check has teeth: the same
+    placement sold again under another id is found)."""
+    from gridledger.placement_plan import plan_placements
+    from gridledger.replay_limits import TRACE_EPOCH_MS
+    from gridledger.trace import read_trace
+
+    excerpt = Path(__file__).parent / "data" / "openb_excerpt"
+    trace = read_trace(excerpt)
+    plan = plan_placements(trace.nodes, trace.tasks, epoch_ms=TRACE_EPOCH_MS, buyers=4)
+    claims = [
+        Claim(g.uuid, p.placement_id, "op", p.window_start_ms, p.window_end_ms, g.share_milli, "")
+        for p in plan.placements
+        for g in p.gpus
+    ]
+    assert len(plan.placements) > 100 and len(claims) >= len(plan.placements)
+    assert find_oversold(claims) == []
+    whole = next(p for p in plan.placements if p.gpus[0].share_milli == 1000)
+    again = [
+        Claim(g.uuid, "again", "op", whole.window_start_ms, whole.window_end_ms, 1000, "")
+        for g in whole.gpus
+    ]
+    found = find_oversold(claims + again)
+    assert found and all("again" in o.placements for o in found)
+    assert {o.uuid for o in found} == {g.uuid for g in whole.gpus}
