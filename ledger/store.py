@@ -129,6 +129,15 @@ CREATE TABLE IF NOT EXISTS closes (
     published BOOLEAN NOT NULL
 );
 CREATE TABLE IF NOT EXISTS offsets (source VARCHAR PRIMARY KEY, position VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS capacity_claims (
+    scope VARCHAR NOT NULL,
+    uuid VARCHAR NOT NULL,
+    placement_id VARCHAR NOT NULL,
+    start_ms BIGINT NOT NULL,
+    end_ms BIGINT NOT NULL,
+    share_milli BIGINT NOT NULL,
+    PRIMARY KEY (scope, uuid, placement_id)
+);
 """
 
 INPUT_COLUMNS: Final[tuple[str, ...]] = (
@@ -219,6 +228,8 @@ class Batch:
     states: list[StateRow] = field(default_factory=list)
     statements: list[StatementRow] = field(default_factory=list)
     offsets: dict[str, str] = field(default_factory=dict)
+    # SPEC §6.5: GPU claims (scope, uuid, placement, start, end, share) changed by the batch.
+    claims: list[tuple[str, str, str, int, int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.chained) + len(self.quarantined) + sum(self.dropped.values())
@@ -424,6 +435,7 @@ class Store:
                         [placement_id, count],
                     )
                 self._append("offsets", sorted(batch.offsets.items()), upsert=True)
+                self._append("capacity_claims", batch.claims, upsert=True)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -449,6 +461,16 @@ class Store:
             for pid, snap in self._rows(
                 "SELECT placement_id, snapshot FROM placement_state WHERE NOT closed "
                 "ORDER BY placement_id"
+            )
+        ]
+
+    def capacity_claims(self) -> list[tuple[str, str, str, int, int, int]]:
+        """Every stored GPU claim (SPEC §6.5), to restore the fold's capacity index."""
+        return [
+            (str(s), str(u), str(p), int(a), int(b), int(m))
+            for s, u, p, a, b, m in self._rows(
+                "SELECT scope, uuid, placement_id, start_ms, end_ms, share_milli "
+                "FROM capacity_claims ORDER BY scope, uuid, placement_id"
             )
         ]
 

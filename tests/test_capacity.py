@@ -263,3 +263,124 @@ def test_the_replay_plan_of_the_trace_excerpt_never_oversells() -> None:
     found = find_oversold(claims + again)
     assert found and all("again" in o.placements for o in found)
     assert {o.uuid for o in found} == {g.uuid for g in whole.gpus}
+
+
+# ---- the ledger: within one ordered stream (SPEC §6.5) --------------------------------------
+
+
+def _items(raws: list[bytes], pids: list[str], source: str, first: int = 0) -> list[Item]:
+    return [
+        Item(raw, f"{source}:0:{first + i}", pid, source, f"{source}:0:{first + i + 1}")
+        for i, (raw, pid) in enumerate(zip(raws, pids, strict=True))
+    ]
+
+
+def _terms_decisions(store: Store) -> dict[str, tuple[str, str]]:
+    rows = store.query(
+        "SELECT placement_id, status, reason FROM inputs WHERE kind = 'terms' ORDER BY placement_id"
+    )
+    return {str(p): (str(s), str(r)) for p, s, r in rows}
+
+
+LEDGER_CASES = {
+    # name: (sales, decision of p-b)
+    "whole GPU sold twice": (
+        [Sale("p-a", "buyer-a", 1000, 0, 60), Sale("p-b", "buyer-b", 1000, 30, 90)],
+        ("rejected", "OVERSOLD"),
+    ),
+    "600 + 500": (
+        [Sale("p-a", "buyer-a", 600, 0, 60), Sale("p-b", "buyer-b", 500, 59, 90)],
+        ("rejected", "OVERSOLD"),
+    ),
+    "500 + 500": (
+        [Sale("p-a", "buyer-a", 500, 0, 60), Sale("p-b", "buyer-b", 500, 0, 60)],
+        ("accepted", ""),
+    ),
+    "touching windows": (
+        [Sale("p-a", "buyer-a", 1000, 0, 60), Sale("p-b", "buyer-b", 1000, 60, 90)],
+        ("accepted", ""),
+    ),
+    "after a reclaim": (
+        [
+            Sale("p-a", "buyer-a", 1000, 0, 60, reclaim_at_min=30),
+            Sale("p-b", "buyer-b", 1000, 30, 90),
+        ],
+        ("accepted", ""),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEDGER_CASES))
+def test_ledger_refuses_terms_that_oversell_within_its_stream(tmp_path: Path, name: str) -> None:
+    sales, expected = LEDGER_CASES[name]
+    raws: list[bytes] = []
+    pids: list[str] = []
+    for sale in sales:
+        mine = _raws(sale)[:-1]  # no close: the second sale arrives while the first is open
+        raws += mine
+        pids += [sale.placement_id] * len(mine)
+    cast = _cast("buyer-a")
+    with Store(tmp_path / "l.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+        Ingestor(store, cast.ledger).ingest(_items(raws, pids, "local:one"))
+        decided = _terms_decisions(store)
+        detail = store.query("SELECT detail FROM quarantine")  # nothing quarantined
+    assert decided["p-a"] == ("accepted", "")
+    assert decided["p-b"] == expected
+    assert detail == []
+
+
+def test_ledger_oversold_detail_names_the_other_placement_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    a, b = Sale("p-a", "buyer-a", 1000, 0, 60), Sale("p-b", "buyer-b", 1000, 30, 90)
+    cast = _cast("buyer-a")
+    path = tmp_path / "l.duckdb"
+    ra, rb = _raws(a)[:-1], _raws(b)[:-1]
+    with Store(path, ledger_public_key=cast.ledger.public_key) as store:
+        Ingestor(store, cast.ledger).ingest(_items(ra, ["p-a"] * len(ra), "local:one"))
+    # A restart: the claims come back from the store, committed with the batch.
+    with Store(path, ledger_public_key=cast.ledger.public_key) as store:
+        ing = Ingestor(store, cast.ledger)
+        outcomes = ing.fold.apply_batch(
+            [(r, f"local:one:0:{len(ra) + i}", "p-b") for i, r in enumerate(rb)]
+        )
+    terms_b = next(o for o in outcomes if o.kind == "terms")
+    assert terms_b.reason is not None and terms_b.reason.value == "OVERSOLD"
+    assert "p-a" in terms_b.detail and "GPU-n1-0" in terms_b.detail
+    # Another partition (ordered stream) is not compared: both accepted there (SPEC §6.5,
+    # the cross-shard step); the reconciliation reports it (tests above).
+    with Store(tmp_path / "two.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+        ing = Ingestor(store, cast.ledger)
+        ing.ingest(_items(ra, ["p-a"] * len(ra), "kafka:gl:0"))
+        ing.ingest(_items(rb, ["p-b"] * len(rb), "kafka:gl:1"))
+        assert _terms_decisions(store) == {"p-a": ("accepted", ""), "p-b": ("accepted", "")}
+
+
+def test_ledger_rebuild_from_offset_zero_decides_the_same(tmp_path: Path) -> None:
+    sales = [
+        Sale("p-a", "buyer-a", 600, 0, 60, reclaim_at_min=20),
+        Sale("p-b", "buyer-b", 500, 10, 70),  # overlaps p-a's claim [0, 20): 1100
+        Sale("p-c", "buyer-b", 400, 30, 90),  # fits beside what is left
+    ]
+    raws: list[bytes] = []
+    pids: list[str] = []
+    for sale in sales:
+        mine = _raws(sale)[:-1]
+        raws += mine
+        pids += [sale.placement_id] * len(mine)
+    cast = _cast("buyer-a")
+    items = _items(raws, pids, "local:one")
+    runs = []
+    for name, size in (("one.duckdb", len(items)), ("batches.duckdb", 2)):
+        path = tmp_path / name
+        for start in range(0, len(items), size):  # a restart between every batch
+            with Store(path, ledger_public_key=cast.ledger.public_key) as store:
+                Ingestor(store, cast.ledger).ingest(items[start : start + size])
+        with Store(path, ledger_public_key=cast.ledger.public_key) as store:
+            runs.append((_terms_decisions(store), store.heads(), store.capacity_claims()))
+    assert runs[0] == runs[1]
+    assert runs[0][0] == {
+        "p-a": ("accepted", ""),
+        "p-b": ("rejected", "OVERSOLD"),
+        "p-c": ("accepted", ""),
+    }
