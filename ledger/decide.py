@@ -31,6 +31,7 @@ from typing import Any, Final, Literal, get_args
 
 import msgspec
 
+from ledger.capacity import Claims, oversold
 from ledger.persistent import PSet
 from ledger.pricing import overlap_ms, price, reclaim_credit_minor, sla_credit_minor
 from ledger.state import (
@@ -170,17 +171,20 @@ def decide(
     ledger_key: bytes,
     accepted_at: AcceptedEvent | NotLookedUp | None = NOT_LOOKED_UP,
     checked: CheckedSignature | None = None,
+    claims: Claims | None = None,
 ) -> tuple[Verdict, PlacementState]:
     """The verdict for one attributable input of ``state``'s placement, and the new state.
 
     ``ledger_key`` is the public key of the ledger folding the stream (SPEC §5 (6)).
-    See the module docstring for ``accepted_at`` and ``checked``.
+    See the module docstring for ``accepted_at`` and ``checked``. ``claims``: for a terms
+    input, the claims of other placements of the same ordered stream on its GPUs (SPEC
+    §6.5, ``ledger.capacity``); None checks none.
     """
     if opened.record.placement_id != state.placement_id:
         raise InvariantViolation(
             f"an input of {opened.record.placement_id} for {state.placement_id}"
         )
-    run = _Run(ledger_key, accepted_at)
+    run = _Run(ledger_key, accepted_at, claims)
     verdict, new = run.one(state, opened, position, checked)
     if state.terms is None and new.terms is not None and new.held:
         # SPEC §6.2: held inputs are processed right after the accepted terms.
@@ -212,11 +216,17 @@ class _Run:
     """One call of ``decide``: its inputs from outside, and the usage events it accepted
     (held inputs released by terms can re-deliver one of those)."""
 
-    __slots__ = ("accepted", "accepted_at", "ledger_key")
+    __slots__ = ("accepted", "accepted_at", "claims", "ledger_key")
 
-    def __init__(self, ledger_key: bytes, accepted_at: AcceptedEvent | NotLookedUp | None) -> None:
+    def __init__(
+        self,
+        ledger_key: bytes,
+        accepted_at: AcceptedEvent | NotLookedUp | None,
+        claims: Claims | None = None,
+    ) -> None:
         self.ledger_key = ledger_key
         self.accepted_at = accepted_at
+        self.claims = claims
         self.accepted: dict[tuple[str, int], AcceptedEvent] = {}
 
     def one(
@@ -403,6 +413,9 @@ class _Run:
             raise _Reject(Reason.TERMS_INVALID, "; ".join(problems))
         if terms.ledger_key != self.ledger_key:
             raise _Reject(Reason.TERMS_INVALID, "ledger_key names another ledger")
+        over = None if self.claims is None else oversold(terms, self.claims)
+        if over is not None:  # §6.5: capacity is sold once
+            raise _Reject(Reason.OVERSOLD, over)
         return terms_fields(terms, opened.payload, opened.record_hash)
 
     # §6.3 usage

@@ -12,6 +12,10 @@ with the Ed25519 work on a thread pool. For each input:
 3. ``decide(state, opened, ...)`` -> verdict, new state; the cache keeps the new state;
 4. sign the chained records (ledger/crypto.py) -> ``Outcome``.
 
+Capacity (SPEC §6.5): the fold keeps the GPU claims of accepted terms per ordered
+stream (``ledger/capacity.py``), hands a terms input the claims of its stream, and
+records accepted terms and reclaims in them; ``capacity_rows`` are stored with the batch.
+
 State per placement is snapshotted with ``snapshot``/``restore`` (ledger/snapshot.py) so
 the service can persist it in the same transaction as the records and offsets it
 produced; ``dirty``/``clear_dirty``/``evict`` manage what is in memory.
@@ -26,6 +30,7 @@ import msgspec
 
 from ledger import crypto, snapshot
 from ledger.cache import PlacementCache, StateLoader, UsageLookup
+from ledger.capacity import CapacityIndex, ClaimRow, scope_of
 from ledger.crypto import PendingCheck
 from ledger.decide import (
     INPUT_KINDS,
@@ -41,7 +46,7 @@ from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
 from proto.keys import SigningKey
 from proto.reasons import Reason
-from proto.records import LedgerRecord, PlacementTerms, Status, Totals
+from proto.records import LedgerRecord, PlacementTerms, ReclaimNotice, Status, Totals
 
 __all__ = ["INPUT_KINDS", "Decision", "Fold", "Outcome", "StateLoader", "UsageLookup"]
 
@@ -97,6 +102,7 @@ class Fold:
         self.ledger_key = ledger_key
         self._public_key = ledger_key.public_key
         self._cache = PlacementCache(lookup, load_state)
+        self._capacity = CapacityIndex()
 
     # ---- folding ------------------------------------------------------------------------
 
@@ -150,6 +156,13 @@ class Fold:
             if wanted is None
             else cache.accepted_at(state.placement_id, wanted[0], wanted[1])
         )
+        record = opened.record
+        scope = scope_of(position)
+        claims = (
+            self._capacity.claims_for(scope, record)
+            if isinstance(record, PlacementTerms) and state.terms is None
+            else None
+        )
         verdict, new = decide(
             state,
             opened,
@@ -157,8 +170,17 @@ class Fold:
             ledger_key=self._public_key,
             accepted_at=accepted_at,
             checked=None if check is None else check.result(),
+            claims=claims,
         )
         verdicts = verdict.flatten()
+        for v in verdicts:  # §6.5: accepted terms claim their GPUs, reclaims end claims
+            if v.status != "accepted" or v.opened is None:
+                continue
+            done = v.opened.record
+            if isinstance(done, PlacementTerms):
+                self._capacity.accept_terms(scope, done)
+            elif isinstance(done, ReclaimNotice):
+                self._capacity.accept_reclaim(done.placement_id, done.gpus, done.effective_at_ms)
         if new is not state:
             cache.put(new, verdicts)
         return verdicts
@@ -176,6 +198,15 @@ class Fold:
     def clear_dirty(self) -> None:
         """Forget which placements changed (after their snapshots were stored)."""
         self._cache.clear_dirty()
+        self._capacity.clear_dirty()
+
+    def capacity_rows(self) -> list[ClaimRow]:
+        """GPU claims changed since the last ``clear_dirty`` (SPEC §6.5), to store."""
+        return self._capacity.dirty_rows()
+
+    def restore_capacity(self, rows: list[ClaimRow]) -> None:
+        """Load the stored GPU claims (on start, before any ``apply``)."""
+        self._capacity.load(rows)
 
     def snapshot(self, placement_id: str) -> bytes:
         """The placement's fold state as bytes (msgpack), to store beside its records."""

@@ -66,6 +66,7 @@ class Ingestor:
         for placement_id, snapshot in store.open_states():
             self.fold.restore(placement_id, snapshot)
             restored += 1
+        self.fold.restore_capacity(store.capacity_claims())
         log.info("fold_restored", placements=restored)
 
     def close(self) -> None:
@@ -106,6 +107,7 @@ class Ingestor:
                     close_due_ms=self.fold.close_due_ms(placement_id),
                 )
             )
+        batch.claims = self.fold.capacity_rows()
         for placement_id, row in sorted(closes.items()):
             # The final statement is through the close record itself, not the batch's last
             # record of the placement: batch boundaries differ between runs, this does not.

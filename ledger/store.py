@@ -136,6 +136,15 @@ CREATE TABLE IF NOT EXISTS held_inputs (
     position VARCHAR NOT NULL,
     arrived_ms BIGINT
 );
+CREATE TABLE IF NOT EXISTS capacity_claims (
+    scope VARCHAR NOT NULL,
+    uuid VARCHAR NOT NULL,
+    placement_id VARCHAR NOT NULL,
+    start_ms BIGINT NOT NULL,
+    end_ms BIGINT NOT NULL,
+    share_milli BIGINT NOT NULL,
+    PRIMARY KEY (scope, uuid, placement_id)
+);
 """
 
 INPUT_COLUMNS: Final[tuple[str, ...]] = (
@@ -249,6 +258,8 @@ class Batch:
     statements: list[StatementRow] = field(default_factory=list)
     offsets: dict[str, str] = field(default_factory=dict)
     held: list[HeldRow] = field(default_factory=list)
+    # SPEC §6.5: GPU claims (scope, uuid, placement, start, end, share) changed by the batch.
+    claims: list[tuple[str, str, str, int, int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.chained) + len(self.quarantined) + sum(self.dropped.values())
@@ -464,6 +475,7 @@ class Store:
                     "held_inputs",
                     [(h.placement_id, h.position, h.arrived_ms) for h in batch.held],
                 )
+                self._append("capacity_claims", batch.claims, upsert=True)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -489,6 +501,16 @@ class Store:
             for pid, snap in self._rows(
                 "SELECT placement_id, snapshot FROM placement_state WHERE NOT closed "
                 "ORDER BY placement_id"
+            )
+        ]
+
+    def capacity_claims(self) -> list[tuple[str, str, str, int, int, int]]:
+        """Every stored GPU claim (SPEC §6.5), to restore the fold's capacity index."""
+        return [
+            (str(s), str(u), str(p), int(a), int(b), int(m))
+            for s, u, p, a, b, m in self._rows(
+                "SELECT scope, uuid, placement_id, start_ms, end_ms, share_milli "
+                "FROM capacity_claims ORDER BY scope, uuid, placement_id"
             )
         ]
 

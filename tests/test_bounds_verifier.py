@@ -91,7 +91,9 @@ def test_the_cli_verifies_a_run_at_the_export_bound_and_refuses_one_more(
     monkeypatch.setattr(limits, "MAX_EXPORTS_PER_RUN", 2)
     exports = tmp_path / "exports"
     exports.mkdir()
-    scenarios = [small_scenario(tmp_path, name=f"p-{n}") for n in ("a", "b", "c")]
+    scenarios = [
+        small_scenario(tmp_path, name=f"p-{n}", gpu_index=i) for i, n in enumerate(("a", "b", "c"))
+    ]
     for s in scenarios[:2]:
         shutil.copy(s.path, exports)
     trust = str(scenarios[0].trust_path)

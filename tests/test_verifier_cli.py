@@ -131,7 +131,7 @@ def test_directory_reconciles_per_party(
     d.mkdir()
     shutil.copyfile(full.path, d / "a.duckdb")
     # Same parties (same seed), another placement; and a third export that fails.
-    small = small_scenario(tmp_path, name="p-second", seed="verifier-full", minutes=20)
+    small = small_scenario(tmp_path, name="p-second", seed="verifier-full", minutes=20, gpu_index=7)
     shutil.copyfile(small.path, d / "b.duckdb")
     shutil.copyfile(small.path, d / "c.duckdb")
     with duckdb.connect(str(d / "c.duckdb")) as con:

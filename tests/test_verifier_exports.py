@@ -498,11 +498,15 @@ def small_scenario(
     minutes: int = 5,
     rate: int = 250,
     window_ms: int = HOUR,
+    gpu_index: int = 0,
     **overrides: Any,
 ) -> Scenario:
-    """Terms, a few minutes of one GPU, a close: the smallest honest export."""
+    """Terms, a few minutes of one GPU, a close: the smallest honest export.
+
+    ``gpu_index``: which GPU of node-a (placements read together must not oversell one
+    GPU, SPEC §6.5)."""
     cast = make_cast(seed)
-    gpus = [gpu("node-a", 0)]
+    gpus = [gpu("node-a", gpu_index)]
     terms = make_terms(
         cast, name, gpus, T0, T0 + window_ms, rate_per_gpu_hour_minor=rate, **overrides
     )

@@ -4,6 +4,10 @@ Only verified exports count; failed or unusable ones are listed apart and exclud
 every total, so a bad file can never move a party's balance. Per (currency, scale) the
 buyers' total must equal what operators and desks receive together (SPEC §7.6: buyer owes
 N (+F), operator receives N (-F), desk receives F).
+
+Capacity is checked across the same exports (``verifier/capacity.py``, SPEC §6.5): a GPU
+sold above one whole GPU at some moment is an ``OVERSOLD`` finding of the run, and the
+run is then not reconciled, whatever the money says.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from verifier.capacity import CapacityReport, check_capacity, render_capacity
 from verifier.state import ExportReport
 
 # Which total each role is owed or owes, from SPEC §7.6.
@@ -60,6 +65,7 @@ class Reconciliation:
     balances: list[Balance] = field(default_factory=list)
     verified: list[str] = field(default_factory=list)
     excluded: list[tuple[str, str]] = field(default_factory=list)  # (path, verdict)
+    capacity: CapacityReport = field(default_factory=CapacityReport)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -68,12 +74,15 @@ class Reconciliation:
             "excluded": [{"path": p, "verdict": v} for p, v in self.excluded],
             "parties": [asdict(line) for line in self.lines],
             "balances": [{**asdict(b), "balanced": b.balanced} for b in self.balances],
+            "capacity": self.capacity.to_json(),
+            "reconciled": not self.capacity.failed and all(b.balanced for b in self.balances),
         }
 
 
 def reconcile(reports: Iterable[ExportReport]) -> Reconciliation:
-    """Sum verified placements per party, role and currency."""
-    result = Reconciliation()
+    """Sum verified placements per party, role and currency; check capacity across them."""
+    reports = list(reports)
+    result = Reconciliation(capacity=check_capacity(reports))
     lines: dict[tuple[str, str, str, int], PartyLine] = {}
     balances: dict[tuple[str, int], Balance] = {}
     for report in reports:
@@ -138,10 +147,15 @@ def render(rec: Reconciliation) -> list[str]:
             )
     for b in rec.balances:
         state = "balanced" if b.balanced else "NOT BALANCED"
+        if rec.capacity.failed:  # the sums add up over capacity that was sold twice
+            state = (
+                f"NOT RECONCILED: capacity OVERSOLD (sums {'equal' if b.balanced else 'differ'})"
+            )
         out.append(
             f"{b.currency}/{b.currency_scale}: buyers owe "
             f"{format_minor(b.buyer_owes_minor, b.currency_scale)} = operators "
             f"{format_minor(b.operator_receives_minor, b.currency_scale)} + desks "
             f"{format_minor(b.desk_receives_minor, b.currency_scale)}: {state}"
         )
+    out += render_capacity(rec.capacity)
     return out

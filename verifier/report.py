@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from verifier.capacity import check_capacity
 from verifier.findings import Findings
 from verifier.reconcile import format_minor, reconcile, render
 from verifier.state import UNUSABLE, ExportReport
@@ -30,6 +31,8 @@ def exit_code(reports: Sequence[ExportReport], *, run_failed: bool = False) -> i
     if any(r.verdict == UNUSABLE for r in reports):
         return EXIT_UNUSABLE
     if run_failed or any(not r.ok for r in reports):
+        return EXIT_FAILED
+    if len(reports) > 1 and check_capacity(reports).failed:  # SPEC §6.5: OVERSOLD
         return EXIT_FAILED
     if any(not r.is_final for r in reports):
         return EXIT_PROVISIONAL
