@@ -165,10 +165,10 @@ class Shipper:
                         )
                     )
                     sent.append(entry.data)
-                await asyncio.gather(*futures)
+                acks = await asyncio.gather(*futures)
             # Acknowledged: the delivery log (for the operator's witness) first, then the
             # position. A crash between the two re-sends and logs again; readers dedupe.
-            self._log_delivered(sent)
+            self._log_delivered(sent, [_log_append_ms(ack) for ack in acks])
             self._acked = entries[-1].next_position
             store_shipped(self._spool_dir, self._acked)
             shipped += len(futures)
@@ -176,12 +176,14 @@ class Shipper:
             if self._collect_garbage is not None:
                 self._collect_garbage(self._acked)
 
-    def _log_delivered(self, sent: list[bytes]) -> None:
+    def _log_delivered(self, sent: list[bytes], log_times: list[int | None]) -> None:
         now_ms = self._now_ms()
         lines = []
-        for data in sent:
+        for data, log_ms in zip(sent, log_times, strict=True):
             try:
-                lines.append(delivered_usage(data, now_ms))
+                # The broker's log-append time when the topic keeps one (SPEC §8.3: time
+                # from the log); the agent's clock otherwise.
+                lines.append(delivered_usage(data, now_ms if log_ms is None else log_ms))
             except (ProtoError, ValueError):
                 continue  # not a usage event: nothing a node witness tracks
         append_delivered(self._spool_dir / DELIVERY_LOG_FILE, lines)
@@ -233,6 +235,18 @@ class Shipper:
                             await _first(self._wake.wait(), stop.wait())
         finally:
             await self._discard_producer()
+
+
+_LOG_APPEND_TIME: Final = 1  # Kafka's timestamp type of a broker-stamped record
+
+
+def _log_append_ms(ack: Any) -> int | None:
+    """The broker's append time from a produce acknowledgement, if the topic stamps one."""
+    if getattr(ack, "timestamp_type", None) == _LOG_APPEND_TIME:
+        stamp = getattr(ack, "timestamp", None)
+        if isinstance(stamp, int) and stamp >= 0:
+            return stamp
+    return None
 
 
 async def _first(*waits: Any) -> None:

@@ -381,11 +381,14 @@ def test_usage_interval_of_max_ms_is_folded_one_more_is_interval_invalid() -> No
     seq, prev = writer.seq, writer.prev
     too_long = writer.event(start, start + limits.MAX_INTERVAL_MS + 1, samples)
     chained_rejected(feeder.one(too_long), Reason.INTERVAL_INVALID)
-    # The rejected event did not advance the stream: the same seq with a valid interval folds.
+    # The rejected event took its seq (SPEC §6.3 usage (3)): the node cannot replace it.
     again = b.StreamWriter(CAST.node_key("n0"), terms.placement_id, "n0", seq, prev)
-    accepted(feeder.one(again.event(start, start + limits.MAX_INTERVAL_MS, samples)))
+    chained_rejected(
+        feeder.one(again.event(start, start + limits.MAX_INTERVAL_MS, samples)),
+        Reason.EQUIVOCATION,
+    )
     totals = feeder.fold.totals(terms.placement_id)
-    assert totals is not None and totals.delivered_mgms == 2 * 1000 * limits.MAX_INTERVAL_MS
+    assert totals is not None and totals.delivered_mgms == 1000 * limits.MAX_INTERVAL_MS
 
 
 def _reach(terms: PlacementTerms) -> int:

@@ -47,6 +47,9 @@ _SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 EVENT_SOURCED_TOPIC_CONFIG: Final[Mapping[str, str]] = {
     "retention.ms": "-1",
     "retention.bytes": "-1",
+    # Time from the log, not from the party (SPEC §8.3): the broker stamps each record when
+    # it appends it, and the acknowledgement carries that time back to the producer.
+    "message.timestamp.type": "LogAppendTime",
 }
 
 _T = TypeVar("_T")

@@ -1805,7 +1805,68 @@ class _Run:
         problems = compare_final(scenario, reference, faulty, same_stream, messages, self.observed)
         if problems:
             raise self.fail("invariants at the end of the run", problems)
+        self._witness()
         self.report.exports_verified = self._verify_exports()
+
+    def _witness(self) -> None:
+        """The operator's and the buyer's witnesses check every placement's log through the
+        ledger's API (SPEC §8.3), as the parties would: the operator with its agents'
+        delivery logs, the buyer with the terms it signed. However faulty the run (kills,
+        broker restarts, duplicates, a lost store), an honest ledger is never refused."""
+        import os
+
+        from ledger.http import LedgerApi, LedgerHttpServer
+        from ledger.metrics import LedgerMetrics
+        from proto.delivery import DELIVERY_LOG_FILE
+        from witness.runner import EXIT_OK, witness_once
+
+        cast = self.scenario.cast
+        base = self.workdir / "witness"
+        keys = base / "keys"
+        for party in (cast.operator, cast.buyer):
+            if not (keys / f"{party.name}.key").exists():
+                write_key_pair(party, keys)
+        logs = sorted(
+            {
+                m.spool / DELIVERY_LOG_FILE
+                for m in self.meters.values()
+                if (m.spool / DELIVERY_LOG_FILE).exists()
+            }
+        )
+        store = Store(self.db, ledger_public_key=cast.ledger.public_key)
+        server = LedgerHttpServer(LedgerApi(store, cast.ledger, LedgerMetrics()), "127.0.0.1", 0)
+        server.start()
+        try:
+            for terms in self.scenario.terms:
+                pid = terms.placement_id
+                terms_file = base / f"{pid}.terms.signed.json"
+                terms_file.write_bytes(builders.signed_terms(cast, terms))
+                known = base / f"{pid}.buyer-known"
+                known.mkdir(parents=True, exist_ok=True)
+                (known / "terms.signed.json").write_bytes(terms_file.read_bytes())
+                at_ns = terms.created_at_ms * 1_000_000
+                os.utime(known / "terms.signed.json", ns=(at_ns, at_ns))
+                for role, key, delivery_logs, known_dir in (
+                    ("operator", cast.operator, logs, None),
+                    ("buyer", cast.buyer, [], known),
+                ):
+                    result = witness_once(
+                        ledger_url=server.url,
+                        terms_path=terms_file,
+                        key_path=keys / f"{key.name}.key",
+                        state_dir=base / role,
+                        delivery_logs=delivery_logs,
+                        known_dir=known_dir,
+                        now_s=int(time.time()),
+                    )
+                    if result.code != EXIT_OK:
+                        raise self.fail(
+                            f"the {role}'s witness refused an honest run", [result.line]
+                        )
+                    self.note(f"witness {role}: {result.line}")
+        finally:
+            server.stop()
+            store.close()
 
     def _verify_exports(self) -> int:
         from verifier.cli import main as verify_main
