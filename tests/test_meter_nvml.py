@@ -33,6 +33,8 @@ class FakeDevice:
     energy_mj: int = 1_000_000
     ecc: int | None = 0
     retire_pending: int = 0
+    retired_pages: int | None = 0  # None: not supported (Ampere and later)
+    remapped_rows: tuple[int, int] | None = None  # (corrected, uncorrected); None: pre-Ampere
     lost: bool = False
 
 
@@ -41,7 +43,7 @@ class FakeNvml:
     """The subset of NVML the agent uses, with the real pynvml error classes."""
 
     devices: list[FakeDevice] = field(default_factory=list)
-    events: list[FakeDevice] = field(default_factory=list)
+    events: list[FakeDevice | tuple[FakeDevice, int]] = field(default_factory=list)
     registered: set[str] = field(default_factory=set)
     initialised: int = 0
 
@@ -79,7 +81,25 @@ class FakeNvml:
             assert timeout_ms == 0  # never blocks the agent
             if not self.events:
                 raise pynvml.NVMLError_Timeout()
-            return SimpleNamespace(device=self.events.pop(0), eventData=79)
+            event = self.events.pop(0)
+            device, code = event if isinstance(event, tuple) else (event, 79)
+            return SimpleNamespace(device=device, eventData=code)
+
+        def retired_pages(h: FakeDevice, cause: int) -> list[int]:
+            d = self._dev(h)
+            if d.retired_pages is None:
+                raise pynvml.NVMLError_NotSupported()
+            # Single-bit cause: the first page; double-bit: the rest (addresses).
+            if cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS:
+                return [0x1000] * min(1, d.retired_pages)
+            assert cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+            return [0x2000] * max(0, d.retired_pages - 1)
+
+        def remapped_rows(h: FakeDevice) -> tuple[int, int, int, int]:
+            d = self._dev(h)
+            if d.remapped_rows is None:
+                raise pynvml.NVMLError_NotSupported()
+            return (*d.remapped_rows, 0, 0)
 
         functions = {
             "nvmlInit": init,
@@ -102,6 +122,8 @@ class FakeNvml:
             "nvmlEventSetFree": lambda s: None,
             "nvmlDeviceRegisterEvents": register,
             "nvmlEventSetWait_v2": wait,
+            "nvmlDeviceGetRetiredPages": retired_pages,
+            "nvmlDeviceGetRemappedRows": remapped_rows,
         }
         for name, fn in functions.items():
             assert hasattr(pynvml, name), name  # the real module has it: same names
