@@ -286,3 +286,30 @@ def test_simulated_faults_through_meter_ledger_export_verify(tmp_path: Path) -> 
     report = verify(out, cast.trust())
     assert report.ok, explain(report)
     assert report.totals is not None and report.totals["delivered_mgms"] == expected
+
+
+def test_sim_evidence_faults_parse_and_reject() -> None:
+    spec = parse_sim_spec(
+        "xid=79/GPU-a@5-10,xid=48/GPU-b:1@0-1,ecc=GPU-a@1-2,retire=GPU-a@7,"
+        "nopower=GPU-c@3-4,claim_healthy=1"
+    )
+    assert [(c, f.uuid, f.start_ms, f.end_ms) for c, f in spec.xid] == [
+        (79, "GPU-a", 5, 10),
+        (48, "GPU-b:1", 0, 1),
+    ]
+    assert [(f.uuid, f.start_ms, f.end_ms) for f in spec.retire] == [("GPU-a", 7, None)]
+    assert [f.uuid for f in spec.ecc] == ["GPU-a"] and [f.uuid for f in spec.nopower] == ["GPU-c"]
+    assert spec.claim_healthy and not parse_sim_spec("seed=1").claim_healthy
+    from meter.sim import SimSpecError
+
+    for bad in (
+        "xid=GPU-a@5-10",
+        "xid=x/GPU-a@5-10",
+        "xid=79/GPU-a@5",
+        "ecc=GPU-a@5",
+        "retire=GPU-a@5-6",
+        "nopower=GPU-a@6-5",
+        "claim_healthy=2",
+    ):
+        with pytest.raises(SimSpecError):
+            parse_sim_spec(bad)
