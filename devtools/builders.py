@@ -139,9 +139,20 @@ def signed_terms(cast: Cast, terms: PlacementTerms) -> bytes:
 
 
 def sample(
-    gpu_spec: GpuSpec, *, allocated: bool = True, healthy: bool = True, utilisation_pct: int = 90
+    gpu_spec: GpuSpec,
+    *,
+    allocated: bool = True,
+    healthy: bool = True,
+    utilisation_pct: int = 90,
+    power_mw: int = 300_000,
+    xids: Iterable[int] = (),
+    ecc_uncorrectable: int = 0,
+    retired_pages: int = 0,
+    present: bool = True,
 ) -> GpuSample:
-    """A plausible sample of one GPU."""
+    """A plausible sample of one GPU; the keywords after ``utilisation_pct`` set its
+    health evidence (SPEC §7.1.1)."""
+    codes = list(xids)
     return GpuSample(
         uuid=gpu_spec.uuid,
         model=gpu_spec.model,
@@ -150,10 +161,14 @@ def sample(
         utilisation_pct=utilisation_pct,
         memory_used_mib=gpu_spec.memory_mib // 2,
         memory_total_mib=gpu_spec.memory_mib,
-        power_mw=300_000,
+        power_mw=power_mw,
         energy_mj=0,
-        xid_errors=0,
-        ecc_errors=0,
+        xid_errors=len(codes),
+        ecc_errors=ecc_uncorrectable,
+        xids=codes,
+        ecc_uncorrectable=ecc_uncorrectable,
+        retired_pages=retired_pages,
+        present=present,
     )
 
 

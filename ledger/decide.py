@@ -31,6 +31,7 @@ from typing import Any, Final, Literal, get_args
 
 import msgspec
 
+from ledger import health
 from ledger.capacity import Claims, oversold
 from ledger.persistent import PSet
 from ledger.pricing import overlap_ms, price, reclaim_credit_minor, sla_credit_minor
@@ -501,7 +502,7 @@ class _Run:
                     f"GPU {sample.uuid}: {sample.model} != {spec.model}",
                     takes,
                 )
-            if sample.allocated and sample.healthy:
+            if health.counts(sample, event.seq == 0, stream.retired):
                 delivered += spec.share_milli * overlap_ms(
                     event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
                 )
@@ -509,7 +510,11 @@ class _Run:
         self.accepted[(node_id, event.seq)] = (opened.input_hash, opened.record_hash)
         streams = dict(state.streams)
         streams[node_id] = StreamState(
-            event.seq + 1, opened.record_hash, event.end_ms, opened.input_hash
+            event.seq + 1,
+            opened.record_hash,
+            event.end_ms,
+            opened.input_hash,
+            health.retired_after(stream.retired, event.samples),
         )
         changes: dict[str, Any] = {
             "streams": streams,

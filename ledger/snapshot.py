@@ -48,6 +48,12 @@ class _TakenSnap(msgspec.Struct, array_like=True):
     seqs: list[int]
 
 
+class _RetiredSnap(msgspec.Struct, array_like=True):
+    node_id: str
+    uuid: str
+    pages: int
+
+
 class _Snapshot(msgspec.Struct, omit_defaults=True):
     version: int
     placement_id: str
@@ -68,6 +74,9 @@ class _Snapshot(msgspec.Struct, omit_defaults=True):
     # state without them are what they were (SPEC §6.2 stream holds, §6.3 taken seqs).
     stream_held: list[_StreamHeldSnap] = []
     taken: list[_TakenSnap] = []
+    # SPEC §7.1 retired-page baselines (non-zero only): absent in older snapshots and in
+    # any state whose events reported no retired page, so those bytes are unchanged.
+    retired: list[_RetiredSnap] = []
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -109,6 +118,11 @@ def encode(state: PlacementState) -> bytes:
             for seq, (raw, position, _) in sorted(holds.items())
         ],
         taken=[_TakenSnap(node, sorted(seqs)) for node, seqs in sorted(state.taken.items())],
+        retired=[
+            _RetiredSnap(node, uuid, pages)
+            for node, s in sorted(state.streams.items())
+            for uuid, pages in sorted(s.retired.items())
+        ],
     )
     return _ENCODER.encode(snap)
 
@@ -124,13 +138,22 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
     for b in snap.bindings:
         bindings.setdefault(b.node_id, {})[b.key] = (b.valid_from_ms, b.valid_until_ms)
     held = [(raw, position) for raw, position in snap.held]
+    retired: dict[str, dict[str, int]] = {}
+    for r in snap.retired:
+        retired.setdefault(r.node_id, {})[r.uuid] = r.pages
     state = PlacementState(
         placement_id,
         next_index=snap.next_index,
         head=snap.head,
         totals=snap.totals,
         streams={
-            s.node_id: StreamState(s.next_seq, s.last_hash, s.last_end_ms, s.last_input_hash)
+            s.node_id: StreamState(
+                s.next_seq,
+                s.last_hash,
+                s.last_end_ms,
+                s.last_input_hash,
+                retired.get(s.node_id, {}),
+            )
             for s in snap.streams
         },
         bindings=bindings,

@@ -34,6 +34,9 @@ class StreamState(msgspec.Struct, frozen=True):
     last_hash: str = ZERO_HASH
     last_end_ms: int = 0
     last_input_hash: str = ""
+    # SPEC §7.1: GPU uuid -> highest retired-page count of the stream's accepted events
+    # (non-zero counts only; absent = 0).
+    retired: Mapping[str, int] = msgspec.field(default_factory=dict)
 
 
 NEW_STREAM: Final = StreamState()

@@ -5,6 +5,12 @@ previous read of the total-energy counter, the volatile uncorrected ECC counter 
 XID critical-error events (drained from an NVML event set). A field the device does not
 support (``NVMLError_NotSupported``) reads as 0 and never makes a GPU unhealthy.
 
+Health evidence (SPEC §7.1.1): the XID codes of the drained events (``eventData``), the
+uncorrected ECC delta, and the cumulative count of retired pages
+(``nvmlDeviceGetRetiredPages``, both causes) plus remapped rows (``nvmlDeviceGetRemappedRows``,
+the Ampere-and-later successor of page retirement). A device without a power reading
+reports its average power over the interval from the energy counter, when it has one.
+
 Health: a GPU is unhealthy for an interval when an XID error or an uncorrected ECC error
 was seen during it, or when pages are pending retirement. A device that NVML no longer
 enumerates, or that fails with any other NVML error (GPU lost, unknown error), is left
@@ -19,7 +25,8 @@ from typing import Any, Final
 
 import structlog
 
-from meter.sources import GpuReading
+from meter.sources import GpuReading, bounded_xids
+from proto import limits as proto_limits
 
 __all__ = ["MAX_XID_EVENTS_PER_READ", "NvmlSource"]
 
@@ -52,15 +59,24 @@ class NvmlSource:
         self._energy_mj: dict[str, int] = {}
         self._ecc: dict[str, int] = {}
         self._xid_pending: dict[str, int] = {}
+        self._xid_codes: dict[str, set[int]] = {}
         # Baselines: the first interval's deltas count from the agent's start.
         self.read(0, 0)
         self._xid_pending.clear()
+        self._xid_codes.clear()
 
     def _optional(self, fn: Any, *args: Any) -> Any:
         """Call an NVML getter; None when the device does not support it."""
         try:
             return fn(*args)
         except self._nvml.NVMLError_NotSupported:
+            return None
+
+    def _evidence(self, fn: Any, *args: Any) -> Any:
+        """Like ``_optional``, and None too when the driver predates the call."""
+        try:
+            return self._optional(fn, *args)
+        except self._nvml.NVMLError_FunctionNotFound:
             return None
 
     def _drain_xid_events(self) -> None:
@@ -80,7 +96,10 @@ class NvmlSource:
             except nvml.NVMLError:
                 continue  # the device is gone: it will be missing from the readings
             self._xid_pending[uuid] = self._xid_pending.get(uuid, 0) + 1
-            _log.warning("gpu_xid_error", uuid=uuid, xid=getattr(data, "eventData", None))
+            code = getattr(data, "eventData", None)
+            if isinstance(code, int) and 0 <= code <= proto_limits.MAX_SAFE_INTEGER:
+                self._xid_codes.setdefault(uuid, set()).add(code)
+            _log.warning("gpu_xid_error", uuid=uuid, xid=code)
 
     def _register(self, handle: Any, uuid: str) -> None:
         if self._event_set is None or uuid in self._registered:
@@ -104,14 +123,30 @@ class NvmlSource:
             return readings
         for index in range(count):
             try:
-                reading = self._read_device(index)
+                reading = self._read_device(index, max(0, end_ms - start_ms))
             except nvml.NVMLError as exc:
                 _log.warning("nvml_device_unreadable", index=index, error=str(exc))
                 continue
             readings[reading.uuid] = reading
         return readings
 
-    def _read_device(self, index: int) -> GpuReading:
+    def _retired_pages(self, handle: Any) -> int:
+        """Pages retired (both causes) plus rows remapped (corrected and uncorrected), so
+        far; what the device does not support counts 0."""
+        nvml = self._nvml
+        total = 0
+        for cause in (
+            nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        ):
+            pages = self._evidence(nvml.nvmlDeviceGetRetiredPages, handle, cause)
+            total += len(pages) if pages is not None else 0
+        remapped = self._evidence(nvml.nvmlDeviceGetRemappedRows, handle)
+        if remapped is not None:
+            total += int(remapped[0]) + int(remapped[1])
+        return total
+
+    def _read_device(self, index: int, interval_ms: int = 0) -> GpuReading:
         nvml = self._nvml
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
@@ -128,6 +163,7 @@ class NvmlSource:
             nvml.NVML_VOLATILE_ECC,
         )
         retire_pending = self._optional(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+        retired_pages = self._retired_pages(handle)
 
         energy_mj = 0
         if energy_total_mj is not None:
@@ -142,6 +178,10 @@ class NvmlSource:
                 ecc_errors = int(ecc_total) - previous
             self._ecc[uuid] = int(ecc_total)
         xid_errors = self._xid_pending.pop(uuid, 0)
+        xids = bounded_xids(self._xid_codes.pop(uuid, set()))
+        if power_mw is None and energy_total_mj is not None and interval_ms > 0:
+            # mJ per ms is W; x 1000 is mW: the interval's average power.
+            power_mw = energy_mj * 1000 // interval_ms
         pending = bool(retire_pending) and retire_pending == getattr(
             nvml, "NVML_FEATURE_ENABLED", 1
         )
@@ -156,6 +196,9 @@ class NvmlSource:
             energy_mj=energy_mj,
             xid_errors=xid_errors,
             ecc_errors=ecc_errors,
+            xids=xids,
+            ecc_uncorrectable=ecc_errors,
+            retired_pages=retired_pages,
         )
 
     def close(self) -> None:

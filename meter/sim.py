@@ -12,13 +12,22 @@ Spec grammar (``gridledger meter run --simulate SPEC``)::
                                                of this node; more adds GPUs no placement has)
            | "unhealthy=" UUID "@" MS "-" MS   the GPU reports XID errors in [MS, MS)
            | "vanish=" UUID "@" MS ["-" MS]    the GPU is gone from MS (until MS, if given)
+           | "xid=" CODE "/" UUID "@" MS "-" MS  the GPU reports XID CODE in [MS, MS)
+           | "ecc=" UUID "@" MS "-" MS         uncorrectable ECC errors in [MS, MS)
+           | "retire=" UUID "@" MS             one more page retired at MS (cumulative)
+           | "nopower=" UUID "@" MS "-" MS     the power reading is 0 W in [MS, MS)
+           | "claim_healthy=" ("0" | "1")      1: every reading is flagged healthy whatever
+                                               the evidence (a lying or broken agent, for
+                                               tests of SPEC §7.1.1)
            | "skew_ms=" ["-"] INT              the agent's clock is off by this much (wall-
                                                clock runs; --until-ms drives its own clock)
            | "crash_after=" INT                the agent kills itself (SIGKILL) after it has
                                                spooled this many events (crash tests)
            | "pace_ms=" INT                    with --until-ms: wall-clock pause per step
 
-``unhealthy`` and ``vanish`` may repeat. MS values are milliseconds after the
+``unhealthy``, ``vanish``, ``xid``, ``ecc``, ``retire`` and ``nopower`` may repeat. Each
+evidence fault (``xid``, ``ecc``, ``retire``, ``nopower``) also clears the reading's
+``healthy`` flag, unless ``claim_healthy=1``. MS values are milliseconds after the
 simulation's epoch: the earliest ``window_start_ms`` of the agent's terms. Example::
 
     seed=7,gpus=4,unhealthy=GPU-x@600000-900000,vanish=GPU-y@1200000,skew_ms=250
@@ -62,6 +71,17 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class _Evidence:
+    """What the evidence faults make one GPU report over one interval (SPEC §7.1.1)."""
+
+    xids: tuple[int, ...]
+    ecc_uncorrectable: int
+    retired_pages: int  # cumulative: every retire fault at or before the interval
+    retired_now: bool  # a page was retired during the interval
+    no_power: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SimSpec:
     """A parsed simulation spec."""
 
@@ -72,6 +92,11 @@ class SimSpec:
     skew_ms: int = 0
     crash_after: int | None = None
     pace_ms: int = 0
+    xid: tuple[tuple[int, Fault], ...] = ()
+    ecc: tuple[Fault, ...] = ()
+    retire: tuple[Fault, ...] = ()
+    nopower: tuple[Fault, ...] = ()
+    claim_healthy: bool = False
     text: str = field(default="", compare=False)
 
 
@@ -105,6 +130,8 @@ def parse_sim_spec(text: str) -> SimSpec:
     values: dict[str, int | None] = {}
     unhealthy: list[Fault] = []
     vanish: list[Fault] = []
+    xid: list[tuple[int, Fault]] = []
+    evidence: dict[str, list[Fault]] = {"ecc": [], "retire": [], "nopower": []}
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
@@ -115,11 +142,25 @@ def parse_sim_spec(text: str) -> SimSpec:
             unhealthy.append(_fault(key, value, need_end=True))
         elif key == "vanish":
             vanish.append(_fault(key, value, need_end=False))
-        elif key in ("seed", "gpus", "skew_ms", "crash_after", "pace_ms"):
+        elif key == "xid":
+            code, slash, fault = value.partition("/")
+            if not slash:
+                raise SimSpecError(f"xid={value!r}: want CODE/UUID@START_MS-END_MS")
+            xid.append((_int(key, code), _fault(key, fault, need_end=True)))
+        elif key in ("ecc", "nopower"):
+            evidence[key].append(_fault(key, value, need_end=True))
+        elif key == "retire":
+            retired = _fault(key, value, need_end=False)
+            if retired.end_ms is not None:
+                raise SimSpecError(f"retire={value!r}: want UUID@MS")
+            evidence[key].append(retired)
+        elif key in ("seed", "gpus", "skew_ms", "crash_after", "pace_ms", "claim_healthy"):
             if key in values:
                 raise SimSpecError(f"{key} is given twice")
             minimum = {"skew_ms": None, "crash_after": 1, "gpus": 1}.get(key, 0)
             values[key] = _int(key, value, minimum=minimum)
+            if key == "claim_healthy" and values[key] not in (0, 1):
+                raise SimSpecError(f"claim_healthy={value}: want 0 or 1")
         else:
             raise SimSpecError(f"unknown key {key!r}")
     gpus = values.get("gpus")
@@ -133,6 +174,11 @@ def parse_sim_spec(text: str) -> SimSpec:
         skew_ms=values.get("skew_ms") or 0,
         crash_after=values.get("crash_after"),
         pace_ms=values.get("pace_ms") or 0,
+        xid=tuple(xid),
+        ecc=tuple(evidence["ecc"]),
+        retire=tuple(evidence["retire"]),
+        nopower=tuple(evidence["nopower"]),
+        claim_healthy=values.get("claim_healthy") == 1,
         text=text,
     )
 
@@ -185,28 +231,61 @@ class Simulator:
             readings[device.uuid] = self._reading(device, start_ms, end_ms, sick=sick)
         return readings
 
+    def _evidence(self, uuid: str, rel_start: int, rel_end: int) -> _Evidence:
+        """The evidence faults of one GPU over [rel_start, rel_end) after the epoch."""
+        spec = self._spec
+
+        def hits(faults: tuple[Fault, ...]) -> list[Fault]:
+            return [f for f in faults if f.uuid == uuid and f.overlaps(rel_start, rel_end)]
+
+        retired = [f for f in spec.retire if f.uuid == uuid and f.start_ms < rel_end]
+        return _Evidence(
+            xids=tuple(
+                sorted(
+                    {c for c, f in spec.xid if f.uuid == uuid and f.overlaps(rel_start, rel_end)}
+                )
+            ),
+            ecc_uncorrectable=2 * len(hits(spec.ecc)),
+            retired_pages=len(retired),
+            retired_now=any(rel_start <= f.start_ms for f in retired),
+            no_power=bool(hits(spec.nopower)),
+        )
+
     def _reading(self, device: SimDevice, start_ms: int, end_ms: int, *, sick: bool) -> GpuReading:
         # The device's character (its typical load) is fixed per seed; each interval draws
         # its own variation from a generator of its own.
         base = random.Random(f"{self._spec.seed}/{device.uuid}").randint(35, 95)
         rng = random.Random(f"{self._spec.seed}/{device.uuid}/{start_ms}/{end_ms}")
         utilisation = min(100, max(0, base + rng.randint(-10, 10)))
-        if sick:
+        evidence = self._evidence(device.uuid, start_ms - self._epoch_ms, end_ms - self._epoch_ms)
+        if sick or evidence.no_power:
             utilisation = 0
         power_mw = IDLE_POWER_MW + POWER_PER_PCT_MW * utilisation + rng.randint(0, 5_000)
         used = device.memory_total_mib * min(95, utilisation + rng.randint(0, 5)) // 100
+        if evidence.no_power:
+            power_mw = 0
+        faulty = (
+            sick
+            or bool(evidence.xids)
+            or evidence.ecc_uncorrectable > 0
+            or evidence.retired_now
+            or evidence.no_power
+        )
         return GpuReading(
             uuid=device.uuid,
             model=device.model,
-            healthy=not sick,
+            healthy=self._spec.claim_healthy or not faulty,
             utilisation_pct=utilisation,
             memory_used_mib=used,
             memory_total_mib=device.memory_total_mib,
             power_mw=power_mw,
             # mW x ms = uJ; / 1000 = mJ.
             energy_mj=power_mw * max(0, end_ms - start_ms) // 1000,
-            xid_errors=rng.randint(1, 3) if sick else 0,
-            ecc_errors=0,
+            xid_errors=(rng.randint(1, 3) if sick else 0) + len(evidence.xids),
+            ecc_errors=evidence.ecc_uncorrectable,
+            xids=evidence.xids,
+            ecc_uncorrectable=evidence.ecc_uncorrectable,
+            retired_pages=evidence.retired_pages,
         )
 
     def close(self) -> None:

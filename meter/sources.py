@@ -8,11 +8,25 @@ placements: the agent picks the GPUs the signed terms give to each placement, ma
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
-__all__ = ["GpuReading", "GpuSource"]
+from proto import limits as proto_limits
+
+__all__ = ["CRITICAL_XIDS", "GpuReading", "GpuSource", "bounded_xids"]
+
+# SPEC §7.1.1: the XIDs that make a sample unhealthy whatever its flag.
+CRITICAL_XIDS: Final = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
+
+
+def bounded_xids(codes: Iterable[int]) -> tuple[int, ...]:
+    """At most MAX_XIDS distinct codes, ascending; when there are more, every critical
+    code is kept (SPEC §7.1.1)."""
+    distinct = set(codes)
+    critical = sorted(c for c in distinct if c in CRITICAL_XIDS)
+    others = sorted(c for c in distinct if c not in CRITICAL_XIDS)
+    return tuple(sorted((critical + others)[: proto_limits.MAX_XIDS]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +36,11 @@ class GpuReading:
     ``energy_mj`` is the energy used during the interval; ``xid_errors`` and
     ``ecc_errors`` count the errors seen during the interval; ``healthy`` is False when
     any of them is non-zero or the device reports a fault.
+
+    The health evidence of SPEC §7.1.1: ``xids`` the distinct XID codes seen during the
+    interval (ascending), ``ecc_uncorrectable`` the uncorrectable ECC errors during it,
+    ``retired_pages`` the pages retired (or rows remapped) so far, cumulative. A reading
+    exists only for a device that answered (``present``).
     """
 
     uuid: str
@@ -34,6 +53,9 @@ class GpuReading:
     energy_mj: int
     xid_errors: int
     ecc_errors: int
+    xids: tuple[int, ...] = ()
+    ecc_uncorrectable: int = 0
+    retired_pages: int = 0
 
 
 class GpuSource(Protocol):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from meter.sources import GpuReading
+from meter.sources import GpuReading, bounded_xids
 from proto import limits as proto_limits
 from proto.canonical import signed_bytes
 from proto.envelope import encode_envelope, sha256_hex, sign_payload
@@ -125,6 +125,7 @@ def samples_for(gpus: Sequence[GpuSpec], readings: Mapping[str, GpuReading]) -> 
                     energy_mj=0,
                     xid_errors=_bounded(reading.xid_errors) if reading is not None else 0,
                     ecc_errors=_bounded(reading.ecc_errors) if reading is not None else 0,
+                    present=reading is not None,
                 )
             )
             continue
@@ -141,6 +142,9 @@ def samples_for(gpus: Sequence[GpuSpec], readings: Mapping[str, GpuReading]) -> 
                 energy_mj=_bounded(reading.energy_mj),
                 xid_errors=_bounded(reading.xid_errors),
                 ecc_errors=_bounded(reading.ecc_errors),
+                xids=list(bounded_xids(_bounded(x) for x in reading.xids)),
+                ecc_uncorrectable=_bounded(reading.ecc_uncorrectable),
+                retired_pages=_bounded(reading.retired_pages),
             )
         )
     return samples

@@ -22,6 +22,9 @@ MAX_GPUS: Final = 256
 MAX_NODES: Final = 256
 MAX_SAMPLES: Final = MAX_GPUS
 
+# XID codes listed in one GPU sample (SPEC §7.1): distinct codes of one interval.
+MAX_XIDS: Final = 16
+
 # Length of identifiers and free text.
 MAX_ID_CHARS: Final = 128
 MAX_TEXT_CHARS: Final = 512

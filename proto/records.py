@@ -119,8 +119,14 @@ class NodeKeyBinding(
     issued_at_ms: TimeMs
 
 
-class GpuSample(Struct, frozen=True, forbid_unknown_fields=True):
-    """What the node saw of one GPU during the event's interval."""
+class GpuSample(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What the node saw of one GPU during the event's interval.
+
+    The evidence fields after ``ecc_errors`` (SPEC §7.1 "Health from evidence") were
+    appended with defaults and are omitted from the canonical bytes at their default, so
+    events of agents that predate them decode to the same bytes (and read as: no XID, no
+    uncorrectable ECC error, no retired page, present).
+    """
 
     uuid: Identifier
     model: Model
@@ -133,6 +139,12 @@ class GpuSample(Struct, frozen=True, forbid_unknown_fields=True):
     energy_mj: NonNegInt
     xid_errors: NonNegInt
     ecc_errors: NonNegInt
+    # Health evidence (SPEC §7.1): XID codes seen in the interval, uncorrectable ECC
+    # errors in the interval, retired pages (cumulative), whether the device answered.
+    xids: Annotated[list[NonNegInt], Meta(max_length=limits.MAX_XIDS)] = []
+    ecc_uncorrectable: NonNegInt = 0
+    retired_pages: NonNegInt = 0
+    present: bool = True
 
 
 class UsageEvent(Struct, frozen=True, forbid_unknown_fields=True, tag="usage", tag_field="type"):

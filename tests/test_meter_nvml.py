@@ -33,6 +33,8 @@ class FakeDevice:
     energy_mj: int = 1_000_000
     ecc: int | None = 0
     retire_pending: int = 0
+    retired_pages: int | None = 0  # None: not supported (Ampere and later)
+    remapped_rows: tuple[int, int] | None = None  # (corrected, uncorrected); None: pre-Ampere
     lost: bool = False
 
 
@@ -41,7 +43,7 @@ class FakeNvml:
     """The subset of NVML the agent uses, with the real pynvml error classes."""
 
     devices: list[FakeDevice] = field(default_factory=list)
-    events: list[FakeDevice] = field(default_factory=list)
+    events: list[FakeDevice | tuple[FakeDevice, int]] = field(default_factory=list)
     registered: set[str] = field(default_factory=set)
     initialised: int = 0
 
@@ -79,7 +81,25 @@ class FakeNvml:
             assert timeout_ms == 0  # never blocks the agent
             if not self.events:
                 raise pynvml.NVMLError_Timeout()
-            return SimpleNamespace(device=self.events.pop(0), eventData=79)
+            event = self.events.pop(0)
+            device, code = event if isinstance(event, tuple) else (event, 79)
+            return SimpleNamespace(device=device, eventData=code)
+
+        def retired_pages(h: FakeDevice, cause: int) -> list[int]:
+            d = self._dev(h)
+            if d.retired_pages is None:
+                raise pynvml.NVMLError_NotSupported()
+            # Single-bit cause: the first page; double-bit: the rest (addresses).
+            if cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS:
+                return [0x1000] * min(1, d.retired_pages)
+            assert cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+            return [0x2000] * max(0, d.retired_pages - 1)
+
+        def remapped_rows(h: FakeDevice) -> tuple[int, int, int, int]:
+            d = self._dev(h)
+            if d.remapped_rows is None:
+                raise pynvml.NVMLError_NotSupported()
+            return (*d.remapped_rows, 0, 0)
 
         functions = {
             "nvmlInit": init,
@@ -102,6 +122,8 @@ class FakeNvml:
             "nvmlEventSetFree": lambda s: None,
             "nvmlDeviceRegisterEvents": register,
             "nvmlEventSetWait_v2": wait,
+            "nvmlDeviceGetRetiredPages": retired_pages,
+            "nvmlDeviceGetRemappedRows": remapped_rows,
         }
         for name, fn in functions.items():
             assert hasattr(pynvml, name), name  # the real module has it: same names
@@ -209,3 +231,53 @@ def test_nvml_failure_to_enumerate_reports_every_gpu_unhealthy(
     s = _samples(agent.tick())  # the agent keeps running and says what it knows
     assert len(s) == 4 and not any(x.healthy for x in s.values())
     agent.close()
+
+
+def test_health_evidence_fields_from_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC §7.1.1: XID codes from the event set, the uncorrected ECC delta, retired pages
+    # (pre-Ampere) or remapped rows (Ampere and later), present; power from the energy
+    # counter when the device has no power reading.
+    uuids = [f"GPU-n1-{i}" for i in range(4)]
+    fake = FakeNvml([FakeDevice(u) for u in uuids])
+    fake.devices[0].retired_pages = 2  # before the agent started: the baseline
+    fake.devices[1].retired_pages = None
+    fake.devices[1].remapped_rows = (1, 0)
+    fake.devices[3].power_mw = None
+    fake.install(monkeypatch)
+    clock = SimClock(T0)
+    _, agent = _terms_and_agent(tmp_path, clock)
+
+    clock.advance(MINUTE_MS)
+    fake.devices[3].energy_mj += 300 * MINUTE_MS  # 300 W over the minute
+    s = _samples(agent.tick())
+    assert [s[u].retired_pages for u in uuids] == [2, 1, 0, 0]
+    assert all(x.xids == [] and x.ecc_uncorrectable == 0 and x.present for x in s.values())
+    assert s["GPU-n1-3"].power_mw == 300_000
+
+    # Interval 2: XIDs 79 and 13 (twice) on GPU 0, 2 uncorrected ECC errors and a remapped
+    # row on GPU 1, a retired page on GPU 0; GPU 2 lost.
+    fake.events += [(fake.devices[0], 13), (fake.devices[0], 79), (fake.devices[0], 13)]
+    fake.devices[1].ecc = 2
+    fake.devices[1].remapped_rows = (1, 1)
+    fake.devices[0].retired_pages = 3
+    fake.devices[2].lost = True
+    clock.advance(MINUTE_MS)
+    s = _samples(agent.tick())
+    a0, a1, a2 = s["GPU-n1-0"], s["GPU-n1-1"], s["GPU-n1-2"]
+    assert (a0.xids, a0.xid_errors, a0.retired_pages) == ([13, 79], 3, 3)
+    assert (a1.ecc_uncorrectable, a1.ecc_errors, a1.retired_pages) == (2, 2, 2)
+    assert (a2.present, a2.healthy, a2.power_mw) == (False, False, 0)
+    assert s["GPU-n1-3"].power_mw == 0  # no energy used: 0 W, and §7.1.1 says unhealthy
+    agent.close()
+
+
+def test_xid_storm_keeps_the_critical_codes(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml([FakeDevice("GPU-a")])
+    fake.install(monkeypatch)
+    source = NvmlSource()
+    codes = [*range(100, 130), 95, 48]
+    fake.events += [(fake.devices[0], c) for c in codes]
+    reading = source.read(T0, T0 + MINUTE_MS)["GPU-a"]
+    assert len(reading.xids) == 16 and {48, 95} <= set(reading.xids)
+    assert list(reading.xids) == sorted(reading.xids) and reading.xid_errors == len(codes)
+    source.close()

@@ -116,7 +116,11 @@ class Pricer:
     """SPEC §7 as a person reads it, one accepted input at a time (test reference)."""
 
     terms: PlacementTerms
+    # A dishonest ledger's reading of §7.1: the ``healthy`` flag alone, evidence ignored.
+    trust_the_flag: bool = False
     delivered: int = 0
+    # §7.1.1: (node, GPU) -> the highest retired-page count of earlier accepted events.
+    retired: dict[tuple[str, str], int] = field(default_factory=dict)
     reclaim_notice: ReclaimNotice | None = None
     effective_end: int = 0
     credit: int = 0
@@ -135,7 +139,16 @@ class Pricer:
         start = max(self.terms.window_start_ms, 0)
         total = 0
         for s in event.samples:
-            if s.allocated and s.healthy:
+            baseline = self.retired.get((event.node_id, s.uuid), 0)
+            self.retired[(event.node_id, s.uuid)] = max(baseline, s.retired_pages)
+            evidence_ok = (
+                s.present
+                and s.power_mw != 0
+                and s.ecc_uncorrectable == 0
+                and not {48, 63, 64, 74, 79, 92, 94, 95} & set(s.xids)
+                and (event.seq == 0 or s.retired_pages <= baseline)
+            )
+            if s.allocated and s.healthy and (evidence_ok or self.trust_the_flag):
                 lo = max(event.start_ms, start)
                 hi = min(event.end_ms, self.effective_end)
                 total += shares[s.uuid] * max(0, hi - lo)
@@ -238,6 +251,7 @@ class ExportBuilder:
     # what a trust file without a policy requires for a FINAL verdict (SPEC §9).
     cosigners: list[tuple[str, SigningKey]] | None = None
     dropped_duplicates: int = 0
+    trust_the_flag: bool = False  # price like a ledger that ignores §7.1.1
 
     def add(self, raw: bytes, status: str = "accepted", reason: str = "") -> int:
         """Chain one input with the decision the test expects; returns its chain index."""
@@ -246,7 +260,7 @@ class ExportBuilder:
 
     def chain(self) -> list[Chained]:
         """Sign a LedgerRecord per input (prices through ``Pricer``)."""
-        pricer = Pricer(self.terms)
+        pricer = Pricer(self.terms, trust_the_flag=self.trust_the_flag)
         prev = ZERO_HASH
         for index, item in enumerate(self.items):
             opened = open_envelope(item.raw)

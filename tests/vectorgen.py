@@ -22,7 +22,7 @@ import msgspec
 from devtools import builders as b
 from proto import merkle
 from proto.cosign import cosign
-from proto.envelope import Envelope, encode_envelope, open_envelope
+from proto.envelope import Envelope, encode_envelope, open_envelope, sign_payload
 from proto.errors import ProtoError
 from proto.frontier import Frontier
 from proto.keys import SigningKey, key_id
@@ -418,7 +418,91 @@ def scenario_vectors() -> Any:
     }
 
 
+def health_vectors() -> Any:
+    """SPEC §7.1.1: samples flagged healthy whose evidence says otherwise, folded; the
+    canonical bytes of a sample with evidence; evidence that must be refused."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    terms = _terms(cast)
+    gpu0, gpu1 = [g for g in terms.gpus if g.node_id == "node-a"]
+    a = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a")
+    events: list[tuple[str, list[Any]]] = [
+        (
+            "seq 0 sets the retired baseline (2 pages on GPU 0)",
+            [b.sample(gpu0, retired_pages=2), b.sample(gpu1)],
+        ),
+        (
+            "GPU 0: XID 79, flagged healthy",
+            [b.sample(gpu0, xids=[79], retired_pages=2), b.sample(gpu1)],
+        ),
+        (
+            "GPU 0: 3 uncorrectable ECC errors",
+            [b.sample(gpu0, ecc_uncorrectable=3, retired_pages=2), b.sample(gpu1)],
+        ),
+        ("GPU 0: retired pages 2 -> 3", [b.sample(gpu0, retired_pages=3), b.sample(gpu1)]),
+        ("GPU 1: not present", [b.sample(gpu0, retired_pages=3), b.sample(gpu1, present=False)]),
+        (
+            "GPU 1: 0 W; GPU 0: XID 31 (not critical)",
+            [b.sample(gpu0, xids=[31], retired_pages=3), b.sample(gpu1, power_mw=0)],
+        ),
+    ]
+    inputs = [b.signed_terms(cast, terms)]
+    for i, (_, samples) in enumerate(events):
+        inputs.append(a.event(WS + i * 10 * MINUTE, WS + (i + 1) * 10 * MINUTE, samples))
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, raw in enumerate(inputs):
+        (outcome,) = fold.apply(raw, f"health:{i}", None)
+        assert outcome.record is not None and outcome.status == "accepted"
+        opened = open_envelope(raw)
+        steps.append(
+            {
+                "note": "terms" if i == 0 else events[i - 1][0],
+                "signed_bytes_utf8": opened.payload.decode(),
+                "envelope_b64": _b64(raw),
+                "delivered_mgms": outcome.record.delivered_mgms,
+            }
+        )
+    totals = fold.totals("pl-vector")
+    assert totals is not None
+
+    base = a.event(WS + HOUR, WS + HOUR + MINUTE, [b.sample(gpu0)])
+    body = open_envelope(base).payload
+    key = cast.node_key("node-a")
+
+    def signed(payload: bytes) -> bytes:
+        return encode_envelope(sign_payload(payload, [key]))
+
+    uuid_field = f'"uuid":"{gpu0.uuid}"'.encode()
+    too_many = ",".join(str(x) for x in range(17))
+    cases = {
+        "evidence field written at its default": body.replace(
+            b'"utilisation_pct":', b'"present":true,"utilisation_pct":'
+        ),
+        "17 XID codes": body.replace(uuid_field, uuid_field + f',"xids":[{too_many}]'.encode()),
+        "negative XID code": body.replace(uuid_field, uuid_field + b',"xids":[-1]'),
+    }
+    rejections = []
+    for name, payload in cases.items():
+        raw = signed(payload)
+        try:
+            open_envelope(raw)
+        except ProtoError as exc:
+            rejections.append({"name": name, "envelope_b64": _b64(raw), "reason": exc.reason.value})
+        else:  # pragma: no cover - a vector that decodes is a generator bug
+            raise AssertionError(f"vector {name!r} decodes")
+    return {
+        "critical_xids": [48, 63, 64, 74, 79, 92, 94, 95],
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "totals": msgspec.structs.asdict(totals),
+        "rejections": rejections,
+    }
+
+
 GENERATORS: dict[str, Callable[[], Any]] = {
+    "health.json": health_vectors,
     "keys.json": keys_vectors,
     "records.json": records_vectors,
     "rejections.json": rejections_vectors,

@@ -44,6 +44,10 @@ TOTAL_FIELDS: Final = (
     "desk_receives_minor",
 )
 
+# SPEC §7.1 "Health from evidence": a sample with one of these XIDs never counts.
+CRITICAL_XIDS: Final = (48, 63, 64, 74, 79, 92, 94, 95)
+_CRITICAL_XIDS_SQL: Final = "[" + ", ".join(str(x) for x in CRITICAL_XIDS) + "]::BIGINT[]"
+
 _MGMS_PER_GPU_HOUR: Final = proto_limits.MILLI_GPU_MS_PER_GPU_HOUR
 _BPS: Final = proto_limits.MAX_BPS
 
@@ -55,7 +59,9 @@ WORK_TABLES: Final = (
     "CREATE TABLE w_gpus(uuid VARCHAR, share_milli BIGINT)",
     "CREATE TABLE w_usage(chain_index BIGINT, node_id VARCHAR, seq BIGINT, "
     "record_hash VARCHAR, start_ms BIGINT, end_ms BIGINT)",
-    "CREATE TABLE w_samples(chain_index BIGINT, uuid VARCHAR, allocated BOOLEAN, healthy BOOLEAN)",
+    "CREATE TABLE w_samples(chain_index BIGINT, uuid VARCHAR, allocated BOOLEAN, healthy BOOLEAN, "
+    "power_mw BIGINT, xids BIGINT[], ecc_uncorrectable BIGINT, retired_pages BIGINT, "
+    "present BOOLEAN)",
     "CREATE TABLE w_reclaim(chain_index BIGINT, issued_at_ms BIGINT, effective_at_ms BIGINT)",
     "CREATE TABLE w_adjust(chain_index BIGINT, adjustment_id VARCHAR, direction VARCHAR, "
     "amount_minor BIGINT, accepted BOOLEAN)",
@@ -110,6 +116,17 @@ WITH t AS (SELECT * FROM w_terms LIMIT 1),
 rc AS (SELECT chain_index AS rc_index, issued_at_ms, effective_at_ms
        FROM w_reclaim ORDER BY chain_index LIMIT 1),
 cl AS (SELECT min(chain_index) AS cl_index FROM w_close),
+hs AS (  -- §7.1 health from evidence, whatever the flag; retired pages: growth over the
+         -- highest count of the stream's earlier accepted samples of that GPU (not at seq 0)
+    SELECT s.chain_index, s.uuid,
+           s.allocated AND s.healthy AND s.present AND s.power_mw > 0
+           AND s.ecc_uncorrectable = 0
+           AND NOT list_has_any(s.xids, {_CRITICAL_XIDS_SQL})
+           AND (u.seq = 0 OR s.retired_pages <= COALESCE(MAX(s.retired_pages) OVER (
+                    PARTITION BY u.node_id, s.uuid ORDER BY s.chain_index
+                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)) AS counts
+    FROM w_samples s JOIN w_usage u USING (chain_index)
+),
 ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded))
     SELECT u.chain_index,
            SUM(g.share_milli::HUGEINT * GREATEST(0,
@@ -117,7 +134,7 @@ ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded)
                                     THEN rc.effective_at_ms ELSE t.we END)
                - GREATEST(u.start_ms, t.ws))) AS d_i
     FROM w_usage u
-    JOIN w_samples s ON s.chain_index = u.chain_index AND s.allocated AND s.healthy
+    JOIN hs s ON s.chain_index = u.chain_index AND s.counts
     JOIN w_gpus g ON g.uuid = s.uuid
     CROSS JOIN t LEFT JOIN rc ON TRUE
     GROUP BY u.chain_index

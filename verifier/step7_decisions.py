@@ -75,7 +75,20 @@ def decide(
         run.work.usage.append(
             (index, record.node_id, record.seq, opened.record_hash, record.start_ms, record.end_ms)
         )
-        run.work.samples.extend((index, s.uuid, s.allocated, s.healthy) for s in record.samples)
+        run.work.samples.extend(
+            (
+                index,
+                s.uuid,
+                s.allocated,
+                s.healthy,
+                s.power_mw,
+                list(s.xids),
+                s.ecc_uncorrectable,
+                s.retired_pages,
+                s.present,
+            )
+            for s in record.samples
+        )
     elif isinstance(record, ReclaimNotice):
         run.con.execute(
             "INSERT INTO w_reclaim VALUES (?, ?, ?)",
