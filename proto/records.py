@@ -239,9 +239,9 @@ class LedgerRecord(Struct, frozen=True, forbid_unknown_fields=True, tag="record"
 class Statement(Struct, frozen=True, forbid_unknown_fields=True, tag="statement", tag_field="type"):
     """Ledger: the cumulative obligation through record ``through_index`` (hash ``head``).
 
-    ``period`` (SPEC §8, "Statement periods"): 0 through the close; each record after the close opens the next
-    period. ``previous``: ZERO_HASH in period 0, else the record hash of the last record of
-    the period before (``through_index - 1``).
+    ``period`` (SPEC §8, "Statement periods"): 0 through the close; each record after the
+    close opens the next period. ``previous``: ZERO_HASH in period 0, else the record hash
+    of the last record of the period before (``through_index - 1``).
     """
 
     placement_id: Identifier
