@@ -49,6 +49,7 @@ def export_json(report: ExportReport) -> dict[str, Any]:
         "totals": report.totals,
         "counts": report.counts,
         "checkpoints": report.checkpoints,
+        "periods": report.periods,
         "elapsed_s": round(report.elapsed_s, 3),
         "findings": findings_json(report.findings),
     }
@@ -80,6 +81,12 @@ def render_export(report: ExportReport) -> list[str]:
             f"{format_minor(t['buyer_owes_minor'], scale)} {money}, operator receives "
             f"{format_minor(t['operator_receives_minor'], scale)} {money}, desk receives "
             f"{format_minor(t['desk_receives_minor'], scale)} {money}"
+        ] + [
+            f"  period {p['period']} (through record {p['through_index']}"
+            f"{', latest' if p['latest'] else ''}): buyer owes "
+            f"{format_minor(int(str(p['buyer_owes_minor'])), scale)} {money}"
+            for p in report.periods
+            if len(report.periods) > 1
         ]
     lines = [
         f"FAIL: {report.path}: placement {report.placement_id or '?'}: "

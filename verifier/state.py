@@ -45,6 +45,9 @@ class ExportReport:
     parties: dict[str, str] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    # SPEC §8 statement periods with a final statement: period, through_index, totals,
+    # and ``latest`` on the last one.
+    periods: list[dict[str, object]] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     @property
