@@ -420,3 +420,42 @@ def test_an_amendment_before_usage_replaces_the_terms(tmp_path: Path) -> None:
     assert not report.findings, explain(report)
     statement = open_envelope(b.statement(len(inputs) - 1)).record
     assert isinstance(statement, Statement) and statement.totals.gross_minor == 300
+
+
+def test_the_ledger_opens_a_period_for_a_late_charge_and_the_export_verifies(
+    tmp_path: Path,
+) -> None:
+    """End to end: a running ledger closes, the buyer signs a late charge, the export's
+    statements are period 0 (through the close) and period 1 (previous = the close record)."""
+    from test_ledger_scenario import build_scenario, local_service, publish_scenario_local
+
+    from ledger.export import export_placement
+
+    scenario = build_scenario("late-charge", placements=1, nodes=1, events=3)
+    pid = scenario.placement_ids[0]
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    try:
+        assert list(service.run_until_idle().closed) == [pid]
+        close = service.store.close_index(pid)
+        assert close is not None
+        late = adjustment(
+            scenario.cast, pid, "late-1", "charge", 500, T0, signers=[scenario.cast.buyer]
+        )
+        publish_scenario_local(tmp_path / "spool", [(pid, "publish-buyer", late)])
+        service.run_until_idle()
+        out = tmp_path / f"{pid}.duckdb"
+        export_placement(service.store, pid, out, key=scenario.cast.ledger)
+        close_hash = service.store.record_hash_at(pid, close)
+    finally:
+        service.close()
+    with duckdb.connect(str(out), read_only=True) as con:
+        rows = con.execute("SELECT envelope FROM statements ORDER BY through_index").fetchall()
+    statements = [open_envelope(bytes(r[0])).record for r in rows]
+    assert [(s.period, s.previous, s.final) for s in statements if isinstance(s, Statement)] == [
+        (0, "0" * 64, True),
+        (1, close_hash, True),
+    ]
+    report = verify(out, scenario.cast.trust())
+    assert not report.findings, explain(report)
+    assert [(p["period"], p["latest"]) for p in report.periods] == [(0, False), (1, True)]
