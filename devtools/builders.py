@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from proto.envelope import seal
 from proto.keys import SigningKey
 from proto.records import (
@@ -138,6 +140,20 @@ def signed_terms(cast: Cast, terms: PlacementTerms) -> bytes:
     return seal(terms, [cast.operator, cast.buyer, cast.desk])
 
 
+def amendment(terms: PlacementTerms, **changes: Any) -> PlacementTerms:
+    """An amendment of ``terms`` (SPEC §6.3 terms): version + 1, ``supersedes`` = the
+    record hash of ``terms``, and the given fields changed. Sign it with ``signed_terms``."""
+    from proto.canonical import signed_bytes
+    from proto.envelope import sha256_hex
+
+    fields: dict[str, Any] = {
+        "version": terms.version + 1,
+        "supersedes": sha256_hex(signed_bytes(terms)),
+        **changes,
+    }
+    return msgspec.structs.replace(terms, **fields)
+
+
 def sample(
     gpu_spec: GpuSpec,
     *,
@@ -225,8 +241,10 @@ def adjustment(
     issued_at_ms: int,
     reference: str = "",
     reason: str = "desk adjustment",
+    signers: Sequence[SigningKey] | None = None,
 ) -> bytes:
-    """A desk-signed adjustment."""
+    """An adjustment signed as SPEC §4.0 requires: a charge by the buyer and the desk
+    (desk optional), a credit by the operator and the desk; ``signers`` overrides."""
     record = Adjustment(
         placement_id=placement_id,
         adjustment_id=adjustment_id,
@@ -236,7 +254,10 @@ def adjustment(
         reason=reason,
         issued_at_ms=issued_at_ms,
     )
-    return seal(record, [cast.desk])
+    if signers is None:
+        payer = cast.buyer if direction == "charge" else cast.operator
+        signers = [payer, cast.desk]
+    return seal(record, list(signers))
 
 
 def key_binding(
@@ -247,8 +268,10 @@ def key_binding(
     valid_from_ms: int,
     valid_until_ms: int,
     issued_at_ms: int,
+    signers: Sequence[SigningKey] | None = None,
 ) -> bytes:
-    """An operator-signed node key binding (rotation or revocation)."""
+    """A node key binding (rotation or revocation) signed by the operator and the buyer
+    (SPEC §4.0; a revocation needs only the operator); ``signers`` overrides."""
     record = NodeKeyBinding(
         placement_id=placement_id,
         node_id=node_id,
@@ -257,7 +280,7 @@ def key_binding(
         valid_until_ms=valid_until_ms,
         issued_at_ms=issued_at_ms,
     )
-    return seal(record, [cast.operator])
+    return seal(record, list(signers) if signers is not None else [cast.operator, cast.buyer])
 
 
 def closed(cast: Cast, placement_id: str, closed_at_ms: int) -> bytes:

@@ -8,12 +8,13 @@ so asking twice for the same head returns the same bytes.
 from __future__ import annotations
 
 from ledger.checkpoints import make_checkpoint, merge_cosignature
-from ledger.statements import ledger_record_of, make_statement
+from ledger.statements import ledger_record_of, make_statement, statement_period
 from ledger.store import ChainHead, Store
 from proto.errors import ProtoError
 from proto.keys import SigningKey
 from proto.note import parse_checkpoint_body, parse_note
 from proto.reasons import Reason
+from proto.records import ZERO_HASH
 
 
 class UnknownPlacement(LookupError):
@@ -39,7 +40,15 @@ def issue_statement(store: Store, key: SigningKey, placement_id: str) -> bytes:
     terms = store.terms(placement_id)
     if terms is None:
         raise UnknownPlacement(f"placement {placement_id!r} has no accepted terms")
-    row = make_statement(record, record_hash, terms, final, key)
+    period = statement_period(head.chain_index, close_index)
+    previous = ZERO_HASH
+    if period > 0:
+        # SPEC §8 "Statement periods": the head of the period before.
+        before = store.record_hash_at(placement_id, head.chain_index - 1)
+        if before is None:
+            raise UnknownPlacement(f"placement {placement_id!r}: record {head.chain_index - 1}")
+        previous = before
+    row = make_statement(record, record_hash, terms, final, key, period=period, previous=previous)
     store.add_statement(row)
     return row.envelope
 

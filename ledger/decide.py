@@ -404,19 +404,49 @@ class _Run:
     def _terms(
         self, state: PlacementState, opened: Opened, terms: PlacementTerms
     ) -> dict[str, Any]:
-        if state.terms is not None:
+        accepted = state.terms
+        if accepted is not None:
+            # (1) a re-delivery; (2) not an amendment of the accepted terms: a conflict
             if opened.record_hash == state.terms_record_hash:
                 raise _Drop
-            raise _Reject(Reason.TERMS_CONFLICT, "the placement already has other terms")
-        _require(opened, party_keys(terms))
+            if not (
+                terms.version == accepted.version + 1
+                and terms.supersedes == state.terms_record_hash
+            ):
+                raise _Reject(
+                    Reason.TERMS_CONFLICT,
+                    "the placement already has other terms, and these do not amend them",
+                )
+            # (3) an amendment: the accepted terms' three parties sign it
+            _require(opened, party_keys(accepted))
+            same = (terms.operator, terms.buyer, terms.desk, terms.ledger_key) == (
+                accepted.operator,
+                accepted.buyer,
+                accepted.desk,
+                accepted.ledger_key,
+            )
+            if not same:
+                raise _Reject(
+                    Reason.TERMS_INVALID, "an amendment names other parties or another ledger"
+                )
+        else:
+            _require(opened, party_keys(terms))
         problems = validate_terms(terms)
+        if accepted is None and terms.version != 1:
+            problems.append(f"version {terms.version}: no terms were accepted to amend")
         if problems:
             raise _Reject(Reason.TERMS_INVALID, "; ".join(problems))
         if terms.ledger_key != self.ledger_key:
             raise _Reject(Reason.TERMS_INVALID, "ledger_key names another ledger")
+        if accepted is not None and _priced(state):
+            raise _Reject(
+                Reason.AMENDMENT_TOO_LATE,
+                "usage, a reclaim, an adjustment or the close was already accepted",
+            )
         over = None if self.claims is None else oversold(terms, self.claims)
         if over is not None:  # §6.5: capacity is sold once
             raise _Reject(Reason.OVERSOLD, over)
+        # (4) accepted: the terms (or the amendment) in force from here on
         return terms_fields(terms, opened.payload, opened.record_hash)
 
     # §6.3 usage
@@ -527,6 +557,16 @@ class _Run:
         return changes, delivered
 
 
+# §6.3 terms (3): whether anything was priced (an amendment comes too late then).
+def _priced(state: PlacementState) -> bool:
+    return (
+        state.closed
+        or state.reclaimed
+        or len(state.adjustment_ids) > 0
+        or any(stream.next_seq > 0 for stream in state.streams.values())
+    )
+
+
 # §6.2: a usage event waits in its stream
 def _hold_in_stream(
     state: PlacementState, opened: Opened, position: str
@@ -590,8 +630,21 @@ def _close_flush(state: PlacementState) -> tuple[list[Verdict], PlacementState]:
 def _key_binding(
     state: PlacementState, terms: PlacementTerms, opened: Opened, binding: NodeKeyBinding
 ) -> dict[str, Any]:
-    _require(opened, {key_id(terms.operator.key): terms.operator.key})
+    # §4.0: a binding that introduces or extends a key needs the operator and the buyer;
+    # one that only shortens the current binding of (node, key) the operator alone.
     keys = state.bindings.get(binding.node_id)
+    current = None if keys is None else keys.get(binding.key)
+    operator = {key_id(terms.operator.key): terms.operator.key}
+    buyer = {key_id(terms.buyer.key): terms.buyer.key}
+    shortens = (
+        current is not None
+        and binding.valid_from_ms == current[0]
+        and binding.valid_until_ms < current[1]
+    )
+    if shortens:
+        _require(opened, operator, buyer)
+    else:
+        _require(opened, {**operator, **buyer})
     if keys is None:
         raise _Reject(Reason.NODE_UNKNOWN, f"node {binding.node_id!r} is not in the terms")
     if binding.valid_from_ms >= binding.valid_until_ms:
@@ -634,7 +687,12 @@ def _reclaim(
 def _adjustment(
     state: PlacementState, terms: PlacementTerms, opened: Opened, adjustment: Adjustment
 ) -> dict[str, Any]:
-    _require(opened, {key_id(terms.desk.key): terms.desk.key})
+    # §4.0: a charge needs the buyer (the desk may co-sign); a credit the operator and desk.
+    desk = {key_id(terms.desk.key): terms.desk.key}
+    if adjustment.direction == "charge":
+        _require(opened, {key_id(terms.buyer.key): terms.buyer.key}, desk)
+    else:
+        _require(opened, {key_id(terms.operator.key): terms.operator.key, **desk})
     if adjustment.adjustment_id in state.adjustment_ids:
         raise _Reject(Reason.ADJUSTMENT_DUPLICATE, f"{adjustment.adjustment_id} seen before")
     current = state.totals
@@ -671,9 +729,17 @@ def _close(
     return {"closed": True, "totals": _reprice(terms, totals, sla_credit=sla)}
 
 
-# §3 signatures, for the kinds whose signers are named by the terms.
-def _require(opened: Opened, required: dict[str, bytes]) -> None:
-    error = check_signatures(opened.envelope, required).failure()
+# §3 signatures, for the kinds whose signers are named by the terms: every ``required``
+# key signs, a ``permitted`` key may (§4.0 "MAY also sign"), nobody else.
+def _require(
+    opened: Opened, required: dict[str, bytes], permitted: dict[str, bytes] | None = None
+) -> None:
+    if permitted:
+        report = check_signatures(opened.envelope, {**permitted, **required})
+        report.missing = [k for k in report.missing if k in required]
+    else:
+        report = check_signatures(opened.envelope, required)
+    error = report.failure()
     if error is not None:
         raise _Reject(error.reason, error.detail)
 

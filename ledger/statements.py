@@ -14,7 +14,14 @@ import msgspec
 from ledger.store import StatementRow
 from proto.envelope import open_envelope, seal
 from proto.keys import SigningKey, b64
-from proto.records import LedgerRecord, PlacementTerms, Statement
+from proto.records import ZERO_HASH, LedgerRecord, PlacementTerms, Statement
+
+
+def statement_period(through_index: int, close_index: int | None) -> int:
+    """SPEC §8 "Statement periods": 0 through the close, ``i - c`` for record ``i`` after it."""
+    if close_index is None or through_index <= close_index:
+        return 0
+    return through_index - close_index
 
 
 def make_statement(
@@ -23,8 +30,13 @@ def make_statement(
     terms: PlacementTerms,
     final: bool,
     key: SigningKey,
+    *,
+    period: int = 0,
+    previous: str = ZERO_HASH,
 ) -> StatementRow:
-    """Sign the statement through ``record`` (whose payload hash is ``record_hash``)."""
+    """Sign the statement through ``record`` (whose payload hash is ``record_hash``).
+
+    ``period`` and ``previous`` per SPEC §8 "Statement periods" (``statement_period``)."""
     statement = Statement(
         placement_id=record.placement_id,
         through_index=record.index,
@@ -33,6 +45,8 @@ def make_statement(
         currency_scale=terms.currency_scale,
         final=final,
         totals=record.totals,
+        period=period,
+        previous=previous,
     )
     return StatementRow(
         placement_id=record.placement_id,

@@ -579,10 +579,11 @@ class Store:
         ]
 
     def terms(self, placement_id: str) -> PlacementTerms | None:
-        """The placement's accepted terms, decoded from the stored envelope."""
+        """The placement's terms in force: the last accepted (an amendment replaces the
+        terms before it, SPEC §6.3 terms), decoded from the stored envelope."""
         rows = self._rows(
             "SELECT envelope FROM inputs WHERE placement_id = ? AND kind = 'terms' "
-            "AND status = 'accepted' ORDER BY chain_index LIMIT 1",
+            "AND status = 'accepted' ORDER BY chain_index DESC LIMIT 1",
             [placement_id],
         )
         if not rows:
@@ -591,6 +592,14 @@ class Store:
         if not isinstance(record, PlacementTerms):
             raise StoreError(f"stored terms of {placement_id} decode as {type(record).__name__}")
         return record
+
+    def record_hash_at(self, placement_id: str, index: int) -> str | None:
+        """The record hash of record ``index`` of the placement's chain, if it exists."""
+        rows = self._rows(
+            "SELECT record_hash FROM records WHERE placement_id = ? AND chain_index = ?",
+            [placement_id, index],
+        )
+        return None if not rows else str(rows[0][0])
 
     def close_index(self, placement_id: str) -> int | None:
         """Chain index of the placement's accepted close, if any."""

@@ -97,6 +97,10 @@ class PlacementTerms(
     settlement_period_ms: Annotated[int, Meta(ge=1, le=limits.MAX_WINDOW_MS)]
     late_grace_ms: Annotated[int, Meta(ge=0, le=limits.MAX_WINDOW_MS)]
     created_at_ms: TimeMs
+    # SPEC §5, §6.3 terms: 1 for the original terms; an amendment carries the version it
+    # replaces plus one and the record hash of those terms (ZERO_HASH for version 1).
+    version: Annotated[int, Meta(ge=1, le=limits.MAX_SAFE_INTEGER)] = 1
+    supersedes: Hash = ZERO_HASH
 
 
 # ---- records from the operator, the nodes and the desk --------------------------
@@ -105,10 +109,12 @@ class PlacementTerms(
 class NodeKeyBinding(
     Struct, frozen=True, forbid_unknown_fields=True, tag="keybinding", tag_field="type"
 ):
-    """Operator: node ``node_id`` signs with ``key`` for usage inside [valid_from, valid_until).
+    """Node ``node_id`` signs with ``key`` for usage inside [valid_from, valid_until).
 
     A later binding of the same (node, key) replaces the earlier one: that is how a key is
-    revoked (``valid_until_ms`` moved back) or rotated (a new key bound).
+    revoked (``valid_until_ms`` moved back) or rotated (a new key bound). Signed by the
+    operator and the buyer; a revocation (it only shortens) by the operator alone may do
+    (SPEC §4).
     """
 
     placement_id: Identifier
@@ -175,7 +181,11 @@ class ReclaimNotice(
 class Adjustment(
     Struct, frozen=True, forbid_unknown_fields=True, tag="adjustment", tag_field="type"
 ):
-    """Desk: a credit to the buyer or a charge, appended; never a rewrite."""
+    """A credit to the buyer or a charge, appended; never a rewrite.
+
+    Signed by the parties it costs (SPEC §4): a charge by the buyer, a credit by the
+    operator and the desk; the desk may co-sign a charge.
+    """
 
     placement_id: Identifier
     adjustment_id: Identifier
@@ -239,7 +249,12 @@ class LedgerRecord(Struct, frozen=True, forbid_unknown_fields=True, tag="record"
 
 
 class Statement(Struct, frozen=True, forbid_unknown_fields=True, tag="statement", tag_field="type"):
-    """Ledger: the cumulative obligation through record ``through_index`` (hash ``head``)."""
+    """Ledger: the cumulative obligation through record ``through_index`` (hash ``head``).
+
+    ``period`` (SPEC §8, "Statement periods"): 0 through the close; each record after the
+    close opens the next period. ``previous``: ZERO_HASH in period 0, else the record hash
+    of the last record of the period before (``through_index - 1``).
+    """
 
     placement_id: Identifier
     through_index: NonNegInt
@@ -248,6 +263,8 @@ class Statement(Struct, frozen=True, forbid_unknown_fields=True, tag="statement"
     currency_scale: Annotated[int, Meta(ge=0, le=9)]
     final: bool
     totals: Totals
+    period: NonNegInt = 0
+    previous: Hash = ZERO_HASH
 
 
 class Checkpoint(

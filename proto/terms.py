@@ -29,7 +29,7 @@ from proto.envelope import (
 from proto.errors import ProtoError
 from proto.files import read_at_most
 from proto.keys import key_id, load_public_key
-from proto.records import PlacementTerms
+from proto.records import ZERO_HASH, PlacementTerms
 
 # ISO 4217 minor units of the currencies the ledger knows. A terms' currency_scale must be
 # at least the ISO minor units (no rounding of real money) and at most 9.
@@ -117,6 +117,9 @@ def validate_terms(terms: PlacementTerms) -> list[str]:
         problems.append(
             f"S * (window + reclaim_notice) + increment * 1000 = {reach} exceeds 2^53 - 1"
         )
+    # §5 rule 7: the amendment link.
+    if (terms.version == 1) != (terms.supersedes == ZERO_HASH):
+        problems.append("version 1 exactly when supersedes is ZERO_HASH")
     return problems
 
 

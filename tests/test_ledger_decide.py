@@ -367,9 +367,12 @@ def test_an_event_beyond_a_gap_waits_and_creates_no_stream() -> None:
 # Snapshot bytes and outcomes over the seeded streams of tests/test_ledger_fold.py, terms
 # first and terms sixth. Pinned to the fold before it became ``decide`` (commit 2218ddb),
 # and re-pinned once, on purpose, when SPEC §6.2 stream holds and §6.3 taken seqs
-# changed what a gap or a rejected event does. Any other change here is a regression.
-OLD_SNAPSHOTS_SHA256: Final = "959831df5bf039b4e6945436260d4981bacaf46d8a9ae84152a8983964834626"
-OLD_OUTCOMES_SHA256: Final = "0b0a7ae44e5fee04fd1c1bfdffbc3ebd2ca6cbd62c94ba1ebe0f78db767bf1b0"
+# changed what a gap or a rejected event does, and again when the terms gained `version`
+# and `supersedes` and adjustments and key bindings their SPEC §4.0 signers (new bytes:
+# the decisions stay those of the old pin — the same counts per decision and reason).
+# Any other change here is a regression.
+OLD_SNAPSHOTS_SHA256: Final = "54e841e2df334acfe1209762549184dded0ecbe5056a094df85a7f68064a551b"
+OLD_OUTCOMES_SHA256: Final = "905490c70abf241abc73aefe2dc1775670f31ccb57b66a3ddc78e80bbe79513f"
 
 
 def test_snapshot_bytes_and_outcomes_match_the_fold_before_decide() -> None:

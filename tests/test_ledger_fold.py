@@ -349,7 +349,9 @@ def test_key_rotation_and_revocation() -> None:
     unsigned_by_operator = b.key_binding(s.cast, PID, "node-a", new_key, 0, WS, WS)
     opened = open_envelope(unsigned_by_operator)
     by_buyer = encode_envelope(sign_payload(opened.payload, [s.cast.buyer]))
-    rejected(s.one(by_buyer), Reason.SIG_SURPLUS)
+    rejected(s.one(by_buyer), Reason.SIG_MISSING)  # SPEC §4.0: operator and buyer
+    with_desk = encode_envelope(sign_payload(opened.payload, [s.cast.buyer, s.cast.desk]))
+    rejected(s.one(with_desk), Reason.SIG_SURPLUS)
 
 
 def _stream_prev(s: Scenario) -> str:

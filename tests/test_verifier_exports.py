@@ -363,6 +363,17 @@ class ExportBuilder:
         """The ledger-signed statement through record ``through``."""
         record = self.items[through].record
         assert record is not None
+        close = next(
+            (
+                i
+                for i, item in enumerate(self.items)
+                if open_envelope(item.raw).kind == "closed" and item.status == "accepted"
+            ),
+            None,
+        )
+        # SPEC §8 statement periods: 0 through the close, each later record its own.
+        period = 0 if close is None or through <= close else through - close
+        before = self.items[through - 1].record if period else None
         fields: dict[str, Any] = {
             "placement_id": self.terms.placement_id,
             "through_index": through,
@@ -371,6 +382,8 @@ class ExportBuilder:
             "currency_scale": self.terms.currency_scale,
             "final": self.is_final(through),
             "totals": record.totals,
+            "period": period,
+            "previous": ZERO_HASH if before is None else sha256_hex(signed_bytes(before)),
         }
         fields.update(changes)
         return seal(Statement(**fields), [key or self.cast.ledger])

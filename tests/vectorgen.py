@@ -22,12 +22,12 @@ import msgspec
 from devtools import builders as b
 from proto import merkle
 from proto.cosign import cosign
-from proto.envelope import Envelope, encode_envelope, open_envelope, sign_payload
+from proto.envelope import Envelope, encode_envelope, open_envelope, seal, sign_payload
 from proto.errors import ProtoError
 from proto.frontier import Frontier
 from proto.keys import SigningKey, key_id
 from proto.note import checkpoint_body, checkpoint_origin, sign_note
-from proto.records import Checkpoint, PlacementTerms
+from proto.records import ZERO_HASH, Checkpoint, PlacementTerms
 
 VECTORS_DIR = Path(__file__).resolve().parent.parent / "proto" / "vectors"
 WS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -501,8 +501,88 @@ def health_vectors() -> Any:
     }
 
 
+def authority_vectors() -> Any:
+    """SPEC §4.0, §6.3 terms and §8 statement periods: who may sign what, amendments, and
+    the statements of period 0 and of the period a late charge opens."""
+    from ledger.fold import Fold
+    from ledger.statements import make_statement
+
+    cast = _cast()
+    pid = "pl-authority"
+    terms = b.make_terms(cast, pid, [b.gpu("node-a", 0)], WS, WS + HOUR)
+    a = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+    rival = b.make_terms(cast, pid, terms.gpus, WS, WS + HOUR, rate_per_gpu_hour_minor=490)
+    amended = b.amendment(terms, rate_per_gpu_hour_minor=300)
+    new_key = SigningKey.from_seed_text("node-a-2", "vectors/node-a-2")
+    op, buyer, desk = cast.operator, cast.buyer, cast.desk
+
+    def adj(adjustment_id: str, direction: str, signers: list[SigningKey]) -> bytes:
+        return b.adjustment(cast, pid, adjustment_id, direction, 25, WS, signers=signers)
+
+    def bind(valid_from: int, until: int, signers: list[SigningKey]) -> bytes:
+        return b.key_binding(cast, pid, "node-a", new_key, valid_from, until, WS, signers=signers)
+
+    cases: list[tuple[str, bytes]] = [
+        ("terms, version 1", b.signed_terms(cast, terms)),
+        ("other fully signed terms, no amendment link", b.signed_terms(cast, rival)),
+        ("amendment signed by operator and buyer only", seal(amended, [op, buyer])),
+        ("amendment (version 2), all three sign", b.signed_terms(cast, amended)),
+        ("new node key, operator alone", bind(WS, WS + HOUR, [op])),
+        ("new node key, operator and buyer", bind(WS, WS + HOUR, [op, buyer])),
+        ("revocation (shortens), operator alone", bind(WS, WS + 30 * MINUTE, [op])),
+        ("charge, desk alone", adj("c-desk", "charge", [desk])),
+        ("credit, desk alone", adj("r-desk", "credit", [desk])),
+        ("credit, operator alone", adj("r-op", "credit", [op])),
+        ("charge, buyer and desk", adj("c-1", "charge", [buyer, desk])),
+        ("credit, operator and desk", adj("r-1", "credit", [op, desk])),
+        ("usage", a.event(WS, WS + 10 * MINUTE, [b.sample(terms.gpus[0])])),
+        ("amendment after usage", b.signed_terms(cast, b.amendment(amended, desk_fee_bps=0))),
+        ("close", b.closed(cast, pid, WS + 2 * HOUR)),
+        ("charge after the close, buyer alone", adj("c-late", "charge", [buyer])),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    records = []
+    for i, (name, raw) in enumerate(cases):
+        outcomes = fold.apply(raw, f"vector:{i}", None)
+        steps.append(
+            {
+                "name": name,
+                "envelope_b64": _b64(raw),
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+        records += [(o.record, o.record_hash) for o in outcomes if o.record is not None]
+    final_terms = fold.terms(pid)
+    assert final_terms is not None
+    close = next(i for i, (r, _) in enumerate(records) if r.kind == "closed")
+    statements = []
+    for through in (close, len(records) - 1):
+        record, record_hash = records[through]
+        period = through - close
+        previous = records[through - 1][1] if period else ZERO_HASH
+        row = make_statement(
+            record, record_hash, final_terms, True, cast.ledger, period=period, previous=previous
+        )
+        statements.append({"period": period, "envelope_b64": _b64(row.envelope)})
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "statements": statements,
+    }
+
+
 GENERATORS: dict[str, Callable[[], Any]] = {
     "health.json": health_vectors,
+    "authority.json": authority_vectors,
     "keys.json": keys_vectors,
     "records.json": records_vectors,
     "rejections.json": rejections_vectors,

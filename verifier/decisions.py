@@ -130,8 +130,16 @@ class Referee:
     bound_ids: dict[str, dict[str, list[bytes]]] = field(default_factory=dict)
     streams: dict[str, _Stream] = field(default_factory=dict)
     operator_required: dict[str, bytes] = field(default_factory=dict)
+    buyer_required: dict[str, bytes] = field(default_factory=dict)
     desk_required: dict[str, bytes] = field(default_factory=dict)
     ledger_required: dict[str, bytes] = field(default_factory=dict)
+    # §6.3 terms (3): something was priced (usage, reclaim, adjustment or close accepted);
+    # an amendment comes too late from then on.
+    priced: bool = False
+    # §6.3 terms: chain indices of TERMS_CONFLICT inputs that the accepted terms' three
+    # parties all signed (TERMS_DISPUTED), with their versions, for step (7) to report.
+    disputes: list[tuple[int, str]] = field(default_factory=list)
+    _index: int = -1
     # SPEC §6.2: an event beyond its stream's next seq waits; it may be chained only as a
     # SEQ_GAP rejection in the close flush, right before an accepted close, in (node, seq)
     # order. The candidates seen since the last other input: (index, node_id, seq).
@@ -150,6 +158,7 @@ class Referee:
         stream rules forbid is kept in ``violations`` once it is known (``finish``).
         """
         self._gap = False
+        self._index = index
         verdict = self._decide(opened, duplicate)
         record = opened.record
         if self._gap and isinstance(record, UsageEvent):
@@ -221,7 +230,7 @@ class Referee:
             case ReclaimNotice():
                 return self._reclaim(opened, record, terms)
             case Adjustment():
-                return self._adjustment(opened)
+                return self._adjustment(opened, record)
             case PlacementClosed():
                 return self._closed(opened, record, terms)
         return Verdict(QUARANTINED, Reason.KIND_MISMATCH.value)
@@ -229,36 +238,79 @@ class Referee:
     # ---- per kind (SPEC §6.3) -----------------------------------------------------------
 
     def _terms(self, opened: OpenResult, terms: PlacementTerms) -> Verdict:
-        if self.terms is not None:
+        accepted = self.terms
+        if accepted is not None:
+            parties = (accepted.operator, accepted.buyer, accepted.desk)
+            # 1. a re-delivery of the accepted terms
             if opened.record_hash == self.terms_record_hash:
                 return Verdict(DROPPED, Reason.DUPLICATE.value)
-            return _reject(Reason.TERMS_CONFLICT)
+            # 2. not version + 1 linked to the accepted terms: a conflict; disputed when
+            # the accepted terms' three parties all signed it validly
+            if (terms.version, terms.supersedes) != (accepted.version + 1, self.terms_record_hash):
+                signed_by = {s.key for s in opened.sigs if s.outcome == SIG_VALID}
+                if all(p.key in signed_by for p in parties):
+                    self.disputes.append((self._index, f"version {terms.version}"))
+                return _reject(Reason.TERMS_CONFLICT)
+            # 3. an amendment: the same three parties sign it, name themselves and the ledger
+            # again, follow §5, and come before anything was priced
+            failure = signer_failure(opened.sigs, required_of(p.key for p in parties))
+            if failure is not None:
+                return _reject(failure)
+            if (terms.operator, terms.buyer, terms.desk, terms.ledger_key) != (
+                *parties,
+                accepted.ledger_key,
+            ) or broken_rules(terms):
+                return _reject(Reason.TERMS_INVALID)
+            if self.priced:
+                return _reject(Reason.AMENDMENT_TOO_LATE)
+            # 4. accepted: the amendment replaces the terms; bindings start again from its
+            # nodes, streams (and their taken seqs) stay
+            self.bindings = {}
+            self.bound_ids = {}
+            return self._install(opened, terms)
         failure = signer_failure(
             opened.sigs, required_of((terms.operator.key, terms.buyer.key, terms.desk.key))
         )
         if failure is not None:
             return _reject(failure)
-        # §5 rules 1-5 (the verifier's own transcription, ``verifier/terms_rules.py``), and
-        # rule 6: the terms name the ledger that folds (and signs) this chain.
-        if broken_rules(terms) or terms.ledger_key != self.ledger_key:
+        # §5 rules 1-5 and 7 (the verifier's own transcription, ``verifier/terms_rules.py``),
+        # rule 6: the terms name the ledger that folds (and signs) this chain; and the first
+        # terms are version 1.
+        if broken_rules(terms) or terms.ledger_key != self.ledger_key or terms.version != 1:
             return _reject(Reason.TERMS_INVALID)
+        return self._install(opened, terms)
+
+    def _install(self, opened: OpenResult, terms: PlacementTerms) -> Verdict:
+        """§6.3 terms, "Accepted" (and an accepted amendment, step 4)."""
         self.terms = terms
         self.terms_record_hash = opened.record_hash
         self.effective_end_ms = terms.window_end_ms
         self.gpus = {g.uuid: g for g in terms.gpus}
         self.operator_required = required_of((terms.operator.key,))
+        self.buyer_required = required_of((terms.buyer.key,))
         self.desk_required = required_of((terms.desk.key,))
         for node in terms.nodes:
             self.bindings[node.node_id] = {node.key: (0, _FOREVER_MS)}
             self.bound_ids[node.node_id] = {key_id(node.key): [node.key]}
-            self.streams[node.node_id] = _Stream()
+            self.streams.setdefault(node.node_id, _Stream())
         return _OK
 
     def _operator_signed(self, opened: OpenResult) -> Reason | None:
         return signer_failure(opened.sigs, self.operator_required)
 
     def _keybinding(self, opened: OpenResult, binding: NodeKeyBinding) -> Verdict:
-        failure = self._operator_signed(opened)
+        # §4.0: a binding that only shortens the current one of (node, key) — same
+        # valid_from, earlier valid_until — needs the operator (the buyer may co-sign);
+        # anything else introduces or extends a key: operator and buyer.
+        current = self.bindings.get(binding.node_id, {}).get(binding.key)
+        if (
+            current is not None
+            and binding.valid_from_ms == current[0]
+            and binding.valid_until_ms < current[1]
+        ):
+            failure = signer_failure(opened.sigs, self.operator_required, self.buyer_required)
+        else:
+            failure = signer_failure(opened.sigs, {**self.operator_required, **self.buyer_required})
         if failure is not None:
             return _reject(failure)
         if binding.node_id not in self.bindings:
@@ -311,6 +363,7 @@ class Referee:
         stream.last_hash = opened.record_hash
         stream.last_end_ms = event.end_ms
         self.max_usage_end_ms = max(self.max_usage_end_ms, event.end_ms)
+        self.priced = True
         return _OK
 
     def _usage_content(
@@ -358,12 +411,29 @@ class Referee:
             return _reject(Reason.RECLAIM_BEHIND_USAGE)
         self.reclaimed = True
         self.effective_end_ms = effective_ms
+        self.priced = True
         return _OK
 
-    def _adjustment(self, opened: OpenResult) -> Verdict:
-        failure = signer_failure(opened.sigs, self.desk_required)
+    def _adjustment(self, opened: OpenResult, adjustment: Adjustment) -> Verdict:
+        # §4.0: a charge costs the buyer (the desk may co-sign), a credit the operator and
+        # the desk.
+        if adjustment.direction == "charge":
+            failure = signer_failure(opened.sigs, self.buyer_required, self.desk_required)
+        else:
+            failure = signer_failure(opened.sigs, {**self.operator_required, **self.desk_required})
         if failure is not None:
             return _reject(failure)
+        if not self.priced and self.terms is not None:
+            # Whether this adjustment is accepted decides whether a later amendment is
+            # too late (§6.3 terms (3)). Nothing is priced, so every total before it is 0:
+            # only a charge can pass 2^53 - 1, through the buyer's fee (§7.6, §7.7).
+            amount = adjustment.amount_minor
+            buyer_pays = amount + amount * self.terms.desk_fee_bps // 10_000
+            self.priced = not (
+                adjustment.direction == "charge"
+                and self.terms.fee_payer == "buyer"
+                and buyer_pays > proto_limits.MAX_SAFE_INTEGER
+            )
         return Verdict(PENDING)
 
     def _closed(self, opened: OpenResult, close: PlacementClosed, terms: PlacementTerms) -> Verdict:
@@ -373,6 +443,7 @@ class Referee:
         if close.closed_at_ms < terms.window_end_ms + terms.late_grace_ms:
             return _reject(Reason.CLOSE_INVALID)
         self.closed = True
+        self.priced = True
         return _OK
 
 

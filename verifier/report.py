@@ -67,6 +67,7 @@ def export_json(report: ExportReport) -> dict[str, Any]:
         "totals": report.totals,
         "counts": report.counts,
         "checkpoints": report.checkpoints,
+        "periods": report.periods,
         "elapsed_s": round(report.elapsed_s, 3),
         "findings": findings_json(report.findings),
     }
@@ -101,15 +102,24 @@ def render_export(report: ExportReport) -> list[str]:
             f"receives {format_minor(t['desk_receives_minor'], scale)} {money}"
         )
         records = f"{report.counts.get('records', 0)} records through index {report.head_index}"
+        periods = [
+            f"  period {p['period']} (through record {p['through_index']}"
+            f"{', latest' if p['latest'] else ''}): buyer owes "
+            f"{format_minor(int(str(p['buyer_owes_minor'])), scale)} {money}"
+            for p in report.periods
+            if len(report.periods) > 1
+        ]
         if report.is_final:
             witnesses = ", ".join(report.witnessed_by) or "no witness required by the trust file"
             return [
                 f"OK: {report.path}: placement {report.placement_id}, {records} (final, "
-                f"witnessed by {witnesses}); {amounts}"
+                f"witnessed by {witnesses}); {amounts}",
+                *periods,
             ]
         return [
             f"PROVISIONAL: {report.path}: placement {report.placement_id}, {records}; "
-            f"{amounts} so far — not final: {'; '.join(report.provisional)}"
+            f"{amounts} so far — not final: {'; '.join(report.provisional)}",
+            *periods,
         ]
     lines = [
         f"FAIL: {report.path}: placement {report.placement_id or '?'}: "

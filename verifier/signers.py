@@ -18,14 +18,20 @@ def required_of(keys: Iterable[bytes]) -> dict[str, bytes]:
     return {key_id(k): k for k in keys}
 
 
-def signer_failure(sigs: Sequence[SigResult], required: Mapping[str, bytes]) -> Reason | None:
-    """The SPEC §3 reason why ``sigs`` are not exactly the required signers, or None."""
+def signer_failure(
+    sigs: Sequence[SigResult],
+    required: Mapping[str, bytes],
+    permitted: Mapping[str, bytes] | None = None,
+) -> Reason | None:
+    """The SPEC §3 reason why ``sigs`` are not the required signers (plus, optionally, the
+    ``permitted`` ones: SPEC §4.0 "MAY also sign"), or None."""
+    allowed = {**(permitted or {}), **required}
     for sig in sigs:
-        wanted = required.get(sig.keyid)
+        wanted = allowed.get(sig.keyid)
         if wanted is not None and not (sig.outcome == SIG_VALID and sig.key == wanted):
             return Reason.SIG_INVALID
     present = {sig.keyid for sig in sigs}
-    if present - required.keys():
+    if present - allowed.keys():
         return Reason.SIG_SURPLUS
     if required.keys() - present:
         return Reason.SIG_MISSING

@@ -45,6 +45,9 @@ class ExportReport:
     parties: dict[str, str] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    # SPEC §8 statement periods with a final statement: period, through_index, totals,
+    # and ``latest`` on the last one.
+    periods: list[dict[str, object]] = field(default_factory=list)
     elapsed_s: float = 0.0
     # Step (10): "final" (complete, final, witnessed) or "provisional" (verified as far
     # as it goes; ``provisional`` says what is missing). Empty until step (10) ran.

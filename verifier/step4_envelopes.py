@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proto.keys import key_id
-from proto.records import NodeKeyBinding
+from proto.records import NodeKeyBinding, PlacementTerms
 from verifier.findings import Findings, Step
 from verifier.opener import OpenResult, open_one
 from verifier.source import InputRow, RecordRow, blob
@@ -50,6 +50,11 @@ def keyring(run: Verification) -> dict[str, list[bytes]]:
     terms = run.terms
     keys: set[bytes] = {run.ledger_key, *(n.key for n in terms.nodes)}
     keys.update(p.key for p in (terms.operator, terms.buyer, terms.desk))
+    # Node keys of every terms row: an amendment's predecessor bound other nodes (§6.3).
+    for (raw,) in run.source.small_table("terms", "envelope", "chain_index"):
+        opened = open_one(0, blob(raw), {})
+        if isinstance(opened.record, PlacementTerms):
+            keys.update(n.key for n in opened.record.nodes)
     for (raw,) in run.source.small_table("key_bindings", "envelope", "chain_index"):
         opened = open_one(0, blob(raw), {})
         if isinstance(opened.record, NodeKeyBinding):

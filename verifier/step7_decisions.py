@@ -51,6 +51,7 @@ def decide(
     """SPEC §6 for the input at ``index``; compare with what the ledger recorded."""
     verdict = run.referee.decide(opened, index in run.duplicates, index)
     report_stream_violations(run)
+    report_disputes(run)
     claimed = (
         Claim(ledger.status, ledger.reason)
         if ledger is not None
@@ -115,6 +116,21 @@ def report_stream_violations(run: Verification, *, at_end: bool = False) -> None
             violation.message,
         )
     referee.violations.clear()
+
+
+def report_disputes(run: Verification) -> None:
+    """Terms the accepted terms' parties all signed that do not amend them (SPEC §6.3)."""
+    referee = run.referee
+    for index, version in referee.disputes:
+        run.add(
+            Step.DECISIONS,
+            "TERMS_DISPUTED",
+            f"chain_index {index}",
+            "one agreement per placement (amendments: version + 1, supersedes the last)",
+            f"other terms ({version}) signed by operator, buyer and desk",
+            "SPEC §6.3 terms: the parties signed two agreements for one placement",
+        )
+    referee.disputes.clear()
 
 
 def _finding(run: Verification, where: str, verdict: Verdict, claimed: Claim) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proto.keys import key_id
-from proto.records import LedgerRecord, Statement
+from proto.records import ZERO_HASH, LedgerRecord, Statement
 from verifier import limits
 from verifier.findings import Step
 from verifier.opener import OpenResult, open_one
@@ -76,15 +76,14 @@ def check_statements(run: Verification) -> None:
         "desk_receives_minor",
         "through_index",
     )
-    chain_at = _chain_at(
-        run,
-        {int(r[0]) for r in rows if r[0] is not None}
-        | {
-            int(o.record.through_index)
-            for o in (open_one(0, blob(r[1]), {}) for r in rows)
-            if isinstance(o.record, Statement)
-        },
-    )
+    wanted = {int(r[0]) for r in rows if r[0] is not None} | {
+        int(o.record.through_index)
+        for o in (open_one(0, blob(r[1]), {}) for r in rows)
+        if isinstance(o.record, Statement)
+    }
+    # and the record before each: a later period's ``previous`` (SPEC §8)
+    chain_at = _chain_at(run, wanted | {i - 1 for i in wanted if i > 0})
+    finals: dict[int, dict[tuple[int, ...], int]] = {}
     for through_index, raw, *columns in rows:
         run.bump("statements")
         where = f"statements through_index {through_index}"
@@ -147,6 +146,10 @@ def check_statements(run: Verification) -> None:
                 statement.final,
                 "final is true exactly when the chain through the index holds the close",
             )
+        _check_period(run, where, statement, chain_at)
+        if statement.final:
+            figures = tuple(getattr(statement.totals, name) for name in TOTAL_FIELDS)
+            finals.setdefault(statement.period, {}).setdefault(figures, index)
         if mine is None:
             continue
         t = statement.totals
@@ -161,6 +164,67 @@ def check_statements(run: Verification) -> None:
                     have,
                     "the statement's amount differs from SPEC §7 at its index",
                 )
+    _report_periods(run, finals)
+
+
+def _expected_period(run: Verification, index: int) -> int:
+    """SPEC §8 "Statement periods": 0 through the close ``c``, ``i - c`` after it."""
+    close = run.close_index
+    return 0 if close is None or index <= close else index - close
+
+
+def _check_period(
+    run: Verification,
+    where: str,
+    statement: Statement,
+    chain_at: dict[int, tuple[str, dict[str, int]]],
+) -> None:
+    """A statement's ``period`` and ``previous`` as SPEC §8 derives them from the chain."""
+    index = statement.through_index
+    period = _expected_period(run, index)
+    previous = ZERO_HASH if period == 0 else chain_at.get(index - 1, ("?", {}))[0]
+    if (statement.period, statement.previous) != (period, previous):
+        run.add(
+            Step.OBLIGATION,
+            "STATEMENT_PERIOD",
+            where,
+            f"period {period}, previous {previous}",
+            f"period {statement.period}, previous {statement.previous}",
+            "SPEC §8: period 0 through the close, each later record its own period, "
+            "previous = the record hash before it",
+        )
+
+
+def _report_periods(run: Verification, finals: dict[int, dict[tuple[int, ...], int]]) -> None:
+    """Every period with a final statement, the latest last; two different final
+    figures for one period are STATEMENT_CONFLICT (SPEC §8)."""
+    periods: list[dict[str, object]] = []
+    for period in sorted(finals):
+        figures = finals[period]
+        if len(figures) > 1:
+            shown = "; ".join(
+                f"through {i}: buyer owes {f[TOTAL_FIELDS.index('buyer_owes_minor')]}"
+                for f, i in sorted(figures.items(), key=lambda kv: kv[1])
+            )
+            run.add(
+                Step.OBLIGATION,
+                "STATEMENT_CONFLICT",
+                f"statements of period {period}",
+                "one final figure per period",
+                shown,
+                "SPEC §8: nothing changes a final statement; a change opens a new period",
+            )
+        for totals, through_index in sorted(figures.items(), key=lambda kv: kv[1]):
+            periods.append(
+                {
+                    "period": period,
+                    "through_index": through_index,
+                    **dict(zip(TOTAL_FIELDS, totals, strict=True)),
+                }
+            )
+    for entry in periods:
+        entry["latest"] = entry is periods[-1]
+    run.report.periods = periods
 
 
 def _chain_at(run: Verification, indices: set[int]) -> dict[int, tuple[str, dict[str, int]]]:

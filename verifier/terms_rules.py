@@ -35,7 +35,7 @@ def share_total(terms: PlacementTerms) -> int:
 
 
 def broken_rules(terms: PlacementTerms) -> list[str]:
-    """The §5 rules 1-5 that ``terms`` break, one line each (empty: the terms are valid)."""
+    """The §5 rules 1-5 and 7 that ``terms`` break, one line each (empty: the terms are valid)."""
     broken: list[str] = []
     w = terms.window_end_ms - terms.window_start_ms
     # 1. the window, the minimum duration, the increment
@@ -72,4 +72,7 @@ def broken_rules(terms: PlacementTerms) -> list[str]:
     # 5. bounds
     if share_total(terms) * (w + terms.reclaim_notice_ms) + terms.increment_ms * 1000 > MAX_SAFE:
         broken.append("§5.5: S x (W + reclaim_notice_ms) + increment_ms x 1000 > 2^53 - 1")
+    # 7. the amendment link: version 1 exactly when supersedes is ZERO_HASH
+    if (terms.version == 1) != (terms.supersedes == "0" * 64):
+        broken.append("§5.7: version is 1 exactly when supersedes is ZERO_HASH")
     return broken
