@@ -110,8 +110,10 @@ class LedgerApi:
         second = size if second is None else second
         if not 0 <= first <= second <= size:
             raise _HttpError(HTTPStatus.BAD_REQUEST, f"sizes {first}..{second} outside 0..{size}")
-        payloads = self.store.record_payloads(placement_id, second - 1) if second else []
-        proof = merkle.consistency_proof(payloads, first)
+        if first == 0:  # RFC 9162: every tree extends the empty one; the proof is empty
+            return ""
+        payloads = self.store.record_payloads(placement_id, second - 1)
+        proof = merkle.consistency_proof([merkle.leaf_hash(p) for p in payloads], first)
         return "".join(base64.b64encode(h).decode() + "\n" for h in proof)
 
     def export_bytes(self, placement_id: str) -> bytes:

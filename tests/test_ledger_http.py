@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import urllib.error
@@ -26,6 +27,7 @@ from ledger.checkpoints import LEDGER_NOTE_NAME
 from ledger.client import find_running
 from ledger.config import load_config
 from ledger.http import LedgerApi, LedgerHttpServer
+from proto import merkle
 from proto.cosign import cosign, cosignature_of
 from proto.keys import SigningKey, write_key_pair
 from proto.note import parse_note
@@ -162,8 +164,13 @@ def test_http_api_and_cli(
         assert len(records) == 2
         assert _get(f"{base}/placements/{pid}/records?from=3&to=1")[0] == 400
         assert _get(f"{base}/placements/{pid}/records?from=x")[0] == 400
-        proof = _get(f"{base}/placements/{pid}/consistency?from=2")[1].decode().splitlines()
-        assert proof, "a consistency proof from size 2 to the head is not empty"
+        proof_text = _get(f"{base}/placements/{pid}/consistency?from=2&to=5")[1].decode()
+        proof = [base64.b64decode(line) for line in proof_text.splitlines()]
+        leaves = service.store.record_payloads(pid, 4)
+        assert merkle.verify_consistency(
+            2, 5, merkle.root(leaves[:2]), merkle.root(leaves[:5]), proof
+        ), "the served consistency proof does not verify (RFC 9162 2.1.4.2)"
+        assert _get(f"{base}/placements/{pid}/consistency?from=0")[1] == b""
     finally:
         server.stop()
         service.close()
