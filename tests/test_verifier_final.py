@@ -160,3 +160,32 @@ def test_export_must_extend_a_kept_checkpoint(
         capsys, str(full.path), "--trust", str(full.trust_path), "--checkpoint", str(bogus)
     )
     assert code == 2
+
+
+def test_consistency_proof_between_two_kept_checkpoints(
+    full: Scenario, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bundle"
+    code, printed = run(capsys, "prove", str(full.path), "--from", "14", "--out", str(out))
+    assert code == 0, printed
+    trust = str(full.trust_path)
+    argv = ["consistency", "--proof", str(out / "consistency.json"), "--trust", trust]
+    code, printed = run(
+        capsys, *argv, "--old", str(out / "old.note"), "--new", str(out / "new.note")
+    )
+    assert code == 0 and "extends the one of size 14" in printed, printed
+    # Notes swapped: the proof no longer matches them.
+    code, printed = run(
+        capsys, *argv, "--old", str(out / "new.note"), "--new", str(out / "old.note")
+    )
+    assert code == 1 and printed.startswith("FAIL:"), printed
+    # A fork: the "new" note is the checkpoint of another log of the same placement.
+    other = small_scenario(_dir(tmp_path, "fork"), name="p-full", seed="verifier-full")
+    fork = tmp_path / "fork-bundle"
+    assert run(capsys, "prove", str(other.path), "--from", "1", "--out", str(fork))[0] == 0
+    code, printed = run(
+        capsys, *argv, "--old", str(out / "old.note"), "--new", str(fork / "new.note")
+    )
+    assert code == 1, printed
+    code, _ = run(capsys, "prove", str(full.path), "--from", "0", "--out", str(out))
+    assert code == 2

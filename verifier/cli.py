@@ -19,6 +19,13 @@ Three shapes of one command:
     verify prove FILE.duckdb --index N --out DIR [--size N]
         Write record.json, proof.json and checkpoint.note for record N of an export.
 
+    verify prove FILE.duckdb --from N --out DIR [--size M]
+        Write consistency.json (RFC 9162 proof from size N to M) and the two checkpoint
+        notes (``verifier/consistency.py``).
+
+    verify consistency --proof consistency.json --old OLD.note --new NEW.note --trust T
+        Check that the newer ledger-signed checkpoint extends the older one.
+
 The words ``inclusion`` and ``prove`` select a mode only as the first operand; an export
 file with such a name is passed as ``./inclusion``.
 """
@@ -40,6 +47,11 @@ from proto.files import read_at_most
 from proto.note import MAX_NOTE_BYTES
 from proto.trust import TrustError, TrustFile, load_trust
 from verifier import limits
+from verifier.consistency import (
+    check_consistency,
+    make_consistency_bundle,
+    read_consistency_files,
+)
 from verifier.copies import CopyFindings, check_kept, compare_copies, kept_placement, read_copy
 from verifier.errors import UnusableInput
 from verifier.findings import Findings
@@ -88,6 +100,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, help="prove: the checkpoint size to prove against")
     parser.add_argument("--out", type=Path, help="prove: directory for the bundle files")
     parser.add_argument(
+        "--from",
+        dest="from_size",
+        type=int,
+        help="prove: a consistency proof from this tree size (to --size, default: all)",
+    )
+    parser.add_argument("--old", type=Path, help="consistency: the older checkpoint note")
+    parser.add_argument("--new", type=Path, help="consistency: the newer checkpoint note")
+    parser.add_argument(
         "--pool",
         choices=("thread", "process", "inline"),
         default="thread",
@@ -113,6 +133,8 @@ def handle(args: argparse.Namespace) -> int:
         return _inclusion(args)
     if paths[0] == "prove":
         return _prove(args)
+    if paths[0] == "consistency":
+        return _consistency(args)
     return _verify(args)
 
 
@@ -307,14 +329,47 @@ def _inclusion_lines(path: Path, index: int, size: int, findings: Findings) -> l
 
 
 def _prove(args: argparse.Namespace) -> int:
+    if args.from_size is not None:
+        return _prove_consistency(args)
     if len(args.paths) != 2 or args.index is None or args.out is None:
-        return _fail("verify prove needs FILE.duckdb, --index and --out")
+        return _fail("verify prove needs FILE.duckdb, --index (or --from) and --out")
     try:
         bundle = make_inclusion_bundle(Path(args.paths[1]), args.index, args.size)
     except UnusableInput as exc:
         return _fail(str(exc))
     written = bundle.write(args.out)
     print(f"OK: wrote {', '.join(str(p) for p in written)}")
+    return EXIT_VERIFIED
+
+
+def _prove_consistency(args: argparse.Namespace) -> int:
+    if len(args.paths) != 2 or args.out is None:
+        return _fail("verify prove --from needs FILE.duckdb and --out")
+    try:
+        bundle = make_consistency_bundle(Path(args.paths[1]), args.from_size, args.size)
+    except UnusableInput as exc:
+        return _fail(str(exc))
+    written = bundle.write(args.out)
+    print(f"OK: wrote {', '.join(str(p) for p in written)}")
+    return EXIT_VERIFIED
+
+
+def _consistency(args: argparse.Namespace) -> int:
+    if len(args.paths) != 1 or not (args.proof and args.old and args.new):
+        return _fail("verify consistency needs --proof, --old, --new and --trust")
+    try:
+        trust = _load_trust(args)
+        proof, old_text, new_text = read_consistency_files(args.proof, args.old, args.new)
+    except UnusableInput as exc:
+        return _fail(str(exc))
+    problems = check_consistency(proof, old_text, new_text, trust)
+    if problems:
+        print(f"FAIL: {args.new} does not extend {args.old}: " + "; ".join(problems))
+        return EXIT_FAILED
+    print(
+        f"OK: placement {proof.placement_id}: the checkpoint of size {proof.second} extends "
+        f"the one of size {proof.first}"
+    )
     return EXIT_VERIFIED
 
 
