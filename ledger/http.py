@@ -88,28 +88,27 @@ class LedgerApi:
         log.info("checkpoint_cosigned", placement=placement_id, parties=added)
         return merged
 
-    def records(self, placement_id: str, start: int, stop: int | None) -> str:
-        """Record envelopes [start, stop), base64, one per line (at most a page)."""
+    def _span(self, placement_id: str, lo: int, hi: int | None) -> tuple[int, int]:
+        """(lo, hi) checked against the log's size; ``hi`` None: the size."""
         head = self.store.head(placement_id)
         if head is None:
             raise UnknownPlacement(f"no records for placement {placement_id!r}")
         size = head.chain_index + 1
-        stop = size if stop is None else stop
-        if not 0 <= start <= stop <= size:
-            raise _HttpError(HTTPStatus.BAD_REQUEST, f"range [{start}, {stop}) outside [0, {size}]")
+        hi = size if hi is None else hi
+        if not 0 <= lo <= hi <= size:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, f"sizes {lo}..{hi} outside 0..{size}")
+        return lo, hi
+
+    def records(self, placement_id: str, start: int, stop: int | None) -> str:
+        """Record envelopes [start, stop), base64, one per line (at most a page)."""
+        start, stop = self._span(placement_id, start, stop)
         stop = min(stop, start + MAX_RECORDS_PER_REQUEST)
         envelopes = self.store.record_envelopes(placement_id, stop - 1)[start:stop]
         return "".join(base64.b64encode(e).decode() + "\n" for e in envelopes)
 
     def consistency(self, placement_id: str, first: int, second: int | None) -> str:
         """RFC 9162 consistency proof from size ``first`` to ``second``, one hash a line."""
-        head = self.store.head(placement_id)
-        if head is None:
-            raise UnknownPlacement(f"no records for placement {placement_id!r}")
-        size = head.chain_index + 1
-        second = size if second is None else second
-        if not 0 <= first <= second <= size:
-            raise _HttpError(HTTPStatus.BAD_REQUEST, f"sizes {first}..{second} outside 0..{size}")
+        first, second = self._span(placement_id, first, second)
         if first == 0:  # RFC 9162: every tree extends the empty one; the proof is empty
             return ""
         payloads = self.store.record_payloads(placement_id, second - 1)

@@ -15,7 +15,6 @@ was not yet counted as delivered. Any other unreadable line is an error.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Final
@@ -23,6 +22,7 @@ from typing import Final
 import msgspec
 
 from proto.envelope import open_envelope, sha256_hex
+from proto.files import append_durably
 from proto.records import Identifier, UsageEvent
 
 DELIVERY_LOG_FILE: Final = "DELIVERED.jsonl"
@@ -67,16 +67,8 @@ def delivered_usage(envelope: bytes, delivered_at_ms: int) -> Delivered:
 def append_delivered(path: Path, lines: Iterable[Delivered]) -> None:
     """Append ``lines`` to the log at ``path`` and fsync (creating it 0600)."""
     data = b"".join(_encoder.encode(line) + b"\n" for line in lines)
-    if not data:
-        return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    if data:
+        append_durably(path, data)
 
 
 def read_delivered(path: Path) -> Iterator[Delivered]:

@@ -9,13 +9,12 @@ evidence, one JSON file each.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
-from proto.files import read_at_most
+from proto.files import read_at_most, write_atomic
 from proto.frontier import Frontier
 from proto.records import ZERO_HASH
 
@@ -86,33 +85,10 @@ def load_state(state_dir: Path, placement_id: str) -> WitnessState:
     return state
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def store_state(state_dir: Path, state: WitnessState) -> None:
     """Replace the placement's state file atomically and durably."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(state_path(state_dir, state.placement_id), msgspec.json.encode(state))
+    write_atomic(state_path(state_dir, state.placement_id), msgspec.json.encode(state))
 
 
 def store_refusal(state_dir: Path, refusal: Refusal) -> Path:
@@ -121,7 +97,7 @@ def store_refusal(state_dir: Path, refusal: Refusal) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     size = refusal.checkpoint.split("\n", 2)[1] if refusal.checkpoint.count("\n") >= 2 else "x"
     path = directory / f"{refusal.placement_id}.{size}.{refusal.code}.{refusal.refused_at_s}.json"
-    _write_atomic(path, msgspec.json.format(msgspec.json.encode(refusal), indent=2) + b"\n")
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(refusal), indent=2) + b"\n")
     return path
 
 
