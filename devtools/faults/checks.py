@@ -1,6 +1,5 @@
 """The invariants: after every cycle, and at the end of a run.
 
-
 A *cycle* is one injected fault, its recovery and a check: after a meter kill the spool
 must hold a byte-exact, contiguous run of what the fault-free agent signs and the
 acknowledged position must not move back; after a ledger kill every chain in the store
@@ -15,10 +14,9 @@ an outage every agent must ship again. At the end of a run (``compare_final``):
     counted twice, nothing quarantined);
 (b) chain heads, final statements and dropped counts equal those of a fault-free ledger
     over the same stream, and decisions and final totals equal those of the fault-free
-    run of the seed (below);
-(c) ``verify`` accepts the export of every placement (exit 0).
-
-**Why the comparison in (b) is sound.** A chain is a pure function of the order of its
+    run of the seed (``reference.py`` says why this comparison is sound);
+(c) ``verify`` accepts the export of every placement (exit 0; ``runner.py`` runs it, and
+    the operator's and buyer's witnesses, after ``compare_final``).
 """
 
 from __future__ import annotations
@@ -33,10 +31,7 @@ from devtools.faults.topic import TopicMessage
 from ledger.store import Store
 from proto.envelope import open_envelope, sha256_hex
 from proto.errors import ProtoError
-from proto.records import (
-    LedgerRecord,
-    UsageEvent,
-)
+from proto.records import LedgerRecord, UsageEvent
 from transport.spool import SpoolError, read_spool
 
 __all__ = [

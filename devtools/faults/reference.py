@@ -1,15 +1,16 @@
 """The fault-free references a faulty run is compared with, and how a store is read.
 
-placement's inputs in one partition. That order is fixed by construction wherever it
-changes a decision: the harness publishes in phases separated by barriers — terms, key
-bindings, early reclaims and adjustments before the agents start; reclaims and
-adjustments "after the usage" only once every agent exited 0 (all acknowledged); the
-ledger gets a clock past every close only then, so its closes land after all usage;
-late records, and the skewed node's remaining intervals, only once every close is in
-the topic. What stays free is (i) where re-deliveries fall (dropped, never chained),
-(ii) where held inputs wait (released in arrival order right after the terms, which is
-the order a single source produced them), and (iii) how the streams of *different*
-nodes of one placement interleave. So two references are used:
+**Why the comparison with them is sound** (invariant (b), ``checks.py``). A chain is a
+pure function of the order of its placement's inputs in one partition. That order is
+fixed by construction wherever it changes a decision: the harness publishes in phases
+separated by barriers — terms, key bindings, early reclaims and adjustments before the
+agents start; reclaims and adjustments "after the usage" only once every agent exited 0
+(all acknowledged); the ledger gets a clock past every close only then, so its closes
+land after all usage; late records, and the skewed node's remaining intervals, only once
+every close is in the topic. What stays free is (i) where re-deliveries fall (dropped,
+never chained), (ii) where held inputs wait (released in arrival order right after the
+terms, which is the order a single source produced them), and (iii) how the streams of
+*different* nodes of one placement interleave. So two references are used:
 
 * *same stream*: the faulty topic is read back and each partition's exact sequence
   (re-deliveries included) is folded by a fault-free ledger (local transport, one spool
@@ -22,8 +23,6 @@ nodes of one placement interleave. So two references are used:
   final totals must be equal for every placement (with the phases above they do not
   depend on how node streams interleave), and for a placement on one node — one ordered
   source — heads and final statements must be equal byte for byte as well.
-
-Running it: ``run_seed(seed, bootstrap=..., broker=..., workdir=..., cycles=...)``
 """
 
 from __future__ import annotations
@@ -45,11 +44,7 @@ from meter.metrics import MeterMetrics
 from meter.sim import parse_sim_spec
 from proto.envelope import open_envelope
 from proto.keys import SigningKey
-from proto.records import (
-    PlacementTerms,
-    Statement,
-    Totals,
-)
+from proto.records import PlacementTerms, Statement, Totals
 from transport.local import publish_local
 
 __all__ = [

@@ -24,10 +24,7 @@ import tomli_w
 from devtools import builders
 from proto.keys import SigningKey, write_key_pair
 from proto.limits import MAX_SAFE_INTEGER
-from proto.records import (
-    GpuSpec,
-    PlacementTerms,
-)
+from proto.records import GpuSpec, PlacementTerms
 from proto.terms import CURRENCY_MINOR_UNITS, validate_terms
 
 __all__ = [
