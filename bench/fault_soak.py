@@ -27,7 +27,7 @@ import structlog
 # devtools/ is not installed (not in the wheel): import it from the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from devtools.faults.runner import DEFAULT_CYCLES_PER_SEED, FaultFailure, FaultReport, run_seed
+from devtools.faults import DEFAULT_CYCLES_PER_SEED, FaultFailure, FaultReport, run_seed
 from devtools.kafka_broker import KafkaBroker
 
 

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 import duckdb
 import msgspec
@@ -46,6 +46,9 @@ from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms, Statement
 from proto.terms import check_terms_signatures, load_terms_file, validate_terms
 from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile, dump_trust
+
+if TYPE_CHECKING:
+    from ledger.service import KafkaLedgerService, LedgerService
 
 WINDOW_START_MS: Final = 1_796_083_200_000  # 2026-12-01T00:00:00Z
 MINUTE_MS: Final = 60_000
@@ -151,10 +154,13 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     _say(stream, "\n== 3. Metering one hour on a simulated clock")
     _say(stream, f"   {UNHEALTHY_GPU} is unhealthy from minute 20 to 30")
     _say(stream, "   reclaim notice issued at minute 48, effective at minute 52 (10 agreed)")
-    if kafka is None:
-        statement = _run_local(workdir, keys, terms, signed[1], stream)
-    else:
-        statement = _run_kafka(workdir, keys, terms, signed[1], kafka, stream)
+    ledger_key = keys[PARTIES["ledger"]]
+    transport: _Transport = (
+        _LocalTransport(workdir, ledger_key)
+        if kafka is None
+        else _KafkaTransport(kafka, ledger_key, stream)
+    )
+    statement = _run_timeline(workdir, keys, terms, signed[1], transport, stream)
 
     _say(stream, "\n== 4. The statement, per party")
     _print_statement(stream, terms, statement)
@@ -351,41 +357,171 @@ def _timeline(terms: PlacementTerms) -> Iterator[int]:
         yield now
 
 
-def _run_local(
+class _Transport(Protocol):
+    """How the demo's envelopes reach its ledger: the only part of the timeline loop
+    (``_run_timeline``) that differs between the embedded transport and Kafka."""
+
+    def start(self, store: object, clock: object, signed_terms: bytes) -> None:
+        """Start the ledger over ``store`` on ``clock`` and deliver the signed terms."""
+
+    def deliver(self, usage: list[bytes], operator: list[bytes]) -> int:
+        """Deliver one step's usage events (already in the agents' spools) and operator
+        records, and let the ledger fold them; return the count the progress line adds."""
+
+    def finish(self, store: object) -> None:
+        """Wait until the ledger has closed the placement."""
+
+    def close(self) -> None:
+        """Stop the ledger."""
+
+
+class _LocalTransport:
+    """The embedded transport: the ledger reads the agents' spools and one spool of its own
+    per publisher under ``workdir/local``."""
+
+    def __init__(self, workdir: Path, ledger_key: SigningKey) -> None:
+        self.local = workdir / "local"
+        self.ledger_key = ledger_key
+        self.service: LedgerService | None = None
+
+    def start(self, store: object, clock: object, signed_terms: bytes) -> None:
+        from ledger.service import LedgerService
+        from ledger.store import Store
+        from meter.clock import SimClock
+        from transport.local import publish_local
+
+        publish_local(self.local, "publish-terms", [signed_terms.rstrip(b"\n")])
+        self.service = LedgerService(
+            of_type(store, Store, "the demo's store"),
+            self.ledger_key,
+            ledger_id=PARTIES["ledger"],
+            local_dir=self.local,
+            clock=of_type(clock, SimClock, "the demo's clock").now_ms,
+        )
+
+    def deliver(self, usage: list[bytes], operator: list[bytes]) -> int:
+        from transport.local import publish_local
+
+        if operator:
+            publish_local(self.local, "publish-operator", operator)
+        present(self.service, "the demo's ledger").run_until_idle()
+        return len(usage)
+
+    def finish(self, store: object) -> None:
+        """Nothing to wait for: ``run_until_idle`` closes what the clock made due."""
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.close()
+
+
+class _KafkaTransport:
+    """Kafka: a fresh topic; each step's envelopes are published in order, awaiting every
+    ack (the agents' own shipper does this in production, ``meter run``), and the ledger
+    consumes them on one event loop kept across the steps."""
+
+    def __init__(self, bootstrap: str, ledger_key: SigningKey, out: io.TextIOBase | None) -> None:
+        from transport.kafka import KafkaSettings, create_topic
+
+        topic = f"{TOPIC}.demo-{uuid.uuid4().hex[:8]}"
+        try:
+            create_topic(bootstrap, topic, 3)
+        except Exception as exc:
+            raise DemoError(f"cannot create topic {topic} on {bootstrap}: {exc}") from exc
+        _say(out, f"   through Kafka at {bootstrap}, topic {topic}")
+        self.settings = KafkaSettings(bootstrap=bootstrap, topic=topic)
+        self.ledger_key = ledger_key
+        self.loop = asyncio.Runner()
+        self.service: KafkaLedgerService | None = None
+
+    def start(self, store: object, clock: object, signed_terms: bytes) -> None:
+        from ledger.config import KafkaConfig
+        from ledger.service import KafkaLedgerService
+        from ledger.store import Store
+        from meter.clock import SimClock
+        from transport.kafka import publish_kafka
+
+        async def start() -> None:
+            service = KafkaLedgerService(
+                of_type(store, Store, "the demo's store"),
+                self.ledger_key,
+                KafkaConfig(settings=self.settings),
+                clock=of_type(clock, SimClock, "the demo's clock").now_ms,
+            )
+            await service.start()
+            self.service = service
+            await publish_kafka(self.settings, [(PLACEMENT_ID, signed_terms.rstrip())])
+
+        self.loop.run(start())
+
+    def deliver(self, usage: list[bytes], operator: list[bytes]) -> int:
+        from transport.kafka import publish_kafka
+
+        service = present(self.service, "the demo's ledger")
+        batch = [(PLACEMENT_ID, e) for e in [*usage, *operator]]
+
+        async def step() -> None:
+            await publish_kafka(self.settings, batch)
+            await service.run_until(deadline_s=60.0)
+
+        self.loop.run(step())
+        return len(batch)
+
+    def finish(self, store: object) -> None:
+        from ledger.store import Store
+
+        ledger = of_type(store, Store, "the demo's store")
+        service = present(self.service, "the demo's ledger")
+        self.loop.run(
+            service.run_until(lambda: ledger.close_index(PLACEMENT_ID) is not None, deadline_s=60.0)
+        )
+
+    def close(self) -> None:
+        try:
+            if self.service is not None:
+                service = self.service
+                try:
+                    self.loop.run(service.stop())
+                finally:
+                    service.close()
+        finally:
+            self.loop.close()
+
+
+def _run_timeline(
     workdir: Path,
     keys: dict[str, SigningKey],
     terms: PlacementTerms,
     signed_terms: Path,
+    transport: _Transport,
     out: io.TextIOBase | None,
 ) -> Statement:
+    """The demo's one loop, whatever the transport: the agents tick on a simulated clock,
+    the reclaim notice goes out at its minute, the ledger folds after every step; then
+    the witnesses, the export and the final statement."""
     from ledger.export import export_placement
-    from ledger.service import LedgerService
     from ledger.store import Store
     from meter.agent import Agent
     from meter.clock import SimClock
-    from transport.local import publish_local
 
-    local = workdir / "local"
     clock = SimClock(terms.window_start_ms)
-    publish_local(local, "publish-terms", [signed_terms.read_bytes().rstrip(b"\n")])
     agents = [a for a in _agents(workdir, keys, terms, clock) if isinstance(a, Agent)]
     ledger_key = keys[PARTIES["ledger"]]
     store = Store(workdir / "ledger.duckdb", ledger_public_key=ledger_key.public_key)
-    service = LedgerService(
-        store, ledger_key, ledger_id=PARTIES["ledger"], local_dir=local, clock=clock.now_ms
-    )
-    reclaimed = False
-    events = 0
     try:
+        transport.start(store, clock, signed_terms.read_bytes())
+        reclaimed = False
+        events = 0
         for now in _timeline(terms):
             clock.set(now)
-            for agent in agents:
-                events += len(agent.tick())
+            usage = [e for agent in agents for e in agent.tick()]
+            operator: list[bytes] = []
             if not reclaimed and now >= RECLAIM_ISSUED_MS:
-                publish_local(local, "publish-operator", [_reclaim(keys, terms)])
+                operator.append(_reclaim(keys, terms))
                 reclaimed = True
-            service.run_until_idle()
+            events += transport.deliver(usage, operator)
             _progress(out, terms, store, now, events)
+        transport.finish(store)
         for agent in agents:
             agent.close()
         _witnesses(workdir, keys, terms, signed_terms, store, ledger_key, out)
@@ -394,74 +530,7 @@ def _run_local(
         export_placement(store, PLACEMENT_ID, export, key=ledger_key)
         return _final_statement(store)
     finally:
-        service.close()
-
-
-def _run_kafka(
-    workdir: Path,
-    keys: dict[str, SigningKey],
-    terms: PlacementTerms,
-    signed_terms: Path,
-    bootstrap: str,
-    out: io.TextIOBase | None,
-) -> Statement:
-    from ledger.config import KafkaConfig
-    from ledger.export import export_placement
-    from ledger.service import KafkaLedgerService
-    from ledger.store import Store
-    from meter.agent import Agent
-    from meter.clock import SimClock
-    from transport.kafka import KafkaSettings, create_topic, publish_kafka
-
-    topic = f"{TOPIC}.demo-{uuid.uuid4().hex[:8]}"
-    try:
-        create_topic(bootstrap, topic, 3)
-    except Exception as exc:
-        raise DemoError(f"cannot create topic {topic} on {bootstrap}: {exc}") from exc
-    _say(out, f"   through Kafka at {bootstrap}, topic {topic}")
-    settings = KafkaSettings(bootstrap=bootstrap, topic=topic)
-    clock = SimClock(terms.window_start_ms)
-    agents = [a for a in _agents(workdir, keys, terms, clock) if isinstance(a, Agent)]
-    ledger_key = keys[PARTIES["ledger"]]
-    store = Store(workdir / "ledger.duckdb", ledger_public_key=ledger_key.public_key)
-    kafka = KafkaConfig(settings=settings)
-
-    async def run() -> Statement:
-        service = KafkaLedgerService(store, ledger_key, kafka, clock=clock.now_ms)
-        await service.start()
-        try:
-            await publish_kafka(settings, [(PLACEMENT_ID, signed_terms.read_bytes().rstrip())])
-            reclaimed = False
-            events = 0
-            for now in _timeline(terms):
-                clock.set(now)
-                batch: list[tuple[str, bytes]] = []
-                for agent in agents:
-                    batch += [(PLACEMENT_ID, e) for e in agent.tick()]
-                if not reclaimed and now >= RECLAIM_ISSUED_MS:
-                    batch.append((PLACEMENT_ID, _reclaim(keys, terms)))
-                    reclaimed = True
-                # The agents' own shipper does this in production (meter run); here the
-                # spooled events are published in order, awaiting every ack.
-                await publish_kafka(settings, batch)
-                events += len(batch)
-                await service.run_until(deadline_s=60.0)
-                _progress(out, terms, store, now, events)
-            await service.run_until(
-                lambda: store.close_index(PLACEMENT_ID) is not None, deadline_s=60.0
-            )
-            for agent in agents:
-                agent.close()
-            _witnesses(workdir, keys, terms, signed_terms, store, ledger_key, out)
-            export = workdir / "exports" / f"{PLACEMENT_ID}.duckdb"
-            export.parent.mkdir(parents=True, exist_ok=True)
-            export_placement(store, PLACEMENT_ID, export, key=ledger_key)
-            return _final_statement(store)
-        finally:
-            await service.stop()
-            service.close()
-
-    return asyncio.run(run())
+        transport.close()
 
 
 def _witnesses(

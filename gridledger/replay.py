@@ -348,7 +348,7 @@ class _Timer:
 # ---- the run -------------------------------------------------------------------------------
 
 
-class _Run:
+class _ReplayRun:
     """State of one replay run (see the module docstring for the steps)."""
 
     def __init__(self, options: ReplayOptions) -> None:
@@ -662,7 +662,7 @@ def _write_acked(node: NodeAgent) -> None:
 def run_replay(options: ReplayOptions) -> ReplayReport:
     """Run a whole replay (module docstring) and return its report. Never exits."""
     started = time.perf_counter()
-    run = _Run(options)
+    run = _ReplayRun(options)
     plan = run.prepare()
     if options.kafka:
         asyncio.run(run.run_kafka(plan))

@@ -23,7 +23,7 @@ import duckdb
 import pytest
 from support import ledger_toml
 
-from devtools.faults.runner import (
+from devtools.faults import (
     CYCLES_ENV,
     DEFAULT_CYCLES_PER_SEED,
     DEFAULT_SEEDS,

@@ -1,10 +1,7 @@
 """The seeded fault harness (issue 8): meter -> real Kafka -> ledger, with faults injected.
 
-For a seed, ``generate_scenario`` draws a small scenario (1-3 placements on 1-3 nodes,
-terms within the SPEC bounds, GPUs unhealthy or vanishing for a while, maybe a reclaim,
-a key rotation by NodeKeyBinding, adjustments, a clock-skewed node whose last intervals
-arrive after the close, late records after the close, terms that arrive mid-stream so
-inputs are held) and ``make_schedule`` a fault schedule. ``run_seed`` then runs it for
+For a seed, ``generate_scenario`` (``scenario.py``) draws a small scenario and
+``make_schedule`` (``schedule.py``) a fault schedule. ``run_seed`` then runs it for
 real: ``gridledger meter run`` subprocesses (one per node) ship to a Kafka topic, a
 ``gridledger ledger run`` subprocess folds it, and the faults land while they work:
 
@@ -21,46 +18,9 @@ real: ``gridledger meter run`` subprocesses (one per node) ship to a Kafka topic
   canonical reference ledger (whose spools include its own close spool) loses its store
   and rebuilds it from its intake log (identical heads, statements, decisions).
 
-A *cycle* is one injected fault, its recovery and a check: after a meter kill the spool
-must hold a byte-exact, contiguous run of what the fault-free agent signs and the
-acknowledged position must not move back; after a ledger kill every chain in the store
-must be whole (indices 0..n-1, prev links, record hashes, sources matching the chained
-inputs), no input chained twice, and every decision equal to the fault-free run's; after
-an outage every agent must ship again. At the end of a run (``compare_final``):
-
-(a) every event that reached a spool (all spool contents seen across the run) is one the
-    fault-free agent signs, and every one of those is chained exactly once in the store,
-    accepted or rejected with the same reason as in the fault-free run; per placement,
-    messages in the topic = chained inputs + dropped duplicates (nothing lost, nothing
-    counted twice, nothing quarantined);
-(b) chain heads, final statements and dropped counts equal those of a fault-free ledger
-    over the same stream, and decisions and final totals equal those of the fault-free
-    run of the seed (below);
-(c) ``verify`` accepts the export of every placement (exit 0).
-
-**Why the comparison in (b) is sound.** A chain is a pure function of the order of its
-placement's inputs in one partition. That order is fixed by construction wherever it
-changes a decision: the harness publishes in phases separated by barriers — terms, key
-bindings, early reclaims and adjustments before the agents start; reclaims and
-adjustments "after the usage" only once every agent exited 0 (all acknowledged); the
-ledger gets a clock past every close only then, so its closes land after all usage;
-late records, and the skewed node's remaining intervals, only once every close is in
-the topic. What stays free is (i) where re-deliveries fall (dropped, never chained),
-(ii) where held inputs wait (released in arrival order right after the terms, which is
-the order a single source produced them), and (iii) how the streams of *different*
-nodes of one placement interleave. So two references are used:
-
-* *same stream*: the faulty topic is read back and each partition's exact sequence
-  (re-deliveries included) is folded by a fault-free ledger (local transport, one spool
-  per partition, same key and clock). Its heads, final statements and dropped counts
-  must equal the faulty run's byte for byte: kill -9, restarts and outages changed
-  nothing the stream did not dictate.
-* *fault-free run of the seed*: the agents run in-process on simulated clocks (the same
-  ``build_agent`` and simulator the CLI uses, so the same bytes) and everything is
-  folded in the canonical phase order from one ordered spool. Decisions per input and
-  final totals must be equal for every placement (with the phases above they do not
-  depend on how node streams interleave), and for a placement on one node — one ordered
-  source — heads and final statements must be equal byte for byte as well.
+A *cycle* is one injected fault, its recovery and a check (``checks.py``); the run
+ends with the end-of-run invariants against the fault-free references
+(``reference.py``) and the parties' witnesses.
 
 Running it: ``run_seed(seed, bootstrap=..., broker=..., workdir=..., cycles=...)``
 returns a ``FaultReport`` (cycles by class, timings, counts) or raises ``FaultFailure``.
@@ -82,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import io
 import os
 import random
@@ -91,45 +50,38 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal, Protocol
+from typing import Final, Protocol
 
 import structlog
 import tomli_w
 
 from devtools import builders
+from devtools.faults.checks import check_spool, check_store, compare_final
+from devtools.faults.reference import (
+    Reference,
+    build_reference,
+    fold_partitions,
+    rebuild_local,
+    remove_store,
+)
+from devtools.faults.scenario import NodePlan, Phase, Segment, generate_scenario, write_node_configs
+from devtools.faults.schedule import Fault, FaultKind, make_schedule
+from devtools.faults.topic import publish, read_topic
 from ledger.config import KafkaConfig
 from ledger.export import export_placement
-from ledger.service import KafkaLedgerService, LedgerService, fixed_clock
+from ledger.service import KafkaLedgerService, fixed_clock
 from ledger.store import Store
-from meter.cli import build_agent
-from meter.clock import SimClock
-from meter.config import load_meter_config
-from meter.metrics import MeterMetrics
 from meter.shipper import load_shipped
-from meter.sim import parse_sim_spec
-from proto.envelope import open_envelope, sha256_hex
-from proto.errors import ProtoError
-from proto.keys import SigningKey, write_key_pair
-from proto.limits import MAX_SAFE_INTEGER
-from proto.records import (
-    GpuSpec,
-    LedgerRecord,
-    PlacementTerms,
-    Statement,
-    Totals,
-    UsageEvent,
-)
-from proto.terms import CURRENCY_MINOR_UNITS, validate_terms
+from proto.envelope import open_envelope
+from proto.keys import write_key_pair
 from proto.trust import dump_trust
-from transport.kafka import KafkaSettings, client_kwargs, publish_kafka
-from transport.local import publish_local
+from transport.kafka import KafkaSettings
 from transport.positions import SpoolPosition
-from transport.spool import SpoolError, list_segments, read_spool, segment_path
+from transport.spool import list_segments, segment_path
 
 __all__ = [
     "CYCLES_ENV",
@@ -138,30 +90,12 @@ __all__ = [
     "SEEDS_ENV",
     "SEED_ENV",
     "BrokerControl",
-    "Fault",
     "FaultFailure",
-    "FaultKind",
     "FaultReport",
-    "LedgerState",
-    "Reference",
-    "Scenario",
-    "Schedule",
-    "build_reference",
-    "check_spool",
-    "check_store",
-    "compare_final",
     "env_int",
-    "fold_partitions",
-    "generate_scenario",
-    "make_schedule",
-    "read_ledger_state",
-    "read_topic",
-    "rebuild_local",
-    "remove_store",
     "replay_command",
     "run_seed",
     "suite_seeds",
-    "write_node_configs",
 ]
 
 _log = structlog.get_logger("devtools.faults")
@@ -184,23 +118,6 @@ both broker faults (tests/test_faults.py checks it)."""
 DEFAULT_CYCLES_PER_SEED: Final = 22
 """Fault cycles per seed by default: 5 seeds x 22 = 110 cycles in the suite."""
 
-MIN_CYCLES: Final = 8
-"""Fewest cycles a schedule can have (one of each kind and the phases' ledger kills)."""
-
-MAX_CYCLES: Final = 10_000
-"""Most cycles one seed may ask for (a soak runs many seeds rather than one huge one)."""
-
-INTERVAL_MS: Final = 60_000
-"""Usage interval of every simulated agent: one event per stream per simulated minute."""
-
-BASE_MS: Final = 1_767_225_600_000
-"""2026-01-01T00:00:00Z: windows start within a day after it."""
-
-MAX_PLACEMENTS: Final = 3
-"""Placements per scenario (at least one)."""
-
-MAX_NODES: Final = 3
-"""Nodes per scenario (at least one)."""
 
 PROCESS_START_TIMEOUT_S: Final = 30.0
 """Longest wait for a ledger subprocess to assign its partitions."""
@@ -219,9 +136,6 @@ STOP_TIMEOUT_S: Final = 30.0
 
 FINAL_RUN_TIMEOUT_S: Final = 120.0
 """Longest the in-process ledger may take to catch up at the end of a run."""
-
-KAFKA_IO_TIMEOUT_S: Final = 60.0
-"""Longest one read of the whole topic or one publish may take."""
 
 POLL_S: Final = 0.02
 """Pause of the supervision loop between two looks at the processes."""
@@ -242,9 +156,6 @@ KNOWN_EXIT_MARKERS: Final[tuple[str, ...]] = ()
 """Exits by themselves the harness would tolerate: none. (``ledger run`` started while the
 broker was away used to exit 1 with a traceback; it now waits with a bounded backoff.)"""
 
-Phase = Literal["early", "late"]
-FaultPhase = Literal["early", "before_close", "after_close"]
-
 
 class FaultFailure(AssertionError):
     """An invariant did not hold; the message names the seed and the replay command."""
@@ -256,872 +167,6 @@ def replay_command(seed: int, cycles: int) -> str:
         f"{SEED_ENV}={seed} {CYCLES_ENV}={cycles} "
         ".venv/bin/python -m pytest tests/test_faults.py -k replay"
     )
-
-
-# ---- the scenario (pure, seeded) ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One run of a node's agent: signing with ``key`` up to ``until_ms``, in ``phase``."""
-
-    key: Literal["k0", "k1"]
-    until_ms: int
-    phase: Phase
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """What one node's agent does: its simulator spec and its runs in order."""
-
-    node_id: str
-    sim_spec: str
-    segments: tuple[Segment, ...]
-    rotation_ms: int | None
-    skew_ms: int
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """Everything one seed describes before any process runs."""
-
-    seed: int
-    cast: builders.Cast
-    terms: tuple[PlacementTerms, ...]
-    nodes: tuple[NodePlan, ...]
-    pre: tuple[tuple[str, bytes], ...]
-    post: tuple[tuple[str, bytes], ...]
-    late: tuple[tuple[str, bytes], ...]
-    late_terms: str | None
-    early_clock_ms: int
-    late_clock_ms: int
-    partitions: int
-    segment_max_bytes: int
-    batch_max_records: int
-    features: tuple[str, ...]
-
-    @property
-    def placement_ids(self) -> list[str]:
-        """The placements, in order."""
-        return [t.placement_id for t in self.terms]
-
-    def nodes_of(self, placement_id: str) -> list[str]:
-        """The nodes hosting GPUs of a placement."""
-        terms = next(t for t in self.terms if t.placement_id == placement_id)
-        return sorted({g.node_id for g in terms.gpus})
-
-    def single_source(self, placement_id: str) -> bool:
-        """True when one agent produces all of the placement's usage (one ordered source)."""
-        return len(self.nodes_of(placement_id)) == 1
-
-    def node_terms(self, node_id: str) -> list[PlacementTerms]:
-        """The terms of the placements a node hosts."""
-        return [t for t in self.terms if any(g.node_id == node_id for g in t.gpus)]
-
-    def rotated_key(self, node_id: str) -> SigningKey:
-        """The key a node rotates to (``Segment.key == "k1"``)."""
-        return rotated_key(self.seed, node_id)
-
-    def describe(self) -> str:
-        """One line for logs and failures."""
-        nodes = ",".join(
-            f"{n.node_id}[{'+'.join(f'{s.key}<={s.until_ms}/{s.phase}' for s in n.segments)}]"
-            for n in self.nodes
-        )
-        return (
-            f"seed {self.seed}: {len(self.terms)} placement(s), nodes {nodes}, "
-            f"{self.partitions} partition(s); {', '.join(self.features) or 'plain'}"
-        )
-
-
-_MODELS: Final = ("A100-80GB", "H100-80GB", "L40S")
-
-
-def rotated_key(seed: int, node_id: str) -> SigningKey:
-    """The key node ``node_id`` of seed ``seed`` rotates to (deterministic)."""
-    return SigningKey.from_seed_text(f"{node_id}-k1", f"faults-{seed}/rotated/{node_id}")
-
-
-def _grid(t0: int, k: int) -> int:
-    return t0 + k * INTERVAL_MS
-
-
-def _currency(rng: random.Random) -> tuple[str, int]:
-    currency = rng.choice(sorted(CURRENCY_MINOR_UNITS))
-    minor = CURRENCY_MINOR_UNITS[currency]
-    return currency, rng.randint(minor, min(9, minor + 3))
-
-
-def _terms(
-    rng: random.Random,
-    cast: builders.Cast,
-    placement_id: str,
-    gpus: list[GpuSpec],
-    start_ms: int,
-    end_ms: int,
-) -> PlacementTerms:
-    window_ms = end_ms - start_ms
-    currency, scale = _currency(rng)
-    increment_ms = min(window_ms, rng.choice([1, 1000, 60_000, 900_000, 3_600_000]))
-    terms = builders.make_terms(
-        cast,
-        placement_id,
-        gpus,
-        start_ms,
-        end_ms,
-        rate_per_gpu_hour_minor=rng.choice([0, 1, 250, 99_999, rng.randint(1, 10**8)]),
-        currency=currency,
-        currency_scale=scale,
-        increment_ms=increment_ms,
-        minimum_duration_ms=rng.choice([0, rng.randint(0, window_ms)]),
-        desk_fee_bps=rng.choice([0, 250, 500, rng.randint(0, 10_000)]),
-        fee_payer=rng.choice(["operator", "buyer"]),
-        interruptible=rng.random() < 0.5,
-        reclaim_notice_ms=rng.choice([0, 300_000, 600_000, rng.randint(0, window_ms)]),
-        reclaim_penalty_bps=rng.randint(0, 10_000),
-        sla_availability_target_bps=rng.choice([0, 9_000, 9_900, 10_000]),
-        sla_credit_bps=rng.randint(0, 10_000),
-        settlement_period_ms=rng.choice([3_600_000, window_ms]),
-        late_grace_ms=rng.choice([0, 60_000, 300_000]),
-    )
-    problems = validate_terms(terms)
-    if problems:  # the generator's own bug: the scenario must be valid
-        raise AssertionError(f"generated invalid terms for {placement_id}: {problems}")
-    return terms
-
-
-def _adjustment(
-    rng: random.Random, cast: builders.Cast, placement_id: str, number: int, when_ms: int
-) -> bytes:
-    return builders.adjustment(
-        cast,
-        placement_id,
-        f"{placement_id}-adj{number}",
-        rng.choice(["credit", "charge"]),
-        rng.randint(1, 50_000),
-        when_ms,
-        reference=f"{placement_id}/statement",
-    )
-
-
-def generate_scenario(seed: int) -> Scenario:
-    """The scenario of ``seed``: a pure function of the seed (same seed, same bytes)."""
-    rng = random.Random(f"gridledger-faults/{seed}/scenario")
-    cast = builders.make_cast(f"faults-{seed}")
-    node_ids = [f"f{seed}-n{j}" for j in range(rng.randint(1, MAX_NODES))]
-    t0 = _grid(BASE_MS, rng.randrange(0, 24 * 60))
-    features: list[str] = []
-    gpu_index: Counter[str] = Counter()
-    terms_list: list[PlacementTerms] = []
-    for i in range(rng.randint(1, MAX_PLACEMENTS)):
-        placement_id = f"f{seed}-p{i}"
-        hosts = sorted(rng.sample(node_ids, rng.randint(1, len(node_ids))))
-        gpus = []
-        for node_id in hosts:
-            for _ in range(rng.randint(1, 2)):
-                gpus.append(
-                    builders.gpu(
-                        node_id,
-                        gpu_index[node_id],
-                        model=rng.choice(_MODELS),
-                        share_milli=rng.choice([1000, 1000, 500, 250, rng.randint(1, 1000)]),
-                    )
-                )
-                gpu_index[node_id] += 1
-        start_ms = _grid(t0, rng.randint(0, 10))
-        # Most windows end on the agents' grid; some end inside an interval (clipped).
-        end_ms = _grid(start_ms, rng.randint(30, 75)) + rng.choice([0, 0, 12_345])
-        terms_list.append(_terms(rng, cast, placement_id, gpus, start_ms, end_ms))
-    by_id = {t.placement_id: t for t in terms_list}
-    late_clock_ms = max(t.window_end_ms + t.late_grace_ms for t in terms_list) + 1_000
-    early_clock_ms = min(t.window_start_ms for t in terms_list)
-
-    pre: list[tuple[str, bytes]] = []
-    post: list[tuple[str, bytes]] = []
-    late: list[tuple[str, bytes]] = []
-    for terms in terms_list:
-        pre.append((terms.placement_id, builders.signed_terms(cast, terms)))
-
-    # Nodes: simulator faults, a key rotation, a skewed clock.
-    rotated = rng.choice(node_ids) if rng.random() < 0.4 else None
-    skewed = rng.choice(node_ids) if rng.random() < 0.4 else None
-    plans: list[NodePlan] = []
-    for node_id in node_ids:
-        mine = [t for t in terms_list if any(g.node_id == node_id for g in t.gpus)]
-        if not mine:
-            continue
-        epoch_ms = min(t.window_start_ms for t in mine)
-        end_ms = max(t.window_end_ms for t in mine)
-        span_ms = end_ms - epoch_ms
-        uuids = sorted(g.uuid for t in mine for g in t.gpus if g.node_id == node_id)
-        spec = [f"seed={rng.randint(0, 10**6)}"]
-        if rng.random() < 0.6:
-            a = rng.randrange(0, span_ms // 2)
-            spec.append(f"unhealthy={rng.choice(uuids)}@{a}-{a + rng.randint(1, span_ms // 3)}")
-            features.append(f"{node_id} GPU unhealthy")
-        if rng.random() < 0.3:
-            a = rng.randrange(span_ms // 3, span_ms)
-            until = f"-{a + rng.randint(1, span_ms)}" if rng.random() < 0.5 else ""
-            spec.append(f"vanish={rng.choice(uuids)}@{a}{until}")
-            features.append(f"{node_id} GPU vanishes")
-        rotation_ms: int | None = None
-        if node_id == rotated:
-            rotation_ms = _grid(epoch_ms, rng.randint(3, max(3, span_ms // INTERVAL_MS - 3)))
-            features.append(f"{node_id} key rotated at {rotation_ms}")
-            key0, key1 = cast.node_key(node_id), rotated_key(seed, node_id)
-            for t in mine:
-                # Revoke the terms' key from the rotation on, bind the new one from then.
-                pre.append(
-                    (
-                        t.placement_id,
-                        builders.key_binding(
-                            cast, t.placement_id, node_id, key0, 0, rotation_ms, t.created_at_ms
-                        ),
-                    )
-                )
-                pre.append(
-                    (
-                        t.placement_id,
-                        builders.key_binding(
-                            cast,
-                            t.placement_id,
-                            node_id,
-                            key1,
-                            rotation_ms,
-                            MAX_SAFE_INTEGER,
-                            t.created_at_ms,
-                        ),
-                    )
-                )
-        skew_ms = 0
-        early_until = end_ms
-        if node_id == skewed:
-            grace = max(t.late_grace_ms for t in terms_list)
-            skew_ms = grace + rng.randint(1, 12) * INTERVAL_MS + rng.choice([0, 7_000])
-            early_until = min(end_ms, late_clock_ms - skew_ms)
-            if early_until < end_ms:
-                features.append(f"{node_id} clock {skew_ms} ms behind: late usage")
-        segments: list[Segment] = []
-        key: Literal["k0", "k1"] = "k0"
-        if rotation_ms is not None and rotation_ms < early_until:
-            segments.append(Segment("k0", rotation_ms, "early"))
-            key = "k1"
-        segments.append(Segment(key, early_until, "early"))
-        if rotation_ms is not None and early_until <= rotation_ms < end_ms:
-            segments.append(Segment("k0", rotation_ms, "late"))
-            key = "k1"
-        if early_until < end_ms:
-            segments.append(Segment(key, end_ms, "late"))
-        plans.append(NodePlan(node_id, ",".join(spec), tuple(segments), rotation_ms, skew_ms))
-
-    # Operator and desk records around the usage.
-    for terms in terms_list:
-        pid = terms.placement_id
-        window_intervals = (terms.window_end_ms - terms.window_start_ms) // INTERVAL_MS
-        adjustments = 0
-
-        reclaimed = False
-        if rng.random() < 0.3:
-            effective = _grid(terms.window_start_ms, rng.randint(1, window_intervals - 1))
-            issued = max(0, effective - rng.randint(0, 2 * max(1, terms.reclaim_notice_ms)))
-            pre.append((pid, builders.reclaim(cast, terms, issued, effective, f"{pid}-r1")))
-            features.append(f"{pid} reclaimed")
-            reclaimed = True
-        if rng.random() < 0.3:
-            adjustments += 1
-            pre.append((pid, _adjustment(rng, cast, pid, adjustments, terms.window_start_ms)))
-        if not reclaimed and rng.random() < 0.25:
-            # Issued after the usage was folded: RECLAIM_BEHIND_USAGE unless none was.
-            effective = _grid(terms.window_start_ms, 1)
-            post.append((pid, builders.reclaim(cast, terms, effective, effective, f"{pid}-r2")))
-            features.append(f"{pid} reclaim behind usage")
-        if rng.random() < 0.35:
-            adjustments += 1
-            post.append((pid, _adjustment(rng, cast, pid, adjustments, terms.window_end_ms)))
-        if rng.random() < 0.5:
-            adjustments += 1  # folded after the close:
-            late.append((pid, _adjustment(rng, cast, pid, adjustments, late_clock_ms)))
-            features.append(f"{pid} late adjustment")
-            if rng.random() < 0.3:
-                # the same adjustment_id again, other bytes: ADJUSTMENT_DUPLICATE
-                again = _adjustment(rng, cast, pid, adjustments, late_clock_ms + 1)
-                late.append((pid, again))
-        if rng.random() < 0.25:
-            late.append(
-                (
-                    pid,
-                    builders.reclaim(
-                        cast, terms, late_clock_ms, terms.window_end_ms - 1, f"{pid}-late"
-                    ),
-                )
-            )
-            features.append(f"{pid} reclaim after close")
-        if rng.random() < 0.2:
-            node_id = terms.gpus[0].node_id
-            late.append(
-                (
-                    pid,
-                    builders.key_binding(
-                        cast, pid, node_id, cast.node_key(node_id), 0, 1, late_clock_ms
-                    ),
-                )
-            )
-            features.append(f"{pid} key binding after close")
-    late_terms = rng.choice(list(by_id)) if rng.random() < 0.3 else None
-    if late_terms is not None:
-        features.append(f"{late_terms} terms arrive mid-stream (inputs held)")
-    return Scenario(
-        seed=seed,
-        cast=cast,
-        terms=tuple(terms_list),
-        nodes=tuple(plans),
-        pre=tuple(pre),
-        post=tuple(post),
-        late=tuple(late),
-        late_terms=late_terms,
-        early_clock_ms=early_clock_ms,
-        late_clock_ms=late_clock_ms,
-        partitions=rng.randint(1, 4),
-        segment_max_bytes=rng.choice([4096, 16_384, 1 << 20]),
-        batch_max_records=rng.choice([1, 3, 8, 32]),
-        features=tuple(features),
-    )
-
-
-# ---- the fault schedule (pure, seeded) -------------------------------------------------
-
-
-class FaultKind(enum.StrEnum):
-    """The classes of faults the harness injects."""
-
-    METER_KILL = "meter_kill"
-    LEDGER_KILL = "ledger_kill"
-    BROKER_KILL = "broker_kill"
-    BROKER_RESTART = "broker_restart"
-    DUPLICATES = "duplicates"
-    STORE_LOST = "store_lost"
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault: what, whom, when (``delay_s`` after it is due), and how much."""
-
-    phase: FaultPhase
-    kind: FaultKind
-    target: str = ""
-    delay_s: float = 0.0
-    wait_progress: bool = False
-    count: int = 0
-
-    def describe(self) -> str:
-        """A short human description."""
-        who = f" {self.target}" if self.target else ""
-        extra = f" x{self.count}" if self.count else ""
-        wait = " after progress" if self.wait_progress else ""
-        return f"{self.phase}:{self.kind.value}{who}{extra} +{self.delay_s:.2f}s{wait}"
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The faults of one seed, in order, and the pacing that keeps agents killable."""
-
-    faults: tuple[Fault, ...]
-    terms_after: int
-    pace_ms: int
-
-    def of_phase(self, phase: FaultPhase) -> list[Fault]:
-        """The faults of one phase, in order."""
-        return [f for f in self.faults if f.phase == phase]
-
-
-def make_schedule(scenario: Scenario, cycles: int) -> Schedule:
-    """The fault schedule of a scenario with ``cycles`` faults (pure, seeded)."""
-    if not MIN_CYCLES <= cycles <= MAX_CYCLES:
-        raise ValueError(f"cycles {cycles} is outside {MIN_CYCLES}..{MAX_CYCLES}")
-    rng = random.Random(f"gridledger-faults/{scenario.seed}/schedule/{cycles}")
-    nodes = [n.node_id for n in scenario.nodes]
-    late_nodes = [n.node_id for n in scenario.nodes if any(s.phase == "late" for s in n.segments)]
-    outages = max(1, cycles // 25)
-    duplicates = max(2, cycles // 10)
-    before_close = max(2, cycles // 8)
-    after_close = max(1, cycles // 10)
-    store_lost = 1
-    early = cycles - outages - duplicates - before_close - after_close - store_lost
-    if early < 1:
-        raise ValueError(f"{cycles} cycles are too few for this schedule")
-
-    def kill(phase: FaultPhase, candidates: list[str]) -> Fault:
-        if candidates and rng.random() < 0.6:
-            return Fault(
-                phase,
-                FaultKind.METER_KILL,
-                rng.choice(candidates),
-                delay_s=round(rng.uniform(0.05, 1.0), 3),
-                wait_progress=rng.random() < 0.5,
-            )
-        startup = rng.random() < 0.25
-        return Fault(
-            phase,
-            FaultKind.LEDGER_KILL,
-            delay_s=round(rng.uniform(0.0, 0.6) if startup else rng.uniform(0.0, 0.5), 3),
-            wait_progress=not startup,
-        )
-
-    def dup(phase: FaultPhase) -> Fault:
-        return Fault(phase, FaultKind.DUPLICATES, count=rng.randint(3, 20))
-
-    early_faults = [kill("early", nodes) for _ in range(early)]
-    for _ in range(outages):
-        kind = FaultKind.BROKER_KILL if rng.random() < 0.5 else FaultKind.BROKER_RESTART
-        # Not first: the agents should be spooling while the broker is away.
-        early_faults.insert(
-            rng.randint(1, len(early_faults)),
-            Fault("early", kind, delay_s=round(rng.uniform(0.2, 2.5), 3)),
-        )
-    early_dups = duplicates // 2
-    for _ in range(early_dups):
-        early_faults.insert(rng.randint(1, len(early_faults)), dup("early"))
-    late_faults: list[Fault] = [kill("before_close", []) for _ in range(before_close)]
-    late_faults.insert(rng.randint(0, len(late_faults)), dup("before_close"))
-    after = [kill("after_close", late_nodes) for _ in range(after_close)]
-    for _ in range(duplicates - early_dups - 1):
-        after.insert(rng.randint(0, len(after)), dup("after_close"))
-    # Last: the ledger's store is lost and rebuilt (from offset 0; the local reference
-    # from its intake log) while the late agents may still be shipping.
-    after.append(Fault("after_close", FaultKind.STORE_LOST))
-    faults = (*early_faults, *late_faults, *after)
-    # Pace the agents so their work spans most of the early phase (kills find them busy).
-    steps = 1
-    for plan in scenario.nodes:
-        epoch_ms = min(t.window_start_ms for t in scenario.node_terms(plan.node_id))
-        steps = max(steps, (max(s.until_ms for s in plan.segments) - epoch_ms) // INTERVAL_MS)
-    # Kills cost a restart (~0.6 s) and an outage ~10 s on this machine; err on slow agents:
-    # a kill that finds no agent running becomes a ledger kill.
-    early_s = sum(f.delay_s + 0.6 for f in early_faults) + 10.0 * outages
-    pace_ms = max(5, min(400, int(900 * early_s / steps)))
-    terms_after = rng.randint(1, max(1, len(early_faults) - 1))
-    return Schedule(faults, terms_after, pace_ms)
-
-
-# ---- the fault-free references ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What a ledger decided for one chained input."""
-
-    placement_id: str
-    kind: str
-    status: str
-    reason: str
-
-
-@dataclass
-class NodeReference:
-    """What a node's agent signs without faults, in spool order, with each event's phase."""
-
-    envelopes: list[bytes] = field(default_factory=list)
-    phase: dict[bytes, Phase] = field(default_factory=dict)
-
-    def of_phase(self, phase: Phase) -> list[bytes]:
-        """The envelopes signed in one phase, in order."""
-        return [e for e in self.envelopes if self.phase[e] == phase]
-
-
-@dataclass(frozen=True)
-class LedgerState:
-    """What a stopped ledger's store holds, for comparisons."""
-
-    heads: dict[str, tuple[int, str]]
-    final_statements: dict[str, bytes]
-    final_totals: dict[str, tuple[int, Totals]]
-    decisions: dict[str, Decision]
-    chained: Counter[str]
-    dropped: dict[str, int]
-    quarantined: int
-
-
-@dataclass(frozen=True)
-class Reference:
-    """The fault-free run of a seed: the agents' events and the canonical ledger."""
-
-    nodes: dict[str, NodeReference]
-    ledger: LedgerState
-
-    def events(self) -> dict[bytes, str]:
-        """Every event a fault-free agent signs -> its node."""
-        return {e: node for node, ref in self.nodes.items() for e in ref.envelopes}
-
-
-def run_reference_agent(
-    plan: NodePlan, configs: Mapping[str, Path], spool_dir: Path
-) -> NodeReference:
-    """Run a node's segments in-process on a simulated clock, as ``meter run --until-ms``
-    does (same ``build_agent``, same simulator, same loop), spooling to ``spool_dir``."""
-    out = NodeReference()
-    spec = parse_sim_spec(plan.sim_spec)
-    for segment in plan.segments:
-        config = dataclasses.replace(
-            load_meter_config(configs[segment.key]), spool_dir=spool_dir, transport="local"
-        )
-        terms = [
-            t for t in _load_terms(config.terms) if any(n.node_id == plan.node_id for n in t.nodes)
-        ]
-        clock = SimClock(min(t.window_start_ms for t in terms))  # the CLI's epoch
-        agent = build_agent(config, spec, clock, MeterMetrics())
-        try:
-            while True:
-                due = agent.next_due_ms()
-                if due is None or due > segment.until_ms:
-                    clock.set(max(clock.now_ms(), segment.until_ms))
-                    emitted = agent.tick()
-                else:
-                    clock.set(max(clock.now_ms(), due))
-                    emitted = agent.tick()
-                for envelope in emitted:
-                    out.envelopes.append(envelope)
-                    out.phase[envelope] = segment.phase
-                if due is None or due > segment.until_ms:
-                    break
-        finally:
-            agent.close()
-    return out
-
-
-def _load_terms(paths: Sequence[Path]) -> list[PlacementTerms]:
-    from meter.cli import load_terms
-
-    return list(load_terms(tuple(paths)))
-
-
-def fold_local(
-    key: SigningKey,
-    directory: Path,
-    clock_ms: int,
-    batches: Sequence[Mapping[str, Sequence[bytes]]],
-    *,
-    batch_max_records: int = 64,
-) -> LedgerState:
-    """A fault-free ledger (local transport) over spools written batch by batch.
-
-    Each batch maps a source name to envelopes appended to that spool; the ledger runs
-    until idle (consumes all, then closes what is due) after each batch.
-    """
-    local = directory / "spool"
-    db = directory / "ledger.duckdb"
-    directory.mkdir(parents=True, exist_ok=True)
-    store = Store(db, ledger_public_key=key.public_key)
-    service = LedgerService(
-        store,
-        key,
-        ledger_id="reference",
-        local_dir=local,
-        clock=fixed_clock(clock_ms),
-        batch_max_records=batch_max_records,
-    )
-    try:
-        for batch in batches:
-            for source, envelopes in batch.items():
-                if envelopes:
-                    publish_local(local, source, list(envelopes))
-            service.run_until_idle()
-    finally:
-        service.close()
-    return read_ledger_state(db)
-
-
-def remove_store(db: Path) -> None:
-    """Lose a ledger's DuckDB store (the file and its WAL); the streams stay."""
-    for path in (db, db.with_name(db.name + ".wal")):
-        path.unlink(missing_ok=True)
-
-
-def rebuild_local(
-    key: SigningKey, directory: Path, clock_ms: int, *, batch_max_records: int = 64
-) -> LedgerState:
-    """Lose the store of a ``fold_local`` ledger and rebuild it from the same files (its
-    intake log first, then whatever the spools hold beyond it)."""
-    db = directory / "ledger.duckdb"
-    remove_store(db)
-    store = Store(db, ledger_public_key=key.public_key)
-    service = LedgerService(
-        store,
-        key,
-        ledger_id="reference",
-        local_dir=directory / "spool",
-        clock=fixed_clock(clock_ms),
-        batch_max_records=batch_max_records,
-    )
-    try:
-        service.run_until_idle()
-    finally:
-        service.close()
-    return read_ledger_state(db)
-
-
-def build_reference(
-    scenario: Scenario, configs: Mapping[str, Mapping[str, Path]], directory: Path
-) -> Reference:
-    """The fault-free run of the seed, in-process: agents, then the canonical fold.
-
-    ``configs[node][key]`` is the meter.toml a node's agent runs with for key ``k0``/``k1``.
-    """
-    nodes = {
-        plan.node_id: run_reference_agent(
-            plan, configs[plan.node_id], directory / "agents" / plan.node_id
-        )
-        for plan in scenario.nodes
-    }
-    early = [*(e for _, e in scenario.pre)]
-    for plan in scenario.nodes:
-        early.extend(nodes[plan.node_id].of_phase("early"))
-    early.extend(e for _, e in scenario.post)
-    late = [e for _, e in scenario.late]
-    for plan in scenario.nodes:
-        late.extend(nodes[plan.node_id].of_phase("late"))
-    ledger = fold_local(
-        scenario.cast.ledger,
-        directory / "canonical",
-        scenario.late_clock_ms,
-        [{"publish-canonical": early}, {"publish-canonical": late}],
-    )
-    return Reference(nodes, ledger)
-
-
-def write_node_configs(
-    scenario: Scenario, directory: Path, bootstrap: str, topic: str
-) -> dict[str, dict[str, Path]]:
-    """Each node's key files, signed terms and meter.toml files (Kafka transport):
-    ``result[node]["k0"]`` signs with the terms' key, ``["k1"]`` with the rotated key."""
-    from devtools.scenario import write_meter_setup
-
-    configs: dict[str, dict[str, Path]] = {}
-    for plan in scenario.nodes:
-        k0 = write_meter_setup(
-            directory,
-            scenario.cast,
-            plan.node_id,
-            scenario.node_terms(plan.node_id),
-            transport="kafka",
-            interval_s=INTERVAL_MS / 1000,
-            kafka={"bootstrap": bootstrap, "topic": topic},
-            segment_max_bytes=scenario.segment_max_bytes,
-        )
-        node_dir = k0.parent
-        private, _ = write_key_pair(scenario.rotated_key(plan.node_id), node_dir / "keys")
-        data = tomllib.loads(k0.read_text())
-        data["key_file"] = str(private.relative_to(node_dir))
-        k1 = node_dir / "meter-k1.toml"
-        k1.write_text(tomli_w.dumps(data))
-        configs[plan.node_id] = {"k0": k0, "k1": k1}
-    return configs
-
-
-# ---- reading a ledger's store ---------------------------------------------------------
-
-
-def read_ledger_state(db: Path) -> LedgerState:
-    """Heads, final statements, decisions and counters of a stopped ledger's store."""
-    with Store(db) as store:
-        heads = store.heads()
-        finals: dict[str, bytes] = {}
-        totals: dict[str, tuple[int, Totals]] = {}
-        for placement_id, envelope in store.query(
-            "SELECT placement_id, envelope FROM statements WHERE final"
-        ):
-            statement = open_envelope(bytes(envelope)).record
-            assert isinstance(statement, Statement)
-            finals[str(placement_id)] = bytes(envelope)
-            totals[str(placement_id)] = (statement.through_index, statement.totals)
-        decisions: dict[str, Decision] = {}
-        chained: Counter[str] = Counter()
-        for placement_id, input_hash, kind, status, reason in store.query(
-            "SELECT placement_id, input_hash, kind, status, reason FROM inputs"
-        ):
-            key = f"{placement_id}/{input_hash}"
-            chained[key] += 1
-            decisions[key] = Decision(str(placement_id), str(kind), str(status), str(reason))
-        dropped = {
-            str(p): int(n) for p, n in store.query("SELECT placement_id, count FROM dropped")
-        }
-        quarantined = int(store.query("SELECT count(*) FROM quarantine")[0][0])
-    return LedgerState(heads, finals, totals, decisions, chained, dropped, quarantined)
-
-
-def check_store(db: Path, reference: Reference) -> tuple[list[str], LedgerState | None]:
-    """Problems of a stopped ledger's store (whole chains, inputs once, decisions as in
-    the fault-free run), and its state. Used after every ledger kill and at the end."""
-    problems: list[str] = []
-    if not db.exists():
-        return problems, None
-    try:
-        with Store(db) as store:
-            records = store.query(
-                "SELECT placement_id, chain_index, envelope, record_hash FROM records "
-                "ORDER BY placement_id, chain_index"
-            )
-            inputs = {
-                (str(p), int(i)): (str(h), str(k), str(s), str(r))
-                for p, i, h, k, s, r in store.query(
-                    "SELECT placement_id, chain_index, input_hash, kind, status, reason FROM inputs"
-                )
-            }
-            input_rows = int(store.query("SELECT count(*) FROM inputs")[0][0])
-    except Exception as exc:  # a store a kill -9 made unreadable is the finding itself
-        return [f"the store cannot be read: {type(exc).__name__}: {exc}"], None
-    if input_rows != len(inputs):
-        problems.append(f"{input_rows} input rows for {len(inputs)} (placement, index) pairs")
-    expected_index: dict[str, int] = defaultdict(int)
-    previous: dict[str, str] = {}
-    for placement_id, index, envelope, record_hash in records:
-        pid = str(placement_id)
-        where = f"{pid}[{index}]"
-        if index != expected_index[pid]:
-            problems.append(f"{where}: index {index}, expected {expected_index[pid]}")
-        expected_index[pid] = int(index) + 1
-        try:
-            opened = open_envelope(bytes(envelope))
-        except ProtoError as exc:
-            problems.append(f"{where}: record does not open: {exc}")
-            continue
-        record = opened.record
-        if not isinstance(record, LedgerRecord):
-            problems.append(f"{where}: a {opened.kind} in the records table")
-            continue
-        if opened.record_hash != record_hash:
-            problems.append(f"{where}: record_hash column differs from the payload's hash")
-        if record.prev != previous.get(pid, "0" * 64):
-            problems.append(f"{where}: prev does not link to the previous record")
-        previous[pid] = opened.record_hash
-        chained = inputs.get((pid, int(index)))
-        if chained is None:
-            problems.append(f"{where}: no chained input")
-            continue
-        input_hash, kind, status, reason = chained
-        if (record.source, record.kind, record.status, record.reason) != (
-            input_hash,
-            kind,
-            status,
-            reason,
-        ):
-            problems.append(f"{where}: record and input row disagree")
-        expected = reference.ledger.decisions.get(f"{pid}/{input_hash}")
-        if expected is None:
-            problems.append(
-                f"{where}: chained input {input_hash[:16]} the fault-free run never saw"
-            )
-        elif (expected.kind, expected.status, expected.reason) != (kind, status, reason):
-            problems.append(
-                f"{where}: {kind} {input_hash[:16]} {status} {reason or '-'}; the fault-free "
-                f"run: {expected.status} {expected.reason or '-'}"
-            )
-    seen: Counter[str] = Counter(f"{pid}/{h}" for (pid, _), (h, *_r) in inputs.items())
-    problems.extend(f"input {key} chained {n} times" for key, n in seen.items() if n > 1)
-    if len(inputs) != sum(expected_index.values()):
-        problems.append(f"{len(inputs)} chained inputs for {sum(expected_index.values())} records")
-    if problems:
-        return problems, None
-    return problems, read_ledger_state(db)
-
-
-def check_spool(
-    spool_dir: Path, node_id: str, reference: Reference
-) -> tuple[list[str], list[bytes]]:
-    """Problems of a stopped agent's spool (only events the fault-free agent signs, each
-    stream a contiguous run), and the envelopes it holds."""
-    problems: list[str] = []
-    try:
-        held = [e.data for e in read_spool(spool_dir)] if spool_dir.exists() else []
-    except SpoolError as exc:
-        return [f"spool of {node_id} cannot be read: {exc}"], []
-    signed = reference.nodes[node_id]
-    known = set(signed.envelopes)
-    last_seq: dict[tuple[str, str], int] = {}
-    for data in held:
-        if data not in known:
-            problems.append(
-                f"spool of {node_id} holds {sha256_hex(data)[:16]}, which the fault-free agent "
-                "never signs (re-signed or damaged event)"
-            )
-            continue
-        event = open_envelope(data).record
-        assert isinstance(event, UsageEvent)
-        stream = (event.placement_id, event.node_id)
-        if stream in last_seq and event.seq != last_seq[stream] + 1:
-            problems.append(
-                f"spool of {node_id}: {stream} seq {event.seq} after {last_seq[stream]}"
-            )
-        last_seq[stream] = event.seq
-    return problems, held
-
-
-# ---- Kafka helpers ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TopicMessage:
-    """One message of the topic."""
-
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-
-
-async def _read_topic(settings: KafkaSettings, partitions: int) -> list[TopicMessage]:
-    from aiokafka import AIOKafkaConsumer
-    from aiokafka.structs import TopicPartition
-
-    consumer = AIOKafkaConsumer(
-        **client_kwargs(settings),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    await consumer.start()
-    try:
-        tps = [TopicPartition(settings.topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        out: list[TopicMessage] = []
-        async with asyncio.timeout(KAFKA_IO_TIMEOUT_S):
-            while True:
-                behind = [tp for tp in tps if await consumer.position(tp) < end[tp]]
-                if not behind:
-                    break
-                batches = await consumer.getmany(*behind, timeout_ms=200)
-                for tp, records in batches.items():
-                    out.extend(
-                        TopicMessage(tp.partition, r.offset, r.key, r.value or b"")
-                        for r in records
-                        if r.offset < end[tp]
-                    )
-        return sorted(out, key=lambda m: (m.partition, m.offset))
-    finally:
-        await consumer.stop()
-
-
-def read_topic(settings: KafkaSettings, partitions: int) -> list[TopicMessage]:
-    """Every message of the topic up to its end offsets now, by partition and offset."""
-    return asyncio.run(_read_topic(settings, partitions))
-
-
-def _publish(settings: KafkaSettings, items: Sequence[tuple[str, bytes]]) -> None:
-    if items:
-        asyncio.run(publish_kafka(settings, items, timeout_s=KAFKA_IO_TIMEOUT_S))
-
-
-def fold_partitions(
-    key: SigningKey, directory: Path, clock_ms: int, messages: Sequence[TopicMessage]
-) -> LedgerState:
-    """The *same stream* reference: each partition's exact sequence folded fault-free
-    (one local spool per partition: a placement lives in one partition, so its inputs
-    keep their order)."""
-    by_partition: dict[str, list[bytes]] = defaultdict(list)
-    for message in messages:
-        by_partition[f"partition-{message.partition}"].append(message.value)
-    return fold_local(key, directory, clock_ms, [by_partition])
 
 
 # ---- the runner ---------------------------------------------------------------------------
@@ -1252,7 +297,7 @@ def _spool_bytes(spool: Path) -> int:
     return total
 
 
-class _Run:
+class _SeedRun:
     """One seed's run (see the module docstring); ``execute`` returns the report."""
 
     def __init__(
@@ -1627,7 +672,7 @@ class _Run:
         rng = random.Random(f"gridledger-faults/{self.seed}/dup/{self.report.total_cycles}")
         picked = [keyed[rng.randrange(len(keyed))] for _ in range(fault.count)] if keyed else []
         items = [(m.key.decode(), m.value) for m in picked if m.key is not None]
-        _publish(self.settings, items)
+        publish(self.settings, items)
         self.cycle(FaultKind.DUPLICATES, f"{len(items)} re-delivered of {len(messages)}")
 
     # -- the run --
@@ -1660,18 +705,18 @@ class _Run:
         scenario, schedule = self.scenario, self.schedule
         timings = self.report.timings_s
         mark = time.monotonic()
-        _publish(self.settings, [(p, e) for p, e in scenario.pre if not self._held_terms(p, e)])
+        publish(self.settings, [(p, e) for p, e in scenario.pre if not self._held_terms(p, e)])
         self.meter_phase = "early"
         self.supervise()  # starts the ledger and the agents
         terms_published = scenario.late_terms is None
         for index, fault in enumerate(schedule.of_phase("early")):
             if not terms_published and index == schedule.terms_after:
-                _publish(self.settings, self._late_terms())
+                publish(self.settings, self._late_terms())
                 terms_published = True
                 self.note(f"terms of {scenario.late_terms} published (held inputs released)")
             self.inject(fault)
         if not terms_published:
-            _publish(self.settings, self._late_terms())
+            publish(self.settings, self._late_terms())
         self._hurry()
         self.wait_for(
             lambda: all(
@@ -1682,7 +727,7 @@ class _Run:
         )
         timings["early"] = time.monotonic() - mark
         mark = time.monotonic()
-        _publish(self.settings, list(scenario.post))
+        publish(self.settings, list(scenario.post))
         # The ledger's clock moves past every close: restart it with the late clock.
         if self.ledger.alive():
             self.ledger.kill9()
@@ -1694,7 +739,7 @@ class _Run:
         self._wait_for_closes()
         timings["close"] = time.monotonic() - mark
         mark = time.monotonic()
-        _publish(self.settings, list(scenario.late))
+        publish(self.settings, list(scenario.late))
         self.meter_phase = "late"
         self.pace_ms = schedule.pace_ms
         self.supervise()
@@ -1887,80 +932,6 @@ class _Run:
         return verified
 
 
-def compare_final(
-    scenario: Scenario,
-    reference: Reference,
-    faulty: LedgerState,
-    same_stream: LedgerState,
-    messages: Sequence[TopicMessage],
-    observed: set[bytes],
-) -> list[str]:
-    """The end-of-run invariants (a) and (b) of the module docstring, as problems."""
-    problems: list[str] = []
-    canonical = reference.ledger
-    signed = reference.events()
-    # (a) every spooled event is one the fault-free agent signs ...
-    for data in observed:
-        if data not in signed:
-            problems.append(f"a spooled event {sha256_hex(data)[:16]} no fault-free agent signs")
-    # ... and every one of those is chained exactly once, decided as without faults.
-    for data, node in signed.items():
-        event = open_envelope(data).record
-        assert isinstance(event, UsageEvent)
-        key = f"{event.placement_id}/{sha256_hex(data)}"
-        if faulty.chained[key] != 1:
-            problems.append(
-                f"usage {event.placement_id}/{node} seq {event.seq} chained "
-                f"{faulty.chained[key]} times"
-            )
-    more = sorted(set(faulty.decisions) - set(canonical.decisions))
-    fewer = sorted(set(canonical.decisions) - set(faulty.decisions))
-    problems.extend(f"chained, but not by the fault-free run: {k}" for k in more[:10])
-    problems.extend(f"chained by the fault-free run only: {k}" for k in fewer[:10])
-    for key in sorted(set(faulty.decisions) & set(canonical.decisions)):
-        if faulty.decisions[key] != canonical.decisions[key]:
-            problems.append(
-                f"decision on {key}: {faulty.decisions[key]} vs {canonical.decisions[key]}"
-            )
-    problems.extend(f"input {k} chained {n} times" for k, n in faulty.chained.items() if n > 1)
-    if faulty.quarantined:
-        problems.append(f"{faulty.quarantined} inputs quarantined (none are malformed)")
-    per_placement: Counter[str] = Counter(m.key.decode() for m in messages if m.key is not None)
-    chained_per: Counter[str] = Counter(d.placement_id for d in faulty.decisions.values())
-    for placement_id in scenario.placement_ids:
-        accounted = chained_per[placement_id] + faulty.dropped.get(placement_id, 0)
-        if per_placement[placement_id] != accounted:
-            problems.append(
-                f"{placement_id}: {per_placement[placement_id]} messages in the topic, "
-                f"{chained_per[placement_id]} chained + "
-                f"{faulty.dropped.get(placement_id, 0)} dropped"
-            )
-    # (b) the same stream folded without faults: byte-identical results.
-    if faulty.heads != same_stream.heads:
-        problems.append(f"heads {faulty.heads} != same-stream heads {same_stream.heads}")
-    if faulty.final_statements != same_stream.final_statements:
-        problems.append("final statements differ from the same-stream fold")
-    if faulty.dropped != same_stream.dropped:
-        problems.append(f"dropped {faulty.dropped} != same-stream dropped {same_stream.dropped}")
-    # (b) the fault-free run of the seed: totals for all, bytes for one-source placements.
-    for placement_id in scenario.placement_ids:
-        got, want = faulty.final_totals.get(placement_id), canonical.final_totals.get(placement_id)
-        if got != want:
-            problems.append(f"{placement_id}: final (index, totals) {got} != fault-free {want}")
-        got_len = faulty.heads.get(placement_id, (-1, ""))[0]
-        want_len = canonical.heads.get(placement_id, (-1, ""))[0]
-        if got_len != want_len:
-            problems.append(f"{placement_id}: head index {got_len} != fault-free {want_len}")
-        if scenario.single_source(placement_id):
-            if faulty.heads.get(placement_id) != canonical.heads.get(placement_id):
-                problems.append(f"{placement_id}: head differs from the fault-free run")
-            if faulty.final_statements.get(placement_id) != canonical.final_statements.get(
-                placement_id
-            ):
-                problems.append(f"{placement_id}: final statement differs from the fault-free run")
-    return problems
-
-
 def run_seed(
     seed: int,
     *,
@@ -1971,7 +942,7 @@ def run_seed(
 ) -> FaultReport:
     """Run one seed's scenario and fault schedule; raise FaultFailure when an invariant
     does not hold (the message names the seed and the replay command)."""
-    return _Run(seed, cycles, bootstrap, broker, workdir).execute()
+    return _SeedRun(seed, cycles, bootstrap, broker, workdir).execute()
 
 
 def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
