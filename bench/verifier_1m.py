@@ -258,9 +258,10 @@ def build_export(events: int, out: Path, trust_out: Path) -> None:
         body = checkpoint_body(
             Checkpoint(origin=checkpoint_origin("p-bench"), size=size, root=root_hash)
         )
-        note = cosign(
-            sign_note(body, "gridledger-ledger", cast.ledger), cast.buyer.name, cast.buyer, 1
-        )
+        # The operator's and the buyer's witnesses (the trust file's default policy).
+        note = sign_note(body, "gridledger-ledger", cast.ledger)
+        for party in (cast.operator, cast.buyer):
+            note = cosign(note, party.name, party, 1)
         con.execute("INSERT INTO checkpoints VALUES (?, ?)", [size, note.text()])
     import base64
 
@@ -407,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
-    export = CACHE / f"verifier-{args.events}-v1.duckdb"
-    trust = CACHE / f"verifier-{args.events}-v1-trust.json"
+    # v2: statements with periods, checkpoints witnessed by operator and buyer.
+    export = CACHE / f"verifier-{args.events}-v2.duckdb"
+    trust = CACHE / f"verifier-{args.events}-v2-trust.json"
     if args.rebuild or not (export.exists() and trust.exists()):
         build_export(args.events, export, trust)
     one = verify_rate(1)
