@@ -68,7 +68,12 @@ class GpuSpec(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class PlacementTerms(
-    Struct, frozen=True, forbid_unknown_fields=True, tag="terms", tag_field="type"
+    Struct,
+    frozen=True,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    tag="terms",
+    tag_field="type",
 ):
     """What operator, buyer and desk agreed before the work started. Signed by all three."""
 
@@ -248,7 +253,14 @@ class LedgerRecord(Struct, frozen=True, forbid_unknown_fields=True, tag="record"
     totals: Totals
 
 
-class Statement(Struct, frozen=True, forbid_unknown_fields=True, tag="statement", tag_field="type"):
+class Statement(
+    Struct,
+    frozen=True,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    tag="statement",
+    tag_field="type",
+):
     """Ledger: the cumulative obligation through record ``through_index`` (hash ``head``).
 
     ``period`` (SPEC §8, "Statement periods"): 0 through the close; each record after the

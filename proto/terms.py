@@ -172,7 +172,7 @@ def _resolve_key(value: Any, where: str, base: Path) -> Any:
     if isinstance(value, str):
         try:
             raw = base64.b64decode(value, validate=True)
-        except binascii.Error as exc:
+        except (binascii.Error, ValueError) as exc:  # ValueError: non-ASCII text
             raise TermsError([f"{where}: key is neither base64 nor file:PATH"]) from exc
         return raw
     return value

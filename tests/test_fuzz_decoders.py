@@ -781,3 +781,12 @@ def test_canonical_json_of_builtins_is_what_the_mutators_call_canonical() -> Non
         value = json.loads(body)
         ours = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         assert ours.encode() == body == canonical_json(value)
+
+
+def test_regression_terms_key_with_non_ascii_text_is_a_terms_error() -> None:
+    # Found by test_terms_files_toml: base64 of non-ASCII text raised ValueError, not a
+    # TermsError naming the field.
+    from proto.terms import TermsError, _resolve_key
+
+    with pytest.raises(TermsError, match=r"buyer\.key: key is neither base64"):
+        _resolve_key("\x80abc", "buyer.key", Path("."))

@@ -369,10 +369,11 @@ def test_an_event_beyond_a_gap_waits_and_creates_no_stream() -> None:
 # and re-pinned once, on purpose, when SPEC §6.2 stream holds and §6.3 taken seqs
 # changed what a gap or a rejected event does, and again when the terms gained `version`
 # and `supersedes` and adjustments and key bindings their SPEC §4.0 signers (new bytes:
-# the decisions stay those of the old pin — the same counts per decision and reason).
-# Any other change here is a regression.
-OLD_SNAPSHOTS_SHA256: Final = "54e841e2df334acfe1209762549184dded0ecbe5056a094df85a7f68064a551b"
-OLD_OUTCOMES_SHA256: Final = "905490c70abf241abc73aefe2dc1775670f31ccb57b66a3ddc78e80bbe79513f"
+# the decisions stay those of the old pin — the same counts per decision and reason),
+# and when `version`/`supersedes` at their defaults were omitted again (SPEC §2 (4): the
+# terms keep their original bytes). Any other change here is a regression.
+OLD_SNAPSHOTS_SHA256: Final = "8a79ea3945e6b0a7e0819168a2f2e21abd96c6dd1da60927ed62d2c43d12ff47"
+OLD_OUTCOMES_SHA256: Final = "274c6e501da1bb2f31111711f548ebcc4b6feca022c3d1ad7df37f7403e39223"
 
 
 def test_snapshot_bytes_and_outcomes_match_the_fold_before_decide() -> None:
