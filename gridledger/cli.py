@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gridledger",
         description="Metering and settlement ledger for shared GPU capacity.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"gridledger {_version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:
@@ -47,6 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gridledger")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

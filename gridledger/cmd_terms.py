@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from pathlib import Path
+
+from aiokafka.errors import KafkaError
 
 from proto.canonical import signed_bytes
 from proto.envelope import Envelope, add_signatures, encode_envelope, sign_payload
@@ -177,6 +180,19 @@ def _publish(args: argparse.Namespace) -> int:
         print(f"OK: published {terms.placement_id} to {args.local}")
     else:
         settings = kafka.KafkaSettings(bootstrap=args.kafka, topic=args.topic)
-        asyncio.run(kafka.publish_kafka(settings, [(terms.placement_id, raw)]))
+        # aiokafka logs each failed connection attempt itself; the one line below says it.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        try:
+            asyncio.run(kafka.publish_kafka(settings, [(terms.placement_id, raw)]))
+        except (OSError, TimeoutError, KafkaError) as exc:
+            # One line, no traceback: the broker did not take the terms (nothing to undo;
+            # publishing again is safe, the ledger drops an exact duplicate).
+            reason = str(exc) or type(exc).__name__
+            print(
+                f"FAIL: Kafka at {args.kafka} did not acknowledge the terms (topic "
+                f"{args.topic}): {reason}; nothing was published, try again",
+                file=sys.stderr,
+            )
+            return 75
         print(f"OK: published {terms.placement_id} to {args.kafka} topic {args.topic}")
     return 0
