@@ -21,6 +21,7 @@ from devtools.builders import (
     gpu,
     make_cast,
     make_terms,
+    reclaim,
     sample,
     signed_terms,
 )
@@ -272,3 +273,46 @@ def test_frontier_root_equals_merkle_root(leaves: list[bytes], data: st.DataObje
     frontier = Frontier.empty().extend(leaves[:cut]).extend(leaves[cut:])
     assert frontier.well_formed()
     assert frontier.root() == merkle.root(leaves)
+
+
+def test_a_whole_stream_left_out_is_refused_listing_its_events() -> None:
+    s = Scene()
+    records = s.chain([(s.terms_raw, "accepted", ""), (s.close_raw, "accepted", "")])
+    detail = refused(s.run(fresh(), records), "W_MISSING")
+    assert "node n1 seq 0" in detail and "(and 5 more)" in detail
+
+
+def test_the_buyers_witness_refuses_a_log_without_the_reclaim_it_received() -> None:
+    s = Scene()
+    notice = reclaim(s.cast, s.terms, WS + 4 * MIN, WS + 8 * MIN, "rc-1")
+    received = Known(sha256_hex(notice), "reclaim", "", -1, WS + 4 * MIN, "reclaim.json")
+    terms_known = Known(sha256_hex(s.terms_raw), "terms", "", -1, WS, "terms.json")
+    # The ledger leaves the reclaim out (the buyer's credit for short notice goes with it).
+    records = s.honest()
+    outcome = witness(
+        fresh(),
+        s.terms,
+        parse_note(s.note(records)),
+        records,
+        [terms_known, received],
+        name=s.cast.buyer.name,
+        key=s.cast.buyer,
+        now_s=1_800_000_000,
+    )
+    detail = refused(outcome, "W_MISSING")
+    assert f"reclaim input {received.input_hash}" in detail
+    # With the reclaim in the log before the close, the buyer cosigns.
+    ok = [(s.terms_raw, "accepted", "")] + [(e, "accepted", "") for e in s.events[:8]]
+    ok += [(notice, "accepted", ""), (s.close_raw, "accepted", "")]
+    chained = s.chain(ok)
+    outcome = witness(
+        fresh(),
+        s.terms,
+        parse_note(s.note(chained)),
+        chained,
+        [terms_known, received],
+        name=s.cast.buyer.name,
+        key=s.cast.buyer,
+        now_s=1_800_000_000,
+    )
+    assert isinstance(outcome, Cosigned)
