@@ -37,9 +37,10 @@ import json
 import logging
 import sys
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -333,23 +334,28 @@ def _prove(args: argparse.Namespace) -> int:
         return _prove_consistency(args)
     if len(args.paths) != 2 or args.index is None or args.out is None:
         return _fail("verify prove needs FILE.duckdb, --index (or --from) and --out")
-    try:
-        bundle = make_inclusion_bundle(Path(args.paths[1]), args.index, args.size)
-    except UnusableInput as exc:
-        return _fail(str(exc))
-    written = bundle.write(args.out)
-    print(f"OK: wrote {', '.join(str(p) for p in written)}")
-    return EXIT_VERIFIED
+    path = Path(args.paths[1])
+    return _write_bundle(lambda: make_inclusion_bundle(path, args.index, args.size), args.out)
 
 
 def _prove_consistency(args: argparse.Namespace) -> int:
     if len(args.paths) != 2 or args.out is None:
         return _fail("verify prove --from needs FILE.duckdb and --out")
+    path = Path(args.paths[1])
+    return _write_bundle(lambda: make_consistency_bundle(path, args.from_size, args.size), args.out)
+
+
+class _Bundle(Protocol):
+    def write(self, out_dir: Path) -> Sequence[Path]: ...
+
+
+def _write_bundle(make: Callable[[], _Bundle], out: Path) -> int:
+    """Build a proof bundle and write its files; one FAIL line if the export cannot serve."""
     try:
-        bundle = make_consistency_bundle(Path(args.paths[1]), args.from_size, args.size)
+        bundle = make()
     except UnusableInput as exc:
         return _fail(str(exc))
-    written = bundle.write(args.out)
+    written = bundle.write(out)
     print(f"OK: wrote {', '.join(str(p) for p in written)}")
     return EXIT_VERIFIED
 
