@@ -8,17 +8,21 @@ its party id with the key the terms name for it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 from proto import merkle
 from proto.cosign import cosignature_of
 from proto.errors import ProtoError
 from proto.keys import SigningKey
-from proto.note import SignedNote, checkpoint_body, checkpoint_origin, parse_note, sign_note
+from proto.note import (
+    LEDGER_NOTE_NAME,
+    SignedNote,
+    checkpoint_body,
+    checkpoint_origin,
+    parse_note,
+    sign_note,
+)
 from proto.reasons import Reason
 from proto.records import Checkpoint, PlacementTerms
-
-LEDGER_NOTE_NAME: Final = "gridledger-ledger"
 
 
 def make_checkpoint(placement_id: str, payloads: Sequence[bytes], key: SigningKey) -> SignedNote:

@@ -24,6 +24,8 @@ from proto.keys import SigningKey, verify
 from proto.reasons import Reason
 from proto.records import Checkpoint
 
+# The key name under which a ledger signs its checkpoints (SPEC §8.1).
+LEDGER_NOTE_NAME: Final = "gridledger-ledger"
 _DASH: Final = "\u2014"
 _NAME_RE: Final = re.compile(r"^[^\s+]+$")
 MAX_NOTE_BYTES: Final = 64 * 1024

@@ -15,12 +15,11 @@ from test_ledger_scenario import (
 
 from devtools.builders import adjustment
 from ledger.attest import UnknownPlacement
-from ledger.checkpoints import LEDGER_NOTE_NAME
 from ledger.export import TABLES, export_placement
 from proto import merkle
 from proto.envelope import decode_envelope, open_envelope
 from proto.keys import b64, verify
-from proto.note import parse_checkpoint_body, parse_note
+from proto.note import LEDGER_NOTE_NAME, parse_checkpoint_body, parse_note
 from proto.records import LedgerRecord, Statement
 
 

@@ -23,14 +23,13 @@ from test_ledger_scenario import (
 
 from devtools.builders import signed_terms
 from gridledger.cli import main as gridledger_main
-from ledger.checkpoints import LEDGER_NOTE_NAME
 from ledger.client import find_running
 from ledger.config import load_config
 from ledger.http import LedgerApi, LedgerHttpServer
 from proto import merkle
 from proto.cosign import cosign, cosignature_of
 from proto.keys import SigningKey, write_key_pair
-from proto.note import parse_note
+from proto.note import LEDGER_NOTE_NAME, parse_note
 
 
 def _get(url: str) -> tuple[int, bytes]:

@@ -23,14 +23,19 @@ from proto import merkle
 from proto.envelope import decode_envelope
 from proto.errors import ProtoError
 from proto.files import read_at_most
-from proto.note import MAX_NOTE_BYTES, checkpoint_origin, parse_checkpoint_body, parse_note
+from proto.note import (
+    LEDGER_NOTE_NAME,
+    MAX_NOTE_BYTES,
+    checkpoint_origin,
+    parse_checkpoint_body,
+    parse_note,
+)
 from proto.trust import TrustFile
 from verifier.errors import UnusableInput
 from verifier.source import ExportSource
 
 CONSISTENCY_FORMAT: Final = "gridledger-consistency/v1"
 MAX_CONSISTENCY_FILE_BYTES: Final = 64 * 1024
-LEDGER_NOTE_NAME: Final = "gridledger-ledger"
 
 
 class ConsistencyProof(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

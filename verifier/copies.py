@@ -27,11 +27,16 @@ from proto.envelope import decode_envelope
 from proto.errors import ProtoError
 from proto.frontier import Frontier
 from proto.merkle import leaf_hash
-from proto.note import SignedNote, checkpoint_origin, parse_checkpoint_body, parse_note
+from proto.note import (
+    LEDGER_NOTE_NAME,
+    SignedNote,
+    checkpoint_origin,
+    parse_checkpoint_body,
+    parse_note,
+)
 from proto.records import Checkpoint
 from verifier.source import ExportSource
 
-LEDGER_NOTE_NAME = "gridledger-ledger"
 _BATCH = 10_000
 
 

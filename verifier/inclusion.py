@@ -30,7 +30,13 @@ from msgspec import Meta, Struct
 from proto.errors import ProtoError
 from proto.files import read_at_most
 from proto.merkle import inclusion_proof, verify_inclusion
-from proto.note import MAX_NOTE_BYTES, checkpoint_origin, parse_checkpoint_body, parse_note
+from proto.note import (
+    LEDGER_NOTE_NAME,
+    MAX_NOTE_BYTES,
+    checkpoint_origin,
+    parse_checkpoint_body,
+    parse_note,
+)
 from proto.records import Identifier, LedgerRecord, NonNegInt
 from proto.trust import TrustFile
 from verifier import limits
@@ -38,7 +44,6 @@ from verifier.errors import UnusableInput
 from verifier.findings import Findings, Step
 from verifier.opener import SIG_VALID, open_one
 from verifier.source import ALIAS, ExportSource, blob
-from verifier.step8_merkle import LEDGER_NOTE_NAME
 
 PROOF_FORMAT: Final = "gridledger-inclusion/v1"
 

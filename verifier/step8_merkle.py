@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, Final
 from proto.cosign import cosignature_of
 from proto.errors import ProtoError
 from proto.merkle import leaf_hash
-from proto.note import SignedNote, checkpoint_origin, parse_checkpoint_body, parse_note
+from proto.note import (
+    LEDGER_NOTE_NAME,
+    SignedNote,
+    checkpoint_origin,
+    parse_checkpoint_body,
+    parse_note,
+)
 from verifier.findings import Step
 from verifier.merkle_stream import CompactRange
 from verifier.step5_columns import check_checkpoint_size
@@ -22,7 +28,6 @@ from verifier.step5_columns import check_checkpoint_size
 if TYPE_CHECKING:
     from verifier.state import Verification
 
-LEDGER_NOTE_NAME: Final = "gridledger-ledger"
 MISSING_LEAF: Final = leaf_hash(b"")  # stands in for a record that is missing or unreadable
 
 

@@ -19,6 +19,7 @@ from proto.errors import ProtoError
 from proto.keys import SigningKey, key_id, verify
 from proto.merkle import leaf_hash
 from proto.note import (
+    LEDGER_NOTE_NAME,
     NoteSignature,
     SignedNote,
     checkpoint_origin,
@@ -29,7 +30,6 @@ from proto.records import LedgerRecord, PlacementTerms
 from witness.known import Known
 from witness.state import Refusal, WitnessState
 
-LEDGER_NOTE_NAME: Final = "gridledger-ledger"
 # How far the party's clock may be from the ledger's when it judges "delivered before the
 # close deadline" (SPEC §8.3 W_MISSING).
 MAX_CLOCK_SKEW_MS: Final = 60_000
