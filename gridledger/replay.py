@@ -56,7 +56,7 @@ import msgspec
 import structlog
 
 from gridledger.placement_plan import Placement, Plan, plan_placements
-from gridledger.replay_cluster import NodeAgent, ReplayCluster, placement_id_of
+from gridledger.replay_cluster import ReplayCluster
 from gridledger.replay_limits import (
     DEFAULT_INTERVAL_S,
     LEDGER_IDLE_POLL_MS,
@@ -81,14 +81,13 @@ from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
 from meter.durable import write_atomic
-from meter.shipper import load_shipped, store_shipped
+from meter.shipper import Shipper
 from proto.invariant import present
 from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms
 from proto.trust import TrustFile, dump_trust
-from transport.kafka import KafkaSettings, make_producer
+from transport.kafka import KafkaSettings, make_producer, publish_kafka
 from transport.local import publish_local, publisher_source
-from transport.spool import read_spool
 
 __all__ = [
     "REPORT_FORMAT",
@@ -469,34 +468,52 @@ class _ReplayRun:
         )
         cluster = self.cluster(plan, self.workdir / "spools")
         producer = make_producer(settings, linger_ms=5)
-        sender = _Sender(producer, settings.topic)
         try:
             await producer.start()
             await service.start()
-            # Events spooled by an earlier run but never acknowledged: send them again.
-            for node in cluster.nodes():
-                await sender.resend_unacked(node)
-            await sender.flush()
+            # One shipper per node spool, the meter's own (one producer shared by all):
+            # it starts from the spool's acknowledged position, so events spooled by an
+            # earlier run but never acknowledged are sent again first.
+            shippers = {
+                node.node_id: Shipper(
+                    node.spool_dir,
+                    settings,
+                    producer=producer,
+                    collect_garbage=node.agent.collect_garbage,
+                    now_ms=cluster.clock.now_ms,
+                    batch_max_records=SEND_WINDOW_RECORDS,
+                )
+                for node in cluster.nodes()
+            }
+            shipping = 0.0
+            started = time.perf_counter()
+            resent = await _ship(list(shippers.values()))
+            if resent:
+                log.info("resent_unacked", events=resent)
+            shipping += time.perf_counter() - started
             previous: int | None = None
             for until in self.steps(plan):
-                for p in self.starting(plan, previous, until):
-                    await sender.send(p.placement_id, self.terms_envelopes[p.placement_id])
-                touched: list[NodeAgent] = []
-                for node, envelopes in cluster.tick_to(previous or 0, until):
-                    self.report.events_generated += len(envelopes)
-                    for envelope in envelopes:
-                        await sender.send(placement_id_of(envelope), envelope)
-                    touched.append(node)
-                await sender.flush()
-                for node in touched:  # acknowledged: record it, then free the spool
-                    _write_acked(node)
+                starting = [
+                    (p.placement_id, self.terms_envelopes[p.placement_id])
+                    for p in self.starting(plan, previous, until)
+                ]
+                if starting:
+                    await publish_kafka(settings, starting, producer=producer)
+                touched: dict[str, Shipper] = {}
+                with _Timer(self.seconds, "agents"):
+                    for node, envelopes in cluster.tick_to(previous or 0, until):
+                        self.report.events_generated += len(envelopes)
+                        touched[node.node_id] = shippers[node.node_id]
+                started = time.perf_counter()
+                await _ship(list(touched.values()))
+                shipping += time.perf_counter() - started
                 now.value = until
                 with _Timer(self.seconds, "ledger"):
                     await service.run_until(
                         deadline_s=LEDGER_STEP_DEADLINE_S, idle_poll_ms=LEDGER_IDLE_POLL_MS
                     )
                 previous = until
-            self.seconds["agents_and_send"] = sender.seconds
+            self.seconds["ship"] = shipping
         except BaseException:
             service.close()
             raise
@@ -617,46 +634,10 @@ class _ClockHolder:
         return self.value
 
 
-class _Sender:
-    """Sends (key, envelope) to Kafka, at most SEND_WINDOW_RECORDS unacknowledged."""
-
-    def __init__(self, producer: Any, topic: str) -> None:
-        self.producer = producer
-        self.topic = topic
-        self.pending: list[Any] = []
-        self.seconds = 0.0
-
-    async def send(self, key: str, envelope: bytes) -> None:
-        started = time.perf_counter()
-        future = await self.producer.send(self.topic, value=envelope, key=key.encode())
-        self.pending.append(future)
-        self.seconds += time.perf_counter() - started
-        if len(self.pending) >= SEND_WINDOW_RECORDS:
-            await self.flush()
-
-    async def flush(self) -> None:
-        started = time.perf_counter()
-        pending, self.pending = self.pending, []
-        if pending:
-            await asyncio.gather(*pending)
-        self.seconds += time.perf_counter() - started
-
-    async def resend_unacked(self, node: NodeAgent) -> int:
-        acked = load_shipped(node.spool_dir)
-        count = 0
-        for entry in read_spool(node.spool_dir, acked):
-            await self.send(placement_id_of(entry.data), entry.data)
-            count += 1
-        if count:
-            log.info("resent_unacked", node=node.node_id, events=count)
-        return count
-
-
-def _write_acked(node: NodeAgent) -> None:
-    """Record that everything the node spooled so far is in Kafka, then free the spool."""
-    position = node.end_position
-    store_shipped(node.spool_dir, position)
-    node.agent.collect_garbage(position)
+async def _ship(shippers: Sequence[Shipper]) -> int:
+    """Ship what each spool holds, the spools side by side; return how many records."""
+    counts = await asyncio.gather(*(shipper.ship_available() for shipper in shippers))
+    return sum(counts)
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:

@@ -27,9 +27,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
-
-import msgspec
 
 from gridledger.placement_plan import Placement, Plan
 from gridledger.replay_limits import MAX_AGENT_TICKS_PER_STEP
@@ -40,31 +37,7 @@ from meter.sim import SimDevice, Simulator, parse_sim_spec
 from proto.records import PlacementTerms
 from transport.positions import SpoolPosition
 
-__all__ = ["NodeAgent", "ReplayCluster", "placement_id_of"]
-
-_PLACEMENT_FIELD: Final = b'"placement_id":"'
-
-
-class _EnvelopeView(msgspec.Struct):
-    payload: bytes
-
-
-_ENVELOPE_VIEW: Final = msgspec.json.Decoder(_EnvelopeView)
-
-
-def placement_id_of(envelope: bytes) -> str:
-    """The placement of an envelope the replay's own agents just signed (the Kafka key).
-
-    A shortcut for trusted bytes: the payload is canonical JSON, whose identifiers can
-    hold no quote or escape. Anything else raises ValueError.
-    """
-    payload = _ENVELOPE_VIEW.decode(envelope).payload
-    start = payload.find(_PLACEMENT_FIELD)
-    if start < 0:
-        raise ValueError("envelope payload has no placement_id")
-    start += len(_PLACEMENT_FIELD)
-    end = payload.index(b'"', start)
-    return payload[start:end].decode("ascii")
+__all__ = ["NodeAgent", "ReplayCluster"]
 
 
 @dataclass

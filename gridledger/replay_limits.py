@@ -34,7 +34,7 @@ MAX_AGENT_TICKS_PER_STEP: Final = 100_000
 on the loop far above what a step of the longest trace needs."""
 
 SEND_WINDOW_RECORDS: Final = 20_000
-"""Kafka sends in flight before the replay waits for their acknowledgements."""
+"""Records one node's shipper sends before it waits for their acknowledgements (its batch)."""
 
 MAX_BUYERS: Final = 64
 """Buyers a replay may spread placements over (the default is 4)."""

@@ -73,8 +73,13 @@ class Shipper:
         batch_max_records: int = SHIP_BATCH_MAX_RECORDS,
         attempt_timeout_s: float = SHIP_ATTEMPT_TIMEOUT_S,
         now_ms: Callable[[], int] | None = None,
+        producer: Any = None,
     ) -> None:
         self._spool_dir = Path(spool_dir)
+        # A started producer shared by several shippers (one host shipping many spools, as
+        # the trace replay does) is used as is and never stopped here; without one the
+        # shipper makes its own and tears it down after a failed batch.
+        self._shared_producer = producer
         # The clock that dates deliveries in the delivery log (the agent's clock).
         self._now_ms = now_ms if now_ms is not None else (lambda: int(time.time() * 1000))
         self._settings = settings
@@ -83,7 +88,7 @@ class Shipper:
         self._batch_max_records = batch_max_records
         self._attempt_timeout_s = attempt_timeout_s
         self._acked = load_shipped(self._spool_dir)
-        self._producer: Any = None
+        self._producer: Any = producer
         self._wake = asyncio.Event()
 
     @property
@@ -125,6 +130,8 @@ class Shipper:
         await self._discard_producer()
 
     async def _discard_producer(self) -> None:
+        if self._shared_producer is not None:
+            return  # its owner stops it
         producer, self._producer = self._producer, None
         if producer is not None:
             await self._stop_producer(producer)

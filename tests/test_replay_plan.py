@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from gridledger.placement_plan import Plan, buyer_index, plan_placements
-from gridledger.replay_cluster import placement_id_of
 from gridledger.replay_limits import TRACE_EPOCH_MS
 from gridledger.replay_terms import (
     PriceTableError,
@@ -22,6 +21,7 @@ from gridledger.replay_terms import (
 from gridledger.trace import Node, Task, read_trace
 from proto.envelope import open_envelope
 from proto.terms import check_terms_signatures, validate_terms
+from transport.kafka import placement_of
 
 EXCERPT = Path(__file__).parent / "data" / "openb_excerpt"
 
@@ -150,7 +150,7 @@ def test_terms_of_the_plan_are_valid_and_signed_by_all_three_parties() -> None:
         price = prices.price(placement.model)
         assert terms.rate_per_gpu_hour_minor == price.rate_per_gpu_hour_minor
         assert terms.nodes[0].key == cast.node_key(placement.node_id).public_key
-        assert placement_id_of(envelope) == placement.placement_id
+        assert placement_of(envelope) == placement.placement_id
     again = make_replay_cast("test-seed", 4)
     assert again.trust() == cast.trust()  # keys derive from the seed alone
 

@@ -158,8 +158,12 @@ async def publish_kafka(
     items: Sequence[tuple[str, bytes]],
     *,
     timeout_s: float = SHIP_ATTEMPT_TIMEOUT_S,
+    producer: Any = None,
 ) -> None:
     """Send (placement_id, envelope) pairs in order, keyed by placement; await every ack.
+
+    ``producer``: a started producer to send with (left running); without one a producer
+    is made for this call and stopped after it.
 
     Raises ProtoError (nothing sent) when an envelope does not open or does not belong
     to the placement it is keyed by; TimeoutError or a KafkaError when not every record
@@ -172,18 +176,25 @@ async def publish_kafka(
             raise ProtoError(
                 Reason.PLACEMENT_MISMATCH, f"keyed by {key!r}, envelope is for {inside!r}"
             )
-    producer = make_producer(settings)
+    if producer is not None:
+        async with asyncio.timeout(timeout_s):
+            await _send_all(producer, settings.topic, items)
+        return
+    own = make_producer(settings)
     try:
         async with asyncio.timeout(timeout_s):
-            await producer.start()
-            futures = [
-                await producer.send(settings.topic, value=envelope, key=key.encode())
-                for key, envelope in items
-            ]
-            await asyncio.gather(*futures)
+            await own.start()
+            await _send_all(own, settings.topic, items)
     finally:
         async with asyncio.timeout(timeout_s):
-            await producer.stop()
+            await own.stop()
+
+
+async def _send_all(producer: Any, topic: str, items: Sequence[tuple[str, bytes]]) -> None:
+    futures = [
+        await producer.send(topic, value=envelope, key=key.encode()) for key, envelope in items
+    ]
+    await asyncio.gather(*futures)
 
 
 # ---- topics -----------------------------------------------------------------------------
