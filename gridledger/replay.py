@@ -62,6 +62,7 @@ from gridledger.replay_limits import (
     LEDGER_IDLE_POLL_MS,
     LEDGER_STEP_DEADLINE_S,
     MAX_VERIFY_IN_FLIGHT,
+    PROGRESS_EVERY_S,
     SEND_WINDOW_RECORDS,
     STEP_MS,
     TRACE_EPOCH_MS,
@@ -93,6 +94,7 @@ __all__ = [
     "REPORT_FORMAT",
     "ReplayOptions",
     "ReplayReport",
+    "planned_events",
     "register",
     "run_replay",
     "select_tasks",
@@ -120,10 +122,13 @@ class ReplayOptions:
     partitions: int = DEFAULT_PARTITIONS
     interval_s: int = DEFAULT_INTERVAL_S
     limit: int | None = None
+    max_events: int | None = None
     prices: Path | None = None
     seed: str = DEFAULT_SEED
     buyers: int = DEFAULT_BUYERS
     step_ms: int = STEP_MS
+    progress: Callable[[str], None] | None = None
+    """Where progress lines go (the CLI: stderr), at most one per PROGRESS_EVERY_S."""
 
 
 @dataclass
@@ -312,15 +317,90 @@ def _hours_json(by: dict[str, int]) -> dict[str, dict[str, Any]]:
     return {k: {"mgms": v, "gpu_hours": format_gpu_hours(v)} for k, v in sorted(by.items())}
 
 
-def select_tasks(tasks: Sequence[Task], limit: int | None) -> tuple[Task, ...]:
-    """The tasks a run replays: all, or the first ``limit`` GPU tasks that ran, by
-    (scheduled_time, file line)."""
-    if limit is None:
+def select_tasks(
+    tasks: Sequence[Task],
+    limit: int | None,
+    *,
+    max_events: int | None = None,
+    interval_ms: int = DEFAULT_INTERVAL_S * 1000,
+) -> tuple[Task, ...]:
+    """The tasks a run replays: the GPU tasks that ran, by (scheduled_time, file line).
+
+    ``limit``: at most the first ``limit`` of them. ``max_events``: the longest such
+    prefix whose usage events (``planned_events``) stay within ``max_events`` — a bound
+    on the work, since the cost of a task is its duration, not its count (the trace's
+    first tasks run for months). Without either: every task of the trace.
+    """
+    if limit is None and max_events is None:
         return tuple(tasks)
-    if limit < 1:
+    if limit is not None and limit < 1:
         raise ValueError(f"--limit must be positive, got {limit}")
+    if max_events is not None and max_events < 1:
+        raise ValueError(f"--max-events must be positive, got {max_events}")
     ran = sorted((t for t in tasks if t.ran), key=lambda t: (t.scheduled_time_s, t.line))
-    return tuple(ran[:limit])
+    if limit is not None:
+        ran = ran[:limit]
+    if max_events is None:
+        return tuple(ran)
+    chosen: list[Task] = []
+    events = 0
+    for task in ran:
+        events += planned_events((task,), interval_ms)
+        if events > max_events:
+            break
+        chosen.append(task)
+    return tuple(chosen)
+
+
+def planned_events(tasks: Sequence[Task], interval_ms: int) -> int:
+    """Usage events the replay's agents sign for ``tasks`` (one per interval of each
+    task's window, the last one clipped), so a run's size is known before it starts."""
+    total = 0
+    for task in tasks:
+        if task.ran:
+            start = present(task.scheduled_time_s, "a task that ran has a start")
+            end = present(task.deletion_time_s, "a task that ran has an end")
+            total += -(-(end - start) * 1000 // interval_ms)
+    return total
+
+
+class _Progress:
+    """One line per PROGRESS_EVERY_S: simulated day, events, rate and time left."""
+
+    def __init__(self, emit: Callable[[str], None] | None, total_events: int) -> None:
+        self.emit = emit
+        self.total = total_events
+        self.started = time.monotonic()
+        self.last = self.started
+
+    def step(self, events: int, day: int, days: int, *, final: bool = False) -> None:
+        if self.emit is None:
+            return
+        now = time.monotonic()
+        if not final and now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        elapsed = now - self.started
+        rate = events / elapsed if elapsed > 0 else 0.0
+        left = max(0, self.total - events)
+        eta = (
+            "done"
+            if final or left == 0
+            else (f"ETA {_duration(left / rate)}" if rate > 0 else "ETA unknown")
+        )
+        self.emit(
+            f"replay: day {day} of {days} · {events:,} of {self.total:,} events · "
+            f"{rate:,.0f} events/s · {_duration(elapsed)} elapsed · {eta}"
+        )
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    if whole >= 3600:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    if whole >= 60:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole}s"
 
 
 def peak_rss_mib() -> float:
@@ -366,12 +446,19 @@ class _ReplayRun:
         self.terms_envelopes: dict[str, bytes] = {}
         self.by_qos: Counter[str] = Counter()
         self.by_model: Counter[str] = Counter()
+        self.planned_events = 0
 
     # 1-3: trace, plan, keys and terms
     def prepare(self) -> Plan:
         with _Timer(self.seconds, "plan"):
             trace = read_trace(self.options.trace_dir)
-            tasks = select_tasks(trace.tasks, self.options.limit)
+            tasks = select_tasks(
+                trace.tasks,
+                self.options.limit,
+                max_events=self.options.max_events,
+                interval_ms=self.options.interval_s * 1000,
+            )
+            self.planned_events = planned_events(tasks, self.options.interval_s * 1000)
             self.report.tasks = len(tasks)
             self.report.trace = trace_usage(tasks)
             plan = plan_placements(
@@ -399,6 +486,17 @@ class _ReplayRun:
         last = max(p.window_end_ms for p in plan.placements) + grace
         count = -(-(last - start) // self.options.step_ms)
         return [start + (k + 1) * self.options.step_ms for k in range(count)]
+
+    def start_progress(self, plan: Plan, steps: Sequence[int]) -> _Progress:
+        """Say what the run will do, then report progress against it."""
+        progress = _Progress(self.options.progress, self.planned_events)
+        if progress.emit is not None:
+            progress.emit(
+                f"replay: {len(plan.placements):,} placements on {len(plan.nodes_used):,} "
+                f"nodes, {self.planned_events:,} events over {len(steps)} simulated days "
+                f"(one per {self.options.interval_s} s interval)"
+            )
+        return progress
 
     def cluster(self, plan: Plan, spool_root: Path) -> ReplayCluster:
         start = min((p.window_start_ms for p in plan.placements), default=TRACE_EPOCH_MS)
@@ -432,7 +530,9 @@ class _ReplayRun:
         cluster = self.cluster(plan, local_dir)
         try:
             previous: int | None = None
-            for until in self.steps(plan):
+            steps = self.steps(plan)
+            progress = self.start_progress(plan, steps)
+            for day, until in enumerate(steps, 1):
                 starting = self.starting(plan, previous, until)
                 if starting:
                     publish_local(
@@ -447,6 +547,8 @@ class _ReplayRun:
                 with _Timer(self.seconds, "ledger"):
                     service.run_until_idle()
                 previous = until
+                progress.step(self.report.events_generated, day, len(steps))
+            progress.step(self.report.events_generated, len(steps), len(steps), final=True)
             self.finish(plan, store)
         finally:
             cluster.close()
@@ -492,7 +594,9 @@ class _ReplayRun:
                 log.info("resent_unacked", events=resent)
             shipping += time.perf_counter() - started
             previous: int | None = None
-            for until in self.steps(plan):
+            steps = self.steps(plan)
+            progress = self.start_progress(plan, steps)
+            for day, until in enumerate(steps, 1):
                 starting = [
                     (p.placement_id, self.terms_envelopes[p.placement_id])
                     for p in self.starting(plan, previous, until)
@@ -513,6 +617,8 @@ class _ReplayRun:
                         deadline_s=LEDGER_STEP_DEADLINE_S, idle_poll_ms=LEDGER_IDLE_POLL_MS
                     )
                 previous = until
+                progress.step(self.report.events_generated, day, len(steps))
+            progress.step(self.report.events_generated, len(steps), len(steps), final=True)
             self.seconds["ship"] = shipping
         except BaseException:
             service.close()
@@ -670,12 +776,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--topic", default=DEFAULT_TOPIC)
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
     parser.add_argument("--interval-s", type=int, default=DEFAULT_INTERVAL_S, metavar="N")
-    parser.add_argument("--limit", type=int, metavar="N", help="first N GPU tasks that ran")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="replay only the first N GPU tasks that ran (by scheduled time); a task's "
+        "cost is its duration: the trace's first tasks run for months",
+    )
+    parser.add_argument(
+        "--max-events",
+        type=int,
+        metavar="N",
+        help="replay the first GPU tasks that ran while their usage events stay within N "
+        "(bounds the work; combines with --limit)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines on stderr (the report only)"
+    )
     parser.add_argument("--prices", type=Path, metavar="FILE", help="price table (TOML)")
     parser.add_argument("--seed", default=DEFAULT_SEED, help="seed text of every key")
     parser.add_argument("--buyers", type=int, default=DEFAULT_BUYERS)
     parser.add_argument("--json", action="store_true", help="machine-readable report")
     parser.set_defaults(handler=_handle)
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def quiet_logs(level: int = logging.WARNING) -> None:
@@ -696,9 +822,11 @@ def _handle(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         interval_s=args.interval_s,
         limit=args.limit,
+        max_events=args.max_events,
         prices=args.prices,
         seed=args.seed,
         buyers=args.buyers,
+        progress=None if args.quiet else _stderr_line,
     )
     try:
         report = run_replay(options)

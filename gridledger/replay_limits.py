@@ -53,3 +53,6 @@ VERIFY_WORKERS: Final = 2
 
 MAX_VERIFY_IN_FLIGHT: Final = 16
 """Exports handed to the verifier workers and not yet reported back."""
+
+PROGRESS_EVERY_S: Final = 5.0
+"""Wall seconds between two progress lines of a replay (each also after the last step)."""

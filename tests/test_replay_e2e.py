@@ -11,7 +11,13 @@ from pathlib import Path
 
 from gridledger.cli import main
 from gridledger.placement_plan import plan_placements
-from gridledger.replay import ReplayOptions, ReplayReport, run_replay, select_tasks
+from gridledger.replay import (
+    ReplayOptions,
+    ReplayReport,
+    planned_events,
+    run_replay,
+    select_tasks,
+)
 from gridledger.replay_limits import TRACE_EPOCH_MS
 from gridledger.trace import read_trace, trace_usage
 from meter.shipper import SHIPPED_FILE
@@ -123,11 +129,54 @@ def test_cli_json_report(tmp_path: Path, capsys: object) -> None:
             "--json",
         ]
     )
-    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    captured = capsys.readouterr()  # type: ignore[attr-defined]
+    out = captured.out
     data = json.loads(out)
     assert code == 0, out[-2000:]
+    # Progress goes to stderr, never into the JSON: what the run will do, then "done".
+    lines = captured.err.strip().splitlines()
+    assert lines[0].startswith("replay: 12 placements on ")
+    assert f"{_expected_events(7200, 12):,} events over" in lines[0]
+    assert lines[-1].endswith("done") and f"{data['events_generated']:,} of" in lines[-1]
     assert data["format"] == "gridledger-replay-report/v1"
     assert data["delivered_equals_trace"] is True
     assert data["delivered_mgms"] == data["trace"]["weighted_mgms"] > 0
     assert data["verdicts"] == {"verified": 12, "failed": 0}
     assert data["placements"] == 12 and data["unplaceable"] == []
+
+
+def test_max_events_bounds_the_work_by_events_not_by_task_count(tmp_path: Path) -> None:
+    """--limit counts tasks, whose cost is their duration; --max-events bounds the work."""
+    trace = read_trace(EXCERPT)
+    interval_ms = 3_600_000
+    every = select_tasks(trace.tasks, None, max_events=10**12, interval_ms=interval_ms)
+    half = len(every) // 2
+    budget = planned_events(every[:half], interval_ms) + 1
+    chosen = select_tasks(trace.tasks, None, max_events=budget, interval_ms=interval_ms)
+    assert half <= len(chosen) < len(every)
+    assert chosen == every[: len(chosen)]  # a prefix in scheduled order
+    assert planned_events(chosen, interval_ms) <= budget
+    assert planned_events(every[: len(chosen) + 1], interval_ms) > budget  # the longest one
+    # --limit and --max-events combine: the tighter of the two wins.
+    assert select_tasks(trace.tasks, 2, max_events=budget, interval_ms=interval_ms) == every[:2]
+    report = run_replay(
+        ReplayOptions(
+            trace_dir=EXCERPT,
+            workdir=tmp_path / "run",
+            interval_s=3600,
+            max_events=budget,
+            step_ms=DAY_MS,
+        )
+    )
+    assert report.placements == len(chosen)
+    assert report.events_accepted == planned_events(chosen, interval_ms) <= budget
+    assert report.delivered_equals_trace and report.ok
+
+
+def test_cli_refuses_a_bound_that_is_not_positive(tmp_path: Path, capsys: object) -> None:
+    for flag in ("--limit", "--max-events"):
+        code = main(["replay", str(EXCERPT), "--workdir", str(tmp_path / "w"), flag, "0"])
+        err = capsys.readouterr().err.strip()  # type: ignore[attr-defined]
+        assert code == 2
+        assert err.splitlines()[-1] == f"FAIL: {flag} must be positive, got 0", err
+        assert "Traceback" not in err
