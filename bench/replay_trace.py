@@ -1,7 +1,7 @@
 """Benchmark: the whole OpenB trace through `gridledger replay` over real Kafka.
 
     .venv/bin/python bench/replay_trace.py [--trace DIR] [--workdir DIR] [--kafka HOST:PORT]
-        [--interval-s 60] [--limit N] [--json]
+        [--interval-s 60] [--limit N] [--max-events N] [--json]
 
 Starts the project's Kafka broker (``devtools.kafka_broker``) unless ``--kafka`` is
 given, measures the Ed25519 verify limit of this machine in the same run (pynacl, one
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka", metavar="HOST:PORT")
     parser.add_argument("--interval-s", type=int, default=60)
     parser.add_argument("--limit", type=int)
+    parser.add_argument("--max-events", type=int)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     quiet_logs()
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 topic=f"replay-bench-{uuid.uuid4().hex[:8]}",
                 interval_s=args.interval_s,
                 limit=args.limit,
+                max_events=args.max_events,
             )
         )
         verify_s, verified, failed = reverify(workdir / "exports", workdir / "trust.json")
