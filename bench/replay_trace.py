@@ -28,10 +28,11 @@ import nacl.signing
 # devtools/ is not installed (not in the wheel): import it from the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from devtools.openb import openb_trace
 from gridledger.replay import ReplayOptions, quiet_logs, run_replay, verify_one
 from proto.trust import dump_trust, load_trust
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
+DEFAULT_TRACE = openb_trace()
 
 
 def verify_limit(seconds: float = 2.0) -> dict[str, float]:

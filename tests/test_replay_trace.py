@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.openb import openb_trace
 from gridledger.trace import (
     NODE_FILE,
     TASK_COLUMNS,
@@ -19,7 +20,7 @@ from gridledger.trace import (
     trace_usage,
 )
 
-FULL_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
+FULL_TRACE = openb_trace()
 EXCERPT = Path(__file__).parent / "data" / "openb_excerpt"
 MGMS_PER_GPU_HOUR = 3_600_000_000
 
@@ -44,7 +45,9 @@ def _independent_usage(path: Path) -> tuple[int, int, int, int]:
 
 
 def test_full_trace_reproduces_its_published_gpu_hours() -> None:
-    assert (FULL_TRACE / TASK_FILE).is_file(), f"the full trace is missing at {FULL_TRACE}"
+    assert (FULL_TRACE / TASK_FILE).is_file(), (
+        f"the full trace is missing at {FULL_TRACE} (set GRIDLEDGER_OPENB_TRACE)"
+    )
     trace = read_trace(FULL_TRACE)
     assert len(trace.nodes) == 1213
     assert len(trace.tasks) == 8152
