@@ -124,9 +124,7 @@ def test_shard_processes_equal_one_and_a_lost_shard_is_rebuilt_elsewhere(
     publish(kafka_bootstrap, topic, scenario.keyed())
     settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=topic)
     partition_of = {
-        m.key.decode(): m.partition
-        for m in read_topic(settings, PARTITIONS)
-        if m.key is not None
+        m.key.decode(): m.partition for m in read_topic(settings, PARTITIONS) if m.key is not None
     }
     assert set(partition_of.values()) == set(range(PARTITIONS)), partition_of
     owner = {pid: p % SHARDS for pid, p in partition_of.items()}
