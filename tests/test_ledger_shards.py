@@ -256,3 +256,53 @@ def test_shard_processes_equal_one_and_a_lost_shard_is_rebuilt_elsewhere(
         assert lines[0]["final_placements"] == len(statements)
         want = sum(getattr(s.totals, column) for s in statements if isinstance(s, Statement))
         assert lines[0]["amount_minor"] == want > 0, (role, lines[0], want)
+
+
+def test_a_rebuilding_shard_signs_no_close_before_it_has_read_its_partitions(
+    tmp_path: Path, kafka_bootstrap: str, tmp_topic: Callable[..., str]
+) -> None:
+    """A shard replaying from offset 0 with a clock past the close must not sign a close
+    (with its own closed_at_ms) while its predecessor's is still ahead in the partition:
+    that second close would be chained after the first (AFTER_CLOSE) and the rebuilt
+    heads would differ. ``close_when_caught_up`` waits for the end offsets."""
+    import asyncio
+
+    from ledger.config import KafkaConfig
+    from ledger.service import KafkaLedgerService, fixed_clock
+    from ledger.store import Store
+
+    topic = tmp_topic(1)
+    scenario = build_scenario("rebuild-close", placements=1, nodes=1, events=6)
+    (pid,) = scenario.placement_ids
+    publish(kafka_bootstrap, topic, scenario.keyed())
+    first = tmp_path / "first.duckdb"
+    assert run_ledger(first, scenario, kafka_bootstrap, topic).closes_published == 1
+    later_ms = LATE_CLOCK_MS + 3_600_000  # a real clock has moved on since
+
+    async def rebuild() -> tuple[int, int]:
+        store = Store(tmp_path / "rebuilt.duckdb", ledger_public_key=cast.ledger.public_key)
+        kafka = KafkaConfig(settings=KafkaSettings(bootstrap=kafka_bootstrap, topic=topic))
+        service = KafkaLedgerService(
+            store, cast.ledger, kafka, clock=fixed_clock(later_ms), batch_max_records=1
+        )
+        await service.start()
+        try:
+            folded = 0
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while folded < 3:  # terms and two usage events: open, and due to close
+                assert time.monotonic() < deadline, "the rebuild read nothing"
+                report = await service.step(200)
+                folded += 0 if report is None else report.inputs
+            due = service.ingestor.fold.close_due_ms(pid)
+            assert due is not None and due <= later_ms  # due; its close lies further on
+            early = await service.close_when_caught_up()
+            run = await service.run_until(deadline_s=READY_TIMEOUT_S, idle_poll_ms=100)
+            return early, run.closes_published
+        finally:
+            await service.stop()
+            service.close()
+
+    cast = scenario.cast
+    early, later = asyncio.run(rebuild())
+    assert (early, later) == (0, 0)
+    assert heads_and_statements(tmp_path / "rebuilt.duckdb") == heads_and_statements(first)
