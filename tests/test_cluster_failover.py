@@ -129,3 +129,29 @@ def test_clean_rolling_restart_mid_stream(tmp_path: Path, kafka_cluster: KafkaCl
     ship and the ledger consumes (``--run-slow``: about a minute of restarts)."""
     _, events, _ = _run(tmp_path, kafka_cluster, [FaultKind.BROKER_RESTART], [])
     assert [e.kind for e in events] == ["rolling_restart"]
+
+
+def test_replicated_topic_settings() -> None:
+    from transport.kafka import EVENT_SOURCED_TOPIC_CONFIG, replicated_topic_config
+
+    three = replicated_topic_config(3)
+    assert three == {**EVENT_SOURCED_TOPIC_CONFIG, "min.insync.replicas": "2"}
+    assert three["retention.ms"] == "-1" and three["message.timestamp.type"] == "LogAppendTime"
+    # Below three replicas, requiring two in sync would stop every write while one is down.
+    assert replicated_topic_config(1)["min.insync.replicas"] == "1"
+    assert replicated_topic_config(2)["min.insync.replicas"] == "1"
+    assert replicated_topic_config(5)["min.insync.replicas"] == "2"
+    with pytest.raises(ValueError):
+        replicated_topic_config(0)
+
+
+def test_cluster_command_without_a_cluster_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devtools.kafka_cluster import main
+
+    for command in (["status"], ["kill", "1"], ["restart", "2"], ["create-topic", "t"]):
+        assert main(["--workdir", str(tmp_path / "none"), *command]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: no cluster state in ") and err.count("\n") == 1, err
+    assert main(["--workdir", str(tmp_path / "none"), "stop"]) == 0  # nothing to stop
