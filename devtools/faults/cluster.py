@@ -6,8 +6,9 @@ that matters at that moment:
 
 * ``"partition_leader"`` — the leader of the busiest partition of the run's topic (the
   most messages so far), once the agents have shipped ``min_progress`` more messages
-  since the last fault (so the kill lands mid-stream). Before it is started again, a
-  new leader from the in-sync replicas must have taken the partition over;
+  since the last fault, or since ``start_messages`` (so the kill lands mid-stream).
+  Before it is started again, a new leader from the in-sync replicas must have taken
+  the partition over;
 * ``"controller"`` — the active controller (the KRaft quorum leader); before it is
   started again, the two others must have elected a new one;
 * a ``restart()`` with no node down is a clean **rolling restart** of all three, each
@@ -69,6 +70,7 @@ class ClusterControl:
         *,
         kills: Sequence[KillTarget] = ("partition_leader",),
         min_progress: int = 10,
+        start_messages: int = 0,
     ) -> None:
         if not kills:
             raise ValueError("kills names at least one target")
@@ -81,7 +83,9 @@ class ClusterControl:
         self._next_kill = 0
         self._down: ClusterEvent | None = None
         self._killed_at = 0.0
-        self._messages_at_last_fault = 0
+        # Messages in the topic before the agents ship (what the harness publishes first):
+        # the first kill waits for `min_progress` more than these.
+        self._messages_at_last_fault = start_messages
 
     def _offsets(self) -> dict[int, int]:
         return end_offsets(
