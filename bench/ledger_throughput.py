@@ -2,12 +2,19 @@
 
     .venv/bin/python bench/ledger_throughput.py [--events 50000] [--placements 200]
         [--partitions 2] [--batch 5000] [--bootstrap HOST:PORT]
+        [--brokers 1|3|both]
 
 Pre-generates N signed usage events over many placements, publishes them (and the
 terms) to a fresh topic, then runs one ledger shard over a fresh DuckDB file until it
 has consumed everything, and reports events/s end to end. In the same run it measures
 pynacl Ed25519 verification on one core and prints the ratio, plus peak RSS. No asserts:
 a benchmark reports, the tests judge.
+
+``--brokers 3`` runs it on a three-node cluster (``devtools.kafka_cluster``: the topic
+with replication factor 3 and ``min.insync.replicas=2``, the producer ``acks=all`` as
+always, so every acknowledged record is on two brokers); ``--brokers both`` runs the
+single broker and then the cluster with the same signed events, one after the other, and
+measures the limit before and after.
 """
 
 from __future__ import annotations
@@ -26,11 +33,18 @@ sys.path.insert(0, str(ROOT))
 
 from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms  # noqa: E402
 from devtools.kafka_broker import KafkaBroker  # noqa: E402
+from devtools.kafka_cluster import KafkaCluster  # noqa: E402
 from ledger.config import KafkaConfig  # noqa: E402
 from ledger.service import KafkaLedgerService, fixed_clock  # noqa: E402
 from ledger.store import Store  # noqa: E402
 from proto.keys import SigningKey, verify  # noqa: E402
-from transport.kafka import KafkaSettings, create_topic, make_producer  # noqa: E402
+from transport.kafka import (  # noqa: E402
+    REPLICATION_FACTOR,
+    KafkaSettings,
+    create_topic,
+    make_producer,
+    replicated_topic_config,
+)
 
 T0_MS = 1_767_225_600_000
 INTERVAL_MS = 60_000
@@ -116,6 +130,35 @@ async def run_ledger(
     return seconds, consumed
 
 
+def measure(
+    label: str,
+    bootstrap: str,
+    replication: int,
+    cast: object,
+    items: list[tuple[str, bytes]],
+    args: argparse.Namespace,
+) -> float:
+    """Publish `items` to a fresh topic on `bootstrap`, fold it; print and return inputs/s."""
+    topic = f"bench.{uuid.uuid4().hex[:8]}"
+    config = None if replication == 1 else replicated_topic_config(replication)
+    create_topic(bootstrap, topic, args.partitions, replication_factor=replication, config=config)
+    t = time.perf_counter()
+    asyncio.run(publish(bootstrap, topic, items))
+    publish_s = time.perf_counter() - t
+    with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
+        db = Path(tmp) / "bench.duckdb"
+        seconds, consumed = asyncio.run(
+            run_ledger(bootstrap, topic, cast, db, args.batch, len(items))
+        )
+        db_bytes = db.stat().st_size
+    rate = consumed / seconds
+    print(f"--- {label}: topic RF {replication}, {args.partitions} partitions")
+    print(f"publish to Kafka        {publish_s:.2f} s ({len(items) / publish_s:,.0f}/s, acks=all)")
+    print(f"ledger end to end       {seconds:.2f} s = {rate:,.0f} inputs/s ({consumed} inputs)")
+    print(f"store size              {db_bytes / 2**20:.1f} MiB")
+    return rate
+
+
 def main() -> int:
     """Run the benchmark and print the numbers."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -124,45 +167,40 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--batch", type=int, default=5000)
     parser.add_argument("--bootstrap", default=None, help="use this broker instead of starting one")
+    parser.add_argument(
+        "--brokers", choices=("1", "3", "both"), default="1", help="single broker, cluster, or both"
+    )
     args = parser.parse_args()
 
-    broker: KafkaBroker | None = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        broker = KafkaBroker().start()
-        bootstrap = broker.bootstrap
-    try:
-        topic = f"bench.{uuid.uuid4().hex[:8]}"
-        create_topic(bootstrap, topic, args.partitions)
-        t = time.perf_counter()
-        cast, items = generate(args.events, args.placements)
-        generate_s = time.perf_counter() - t
-        t = time.perf_counter()
-        asyncio.run(publish(bootstrap, topic, items))
-        publish_s = time.perf_counter() - t
-        with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
-            db = Path(tmp) / "bench.duckdb"
-            seconds, consumed = asyncio.run(
-                run_ledger(bootstrap, topic, cast, db, args.batch, len(items))
-            )
-            db_bytes = db.stat().st_size
-        rate = consumed / seconds
-        limit = verify_rate()
-        peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(
-            f"inputs                  {consumed} ({args.placements} placements, "
-            f"{args.partitions} partitions, batch {args.batch})"
-        )
-        print(f"generate (sign)         {generate_s:.2f} s")
-        print(f"publish to Kafka        {publish_s:.2f} s ({len(items) / publish_s:,.0f}/s)")
-        print(f"ledger end to end       {seconds:.2f} s = {rate:,.0f} inputs/s")
-        print(f"Ed25519 verify, 1 core  {limit:,.0f}/s (pynacl)")
-        print(f"ratio ledger / verify   {rate / limit:.2f}")
-        print(f"store size              {db_bytes / 2**20:.1f} MiB")
-        print(f"peak RSS (this process) {peak_rss_mib:.0f} MiB")
-    finally:
-        if broker is not None:
-            broker.stop()
+    t = time.perf_counter()
+    cast, items = generate(args.events, args.placements)
+    generate_s = time.perf_counter() - t
+    print(
+        f"inputs                  {len(items)} ({args.placements} placements, "
+        f"{args.partitions} partitions, batch {args.batch})"
+    )
+    print(f"generate (sign)         {generate_s:.2f} s")
+    limit_before = verify_rate()
+    print(f"Ed25519 verify, 1 core  {limit_before:,.0f}/s (pynacl, before)")
+    rates: dict[str, float] = {}
+    if args.bootstrap is not None:
+        rates["given broker"] = measure("given broker", args.bootstrap, 1, cast, items, args)
+    else:
+        if args.brokers in ("1", "both"):
+            with KafkaBroker() as broker:
+                rates["1 broker"] = measure("1 broker", broker.bootstrap, 1, cast, items, args)
+        if args.brokers in ("3", "both"):
+            with KafkaCluster() as cluster:
+                rates["3 brokers"] = measure(
+                    "3 brokers", cluster.bootstrap, REPLICATION_FACTOR, cast, items, args
+                )
+    limit_after = verify_rate()
+    limit = (limit_before + limit_after) / 2
+    print(f"Ed25519 verify, 1 core  {limit_after:,.0f}/s (pynacl, after)")
+    for label, rate in rates.items():
+        print(f"ratio ledger / verify   {rate / limit:.2f} ({label})")
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS (this process) {peak_rss_mib:.0f} MiB")
     return 0
 
 

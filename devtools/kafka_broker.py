@@ -236,8 +236,15 @@ class KafkaBroker:
         start_timeout_s: float = START_TIMEOUT_S,
         stop_timeout_s: float = STOP_TIMEOUT_S,
         extra_config: Mapping[str, str] | None = None,
+        node_id: int = NODE_ID,
+        quorum_voters: str | None = None,
+        cluster_id: str | None = None,
     ) -> None:
         self._workdir: Path | None = Path(workdir).resolve() if workdir is not None else None
+        self._node_id = node_id
+        # "1@HOST:PORT,2@HOST:PORT,...": a node of a static controller quorum (a cluster,
+        # devtools.kafka_cluster); None: a standalone single-node quorum of its own.
+        self._quorum_voters = quorum_voters
         self._owns_workdir = False
         self._port = port
         self._controller_port = controller_port
@@ -247,7 +254,7 @@ class KafkaBroker:
         self._start_timeout_s = start_timeout_s
         self._stop_timeout_s = stop_timeout_s
         self._extra_config = dict(extra_config or {})
-        self._cluster_id: str | None = None
+        self._cluster_id: str | None = cluster_id  # else a new one when it is formatted
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None  # set when attached to a broker of another process
         if self._workdir is not None:
@@ -273,6 +280,10 @@ class KafkaBroker:
     @property
     def cluster_id(self) -> str | None:
         return self._cluster_id
+
+    @property
+    def node_id(self) -> int:
+        return self._node_id
 
     @property
     def workdir(self) -> Path | None:
@@ -302,11 +313,13 @@ class KafkaBroker:
 
     # -- lifecycle --
 
-    def start(self) -> Self:
+    def start(self, *, wait: bool = True) -> Self:
         """Fetch (once), configure, format (once) and start; return when it serves clients.
 
         Raises `BrokerStartError` (with the log tail) if it does not come up within
-        `start_timeout_s`. A no-op if it is already running.
+        `start_timeout_s`. A no-op if it is already running. `wait=False` returns once the
+        JVM is launched; `wait_ready()` then waits (a cluster's nodes serve clients only
+        once a majority of its controllers runs, so they are launched first, then awaited).
         """
         if self.running:
             return self
@@ -316,7 +329,7 @@ class KafkaBroker:
             self._workdir = Path(tempfile.mkdtemp(prefix="gridledger-kafka-")).resolve()
             self._owns_workdir = True
         try:
-            self._start_in_workdir(java, libs)
+            self._start_in_workdir(java, libs, wait=wait)
         except BaseException:
             if self._owns_workdir and not self.running:
                 self._remove_workdir()
@@ -334,6 +347,16 @@ class KafkaBroker:
     def kill(self) -> None:
         """SIGKILL the broker, keeping its data (a crash, for fault tests)."""
         self._terminate(hard=True)
+
+    def wait_ready(self) -> None:
+        """Wait (bounded by `start_timeout_s`) until a node launched with `start(wait=False)`
+        serves clients; on failure it is killed and `BrokerStartError` raised."""
+        try:
+            self._wait_ready()
+        except BaseException:
+            self._terminate(hard=True)
+            raise
+        self._write_state()
 
     def restart(self, *, hard: bool = False) -> None:
         """Stop (SIGTERM, or SIGKILL with `hard=True`) and start again: same ports, same data."""
@@ -445,7 +468,7 @@ class KafkaBroker:
     def _formatted(self) -> bool:
         return (self._data_dir() / "meta.properties").is_file()
 
-    def _start_in_workdir(self, java: str, libs: Path) -> None:
+    def _start_in_workdir(self, java: str, libs: Path, *, wait: bool = True) -> None:
         port_pinned, controller_pinned = self._port is not None, self._controller_port is not None
         # Free ports are picked before the JVM binds them; another process can win that
         # race. Only then, and only for a node formatted by this very call, pick again.
@@ -469,7 +492,7 @@ class KafkaBroker:
                 self._cluster_id = self._cluster_id or new_cluster_id()
                 self._format(java, libs)
             try:
-                self._launch(java, libs)
+                self._launch(java, libs, wait=wait)
                 return
             except BrokerStartError as exc:
                 if attempt == attempts or "Address already in use" not in exc.log_tail:
@@ -482,8 +505,12 @@ class KafkaBroker:
         self._data_dir().mkdir(parents=True, exist_ok=True)
         settings: dict[str, str] = {
             "process.roles": "broker,controller",
-            "node.id": str(NODE_ID),
-            "controller.quorum.bootstrap.servers": f"{HOST}:{self._controller_port}",
+            "node.id": str(self._node_id),
+            **(
+                {"controller.quorum.voters": self._quorum_voters}
+                if self._quorum_voters is not None
+                else {"controller.quorum.bootstrap.servers": f"{HOST}:{self._controller_port}"}
+            ),
             "listeners": f"PLAINTEXT://{HOST}:{self._port},CONTROLLER://{HOST}:{self._controller_port}",
             "advertised.listeners": (
                 f"PLAINTEXT://{HOST}:{self._port},CONTROLLER://{HOST}:{self._controller_port}"
@@ -562,7 +589,8 @@ logger.reflections.level = ERROR
             self._cluster_id,
             "--config",
             str(work / _PROPERTIES_FILE),
-            "--standalone",
+            # A static quorum (voters in the config) is formatted without this.
+            *(["--standalone"] if self._quorum_voters is None else []),
             *self._format_args(),
         ]
         try:
@@ -590,7 +618,7 @@ logger.reflections.level = ERROR
         """Output of the format step as it may be shown (a subclass hides secrets)."""
         return text
 
-    def _launch(self, java: str, libs: Path) -> None:
+    def _launch(self, java: str, libs: Path, *, wait: bool = True) -> None:
         work = self._workdir_path()
         cmd = [
             *self._java_cmd(java, libs, self._heap_opts),
@@ -610,12 +638,8 @@ logger.reflections.level = ERROR
                 start_new_session=True,  # its own process group: no stray terminal signals
             )
         self._pid = None
-        try:
-            self._wait_ready()
-        except BaseException:
-            self._terminate(hard=True)
-            raise
-        self._write_state()
+        if wait:
+            self.wait_ready()
 
     def _wait_ready(self) -> None:
         assert self._proc is not None

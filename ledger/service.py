@@ -20,7 +20,11 @@ Closes: when ``clock() >= window_end_ms + late_grace_ms`` of an open placement, 
 ledger signs a PlacementClosed(closed_at_ms = clock()), records it in the store, then
 publishes it into the placement's stream; the fold sees it in stream order. A close
 recorded but not known to be published is republished after a restart with the same
-bytes, which the fold drops as a duplicate if the first copy did arrive.
+bytes, which the fold drops as a duplicate if the first copy did arrive. On Kafka, closes
+are signed only once the shard has read its partitions to their end offsets
+(``close_when_caught_up``): a shard rebuilding from offset 0 with the real clock then
+finds the closes its predecessor published instead of signing new ones (with another
+``closed_at_ms``) on an empty poll half way through, and reaches identical heads.
 """
 
 from __future__ import annotations
@@ -355,6 +359,13 @@ class KafkaLedgerService(_ServiceCore):
         self.metrics.closes.inc(len(pending))
         return len(pending)
 
+    async def close_when_caught_up(self) -> int:
+        """``close_due`` once every owned partition is read to its end offset (0 until
+        then): a placement's close may already be further down its partition."""
+        if await self.update_lag() > 0:
+            return 0
+        return await self.close_due()
+
     async def update_lag(self) -> int:
         """Refresh the lag gauges; return the total lag."""
         total = 0
@@ -385,11 +396,13 @@ class KafkaLedgerService(_ServiceCore):
             if report is not None:
                 run.add(report)
                 continue
+            if await self.update_lag() > 0:
+                continue  # an empty poll with more to read: not idle, closes wait
             published = await self.close_due()
             run.closes_published += published
             if published:
                 continue
-            if await self.update_lag() == 0 and done is None:
+            if done is None:
                 break
         run.seconds = time.perf_counter() - started
         return run
@@ -403,7 +416,8 @@ class KafkaLedgerService(_ServiceCore):
             if report is not None:
                 run.add(report)
             else:
-                run.closes_published += await self.close_due()
+                run.closes_published += await self.close_when_caught_up()
+                last_lag = time.monotonic()  # close_when_caught_up refreshed the gauges
             if time.monotonic() - last_lag >= 1.0:
                 await self.update_lag()
                 last_lag = time.monotonic()

@@ -7,6 +7,14 @@
   broker; after the test it is running again. Fails with an external broker.
 * `tmp_topic` (function): a factory `tmp_topic(partitions=1, *, create=True) -> str`
   giving a unique topic name for the test, created on the broker unless `create=False`.
+* `kafka_cluster` (function, over one session cluster): a three-node KRaft cluster
+  (`devtools.kafka_cluster`, replication factor 3, min.insync.replicas 2) started the
+  first time a test asks for it — only the tests that need it pay for it — and stopped
+  at the end of the session; after each test every node runs and every replica is in
+  sync again. Tests using it carry the `kafka` and `cluster` markers.
+
+Option `--run-slow`: also run the tests marked `slow` (skipped by default, each says
+why it is long; e.g. the cluster's clean rolling restart).
 """
 
 from __future__ import annotations
@@ -20,18 +28,36 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from devtools.kafka_broker import KafkaBroker, wait_for_broker
+from devtools.kafka_cluster import KafkaCluster
 from devtools.kafka_fetch import KafkaLauncherError
 from transport.kafka import create_topic
 
 _EXTERNAL = "GRIDLEDGER_KAFKA"
-_KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "kafka_broker", "tmp_topic"})
+_KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "kafka_broker", "tmp_topic", "kafka_cluster"})
+_RUN_SLOW = "--run-slow"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the broker carry the `kafka` marker (`-m "not kafka"` skips them)."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        _RUN_SLOW,
+        action="store_true",
+        default=False,
+        help="also run the tests marked `slow` (e.g. the cluster's rolling restart)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that use the broker carry the `kafka` marker (`-m "not kafka"` skips them),
+    those on the cluster also `cluster`; `slow` ones run only with `--run-slow`."""
+    run_slow = bool(config.getoption(_RUN_SLOW))
     for item in items:
-        if _KAFKA_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if _KAFKA_FIXTURES & fixtures:
             item.add_marker(pytest.mark.kafka)
+        if "kafka_cluster" in fixtures:
+            item.add_marker(pytest.mark.cluster)
+        if not run_slow and item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.skip(reason=f"slow: run with {_RUN_SLOW}"))
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +110,38 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[KafkaBroker]:
             error = str(exc)
         if error is not None:
             pytest.fail(f"the test Kafka broker did not come back:\n{error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def _kafka_cluster_launcher() -> Iterator[KafkaCluster]:
+    cluster = KafkaCluster()
+    error = None
+    try:
+        cluster.start()
+    except KafkaLauncherError as exc:
+        error = str(exc)
+    if error is not None:
+        pytest.fail(f"the test Kafka cluster could not start:\n{error}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
+    cluster: KafkaCluster = request.getfixturevalue("_kafka_cluster_launcher")
+    yield cluster
+    error = None
+    try:  # leave every node running and in sync for the rest of the session
+        for node in cluster.nodes:
+            if not node.running:
+                cluster.restart_node(node.node_id)
+        cluster.wait_in_sync()
+    except KafkaLauncherError as exc:
+        error = str(exc)
+    if error is not None:
+        pytest.fail(f"the test Kafka cluster did not come back:\n{error}", pytrace=False)
 
 
 _topic_counter = itertools.count()

@@ -306,3 +306,156 @@ def test_the_example_stack_runs_for_real(
         assert rejected == [(0,)]
     finally:
         service.close()
+
+
+# ---- profile "cluster": three brokers ------------------------------------------------------
+
+CLUSTER_PROFILE = "cluster"
+CLUSTER_BROKERS = ("kafka-1", "kafka-2", "kafka-3")
+CLUSTER_APPS = ("ledger-cluster", "meter-cluster-a", "meter-cluster-b")
+
+
+def _in_profile(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: service
+        for name, service in _services(compose).items()
+        if CLUSTER_PROFILE in service.get("profiles", [])
+    }
+
+
+def test_cluster_profile_is_apart_from_the_default_stack(compose: dict[str, Any]) -> None:
+    """Nothing of the profile starts with a plain `docker compose up`, and it depends on
+    nothing of the default stack (no shared broker, no shared stack volume)."""
+    profile = _in_profile(compose)
+    assert set(profile) == {
+        *CLUSTER_BROKERS,
+        "kafka-cluster-init",
+        "setup-cluster",
+        *CLUSTER_APPS,
+    }
+    default = {n for n, s in _services(compose).items() if not s.get("profiles")}
+    assert {"kafka", "kafka-init", "setup", *APP_SERVICES} <= default
+    for name, service in profile.items():
+        assert not set(_depends_on(service)) & default, name
+        for source, _ in _volume_entries(service):
+            assert source not in ("kafka-data", "stack"), (name, source)
+    host_ports = [
+        str(p).split(":")[1] for s in _services(compose).values() for p in s.get("ports", [])
+    ]
+    assert len(host_ports) == len(set(host_ports)), host_ports  # both stacks can run at once
+
+
+def test_cluster_brokers_form_one_kraft_quorum_with_rf3_and_min_isr2(
+    compose: dict[str, Any],
+) -> None:
+    services = _services(compose)
+    envs = {name: _env(services[name]) for name in CLUSTER_BROKERS}
+    node_ids = {name: env["KAFKA_NODE_ID"] for name, env in envs.items()}
+    assert sorted(node_ids.values()) == ["1", "2", "3"]
+    assert len({env["CLUSTER_ID"] for env in envs.values()}) == 1  # one cluster
+    cluster_id = next(iter(envs.values()))["CLUSTER_ID"]
+    assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
+    assert cluster_id != _env(services["kafka"])["CLUSTER_ID"]  # not the single node's
+    data_volumes = set()
+    for name, env in envs.items():
+        service = services[name]
+        assert service["image"] == f"apache/kafka:{KAFKA_VERSION}", name
+        assert service["hostname"] == name
+        assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+        # Every node names the same three voters: id@host:controller-port of each node.
+        voters = dict(v.split("@") for v in env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(","))
+        assert voters == {node_ids[n]: f"{n}:9093" for n in CLUSTER_BROKERS}, name
+        listeners = dict(
+            item.split("://") for item in env["KAFKA_LISTENERS"].split(",")
+        )  # name -> ":port"
+        assert listeners[env["KAFKA_CONTROLLER_LISTENER_NAMES"]] == ":9093", name
+        protocols = dict(
+            p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+        )
+        assert set(listeners) <= set(protocols), name
+        advertised = dict(
+            item.split("://") for item in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+        )
+        assert advertised[env["KAFKA_INTER_BROKER_LISTENER_NAME"]] == f"{name}:9092", name
+        host_port = advertised["HOST"].rsplit(":", 1)[1]
+        assert listeners["HOST"] == f":{host_port}", name
+        assert service["ports"] == [f"127.0.0.1:{host_port}:{host_port}"], name
+        assert env["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "3"
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
+        for key in (
+            "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+            "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR",
+        ):
+            assert env[key] == "3", (name, key)
+        for key in (
+            "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+            "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR",
+        ):
+            assert env[key] == "2", (name, key)
+        assert env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
+        assert int(env["KAFKA_LOG_RETENTION_MS"]) == -1
+        assert int(env["KAFKA_LOG_RETENTION_BYTES"]) == -1
+        assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+        assert "healthcheck" in service, name
+        sources = [s for s, target in _volume_entries(service) if target == env["KAFKA_LOG_DIRS"]]
+        assert len(sources) == 1, name
+        data_volumes.add(sources[0])
+    assert len(data_volumes) == 3  # each broker keeps its own log
+
+
+def test_cluster_topic_init_creates_the_replicated_records_topic(compose: dict[str, Any]) -> None:
+    services = _services(compose)
+    init = services["kafka-cluster-init"]
+    assert init["image"] == services["kafka-1"]["image"]
+    assert _depends_on(init) == dict.fromkeys(CLUSTER_BROKERS, "service_healthy")
+    assert init.get("restart", "no") == "no"
+    command = [str(part) for part in init["command"]]
+    assert "--create" in command and "--if-not-exists" in command
+    assert command[command.index("--topic") + 1] == TOPIC
+    assert int(command[command.index("--partitions") + 1]) >= 2
+    assert command[command.index("--replication-factor") + 1] == "3"
+    bootstrap = command[command.index("--bootstrap-server") + 1].split(",")
+    assert bootstrap == [f"{n}:9092" for n in CLUSTER_BROKERS]
+    configs = dict(
+        command[i + 1].split("=", 1) for i, part in enumerate(command) if part == "--config"
+    )
+    from transport.kafka import REPLICATION_FACTOR, replicated_topic_config
+
+    # The same topic settings the launcher's cluster and the tests use.
+    assert configs == replicated_topic_config(REPLICATION_FACTOR)
+
+
+def test_cluster_apps_use_every_broker(compose: dict[str, Any], tmp_path: Path) -> None:
+    """setup-cluster writes configs listing the three brokers; the real parsers load them;
+    the ledger and the meters of the profile read what it writes, and run the same
+    commands as the default stack's."""
+    from gridledger.cli import main
+    from ledger.config import load_config
+    from meter.config import load_meter_config
+
+    services = _services(compose)
+    setup = services["setup-cluster"]
+    assert _depends_on(setup) == {"kafka-cluster-init": "service_completed_successfully"}
+    command = [str(part) for part in setup["command"]]
+    assert command[0] == "example-setup" and "--publish" in command
+    bootstrap = command[command.index("--bootstrap") + 1]
+    assert bootstrap.split(",") == [f"{n}:9092" for n in CLUSTER_BROKERS]
+    stack_dir = command[command.index("--out") + 1]
+    out = tmp_path / "stack"
+    assert main(["example-setup", "--out", str(out), "--bootstrap", bootstrap]) == 0
+    for name, default in zip(CLUSTER_APPS, APP_SERVICES, strict=True):
+        service = services[name]
+        assert _depends_on(service) == {"setup-cluster": "service_completed_successfully"}
+        assert ("stack-cluster", stack_dir) in _volume_entries(service), name
+        assert service["command"] == services[default]["command"], name
+        config = service["command"][service["command"].index("--config") + 1]
+        local = out / config[len(stack_dir) + 1 :]
+        if name == "ledger-cluster":
+            ledger_config = load_config(local)
+            assert ledger_config.kafka is not None
+            assert ledger_config.kafka.settings.bootstrap == bootstrap
+        else:
+            meter_config = load_meter_config(local)
+            assert meter_config.transport == "kafka" and meter_config.kafka is not None
+            assert meter_config.kafka.bootstrap == bootstrap

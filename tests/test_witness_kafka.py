@@ -42,8 +42,10 @@ MINUTE = 60_000
 # The window starts now: the broker stamps each acknowledged event with its own clock (the
 # topic keeps LogAppendTime), and the operator's witness owes before the close what was
 # delivered before the deadline by that clock (SPEC §8.3). The simulated clock of the
-# agents and the ledger then runs the window through in seconds.
-T0 = (int(time.time() * 1000) // MINUTE) * MINUTE
+# agents and the ledger then runs the window through in seconds. "Now" is when the test
+# starts, not when the module is collected: in a long suite that is many minutes earlier,
+# and an event the broker stamps after the window's deadline is one the witness does not
+# owe (the dropped-event check below would then pass the dishonest ledger).
 WINDOW = 20 * MINUTE
 GRACE = 2 * MINUTE
 PID = "pl-witnessed"
@@ -59,6 +61,7 @@ def _serve(store: Store, key: SigningKey) -> LedgerHttpServer:
 def test_witnesses_cosign_an_honest_run_and_catch_a_dropped_event(
     kafka_bootstrap: str, tmp_topic: Callable[..., str], tmp_path: Path
 ) -> None:
+    T0 = (int(time.time() * 1000) // MINUTE) * MINUTE  # the window starts now
     topic = tmp_topic(2)
     cast = builders.make_cast("witness-kafka")
     gpus = [builders.gpu("n1", 0), builders.gpu("n2", 0, share_milli=500)]

@@ -27,6 +27,8 @@ from transport.limits import SHIP_ATTEMPT_TIMEOUT_S
 __all__ = [
     "DEFAULT_TOPIC",
     "EVENT_SOURCED_TOPIC_CONFIG",
+    "MIN_INSYNC_REPLICAS",
+    "REPLICATION_FACTOR",
     "KafkaSettings",
     "TopicError",
     "client_kwargs",
@@ -36,6 +38,7 @@ __all__ = [
     "make_producer",
     "placement_of",
     "publish_kafka",
+    "replicated_topic_config",
     "run_sync",
 ]
 
@@ -51,6 +54,26 @@ EVENT_SOURCED_TOPIC_CONFIG: Final[Mapping[str, str]] = {
     # it appends it, and the acknowledgement carries that time back to the producer.
     "message.timestamp.type": "LogAppendTime",
 }
+
+REPLICATION_FACTOR: Final = 3
+"""Replicas of the records topic in production: one broker may be lost (and one more
+may be in maintenance) without losing an acknowledged record."""
+
+MIN_INSYNC_REPLICAS: Final = 2
+"""At replication factor 3: an ``acks=all`` write is acknowledged only once two replicas
+hold it, so the loss of any one broker loses nothing acknowledged."""
+
+
+def replicated_topic_config(replication_factor: int) -> dict[str, str]:
+    """``EVENT_SOURCED_TOPIC_CONFIG`` plus ``min.insync.replicas`` for a topic with
+    ``replication_factor`` replicas: 2 from 3 replicas up (``MIN_INSYNC_REPLICAS``), 1
+    below (a single broker, or 2 replicas where requiring both would stop every write
+    while either broker is down)."""
+    if replication_factor < 1:
+        raise ValueError(f"replication factor {replication_factor} is below 1")
+    floor = MIN_INSYNC_REPLICAS if replication_factor >= REPLICATION_FACTOR else 1
+    return {**EVENT_SOURCED_TOPIC_CONFIG, "min.insync.replicas": str(floor)}
+
 
 _T = TypeVar("_T")
 

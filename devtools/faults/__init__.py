@@ -10,6 +10,8 @@ Read in this order:
 * ``checks.py`` — the invariants after every cycle and at the end of a run.
 * ``topic.py`` — reading the Kafka topic back, publishing to it.
 * ``runner.py`` — the processes, the loop that injects faults, ``run_seed``.
+* ``cluster.py`` — the broker faults aimed at a three-node cluster (the busiest
+  partition's leader, the active controller, a rolling restart): ``ClusterControl``.
 """
 
 from devtools.faults.checks import check_spool, check_store, compare_final

@@ -69,7 +69,7 @@ from devtools.faults.reference import (
     remove_store,
 )
 from devtools.faults.scenario import NodePlan, Phase, Segment, generate_scenario, write_node_configs
-from devtools.faults.schedule import Fault, FaultKind, make_schedule
+from devtools.faults.schedule import Fault, FaultKind, Schedule, make_schedule
 from devtools.faults.topic import publish, read_topic
 from ledger.config import KafkaConfig
 from ledger.export import export_placement
@@ -307,6 +307,10 @@ class _SeedRun:
         bootstrap: str,
         broker: BrokerControl,
         workdir: Path,
+        *,
+        schedule: Schedule | None = None,
+        topic: str | None = None,
+        replication_factor: int = 1,
     ) -> None:
         self.seed = seed
         self.cycles = cycles
@@ -314,10 +318,11 @@ class _SeedRun:
         self.broker = broker
         self.workdir = workdir
         self.scenario = generate_scenario(seed)
-        self.schedule = make_schedule(self.scenario, cycles)
+        self.schedule = make_schedule(self.scenario, cycles) if schedule is None else schedule
         self.report = FaultReport(seed, cycles, scenario=self.scenario.describe())
         self.rng = random.Random(f"gridledger-faults/{seed}/runner")
-        self.topic = f"faults.{seed}.{cycles}.{os.getpid()}.{int(time.time() * 1000)}"
+        self.topic = topic or f"faults.{seed}.{cycles}.{os.getpid()}.{int(time.time() * 1000)}"
+        self.replication_factor = replication_factor
         self.settings = KafkaSettings(bootstrap=bootstrap, topic=self.topic)
         self.meters: dict[str, _Meter] = {}
         self.meter_phase: Phase | None = None
@@ -684,9 +689,17 @@ class _SeedRun:
         configs = self._setup()
         self.reference = build_reference(self.scenario, configs, self.workdir / "reference")
         timings["reference"] = time.monotonic() - mark
-        from transport.kafka import create_topic
+        from transport.kafka import create_topic, replicated_topic_config
 
-        create_topic(self.bootstrap, self.topic, self.scenario.partitions)
+        rf = self.replication_factor
+        config = None if rf == 1 else replicated_topic_config(rf)
+        create_topic(
+            self.bootstrap,
+            self.topic,
+            self.scenario.partitions,
+            replication_factor=rf,
+            config=config,
+        )
         self.note(f"topic {self.topic}; {self.scenario.describe()}")
         try:
             self._faulty_run()
@@ -939,10 +952,26 @@ def run_seed(
     broker: BrokerControl,
     workdir: Path,
     cycles: int = DEFAULT_CYCLES_PER_SEED,
+    schedule: Schedule | None = None,
+    topic: str | None = None,
+    replication_factor: int = 1,
 ) -> FaultReport:
     """Run one seed's scenario and fault schedule; raise FaultFailure when an invariant
-    does not hold (the message names the seed and the replay command)."""
-    return _SeedRun(seed, cycles, bootstrap, broker, workdir).execute()
+    does not hold (the message names the seed and the replay command).
+
+    ``schedule`` replaces the seed's own (``make_schedule``), e.g. broker faults alone on
+    a cluster; ``topic`` names the topic (else a fresh name), created with
+    ``replication_factor`` replicas (above 1: ``replicated_topic_config``)."""
+    return _SeedRun(
+        seed,
+        cycles,
+        bootstrap,
+        broker,
+        workdir,
+        schedule=schedule,
+        topic=topic,
+        replication_factor=replication_factor,
+    ).execute()
 
 
 def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:

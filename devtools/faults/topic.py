@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from transport.kafka import KafkaSettings, client_kwargs, publish_kafka
+from transport.kafka import KafkaSettings, client_kwargs, publish_kafka, run_sync
 
 __all__ = [
     "KAFKA_IO_TIMEOUT_S",
     "TopicMessage",
+    "end_offsets",
     "publish",
     "read_topic",
 ]
@@ -70,6 +71,26 @@ async def _read_topic(settings: KafkaSettings, partitions: int) -> list[TopicMes
 def read_topic(settings: KafkaSettings, partitions: int) -> list[TopicMessage]:
     """Every message of the topic up to its end offsets now, by partition and offset."""
     return asyncio.run(_read_topic(settings, partitions))
+
+
+async def _end_offsets(settings: KafkaSettings, partitions: int) -> dict[int, int]:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    consumer = AIOKafkaConsumer(**client_kwargs(settings), group_id=None, enable_auto_commit=False)
+    async with asyncio.timeout(KAFKA_IO_TIMEOUT_S):
+        await consumer.start()
+        try:
+            tps = [TopicPartition(settings.topic, p) for p in range(partitions)]
+            ends = await consumer.end_offsets(tps)
+            return {tp.partition: int(offset) for tp, offset in ends.items()}
+        finally:
+            await consumer.stop()
+
+
+def end_offsets(settings: KafkaSettings, partitions: int) -> dict[int, int]:
+    """The log end offset of every partition now (how many messages each holds)."""
+    return run_sync(_end_offsets(settings, partitions))
 
 
 def publish(settings: KafkaSettings, items: Sequence[tuple[str, bytes]]) -> None:
