@@ -21,6 +21,7 @@ class _Registers(Protocol):
 _COMMAND_MODULES = (
     "gridledger.cmd_keys",
     "gridledger.cmd_terms",
+    "gridledger.cmd_records",
     "meter.cli",
     "ledger.cli",
     "verifier.cli",
