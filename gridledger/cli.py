@@ -22,6 +22,7 @@ _COMMAND_MODULES = (
     "gridledger.cmd_keys",
     "gridledger.cmd_terms",
     "gridledger.cmd_records",
+    "gridledger.cmd_trust",
     "meter.cli",
     "ledger.cli",
     "verifier.cli",
@@ -50,7 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    _plain(parser)
     return parser
+
+
+def _plain(parser: argparse.ArgumentParser) -> None:
+    """Help a person reads: docstrings' reStructuredText literals (double backticks) shown
+    as plain text, in every description and option help of every subcommand."""
+    if parser.description:
+        parser.description = parser.description.replace("``", "")
+    for action in parser._actions:
+        if action.help:
+            action.help = action.help.replace("``", "")
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action.choices.values():
+                _plain(choice)
 
 
 def _version() -> str:

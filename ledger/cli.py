@@ -66,13 +66,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.set_defaults(handler=cmd_run)
 
     statement = sub.add_parser("statement", help="signed statement through the current head")
-    statement.add_argument("placement")
+    statement.add_argument("placement", help="the placement id")
     statement.add_argument("--json", action="store_true", help="machine-readable output")
     with_config(statement)
     statement.set_defaults(handler=cmd_statement)
 
     export = sub.add_parser("export", help="export one placement (EXPORT.md)")
-    export.add_argument("placement")
+    export.add_argument("placement", help="the placement id")
     export.add_argument("--out", type=Path, required=True, help="FILE.duckdb to write")
     export.add_argument("--parquet", type=Path, default=None, help="also write DIR/<table>.parquet")
     with_config(export)
