@@ -241,3 +241,71 @@ def test_dry_run_against_the_running_ledgers_api(
     assert "the ledger would accept it" in out and "+0.50 USD" in out
     head = world.service.store.head(world.pid)
     assert head is not None and f"through record {head.chain_index} " in out
+
+
+def test_placements_listed_by_the_api_and_by_ledger_list(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import urllib.request
+
+    import tomli_w
+
+    from devtools.builders import StreamWriter, gpu, make_terms, sample
+    from ledger.http import LedgerApi, LedgerHttpServer
+    from ledger.metrics import LedgerMetrics
+    from transport.local import node_source, publish_local
+
+    # A second placement whose usage arrives before its terms: held, waiting.
+    cast = world.scenario.cast
+    g = gpu("late-n0", 0)
+    make_terms(cast, "late-p", [g], T0_MS, T0_MS + 3_600_000)
+    writer = StreamWriter(cast.node_key("late-n0"), "late-p", "late-n0")
+    event = writer.event(T0_MS, T0_MS + 60_000, [sample(g)])
+    publish_local(world.tmp / "spool", node_source("late-n0"), [event])
+    world.service.run_until_idle()
+    api = LedgerApi(world.service.store, cast.ledger, LedgerMetrics())
+    server = LedgerHttpServer(api, "127.0.0.1", 0)
+    server.start()
+    try:
+        with urllib.request.urlopen(f"{server.url}/placements", timeout=30) as reply:
+            body = json.loads(reply.read())
+    finally:
+        server.stop()
+    by_id = {p["placement_id"]: p for p in body["placements"]}
+    head = world.service.store.head(world.pid)
+    assert head is not None
+    assert by_id[world.pid] == {
+        "placement_id": world.pid,
+        "status": "open",
+        "operator": cast.operator.name,
+        "buyer": cast.buyer.name,
+        "desk": cast.desk.name,
+        "window_start": "2026-01-01T00:00:00Z",
+        "window_end": "2026-01-01T01:00:00Z",
+        "records": head.chain_index + 1,
+        "head": head.record_hash,
+        "held": 0,
+    }
+    assert by_id["late-p"]["status"] == "waiting for terms" and by_id["late-p"]["held"] == 1
+    # The same from the stopped ledger's file, through the CLI.
+    world.service.close()
+    private, _ = write_key_pair(cast.ledger, world.tmp / "ledger-keys")
+    config = world.tmp / "ledger.toml"
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "ledger_id": "ledger-1",
+                "key_file": str(private),
+                "db": str(world.tmp / "ledger.duckdb"),
+                "local_dir": str(world.tmp / "spool"),
+                "http": "off",
+            }
+        )
+    )
+    capsys.readouterr()
+    assert main(["ledger", "list", "--config", str(config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == body
+    assert main(["ledger", "list", "--config", str(config)]) == 0
+    table = capsys.readouterr().out
+    assert world.pid in table and "open" in table and "waiting for terms (1 held)" in table
