@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "gridledger.cmd_terms",
     "gridledger.cmd_records",
     "gridledger.cmd_trust",
+    "gridledger.cmd_check",
     "meter.cli",
     "ledger.cli",
     "verifier.cli",

@@ -179,6 +179,7 @@ def _write_configs(
         ],
     )
     (out / "trust.json").write_bytes(dump_trust(trust))
+    (out / "spool").mkdir(exist_ok=True)  # the meters create only their own spool in it
     kafka: dict[str, Any] = {"bootstrap": bootstrap, "topic": topic}
     ledger: dict[str, Any] = {
         "ledger_id": PARTIES["ledger"],

@@ -145,3 +145,37 @@ def test_help_has_no_raw_markup() -> None:
         if isinstance(action, argparse._SubParsersAction):
             texts.update({name: sub.format_help() for name, sub in action.choices.items()})
     assert [name for name, text in texts.items() if "``" in text] == []
+
+
+def test_check_finds_what_disagrees_between_configs(tmp_path: Path) -> None:
+    import tomllib
+
+    import tomli_w
+
+    from proto.keys import SigningKey, write_key_pair
+
+    stack = tmp_path / "stack"
+    setup = _gridledger("example-setup", "--out", str(stack), cwd=tmp_path)
+    assert setup.returncode == 0, setup.stderr
+    files = [str(p) for p in sorted(stack.glob("*.toml"))] + [str(stack / "trust.json")]
+    ok = _gridledger("check", *files, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "OK: 2 meter, 1 ledger, 1 terms, 1 trust file(s) agree" in ok.stdout
+    # A ledger started with another key, a meter with a typo in its spool path.
+    write_key_pair(SigningKey.generate("other-ledger"), stack / "keys")
+    ledger = tomllib.loads((stack / "ledger.toml").read_text())
+    ledger["key_file"] = "keys/other-ledger.key"
+    (stack / "ledger.toml").write_text(tomli_w.dumps(ledger))
+    meter = tomllib.loads((stack / "meter-a.toml").read_text())
+    meter["spool_dir"] = "spoool/node-a"
+    (stack / "meter-a.toml").write_text(tomli_w.dumps(meter))
+    bad = _gridledger("check", *files, cwd=tmp_path)
+    assert bad.returncode == 1
+    problems = bad.stderr.strip().splitlines()
+    assert len(problems) == 2, problems
+    assert any("is not the key of the ledger of" in p and "TERMS_INVALID" in p for p in problems)
+    assert any("meter-a.toml: spool_dir's parent" in p and "spoool" in p for p in problems)
+    assert "Traceback" not in bad.stderr
+    unknown = tmp_path / "notes.txt"
+    unknown.write_text("hello\n")
+    assert _gridledger("check", str(unknown), cwd=tmp_path).returncode == 2
