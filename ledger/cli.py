@@ -77,7 +77,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export = sub.add_parser("export", help="export one placement (EXPORT.md)")
     export.add_argument("placement", help="the placement id")
     export.add_argument("--out", type=Path, required=True, help="FILE.duckdb to write")
-    export.add_argument("--parquet", type=Path, default=None, help="also write DIR/<table>.parquet")
+    export.add_argument(
+        "--parquet",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write DIR/<table>/<placement>.parquet (glob DIR/<table>/*.parquet)",
+    )
     with_config(export)
     export.set_defaults(handler=cmd_export)
 
