@@ -90,6 +90,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _configure_logging() -> None:
+    if structlog.is_configured():  # by `gridledger --log-format ...` (gridledger/logs.py)
+        return
     renderer: structlog.types.Processor = (
         structlog.dev.ConsoleRenderer()
         if sys.stderr.isatty()

@@ -141,3 +141,48 @@ def test_simulated_fault_on_a_gpu_not_in_the_terms_is_an_error(tmp_path: Path, f
     error = json.loads(_one_error(done))
     assert "GPU-x: no such GPU on node n1" in error["error"]
     assert "GPU-n1-0" in error["error"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_one_log_format_for_a_process(tmp_path: Path, fmt: str) -> None:
+    """--log-format, given after the subcommand: every stderr line in that format."""
+    config = _meter(tmp_path)
+    done = _gridledger(
+        "meter", "run", "--config", str(config), "--until-ms", str(T0 + 5 * 60_000),
+        "--log-format", fmt,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert any("agent_started" in line for line in lines)
+    if fmt == "json":
+        assert all(json.loads(line)["level"] for line in lines)
+    else:
+        assert not any(line.startswith("{") for line in lines)
+        assert all("[info" in line or "[warning" in line for line in lines), lines
+
+
+def test_library_log_lines_are_folded_into_the_same_format(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """aiokafka logs through the standard library: its lines come out as our JSON."""
+    import logging
+
+    import structlog
+
+    from gridledger.logs import configure_logging
+
+    configure_logging("json", "info")
+    try:
+        structlog.get_logger("ledger.test").warning("ours", placement="p1")
+        logging.getLogger("aiokafka.conn").error("Unable connect to node with id %s", 1)
+        logging.getLogger("aiokafka.consumer").info("chatter below warning is not shown")
+        lines = [json.loads(line) for line in capfd.readouterr().err.strip().splitlines()]
+    finally:
+        structlog.reset_defaults()
+        root = logging.getLogger()
+        root.handlers = [h for h in root.handlers if h.get_name() != "gridledger-structlog"]
+    assert [(e["event"], e["level"]) for e in lines] == [
+        ("ours", "warning"),
+        ("Unable connect to node with id 1", "error"),
+    ]
+    assert lines[1]["logger"] == "aiokafka.conn" and "timestamp" in lines[1]

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -32,8 +34,18 @@ def _run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Complet
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the wheel built from this checkout; returns its bin directory."""
     base = tmp_path_factory.mktemp("wheel")
+    # Build from a copy of what the wheel is made of: setuptools writes build/ beside the
+    # sources, and the checkout is not this test's to write.
+    source = base / "src"
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]
+    for name in {p.split(".")[0] for p in packages}:
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
     built = _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(base), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(base), str(source)],
         cwd=base,
     )
     assert built.returncode == 0, built.stderr[-3000:]

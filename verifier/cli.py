@@ -122,10 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _quiet_logs() -> None:
     """Logs go to stderr, warnings and worse only: stdout carries the report (or JSON)."""
     if not structlog.is_configured():
-        structlog.configure(
-            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        )
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
 def handle(args: argparse.Namespace) -> int:
