@@ -55,13 +55,11 @@ from proto.files import read_at_most
 from proto.keys import SigningKey, key_id, load_public_key, load_signing_key
 from proto.limits import MAX_ENVELOPE_BYTES, MAX_SAFE_INTEGER
 from proto.records import Adjustment, NodeKeyBinding, PlacementTerms, ReclaimNotice
-from proto.terms import TermsError, check_terms_signatures, load_terms_file
+from proto.terms import MIN_PLAUSIBLE_MS, TermsError, check_terms_signatures, load_terms_file
 
 EX_OK: Final = 0
 EX_REFUSED: Final = 1
 EX_USAGE: Final = 2
-# Milliseconds below this read as seconds (before 1973 in ms; after 5138 in s).
-_MIN_PLAUSIBLE_MS: Final = 100_000_000_000
 _RECORD = ReclaimNotice | Adjustment | NodeKeyBinding
 
 
@@ -83,7 +81,7 @@ def parse_time_ms(text: str, what: str) -> int:
         return time.time_ns() // 1_000_000
     if value.isdigit():
         ms = int(value)
-        if ms < _MIN_PLAUSIBLE_MS:
+        if ms < MIN_PLAUSIBLE_MS:
             raise UsageError(
                 f"{what} {value} looks like seconds; give milliseconds ({ms * 1000}) "
                 "or an ISO time such as 2026-12-01T00:52:00Z"

@@ -156,7 +156,7 @@ def check_terms_signatures(envelope: Envelope, terms: PlacementTerms) -> Signatu
 
 _TIME_FIELDS: Final = ("window_start_ms", "window_end_ms", "created_at_ms")
 # Milliseconds below this read as seconds: 10^11 ms is 1973, 10^11 s is the year 5138.
-_MIN_PLAUSIBLE_MS: Final = 100_000_000_000
+MIN_PLAUSIBLE_MS: Final = 100_000_000_000
 # Where a problem is: ("desk_fee_bps",), ("gpus", 2, "share_milli"), ("operator", "key").
 Where = tuple[str | int, ...]
 Locate = Callable[[Where], str]
@@ -304,7 +304,7 @@ def _schema_problems(
             except msgspec.ValidationError as exc:
                 problems.append((here, _in_words(name, value, str(exc))))
                 continue
-        if f.name in _TIME_FIELDS and isinstance(value, int) and 0 < value < _MIN_PLAUSIBLE_MS:
+        if f.name in _TIME_FIELDS and isinstance(value, int) and 0 < value < MIN_PLAUSIBLE_MS:
             problems.append(
                 (
                     here,

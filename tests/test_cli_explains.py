@@ -179,3 +179,20 @@ def test_check_finds_what_disagrees_between_configs(tmp_path: Path) -> None:
     unknown = tmp_path / "notes.txt"
     unknown.write_text("hello\n")
     assert _gridledger("check", str(unknown), cwd=tmp_path).returncode == 2
+
+
+def test_times_below_the_plausible_bound_read_as_seconds(demo_files: Path) -> None:
+    import tomllib
+
+    from proto.terms import MIN_PLAUSIBLE_MS, TermsError, terms_from_mapping
+
+    text = (demo_files / "terms.toml").read_text()
+    for value, refused in ((MIN_PLAUSIBLE_MS - 1, True), (MIN_PLAUSIBLE_MS, False)):
+        changed = text.replace("created_at_ms = 2026-11-30T12:00:00Z", f"created_at_ms = {value}")
+        data = tomllib.loads(changed)
+        try:
+            terms_from_mapping(data, demo_files)
+            problems: list[str] = []
+        except TermsError as exc:
+            problems = exc.problems
+        assert any("looks like seconds" in p for p in problems) is refused, problems
