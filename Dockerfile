@@ -13,10 +13,16 @@ COPY proto/ proto/
 COPY meter/ meter/
 COPY ledger/ ledger/
 COPY verifier/ verifier/
+COPY transport/ transport/
+COPY witness/ witness/
+# /var/lib/gridledger/stack is the mount point of the compose `stack` volume: created and
+# owned by uid 10001 here, so a fresh named volume starts with that owner (Docker copies
+# the image directory's ownership into an empty volume) and the services can write it.
 RUN pip install . \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/gridledger gridledger \
     && mkdir -p /var/lib/gridledger/data /var/lib/gridledger/spool /var/lib/gridledger/keys \
-    && chown -R gridledger:gridledger /var/lib/gridledger
+        /var/lib/gridledger/stack \
+    && chown -R 10001:10001 /var/lib/gridledger
 
 USER gridledger
 WORKDIR /var/lib/gridledger

@@ -1,22 +1,30 @@
 # The two commands of the README: `make demo` and `make test`.
 # Each creates .venv on first use and reuses it while pyproject.toml is unchanged.
+# `make demo` installs the runtime dependencies only; `make test` (and `make venv`) add the
+# test tools (pytest, mypy, ruff, hypothesis) of the `test` extra.
 PYTHON ?= python3
 VENV := .venv
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
 WORKDIR ?= demo-out
+PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
 
 .PHONY: demo test lint typecheck pytest venv clean
 
+$(RUNTIME_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -e .
+	@touch $(RUNTIME_STAMP)
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	@touch $(STAMP)
+	$(PIP) install -e '.[test]'
+	@touch $(STAMP) $(RUNTIME_STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME_STAMP)
 	$(BIN)/gridledger demo --workdir $(WORKDIR)
 
 lint: $(STAMP)

@@ -61,7 +61,9 @@ def write_meter_setup(
     if segment_max_bytes is not None:
         config["segment_max_bytes"] = segment_max_bytes
     if transport == "local":
-        config["local_dir"] = str(local_dir if local_dir is not None else Path(workdir) / "local")
+        local = local_dir if local_dir is not None else Path(workdir) / "local"
+        local.mkdir(parents=True, exist_ok=True)  # the operator's to create (meter.config)
+        config["local_dir"] = str(local)
     else:
         config["spool_dir"] = "spool"
         config["kafka"] = dict(kafka or {})

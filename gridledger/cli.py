@@ -21,6 +21,9 @@ class _Registers(Protocol):
 _COMMAND_MODULES = (
     "gridledger.cmd_keys",
     "gridledger.cmd_terms",
+    "gridledger.cmd_records",
+    "gridledger.cmd_trust",
+    "gridledger.cmd_check",
     "meter.cli",
     "ledger.cli",
     "verifier.cli",
@@ -49,7 +52,43 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    _plain(parser)
+    _log_options(parser, top=True)
     return parser
+
+
+def _log_options(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """--log-format and --log-level on the top command and on every subcommand (given
+    anywhere on the line; a subcommand's default never hides the top command's value)."""
+    from gridledger.logs import FORMATS, LEVELS
+
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=default,
+        help="log lines on stderr: json or console (default: console on a terminal, else json)",
+    )
+    parser.add_argument(
+        "--log-level", choices=LEVELS, default=default, help="least severe level logged (info)"
+    )
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action.choices.values():
+                _log_options(choice)
+
+
+def _plain(parser: argparse.ArgumentParser) -> None:
+    """Help a person reads: docstrings' reStructuredText literals (double backticks) shown
+    as plain text, in every description and option help of every subcommand."""
+    if parser.description:
+        parser.description = parser.description.replace("``", "")
+    for action in parser._actions:
+        if action.help:
+            action.help = action.help.replace("``", "")
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action.choices.values():
+                _plain(choice)
 
 
 def _version() -> str:
@@ -67,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    from gridledger.logs import configure_logging
+
+    configure_logging(args.log_format, args.log_level)
     if handler is None:
         parser.print_help(sys.stderr)
         return 2

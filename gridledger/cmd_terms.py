@@ -12,13 +12,10 @@ be read; 3 (``show``) valid so far but signatures are missing.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import sys
 from pathlib import Path
 
-from aiokafka.errors import KafkaError
-
+from gridledger.publishing import PublishError, add_target_arguments, publish, target_of
 from proto.canonical import signed_bytes
 from proto.envelope import Envelope, add_signatures, encode_envelope, sign_payload
 from proto.errors import KeyFileError
@@ -45,14 +42,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sign.add_argument("--out", type=Path, help="where to write (default: TERMS.signed.json)")
     sign.set_defaults(handler=_sign)
     show = terms_sub.add_parser("show", help="who signed, what is missing, what is wrong")
-    show.add_argument("terms", type=Path)
+    show.add_argument("terms", type=Path, help="TOML terms, or a signed terms file (JSON)")
     show.set_defaults(handler=_show)
     publish = terms_sub.add_parser("publish", help="put fully signed terms into the stream")
-    publish.add_argument("terms", type=Path)
-    target = publish.add_mutually_exclusive_group(required=True)
-    target.add_argument("--kafka", metavar="HOST:PORT")
-    target.add_argument("--local", type=Path, metavar="DIR")
-    publish.add_argument("--topic", default="gridledger.records")
+    publish.add_argument("terms", type=Path, help="the signed terms file (terms.signed.json)")
+    add_target_arguments(publish, required=True)
     publish.set_defaults(handler=_publish)
 
 
@@ -172,27 +166,15 @@ def _publish(args: argparse.Namespace) -> int:
         if failure is not None:
             print(f"FAIL: {failure}", file=sys.stderr)
         return 1
-    raw = encode_envelope(envelope)
-    from transport import kafka, local
-
-    if args.local is not None:
-        local.publish_local(args.local, local.publisher_source("terms"), [raw])
-        print(f"OK: published {terms.placement_id} to {args.local}")
-    else:
-        settings = kafka.KafkaSettings(bootstrap=args.kafka, topic=args.topic)
-        # aiokafka logs each failed connection attempt itself; the one line below says it.
-        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-        try:
-            asyncio.run(kafka.publish_kafka(settings, [(terms.placement_id, raw)]))
-        except (OSError, TimeoutError, KafkaError) as exc:
-            # One line, no traceback: the broker did not take the terms (nothing to undo;
-            # publishing again is safe, the ledger drops an exact duplicate).
-            reason = str(exc) or type(exc).__name__
-            print(
-                f"FAIL: Kafka at {args.kafka} did not acknowledge the terms (topic "
-                f"{args.topic}): {reason}; nothing was published, try again",
-                file=sys.stderr,
-            )
-            return 75
-        print(f"OK: published {terms.placement_id} to {args.kafka} topic {args.topic}")
+    target = target_of(args)
+    if target is None:  # argparse requires one; kept for the type checker
+        return 2
+    try:
+        publish(target, terms.placement_id, "terms", encode_envelope(envelope))
+    except PublishError as exc:
+        # One line, no traceback (nothing to undo; publishing again is safe, the ledger
+        # drops an exact duplicate).
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return exc.code
+    print(f"OK: published {terms.placement_id} to {target.describe()}")
     return 0

@@ -78,7 +78,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument("--workdir", type=Path, default=Path("demo-out"))
+    demo.add_argument(
+        "--workdir", type=Path, default=Path("demo-out"), help="output directory (default demo-out)"
+    )
     demo.add_argument("--kafka", metavar="HOST:PORT", help="use a real Kafka broker")
     demo.set_defaults(handler=_handle)
 

@@ -53,9 +53,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--out", type=Path, required=True, help="directory for keys, terms, trust and configs"
+    )
     parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka, as configs see it")
-    parser.add_argument("--topic", default="gridledger.records")
+    parser.add_argument(
+        "--topic", default="gridledger.records", help="Kafka topic (default gridledger.records)"
+    )
     parser.add_argument("--hours", type=int, default=24, help="length of the placement window")
     parser.add_argument("--start-ms", type=int, help="window start (default: now, to the minute)")
     parser.add_argument("--http", default="127.0.0.1:8080", help="the ledger's HTTP API address")
@@ -175,6 +179,7 @@ def _write_configs(
         ],
     )
     (out / "trust.json").write_bytes(dump_trust(trust))
+    (out / "spool").mkdir(exist_ok=True)  # the meters create only their own spool in it
     kafka: dict[str, Any] = {"bootstrap": bootstrap, "topic": topic}
     ledger: dict[str, Any] = {
         "ledger_id": PARTIES["ledger"],

@@ -770,12 +770,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="meter, settle and verify a production GPU cluster trace (OpenB CSV format)",
         description=__doc__.split("\n\n", 1)[0] if __doc__ else None,
     )
-    parser.add_argument("trace_dir", type=Path, metavar="TRACE_DIR")
-    parser.add_argument("--workdir", type=Path, required=True, metavar="DIR")
+    parser.add_argument(
+        "trace_dir", type=Path, metavar="TRACE_DIR", help="the OpenB trace directory (CSV files)"
+    )
+    parser.add_argument(
+        "--workdir", type=Path, required=True, metavar="DIR", help="where keys, spools, DB go"
+    )
     parser.add_argument("--kafka", metavar="HOST:PORT", help="use Kafka (default: local spools)")
-    parser.add_argument("--topic", default=DEFAULT_TOPIC)
-    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
-    parser.add_argument("--interval-s", type=int, default=DEFAULT_INTERVAL_S, metavar="N")
+    parser.add_argument(
+        "--topic", default=DEFAULT_TOPIC, help=f"Kafka topic to create (default {DEFAULT_TOPIC})"
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=DEFAULT_PARTITIONS,
+        help=f"partitions of the topic (default {DEFAULT_PARTITIONS})",
+    )
+    parser.add_argument(
+        "--interval-s",
+        type=int,
+        default=DEFAULT_INTERVAL_S,
+        metavar="N",
+        help=f"usage interval of every agent, seconds (default {DEFAULT_INTERVAL_S})",
+    )
     parser.add_argument(
         "--limit",
         type=int,
@@ -795,7 +812,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--prices", type=Path, metavar="FILE", help="price table (TOML)")
     parser.add_argument("--seed", default=DEFAULT_SEED, help="seed text of every key")
-    parser.add_argument("--buyers", type=int, default=DEFAULT_BUYERS)
+    parser.add_argument(
+        "--buyers",
+        type=int,
+        default=DEFAULT_BUYERS,
+        help=f"buyers the placements are spread over (default {DEFAULT_BUYERS})",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable report")
     parser.set_defaults(handler=_handle)
 

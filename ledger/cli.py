@@ -5,6 +5,7 @@ the ledger's own tools.
 
     gridledger ledger run --config ledger.toml
     gridledger ledger statement PLACEMENT [--json] [--config ledger.toml]
+    gridledger ledger list [--json] [--config ledger.toml]
     gridledger ledger export PLACEMENT --out FILE.duckdb [--parquet DIR] [--config ledger.toml]
 
 The keys of ledger.toml are documented in ``ledger.config`` and
@@ -33,6 +34,7 @@ from ledger.client import (
     ApiError,
     download_export,
     find_running,
+    get_placements,
     get_statement,
 )
 from ledger.config import ConfigError, LedgerConfig, load_config
@@ -40,6 +42,7 @@ from ledger.consume import SourceError, SourceUnavailable
 from ledger.export import export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer
 from ledger.limits import START_ATTEMPTS, START_BACKOFF_INITIAL_S, START_BACKOFF_MAX_S
+from ledger.listing import placement_list, render_table
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.statements import statement_json
 from ledger.store import Store, StoreError
@@ -66,17 +69,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.set_defaults(handler=cmd_run)
 
     statement = sub.add_parser("statement", help="signed statement through the current head")
-    statement.add_argument("placement")
+    statement.add_argument("placement", help="the placement id")
     statement.add_argument("--json", action="store_true", help="machine-readable output")
     with_config(statement)
     statement.set_defaults(handler=cmd_statement)
 
     export = sub.add_parser("export", help="export one placement (EXPORT.md)")
-    export.add_argument("placement")
+    export.add_argument("placement", help="the placement id")
     export.add_argument("--out", type=Path, required=True, help="FILE.duckdb to write")
-    export.add_argument("--parquet", type=Path, default=None, help="also write DIR/<table>.parquet")
+    export.add_argument(
+        "--parquet",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write DIR/<table>/<placement>.parquet (glob DIR/<table>/*.parquet)",
+    )
     with_config(export)
     export.set_defaults(handler=cmd_export)
+
+    listing = sub.add_parser("list", help="every placement: status, records, window, parties")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    with_config(listing)
+    listing.set_defaults(handler=cmd_list)
 
     ledger.set_defaults(handler=lambda args: _usage(ledger))
 
@@ -103,6 +117,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``ledger run``: the daemon, until SIGTERM or SIGINT."""
     try:
         config = load_config(args.config)
+        if config.transport == "local" and not (config.local_dir and config.local_dir.is_dir()):
+            raise ConfigError(
+                f"{args.config}: local_dir {config.local_dir} does not exist; create it or "
+                "point local_dir at the directory the meters and publishers write"
+            )
         service: LedgerService | KafkaLedgerService
         if config.transport == "local":
             service = LedgerService.from_config(config)
@@ -220,6 +239,32 @@ def cmd_statement(args: argparse.Namespace) -> int:
     except (UnknownPlacement, ApiError) as exc:
         return _fail(str(exc), 1)
     _print_statement(body, args.json)
+    return 0
+
+
+# ---- list ------------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """``ledger list``: through the API if the ledger runs, else from the DB."""
+    try:
+        config, key = _load(args.config)
+        base = find_running(config)
+        if base is not None:
+            placements = get_placements(base)
+        else:
+            _require_store(config, args.config)
+            with Store(config.db, ledger_public_key=key.public_key) as store:
+                placements = placement_list(store)
+    except (ConfigError, KeyFileError, StoreError) as exc:
+        return _fail(str(exc), 2)
+    except ApiError as exc:
+        return _fail(str(exc), 1)
+    if args.json:
+        print(json.dumps({"placements": placements}, sort_keys=True, indent=2))
+    else:
+        for line in render_table(placements):
+            print(line)
     return 0
 
 

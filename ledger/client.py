@@ -98,6 +98,12 @@ def get_statement(base: str, placement_id: str) -> dict[str, Any]:
     return body
 
 
+def get_placements(base: str) -> list[dict[str, Any]]:
+    """GET /placements."""
+    body: dict[str, Any] = json.loads(_request(f"{base}/placements"))
+    return list(body["placements"])
+
+
 def get_checkpoint(base: str, placement_id: str) -> str:
     """GET /placements/<id>/checkpoint."""
     return _request(f"{base}/placements/{placement_id}/checkpoint").decode()

@@ -23,6 +23,8 @@ from proto.keys import SigningKey, b64
 
 EXPORT_FORMAT: Final = "gridledger-export"
 EXPORT_FORMAT_VERSION: Final = "1"
+# The DuckDB storage format of export files: readable by DuckDB 1.0 and every later version.
+STORAGE_VERSION: Final = "v1.0.0"
 
 _COMMON: Final = (
     "chain_index BIGINT NOT NULL, position VARCHAR NOT NULL, input_hash VARCHAR NOT NULL, "
@@ -57,7 +59,7 @@ SCHEMA: Final = "\n".join(
         "CREATE TABLE ledger_records (chain_index BIGINT NOT NULL, envelope BLOB NOT NULL, "
         "record_hash VARCHAR NOT NULL, kind VARCHAR, status VARCHAR, reason VARCHAR, "
         "delivered_mgms BIGINT, gross_minor BIGINT, buyer_owes_minor BIGINT, "
-        "operator_receives_minor BIGINT, desk_receives_minor BIGINT);",
+        "operator_receives_minor BIGINT, desk_receives_minor BIGINT, placement_id VARCHAR);",
         "CREATE TABLE statements (through_index BIGINT NOT NULL, envelope BLOB NOT NULL, "
         "final BOOLEAN, buyer_owes_minor BIGINT, operator_receives_minor BIGINT, "
         "desk_receives_minor BIGINT);",
@@ -103,7 +105,8 @@ def export_rows(store: Store, placement_id: str) -> dict[str, list[tuple[Any, ..
         records = store.query(
             "SELECT chain_index, envelope, record_hash, kind, status, reason, delivered_mgms, "
             "total_gross_minor, total_buyer_owes_minor, total_operator_receives_minor, "
-            "total_desk_receives_minor FROM records WHERE placement_id = ? ORDER BY chain_index",
+            "total_desk_receives_minor, placement_id FROM records WHERE placement_id = ? "
+            "ORDER BY chain_index",
             [placement_id],
         )
         tables: dict[str, list[tuple[Any, ...]]] = {"ledger_records": records}
@@ -133,8 +136,12 @@ def export_rows(store: Store, placement_id: str) -> dict[str, list[tuple[Any, ..
 def _write_db(path: Path, tables: dict[str, list[tuple[Any, ...]]]) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-    con = duckdb.connect(str(path))
+    # Written in the storage format of DuckDB 1.0 (EXPORT.md "Readers"), so every DuckDB
+    # 1.x and later opens it, whatever version writes it.
+    con = duckdb.connect(":memory:")
     try:
+        con.execute(f"ATTACH '{_sql_string(path)}' AS export (STORAGE_VERSION '{STORAGE_VERSION}')")
+        con.execute("USE export")
         con.execute("BEGIN")
         con.execute(SCHEMA)
         for table in TABLES:
@@ -144,7 +151,9 @@ def _write_db(path: Path, tables: dict[str, list[tuple[Any, ...]]]) -> None:
                 appender.append_rows(rows)
                 appender.flush()
         con.execute("COMMIT")
-        con.execute("CHECKPOINT")
+        con.execute("CHECKPOINT export")
+        con.execute("USE memory")
+        con.execute("DETACH export")
     finally:
         con.close()
     with contextlib.suppress(FileNotFoundError):  # a checkpointed file has no WAL left
@@ -202,19 +211,30 @@ def _export(
 
 
 def write_parquet(db: Path, directory: Path) -> None:
-    """Write every table of the export file ``db`` to ``directory/<table>.parquet``."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write every table of the export file ``db`` to ``directory/<table>/<placement>.parquet``.
+
+    One directory per table, one file per placement: exports of many placements into one
+    directory sit side by side, and an analyst reads a table across all of them with one
+    glob (``read_parquet('DIR/ledger_records/*.parquet')``; ``ledger_records`` carries
+    ``placement_id``, and ``filename = true`` names the placement of any other table).
+    """
     con = duckdb.connect(str(db), read_only=True)
     try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'placement_id'").fetchone()
+        if row is None:
+            raise ValueError(f"{db} has no meta.placement_id: not an export")
+        placement_id = str(row[0])
         for table in TABLES:
-            final = directory / f"{table}.parquet"
-            tmp = directory / f".{table}.parquet.tmp-{os.getpid()}"
+            table_dir = directory / table
+            table_dir.mkdir(parents=True, exist_ok=True)
+            final = table_dir / f"{placement_id}.parquet"
+            tmp = table_dir / f".{placement_id}.parquet.tmp-{os.getpid()}"
             con.execute(f"COPY {table} TO '{_sql_string(tmp)}' (FORMAT parquet)")
             _fsync_file(tmp)
             os.replace(tmp, final)
+            _fsync_dir(table_dir)
     finally:
         con.close()
-    _fsync_dir(directory)
 
 
 def _sql_string(path: Path) -> str:

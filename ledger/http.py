@@ -4,6 +4,7 @@ A running ledger owns its DuckDB file, so parties reach it here::
 
     GET  /health                               {"status": "ok", ...}
     GET  /metrics                              Prometheus text exposition
+    GET  /placements                           every placement: parties, window, status (JSON)
     GET  /placements/<id>/statement            statement through the current head (JSON)
     GET  /placements/<id>/export               the export DuckDB file (bytes)
     GET  /placements/<id>/checkpoint           checkpoint note (text), cosignatures included
@@ -36,6 +37,7 @@ import structlog
 from ledger.attest import UnknownPlacement, cosign_checkpoint, issue_checkpoint, issue_statement
 from ledger.export import export_placement
 from ledger.limits import HTTP_TIMEOUT_S, MAX_HTTP_BODY_BYTES
+from ledger.listing import placement_list
 from ledger.metrics import LedgerMetrics
 from ledger.statements import statement_json
 from ledger.store import Store
@@ -77,6 +79,10 @@ class LedgerApi:
     def statement(self, placement_id: str) -> dict[str, Any]:
         """JSON of the statement through the current head."""
         return statement_json(issue_statement(self.store, self.key, placement_id))
+
+    def placements(self) -> dict[str, Any]:
+        """JSON of every placement (ledger/listing.py)."""
+        return {"placements": placement_list(self.store)}
 
     def checkpoint(self, placement_id: str) -> str:
         """The checkpoint note through the current head."""
@@ -174,6 +180,9 @@ def _handler(api: LedgerApi) -> type[BaseHTTPRequestHandler]:
                 return
             if method == "GET" and path == "/metrics":
                 self._send(HTTPStatus.OK, "text/plain; version=0.0.4", api.metrics.exposition())
+                return
+            if method == "GET" and path in ("/placements", "/"):
+                self._json(HTTPStatus.OK, api.placements())
                 return
             match = _ROUTE.match(path)
             if match is None:

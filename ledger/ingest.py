@@ -28,7 +28,7 @@ from ledger.metrics import LedgerMetrics
 from ledger.statements import make_statement
 from ledger.store import Batch, ChainedRow, HeldRow, QuarantineRow, StateRow, Store
 from proto.invariant import present
-from proto.keys import SigningKey
+from proto.keys import SigningKey, key_id
 from proto.records import PlacementTerms
 
 log = structlog.get_logger("ledger.ingest")
@@ -135,6 +135,17 @@ class Ingestor:
             seconds=seconds,
         )
         self._count(batch, report)
+        if report.inputs:
+            log.info(
+                "batch_folded",
+                inputs=report.inputs,
+                chained=report.chained,
+                quarantined=report.quarantined,
+                dropped=report.dropped,
+                held=report.held,
+                closed=len(report.closed),
+                seconds=round(report.seconds, 3),
+            )
         return report
 
     def _collect(self, batch: Batch, outcome: Outcome, closes: dict[str, ChainedRow]) -> None:
@@ -173,8 +184,30 @@ class Ingestor:
                 input_record=opened.record,
             )
             batch.chained.append(row)
+            if record.kind == "terms" and record.status == "rejected":
+                self._terms_rejected(outcome, opened.record)
             if record.kind == "closed" and record.status == "accepted":
                 closes[record.placement_id] = row
+
+    def _terms_rejected(self, outcome: Outcome, terms: object) -> None:
+        """Every rejected terms input, with its reason, at warning: a placement whose terms
+        the ledger refuses is otherwise silent until someone asks for its statement."""
+        extra: dict[str, str] = {}
+        if isinstance(terms, PlacementTerms) and terms.ledger_key != self.key.public_key:
+            extra = {
+                "terms_ledger_key": key_id(terms.ledger_key),
+                "this_ledger_key": self.key.key_id,
+                "hint": "the terms name another ledger: this ledger's key file is not the "
+                "terms' ledger_key",
+            }
+        log.warning(
+            "terms_rejected",
+            placement=outcome.placement_id,
+            reason=outcome.reason.value if outcome.reason is not None else "",
+            detail=outcome.detail,
+            position=outcome.position,
+            **extra,
+        )
 
     def _terms(self, placement_id: str) -> PlacementTerms:
         terms = self.fold.terms(placement_id)

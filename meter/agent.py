@@ -55,7 +55,7 @@ from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.invariant import present
-from proto.keys import SigningKey
+from proto.keys import SigningKey, key_id
 from proto.records import GpuSpec, PlacementTerms, UsageEvent
 from transport.limits import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SPOOL_MAX_BYTES
 from transport.positions import SpoolPosition
@@ -85,6 +85,10 @@ class AgentConfig:
     # On the embedded transport the spool is the delivery: log each event as delivered
     # once it is in the spool (with Kafka the shipper logs it when acknowledged).
     delivered_on_spool: bool = False
+    # The node signs with a key the terms do not list, bound by a NodeKeyBinding
+    # (``gridledger bind-key``). Without it a key that differs from the terms' stops the
+    # agent: every event it signed would be rejected NODE_KEY_UNKNOWN.
+    key_rebound: bool = False
 
     def __post_init__(self) -> None:
         if not MIN_INTERVAL_MS <= self.interval_ms <= MAX_INTERVAL_MS:
@@ -199,8 +203,15 @@ class Agent:
                 )
                 continue
             node_key = next(n.key for n in terms.nodes if n.node_id == config.node_id)
+            if node_key != config.signing_key.public_key and not config.key_rebound:
+                raise AgentConfigError(
+                    f"node {config.node_id} signs with key {config.signing_key.key_id}, the "
+                    f"terms of {terms.placement_id} name key {key_id(node_key)}: use the "
+                    "node key the terms name, or set key_rebound = true if a key binding "
+                    "(gridledger bind-key) bound this one"
+                )
             if node_key != config.signing_key.public_key:
-                # A key binding may have rotated the node key; the ledger decides.
+                # A key binding rotated the node key (key_rebound); the ledger decides.
                 _log.warning(
                     "node_key_differs_from_terms",
                     placement=terms.placement_id,

@@ -90,6 +90,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _configure_logging() -> None:
+    if structlog.is_configured():  # by `gridledger --log-format ...` (gridledger/logs.py)
+        return
     renderer: structlog.types.Processor = (
         structlog.dev.ConsoleRenderer()
         if sys.stderr.isatty()
@@ -172,6 +174,7 @@ def build_agent(
         spool_max_bytes=config.spool_max_bytes,
         segment_max_bytes=config.segment_max_bytes,
         delivered_on_spool=config.transport != "kafka",
+        key_rebound=config.key_rebound,
     )
     try:
         return Agent(agent_config, source, clock, metrics=metrics)
@@ -193,6 +196,15 @@ def _run(args: argparse.Namespace) -> int:
         spec = parse_sim_spec(spec_text) if spec_text is not None else None
         if args.until_ms is not None and spec is None:
             raise ConfigError(["--until-ms needs a simulated source (--simulate SPEC)"])
+        parent = config.spool_dir.parent
+        if not parent.is_dir():
+            where = "local_dir" if config.transport == "local" else "the parent of spool_dir"
+            raise ConfigError(
+                [
+                    f"{args.config}: {where} {parent} does not exist; create it (the agent "
+                    "creates only its own spool directory inside it)"
+                ]
+            )
     except (ConfigError, SimSpecError) as exc:
         for problem in getattr(exc, "problems", [str(exc)]):
             _log.error("config_invalid", problem=problem)
@@ -209,7 +221,14 @@ def _run(args: argparse.Namespace) -> int:
         if sim_clock is not None:
             sim_clock.set(_epoch_ms(config.node_id, load_terms(config.terms)))
         agent = build_agent(config, spec, clock, metrics)
-    except (KeyFileError, TermsError, AgentConfigError, SpoolLocked, SpoolCorrupt) as exc:
+    except (
+        KeyFileError,
+        TermsError,
+        AgentConfigError,
+        SimSpecError,
+        SpoolLocked,
+        SpoolCorrupt,
+    ) as exc:
         _log.error("agent_cannot_start", error=str(exc))
         return EX_CONFIG
     except Exception as exc:  # the GPU library (NVML) could not start

@@ -16,6 +16,9 @@ Keys (relative paths are relative to the directory of meter.toml)::
     metrics_listen = "127.0.0.1:9101"     # optional Prometheus endpoint (loopback)
     transport = "local"                   # "local" | "kafka"
     local_dir = "/var/lib/gridledger/local"   # local: the spool is local_dir/node-<node_id>
+    key_rebound = false                   # true: key_file is not the node key the terms
+                                          #   name but one a NodeKeyBinding bound (else the
+                                          #   agent refuses to start)
 
     [kafka]                               # transport = "kafka"
     bootstrap = "127.0.0.1:9092"
@@ -27,6 +30,11 @@ Keys (relative paths are relative to the directory of meter.toml)::
     ssl_cafile = "/etc/gridledger/ca.pem"
 
 In local mode the ledger reads the spool directly and nothing is ever deleted from it.
+
+Directories: the agent creates its own spool directory (``spool_dir``, or
+``local_dir/node-<node_id>``) but never its parent: a ``local_dir`` (or the parent of
+``spool_dir``) that does not exist stops the agent with one line (exit 2), so a typo
+never spools signed usage somewhere nobody reads it.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ _TOP_KEYS: Final = frozenset(
         "transport",
         "local_dir",
         "kafka",
+        "key_rebound",
     }
 )
 _KAFKA_KEYS: Final = frozenset(
@@ -104,6 +113,7 @@ class MeterConfig:
     transport: Literal["local", "kafka"]
     kafka: KafkaSettings | None
     metrics_listen: tuple[str, int] | None
+    key_rebound: bool = False
 
 
 def load_meter_config(path: Path) -> MeterConfig:
@@ -219,6 +229,11 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         else:
             metrics_listen = (host, int(port))
 
+    key_rebound = data.get("key_rebound", False)
+    if not isinstance(key_rebound, bool):
+        problems.append("key_rebound must be true or false")
+        key_rebound = False
+
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return MeterConfig(
@@ -235,6 +250,7 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         transport=transport,
         kafka=kafka,
         metrics_listen=metrics_listen,
+        key_rebound=key_rebound,
     )
 
 

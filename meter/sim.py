@@ -207,6 +207,25 @@ class Simulator:
             listed.append(SimDevice(f"GPU-sim-{node_id}-{extra}", "SIM-GPU", 81920))
             extra += 1
         self._devices = tuple(listed)
+        known = {d.uuid for d in listed}
+        named = [
+            (kind, fault.uuid)
+            for kind, faults in (
+                ("unhealthy", spec.unhealthy),
+                ("vanish", spec.vanish),
+                ("xid", tuple(f for _, f in spec.xid)),
+                ("ecc", spec.ecc),
+                ("retire", spec.retire),
+                ("nopower", spec.nopower),
+            )
+            for fault in faults
+        ]
+        for kind, uuid in named:
+            if uuid not in known:
+                raise SimSpecError(
+                    f"{kind}={uuid}: no such GPU on node {node_id} (its GPUs in the terms: "
+                    f"{', '.join(sorted(known)) or 'none'})"
+                )
         self._spec = spec
         self._epoch_ms = epoch_ms
 

@@ -160,6 +160,12 @@ def load_signing_key(path: Path) -> SigningKey:
         raw = path.read_bytes()
     except OSError as exc:
         raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from exc
+    if _is_public_key_file(raw):
+        private = path.with_suffix(".key")
+        raise KeyFileError(
+            f"{path} is a public key file; sign with the private key"
+            + (f" ({private})" if private.exists() else " (ID.key, written beside it)")
+        )
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFileError(
             f"key file {path} is accessible by group or others (mode {stat.S_IMODE(mode):o});"
@@ -177,6 +183,14 @@ def load_signing_key(path: Path) -> SigningKey:
         return SigningKey(parsed.id, parsed.seed)
     except ValueError as exc:
         raise KeyFileError(f"key file {path}: {exc}") from exc
+
+
+def _is_public_key_file(raw: bytes) -> bool:
+    try:
+        parsed = msgspec.json.decode(raw, type=PublicKeyFile)
+    except msgspec.MsgspecError:
+        return False
+    return parsed.format == PUBLIC_FORMAT
 
 
 def _load_pem(path: Path, raw: bytes) -> SigningKey:

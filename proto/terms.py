@@ -10,10 +10,13 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import difflib
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import Annotated, Any, Final, get_args, get_origin
 
 import msgspec
 
@@ -149,9 +152,14 @@ def check_terms_signatures(envelope: Envelope, terms: PlacementTerms) -> Signatu
     return check_signatures(envelope, party_keys(terms))
 
 
-# ---- TOML -------------------------------------------------------------------------------
+# ---- TOML ----------------------------------------------------------------------------
 
 _TIME_FIELDS: Final = ("window_start_ms", "window_end_ms", "created_at_ms")
+# Milliseconds below this read as seconds: 10^11 ms is 1973, 10^11 s is the year 5138.
+MIN_PLAUSIBLE_MS: Final = 100_000_000_000
+# Where a problem is: ("desk_fee_bps",), ("gpus", 2, "share_milli"), ("operator", "key").
+Where = tuple[str | int, ...]
+Locate = Callable[[Where], str]
 
 
 def _to_ms(value: Any, field: str) -> Any:
@@ -159,14 +167,17 @@ def _to_ms(value: Any, field: str) -> Any:
         if value.tzinfo is None:
             raise TermsError([f"{field}: a datetime needs a UTC offset (e.g. ...Z)"])
         return int(value.timestamp() * 1000)
+    if isinstance(value, dt.date):
+        raise TermsError([f"{field}: a date needs a time and a UTC offset (e.g. ...T00:00:00Z)"])
     return value
 
 
 def _resolve_key(value: Any, where: str, base: Path) -> Any:
     """A key is base64 text, or ``file:NAME.pub`` relative to the TOML file."""
     if isinstance(value, str) and value.startswith("file:"):
+        name = value[5:]
         try:
-            return load_public_key(base / value[5:]).key
+            return load_public_key(base / name).key
         except Exception as exc:
             raise TermsError([f"{where}: {exc}"]) from exc
     if isinstance(value, str):
@@ -178,36 +189,237 @@ def _resolve_key(value: Any, where: str, base: Path) -> Any:
     return value
 
 
-def terms_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> PlacementTerms:
-    """Build terms from TOML data (times as integers or datetimes, keys as base64/file:)."""
+def _dotted(where: Where) -> str:
+    out = ""
+    for part in where:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _no_location(where: Where) -> str:
+    return "terms"
+
+
+def _in_words(name: str, value: Any, message: str) -> str:
+    """msgspec's validation message as a person reads it."""
+    shown = repr(value) if not isinstance(value, bytes) else f"{len(value)} bytes"
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    got = re.search(r"got `(\w+)`", message)
+    expected = re.match(r"Expected `(\w+)`", message)
+    kinds = {
+        "int": "an integer",
+        "str": "a string",
+        "bool": "true or false",
+        "float": "a number",
+        "array": "a list",
+        "object": "a table",
+        "bytes": "a key",
+        "null": "nothing",
+    }
+    if got and expected:
+        want = kinds.get(expected.group(1), expected.group(1))
+        return f"{name} = {shown}: must be {want}, not {kinds.get(got.group(1), got.group(1))}"
+    bound = re.search(r"Expected `\w+` (<=|>=|<|>) (-?\d+)", message)
+    if bound:
+        words = {"<=": "at most", ">=": "at least", "<": "below", ">": "above"}[bound.group(1)]
+        return f"{name} = {shown}: must be {words} {bound.group(2)}"
+    if "matching regex '^[A-Z]{3}$'" in message:
+        return f"{name} = {shown}: must be a three-letter currency code such as USD"
+    if "matching regex '^[0-9a-f]{64}$'" in message:
+        return f"{name} = {shown}: must be 64 lowercase hex characters"
+    if "matching regex" in message:
+        return (
+            f"{name} = {shown}: must be 1-128 characters of A-Z a-z 0-9 . _ : -, "
+            "starting with a letter or digit"
+        )
+    length = re.search(r"Expected `(\w+)` of length (<=|>=) (\d+)", message)
+    if length and length.group(1) == "bytes":
+        return f"{name}: must be a 32-byte Ed25519 public key (file:NAME.pub or base64)"
+    if length:
+        words = "at most" if length.group(2) == "<=" else "at least"
+        unit = "characters" if length.group(1) == "str" else "entries"
+        return f"{name}: must have {words} {length.group(3)} {unit}"
+    enum = re.match(r"Invalid enum value (.*)", message)
+    if enum:
+        return f"{name} = {enum.group(1)}: not one of the allowed values"
+    return f"{name} = {shown}: {message}"
+
+
+def _struct_of(tp: Any) -> tuple[type[msgspec.Struct] | None, bool, Any]:
+    """(struct type, is a list of it, the Meta of the list) for nested terms fields."""
+    meta = None
+    if get_origin(tp) is Annotated:
+        tp, *extras = get_args(tp)
+        meta = next((m for m in extras if isinstance(m, msgspec.Meta)), None)
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tp, False, meta
+    if get_origin(tp) is list:
+        (item,) = get_args(tp)
+        if isinstance(item, type) and issubclass(item, msgspec.Struct):
+            return item, True, meta
+    return None, False, meta
+
+
+def _schema_problems(
+    obj: Mapping[str, Any], struct: type[msgspec.Struct], where: Where, skip: set[Where]
+) -> list[tuple[Where, str]]:
+    """Every way ``obj`` misses the schema of ``struct``, field by field, in the user's words."""
+    fields = msgspec.structs.fields(struct)
+    names = [f.name for f in fields]
+    problems: list[tuple[Where, str]] = []
+    for key in obj:
+        if key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1)
+            also = f" (did you mean {hint[0]}?)" if hint else ""
+            problems.append(((*where, str(key)), f"unknown key {_dotted((*where, key))}{also}"))
+    for f in fields:
+        here: Where = (*where, f.name)
+        name = _dotted(here)
+        if here in skip:
+            continue
+        if f.name not in obj:
+            if f.required:
+                problems.append((where, f"missing key {name}"))
+            continue
+        value = obj[f.name]
+        nested, is_list, meta = _struct_of(f.type)
+        if nested is not None and not is_list and isinstance(value, Mapping):
+            problems += _schema_problems(value, nested, here, skip)
+        elif nested is not None and is_list and isinstance(value, list):
+            low = getattr(meta, "min_length", None) or 0
+            high = getattr(meta, "max_length", None)
+            if len(value) < low:
+                problems.append((here, f"{name}: at least {low} needed, {len(value)} given"))
+            if high is not None and len(value) > high:
+                problems.append((here, f"{name}: at most {high} allowed, {len(value)} given"))
+            for i, item in enumerate(value[: high or len(value)]):
+                if isinstance(item, Mapping):
+                    problems += _schema_problems(item, nested, (*here, i), skip)
+                else:
+                    problems.append(((*here, i), f"{_dotted((*here, i))} must be a table"))
+        else:
+            try:
+                msgspec.convert(value, f.type)
+            except msgspec.ValidationError as exc:
+                problems.append((here, _in_words(name, value, str(exc))))
+                continue
+        if f.name in _TIME_FIELDS and isinstance(value, int) and 0 < value < MIN_PLAUSIBLE_MS:
+            problems.append(
+                (
+                    here,
+                    f"{name} = {value} looks like seconds; times are milliseconds "
+                    f"({value * 1000}) or a TOML datetime such as 2026-12-01T00:00:00Z",
+                )
+            )
+    return problems
+
+
+def terms_from_mapping(
+    data: Mapping[str, Any], base: Path = Path("."), locate: Locate = _no_location
+) -> PlacementTerms:
+    """Build terms from TOML data (times as integers or datetimes, keys as base64/file:).
+
+    TermsError lists every problem, each prefixed by where it is (``locate``: the file
+    and line of a TOML file)."""
     obj = dict(data)
     obj.pop("type", None)
+    problems: list[tuple[Where, str]] = []
+    skip: set[Where] = set()
+
+    def resolve(where: Where, convert: Callable[[], Any]) -> Any:
+        try:
+            return convert()
+        except TermsError as exc:
+            problems.extend((where, p) for p in exc.problems)
+            skip.add(where)
+            return None
+
     for field in _TIME_FIELDS:
         if field in obj:
-            obj[field] = _to_ms(obj[field], field)
-    for role in (*ROLES,):
+            value = obj[field]
+            obj[field] = resolve((field,), partial(_to_ms, value, field))
+    for role in ROLES:
         if isinstance(obj.get(role), Mapping):
             party = dict(obj[role])
-            party["key"] = _resolve_key(party.get("key"), f"{role}.key", base)
+            if "key" in party:
+                key = party["key"]
+                party["key"] = resolve(
+                    (role, "key"), partial(_resolve_key, key, f"{role}.key", base)
+                )
             obj[role] = party
     if "ledger_key" in obj:
-        obj["ledger_key"] = _resolve_key(obj["ledger_key"], "ledger_key", base)
-    for list_name in ("nodes",):
-        items = obj.get(list_name)
-        if isinstance(items, list):
-            obj[list_name] = [
-                {**n, "key": _resolve_key(n.get("key"), f"nodes[{i}].key", base)}
-                if isinstance(n, Mapping)
-                else n
-                for i, n in enumerate(items)
-            ]
+        value = obj["ledger_key"]
+        obj["ledger_key"] = resolve(
+            ("ledger_key",), partial(_resolve_key, value, "ledger_key", base)
+        )
+    items = obj.get("nodes")
+    if isinstance(items, list):
+        nodes: list[Any] = []
+        for i, n in enumerate(items):
+            if isinstance(n, Mapping) and "key" in n:
+                key = n["key"]
+                resolved = resolve(
+                    ("nodes", i, "key"), partial(_resolve_key, key, f"nodes[{i}].key", base)
+                )
+                n = {**n, "key": resolved}
+            nodes.append(n)
+        obj["nodes"] = nodes
+    problems += _schema_problems(obj, PlacementTerms, (), skip)
+    if problems:
+        located = [(locate(where), problem) for where, problem in problems]
+        located.sort(key=lambda item: _line_number(item[0]))  # stable: file order, then found
+        raise TermsError([f"{where}: {problem}" for where, problem in located])
     try:
         terms = msgspec.convert(obj, PlacementTerms)
-    except msgspec.ValidationError as exc:
-        raise TermsError([f"terms: {exc}"]) from exc
+    except msgspec.ValidationError as exc:  # the field checks above missed one
+        raise TermsError([f"{locate(())}: {exc}"]) from exc
     # Round trip through the canonical decoder: it is what every party will verify.
     signed_bytes(terms)
     return terms
+
+
+def _line_number(location: str) -> int:
+    _, _, line = location.rpartition(":")
+    return int(line) if line.isdigit() else 0
+
+
+def _toml_lines(text: str) -> dict[Where, int]:
+    """Line (1-based) of each table header and key of a TOML text, by where it is."""
+    lines: dict[Where, int] = {(): 1}
+    current: Where = ()
+    counts: dict[str, int] = {}
+    key_line = re.compile(r'^\s*"?([A-Za-z0-9_.-]+)"?\s*=')
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("[["):
+            name = stripped.strip("[] \t").split("#")[0].strip().rstrip("]").strip()
+            counts[name] = counts.get(name, -1) + 1
+            current = (name, counts[name])
+            lines.setdefault(current, number)
+            lines.setdefault((name,), number)
+        elif stripped.startswith("["):
+            name = stripped.strip("[] \t").split("#")[0].strip().rstrip("]").strip()
+            current = (name,)
+            lines.setdefault(current, number)
+        else:
+            match = key_line.match(line)
+            if match:
+                lines.setdefault((*current, match.group(1)), number)
+    return lines
+
+
+def _locator(path: Path, text: str) -> Locate:
+    lines = _toml_lines(text)
+
+    def locate(where: Where) -> str:
+        for end in range(len(where), -1, -1):
+            line = lines.get(where[:end])
+            if line is not None:
+                return f"{path}:{line}"
+        return str(path)
+
+    return locate
 
 
 def _terms_from_toml_bytes(raw: bytes, path: Path) -> PlacementTerms:
@@ -221,7 +433,7 @@ def _terms_from_toml_bytes(raw: bytes, path: Path) -> PlacementTerms:
         raise TermsError([f"{path} is not valid TOML: {exc}"]) from exc
     except RecursionError as exc:
         raise TermsError([f"{path} nests arrays or tables too deeply"]) from exc
-    return terms_from_mapping(data, path.parent)
+    return terms_from_mapping(data, path.parent, _locator(path, text))
 
 
 def _read_bounded(path: Path) -> bytes:

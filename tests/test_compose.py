@@ -459,3 +459,71 @@ def test_cluster_apps_use_every_broker(compose: dict[str, Any], tmp_path: Path) 
             meter_config = load_meter_config(local)
             assert meter_config.transport == "kafka" and meter_config.kafka is not None
             assert meter_config.kafka.bootstrap == bootstrap
+
+
+DOCKERFILE = ROOT / "Dockerfile"
+APP_UID = "10001"
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
+    joined: list[str] = []
+    pending = ""
+    for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        pending += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
+        if not line.endswith("\\"):
+            if pending.strip():
+                joined.append(pending.strip())
+            pending = ""
+    return [(j.split(None, 1)[0].upper(), j.split(None, 1)[1]) for j in joined]
+
+
+def test_meters_that_finish_their_window_stay_down(compose: dict[str, Any]) -> None:
+    """A meter exits 0 once every window is over: restart only on failure (issue 18)."""
+    services = _services(compose)
+    for name in APP_SERVICES:
+        assert services[name]["restart"] == "on-failure", name
+    assert services["setup"]["restart"] == "no"
+
+
+def test_volume_mount_points_exist_in_the_image_owned_by_the_app_user(
+    compose: dict[str, Any],
+) -> None:
+    """A fresh named volume takes the owner of the image directory it mounts on: every app
+    volume target is created in the image and owned by uid 10001, the user the services
+    run as (issue 18: the `stack` volume was root-owned and `setup` could not write)."""
+    instructions = _dockerfile_instructions()
+    runs = " ".join(args for op, args in instructions if op == "RUN")
+    users = [args for op, args in instructions if op == "USER"]
+    assert users and users[-1] in ("gridledger", APP_UID)
+    assert f"--uid {APP_UID}" in runs
+    created = set(re.findall(r"(/var/lib/gridledger[\w/.-]*)", runs.split("mkdir", 1)[1]))
+    chowned = re.findall(r"chown -R (\S+) (/var/lib/gridledger)\b", runs)
+    assert chowned and chowned[0][0] in (f"{APP_UID}:{APP_UID}", "gridledger:gridledger")
+    services = _services(compose)
+    targets = {
+        target
+        for name in ("setup", *APP_SERVICES)
+        for source, target in _volume_entries(services[name])
+        if not source.startswith((".", "/"))  # named volumes only
+    }
+    assert targets, "the app services mount the stack volume"
+    for target in targets:
+        assert target in created, f"{target} is not created in the image"
+        assert target.startswith(chowned[0][1])
+
+
+def test_the_image_copies_every_package_it_installs() -> None:
+    """pip install . in the image needs every package pyproject.toml lists."""
+    import tomllib
+
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]
+    copied = {
+        args.split()[0].rstrip("/") for op, args in _dockerfile_instructions() if op == "COPY"
+    }
+    top = {p.split(".")[0] for p in packages}
+    assert top <= copied, top - copied

@@ -352,6 +352,7 @@ def test_kill_nine_during_intake_fold_and_rebuild(tmp_path: Path) -> None:
 def _statement(config: Path, placement: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     from gridledger.cli import main
 
+    capsys.readouterr()  # what ran before (a ledger's own log lines on stderr) is not asked
     code = main(["ledger", "statement", placement, "--config", str(config)])
     captured = capsys.readouterr()
     return code, captured.err.strip()

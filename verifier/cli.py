@@ -87,7 +87,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``verify`` (shared with ``python -m verifier``)."""
-    parser.add_argument("paths", nargs="+", metavar="FILE.duckdb|DIR")
+    parser.add_argument(
+        "paths", nargs="+", metavar="FILE.duckdb|DIR", help="exports, or directories of them"
+    )
     parser.add_argument("--trust", type=Path, help="trust file (gridledger-trust/v1)")
     parser.add_argument("--json", action="store_true", help="print a machine-readable report")
     parser.add_argument("--record", type=Path, help="inclusion: the LedgerRecord envelope file")
@@ -120,10 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _quiet_logs() -> None:
     """Logs go to stderr, warnings and worse only: stdout carries the report (or JSON)."""
     if not structlog.is_configured():
-        structlog.configure(
-            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        )
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
 def handle(args: argparse.Namespace) -> int:

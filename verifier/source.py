@@ -80,6 +80,8 @@ RECORD_COLUMNS: Final = (
     ("operator_receives_minor", "BIGINT"),
     ("desk_receives_minor", "BIGINT"),
 )
+# Optional (EXPORT.md): checked against the record when the export has it.
+RECORD_PLACEMENT_COLUMN: Final = "placement_id"
 STATEMENT_COLUMNS: Final = (
     ("through_index", "BIGINT"),
     ("envelope", "BLOB"),
@@ -138,7 +140,9 @@ class RecordRow:
 
     chain_index: int
     envelope: bytes
-    columns: tuple[Any, ...]  # record_hash .. desk_receives_minor, in RECORD_COLUMNS order
+    # record_hash .. desk_receives_minor in RECORD_COLUMNS order, then placement_id when
+    # the export has that column
+    columns: tuple[Any, ...]
 
     @property
     def where(self) -> str:
@@ -161,6 +165,7 @@ class ExportSource:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.record_placement_id = False
         if not path.is_file():
             raise UnusableInput(str(path), "no such file")
         with path.open("rb") as handle:
@@ -234,6 +239,12 @@ class ExportSource:
             for name in SCHEMA
             if name in have and name not in tables
         ]
+        # EXPORT.md: ledger_records.placement_id, appended later; exports written before it
+        # have none and verify as they did.
+        extra = have.get("ledger_records", {}).get(RECORD_PLACEMENT_COLUMN)
+        self.record_placement_id = extra is not None
+        if extra not in (None, "VARCHAR"):
+            problems.append(f"ledger_records.{RECORD_PLACEMENT_COLUMN} is {extra}, want VARCHAR")
         for table, columns in SCHEMA.items():
             if table not in have:
                 problems.append(f"table {table} missing")
@@ -295,6 +306,8 @@ class ExportSource:
     def record_rows(self, lo: int, hi: int) -> list[RecordRow]:
         """The first ledger_records row of each chain index in [lo, hi)."""
         names = ", ".join(c for c, _ in RECORD_COLUMNS)
+        if self.record_placement_id:
+            names += f", {RECORD_PLACEMENT_COLUMN}"
         rows = self.con.execute(
             f"SELECT {names} FROM {ALIAS}.ledger_records "
             "WHERE chain_index >= ? AND chain_index < ? "

@@ -85,7 +85,7 @@ def check_record_columns(
 ) -> None:
     """A ledger_records row's columns against its LedgerRecord (hot path: one compare)."""
     totals = record.totals
-    wanted = (
+    wanted: tuple[Any, ...] = (
         opened.record_hash,
         record.kind,
         record.status,
@@ -96,11 +96,15 @@ def check_record_columns(
         totals.operator_receives_minor,
         totals.desk_receives_minor,
     )
+    names: tuple[str, ...] = RECORD_COLUMN_NAMES
+    if len(row.columns) > len(names):  # the export has ledger_records.placement_id
+        wanted = (*wanted, record.placement_id)
+        names = (*names, "placement_id")
     if wanted != row.columns:
         _mismatches(
             run.findings,
             row.where,
-            RECORD_COLUMN_NAMES,
+            names,
             wanted,
             row.columns,
             "a convenience column disagrees with the signed envelope",

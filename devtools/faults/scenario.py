@@ -409,6 +409,7 @@ def write_node_configs(
         private, _ = write_key_pair(scenario.rotated_key(plan.node_id), node_dir / "keys")
         data = tomllib.loads(k0.read_text())
         data["key_file"] = str(private.relative_to(node_dir))
+        data["key_rebound"] = True  # bound by the scenario's NodeKeyBinding
         k1 = node_dir / "meter-k1.toml"
         k1.write_text(tomli_w.dumps(data))
         configs[plan.node_id] = {"k0": k0, "k1": k1}

@@ -1,0 +1,248 @@
+"""`gridledger check FILE...`: meter, ledger, terms and trust files checked together.
+
+Each file is recognised by what it holds (``node_id``: a meter.toml; ``ledger_id``: a
+ledger.toml; ``placement_id`` or a signed envelope: terms; ``gridledger-trust/v1``: a
+trust file) and checked alone (it parses, its key file loads, its directories exist, its
+terms are valid and fully signed), then against the others:
+
+* every terms file names the ledger's key as ``ledger_key`` (else the ledger rejects the
+  terms TERMS_INVALID);
+* a meter's node is in each of its terms, with the key its key file holds;
+* meters and the ledger share one ``local_dir`` (local transport) or one Kafka bootstrap
+  and topic;
+* a trust file pins the parties of the terms under the ids the terms use, and the ledger.
+
+Every problem is one ``FAIL:`` line naming the file. Exit codes: 0 everything agrees;
+1 at least one problem; 2 a file that cannot be read or recognised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proto.errors import KeyFileError
+from proto.keys import key_id, load_signing_key
+from proto.records import PlacementTerms
+from proto.terms import TermsError, check_terms_signatures, load_terms_file, validate_terms
+from proto.trust import TRUST_FORMAT, TrustError, TrustFile, load_trust
+
+
+@dataclass
+class _Found:
+    """What the files hold, and what is wrong."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    terms: dict[Path, PlacementTerms] = field(default_factory=dict)
+    meters: list[tuple[Path, Any, bytes | None]] = field(default_factory=list)
+    ledgers: list[tuple[Path, Any, bytes | None]] = field(default_factory=list)
+    trusts: list[tuple[Path, TrustFile]] = field(default_factory=list)
+    unusable: bool = False
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `check`."""
+    check = sub.add_parser(
+        "check",
+        help="check meter, ledger, terms and trust files against each other",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="meter.toml, ledger.toml, terms (TOML or signed JSON), trust.json",
+    )
+    check.set_defaults(handler=_check)
+
+
+def _kind(path: Path) -> str | None:
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if raw.lstrip().startswith(b"{"):
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        if isinstance(data, dict) and data.get("format") == TRUST_FORMAT:
+            return "trust"
+        return "terms" if isinstance(data, dict) and "payload" in data else None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    for key, kind in (("node_id", "meter"), ("ledger_id", "ledger"), ("placement_id", "terms")):
+        if key in data:
+            return kind
+    return None
+
+
+def _public(path: Path, found: _Found, where: Path) -> bytes | None:
+    try:
+        return load_signing_key(path).public_key
+    except KeyFileError as exc:
+        found.problems.append(f"{where}: key_file: {exc}")
+        return None
+
+
+def _terms(path: Path, found: _Found, listed_by: Path | None = None) -> PlacementTerms | None:
+    where = f"{path}" + (f" (listed by {listed_by})" if listed_by else "")
+    if path in found.terms:
+        return found.terms[path]
+    try:
+        terms, envelope = load_terms_file(path)
+    except TermsError as exc:
+        found.problems += [p if p.startswith(str(path)) else f"{where}: {p}" for p in exc.problems]
+        return None
+    found.problems += [f"{where}: {p}" for p in validate_terms(terms)]
+    if envelope is None:
+        found.notes.append(f"{where}: unsigned TOML terms (sign them: gridledger terms sign)")
+    else:
+        failure = check_terms_signatures(envelope, terms).failure()
+        if failure is not None:
+            found.problems.append(f"{where}: not fully signed: {failure.detail}")
+    found.terms[path] = terms
+    return terms
+
+
+def _load(files: list[Path], found: _Found) -> None:
+    from ledger.config import ConfigError as LedgerConfigError
+    from ledger.config import load_config
+    from meter.config import ConfigError as MeterConfigError
+    from meter.config import load_meter_config
+
+    for path in files:
+        kind = _kind(path)
+        if kind is None:
+            found.problems.append(
+                f"{path}: cannot read it as a meter.toml, ledger.toml, terms or trust file"
+            )
+            found.unusable = True
+        elif kind == "meter":
+            try:
+                meter = load_meter_config(path)
+            except MeterConfigError as exc:
+                found.problems += exc.problems
+                continue
+            found.meters.append((path, meter, _public(meter.key_file, found, path)))
+            if not meter.spool_dir.parent.is_dir():
+                what = "local_dir" if meter.transport == "local" else "spool_dir's parent"
+                found.problems.append(f"{path}: {what} {meter.spool_dir.parent} does not exist")
+            for terms_path in meter.terms:
+                _terms(terms_path, found, listed_by=path)
+        elif kind == "ledger":
+            try:
+                ledger = load_config(path)
+            except LedgerConfigError as exc:
+                found.problems.append(str(exc))
+                continue
+            found.ledgers.append((path, ledger, _public(ledger.key_file, found, path)))
+            if ledger.transport == "local" and not (
+                ledger.local_dir is not None and ledger.local_dir.is_dir()
+            ):
+                found.problems.append(f"{path}: local_dir {ledger.local_dir} does not exist")
+        elif kind == "terms":
+            _terms(path, found)
+        else:
+            try:
+                found.trusts.append((path, load_trust(path)))
+            except TrustError as exc:
+                found.problems.append(str(exc))
+
+
+def _cross(found: _Found) -> None:
+    for lpath, ledger, lkey in found.ledgers:
+        if lkey is None:
+            continue
+        for tpath, terms in found.terms.items():
+            if terms.ledger_key != lkey:
+                found.problems.append(
+                    f"{tpath}: ledger_key {key_id(terms.ledger_key)} is not the key of the "
+                    f"ledger of {lpath} ({key_id(lkey)}): that ledger would reject "
+                    f"{terms.placement_id} TERMS_INVALID"
+                )
+        for mpath, meter, _ in found.meters:
+            if meter.transport != ledger.transport:
+                found.problems.append(
+                    f"{mpath}: transport {meter.transport!r}, the ledger of {lpath} reads "
+                    f"{ledger.transport!r}"
+                )
+            elif meter.transport == "local" and meter.spool_dir.parent.resolve() != (
+                ledger.local_dir.resolve()
+            ):
+                found.problems.append(
+                    f"{mpath}: local_dir {meter.spool_dir.parent} is not the local_dir of "
+                    f"{lpath} ({ledger.local_dir}): the ledger would never read this meter"
+                )
+            elif (
+                meter.transport == "kafka"
+                and ledger.kafka is not None
+                and meter.kafka is not None
+                and meter.kafka.topic != ledger.kafka.topic
+            ):
+                found.problems.append(
+                    f"{mpath}: topic {meter.kafka.topic!r}, the ledger of {lpath} reads "
+                    f"{ledger.kafka.topic!r}"
+                )
+    for mpath, meter, mkey in found.meters:
+        for tpath in meter.terms:
+            listed = found.terms.get(tpath)
+            if listed is None:
+                continue
+            node = next((n for n in listed.nodes if n.node_id == meter.node_id), None)
+            if node is None:
+                found.problems.append(
+                    f"{mpath}: node {meter.node_id!r} is not in the nodes of {tpath}"
+                )
+            elif mkey is not None and node.key != mkey and not meter.key_rebound:
+                found.problems.append(
+                    f"{mpath}: key_file holds key {key_id(mkey)}, {tpath} names "
+                    f"{key_id(node.key)} for {meter.node_id} (key_rebound is not set)"
+                )
+    for trust_path, trust in found.trusts:
+        for tpath, terms in found.terms.items():
+            for role in ("operator", "buyer", "desk"):
+                party = getattr(terms, role)
+                pinned = trust.party_of(party.key, role)
+                if pinned is None:
+                    found.problems.append(
+                        f"{trust_path}: does not pin the {role} key of {tpath} ({party.id})"
+                    )
+                elif pinned != party.id:
+                    found.problems.append(
+                        f"{trust_path}: pins the {role} as {pinned!r}, {tpath} names "
+                        f"{party.id!r} (PARTY_ID_MISMATCH)"
+                    )
+            if trust.party_of(terms.ledger_key, "ledger") is None:
+                found.problems.append(f"{trust_path}: does not pin the ledger key of {tpath}")
+
+
+def _check(args: argparse.Namespace) -> int:
+    found = _Found()
+    files: list[Path] = args.files
+    _load(files, found)
+    _cross(found)
+    for note in found.notes:
+        print(f"note: {note}")
+    for problem in found.problems:
+        print(f"FAIL: {problem}", file=sys.stderr)
+    if found.unusable:
+        return 2
+    if found.problems:
+        return 1
+    kinds = (
+        f"{len(found.meters)} meter, {len(found.ledgers)} ledger, {len(found.terms)} terms, "
+        f"{len(found.trusts)} trust"
+    )
+    print(f"OK: {kinds} file(s) agree")
+    return 0

@@ -1,0 +1,599 @@
+"""The records parties sign after the terms: reclaim, adjust, bind-key, cosign, publish.
+
+    gridledger reclaim  --terms T --key OPERATOR.key --effective-at TIME ...
+    gridledger adjust   --terms T (--credit | --charge) AMOUNT --reason TEXT --key K [--key K]
+    gridledger bind-key --terms T --node NODE --node-key NODE.pub --valid-from TIME ...
+    gridledger cosign   RECORD.json --terms T --key K       # the next party adds its signature
+    gridledger publish  RECORD.json --terms T (--kafka HOST:PORT | --local-dir DIR)
+
+Each signs with the party's own key file, writes the signed record (an envelope, JSON),
+and publishes it once every signature SPEC §4.0 requires is there: a reclaim needs the
+operator; a charge the buyer (the desk may co-sign); a credit the operator **and** the
+desk; a key binding the operator and the buyer (one that only shortens a binding, the
+operator alone). Several ``--key`` sign at once; otherwise one party signs, sends the
+file, and the next runs ``gridledger cosign``.
+
+``--dry-run`` shows what the record does to the bill before anything is published: the
+current statement against the same with the record, folded locally by the ledger's own
+rules from an export (``--export FILE``) or from the running ledger's API (``--ledger
+URL``). It writes and publishes nothing.
+
+Times are ISO 8601 with an offset (``2026-12-01T00:52:00Z``) or integer milliseconds
+since the epoch; amounts are decimal currency units (``12.50``), exact at the terms'
+scale.
+
+Exit codes: 0 done (signed and written; published when asked; a dry run the ledger
+would accept); 1 refused (a key that may not sign this record, signatures missing for
+publishing, a dry run the ledger would reject); 2 unusable input (a file, a time, an
+amount, an export); 75 Kafka did not acknowledge (nothing was published; try again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import decimal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final, Literal
+
+from gridledger.publishing import PublishError, add_target_arguments, publish, target_of
+from proto.canonical import decode_payload, signed_bytes
+from proto.envelope import (
+    Envelope,
+    Opened,
+    add_signatures,
+    check_signatures,
+    encode_envelope,
+    open_envelope,
+    sign_payload,
+)
+from proto.errors import KeyFileError, ProtoError
+from proto.files import read_at_most
+from proto.keys import SigningKey, key_id, load_public_key, load_signing_key
+from proto.limits import MAX_ENVELOPE_BYTES, MAX_SAFE_INTEGER
+from proto.records import Adjustment, NodeKeyBinding, PlacementTerms, ReclaimNotice
+from proto.terms import MIN_PLAUSIBLE_MS, TermsError, check_terms_signatures, load_terms_file
+
+EX_OK: Final = 0
+EX_REFUSED: Final = 1
+EX_USAGE: Final = 2
+_RECORD = ReclaimNotice | Adjustment | NodeKeyBinding
+
+
+class UsageError(Exception):
+    """Input the command cannot use; one line, exit 2."""
+
+
+class Refused(Exception):
+    """The command will not do it (a key that may not sign, signatures missing); exit 1."""
+
+
+# ---- parsing --------------------------------------------------------------------------------
+
+
+def parse_time_ms(text: str, what: str) -> int:
+    """ISO 8601 with an offset, ``now``, or integer milliseconds since the epoch."""
+    value = text.strip()
+    if value == "now":
+        return time.time_ns() // 1_000_000
+    if value.isdigit():
+        ms = int(value)
+        if ms < MIN_PLAUSIBLE_MS:
+            raise UsageError(
+                f"{what} {value} looks like seconds; give milliseconds ({ms * 1000}) "
+                "or an ISO time such as 2026-12-01T00:52:00Z"
+            )
+        if ms > MAX_SAFE_INTEGER:
+            raise UsageError(f"{what} {value} is past 2^53 - 1 milliseconds")
+        return ms
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise UsageError(
+            f"{what} {text!r} is neither an ISO time (2026-12-01T00:52:00Z) nor milliseconds"
+        ) from exc
+    if parsed.tzinfo is None:
+        raise UsageError(f"{what} {text!r} needs a UTC offset, e.g. {text}Z")
+    return int(parsed.timestamp() * 1000)
+
+
+def parse_amount_minor(text: str, terms: PlacementTerms) -> int:
+    """``12.50`` in the terms' currency -> minor units at its scale, exactly."""
+    try:
+        amount = decimal.Decimal(text.strip())
+    except decimal.InvalidOperation as exc:
+        raise UsageError(f"amount {text!r} is not a decimal number") from exc
+    if not amount.is_finite() or amount <= 0:
+        raise UsageError(f"amount {text!r} must be a positive number")
+    minor = amount.scaleb(terms.currency_scale)
+    if minor != minor.to_integral_value():
+        raise UsageError(
+            f"amount {text} has more than {terms.currency_scale} decimals ({terms.currency} "
+            f"at scale {terms.currency_scale})"
+        )
+    if int(minor) > MAX_SAFE_INTEGER:
+        raise UsageError(f"amount {text} is too large")
+    return int(minor)
+
+
+def _load_terms(path: Path) -> PlacementTerms:
+    try:
+        terms, envelope = load_terms_file(path)
+    except TermsError as exc:
+        raise UsageError("; ".join(exc.problems)) from exc
+    if envelope is None:
+        raise UsageError(f"{path}: unsigned TOML terms; give the signed terms file (JSON)")
+    failure = check_terms_signatures(envelope, terms).failure()
+    if failure is not None:
+        raise UsageError(f"{path}: the terms are not fully signed: {failure.detail}")
+    return terms
+
+
+def _load_keys(paths: Sequence[Path]) -> list[SigningKey]:
+    keys: list[SigningKey] = []
+    for path in paths:
+        try:
+            keys.append(load_signing_key(path))
+        except KeyFileError as exc:
+            raise UsageError(str(exc)) from exc
+    return keys
+
+
+# ---- who signs (SPEC §4.0) -------------------------------------------------------------------
+
+
+def authority(
+    terms: PlacementTerms,
+    record: _RECORD,
+    bound: dict[str, dict[bytes, tuple[int, int]]] | None = None,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(roles that MUST sign, roles that MAY also sign) for ``record`` under ``terms``.
+
+    ``bound``: the node key bindings of the current state when known (a dry run);
+    otherwise those the terms make: each listed node key for [0, 2^53 - 1).
+    """
+    if isinstance(record, ReclaimNotice):
+        return ("operator",), ()
+    if isinstance(record, Adjustment):
+        if record.direction == "charge":
+            return ("buyer",), ("desk",)
+        return ("operator", "desk"), ()
+    if bound is None:
+        bound = {n.node_id: {n.key: (0, MAX_SAFE_INTEGER)} for n in terms.nodes}
+    current = bound.get(record.node_id, {}).get(record.key)
+    shortens = (
+        current is not None
+        and record.valid_from_ms == current[0]
+        and record.valid_until_ms < current[1]
+    )
+    return (("operator",), ("buyer",)) if shortens else (("operator", "buyer"), ())
+
+
+def _role_keys(terms: PlacementTerms, roles: Sequence[str]) -> dict[str, bytes]:
+    return {key_id(getattr(terms, r).key): getattr(terms, r).key for r in roles}
+
+
+def _role_of(terms: PlacementTerms, keyid: str) -> str:
+    for role in ("operator", "buyer", "desk"):
+        if key_id(getattr(terms, role).key) == keyid:
+            return role
+    return f"key {keyid}"
+
+
+def _check_signers(
+    terms: PlacementTerms, record: _RECORD, keys: Sequence[SigningKey], what: str
+) -> None:
+    required, permitted = authority(terms, record)
+    allowed = _role_keys(terms, (*required, *permitted))
+    for key in keys:
+        if key.key_id not in allowed:
+            who = _role_of(terms, key.key_id)
+            roles = " and ".join(required) + (
+                f" (the {' and '.join(permitted)} may also sign)" if permitted else ""
+            )
+            raise Refused(
+                f"{who} ({key.name}, key id {key.key_id}) may not sign {what}: SPEC §4.0 "
+                f"asks the {roles}"
+            )
+
+
+def missing_signers(terms: PlacementTerms, envelope: Envelope, record: _RECORD) -> tuple[str, ...]:
+    """Roles whose required signature is absent; Refused for a bad or surplus one."""
+    required, permitted = authority(terms, record)
+    report = check_signatures(envelope, _role_keys(terms, (*required, *permitted)))
+    if report.invalid:
+        raise Refused(f"the signature of the {_role_of(terms, report.invalid[0])} does not verify")
+    if report.unexpected:
+        raise Refused(f"signed by key {report.unexpected[0]}, who may not sign this record")
+    needed = set(_role_keys(terms, required))
+    return tuple(_role_of(terms, k) for k in report.missing if k in needed)
+
+
+# ---- the shared flow ----------------------------------------------------------------------
+
+
+def _describe(record: _RECORD, terms: PlacementTerms) -> str:
+    if isinstance(record, ReclaimNotice):
+        notice = (record.effective_at_ms - record.issued_at_ms) / 60_000
+        agreed = terms.reclaim_notice_ms / 60_000
+        return (
+            f"reclaim {record.reclaim_id} of {record.placement_id}: all {len(record.gpus)} GPUs "
+            f"at {_iso(record.effective_at_ms)}, {notice:g} min notice ({agreed:g} agreed)"
+        )
+    if isinstance(record, Adjustment):
+        from proto.money import format_minor
+
+        amount = format_minor(record.amount_minor, terms.currency_scale)
+        return (
+            f"adjustment {record.adjustment_id} of {record.placement_id}: {record.direction} "
+            f"{amount} {terms.currency} ({record.reason})"
+        )
+    return (
+        f"key binding of {record.placement_id}: node {record.node_id} signs with key "
+        f"{key_id(record.key)} for [{_iso(record.valid_from_ms)}, {_iso(record.valid_until_ms)})"
+    )
+
+
+def _iso(ms: int) -> str:
+    if ms >= 253_402_300_800_000:  # past 9999-12-31: "for ever"
+        return "forever"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _write(out: Path, envelope: Envelope) -> None:
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_bytes(encode_envelope(envelope) + b"\n")
+        tmp.replace(out)
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from exc
+
+
+def _finish(
+    args: argparse.Namespace,
+    terms: PlacementTerms,
+    record: _RECORD,
+    envelope: Envelope,
+    out: Path | None,
+) -> int:
+    """Dry run, or write, then publish when asked and complete."""
+    missing = missing_signers(terms, envelope, record)
+    raw = encode_envelope(envelope)
+    print(_describe(record, terms))
+    if getattr(args, "dry_run", False):
+        return _dry_run(args, terms, raw, missing)
+    if out is not None:
+        _write(out, envelope)
+        print(f"OK: signed -> {out}")
+    target = target_of(args)
+    if missing:
+        print(
+            f"missing: {', '.join(missing)} (each runs: gridledger cosign {out or 'FILE'} "
+            f"--terms TERMS --key THEIR.key)"
+        )
+        if target is not None:
+            raise Refused(
+                f"not published: the {' and '.join(missing)} must sign first; then "
+                f"gridledger publish {out or 'FILE'} --terms TERMS and the same target"
+            )
+        return EX_OK
+    print("OK: every required signature is there")
+    if target is None:
+        return EX_OK
+    publish(target, terms.placement_id, "records", raw)
+    print(f"OK: published to {target.describe()}")
+    return EX_OK
+
+
+def _dry_run(
+    args: argparse.Namespace, terms: PlacementTerms, raw: bytes, missing: tuple[str, ...]
+) -> int:
+    from gridledger import dryrun
+
+    export: Path | None = getattr(args, "export", None)
+    ledger: str | None = getattr(args, "ledger", None)
+    try:
+        if export is not None:
+            current = dryrun.current_from_export(export, terms.placement_id)
+        elif ledger is not None:
+            current = dryrun.current_from_ledger(ledger, terms.placement_id)
+        else:
+            raise UsageError("--dry-run needs the current state: --export FILE or --ledger URL")
+    except dryrun.DryRunError as exc:
+        raise UsageError(str(exc)) from exc
+    result = dryrun.dry_run(current, raw, missing)
+    for line in dryrun.render(result, terms, missing):
+        print(line)
+    print("nothing written, nothing published (--dry-run)")
+    if result.status == "accepted" or result.once_signed is not None:
+        return EX_OK
+    return EX_REFUSED
+
+
+def _sign_new(args: argparse.Namespace, terms: PlacementTerms, record: _RECORD) -> Envelope:
+    keys = _load_keys(args.key)
+    _check_signers(terms, record, keys, _what(record))
+    return sign_payload(signed_bytes(record), keys)
+
+
+def _what(record: _RECORD) -> str:
+    if isinstance(record, ReclaimNotice):
+        return "a reclaim"
+    if isinstance(record, Adjustment):
+        return f"a {record.direction}"
+    return "this key binding"
+
+
+def _default_out(args: argparse.Namespace, name: str) -> Path:
+    out: Path | None = args.out
+    return out if out is not None else Path(f"{name}.signed.json")
+
+
+def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    try:
+        return handler(args)
+    except UsageError as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return EX_USAGE
+    except Refused as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return EX_REFUSED
+    except PublishError as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return exc.code
+
+
+# ---- the commands -------------------------------------------------------------------------
+
+
+def _reclaim(args: argparse.Namespace) -> int:
+    terms = _load_terms(args.terms)
+    issued = parse_time_ms(args.issued_at, "--issued-at")
+    effective = parse_time_ms(args.effective_at, "--effective-at")
+    record = ReclaimNotice(
+        placement_id=terms.placement_id,
+        reclaim_id=args.id or f"reclaim-{issued}",
+        issued_at_ms=issued,
+        effective_at_ms=effective,
+        gpus=[g.uuid for g in terms.gpus],
+        reason=args.reason,
+    )
+    _check_record(record)
+    envelope = _sign_new(args, terms, record)
+    out = None if args.dry_run else _default_out(args, f"reclaim-{record.reclaim_id}")
+    return _finish(args, terms, record, envelope, out)
+
+
+def _adjust(args: argparse.Namespace) -> int:
+    terms = _load_terms(args.terms)
+    direction: Literal["credit", "charge"] = "credit" if args.credit is not None else "charge"
+    amount = parse_amount_minor(args.credit or args.charge, terms)
+    issued = parse_time_ms(args.issued_at, "--issued-at")
+    record = Adjustment(
+        placement_id=terms.placement_id,
+        adjustment_id=args.id or f"adj-{issued}",
+        direction=direction,
+        amount_minor=amount,
+        reference=args.reference,
+        reason=args.reason,
+        issued_at_ms=issued,
+    )
+    _check_record(record)
+    envelope = _sign_new(args, terms, record)
+    out = None if args.dry_run else _default_out(args, f"adjustment-{record.adjustment_id}")
+    return _finish(args, terms, record, envelope, out)
+
+
+def _bind_key(args: argparse.Namespace) -> int:
+    terms = _load_terms(args.terms)
+    if args.node not in {n.node_id for n in terms.nodes}:
+        nodes = ", ".join(n.node_id for n in terms.nodes)
+        raise UsageError(f"node {args.node!r} is not in the terms (nodes: {nodes})")
+    try:
+        public = load_public_key(args.node_key).key
+    except KeyFileError as exc:
+        raise UsageError(str(exc)) from exc
+    until = (
+        MAX_SAFE_INTEGER
+        if args.valid_until == "forever"
+        else parse_time_ms(args.valid_until, "--valid-until")
+    )
+    record = NodeKeyBinding(
+        placement_id=terms.placement_id,
+        node_id=args.node,
+        key=public,
+        valid_from_ms=0
+        if args.valid_from == "start"
+        else parse_time_ms(args.valid_from, "--valid-from"),
+        valid_until_ms=until,
+        issued_at_ms=parse_time_ms(args.issued_at, "--issued-at"),
+    )
+    if record.valid_from_ms >= record.valid_until_ms:
+        raise UsageError("--valid-from must be before --valid-until")
+    _check_record(record)
+    envelope = _sign_new(args, terms, record)
+    out = (
+        None
+        if args.dry_run
+        else _default_out(args, f"keybinding-{record.node_id}-{key_id(public)}")
+    )
+    return _finish(args, terms, record, envelope, out)
+
+
+def _check_record(record: _RECORD) -> None:
+    try:
+        decode_payload(signed_bytes(record))  # the wire's checks: identifiers, text, bounds
+    except ProtoError as exc:
+        raise UsageError(f"the record is not valid: {exc}") from exc
+
+
+def _open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, _RECORD]:
+    try:
+        raw = read_at_most(path, MAX_ENVELOPE_BYTES + 2)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        opened = open_envelope(raw.rstrip(b"\n"))
+    except ProtoError as exc:
+        raise UsageError(f"{path} is not a signed record: {exc}") from exc
+    record = opened.record
+    if not isinstance(record, ReclaimNotice | Adjustment | NodeKeyBinding):
+        raise UsageError(
+            f"{path} holds a {opened.kind} record; this command takes reclaim, adjustment "
+            "and keybinding records (terms: gridledger terms sign/publish)"
+        )
+    if record.placement_id != terms.placement_id:
+        raise UsageError(
+            f"{path} is for placement {record.placement_id}, the terms for {terms.placement_id}"
+        )
+    return opened, record
+
+
+def _cosign(args: argparse.Namespace) -> int:
+    terms = _load_terms(args.terms)
+    opened, record = _open_record(args.record, terms)
+    keys = _load_keys(args.key)
+    _check_signers(terms, record, keys, _what(record))
+    envelope = add_signatures(opened.envelope, keys)
+    out = args.out or args.record
+    return _finish(args, terms, record, envelope, None if args.dry_run else out)
+
+
+def _publish(args: argparse.Namespace) -> int:
+    terms = _load_terms(args.terms)
+    opened, record = _open_record(args.record, terms)
+    if target_of(args) is None and not args.dry_run:
+        raise UsageError("publish needs --kafka HOST:PORT or --local-dir DIR (or --dry-run)")
+    return _finish(args, terms, record, opened.envelope, None)
+
+
+# ---- registration -------------------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser, *, keys: bool, out: bool, target_required: bool) -> None:
+    p.add_argument(
+        "--terms",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="the placement's signed terms (terms.signed.json): parties, keys, GPUs",
+    )
+    if keys:
+        p.add_argument(
+            "--key",
+            type=Path,
+            action="append",
+            required=True,
+            metavar="FILE",
+            help="a signing party's private key file (repeat for several signers)",
+        )
+    if out:
+        p.add_argument("--out", type=Path, metavar="FILE", help="where to write the signed record")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the statement now and with this record; write and publish nothing",
+    )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
+        "--export", type=Path, metavar="FILE", help="dry run: the current state from this export"
+    )
+    source.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="dry run: the current state from the running ledger's API (http://HOST:PORT)",
+    )
+    add_target_arguments(p, required=target_required)
+
+
+def _issued(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--issued-at",
+        default="now",
+        metavar="TIME",
+        help="when it is issued (ISO time or epoch ms; default now)",
+    )
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add reclaim, adjust, bind-key, cosign and publish."""
+
+    def parser(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text + ".\n\n" + (__doc__ or ""),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        return p
+
+    reclaim = parser("reclaim", "operator: take the placement's GPUs back (a ReclaimNotice)")
+    reclaim.add_argument(
+        "--effective-at",
+        required=True,
+        metavar="TIME",
+        help="when the GPUs are taken back (ISO time or epoch ms)",
+    )
+    _issued(reclaim)
+    reclaim.add_argument(
+        "--reason", default="", help="free text shown to the buyer (at most 512 characters)"
+    )
+    reclaim.add_argument("--id", metavar="ID", help="the reclaim id (default reclaim-<issued ms>)")
+    _common(reclaim, keys=True, out=True, target_required=False)
+    reclaim.set_defaults(handler=lambda a: _run(_reclaim, a))
+
+    adjust = parser("adjust", "a credit to the buyer or a charge, signed by whom it costs")
+    direction = adjust.add_mutually_exclusive_group(required=True)
+    direction.add_argument(
+        "--credit", metavar="AMOUNT", help="credit the buyer AMOUNT (signed: operator and desk)"
+    )
+    direction.add_argument(
+        "--charge", metavar="AMOUNT", help="charge the buyer AMOUNT (signed: buyer; desk may)"
+    )
+    adjust.add_argument("--reason", required=True, help="why, in words both parties read")
+    adjust.add_argument(
+        "--reference", default="", help="an outside reference (ticket, invoice number)"
+    )
+    adjust.add_argument(
+        "--id",
+        metavar="ID",
+        help="the adjustment id; give one so a repeated command is a duplicate, not a "
+        "second adjustment (default adj-<issued ms>)",
+    )
+    _issued(adjust)
+    _common(adjust, keys=True, out=True, target_required=False)
+    adjust.set_defaults(handler=lambda a: _run(_adjust, a))
+
+    bind = parser("bind-key", "operator and buyer: a node signs with this key (NodeKeyBinding)")
+    bind.add_argument("--node", required=True, help="the node id, as the terms name it")
+    bind.add_argument(
+        "--node-key", required=True, type=Path, metavar="FILE", help="the node's public key (.pub)"
+    )
+    bind.add_argument(
+        "--valid-from",
+        default="start",
+        metavar="TIME",
+        help="usage from this time is signed with the key (default: start, i.e. 0)",
+    )
+    bind.add_argument(
+        "--valid-until",
+        default="forever",
+        metavar="TIME",
+        help="until this time (default: forever); an earlier time than bound revokes",
+    )
+    _issued(bind)
+    _common(bind, keys=True, out=True, target_required=False)
+    bind.set_defaults(handler=lambda a: _run(_bind_key, a))
+
+    cosign = parser("cosign", "add your signature to a signed reclaim, adjustment or binding")
+    cosign.add_argument("record", type=Path, metavar="RECORD", help="the signed record file")
+    _common(cosign, keys=True, out=True, target_required=False)
+    cosign.set_defaults(handler=lambda a: _run(_cosign, a))
+
+    pub = parser("publish", "publish a fully signed reclaim, adjustment or binding")
+    pub.add_argument("record", type=Path, metavar="RECORD", help="the signed record file")
+    _common(pub, keys=False, out=False, target_required=False)
+    pub.set_defaults(handler=lambda a: _run(_publish, a))

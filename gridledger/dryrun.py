@@ -1,0 +1,263 @@
+"""What a record would do to the bill, before anyone publishes it (``--dry-run``).
+
+The current state of the placement is rebuilt locally: every input of an export (a file
+the user has, or one the running ledger serves at ``GET /placements/<id>/export``) is
+folded again in chain order with the ledger's own pure fold (``ledger.decide``), and
+the result must equal the export's last record (else the export is not one this fold
+reproduces, and the dry run says so instead of guessing). The new record is then folded
+on top of that state: its verdict (accepted, or rejected with the reason the ledger
+would give) and the totals before and after, line by line.
+
+Nothing is signed by the ledger and nothing is published: the dry run needs no key but
+the party's own, which already signed the record.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import duckdb
+
+from ledger.cache import PlacementCache
+from ledger.decide import NOT_LOOKED_UP, AcceptedEvent, NotLookedUp, decide, usage_lookup
+from ledger.export import INPUT_TABLES
+from ledger.pricing import price, reclaim_credit_minor
+from ledger.state import PlacementState
+from proto.envelope import Opened, open_envelope
+from proto.errors import ProtoError
+from proto.keys import key_id
+from proto.money import format_gpu_hours, format_minor
+from proto.records import Adjustment, PlacementTerms, ReclaimNotice, Totals
+
+# The lines of the comparison: (Totals field, label, unit). GPU-hours or money.
+LINES: Final[tuple[tuple[str, str, str], ...]] = (
+    ("delivered_mgms", "delivered", "gpu"),
+    ("billable_mgms", "billable", "gpu"),
+    ("gross_minor", "gross", "money"),
+    ("reclaim_credit_minor", "reclaim credit", "money"),
+    ("sla_credit_minor", "SLA credit", "money"),
+    ("adjustment_credit_minor", "adjustment credits", "money"),
+    ("adjustment_charge_minor", "adjustment charges", "money"),
+    ("net_minor", "net", "money"),
+    ("fee_minor", "desk fee", "money"),
+    ("buyer_owes_minor", "buyer owes", "money"),
+    ("operator_receives_minor", "operator receives", "money"),
+    ("desk_receives_minor", "desk receives", "money"),
+)
+
+
+class DryRunError(Exception):
+    """The current state could not be rebuilt (unreadable export, no such placement)."""
+
+
+@dataclass(frozen=True)
+class Current:
+    """The placement's state as rebuilt from an export, and where it came from."""
+
+    state: PlacementState
+    cache: PlacementCache
+    ledger_key: bytes
+    records: int
+    source: str
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """The verdict on the new record and the totals before and after."""
+
+    status: str  # "accepted" | "rejected" | "dropped" | "held"
+    reason: str
+    detail: str
+    before: Totals
+    after: Totals
+    records: int
+    source: str
+    # Totals once the missing signers sign, when only signatures are missing.
+    once_signed: Totals | None = None
+
+
+def _input_rows(export: Path) -> tuple[list[tuple[int, str, bytes]], bytes, int, tuple[int, ...]]:
+    try:
+        con = duckdb.connect(str(export), read_only=True)
+    except duckdb.Error as exc:
+        raise DryRunError(f"cannot open export {export}: {exc}") from exc
+    try:
+        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        union = " UNION ALL ".join(
+            f"SELECT chain_index, position, envelope FROM {table}" for table in INPUT_TABLES
+        )
+        rows = [
+            (int(i), str(p), bytes(e))
+            for i, p, e in con.execute(f"{union} ORDER BY chain_index").fetchall()
+        ]
+        last = con.execute(
+            "SELECT chain_index, gross_minor, buyer_owes_minor, operator_receives_minor, "
+            "desk_receives_minor FROM ledger_records ORDER BY chain_index DESC LIMIT 1"
+        ).fetchone()
+    except duckdb.Error as exc:
+        raise DryRunError(f"{export} is not a gridledger export: {exc}") from exc
+    finally:
+        con.close()
+    import base64
+
+    if meta.get("format") != "gridledger-export":
+        raise DryRunError(f"{export} is not a gridledger export (meta format)")
+    ledger_key = base64.b64decode(meta.get("ledger_key", ""))
+    records = 0 if last is None else int(last[0]) + 1
+    expected = () if last is None else tuple(int(v) for v in last[1:])
+    return rows, ledger_key, records, expected
+
+
+def current_from_export(export: Path, placement_id: str, source: str | None = None) -> Current:
+    """Refold every input of ``export``; check the result against its last record."""
+    rows, ledger_key, records, expected = _input_rows(export)
+    cache = PlacementCache()
+    state = cache.get(placement_id)
+    for _, position, raw in rows:
+        try:
+            opened = open_envelope(raw)
+        except ProtoError as exc:
+            raise DryRunError(f"{export}: an input does not open: {exc}") from exc
+        if opened.record.placement_id != placement_id:
+            raise DryRunError(
+                f"{export} is the export of {opened.record.placement_id}, not {placement_id}"
+            )
+        verdict, new = decide(
+            state,
+            opened,
+            position,
+            ledger_key=ledger_key,
+            accepted_at=_accepted_at(cache, state, opened),
+        )
+        if new is not state:
+            cache.put(new, verdict.flatten())
+            state = new
+    if state.terms is None:
+        raise DryRunError(f"{export}: placement {placement_id} has no accepted terms")
+    t = state.totals
+    got = (t.gross_minor, t.buyer_owes_minor, t.operator_receives_minor, t.desk_receives_minor)
+    if expected and got != expected:
+        raise DryRunError(
+            f"{export}: folding its inputs again gives totals {got}, its last record says "
+            f"{expected}; run gridledger verify on it"
+        )
+    return Current(state, cache, ledger_key, records, source or str(export))
+
+
+def current_from_ledger(base_url: str, placement_id: str) -> Current:
+    """Fetch the export from a running ledger's API and rebuild from it."""
+    from ledger.client import ApiError, download_export
+
+    with tempfile.TemporaryDirectory(prefix="gridledger-dryrun-") as tmp:
+        path = Path(tmp) / f"{placement_id}.duckdb"
+        try:
+            download_export(base_url.rstrip("/"), placement_id, path)
+        except ApiError as exc:
+            raise DryRunError(str(exc)) from exc
+        return current_from_export(path, placement_id, source=f"{base_url} (ledger API)")
+
+
+def _accepted_at(
+    cache: PlacementCache, state: PlacementState, opened: Opened
+) -> AcceptedEvent | NotLookedUp | None:
+    """What ``decide`` asks about the past (the accepted usage event at an old seq)."""
+    wanted = usage_lookup(state, opened)
+    if wanted is None:
+        return NOT_LOOKED_UP
+    return cache.accepted_at(state.placement_id, *wanted)
+
+
+def dry_run(current: Current, envelope: bytes, missing_signers: tuple[str, ...]) -> DryRun:
+    """Fold ``envelope`` on top of ``current``; nothing is kept."""
+    opened = open_envelope(envelope)
+    state = current.state
+    verdict, new = decide(
+        state,
+        opened,
+        "dry-run",
+        ledger_key=current.ledger_key,
+        accepted_at=_accepted_at(current.cache, state, opened),
+    )
+    status = verdict.status or verdict.decision
+    reason = "" if verdict.reason is None else verdict.reason.value
+    once_signed = None
+    if missing_signers and reason.startswith("SIG_MISSING") and state.terms is not None:
+        once_signed = _priced_once_signed(state.terms, state, opened.record)
+    return DryRun(
+        status=status,
+        reason=reason,
+        detail=verdict.detail,
+        before=state.totals,
+        after=new.totals,
+        records=current.records,
+        source=current.source,
+        once_signed=once_signed,
+    )
+
+
+def _priced_once_signed(
+    terms: PlacementTerms, state: PlacementState, record: object
+) -> Totals | None:
+    """The totals the record gives once every required party signed (SPEC §7.3, §7.4);
+    None for records that change no total by themselves (key bindings)."""
+    t = state.totals
+    values = {
+        "delivered_mgms": t.delivered_mgms,
+        "reclaim_credit": t.reclaim_credit_minor,
+        "sla_credit": t.sla_credit_minor,
+        "adjustment_credit": t.adjustment_credit_minor,
+        "adjustment_charge": t.adjustment_charge_minor,
+    }
+    if isinstance(record, ReclaimNotice):
+        values["reclaim_credit"] = reclaim_credit_minor(
+            terms, record.issued_at_ms, record.effective_at_ms
+        )
+    elif isinstance(record, Adjustment):
+        name = "adjustment_credit" if record.direction == "credit" else "adjustment_charge"
+        values[name] += record.amount_minor
+    else:
+        return None
+    return price(terms, **values)
+
+
+def render(result: DryRun, terms: PlacementTerms, missing: tuple[str, ...]) -> list[str]:
+    """The dry run as lines a person reads."""
+    scale, currency = terms.currency_scale, terms.currency
+    lines = [
+        f"dry run against {terms.placement_id} through record {result.records - 1} "
+        f"(from {result.source})"
+    ]
+    if result.status == "accepted":
+        lines.append("verdict: the ledger would accept it")
+    else:
+        why = f" {result.reason}" if result.reason else ""
+        detail = f": {result.detail}" if result.detail else ""
+        lines.append(f"verdict: the ledger would record it {result.status}{why}{detail}")
+    after = result.after
+    label_after = "with it"
+    if result.once_signed is not None:
+        after = result.once_signed
+        label_after = "once signed"
+        lines.append(f"         (missing signature of {', '.join(missing)}; shown as once signed)")
+    lines.append(f"  {'':<19}{'now':>14}{label_after:>14}{'change':>14}")
+    for field, label, unit in LINES:
+        old, new = getattr(result.before, field), getattr(after, field)
+
+        def show(value: int, signed: bool = False, unit: str = unit) -> str:
+            sign = "+" if signed and value > 0 else ""
+            if unit == "gpu":
+                return sign + format_gpu_hours(value) + " GPU-h"
+            return sign + format_minor(value, scale) + f" {currency}"
+
+        change = show(new - old, signed=True) if new != old else ""
+        lines.append(f"  {label:<19}{show(old):>14}{show(new):>14}{change:>14}")
+    return lines
+
+
+def signer_roles(terms: PlacementTerms, keyids: list[str]) -> list[str]:
+    """The roles of the terms these key ids belong to (for messages)."""
+    roles = {key_id(getattr(terms, r).key): r for r in ("operator", "buyer", "desk")}
+    return [roles.get(k, k) for k in keyids]
