@@ -49,6 +49,8 @@ from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked, read_spool
 
 log = structlog.get_logger("ledger.consume")
 
+# aiokafka ConsumerRecord.timestamp_type of a log-append timestamp (0 is CreateTime).
+LOG_APPEND_TIME: Final = 1
 _METADATA_TIMEOUT_S: Final = 30.0
 
 
@@ -353,6 +355,12 @@ class KafkaSource:
             source = kafka_source(topic, tp.partition)
             for message in batches[tp]:
                 key: bytes | None = message.key
+                if message.timestamp_type != LOG_APPEND_TIME:
+                    # SPEC §6.6: arrival time comes from the log, never from the producer.
+                    raise SourceError(
+                        f"{topic}[{tp.partition}]@{message.offset} carries a CreateTime "
+                        "timestamp: the topic needs message.timestamp.type=LogAppendTime"
+                    )
                 items.append(
                     Item(
                         data=message.value if message.value is not None else b"",
@@ -361,6 +369,7 @@ class KafkaSource:
                         stream_key=None if key is None else key.decode("utf-8", "replace"),
                         source=source,
                         next_position=str(message.offset + 1),
+                        arrived_ms=int(message.timestamp),
                     )
                 )
         return items

@@ -173,8 +173,14 @@ def decide(
     accepted_at: AcceptedEvent | NotLookedUp | None = NOT_LOOKED_UP,
     checked: CheckedSignature | None = None,
     claims: Claims | None = None,
+    arrived_ms: int | None = None,
 ) -> tuple[Verdict, PlacementState]:
     """The verdict for one attributable input of ``state``'s placement, and the new state.
+
+    ``arrived_ms`` (SPEC §6.6): when the input reached the log (the broker's log-append
+    time, or the intake log's). Every record this call chains carries
+    ``max(state.arrived_ms, arrived_ms)``. None chains untimed records (records of
+    before §6.6; the ledger's intake always passes a time) and applies no time rule.
 
     ``ledger_key`` is the public key of the ledger folding the stream (SPEC §5 (6)).
     See the module docstring for ``accepted_at`` and ``checked``. ``claims``: for a terms
@@ -185,7 +191,10 @@ def decide(
         raise InvariantViolation(
             f"an input of {opened.record.placement_id} for {state.placement_id}"
         )
-    run = _Run(ledger_key, accepted_at, claims)
+    arrived = arrived_ms
+    if arrived is not None and state.arrived_ms is not None:
+        arrived = max(arrived, state.arrived_ms)
+    run = _Run(ledger_key, accepted_at, claims, arrived)
     verdict, new = run.one(state, opened, position, checked)
     if state.terms is None and new.terms is not None and new.held:
         # SPEC §6.2: held inputs are processed right after the accepted terms.
@@ -217,15 +226,17 @@ class _Run:
     """One call of ``decide``: its inputs from outside, and the usage events it accepted
     (held inputs released by terms can re-deliver one of those)."""
 
-    __slots__ = ("accepted", "accepted_at", "claims", "ledger_key")
+    __slots__ = ("accepted", "accepted_at", "arrived", "claims", "ledger_key")
 
     def __init__(
         self,
         ledger_key: bytes,
         accepted_at: AcceptedEvent | NotLookedUp | None,
         claims: Claims | None = None,
+        arrived: int | None = None,
     ) -> None:
         self.ledger_key = ledger_key
+        self.arrived = arrived
         self.accepted_at = accepted_at
         self.claims = claims
         self.accepted: dict[tuple[str, int], AcceptedEvent] = {}
@@ -325,11 +336,11 @@ class _Run:
             elif terms is None:  # pragma: no cover - §6.1 (3) held it
                 raise AssertionError(f"{opened.kind} input without terms was not held")
             elif isinstance(record, NodeKeyBinding):
-                new = _key_binding(state, terms, opened, record)
+                new = _key_binding(state, terms, opened, record, self.arrived)
             elif isinstance(record, UsageEvent):
                 new, delivered = self._usage(state, terms, opened, record, checked)
             elif isinstance(record, ReclaimNotice):
-                new = _reclaim(state, terms, opened, record)
+                new = _reclaim(state, terms, opened, record, self.arrived)
             elif isinstance(record, Adjustment):
                 new = _adjustment(state, terms, opened, record)
             elif isinstance(record, PlacementClosed):
@@ -361,16 +372,27 @@ class _Run:
                 rejection.detail,
                 state.totals,
                 changes,
+                self.arrived,
             )
         flush: list[Verdict] = []
         if isinstance(record, PlacementClosed):
             # §6.3 closed: the close flush comes first, then the close record.
-            flush, state = _close_flush(state)
+            flush, state = _close_flush(state, self.arrived)
         totals: Totals = new.pop("totals", state.totals)
         # Accepted usage events are recognised by their stream position, not in ``seen``.
         seen = state.seen if isinstance(record, UsageEvent) else state.seen.add(opened.input_hash)
         verdict, state = _chain(
-            state, seen, opened, position, "accepted", None, delivered, "", totals, new
+            state,
+            seen,
+            opened,
+            position,
+            "accepted",
+            None,
+            delivered,
+            "",
+            totals,
+            new,
+            self.arrived,
         )
         if flush:
             verdict = msgspec.structs.replace(verdict, preceded=tuple(flush))
@@ -480,6 +502,9 @@ class _Run:
             valid = verify(public_key, opened.payload, signature.sig)
         if not valid:
             raise _Reject(Reason.SIG_INVALID, f"bad signature by key {signature.keyid}")
+        if public_key in state.revoked.get(node_id, ()):
+            # §6.6: a revocation applies at its arrival, whatever interval is claimed.
+            raise _Reject(Reason.NODE_KEY_REVOKED, f"key {signature.keyid} was revoked")
         if not (valid_from <= event.start_ms and event.end_ms <= valid_until):
             raise _Reject(
                 Reason.NODE_KEY_NOT_VALID, "the key's binding does not cover the interval"
@@ -517,6 +542,12 @@ class _Run:
         # (5) the window
         if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
             raise _Reject(Reason.OUTSIDE_WINDOW, f"[{event.start_ms}, {event.end_ms})", takes)
+        arrived = self.arrived
+        if arrived is not None and event.end_ms > arrived + limits.MAX_CLOCK_SKEW_MS:
+            # §6.6: a node reports what it measured; nothing ends after it arrived.
+            raise _Reject(
+                Reason.FUTURE_DATED, f"ends at {event.end_ms}, arrived at {arrived}", takes
+            )
         # (6) the samples; §7.1 delivered
         uuids = [s.uuid for s in event.samples]
         if len(set(uuids)) != len(uuids):
@@ -598,7 +629,9 @@ def _without_held(state: PlacementState, node_id: str, seq: int) -> PlacementSta
 
 
 # §6.3 closed: the close flush — every event still held is chained as rejected SEQ_GAP.
-def _close_flush(state: PlacementState) -> tuple[list[Verdict], PlacementState]:
+def _close_flush(
+    state: PlacementState, arrived: int | None
+) -> tuple[list[Verdict], PlacementState]:
     holds = state.stream_held
     if not holds:
         return [], state
@@ -621,6 +654,7 @@ def _close_flush(state: PlacementState) -> tuple[list[Verdict], PlacementState]:
                 detail,
                 state.totals,
                 {},
+                arrived,
             )
             verdicts.append(verdict)
     return verdicts, state
@@ -628,7 +662,11 @@ def _close_flush(state: PlacementState) -> tuple[list[Verdict], PlacementState]:
 
 # §6.3 keybinding
 def _key_binding(
-    state: PlacementState, terms: PlacementTerms, opened: Opened, binding: NodeKeyBinding
+    state: PlacementState,
+    terms: PlacementTerms,
+    opened: Opened,
+    binding: NodeKeyBinding,
+    arrived: int | None,
 ) -> dict[str, Any]:
     # §4.0: a binding that introduces or extends a key needs the operator and the buyer;
     # one that only shortens the current binding of (node, key) the operator alone.
@@ -638,7 +676,7 @@ def _key_binding(
     buyer = {key_id(terms.buyer.key): terms.buyer.key}
     shortens = (
         current is not None
-        and binding.valid_from_ms == current[0]
+        and binding.valid_from_ms <= current[0]
         and binding.valid_until_ms < current[1]
     )
     if shortens:
@@ -649,17 +687,41 @@ def _key_binding(
         raise _Reject(Reason.NODE_UNKNOWN, f"node {binding.node_id!r} is not in the terms")
     if binding.valid_from_ms >= binding.valid_until_ms:
         raise _Reject(Reason.BINDING_INVALID, "valid_from_ms is not before valid_until_ms")
+    revoked = dict(state.revoked)
+    node_revoked = revoked.get(binding.node_id, frozenset())
+    if shortens and current is not None:
+        # §6.3, §6.6: a revocation keeps the start and applies from its arrival on.
+        window = (current[0], binding.valid_until_ms)
+        revoked[binding.node_id] = node_revoked | {binding.key}
+    else:
+        # §6.6: an introduction or extension takes effect at its arrival.
+        start = binding.valid_from_ms
+        if arrived is not None:
+            if current is None or binding.key in node_revoked:
+                start = max(start, arrived)
+            else:
+                start = max(start, min(current[0], arrived))
+        if start >= binding.valid_until_ms:
+            raise _Reject(Reason.BINDING_INVALID, "the binding ends before it arrived")
+        window = (start, binding.valid_until_ms)
+        if binding.key in node_revoked:
+            rest = node_revoked - {binding.key}
+            if rest:
+                revoked[binding.node_id] = rest
+            else:
+                del revoked[binding.node_id]
     bindings = dict(state.bindings)
-    bindings[binding.node_id] = {
-        **keys,
-        binding.key: (binding.valid_from_ms, binding.valid_until_ms),
-    }
-    return {"bindings": bindings}
+    bindings[binding.node_id] = {**keys, binding.key: window}
+    return {"bindings": bindings, "revoked": revoked}
 
 
 # §6.3 reclaim; §7.3 reclaim credit
 def _reclaim(
-    state: PlacementState, terms: PlacementTerms, opened: Opened, notice: ReclaimNotice
+    state: PlacementState,
+    terms: PlacementTerms,
+    opened: Opened,
+    notice: ReclaimNotice,
+    arrived: int | None,
 ) -> dict[str, Any]:
     _require(opened, {key_id(terms.operator.key): terms.operator.key})
     if state.reclaimed:
@@ -675,7 +737,9 @@ def _reclaim(
             Reason.RECLAIM_BEHIND_USAGE,
             f"usage already folded to {state.max_usage_end_ms} > {notice.effective_at_ms}",
         )
-    credit = reclaim_credit_minor(terms, notice.issued_at_ms, notice.effective_at_ms)
+    # §7.3, §6.6: the notice runs from the reclaim's arrival, not from issued_at_ms.
+    notice_from = notice.issued_at_ms if arrived is None else arrived
+    credit = reclaim_credit_minor(terms, notice_from, notice.effective_at_ms)
     return {
         "reclaimed": True,
         "effective_end_ms": notice.effective_at_ms,
@@ -769,6 +833,7 @@ def _chain(
     detail: str,
     totals: Totals,
     changes: dict[str, Any],
+    arrived: int | None,
 ) -> tuple[Verdict, PlacementState]:
     record = LedgerRecord(
         placement_id=state.placement_id,
@@ -780,6 +845,7 @@ def _chain(
         reason="" if reason is None else reason.value,
         delivered_mgms=delivered,
         totals=totals,
+        arrived_ms=arrived,
     )
     payload = signed_bytes(record)
     record_hash = sha256_hex(payload)
@@ -789,6 +855,7 @@ def _chain(
         head=record_hash,
         totals=totals,
         seen=seen,
+        arrived_ms=state.arrived_ms if arrived is None else arrived,
         **changes,
     )
     verdict = Verdict(
