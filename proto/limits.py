@@ -51,5 +51,6 @@ MILLI_GPU_MS_PER_GPU_HOUR: Final = 1000 * MS_PER_HOUR  # 3_600_000_000
 
 # How far a party's clock may run ahead of the log's arrival clock (SPEC §6.6: a usage
 # event may end at most this long after it arrived) and a witness's clock from the
-# log's (SPEC §8.3 W_TIME).
+# log's (SPEC §8.3 W_TIME), and a party's from the ledger's when it judges "delivered
+# before the close deadline" (SPEC §8.3 W_MISSING).
 MAX_CLOCK_SKEW_MS: Final = 60_000

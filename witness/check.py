@@ -11,12 +11,12 @@ import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
 
 from proto.cosign import cosign
 from proto.envelope import decode_envelope, open_envelope, sha256_hex
 from proto.errors import ProtoError
 from proto.keys import SigningKey, key_id, verify
+from proto.limits import MAX_CLOCK_SKEW_MS
 from proto.merkle import leaf_hash
 from proto.note import (
     LEDGER_NOTE_NAME,
@@ -29,10 +29,6 @@ from proto.note import (
 from proto.records import LedgerRecord, PlacementTerms
 from witness.known import Known
 from witness.state import Refusal, WitnessState
-
-# How far the party's clock may be from the ledger's when it judges "delivered before the
-# close deadline" (SPEC §8.3 W_MISSING), and from the log's arrival times (W_TIME).
-MAX_CLOCK_SKEW_MS: Final = 60_000
 
 
 @dataclass(frozen=True, slots=True)
