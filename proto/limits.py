@@ -54,3 +54,8 @@ MILLI_GPU_MS_PER_GPU_HOUR: Final = 1000 * MS_PER_HOUR  # 3_600_000_000
 # log's (SPEC §8.3 W_TIME), and a party's from the ledger's when it judges "delivered
 # before the close deadline" (SPEC §8.3 W_MISSING).
 MAX_CLOCK_SKEW_MS: Final = 60_000
+
+# SPEC §6.6: every record of a placement whose terms were created at or after this moment
+# (2026-12-01T00:00:00Z) carries arrived_ms; untimed records are accepted only in older
+# placements (chained before time from the log existed).
+ARRIVAL_REQUIRED_FROM_MS: Final = 1_796_083_200_000

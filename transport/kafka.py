@@ -27,6 +27,7 @@ from transport.limits import SHIP_ATTEMPT_TIMEOUT_S
 __all__ = [
     "DEFAULT_TOPIC",
     "EVENT_SOURCED_TOPIC_CONFIG",
+    "SIMULATION_TOPIC_CONFIG",
     "KafkaSettings",
     "TopicError",
     "client_kwargs",
@@ -50,6 +51,13 @@ EVENT_SOURCED_TOPIC_CONFIG: Final[Mapping[str, str]] = {
     # Time from the log, not from the party (SPEC §8.3): the broker stamps each record when
     # it appends it, and the acknowledgement carries that time back to the producer.
     "message.timestamp.type": "LogAppendTime",
+}
+
+# A simulation's topic (SPEC §6.6 ``arrival = "sender"``, never production): the same,
+# but each record keeps the timestamp its producer set (the sender's simulated clock).
+SIMULATION_TOPIC_CONFIG: Final[Mapping[str, str]] = {
+    **EVENT_SOURCED_TOPIC_CONFIG,
+    "message.timestamp.type": "CreateTime",
 }
 
 _T = TypeVar("_T")
@@ -158,14 +166,22 @@ async def publish_kafka(
     items: Sequence[tuple[str, bytes]],
     *,
     timeout_s: float = SHIP_ATTEMPT_TIMEOUT_S,
+    timestamps_ms: Sequence[int] | None = None,
 ) -> None:
     """Send (placement_id, envelope) pairs in order, keyed by placement; await every ack.
+
+    ``timestamps_ms`` (one per item): the producer timestamp of each record, the time a
+    simulation's sender states (SPEC §6.6 ``arrival = "sender"``; a log-append topic
+    replaces it with the broker's). None: the client's wall clock.
 
     Raises ProtoError (nothing sent) when an envelope does not open or does not belong
     to the placement it is keyed by; TimeoutError or a KafkaError when not every record
     was acknowledged within ``timeout_s`` (some may have been: resending is safe, the
     ledger drops exact duplicates).
     """
+    if timestamps_ms is not None and len(timestamps_ms) != len(items):
+        raise ValueError(f"{len(timestamps_ms)} timestamps for {len(items)} records")
+    stamps: Sequence[int | None] = [None] * len(items) if timestamps_ms is None else timestamps_ms
     for key, envelope in items:
         inside = placement_of(envelope)
         if inside != key:
@@ -177,8 +193,10 @@ async def publish_kafka(
         async with asyncio.timeout(timeout_s):
             await producer.start()
             futures = [
-                await producer.send(settings.topic, value=envelope, key=key.encode())
-                for key, envelope in items
+                await producer.send(
+                    settings.topic, value=envelope, key=key.encode(), timestamp_ms=stamp
+                )
+                for (key, envelope), stamp in zip(items, stamps, strict=True)
             ]
             await asyncio.gather(*futures)
     finally:

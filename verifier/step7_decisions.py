@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from proto import limits as proto_limits
 from proto.records import Adjustment, LedgerRecord, PlacementClosed, ReclaimNotice, UsageEvent
 from verifier.decisions import (
     ACCEPTED,
@@ -114,7 +115,17 @@ def check_arrival(run: Verification, ledger: LedgerRecord, where: str) -> None:
     arrived = ledger.arrived_ms
     last = run.last_arrived
     if arrived is None:
-        if last is not None:
+        if run.terms.created_at_ms >= proto_limits.ARRIVAL_REQUIRED_FROM_MS:
+            run.add(
+                Step.DECISIONS,
+                "ARRIVAL_MISSING",
+                where,
+                "arrived_ms on every record of terms created from "
+                f"{proto_limits.ARRIVAL_REQUIRED_FROM_MS}",
+                "no arrived_ms",
+                "SPEC §6.6: no untimed record in a placement created after the rule",
+            )
+        elif last is not None:
             run.add(
                 Step.DECISIONS,
                 "ARRIVAL_MISSING",
