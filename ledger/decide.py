@@ -26,6 +26,7 @@ verdict carries the record's signed bytes and hash, and the caller signs them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any, Final, Literal, get_args
 
@@ -268,19 +269,26 @@ class _Run:
                 state,
                 held=state.held.append((opened.raw, position)),
                 held_hashes=state.held_hashes.add(opened.input_hash),
+                held_arrived=_with_arrival(state.held_arrived, position, self.arrived),
             )
             return _verdict("held", position, state.placement_id, opened), new
         return self._process(state, opened, position, checked)
 
     def release(self, state: PlacementState) -> tuple[list[Verdict], PlacementState]:
-        """SPEC §6.2: the held inputs in arrival order, as if they arrived now."""
+        """SPEC §6.2: the held inputs in arrival order, as if they arrived now (§6.6: each
+        record carries max(a_prev, the input's own arrival))."""
         held = list(state.held)
         state = msgspec.structs.replace(state, held=NO_HELD, held_hashes=NO_HASHES)
         verdicts = []
-        for raw, position in held:
-            opened = open_envelope(raw)  # it decoded when it was held
-            verdict, state = self.one(state, opened, position, None)
-            verdicts.append(verdict)
+        releasing = self.arrived
+        try:
+            for raw, position in held:
+                opened = open_envelope(raw)  # it decoded when it was held
+                state, self.arrived = _released_arrival(state, position, releasing)
+                verdict, state = self.one(state, opened, position, None)
+                verdicts.append(verdict)
+        finally:
+            self.arrived = releasing
         return verdicts, state
 
     # §6.1 (2)
@@ -350,7 +358,7 @@ class _Run:
         except _Drop:
             return _dropped(state, opened, position), state
         except _HoldInStream:
-            return _hold_in_stream(state, opened, position)
+            return _hold_in_stream(state, opened, position, self.arrived)
         except _Reject as rejection:
             # A rejection is chained (SPEC §6) and changes nothing else — but a usage
             # event rejected from §6.3 usage (3) on takes its seq for good.
@@ -408,18 +416,23 @@ class _Run:
         """SPEC §6.2: the stream's held events that are next in seq order, as if they
         arrived now (each one accepted advances the stream to the next)."""
         released: list[Verdict] = []
-        for _ in range(limits.MAX_HELD_PER_PLACEMENT):
-            held = state.stream_held.get(node_id)
-            stream = state.streams.get(node_id, NEW_STREAM)
-            if not held or stream.next_seq not in held:
-                break
-            raw, position, _ = held[stream.next_seq]
-            state = _without_held(state, node_id, stream.next_seq)
-            opened = open_envelope(raw)  # it decoded when it was held
-            verdict, state = self._process(state, opened, position, None, release=False)
-            released.append(verdict)
-            if verdict.status != "accepted":
-                break  # the stream did not advance: the rest waits
+        releasing = self.arrived
+        try:
+            for _ in range(limits.MAX_HELD_PER_PLACEMENT):
+                held = state.stream_held.get(node_id)
+                stream = state.streams.get(node_id, NEW_STREAM)
+                if not held or stream.next_seq not in held:
+                    break
+                raw, position, _ = held[stream.next_seq]
+                state = _without_held(state, node_id, stream.next_seq)
+                opened = open_envelope(raw)  # it decoded when it was held
+                state, self.arrived = _released_arrival(state, position, releasing)
+                verdict, state = self._process(state, opened, position, None, release=False)
+                released.append(verdict)
+                if verdict.status != "accepted":
+                    break  # the stream did not advance: the rest waits
+        finally:
+            self.arrived = releasing
         return released, state
 
     # §6.3 terms
@@ -600,7 +613,7 @@ def _priced(state: PlacementState) -> bool:
 
 # §6.2: a usage event waits in its stream
 def _hold_in_stream(
-    state: PlacementState, opened: Opened, position: str
+    state: PlacementState, opened: Opened, position: str, arrived: int | None
 ) -> tuple[Verdict, PlacementState]:
     event = of_type(opened.record, UsageEvent, "an event held in its stream")
     if state.held_count() >= limits.MAX_HELD_PER_PLACEMENT:
@@ -614,8 +627,36 @@ def _hold_in_stream(
         **holds.get(event.node_id, {}),
         event.seq: (opened.raw, position, opened.input_hash),
     }
-    new = msgspec.structs.replace(state, stream_held=holds)
+    new = msgspec.structs.replace(
+        state,
+        stream_held=holds,
+        held_arrived=_with_arrival(state.held_arrived, position, arrived),
+    )
     return _verdict("held", position, state.placement_id, opened), new
+
+
+def _with_arrival(
+    held_arrived: Mapping[str, int], position: str, arrived: int | None
+) -> Mapping[str, int]:
+    """SPEC §6.6: remember when a held input arrived (nothing for an untimed one)."""
+    if arrived is None:
+        return held_arrived
+    return {**held_arrived, position: arrived}
+
+
+def _released_arrival(
+    state: PlacementState, position: str, releasing: int | None
+) -> tuple[PlacementState, int | None]:
+    """SPEC §6.6: the arrival a released held input's record carries: max(a_prev, its own
+    arrival); the releasing input's when it has none. Forgets the held arrival."""
+    own = state.held_arrived.get(position)
+    if own is None:
+        return state, releasing
+    rest = {k: v for k, v in state.held_arrived.items() if k != position}
+    state = msgspec.structs.replace(state, held_arrived=rest)
+    if releasing is None:
+        return state, own
+    return state, max(own, releasing if state.arrived_ms is None else state.arrived_ms)
 
 
 def _without_held(state: PlacementState, node_id: str, seq: int) -> PlacementState:
@@ -643,6 +684,7 @@ def _close_flush(
             raw, position, input_hash = holds[node_id][seq]
             opened = open_envelope(raw)  # it decoded when it was held
             detail = f"seq {seq} still held at the close; the stream expected {expected}"
+            state, flushed_at = _released_arrival(state, position, arrived)
             verdict, state = _chain(
                 state,
                 state.seen.add(input_hash),
@@ -654,7 +696,7 @@ def _close_flush(
                 detail,
                 state.totals,
                 {},
-                arrived,
+                flushed_at,
             )
             verdicts.append(verdict)
     return verdicts, state
@@ -835,6 +877,8 @@ def _chain(
     changes: dict[str, Any],
     arrived: int | None,
 ) -> tuple[Verdict, PlacementState]:
+    if arrived is not None and state.arrived_ms is not None:
+        arrived = max(arrived, state.arrived_ms)  # §6.6: monotone per placement
     record = LedgerRecord(
         placement_id=state.placement_id,
         index=state.next_index,

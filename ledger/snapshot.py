@@ -85,6 +85,8 @@ class _Snapshot(msgspec.Struct, omit_defaults=True):
     # SPEC §6.6: the last record's arrival and revoked keys; absent before §6.6.
     arrived_ms: int | None = None
     revoked: list[_RevokedSnap] = []
+    # SPEC §6.6: (position, arrived_ms) of each held input that has one.
+    held_arrived: list[tuple[str, int]] = []
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -137,6 +139,7 @@ def encode(state: PlacementState) -> bytes:
             for node, keys in sorted(state.revoked.items())
             for key in sorted(keys)
         ],
+        held_arrived=sorted(state.held_arrived.items()),
     )
     return _ENCODER.encode(snap)
 
@@ -183,6 +186,7 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         taken={t.node_id: frozenset(t.seqs) for t in snap.taken},
         arrived_ms=snap.arrived_ms,
         revoked=_revoked(snap.revoked),
+        held_arrived=dict(snap.held_arrived),
     )
     if snap.terms_payload is None:
         return state

@@ -81,6 +81,9 @@ class PlacementState(msgspec.Struct, frozen=True):
     # the keys revoked per node (a usage event signed by one is NODE_KEY_REVOKED).
     arrived_ms: int | None = None
     revoked: Mapping[str, frozenset[bytes]] = msgspec.field(default_factory=dict)
+    # SPEC §6.6: when each held input (before the terms, or in its stream) arrived, by
+    # its position; its record, chained on release, carries max(a_prev, that).
+    held_arrived: Mapping[str, int] = msgspec.field(default_factory=dict)
 
     def held_count(self) -> int:
         """Inputs held before the terms plus usage events held in their streams."""
