@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from test_verifier_exports import HOUR, MINUTE, T0, ExportBuilder, explain, verify
@@ -29,9 +30,13 @@ from devtools.builders import (
 )
 from ledger.fold import Fold, Outcome
 from ledger.pricing import reclaim_credit_minor
+from ledger.service import LedgerService, fixed_clock
+from ledger.store import Store
+from proto.envelope import open_envelope
 from proto.keys import SigningKey
-from proto.limits import MAX_CLOCK_SKEW_MS
-from proto.records import PlacementTerms
+from proto.limits import ARRIVAL_REQUIRED_FROM_MS, MAX_CLOCK_SKEW_MS
+from proto.records import LedgerRecord, PlacementTerms
+from transport.local import publish_local
 
 PID = "p-time"
 
@@ -240,3 +245,85 @@ def test_a_close_before_the_grace_ran_out_is_premature(tmp_path: Path) -> None:
     b.statements_at = [2, 3]
     report = verify(b.write(tmp_path / "x.duckdb"), cast.trust())
     assert "PREMATURE_CLOSE" in report.findings.rules(), explain(report)
+
+
+def test_an_untimed_chain_escapes_no_rule_once_the_terms_are_recent(tmp_path: Path) -> None:
+    """SPEC §6.6: a dishonest ledger leaves arrived_ms out of every record (so the
+    pre-signed window would pass): for terms created from ARRIVAL_REQUIRED_FROM_MS on,
+    each untimed record is ARRIVAL_MISSING; older terms may have untimed chains."""
+    for start, caught in ((ARRIVAL_REQUIRED_FROM_MS, True), (T0, False)):
+        cast = make_cast(f"time-untimed-{caught}")
+        terms = make_terms(cast, PID, [gpu("node-a", 0)], start, start + HOUR)
+        assert (terms.created_at_ms >= ARRIVAL_REQUIRED_FROM_MS) is caught
+        writer = StreamWriter(cast.node_key("node-a"), PID, "node-a")
+        b = ExportBuilder(cast, terms)
+        b.add(signed_terms(cast, terms), arrived_ms=None)
+        b.add(writer.event(start, start + HOUR, [sample(terms.gpus[0])]), arrived_ms=None)
+        b.statements_at = [1]
+        report = verify(b.write(tmp_path / f"{caught}.duckdb"), cast.trust())
+        if caught:
+            assert report.findings.rules() == {"ARRIVAL_MISSING"}, explain(report)
+            assert report.findings.total == 2, explain(report)  # both records
+        else:
+            assert not report.findings, explain(report)
+
+
+# ---- held inputs keep their own arrival ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("terms_at", "released_at"),
+    [
+        # the log's order: the terms came after the held event, the record carries theirs
+        (T0 + 20 * MINUTE, T0 + 20 * MINUTE),
+        # a sender stated an earlier time for the terms: the event keeps its own
+        (T0 - MINUTE, T0 + 5 * MINUTE),
+    ],
+    ids=["terms-later", "terms-stated-earlier"],
+)
+def test_a_released_held_input_carries_max_of_previous_and_its_own(
+    terms_at: int, released_at: int
+) -> None:
+    cast, _, _, honest = _base("time-held")
+    (terms_raw, _), (event, event_at) = honest
+    fold = Fold(cast.ledger)
+    assert [o.decision for o in fold.apply(event, "t:0", PID, event_at)] == ["held"]
+    outcomes = fold.apply(terms_raw, "t:1", PID, terms_at)
+    records = [o.record for o in outcomes if o.record is not None]
+    assert [r.kind for r in records] == ["terms", "usage"]
+    assert [r.arrived_ms for r in records] == [terms_at, released_at]
+    assert [r.status for r in records] == ["accepted", "accepted"]
+
+
+# ---- where arrival comes from: the log, or (simulations) the sender ----------------------
+
+
+@pytest.mark.parametrize("arrival", ["log", "sender"])
+def test_embedded_arrival_is_the_intake_clock_unless_a_simulation_says_sender(
+    arrival: Literal["log", "sender"], tmp_path: Path
+) -> None:
+    cast, _, _, honest = _base(f"time-embedded-{arrival}")
+    (terms_raw, _), (event, _) = honest
+    local = tmp_path / "spool"
+    publish_local(local, "publish-terms", [terms_raw])  # plain frame: no stated time
+    publish_local(local, "node-node-a", [event], stamps_ms=[T0 + 9 * MINUTE])
+    clock_ms = T0 + 7 * MINUTE
+    store = Store(tmp_path / "l.duckdb", ledger_public_key=cast.ledger.public_key)
+    service = LedgerService(
+        store,
+        cast.ledger,
+        ledger_id="l",
+        local_dir=local,
+        clock=fixed_clock(clock_ms),
+        arrival=arrival,
+    )
+    try:
+        service.run_until_idle()
+        records = [open_envelope(e).record for e in store.record_envelopes(PID)]
+    finally:
+        service.close()
+    arrived = [r.arrived_ms for r in records if isinstance(r, LedgerRecord)]
+    # The terms' plain frame arrives at the ledger clock either way; the event's stamped
+    # frame at the time its sender stated only in a simulation.
+    stated = T0 + 9 * MINUTE if arrival == "sender" else clock_ms
+    assert arrived == [clock_ms, stated]
