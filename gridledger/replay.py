@@ -11,7 +11,9 @@
    terms of the placements that start in it, tick every node agent
    (``gridledger.replay_cluster``) to the step's end, hand the events to the transport
    (local: the agents' spools are the transport; Kafka: sent keyed by placement and
-   acknowledged), then let the ledger consume everything and close, at the step's end,
+   acknowledged, each stating the step's simulated time on a ``CreateTime`` topic to a
+   ledger with ``arrival = "sender"``: the same arrival times as the local run's intake
+   clock, SPEC §6.6), then let the ledger consume everything and close, at the step's end,
    each placement whose ``window_end + late_grace`` has passed.
 5. Export every placement to ``DIR/exports/<placement>.duckdb`` and verify each export
    with the verifier against ``DIR/trust.json``.
@@ -81,7 +83,7 @@ from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
 from meter.durable import write_atomic
-from meter.shipper import load_shipped, store_shipped
+from meter.shipper import load_shipped, simulated_send_ms, store_shipped
 from proto.invariant import present
 from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms
@@ -455,17 +457,28 @@ class _ReplayRun:
 
     # 4 (kafka): events sent keyed by placement, acknowledged, then consumed
     async def run_kafka(self, plan: Plan) -> None:
-        from transport.kafka import create_topic_async
+        from transport.kafka import SIMULATION_TOPIC_CONFIG, create_topic_async
 
         bootstrap = present(self.options.kafka, "the bootstrap of a Kafka replay")
         settings = KafkaSettings(bootstrap=bootstrap, topic=self.options.topic)
+        # A simulation (months of trace in minutes): each record states the simulated
+        # time it is sent at, and the ledger takes arrival from it (SPEC §6.6), as the
+        # local run's intake clock does.
         await create_topic_async(
-            settings.bootstrap, settings.topic, self.options.partitions, exist_ok=True
+            settings.bootstrap,
+            settings.topic,
+            self.options.partitions,
+            exist_ok=True,
+            config=SIMULATION_TOPIC_CONFIG,
         )
         store = Store(self.workdir / "ledger.duckdb", ledger_public_key=self.cast.ledger.public_key)
         now = _ClockHolder()
         service = KafkaLedgerService(
-            store, self.cast.ledger, KafkaConfig(settings=settings), clock=now.read
+            store,
+            self.cast.ledger,
+            KafkaConfig(settings=settings),
+            clock=now.read,
+            arrival="sender",
         )
         cluster = self.cluster(plan, self.workdir / "spools")
         producer = make_producer(settings, linger_ms=5)
@@ -479,6 +492,7 @@ class _ReplayRun:
             await sender.flush()
             previous: int | None = None
             for until in self.steps(plan):
+                sender.sent_ms = until
                 for p in self.starting(plan, previous, until):
                     await sender.send(p.placement_id, self.terms_envelopes[p.placement_id])
                 touched: list[NodeAgent] = []
@@ -625,10 +639,17 @@ class _Sender:
         self.topic = topic
         self.pending: list[Any] = []
         self.seconds = 0.0
+        # The simulated time the records sent now state (SPEC §6.6): the step's end.
+        self.sent_ms: int | None = None
 
-    async def send(self, key: str, envelope: bytes) -> None:
+    async def send(self, key: str, envelope: bytes, sent_ms: int | None = None) -> None:
         started = time.perf_counter()
-        future = await self.producer.send(self.topic, value=envelope, key=key.encode())
+        future = await self.producer.send(
+            self.topic,
+            value=envelope,
+            key=key.encode(),
+            timestamp_ms=self.sent_ms if sent_ms is None else sent_ms,
+        )
         self.pending.append(future)
         self.seconds += time.perf_counter() - started
         if len(self.pending) >= SEND_WINDOW_RECORDS:
@@ -645,7 +666,8 @@ class _Sender:
         acked = load_shipped(node.spool_dir)
         count = 0
         for entry in read_spool(node.spool_dir, acked):
-            await self.send(placement_id_of(entry.data), entry.data)
+            # sent again, stating when its agent first sent it
+            await self.send(placement_id_of(entry.data), entry.data, simulated_send_ms(entry.data))
             count += 1
         if count:
             log.info("resent_unacked", node=node.node_id, events=count)
