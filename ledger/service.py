@@ -51,6 +51,7 @@ from ledger.limits import (
 from ledger.metrics import LedgerMetrics
 from ledger.store import Store
 from proto.envelope import open_envelope, seal
+from proto.invariant import of_type
 from proto.keys import SigningKey, load_signing_key
 from proto.records import PlacementClosed
 from transport.intake import intake_dir_for
@@ -176,8 +177,7 @@ class _ServiceCore:
             return None
         stamps: list[int] = []
         for _, envelope in pending:
-            record = open_envelope(envelope).record
-            assert isinstance(record, PlacementClosed)
+            record = of_type(open_envelope(envelope).record, PlacementClosed, "a close")
             stamps.append(record.closed_at_ms)
         return stamps
 

@@ -251,7 +251,7 @@ def test_an_untimed_chain_escapes_no_rule_once_the_terms_are_recent(tmp_path: Pa
     """SPEC §6.6: a dishonest ledger leaves arrived_ms out of every record (so the
     pre-signed window would pass): for terms created from ARRIVAL_REQUIRED_FROM_MS on,
     each untimed record is ARRIVAL_MISSING; older terms may have untimed chains."""
-    for start, caught in ((ARRIVAL_REQUIRED_FROM_MS, True), (T0, False)):
+    for start, caught in ((ARRIVAL_REQUIRED_FROM_MS, True), (ARRIVAL_REQUIRED_FROM_MS - 1, False)):
         cast = make_cast(f"time-untimed-{caught}")
         terms = make_terms(cast, PID, [gpu("node-a", 0)], start, start + HOUR)
         assert (terms.created_at_ms >= ARRIVAL_REQUIRED_FROM_MS) is caught

@@ -65,6 +65,7 @@ from typing import BinaryIO, Final, Self
 
 import structlog
 
+from proto.limits import MAX_SAFE_INTEGER
 from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SPOOL_MAX_BYTES,
@@ -94,7 +95,6 @@ FRAME_MAGIC: Final = 0xA7
 STAMPED_FRAME_MAGIC: Final = 0xA8
 _MAGICS: Final = (FRAME_MAGIC, STAMPED_FRAME_MAGIC)
 _STAMP: Final = struct.Struct(">Q")
-_MAX_STAMP_MS: Final = 2**53 - 1
 _HEADER: Final = struct.Struct(">BII")
 FRAME_HEADER_BYTES: Final = _HEADER.size
 _LENGTH: Final = struct.Struct(">I")
@@ -163,8 +163,8 @@ def frame(record: bytes, max_bytes: int = MAX_RECORD_BYTES, stamp_ms: int | None
         magic, body = FRAME_MAGIC, record
     else:
         _check_record(record, min(max_bytes, MAX_FRAME_RECORD_BYTES - _STAMP.size))
-        if isinstance(stamp_ms, bool) or not 0 <= stamp_ms <= _MAX_STAMP_MS:
-            raise ValueError(f"a spool stamp is 0..{_MAX_STAMP_MS} ms, got {stamp_ms!r}")
+        if isinstance(stamp_ms, bool) or not 0 <= stamp_ms <= MAX_SAFE_INTEGER:
+            raise ValueError(f"a spool stamp is 0..{MAX_SAFE_INTEGER} ms, got {stamp_ms!r}")
         magic, body = STAMPED_FRAME_MAGIC, _STAMP.pack(stamp_ms) + record
     length_bytes = _LENGTH.pack(len(body))
     return _HEADER.pack(magic, len(body), _checksum(length_bytes, body)) + body
