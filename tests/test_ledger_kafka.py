@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from support import ledger_toml
@@ -33,9 +34,21 @@ from transport.kafka import SIMULATION_TOPIC_CONFIG, KafkaSettings, create_topic
 RUN_DEADLINE_S = 60.0
 
 
-def publish(bootstrap: str, topic: str, items: Sequence[tuple[str, bytes]]) -> None:
-    """Publish keyed envelopes (validated by publish_kafka)."""
-    asyncio.run(publish_kafka(KafkaSettings(bootstrap=bootstrap, topic=topic), items))
+def publish(
+    bootstrap: str,
+    topic: str,
+    items: Sequence[tuple[str, bytes]],
+    stated_ms: int | None = None,
+) -> None:
+    """Publish keyed envelopes (validated by publish_kafka); each stating ``stated_ms`` as
+    its producer timestamp when given (a simulation's CreateTime topic, SPEC §6.6)."""
+    asyncio.run(
+        publish_kafka(
+            KafkaSettings(bootstrap=bootstrap, topic=topic),
+            items,
+            timestamps_ms=None if stated_ms is None else [stated_ms] * len(items),
+        )
+    )
 
 
 def publish_raw(bootstrap: str, topic: str, items: Sequence[tuple[bytes | None, bytes]]) -> None:
@@ -66,6 +79,7 @@ def run_ledger(
     shards: int = 1,
     batch_max_records: int = 5,
     done: Callable[[Store], bool] | None = None,
+    arrival: Literal["log", "sender"] = "log",
 ) -> RunReport:
     """Run a ledger shard on ``db`` until caught up with nothing left to close (or ``done``)."""
 
@@ -80,6 +94,7 @@ def run_ledger(
             kafka,
             clock=fixed_clock(clock_ms),
             batch_max_records=batch_max_records,
+            arrival=arrival,
         )
         await service.start()
         try:
