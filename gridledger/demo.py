@@ -49,6 +49,7 @@ from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile, dump_trust
 
 if TYPE_CHECKING:
     from ledger.service import KafkaLedgerService, LedgerService
+    from meter.clock import SimClock
 
 WINDOW_START_MS: Final = 1_796_083_200_000  # 2026-12-01T00:00:00Z
 MINUTE_MS: Final = 60_000
@@ -352,10 +353,15 @@ def _reclaim(keys: dict[str, SigningKey], terms: PlacementTerms) -> bytes:
 
 
 def _timeline(terms: PlacementTerms) -> Iterator[int]:
-    now = terms.window_start_ms
+    """The steps of the simulated clock: every STEP_MS, and the minute the operator sends
+    the reclaim notice (it reaches the log then: its notice runs from there, SPEC §6.6)."""
+    start = now = terms.window_start_ms
     end = terms.window_end_ms + terms.late_grace_ms + MINUTE_MS
     while now < end:
-        now = min(now + STEP_MS, end)
+        step = min(start + ((now - start) // STEP_MS + 1) * STEP_MS, end)
+        if now < RECLAIM_ISSUED_MS < step:
+            step = RECLAIM_ISSUED_MS
+        now = step
         yield now
 
 
@@ -365,6 +371,9 @@ class _Transport(Protocol):
 
     def start(self, store: object, clock: object, signed_terms: bytes) -> None:
         """Start the ledger over ``store`` on ``clock`` and deliver the signed terms."""
+
+    def arrival(self) -> str:
+        """One line: where the ledger takes the inputs' arrival times from (SPEC §6.6)."""
 
     def deliver(self, usage: list[bytes], operator: list[bytes]) -> int:
         """Deliver one step's usage events (already in the agents' spools) and operator
@@ -401,6 +410,9 @@ class _LocalTransport:
             clock=of_type(clock, SimClock, "the demo's clock").now_ms,
         )
 
+    def arrival(self) -> str:
+        return 'arrival times from the log: the intake log\'s clock (arrival = "log")'
+
     def deliver(self, usage: list[bytes], operator: list[bytes]) -> int:
         from transport.local import publish_local
 
@@ -423,11 +435,13 @@ class _KafkaTransport:
     consumes them on one event loop kept across the steps."""
 
     def __init__(self, bootstrap: str, ledger_key: SigningKey, out: io.TextIOBase | None) -> None:
-        from transport.kafka import KafkaSettings, create_topic
+        from transport.kafka import SIMULATION_TOPIC_CONFIG, KafkaSettings, create_topic
 
         topic = f"{TOPIC}.demo-{uuid.uuid4().hex[:8]}"
         try:
-            create_topic(bootstrap, topic, 3)
+            # An hour in seconds: the broker's clock does not follow the simulated one, so
+            # the topic keeps the time each sender states (SPEC §6.6, simulations only).
+            create_topic(bootstrap, topic, 3, config=SIMULATION_TOPIC_CONFIG)
         except Exception as exc:
             raise DemoError(f"cannot create topic {topic} on {bootstrap}: {exc}") from exc
         _say(out, f"   through Kafka at {bootstrap}, topic {topic}")
@@ -435,6 +449,7 @@ class _KafkaTransport:
         self.ledger_key = ledger_key
         self.loop = asyncio.Runner()
         self.service: KafkaLedgerService | None = None
+        self.clock: SimClock | None = None
 
     def start(self, store: object, clock: object, signed_terms: bytes) -> None:
         from ledger.config import KafkaConfig
@@ -443,16 +458,24 @@ class _KafkaTransport:
         from meter.clock import SimClock
         from transport.kafka import publish_kafka
 
+        sim_clock = of_type(clock, SimClock, "the demo's clock")
+        self.clock = sim_clock
+
         async def start() -> None:
             service = KafkaLedgerService(
                 of_type(store, Store, "the demo's store"),
                 self.ledger_key,
                 KafkaConfig(settings=self.settings),
-                clock=of_type(clock, SimClock, "the demo's clock").now_ms,
+                clock=sim_clock.now_ms,
+                arrival="sender",
             )
             await service.start()
             self.service = service
-            await publish_kafka(self.settings, [(PLACEMENT_ID, signed_terms.rstrip())])
+            await publish_kafka(
+                self.settings,
+                [(PLACEMENT_ID, signed_terms.rstrip())],
+                timestamps_ms=[sim_clock.now_ms()],
+            )
 
         self.loop.run(start())
 
@@ -461,13 +484,21 @@ class _KafkaTransport:
 
         service = present(self.service, "the demo's ledger")
         batch = [(PLACEMENT_ID, e) for e in [*usage, *operator]]
+        sent_ms = present(self.clock, "the demo's clock").now_ms()
 
         async def step() -> None:
-            await publish_kafka(self.settings, batch)
+            # Each sender states the simulated time it sends at.
+            await publish_kafka(self.settings, batch, timestamps_ms=[sent_ms] * len(batch))
             await service.run_until(deadline_s=60.0)
 
         self.loop.run(step())
         return len(batch)
+
+    def arrival(self) -> str:
+        return (
+            "arrival times stated by the senders on the simulated clock "
+            '(arrival = "sender", CreateTime topic: a simulation, never production)'
+        )
 
     def finish(self, store: object) -> None:
         from ledger.store import Store
@@ -512,6 +543,7 @@ def _run_timeline(
     store = Store(workdir / "ledger.duckdb", ledger_public_key=ledger_key.public_key)
     try:
         transport.start(store, clock, signed_terms.read_bytes())
+        _say(out, f"   {transport.arrival()}")
         reclaimed = False
         events = 0
         for now in _timeline(terms):
@@ -526,7 +558,7 @@ def _run_timeline(
         transport.finish(store)
         for agent in agents:
             agent.close()
-        _witnesses(workdir, keys, terms, signed_terms, store, ledger_key, out)
+        _witnesses(workdir, keys, terms, signed_terms, store, ledger_key, clock.now_ms(), out)
         export = workdir / "exports" / f"{PLACEMENT_ID}.duckdb"
         export.parent.mkdir(parents=True, exist_ok=True)
         export_placement(store, PLACEMENT_ID, export, key=ledger_key)
@@ -542,9 +574,11 @@ def _witnesses(
     signed_terms: Path,
     store: object,
     ledger_key: SigningKey,
+    now_ms: int,
     out: io.TextIOBase | None,
 ) -> None:
-    """Operator and buyer witness the closed log through the ledger's API (SPEC §8.3).
+    """Operator and buyer witness the closed log through the ledger's API (SPEC §8.3),
+    on the demo's simulated clock (``now_ms``).
 
     Each uses only its own key and what it knows: the operator its agents' delivery logs,
     the buyer the terms it signed and the reclaim notice it received (saved with the time
@@ -584,7 +618,7 @@ def _witnesses(
                 state_dir=workdir / "witness" / role,
                 delivery_logs=delivery_logs,
                 known_dir=known_dir,
-                now_s=int(time.time()),
+                now_s=now_ms // 1000,
             )
             _say(out, f"   {role} witness: {result.line}")
             if result.code != EXIT_OK:

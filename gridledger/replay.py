@@ -11,7 +11,9 @@
    terms of the placements that start in it, tick every node agent
    (``gridledger.replay_cluster``) to the step's end, hand the events to the transport
    (local: the agents' spools are the transport; Kafka: sent keyed by placement and
-   acknowledged), then let the ledger consume everything and close, at the step's end,
+   acknowledged, each stating the step's simulated time on a ``CreateTime`` topic to a
+   ledger with ``arrival = "sender"``: the same arrival times as the local run's intake
+   clock, SPEC §6.6), then let the ledger consume everything and close, at the step's end,
    each placement whose ``window_end + late_grace`` has passed.
 5. Export every placement to ``DIR/exports/<placement>.duckdb`` and verify each export
    with the verifier against ``DIR/trust.json``.
@@ -82,7 +84,7 @@ from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
 from meter.durable import write_atomic
-from meter.shipper import Shipper
+from meter.shipper import Shipper, simulated_send_ms
 from proto.invariant import present
 from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms
@@ -556,17 +558,29 @@ class _ReplayRun:
 
     # 4 (kafka): events sent keyed by placement, acknowledged, then consumed
     async def run_kafka(self, plan: Plan) -> None:
-        from transport.kafka import create_topic_async
+        from transport.kafka import SIMULATION_TOPIC_CONFIG, create_topic_async
 
         bootstrap = present(self.options.kafka, "the bootstrap of a Kafka replay")
         settings = KafkaSettings(bootstrap=bootstrap, topic=self.options.topic)
+        # A simulation (months of trace in minutes): each record states the simulated
+        # time it is sent at — a usage event when its interval ends (the agent's
+        # ``simulated_send_ms``), terms when their step starts — and the ledger takes
+        # arrival from it (SPEC §6.6 arrival = "sender").
         await create_topic_async(
-            settings.bootstrap, settings.topic, self.options.partitions, exist_ok=True
+            settings.bootstrap,
+            settings.topic,
+            self.options.partitions,
+            exist_ok=True,
+            config=SIMULATION_TOPIC_CONFIG,
         )
         store = Store(self.workdir / "ledger.duckdb", ledger_public_key=self.cast.ledger.public_key)
         now = _ClockHolder()
         service = KafkaLedgerService(
-            store, self.cast.ledger, KafkaConfig(settings=settings), clock=now.read
+            store,
+            self.cast.ledger,
+            KafkaConfig(settings=settings),
+            clock=now.read,
+            arrival="sender",
         )
         cluster = self.cluster(plan, self.workdir / "spools")
         producer = make_producer(settings, linger_ms=5)
@@ -584,6 +598,7 @@ class _ReplayRun:
                     collect_garbage=node.agent.collect_garbage,
                     now_ms=cluster.clock.now_ms,
                     batch_max_records=SEND_WINDOW_RECORDS,
+                    stamp=simulated_send_ms,
                 )
                 for node in cluster.nodes()
             }
@@ -602,7 +617,14 @@ class _ReplayRun:
                     for p in self.starting(plan, previous, until)
                 ]
                 if starting:
-                    await publish_kafka(settings, starting, producer=producer)
+                    # Published when the step starts (before their windows open), stating
+                    # that simulated time (SPEC §6.6 arrival = "sender").
+                    await publish_kafka(
+                        settings,
+                        starting,
+                        producer=producer,
+                        timestamps_ms=[until - self.options.step_ms] * len(starting),
+                    )
                 touched: dict[str, Shipper] = {}
                 with _Timer(self.seconds, "agents"):
                     for node, envelopes in cluster.tick_to(previous or 0, until):

@@ -136,7 +136,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 service.store,
                 service.key,
                 service.metrics,
-                health=lambda: {"counts": service.store.counts(), "transport": config.transport},
+                health=lambda: {
+                    "counts": service.store.counts(),
+                    "transport": config.transport,
+                    "arrival": config.arrival,
+                },
             )
             server = LedgerHttpServer(api, *config.http, port_file=config.port_file)
             server.start()
@@ -144,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             stop = threading.Event()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
-            log.info("ledger_running", transport="local", db=str(config.db))
+            log.info("ledger_running", transport="local", db=str(config.db), arrival=config.arrival)
             service.run_forever(stop)
         else:
             try:
@@ -181,7 +185,12 @@ async def _run_kafka(service: KafkaLedgerService) -> None:
                 return
             delay_s = min(delay_s * 2, START_BACKOFF_MAX_S)
     try:
-        log.info("ledger_running", transport="kafka", partitions=service.source.partitions)
+        log.info(
+            "ledger_running",
+            transport="kafka",
+            partitions=service.source.partitions,
+            arrival=service.arrival,
+        )
         await service.run_forever(stop)
     finally:
         await service.stop()

@@ -13,6 +13,11 @@ Keys (relative paths are relative to the directory of the config file)::
     http = "127.0.0.1:0"              # HTTP API: HOST:PORT; port 0 = any free port, written to
                                       # the port file "<db>.http.json"; "off" = no API
     # clock_ms = 1767225600000        # simulated clock (tests, replays): a fixed "now"
+    arrival = "log"                   # SPEC §6.6: an input's arrival time is the log's
+                                      # (Kafka LogAppendTime; the intake log's clock).
+                                      # "sender": the time its sender stated (Kafka
+                                      # CreateTime, stamped spool frames) -- ONLY for
+                                      # simulations on a compressed simulated clock
 
     [kafka]                           # transport = "kafka"
     bootstrap = "127.0.0.1:9092"
@@ -51,6 +56,7 @@ _TOP_KEYS: Final = frozenset(
         "close",
         "http",
         "clock_ms",
+        "arrival",
         "kafka",
     }
 )
@@ -68,6 +74,13 @@ _KAFKA_KEYS: Final = frozenset(
         "ssl_cafile",
     }
 )
+
+
+Arrival = Literal["log", "sender"]
+"""Where an input's arrival time comes from (SPEC §6.6): the log (always, in production)
+or, for simulations alone, the time its sender stated."""
+
+ARRIVAL_MODES: Final[tuple[Arrival, ...]] = ("log", "sender")
 
 
 class ConfigError(Exception):
@@ -108,6 +121,7 @@ class LedgerConfig:
     close: bool = True
     http: tuple[str, int] | None = ("127.0.0.1", 0)
     clock_ms: int | None = None
+    arrival: Arrival = "log"
     kafka: KafkaConfig | None = None
 
     @property
@@ -213,6 +227,11 @@ def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
     if not isinstance(http_value, str):
         raise ConfigError(f"http must be a string 'HOST:PORT' or 'off', got {http_value!r}")
     clock = data.get("clock_ms")
+    arrival = data.get("arrival", "log")
+    if arrival not in ARRIVAL_MODES:
+        raise ConfigError(
+            f"arrival must be 'log' (the default) or 'sender' (simulations only), got {arrival!r}"
+        )
     return LedgerConfig(
         ledger_id=ledger_id,
         key_file=_path(base, data.get("key_file"), "key_file"),
@@ -228,6 +247,7 @@ def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
         close=close,
         http=parse_http(http_value),
         clock_ms=None if clock is None else _int(clock, "clock_ms", 0, 2**53 - 1),
+        arrival=arrival,
         kafka=kafka,
     )
 

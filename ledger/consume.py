@@ -28,7 +28,7 @@ import structlog
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from ledger.config import KafkaConfig
+from ledger.config import Arrival, KafkaConfig
 from ledger.inputs import Item
 from transport.intake import INTAKE_SOURCE, IntakeEntry, IntakeLog
 from transport.kafka import make_consumer
@@ -49,6 +49,8 @@ from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked, read_spool
 
 log = structlog.get_logger("ledger.consume")
 
+# aiokafka ConsumerRecord.timestamp_type of a log-append timestamp (0 is CreateTime).
+LOG_APPEND_TIME: Final = 1
 _METADATA_TIMEOUT_S: Final = 30.0
 
 
@@ -86,7 +88,8 @@ class LocalSource:
 
     ``poll`` hands out inputs from the intake log, after the last committed one; when
     the fold has caught up with the log it first reads more from the spools and appends
-    it to the log (durably, with ``arrived_ms = clock()``). ``advance`` moves past the
+    it to the log (durably, with ``arrived_ms = clock()``; under ``arrival = "sender"``
+    the time a stamped spool frame states, SPEC §6.6). ``advance`` moves past the
     inputs of a committed batch. On start the spool read positions are those stored
     with the last committed batch, moved on past every entry the log holds after it
     (appended, then killed before the commit): nothing is appended twice, nothing lost.
@@ -99,10 +102,12 @@ class LocalSource:
         *,
         intake_dir: Path,
         clock: Callable[[], int],
+        arrival: Arrival = "log",
     ) -> None:
         self.local_dir = local_dir
         self.intake_dir = intake_dir
         self._clock = clock
+        self._arrival = arrival
         self._spools: dict[str, SpoolPosition] = {}
         self._stalled: dict[str, str] = {}
         prefix = local_source("")
@@ -223,7 +228,12 @@ class LocalSource:
                         offset=entry.position.offset,
                         next_segment=entry.next_position.segment,
                         next_offset=entry.next_position.offset,
-                        arrived_ms=now,
+                        # SPEC §6.6: the log's clock; a simulation's sender's stated time.
+                        arrived_ms=(
+                            entry.stamp_ms
+                            if self._arrival == "sender" and entry.stamp_ms is not None
+                            else now
+                        ),
                         data=entry.data,
                     )
                 )
@@ -271,8 +281,10 @@ class KafkaSource:
         *,
         max_poll_records: int,
         consumer_kwargs: Mapping[str, Any] | None = None,
+        arrival: Arrival = "log",
     ) -> None:
         self.config = config
+        self.arrival = arrival
         self._offsets = dict(offsets)
         self._max_poll_records = max_poll_records
         self._extra = dict(consumer_kwargs or {})
@@ -353,6 +365,13 @@ class KafkaSource:
             source = kafka_source(topic, tp.partition)
             for message in batches[tp]:
                 key: bytes | None = message.key
+                if message.timestamp_type != LOG_APPEND_TIME and self.arrival == "log":
+                    # SPEC §6.6: arrival time comes from the log, never from the producer
+                    # (arrival = "sender", simulations only, takes the producer's).
+                    raise SourceError(
+                        f"{topic}[{tp.partition}]@{message.offset} carries a CreateTime "
+                        "timestamp: the topic needs message.timestamp.type=LogAppendTime"
+                    )
                 items.append(
                     Item(
                         data=message.value if message.value is not None else b"",
@@ -361,6 +380,7 @@ class KafkaSource:
                         stream_key=None if key is None else key.decode("utf-8", "replace"),
                         source=source,
                         next_position=str(message.offset + 1),
+                        arrived_ms=int(message.timestamp),
                     )
                 )
         return items

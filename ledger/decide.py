@@ -26,6 +26,7 @@ verdict carries the record's signed bytes and hash, and the caller signs them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any, Final, Literal, get_args
 
@@ -173,8 +174,14 @@ def decide(
     accepted_at: AcceptedEvent | NotLookedUp | None = NOT_LOOKED_UP,
     checked: CheckedSignature | None = None,
     claims: Claims | None = None,
+    arrived_ms: int | None = None,
 ) -> tuple[Verdict, PlacementState]:
     """The verdict for one attributable input of ``state``'s placement, and the new state.
+
+    ``arrived_ms`` (SPEC §6.6): when the input reached the log (the broker's log-append
+    time, or the intake log's). Every record this call chains carries
+    ``max(state.arrived_ms, arrived_ms)``. None chains untimed records (records of
+    before §6.6; the ledger's intake always passes a time) and applies no time rule.
 
     ``ledger_key`` is the public key of the ledger folding the stream (SPEC §5 (6)).
     See the module docstring for ``accepted_at`` and ``checked``. ``claims``: for a terms
@@ -185,7 +192,10 @@ def decide(
         raise InvariantViolation(
             f"an input of {opened.record.placement_id} for {state.placement_id}"
         )
-    run = _Run(ledger_key, accepted_at, claims)
+    arrived = arrived_ms
+    if arrived is not None and state.arrived_ms is not None:
+        arrived = max(arrived, state.arrived_ms)
+    run = _Run(ledger_key, accepted_at, claims, arrived)
     verdict, new = run.one(state, opened, position, checked)
     if state.terms is None and new.terms is not None and new.held:
         # SPEC §6.2: held inputs are processed right after the accepted terms.
@@ -217,15 +227,17 @@ class _Run:
     """One call of ``decide``: its inputs from outside, and the usage events it accepted
     (held inputs released by terms can re-deliver one of those)."""
 
-    __slots__ = ("accepted", "accepted_at", "claims", "ledger_key")
+    __slots__ = ("accepted", "accepted_at", "arrived", "claims", "ledger_key")
 
     def __init__(
         self,
         ledger_key: bytes,
         accepted_at: AcceptedEvent | NotLookedUp | None,
         claims: Claims | None = None,
+        arrived: int | None = None,
     ) -> None:
         self.ledger_key = ledger_key
+        self.arrived = arrived
         self.accepted_at = accepted_at
         self.claims = claims
         self.accepted: dict[tuple[str, int], AcceptedEvent] = {}
@@ -257,19 +269,26 @@ class _Run:
                 state,
                 held=state.held.append((opened.raw, position)),
                 held_hashes=state.held_hashes.add(opened.input_hash),
+                held_arrived=_with_arrival(state.held_arrived, position, self.arrived),
             )
             return _verdict("held", position, state.placement_id, opened), new
         return self._process(state, opened, position, checked)
 
     def release(self, state: PlacementState) -> tuple[list[Verdict], PlacementState]:
-        """SPEC §6.2: the held inputs in arrival order, as if they arrived now."""
+        """SPEC §6.2: the held inputs in arrival order, as if they arrived now (§6.6: each
+        record carries max(a_prev, the input's own arrival))."""
         held = list(state.held)
         state = msgspec.structs.replace(state, held=NO_HELD, held_hashes=NO_HASHES)
         verdicts = []
-        for raw, position in held:
-            opened = open_envelope(raw)  # it decoded when it was held
-            verdict, state = self.one(state, opened, position, None)
-            verdicts.append(verdict)
+        releasing = self.arrived
+        try:
+            for raw, position in held:
+                opened = open_envelope(raw)  # it decoded when it was held
+                state, self.arrived = _released_arrival(state, position, releasing)
+                verdict, state = self.one(state, opened, position, None)
+                verdicts.append(verdict)
+        finally:
+            self.arrived = releasing
         return verdicts, state
 
     # §6.1 (2)
@@ -325,11 +344,11 @@ class _Run:
             elif terms is None:  # pragma: no cover - §6.1 (3) held it
                 raise AssertionError(f"{opened.kind} input without terms was not held")
             elif isinstance(record, NodeKeyBinding):
-                new = _key_binding(state, terms, opened, record)
+                new = _key_binding(state, terms, opened, record, self.arrived)
             elif isinstance(record, UsageEvent):
                 new, delivered = self._usage(state, terms, opened, record, checked)
             elif isinstance(record, ReclaimNotice):
-                new = _reclaim(state, terms, opened, record)
+                new = _reclaim(state, terms, opened, record, self.arrived)
             elif isinstance(record, Adjustment):
                 new = _adjustment(state, terms, opened, record)
             elif isinstance(record, PlacementClosed):
@@ -339,7 +358,7 @@ class _Run:
         except _Drop:
             return _dropped(state, opened, position), state
         except _HoldInStream:
-            return _hold_in_stream(state, opened, position)
+            return _hold_in_stream(state, opened, position, self.arrived)
         except _Reject as rejection:
             # A rejection is chained (SPEC §6) and changes nothing else — but a usage
             # event rejected from §6.3 usage (3) on takes its seq for good.
@@ -361,16 +380,27 @@ class _Run:
                 rejection.detail,
                 state.totals,
                 changes,
+                self.arrived,
             )
         flush: list[Verdict] = []
         if isinstance(record, PlacementClosed):
             # §6.3 closed: the close flush comes first, then the close record.
-            flush, state = _close_flush(state)
+            flush, state = _close_flush(state, self.arrived)
         totals: Totals = new.pop("totals", state.totals)
         # Accepted usage events are recognised by their stream position, not in ``seen``.
         seen = state.seen if isinstance(record, UsageEvent) else state.seen.add(opened.input_hash)
         verdict, state = _chain(
-            state, seen, opened, position, "accepted", None, delivered, "", totals, new
+            state,
+            seen,
+            opened,
+            position,
+            "accepted",
+            None,
+            delivered,
+            "",
+            totals,
+            new,
+            self.arrived,
         )
         if flush:
             verdict = msgspec.structs.replace(verdict, preceded=tuple(flush))
@@ -386,18 +416,23 @@ class _Run:
         """SPEC §6.2: the stream's held events that are next in seq order, as if they
         arrived now (each one accepted advances the stream to the next)."""
         released: list[Verdict] = []
-        for _ in range(limits.MAX_HELD_PER_PLACEMENT):
-            held = state.stream_held.get(node_id)
-            stream = state.streams.get(node_id, NEW_STREAM)
-            if not held or stream.next_seq not in held:
-                break
-            raw, position, _ = held[stream.next_seq]
-            state = _without_held(state, node_id, stream.next_seq)
-            opened = open_envelope(raw)  # it decoded when it was held
-            verdict, state = self._process(state, opened, position, None, release=False)
-            released.append(verdict)
-            if verdict.status != "accepted":
-                break  # the stream did not advance: the rest waits
+        releasing = self.arrived
+        try:
+            for _ in range(limits.MAX_HELD_PER_PLACEMENT):
+                held = state.stream_held.get(node_id)
+                stream = state.streams.get(node_id, NEW_STREAM)
+                if not held or stream.next_seq not in held:
+                    break
+                raw, position, _ = held[stream.next_seq]
+                state = _without_held(state, node_id, stream.next_seq)
+                opened = open_envelope(raw)  # it decoded when it was held
+                state, self.arrived = _released_arrival(state, position, releasing)
+                verdict, state = self._process(state, opened, position, None, release=False)
+                released.append(verdict)
+                if verdict.status != "accepted":
+                    break  # the stream did not advance: the rest waits
+        finally:
+            self.arrived = releasing
         return released, state
 
     # §6.3 terms
@@ -480,6 +515,9 @@ class _Run:
             valid = verify(public_key, opened.payload, signature.sig)
         if not valid:
             raise _Reject(Reason.SIG_INVALID, f"bad signature by key {signature.keyid}")
+        if public_key in state.revoked.get(node_id, ()):
+            # §6.6: a revocation applies at its arrival, whatever interval is claimed.
+            raise _Reject(Reason.NODE_KEY_REVOKED, f"key {signature.keyid} was revoked")
         if not (valid_from <= event.start_ms and event.end_ms <= valid_until):
             raise _Reject(
                 Reason.NODE_KEY_NOT_VALID, "the key's binding does not cover the interval"
@@ -517,6 +555,12 @@ class _Run:
         # (5) the window
         if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
             raise _Reject(Reason.OUTSIDE_WINDOW, f"[{event.start_ms}, {event.end_ms})", takes)
+        arrived = self.arrived
+        if arrived is not None and event.end_ms > arrived + limits.MAX_CLOCK_SKEW_MS:
+            # §6.6: a node reports what it measured; nothing ends after it arrived.
+            raise _Reject(
+                Reason.FUTURE_DATED, f"ends at {event.end_ms}, arrived at {arrived}", takes
+            )
         # (6) the samples; §7.1 delivered
         uuids = [s.uuid for s in event.samples]
         if len(set(uuids)) != len(uuids):
@@ -569,7 +613,7 @@ def _priced(state: PlacementState) -> bool:
 
 # §6.2: a usage event waits in its stream
 def _hold_in_stream(
-    state: PlacementState, opened: Opened, position: str
+    state: PlacementState, opened: Opened, position: str, arrived: int | None
 ) -> tuple[Verdict, PlacementState]:
     event = of_type(opened.record, UsageEvent, "an event held in its stream")
     if state.held_count() >= limits.MAX_HELD_PER_PLACEMENT:
@@ -583,8 +627,36 @@ def _hold_in_stream(
         **holds.get(event.node_id, {}),
         event.seq: (opened.raw, position, opened.input_hash),
     }
-    new = msgspec.structs.replace(state, stream_held=holds)
+    new = msgspec.structs.replace(
+        state,
+        stream_held=holds,
+        held_arrived=_with_arrival(state.held_arrived, position, arrived),
+    )
     return _verdict("held", position, state.placement_id, opened), new
+
+
+def _with_arrival(
+    held_arrived: Mapping[str, int], position: str, arrived: int | None
+) -> Mapping[str, int]:
+    """SPEC §6.6: remember when a held input arrived (nothing for an untimed one)."""
+    if arrived is None:
+        return held_arrived
+    return {**held_arrived, position: arrived}
+
+
+def _released_arrival(
+    state: PlacementState, position: str, releasing: int | None
+) -> tuple[PlacementState, int | None]:
+    """SPEC §6.6: the arrival a released held input's record carries: max(a_prev, its own
+    arrival); the releasing input's when it has none. Forgets the held arrival."""
+    own = state.held_arrived.get(position)
+    if own is None:
+        return state, releasing
+    rest = {k: v for k, v in state.held_arrived.items() if k != position}
+    state = msgspec.structs.replace(state, held_arrived=rest)
+    if releasing is None:
+        return state, own
+    return state, max(own, releasing if state.arrived_ms is None else state.arrived_ms)
 
 
 def _without_held(state: PlacementState, node_id: str, seq: int) -> PlacementState:
@@ -598,7 +670,9 @@ def _without_held(state: PlacementState, node_id: str, seq: int) -> PlacementSta
 
 
 # §6.3 closed: the close flush — every event still held is chained as rejected SEQ_GAP.
-def _close_flush(state: PlacementState) -> tuple[list[Verdict], PlacementState]:
+def _close_flush(
+    state: PlacementState, arrived: int | None
+) -> tuple[list[Verdict], PlacementState]:
     holds = state.stream_held
     if not holds:
         return [], state
@@ -610,6 +684,7 @@ def _close_flush(state: PlacementState) -> tuple[list[Verdict], PlacementState]:
             raw, position, input_hash = holds[node_id][seq]
             opened = open_envelope(raw)  # it decoded when it was held
             detail = f"seq {seq} still held at the close; the stream expected {expected}"
+            state, flushed_at = _released_arrival(state, position, arrived)
             verdict, state = _chain(
                 state,
                 state.seen.add(input_hash),
@@ -621,6 +696,7 @@ def _close_flush(state: PlacementState) -> tuple[list[Verdict], PlacementState]:
                 detail,
                 state.totals,
                 {},
+                flushed_at,
             )
             verdicts.append(verdict)
     return verdicts, state
@@ -628,7 +704,11 @@ def _close_flush(state: PlacementState) -> tuple[list[Verdict], PlacementState]:
 
 # §6.3 keybinding
 def _key_binding(
-    state: PlacementState, terms: PlacementTerms, opened: Opened, binding: NodeKeyBinding
+    state: PlacementState,
+    terms: PlacementTerms,
+    opened: Opened,
+    binding: NodeKeyBinding,
+    arrived: int | None,
 ) -> dict[str, Any]:
     # §4.0: a binding that introduces or extends a key needs the operator and the buyer;
     # one that only shortens the current binding of (node, key) the operator alone.
@@ -638,7 +718,7 @@ def _key_binding(
     buyer = {key_id(terms.buyer.key): terms.buyer.key}
     shortens = (
         current is not None
-        and binding.valid_from_ms == current[0]
+        and binding.valid_from_ms <= current[0]
         and binding.valid_until_ms < current[1]
     )
     if shortens:
@@ -649,17 +729,41 @@ def _key_binding(
         raise _Reject(Reason.NODE_UNKNOWN, f"node {binding.node_id!r} is not in the terms")
     if binding.valid_from_ms >= binding.valid_until_ms:
         raise _Reject(Reason.BINDING_INVALID, "valid_from_ms is not before valid_until_ms")
+    revoked = dict(state.revoked)
+    node_revoked = revoked.get(binding.node_id, frozenset())
+    if shortens and current is not None:
+        # §6.3, §6.6: a revocation keeps the start and applies from its arrival on.
+        window = (current[0], binding.valid_until_ms)
+        revoked[binding.node_id] = node_revoked | {binding.key}
+    else:
+        # §6.6: an introduction or extension takes effect at its arrival.
+        start = binding.valid_from_ms
+        if arrived is not None:
+            if current is None or binding.key in node_revoked:
+                start = max(start, arrived)
+            else:
+                start = max(start, min(current[0], arrived))
+        if start >= binding.valid_until_ms:
+            raise _Reject(Reason.BINDING_INVALID, "the binding ends before it arrived")
+        window = (start, binding.valid_until_ms)
+        if binding.key in node_revoked:
+            rest = node_revoked - {binding.key}
+            if rest:
+                revoked[binding.node_id] = rest
+            else:
+                del revoked[binding.node_id]
     bindings = dict(state.bindings)
-    bindings[binding.node_id] = {
-        **keys,
-        binding.key: (binding.valid_from_ms, binding.valid_until_ms),
-    }
-    return {"bindings": bindings}
+    bindings[binding.node_id] = {**keys, binding.key: window}
+    return {"bindings": bindings, "revoked": revoked}
 
 
 # §6.3 reclaim; §7.3 reclaim credit
 def _reclaim(
-    state: PlacementState, terms: PlacementTerms, opened: Opened, notice: ReclaimNotice
+    state: PlacementState,
+    terms: PlacementTerms,
+    opened: Opened,
+    notice: ReclaimNotice,
+    arrived: int | None,
 ) -> dict[str, Any]:
     _require(opened, {key_id(terms.operator.key): terms.operator.key})
     if state.reclaimed:
@@ -675,7 +779,9 @@ def _reclaim(
             Reason.RECLAIM_BEHIND_USAGE,
             f"usage already folded to {state.max_usage_end_ms} > {notice.effective_at_ms}",
         )
-    credit = reclaim_credit_minor(terms, notice.issued_at_ms, notice.effective_at_ms)
+    # §7.3, §6.6: the notice runs from the reclaim's arrival, not from issued_at_ms.
+    notice_from = notice.issued_at_ms if arrived is None else arrived
+    credit = reclaim_credit_minor(terms, notice_from, notice.effective_at_ms)
     return {
         "reclaimed": True,
         "effective_end_ms": notice.effective_at_ms,
@@ -769,7 +875,10 @@ def _chain(
     detail: str,
     totals: Totals,
     changes: dict[str, Any],
+    arrived: int | None,
 ) -> tuple[Verdict, PlacementState]:
+    if arrived is not None and state.arrived_ms is not None:
+        arrived = max(arrived, state.arrived_ms)  # §6.6: monotone per placement
     record = LedgerRecord(
         placement_id=state.placement_id,
         index=state.next_index,
@@ -780,6 +889,7 @@ def _chain(
         reason="" if reason is None else reason.value,
         delivered_mgms=delivered,
         totals=totals,
+        arrived_ms=arrived,
     )
     payload = signed_bytes(record)
     record_hash = sha256_hex(payload)
@@ -789,6 +899,7 @@ def _chain(
         head=record_hash,
         totals=totals,
         seen=seen,
+        arrived_ms=state.arrived_ms if arrived is None else arrived,
         **changes,
     )
     verdict = Verdict(

@@ -106,16 +106,25 @@ class Fold:
 
     # ---- folding ------------------------------------------------------------------------
 
-    def apply(self, raw: bytes, position: str, stream_key: str | None) -> list[Outcome]:
-        """Process one input received at ``position`` under transport key ``stream_key``."""
-        verdicts = self._verdicts(raw, _open(raw), position, stream_key, None)
+    def apply(
+        self,
+        raw: bytes,
+        position: str,
+        stream_key: str | None,
+        arrived_ms: int | None = None,
+    ) -> list[Outcome]:
+        """Process one input received at ``position`` under transport key ``stream_key``,
+        which reached the log at ``arrived_ms`` (SPEC §6.6; None: untimed)."""
+        verdicts = self._verdicts(raw, _open(raw), position, stream_key, None, arrived_ms)
         return [outcome(v, self._sign(v.record_payload)) for v in verdicts]
 
     def _sign(self, payload: bytes | None) -> bytes | None:
         return None if payload is None else crypto.sign_record(self.ledger_key, payload)
 
     def apply_batch(
-        self, items: Sequence[tuple[bytes, str, str | None]], executor: Executor | None = None
+        self,
+        items: Sequence[tuple[bytes, str, str | None, int | None]],
+        executor: Executor | None = None,
     ) -> list[Outcome]:
         """``apply`` each input in order and return all outcomes, flattened.
 
@@ -125,13 +134,13 @@ class Fold:
         at a time.
         """
         if executor is None:
-            return [o for raw, pos, key in items for o in self.apply(raw, pos, key)]
-        opened = [_open(raw) for raw, _, _ in items]
+            return [o for raw, pos, key, at in items for o in self.apply(raw, pos, key, at)]
+        opened = [_open(raw) for raw, _, _, _ in items]
         checks = crypto.preverify(executor, opened, self._bound_key)
         verdicts = [
             v
-            for (raw, position, key), op, check in zip(items, opened, checks, strict=True)
-            for v in self._verdicts(raw, op, position, key, check)
+            for (raw, position, key, at), op, check in zip(items, opened, checks, strict=True)
+            for v in self._verdicts(raw, op, position, key, check, at)
         ]
         payloads = [v.record_payload for v in verdicts if v.record_payload is not None]
         envelopes = iter(crypto.sign(executor, self.ledger_key, payloads))
@@ -144,6 +153,7 @@ class Fold:
         position: str,
         stream_key: str | None,
         check: PendingCheck | None,
+        arrived_ms: int | None = None,
     ) -> list[Verdict]:
         quarantined = attribute(raw, opened, position, stream_key)
         if quarantined is not None or isinstance(opened, ProtoError):
@@ -171,6 +181,7 @@ class Fold:
             accepted_at=accepted_at,
             checked=None if check is None else check.result(),
             claims=claims,
+            arrived_ms=arrived_ms,
         )
         verdicts = verdict.flatten()
         for v in verdicts:  # §6.5: accepted terms claim their GPUs, reclaims end claims

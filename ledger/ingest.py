@@ -81,9 +81,9 @@ class Ingestor:
         batch = Batch()
         held = 0
         closes: dict[str, ChainedRow] = {}
-        triples = [(item.data, item.position, item.stream_key) for item in items]
+        inputs = [(item.data, item.position, item.stream_key, item.arrived_ms) for item in items]
         arrived = {item.position: item.arrived_ms for item in items}
-        for outcome in self.fold.apply_batch(triples, self._crypto):
+        for outcome in self.fold.apply_batch(inputs, self._crypto):
             if outcome.decision == "held":
                 held += 1
                 batch.held.append(

@@ -43,9 +43,13 @@ def gross_minor(terms: PlacementTerms, billable: int) -> int:
     return billable * terms.rate_per_gpu_hour_minor // MILLI_GPU_MS_PER_GPU_HOUR
 
 
-def reclaim_credit_minor(terms: PlacementTerms, issued_at_ms: int, effective_at_ms: int) -> int:
-    """R: the credit owed for a reclaim with short notice or a taken window (SPEC §7.3)."""
-    notice_given = effective_at_ms - issued_at_ms
+def reclaim_credit_minor(terms: PlacementTerms, notice_from_ms: int, effective_at_ms: int) -> int:
+    """R: the credit owed for a reclaim with short notice or a taken window (SPEC §7.3).
+
+    ``notice_from_ms``: the reclaim's arrival (SPEC §6.6; its ``issued_at_ms`` only for an
+    untimed record). A reclaim that arrived after it took effect gave no notice.
+    """
+    notice_given = max(0, effective_at_ms - notice_from_ms)
     short = max(0, terms.reclaim_notice_ms - notice_given)
     if not terms.interruptible:
         taken = terms.window_end_ms - effective_at_ms

@@ -14,7 +14,11 @@ Two entry points share one core (``Ingestor``, ``Closer``):
   deadline passes; ``run_forever(stop)`` is the daemon.
 
 Time comes in through ``clock`` (milliseconds): the real clock in production, a fixed or
-simulated one in tests and replays, so a run can be reproduced byte for byte.
+simulated one in tests and replays, so a run can be reproduced byte for byte. Inputs'
+arrival times (SPEC §6.6) come from the log (``arrival = "log"``): the broker's
+log-append time, or the intake log's clock. ``arrival = "sender"`` (simulations only)
+takes the time each sender stated instead, and the ledger states its own closes at
+``closed_at_ms``.
 
 Closes: when ``clock() >= window_end_ms + late_grace_ms`` of an open placement, the
 ledger signs a PlacementClosed(closed_at_ms = clock()), records it in the store, then
@@ -38,7 +42,7 @@ from pathlib import Path
 
 import structlog
 
-from ledger.config import KafkaConfig, LedgerConfig
+from ledger.config import Arrival, KafkaConfig, LedgerConfig
 from ledger.consume import KafkaSource, LocalSource
 from ledger.ingest import BatchReport, Ingestor
 from ledger.limits import (
@@ -50,7 +54,8 @@ from ledger.limits import (
 )
 from ledger.metrics import LedgerMetrics
 from ledger.store import Store
-from proto.envelope import seal
+from proto.envelope import open_envelope, seal
+from proto.invariant import of_type
 from proto.keys import SigningKey, load_signing_key
 from proto.records import PlacementClosed
 from transport.intake import intake_dir_for
@@ -152,14 +157,33 @@ class _ServiceCore:
         batch_max_records: int,
         close: bool,
         metrics: LedgerMetrics | None,
+        arrival: Arrival,
     ) -> None:
         self.store = store
+        self.arrival = arrival
+        if arrival == "sender":
+            log.warning(
+                "arrival_from_senders",
+                note="SPEC 6.6: arrival times are the ones the senders state; "
+                "for simulations on a simulated clock only, never production",
+            )
         self.key = key
         self.batch_max_records = batch_max_records
         self.close_enabled = close
         self.metrics = metrics or LedgerMetrics()
         self.ingestor = Ingestor(store, key, self.metrics)
         self.closer = Closer(store, self.ingestor, key, clock)
+
+    def close_stamps(self, pending: list[tuple[str, bytes]]) -> list[int] | None:
+        """Under ``arrival = "sender"`` the time the ledger states for each close it
+        publishes (its ``closed_at_ms``); None under ``"log"`` (the log's time)."""
+        if self.arrival == "log":
+            return None
+        stamps: list[int] = []
+        for _, envelope in pending:
+            record = of_type(open_envelope(envelope).record, PlacementClosed, "a close")
+            stamps.append(record.closed_at_ms)
+        return stamps
 
     def close(self) -> None:
         """Stop the crypto threads and close the store (for Kafka: after ``stop``)."""
@@ -182,6 +206,7 @@ class LedgerService(_ServiceCore):
         close: bool = True,
         metrics: LedgerMetrics | None = None,
         intake_dir: Path | None = None,
+        arrival: Arrival = "log",
     ) -> None:
         super().__init__(
             store,
@@ -190,13 +215,14 @@ class LedgerService(_ServiceCore):
             batch_max_records=batch_max_records,
             close=close,
             metrics=metrics,
+            arrival=arrival,
         )
         self.ledger_id = ledger_id
         self.local_dir = local_dir
         self.intake_dir = intake_dir_for(local_dir, ledger_id) if intake_dir is None else intake_dir
         try:
             self.source = LocalSource(
-                local_dir, store.offsets(), intake_dir=self.intake_dir, clock=clock
+                local_dir, store.offsets(), intake_dir=self.intake_dir, clock=clock, arrival=arrival
             )
         except BaseException:
             self.ingestor.close()
@@ -222,6 +248,7 @@ class LedgerService(_ServiceCore):
                 clock=clock or clock_of(config),
                 batch_max_records=config.batch_max_records,
                 close=config.close,
+                arrival=config.arrival,
             )
         except BaseException:
             store.close()
@@ -243,7 +270,12 @@ class LedgerService(_ServiceCore):
         pending = self.closer.pending()
         if not pending:
             return 0
-        publish_local(self.local_dir, ledger_source(self.ledger_id), [e for _, e in pending])
+        publish_local(
+            self.local_dir,
+            ledger_source(self.ledger_id),
+            [e for _, e in pending],
+            stamps_ms=self.close_stamps(pending),
+        )
         self.closer.published(p for p, _ in pending)
         self.metrics.closes.inc(len(pending))
         return len(pending)
@@ -295,6 +327,7 @@ class KafkaLedgerService(_ServiceCore):
         batch_max_records: int = DEFAULT_BATCH_MAX_RECORDS,
         close: bool = True,
         metrics: LedgerMetrics | None = None,
+        arrival: Arrival = "log",
     ) -> None:
         super().__init__(
             store,
@@ -303,9 +336,12 @@ class KafkaLedgerService(_ServiceCore):
             batch_max_records=batch_max_records,
             close=close,
             metrics=metrics,
+            arrival=arrival,
         )
         self.kafka = kafka
-        self.source = KafkaSource(kafka, store.offsets(), max_poll_records=batch_max_records)
+        self.source = KafkaSource(
+            kafka, store.offsets(), max_poll_records=batch_max_records, arrival=arrival
+        )
 
     @classmethod
     def from_config(cls, config: LedgerConfig, clock: Clock | None = None) -> KafkaLedgerService:
@@ -320,6 +356,7 @@ class KafkaLedgerService(_ServiceCore):
             clock=clock or clock_of(config),
             batch_max_records=config.batch_max_records,
             close=config.close,
+            arrival=config.arrival,
         )
 
     async def start(self) -> None:
@@ -348,7 +385,9 @@ class KafkaLedgerService(_ServiceCore):
             return 0
         for attempt in range(1, CLOSE_PUBLISH_ATTEMPTS + 1):
             try:
-                await publish_kafka(self.kafka.settings, pending)
+                await publish_kafka(
+                    self.kafka.settings, pending, timestamps_ms=self.close_stamps(pending)
+                )
                 break
             except Exception as exc:  # a broker outage: retry, then leave it for next round
                 log.warning("close_publish_failed", attempt=attempt, error=repr(exc))

@@ -54,6 +54,11 @@ class _RetiredSnap(msgspec.Struct, array_like=True):
     pages: int
 
 
+class _RevokedSnap(msgspec.Struct, array_like=True):
+    node_id: str
+    key: bytes
+
+
 class _Snapshot(msgspec.Struct, omit_defaults=True):
     version: int
     placement_id: str
@@ -77,6 +82,11 @@ class _Snapshot(msgspec.Struct, omit_defaults=True):
     # SPEC §7.1 retired-page baselines (non-zero only): absent in older snapshots and in
     # any state whose events reported no retired page, so those bytes are unchanged.
     retired: list[_RetiredSnap] = []
+    # SPEC §6.6: the last record's arrival and revoked keys; absent before §6.6.
+    arrived_ms: int | None = None
+    revoked: list[_RevokedSnap] = []
+    # SPEC §6.6: (position, arrived_ms) of each held input that has one.
+    held_arrived: list[tuple[str, int]] = []
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -123,6 +133,13 @@ def encode(state: PlacementState) -> bytes:
             for node, s in sorted(state.streams.items())
             for uuid, pages in sorted(s.retired.items())
         ],
+        arrived_ms=state.arrived_ms,
+        revoked=[
+            _RevokedSnap(node, key)
+            for node, keys in sorted(state.revoked.items())
+            for key in sorted(keys)
+        ],
+        held_arrived=sorted(state.held_arrived.items()),
     )
     return _ENCODER.encode(snap)
 
@@ -167,6 +184,9 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         held_hashes=PSet(sha256_hex(raw) for raw, _ in held),
         stream_held=_stream_held(snap.stream_held),
         taken={t.node_id: frozenset(t.seqs) for t in snap.taken},
+        arrived_ms=snap.arrived_ms,
+        revoked=_revoked(snap.revoked),
+        held_arrived=dict(snap.held_arrived),
     )
     if snap.terms_payload is None:
         return state
@@ -174,8 +194,8 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
     if not isinstance(terms, PlacementTerms):
         raise SnapshotError(f"snapshot of {placement_id}: its terms are a {type(terms).__name__}")
     fields = terms_fields(terms, snap.terms_payload, sha256_hex(snap.terms_payload))
-    # Bindings and the effective end are the snapshot's own (revocations, a reclaim).
-    del fields["bindings"], fields["effective_end_ms"]
+    # Bindings, revocations and the effective end are the snapshot's own.
+    del fields["bindings"], fields["effective_end_ms"], fields["revoked"]
     return msgspec.structs.replace(state, **fields)
 
 
@@ -186,3 +206,10 @@ def _stream_held(
     for row in rows:
         out.setdefault(row.node_id, {})[row.seq] = (row.raw, row.position, sha256_hex(row.raw))
     return out
+
+
+def _revoked(rows: list[_RevokedSnap]) -> dict[str, frozenset[bytes]]:
+    out: dict[str, set[bytes]] = {}
+    for row in rows:
+        out.setdefault(row.node_id, set()).add(row.key)
+    return {node: frozenset(keys) for node, keys in out.items()}

@@ -77,6 +77,13 @@ class PlacementState(msgspec.Struct, frozen=True):
     )
     # Seqs of a stream taken by a rejected event (SPEC §6.3 usage (3)): node_id -> seqs.
     taken: Mapping[str, frozenset[int]] = msgspec.field(default_factory=dict)
+    # SPEC §6.6: arrived_ms of the last chained record (None: none yet, or untimed), and
+    # the keys revoked per node (a usage event signed by one is NODE_KEY_REVOKED).
+    arrived_ms: int | None = None
+    revoked: Mapping[str, frozenset[bytes]] = msgspec.field(default_factory=dict)
+    # SPEC §6.6: when each held input (before the terms, or in its stream) arrived, by
+    # its position; its record, chained on release, carries max(a_prev, that).
+    held_arrived: Mapping[str, int] = msgspec.field(default_factory=dict)
 
     def held_count(self) -> int:
         """Inputs held before the terms plus usage events held in their streams."""
@@ -111,5 +118,6 @@ def terms_fields(terms: PlacementTerms, payload: bytes, record_hash: str) -> dic
         "terms_record_hash": record_hash,
         "gpus": {g.uuid: g for g in terms.gpus},
         "bindings": {n.node_id: {n.key: FOREVER} for n in terms.nodes},
+        "revoked": {},
         "effective_end_ms": terms.window_end_ms,
     }

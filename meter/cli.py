@@ -8,6 +8,9 @@
 * ``--until-ms T`` (simulation only) runs on a simulated clock from the earliest window
   start to T, as fast as it can (``pace_ms`` in the spec slows it down): an hour of
   placement in seconds. A restarted run continues the streams where the spool left them.
+  Its shipper states each event's simulated send time as the producer timestamp (its
+  interval's end, less the spec's ``skew_ms``): the arrival time of a simulation's
+  ledger with ``arrival = "sender"`` on a ``CreateTime`` topic (SPEC §6.6).
 
 Keys of meter.toml: see ``meter.config``. Logs are structured (structlog; JSON when
 stderr is not a terminal). Counters are Prometheus metrics in the agent's own registry
@@ -33,6 +36,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -43,7 +47,7 @@ from meter.clock import Clock, RealClock, SimClock, SkewedClock
 from meter.config import ConfigError, MeterConfig, load_meter_config
 from meter.limits import SHIP_DRAIN_TIMEOUT_S, STATS_LOG_INTERVAL_S
 from meter.metrics import MeterMetrics
-from meter.shipper import Shipper
+from meter.shipper import Shipper, simulated_send_ms
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
 from meter.sources import GpuSource
 from meter.stream import node_gpus
@@ -255,6 +259,11 @@ def _run(args: argparse.Namespace) -> int:
         _log.info("agent_stopped", **metrics.snapshot())
 
 
+def _simulated_stamp(spec: SimSpec) -> Callable[[bytes], int | None]:
+    """The producer timestamp of a simulated agent's records: ``simulated_send_ms``."""
+    return lambda envelope: simulated_send_ms(envelope, spec.skew_ms)
+
+
 async def _serve(
     agent: Agent,
     config: MeterConfig,
@@ -277,6 +286,8 @@ async def _serve(
             metrics=metrics,
             collect_garbage=agent.collect_garbage,
             now_ms=agent.now_ms,
+            # A simulation states the simulated time it sent each event (SPEC §6.6).
+            stamp=_simulated_stamp(spec) if sim_clock is not None and spec is not None else None,
         )
         ship_task = asyncio.create_task(
             shipper.run(ship_stop, drain_timeout_s=SHIP_DRAIN_TIMEOUT_S)

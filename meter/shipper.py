@@ -12,6 +12,12 @@ SHIP_BACKOFF_MAX_S: while Kafka is unreachable the records wait in the spool (bo
 its byte limit) and drain when it returns. In Kafka mode, segments wholly before the
 acknowledged position are garbage-collected through a callback (the agent saves its
 stream heads first); in local mode nothing ships and nothing is deleted.
+
+A simulation (``meter run --until-ms``) gives the shipper ``stamp``: the producer timestamp
+of each record, the time the agent states it sent it on its simulated clock (SPEC §6.6
+``arrival = "sender"``: ``simulated_send_ms``). It is a function of the record, so every
+re-send states the same time. Without it the producer stamps the wall clock, which a
+topic with ``LogAppendTime`` (production) replaces with the broker's.
 """
 
 from __future__ import annotations
@@ -35,13 +41,15 @@ from meter.limits import (
 )
 from meter.metrics import MeterMetrics
 from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
+from proto.envelope import open_envelope
 from proto.errors import ProtoError
+from proto.records import UsageEvent
 from transport.kafka import KafkaSettings, make_producer, placement_of
 from transport.limits import SHIP_ATTEMPT_TIMEOUT_S
 from transport.positions import SpoolPosition, decode_shipped, encode_shipped
 from transport.spool import read_spool
 
-__all__ = ["SHIPPED_FILE", "Shipper", "load_shipped", "store_shipped"]
+__all__ = ["SHIPPED_FILE", "Shipper", "load_shipped", "simulated_send_ms", "store_shipped"]
 
 SHIPPED_FILE: Final = "SHIPPED"
 _log = structlog.get_logger("meter.shipper")
@@ -53,6 +61,22 @@ def load_shipped(spool_dir: Path) -> SpoolPosition | None:
     if raw is None:
         return None
     return decode_shipped(raw)
+
+
+def simulated_send_ms(envelope: bytes, skew_ms: int = 0) -> int | None:
+    """When an agent on a simulated clock sent ``envelope``, in the simulation's true time.
+
+    The agent signs and spools a usage event when its interval ends on its own clock
+    (``meter run --until-ms`` ticks exactly to each end), and that clock is ``skew_ms``
+    ahead of the true time (negative: behind). None for anything but a usage event.
+    """
+    try:
+        record = open_envelope(envelope).record
+    except ProtoError:
+        return None
+    if not isinstance(record, UsageEvent):
+        return None
+    return max(0, record.end_ms - skew_ms)
 
 
 def store_shipped(spool_dir: Path, position: SpoolPosition) -> None:
@@ -74,8 +98,10 @@ class Shipper:
         attempt_timeout_s: float = SHIP_ATTEMPT_TIMEOUT_S,
         now_ms: Callable[[], int] | None = None,
         producer: Any = None,
+        stamp: Callable[[bytes], int | None] | None = None,
     ) -> None:
         self._spool_dir = Path(spool_dir)
+        self._stamp = stamp
         # A started producer shared by several shippers (one host shipping many spools, as
         # the trace replay does) is used as is and never stopped here; without one the
         # shipper makes its own and tears it down after a failed batch.
@@ -153,6 +179,7 @@ class Shipper:
             async with asyncio.timeout(self._attempt_timeout_s):
                 futures = []
                 sent: list[bytes] = []
+                stamps: list[int | None] = []
                 for entry in entries:
                     try:
                         key = placement_of(entry.data)
@@ -166,16 +193,27 @@ class Shipper:
                             reason=exc.reason.value,
                         )
                         continue
+                    stamp = None if self._stamp is None else self._stamp(entry.data)
                     futures.append(
                         await producer.send(
-                            self._settings.topic, value=entry.data, key=key.encode()
+                            self._settings.topic,
+                            value=entry.data,
+                            key=key.encode(),
+                            timestamp_ms=stamp,
                         )
                     )
                     sent.append(entry.data)
+                    stamps.append(stamp)
                 acks = await asyncio.gather(*futures)
             # Acknowledged: the delivery log (for the operator's witness) first, then the
             # position. A crash between the two re-sends and logs again; readers dedupe.
-            self._log_delivered(sent, [_log_append_ms(ack) for ack in acks])
+            self._log_delivered(
+                sent,
+                [
+                    stated if (logged := _log_append_ms(ack)) is None else logged
+                    for ack, stated in zip(acks, stamps, strict=True)
+                ],
+            )
             self._acked = entries[-1].next_position
             store_shipped(self._spool_dir, self._acked)
             shipped += len(futures)
@@ -189,7 +227,7 @@ class Shipper:
         for data, log_ms in zip(sent, log_times, strict=True):
             try:
                 # The broker's log-append time when the topic keeps one (SPEC §8.3: time
-                # from the log); the agent's clock otherwise.
+                # from the log); the time a simulation stated; else the agent's clock.
                 lines.append(delivered_usage(data, now_ms if log_ms is None else log_ms))
             except (ProtoError, ValueError):
                 continue  # not a usage event: nothing a node witness tracks

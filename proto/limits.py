@@ -48,3 +48,14 @@ MAX_HELD_PER_PLACEMENT: Final = 100_000
 # Units in SPEC formulas.
 MS_PER_HOUR: Final = 3_600_000
 MILLI_GPU_MS_PER_GPU_HOUR: Final = 1000 * MS_PER_HOUR  # 3_600_000_000
+
+# How far a party's clock may run ahead of the log's arrival clock (SPEC §6.6: a usage
+# event may end at most this long after it arrived) and a witness's clock from the
+# log's (SPEC §8.3 W_TIME), and a party's from the ledger's when it judges "delivered
+# before the close deadline" (SPEC §8.3 W_MISSING).
+MAX_CLOCK_SKEW_MS: Final = 60_000
+
+# SPEC §6.6: every record of a placement whose terms were created at or after this moment
+# (2026-12-01T00:00:00Z) carries arrived_ms; untimed records are accepted only in older
+# placements (chained before time from the log existed).
+ARRIVAL_REQUIRED_FROM_MS: Final = 1_796_083_200_000

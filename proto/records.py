@@ -235,11 +235,21 @@ RecordKind = Literal["terms", "keybinding", "usage", "reclaim", "adjustment", "c
 Status = Literal["accepted", "rejected"]
 
 
-class LedgerRecord(Struct, frozen=True, forbid_unknown_fields=True, tag="record", tag_field="type"):
+class LedgerRecord(
+    Struct,
+    frozen=True,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    tag="record",
+    tag_field="type",
+):
     """Ledger: one entry of the placement's chain, for exactly one input.
 
     ``source`` is the SHA-256 of the input envelope's bytes; ``reason`` is empty when the
-    input was accepted and a Reason code when it was rejected.
+    input was accepted and a Reason code when it was rejected. ``arrived_ms`` (SPEC §6.6):
+    when the input reached the log; None (omitted from the canonical bytes) only on
+    records written before §6.6, whose bytes and hashes are therefore unchanged. Every
+    other field is always written (none of them has a default).
     """
 
     placement_id: Identifier
@@ -251,6 +261,7 @@ class LedgerRecord(Struct, frozen=True, forbid_unknown_fields=True, tag="record"
     reason: Annotated[str, Meta(pattern=r"^[A-Z_]{0,40}$")]
     delivered_mgms: NonNegInt
     totals: Totals
+    arrived_ms: TimeMs | None = None
 
 
 class Statement(

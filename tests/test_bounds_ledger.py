@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from support import ledger_toml
 from test_ledger_scenario import (
+    EARLY_CLOCK_MS,
     build_scenario,
     chain_heads,
     ledger_key_file,
@@ -100,7 +101,9 @@ def test_a_batch_never_holds_more_than_batch_max_records(tmp_path: Path) -> None
         scenario.cast.ledger,
         ledger_id="ledger-1",
         local_dir=tmp_path / "spool",
-        clock=fixed_clock(T0_MS),  # nothing closes: every input is the scenario's
+        # nothing closes (every input is the scenario's), and every event ended before it
+        # reached the intake log (SPEC §6.6: none is FUTURE_DATED)
+        clock=fixed_clock(EARLY_CLOCK_MS),
         batch_max_records=batch,
     )
     sizes = []
@@ -361,7 +364,13 @@ def test_close_publishing_gives_up_after_its_attempts_and_republishes_the_same_b
     attempts: list[list[tuple[str, bytes]]] = []
     broker_up = False
 
-    async def publish(settings: KafkaSettings, records: list[tuple[str, bytes]]) -> None:
+    async def publish(
+        settings: KafkaSettings,
+        records: list[tuple[str, bytes]],
+        *,
+        timestamps_ms: list[int] | None = None,
+    ) -> None:
+        assert timestamps_ms is None  # arrival = "log": the broker's time, not the ledger's
         attempts.append(list(records))
         if not broker_up:
             raise ConnectionError("broker unreachable")

@@ -348,7 +348,7 @@ def test_ledger_oversold_detail_names_the_other_placement_and_survives_a_restart
     with Store(path, ledger_public_key=cast.ledger.public_key) as store:
         ing = Ingestor(store, cast.ledger)
         outcomes = ing.fold.apply_batch(
-            [(r, f"local:one:0:{len(ra) + i}", "p-b") for i, r in enumerate(rb)]
+            [(r, f"local:one:0:{len(ra) + i}", "p-b", None) for i, r in enumerate(rb)]
         )
     terms_b = next(o for o in outcomes if o.kind == "terms")
     assert terms_b.reason is not None and terms_b.reason.value == "OVERSOLD"

@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 
-from gridledger.demo import PLACEMENT_ID, run_demo
+from gridledger.demo import PLACEMENT_ID, RECLAIM_ISSUED_MS, run_demo
+from ledger.config import ConfigError, config_from_mapping
 from proto.envelope import open_envelope
-from proto.records import Statement
+from proto.records import LedgerRecord, Statement
 
 # 2 whole GPUs and 2 half GPUs until the reclaim at minute 52; one half GPU unhealthy
 # for minutes 20-30: (2 + 0.5) * 52 min + 0.5 * 42 min, in milli-GPU-ms.
@@ -33,10 +35,32 @@ def check(result_dir: Path, statement: Statement) -> None:
         envelope = con.execute(
             "SELECT envelope FROM statements ORDER BY through_index DESC LIMIT 1"
         ).fetchone()
+        records = [
+            open_envelope(bytes(row[0])).record
+            for row in con.execute(
+                "SELECT envelope FROM ledger_records ORDER BY chain_index"
+            ).fetchall()
+        ]
     finally:
         con.close()
     assert envelope is not None
     assert open_envelope(bytes(envelope[0])).record == statement
+    # SPEC §6.6: every record is timed, monotone; the reclaim reached the log at minute 48,
+    # so its notice (4 minutes of 10) runs from there.
+    arrivals = [
+        r.arrived_ms for r in records if isinstance(r, LedgerRecord) and r.arrived_ms is not None
+    ]
+    assert len(arrivals) == len(records) and arrivals == sorted(arrivals)
+    reclaims = [r for r in records if isinstance(r, LedgerRecord) and r.kind == "reclaim"]
+    assert [r.arrived_ms for r in reclaims] == [RECLAIM_ISSUED_MS]
+
+
+def test_a_ledger_takes_arrival_from_the_log_unless_told_otherwise(tmp_path: Path) -> None:
+    base = {"ledger_id": "l", "key_file": "k", "db": "d", "local_dir": "s"}
+    assert config_from_mapping(base, tmp_path).arrival == "log"
+    assert config_from_mapping({**base, "arrival": "sender"}, tmp_path).arrival == "sender"
+    with pytest.raises(ConfigError, match="arrival"):
+        config_from_mapping({**base, "arrival": "broker"}, tmp_path)
 
 
 def test_demo_on_the_embedded_transport(tmp_path: Path) -> None:

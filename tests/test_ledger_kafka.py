@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
+import pytest
+from support import ledger_toml
 from test_ledger_scenario import (
     EARLY_CLOCK_MS,
     INTERVAL_MS,
@@ -18,19 +23,32 @@ from test_ledger_scenario import (
     final_statements,
 )
 
-from devtools.builders import StreamWriter, gpu, make_terms, sample, signed_terms
+from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
 from ledger.config import KafkaConfig
 from ledger.service import KafkaLedgerService, RunReport, fixed_clock
 from ledger.store import Store
 from proto.envelope import Envelope, Signature, decode_envelope, encode_envelope
-from transport.kafka import KafkaSettings, publish_kafka
+from proto.keys import write_key_pair
+from transport.kafka import SIMULATION_TOPIC_CONFIG, KafkaSettings, create_topic, publish_kafka
 
 RUN_DEADLINE_S = 60.0
 
 
-def publish(bootstrap: str, topic: str, items: Sequence[tuple[str, bytes]]) -> None:
-    """Publish keyed envelopes (validated by publish_kafka)."""
-    asyncio.run(publish_kafka(KafkaSettings(bootstrap=bootstrap, topic=topic), items))
+def publish(
+    bootstrap: str,
+    topic: str,
+    items: Sequence[tuple[str, bytes]],
+    stated_ms: int | None = None,
+) -> None:
+    """Publish keyed envelopes (validated by publish_kafka); each stating ``stated_ms`` as
+    its producer timestamp when given (a simulation's CreateTime topic, SPEC §6.6)."""
+    asyncio.run(
+        publish_kafka(
+            KafkaSettings(bootstrap=bootstrap, topic=topic),
+            items,
+            timestamps_ms=None if stated_ms is None else [stated_ms] * len(items),
+        )
+    )
 
 
 def publish_raw(bootstrap: str, topic: str, items: Sequence[tuple[bytes | None, bytes]]) -> None:
@@ -61,6 +79,7 @@ def run_ledger(
     shards: int = 1,
     batch_max_records: int = 5,
     done: Callable[[Store], bool] | None = None,
+    arrival: Literal["log", "sender"] = "log",
 ) -> RunReport:
     """Run a ledger shard on ``db`` until caught up with nothing left to close (or ``done``)."""
 
@@ -75,6 +94,7 @@ def run_ledger(
             kafka,
             clock=fixed_clock(clock_ms),
             batch_max_records=batch_max_records,
+            arrival=arrival,
         )
         await service.start()
         try:
@@ -264,3 +284,62 @@ def test_two_shards_equal_one_and_replay_from_zero_is_identical(
     replay = run_ledger(fresh, scenario, kafka_bootstrap, topic, batch_max_records=3)
     assert replay.closes_published == 0  # every close is already in the stream
     assert heads_and_statements(fresh) == (whole_heads, whole_statements)
+
+
+@pytest.mark.parametrize("arrival", ["log", "sender"])
+def test_a_ledger_on_log_time_refuses_producer_timestamps_in_one_line(
+    arrival: str, kafka_bootstrap: str, tmp_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """SPEC §6.6: on a CreateTime topic (the producer's clock), a ledger with the default
+    ``arrival = "log"`` stops at the first record, exit 2, one FAIL line naming it; only a
+    simulation's ``arrival = "sender"`` folds it, with the time the sender stated."""
+    cast = make_cast(f"create-time-{arrival}")
+    topic = tmp_topic(1, create=False)
+    create_topic(kafka_bootstrap, topic, 1, config=SIMULATION_TOPIC_CONFIG)
+    terms = make_terms(cast, "p-ct", [gpu("n1", 0)], T0_MS, T0_MS + WINDOW_MS)
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=topic)
+    asyncio.run(
+        publish_kafka(settings, [("p-ct", signed_terms(cast, terms))], timestamps_ms=[T0_MS])
+    )
+    key_file, _ = write_key_pair(cast.ledger, tmp_path / "keys")
+    db = tmp_path / "l.duckdb"
+    if arrival == "log":
+        config = ledger_toml(
+            tmp_path / "ledger.toml",
+            key_file,
+            db=db,
+            transport="kafka",
+            kafka={"bootstrap": kafka_bootstrap, "topic": topic},
+            http="off",
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "gridledger", "ledger", "run", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        fails = [line for line in done.stderr.splitlines() if line.startswith("FAIL")]
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "Traceback" not in done.stdout + done.stderr
+        assert len(fails) == 1 and "LogAppendTime" in fails[0] and f"{topic}[0]@0" in fails[0]
+        return
+    store = Store(db, ledger_public_key=cast.ledger.public_key)
+    service = KafkaLedgerService(
+        store, cast.ledger, KafkaConfig(settings), clock=fixed_clock(T0_MS), arrival="sender"
+    )
+
+    async def run() -> None:
+        await service.start()
+        try:
+            await service.run_until(deadline_s=60.0)
+        finally:
+            await service.stop()
+
+    try:
+        asyncio.run(run())
+        (envelope,) = store.record_envelopes("p-ct")
+    finally:
+        service.close()
+    record = decode_envelope(envelope)
+    assert b'"arrived_ms":' + str(T0_MS).encode() in record.payload

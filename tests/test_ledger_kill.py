@@ -6,6 +6,10 @@ start-up, mid-batch, while publishing closes. Then one more run finishes the wor
 chain heads and final statements must be byte-identical to those of a ledger that ran
 once, uninterrupted, over the same inputs on another topic; and a fresh DB replaying the
 killed ledger's topic from offset 0 must reach them too.
+
+Two topics are two logs with two sets of broker times, so "the same inputs" includes when
+they arrived: both topics keep the time the publisher states (CreateTime) and the
+ledgers take arrival from it (``arrival = "sender"``, SPEC §6.6 simulations).
 """
 
 from __future__ import annotations
@@ -30,11 +34,22 @@ from test_ledger_scenario import (
 
 from ledger.attest import issue_statement
 from ledger.store import Store
+from transport.kafka import SIMULATION_TOPIC_CONFIG, create_topic
 
 CYCLES_BEFORE_CLOSE = 12
 CYCLES_WITH_CLOSE = 8
 READY_TIMEOUT_S = 30.0
 MAX_KILL_DELAY_S = 0.4
+
+
+# Every input states the end of the windows: after every event, before any close.
+STATED_MS = EARLY_CLOCK_MS
+
+
+def _simulation_topic(bootstrap: str, tmp_topic: Callable[..., str]) -> str:
+    topic = tmp_topic(2, create=False)
+    create_topic(bootstrap, topic, 2, config=SIMULATION_TOPIC_CONFIG)
+    return topic
 
 
 def _config(tmp: Path, key_file: Path, bootstrap: str, topic: str, clock_ms: int) -> Path:
@@ -48,6 +63,7 @@ def _config(tmp: Path, key_file: Path, bootstrap: str, topic: str, clock_ms: int
         batch_max_records=4,
         http="off",
         clock_ms=clock_ms,
+        arrival="sender",
     )
 
 
@@ -100,21 +116,28 @@ def test_kill_nine_at_random_points_equals_uninterrupted_run(
     key_file = ledger_key_file(tmp_path / "keys", scenario.cast)
 
     # The uninterrupted reference, on its own topic.
-    reference_topic = tmp_topic(2)
-    publish(kafka_bootstrap, reference_topic, inputs)
+    reference_topic = _simulation_topic(kafka_bootstrap, tmp_topic)
+    publish(kafka_bootstrap, reference_topic, inputs, STATED_MS)
     reference_db = tmp_path / "reference.duckdb"
-    run_ledger(reference_db, scenario, kafka_bootstrap, reference_topic, batch_max_records=4)
+    run_ledger(
+        reference_db,
+        scenario,
+        kafka_bootstrap,
+        reference_topic,
+        batch_max_records=4,
+        arrival="sender",
+    )
     reference_heads, reference_statements = heads_and_statements(reference_db)
     assert sorted(reference_statements) == scenario.placement_ids
 
-    topic = tmp_topic(2)
+    topic = _simulation_topic(kafka_bootstrap, tmp_topic)
     log_path = tmp_path / "ledger.log"
     log_path.touch()
     chunk = -(-len(inputs) // CYCLES_BEFORE_CLOSE)
     kills: list[str] = []
     early = _config(tmp_path, key_file, kafka_bootstrap, topic, EARLY_CLOCK_MS)
     for cycle in range(CYCLES_BEFORE_CLOSE):
-        publish(kafka_bootstrap, topic, inputs[cycle * chunk : (cycle + 1) * chunk])
+        publish(kafka_bootstrap, topic, inputs[cycle * chunk : (cycle + 1) * chunk], STATED_MS)
         kills.append(_start_and_kill(early, log_path, rng))
     late = _config(tmp_path, key_file, kafka_bootstrap, topic, LATE_CLOCK_MS)
     for _ in range(CYCLES_WITH_CLOSE):
@@ -125,7 +148,7 @@ def test_kill_nine_at_random_points_equals_uninterrupted_run(
     with Store(killed_db) as store:
         # Some work survived the kills (each committed batch is whole).
         assert store.counts()["records"] > 0
-    run_ledger(killed_db, scenario, kafka_bootstrap, topic, batch_max_records=4)
+    run_ledger(killed_db, scenario, kafka_bootstrap, topic, batch_max_records=4, arrival="sender")
     heads, statements = heads_and_statements(killed_db)
     assert heads == reference_heads
     assert statements == reference_statements
@@ -141,5 +164,5 @@ def test_kill_nine_at_random_points_equals_uninterrupted_run(
 
     # A ledger that lost its disk replays the killed run's topic from offset 0.
     fresh_db = tmp_path / "fresh.duckdb"
-    run_ledger(fresh_db, scenario, kafka_bootstrap, topic, batch_max_records=64)
+    run_ledger(fresh_db, scenario, kafka_bootstrap, topic, batch_max_records=64, arrival="sender")
     assert heads_and_statements(fresh_db) == (reference_heads, reference_statements)

@@ -179,3 +179,32 @@ def test_json_schemas_are_current() -> None:
 
     for name, data in render().items():
         assert (SCHEMA_DIR / name).read_bytes() == data, f"proto/schema/{name} is stale"
+
+
+def test_time_from_the_log_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.6: the fold, given each input's arrival, decides and dates every record as
+    the vectors say (monotone, a held input's own arrival, FUTURE_DATED at the bound, the
+    notice from arrival, NODE_KEY_REVOKED)."""
+    data = load("time.json")
+    cast = vectorgen._cast()
+    assert base64.b64encode(cast.ledger.public_key).decode() == data["ledger_public_key"]
+    fold = Fold(cast.ledger)
+    for i, step in enumerate(data["steps"]):
+        raw = base64.b64decode(step["envelope_b64"])
+        outcomes = fold.apply(raw, f"time:{i}", None, step["arrived_ms"])
+        got = [
+            {
+                "decision": o.decision,
+                "status": o.status,
+                "reason": None if o.reason is None else o.reason.value,
+                "index": None if o.record is None else o.record.index,
+                "arrived_ms": None if o.record is None else o.record.arrived_ms,
+                "record_hash": o.record_hash,
+            }
+            for o in outcomes
+        ]
+        assert got == step["outcomes"], f"step {i}: {step['note']}"
+    assert fold.head("pl-vector") == (data["records"], data["head"])
+    totals = fold.totals("pl-vector")
+    assert totals is not None
+    assert {f: getattr(totals, f) for f in totals.__struct_fields__} == data["totals"]

@@ -327,3 +327,53 @@ def test_reader_does_not_skip_appends_racing_a_rotation(
     monkeypatch.setattr(spool_module, "list_segments", racing_list)
     assert _datas(directory) == a + b + c
     writer.close()
+
+
+# ---- stamped frames (SPEC §6.6 arrival = "sender") -------------------------------------------
+
+
+def test_stamped_and_plain_frames_mix_and_read_back_with_their_stamps(tmp_path: Path) -> None:
+    with SpoolWriter(tmp_path) as writer:
+        writer.append([b"plain-1"])
+        writer.append([b"stamped-1", b"stamped-2"], [1_767_225_600_000, 0])
+        writer.append([b"plain-2"])
+    entries = list(read_spool(tmp_path))
+    assert [(e.data, e.stamp_ms) for e in entries] == [
+        (b"plain-1", None),
+        (b"stamped-1", 1_767_225_600_000),
+        (b"stamped-2", 0),
+        (b"plain-2", None),
+    ]
+    # A stamped frame is 8 bytes longer than the plain frame of the same record.
+    assert len(frame(b"x", stamp_ms=5)) == len(frame(b"x")) + 8
+
+
+def test_a_torn_stamped_tail_is_cut_and_damage_inside_is_corruption(tmp_path: Path) -> None:
+    with SpoolWriter(tmp_path) as writer:
+        writer.append([b"a", b"b"], [1, 2])
+    path = segment_path(tmp_path, 0)
+    whole = path.read_bytes()
+    path.write_bytes(whole + frame(b"c", stamp_ms=3)[:-2])  # a torn stamped append
+    with SpoolWriter(tmp_path) as writer:
+        writer.append([b"d"], [4])
+    assert [(e.data, e.stamp_ms) for e in read_spool(tmp_path)] == [
+        (b"a", 1),
+        (b"b", 2),
+        (b"d", 4),
+    ]
+    # A flipped byte in the first stamp, followed by valid frames: corruption, not a tail.
+    data = bytearray(path.read_bytes())
+    data[FRAME_HEADER_BYTES + 7] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(SpoolCorrupt):
+        list(read_spool(tmp_path))
+
+
+@pytest.mark.parametrize("stamp", [-1, 2**53, True])
+def test_a_stamp_out_of_range_is_refused_and_nothing_written(tmp_path: Path, stamp: int) -> None:
+    with SpoolWriter(tmp_path) as writer:
+        with pytest.raises(ValueError):
+            writer.append([b"ok", b"bad"], [0, stamp])
+        with pytest.raises(ValueError):
+            writer.append([b"ok"], [0, 1])
+    assert list(read_spool(tmp_path)) == []

@@ -122,6 +122,7 @@ class Pricer:
     # §7.1.1: (node, GPU) -> the highest retired-page count of earlier accepted events.
     retired: dict[tuple[str, str], int] = field(default_factory=dict)
     reclaim_notice: ReclaimNotice | None = None
+    reclaim_arrived: int | None = None
     effective_end: int = 0
     credit: int = 0
     charge: int = 0
@@ -164,7 +165,9 @@ class Pricer:
         if r is None:
             return 0
         t = self.terms
-        short = max(0, t.reclaim_notice_ms - (r.effective_at_ms - r.issued_at_ms))
+        # SPEC §7.3, §6.6: the notice runs from the reclaim's arrival (untimed: issued_at).
+        start = r.issued_at_ms if self.reclaim_arrived is None else self.reclaim_arrived
+        short = max(0, t.reclaim_notice_ms - max(0, r.effective_at_ms - start))
         if t.interruptible:
             taken = max(0, t.window_start_ms + t.minimum_duration_ms - r.effective_at_ms)
         else:
@@ -177,14 +180,16 @@ class Pricer:
             // (3_600_000_000 * 10_000)
         )
 
-    def apply(self, record: Any) -> int:
-        """Fold one ACCEPTED input; returns its own delivered milli-GPU-ms."""
+    def apply(self, record: Any, arrived_ms: int | None = None) -> int:
+        """Fold one ACCEPTED input that arrived at ``arrived_ms``; returns its own
+        delivered milli-GPU-ms."""
         own = 0
         if isinstance(record, UsageEvent):
             own = self.event_delivered(record)
             self.delivered += own
         elif isinstance(record, ReclaimNotice):
             self.reclaim_notice = record
+            self.reclaim_arrived = arrived_ms
             self.effective_end = record.effective_at_ms
         elif isinstance(record, Adjustment):
             if record.direction == "credit":
@@ -236,6 +241,8 @@ class Chained:
     reason: str
     record: LedgerRecord | None = None
     record_envelope: bytes = b""
+    arrived_ms: int | None = None  # SPEC §6.6; None: an untimed record
+    priced_from: int | None = None  # a dishonest ledger pricing a reclaim from this time
 
 
 @dataclass
@@ -253,9 +260,12 @@ class ExportBuilder:
     dropped_duplicates: int = 0
     trust_the_flag: bool = False  # price like a ledger that ignores §7.1.1
 
-    def add(self, raw: bytes, status: str = "accepted", reason: str = "") -> int:
-        """Chain one input with the decision the test expects; returns its chain index."""
-        self.items.append(Chained(raw, status, reason))
+    def add(
+        self, raw: bytes, status: str = "accepted", reason: str = "", arrived_ms: int | None = None
+    ) -> int:
+        """Chain one input with the decision the test expects; returns its chain index.
+        ``arrived_ms``: the arrival time its record carries (SPEC §6.6)."""
+        self.items.append(Chained(raw, status, reason, arrived_ms=arrived_ms))
         return len(self.items) - 1
 
     def chain(self) -> list[Chained]:
@@ -264,7 +274,9 @@ class ExportBuilder:
         prev = ZERO_HASH
         for index, item in enumerate(self.items):
             opened = open_envelope(item.raw)
-            own = pricer.apply(opened.record) if item.status == "accepted" else 0
+            accepted = item.status == "accepted"
+            at = item.arrived_ms if item.priced_from is None else item.priced_from
+            own = pricer.apply(opened.record, at) if accepted else 0
             record = LedgerRecord(
                 placement_id=self.terms.placement_id,
                 index=index,
@@ -275,6 +287,7 @@ class ExportBuilder:
                 reason=item.reason,
                 delivered_mgms=own,
                 totals=pricer.totals(),
+                arrived_ms=item.arrived_ms,
             )
             item.record = record
             item.record_envelope = seal(record, [self.cast.ledger])

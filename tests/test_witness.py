@@ -62,8 +62,12 @@ class Scene:
             _known(delivered_usage(raw, WS + (i + 1) * MIN)) for i, raw in enumerate(self.events)
         ]
 
-    def chain(self, inputs: list[tuple[bytes, str, str]]) -> list[bytes]:
-        """LedgerRecord envelopes for (input, status, reason), signed by the ledger key."""
+    def chain(
+        self, inputs: list[tuple[bytes, str, str]], arrived: dict[int, int | None] | None = None
+    ) -> list[bytes]:
+        """LedgerRecord envelopes for (input, status, reason), signed by the ledger key;
+        record i arrived at WS + i minutes (the events right when delivered) unless
+        ``arrived`` says otherwise."""
         out, prev = [], ZERO_HASH
         for index, (raw, status, reason) in enumerate(inputs):
             opened = open_envelope(raw)
@@ -77,14 +81,15 @@ class Scene:
                 reason=reason,
                 delivered_mgms=0,
                 totals=ZERO_TOTALS,
+                arrived_ms=(arrived or {}).get(index, WS + index * MIN),
             )
             prev = sha256_hex(signed_bytes(record))
             out.append(seal(record, [self.cast.ledger]))
         return out
 
-    def honest(self) -> list[bytes]:
+    def honest(self, arrived: dict[int, int | None] | None = None) -> list[bytes]:
         ok = [(self.terms_raw, "accepted", "")] + [(e, "accepted", "") for e in self.events]
-        return self.chain([*ok, (self.close_raw, "accepted", "")])
+        return self.chain([*ok, (self.close_raw, "accepted", "")], arrived)
 
     def note(self, records: list[bytes], key: object | None = None) -> str:
         payloads = [open_envelope(r).payload for r in records]
@@ -180,7 +185,7 @@ def test_event_delivered_after_the_deadline_is_not_owed_before_the_close() -> No
     s.known[9] = _known(delivered_usage(s.events[9], late))
     inputs = [(s.terms_raw, "accepted", "")] + [(e, "accepted", "") for e in s.events[:9]]
     inputs += [(s.close_raw, "accepted", ""), (s.events[9], "rejected", "AFTER_CLOSE")]
-    assert isinstance(s.run(fresh(), s.chain(inputs)), Cosigned)
+    assert isinstance(s.run(fresh(), s.chain(inputs, {10: late, 11: late})), Cosigned)
 
 
 def test_rewritten_history_is_inconsistent() -> None:
@@ -316,3 +321,34 @@ def test_the_buyers_witness_refuses_a_log_without_the_reclaim_it_received() -> N
         now_s=1_800_000_000,
     )
     assert isinstance(outcome, Cosigned)
+
+
+NOW_S = 1_800_000_000
+
+
+@pytest.mark.parametrize(
+    ("arrived", "index"),
+    [
+        # untimed: a ledger that leaves arrival out escapes no rule by it
+        ({3: None}, 3),
+        # dated after the witness's own clock + skew (a reclaim's notice would grow)
+        ({11: NOW_S * 1000 + 60_001}, 11),
+        # dated before the operator delivered the event - skew (event 4, record 5)
+        ({5: WS + 5 * MIN - 60_001}, 5),
+    ],
+    ids=["untimed", "after-own-clock", "before-delivery"],
+)
+def test_witness_refuses_arrival_outside_its_clock(
+    arrived: dict[int, int | None], index: int
+) -> None:
+    scene = Scene()
+    records = scene.honest(arrived)
+    outcome = scene.run(fresh(), records)
+    assert isinstance(outcome, Refused)
+    assert (outcome.refusal.code, outcome.refusal.index) == ("W_TIME", index)
+
+
+def test_witness_accepts_arrival_at_the_skew_bounds() -> None:
+    scene = Scene()
+    records = scene.honest({5: WS + 5 * MIN - 60_000, 6: WS + 6 * MIN, 11: NOW_S * 1000 + 60_000})
+    assert isinstance(scene.run(fresh(), records), Cosigned)

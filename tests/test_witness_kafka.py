@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,27 +24,27 @@ from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
 from meter.agent import Agent, AgentConfig
 from meter.clock import SimClock
-from meter.shipper import Shipper
+from meter.shipper import Shipper, simulated_send_ms
 from meter.sim import SimDevice, Simulator, parse_sim_spec
 from meter.stream import node_gpus
 from proto.delivery import DELIVERY_LOG_FILE, read_delivered
 from proto.envelope import sha256_hex
 from proto.keys import SigningKey, write_key_pair
 from proto.trust import dump_trust
-from transport.kafka import KafkaSettings, publish_kafka
+from transport.kafka import SIMULATION_TOPIC_CONFIG, KafkaSettings, create_topic, publish_kafka
 from transport.local import publish_local
 from witness.runner import EXIT_OK, EXIT_REFUSED, WitnessResult, witness_once
 
 pytestmark = pytest.mark.kafka
 
 MINUTE = 60_000
-# The window starts now: the broker stamps each acknowledged event with its own clock (the
-# topic keeps LogAppendTime), and the operator's witness owes before the close what was
-# delivered before the deadline by that clock (SPEC §8.3). The simulated clock of the
-# agents and the ledger then runs the window through in seconds. "Now" is when the test
-# starts, not when the module is collected: in a long suite that is many minutes earlier,
-# and an event the broker stamps after the window's deadline is one the witness does not
-# owe (the dropped-event check below would then pass the dishonest ledger).
+# A simulation: the agents, the ledger and the witnesses run the window through in seconds
+# on one simulated clock, which the broker's does not follow. So the topic keeps the time
+# each sender states (CreateTime) and the ledger takes arrival from it (SPEC §6.6
+# ``arrival = "sender"``): each shipper states its events' simulated send time, records
+# it in its delivery log, and the operator's witness owes before the close what was
+# delivered before the deadline by that clock (SPEC §8.3).
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 WINDOW = 20 * MINUTE
 GRACE = 2 * MINUTE
 PID = "pl-witnessed"
@@ -61,8 +60,8 @@ def _serve(store: Store, key: SigningKey) -> LedgerHttpServer:
 def test_witnesses_cosign_an_honest_run_and_catch_a_dropped_event(
     kafka_bootstrap: str, tmp_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    T0 = (int(time.time() * 1000) // MINUTE) * MINUTE  # the window starts now
-    topic = tmp_topic(2)
+    topic = tmp_topic(2, create=False)
+    create_topic(kafka_bootstrap, topic, 2, config=SIMULATION_TOPIC_CONFIG)
     cast = builders.make_cast("witness-kafka")
     gpus = [builders.gpu("n1", 0), builders.gpu("n2", 0, share_milli=500)]
     terms = builders.make_terms(cast, PID, gpus, T0, T0 + WINDOW, late_grace_ms=GRACE)
@@ -81,14 +80,18 @@ def test_witnesses_cosign_an_honest_run_and_catch_a_dropped_event(
     store = Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
 
     async def run() -> None:
-        await publish_kafka(settings, [(PID, terms_raw)])
+        await publish_kafka(settings, [(PID, terms_raw)], timestamps_ms=[T0])
         agents, shippers = [], []
         for node in NODES:
             devices = [SimDevice(g.uuid, g.model, g.memory_mib) for g in node_gpus(terms, node)]
             config = AgentConfig(node, cast.node_key(node), (terms,), tmp_path / f"spool-{node}")
             agents.append(Agent(config, Simulator(parse_sim_spec("seed=1"), devices, T0), clock))
-            shippers.append(Shipper(config.spool_dir, settings, now_ms=clock.now_ms))
-        service = KafkaLedgerService(store, cast.ledger, KafkaConfig(settings), clock=clock.now_ms)
+            shippers.append(
+                Shipper(config.spool_dir, settings, now_ms=clock.now_ms, stamp=simulated_send_ms)
+            )
+        service = KafkaLedgerService(
+            store, cast.ledger, KafkaConfig(settings), clock=clock.now_ms, arrival="sender"
+        )
         await service.start()
         try:
             for minute in range(0, 24):
@@ -109,8 +112,13 @@ def test_witnesses_cosign_an_honest_run_and_catch_a_dropped_event(
     delivered = [d for log in logs for d in read_delivered(log)]
     assert len(delivered) == 2 * (WINDOW // MINUTE)
 
+    # Every event is logged delivered at the simulated time its shipper stated.
+    assert sorted(d.delivered_at_ms for d in delivered if d.node_id == "n1") == [
+        T0 + (m + 1) * MINUTE for m in range(WINDOW // MINUTE)
+    ]
+
     def witnesses(url: str, tag: str) -> tuple[WitnessResult, WitnessResult]:
-        now_s = int(time.time())
+        now_s = (T0 + 24 * MINUTE) // 1000  # the simulated clock
         operator = witness_once(
             ledger_url=url,
             terms_path=terms_file,

@@ -501,6 +501,115 @@ def health_vectors() -> Any:
     }
 
 
+def time_vectors() -> Any:
+    """SPEC §6.6: one stream with the time each input reached the log; the decisions and
+    the ``arrived_ms`` of every record (monotone; a held input keeps its own), the
+    FUTURE_DATED bound, a reclaim whose notice runs from its arrival, a revoked key."""
+    from ledger.fold import Fold
+    from proto.limits import MAX_CLOCK_SKEW_MS
+
+    cast = _cast()
+    terms = _terms(cast, reclaim_notice_ms=30 * MINUTE)
+    a = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a")
+    nb = b.StreamWriter(cast.node_key("node-b"), "pl-vector", "node-b")
+
+    def samples(node: str) -> list[Any]:
+        return [b.sample(g) for g in terms.gpus if g.node_id == node]
+
+    steps_in: list[tuple[str, bytes, int]] = [
+        (
+            "held before the terms; keeps its own arrival",
+            a.event(WS, WS + 5 * MINUTE, samples("node-a")),
+            WS + 5 * MINUTE,
+        ),
+        ("terms stated earlier than the held event", b.signed_terms(cast, terms), WS - MINUTE),
+        (
+            "ends exactly MAX_CLOCK_SKEW_MS after its arrival",
+            nb.event(WS, WS + 10 * MINUTE, samples("node-b")),
+            WS + 10 * MINUTE - MAX_CLOCK_SKEW_MS,
+        ),
+    ]
+    ahead = b.StreamWriter(cast.node_key("node-b"), "pl-vector", "node-b", seq=1, prev=nb.prev)
+    steps_in.append(
+        (
+            "ends 1 ms past the bound: FUTURE_DATED",
+            ahead.event(WS + 10 * MINUTE, WS + 20 * MINUTE + 1, samples("node-b")),
+            WS + 20 * MINUTE - MAX_CLOCK_SKEW_MS,
+        )
+    )
+    steps_in.append(
+        (
+            "issued_at minute 0 on paper, arrives at minute 25: 5 minutes of notice",
+            b.reclaim(cast, terms, WS, WS + 30 * MINUTE, "r1"),
+            WS + 25 * MINUTE,
+        )
+    )
+    steps_in.append(
+        (
+            "the operator revokes node b's key (valid until minute 10)",
+            b.key_binding(
+                cast,
+                "pl-vector",
+                "node-b",
+                cast.node_key("node-b"),
+                0,
+                WS + 10 * MINUTE,
+                WS,
+                [cast.operator],
+            ),
+            WS + 26 * MINUTE,
+        )
+    )
+    revoked = b.StreamWriter(cast.node_key("node-b"), "pl-vector", "node-b", seq=1, prev=nb.prev)
+    steps_in.append(
+        (
+            "node b's key after its revocation, inside the old binding: NODE_KEY_REVOKED",
+            revoked.event(WS + 5 * MINUTE, WS + 10 * MINUTE, samples("node-b")),
+            WS + 27 * MINUTE,
+        )
+    )
+    steps_in.append(
+        (
+            "arrives stated earlier than the record before: carries the later arrival",
+            a.event(WS + 5 * MINUTE, WS + 10 * MINUTE, samples("node-a")),
+            WS + 20 * MINUTE,
+        )
+    )
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"time:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "index": None if o.record is None else o.record.index,
+                        "arrived_ms": None if o.record is None else o.record.arrived_ms,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head("pl-vector")
+    totals = fold.totals("pl-vector")
+    assert head is not None and totals is not None
+    return {
+        "max_clock_skew_ms": MAX_CLOCK_SKEW_MS,
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.structs.asdict(totals),
+    }
+
+
 def authority_vectors() -> Any:
     """SPEC §4.0, §6.3 terms and §8 statement periods: who may sign what, amendments, and
     the statements of period 0 and of the period a late charge opens."""
@@ -582,6 +691,7 @@ def authority_vectors() -> Any:
 
 GENERATORS: dict[str, Callable[[], Any]] = {
     "health.json": health_vectors,
+    "time.json": time_vectors,
     "authority.json": authority_vectors,
     "keys.json": keys_vectors,
     "records.json": records_vectors,

@@ -29,6 +29,7 @@ __all__ = [
     "EVENT_SOURCED_TOPIC_CONFIG",
     "MIN_INSYNC_REPLICAS",
     "REPLICATION_FACTOR",
+    "SIMULATION_TOPIC_CONFIG",
     "KafkaSettings",
     "TopicError",
     "client_kwargs",
@@ -74,6 +75,13 @@ def replicated_topic_config(replication_factor: int) -> dict[str, str]:
     floor = MIN_INSYNC_REPLICAS if replication_factor >= REPLICATION_FACTOR else 1
     return {**EVENT_SOURCED_TOPIC_CONFIG, "min.insync.replicas": str(floor)}
 
+
+# A simulation's topic (SPEC §6.6 ``arrival = "sender"``, never production): the same,
+# but each record keeps the timestamp its producer set (the sender's simulated clock).
+SIMULATION_TOPIC_CONFIG: Final[Mapping[str, str]] = {
+    **EVENT_SOURCED_TOPIC_CONFIG,
+    "message.timestamp.type": "CreateTime",
+}
 
 _T = TypeVar("_T")
 
@@ -182,17 +190,25 @@ async def publish_kafka(
     *,
     timeout_s: float = SHIP_ATTEMPT_TIMEOUT_S,
     producer: Any = None,
+    timestamps_ms: Sequence[int] | None = None,
 ) -> None:
     """Send (placement_id, envelope) pairs in order, keyed by placement; await every ack.
 
     ``producer``: a started producer to send with (left running); without one a producer
     is made for this call and stopped after it.
 
+    ``timestamps_ms`` (one per item): the producer timestamp of each record, the time a
+    simulation's sender states (SPEC §6.6 ``arrival = "sender"``; a log-append topic
+    replaces it with the broker's). None: the client's wall clock.
+
     Raises ProtoError (nothing sent) when an envelope does not open or does not belong
     to the placement it is keyed by; TimeoutError or a KafkaError when not every record
     was acknowledged within ``timeout_s`` (some may have been: resending is safe, the
     ledger drops exact duplicates).
     """
+    if timestamps_ms is not None and len(timestamps_ms) != len(items):
+        raise ValueError(f"{len(timestamps_ms)} timestamps for {len(items)} records")
+    stamps: Sequence[int | None] = [None] * len(items) if timestamps_ms is None else timestamps_ms
     for key, envelope in items:
         inside = placement_of(envelope)
         if inside != key:
@@ -201,21 +217,27 @@ async def publish_kafka(
             )
     if producer is not None:
         async with asyncio.timeout(timeout_s):
-            await _send_all(producer, settings.topic, items)
+            await _send_all(producer, settings.topic, items, stamps)
         return
     own = make_producer(settings)
     try:
         async with asyncio.timeout(timeout_s):
             await own.start()
-            await _send_all(own, settings.topic, items)
+            await _send_all(own, settings.topic, items, stamps)
     finally:
         async with asyncio.timeout(timeout_s):
             await own.stop()
 
 
-async def _send_all(producer: Any, topic: str, items: Sequence[tuple[str, bytes]]) -> None:
+async def _send_all(
+    producer: Any,
+    topic: str,
+    items: Sequence[tuple[str, bytes]],
+    stamps: Sequence[int | None],
+) -> None:
     futures = [
-        await producer.send(topic, value=envelope, key=key.encode()) for key, envelope in items
+        await producer.send(topic, value=envelope, key=key.encode(), timestamp_ms=stamp)
+        for (key, envelope), stamp in zip(items, stamps, strict=True)
     ]
     await asyncio.gather(*futures)
 

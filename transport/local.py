@@ -45,8 +45,17 @@ def ledger_source(ledger_id: str) -> str:
     return f"ledger-{ledger_id}"
 
 
-def publish_local(local_dir: Path, source: str, envelopes: Sequence[bytes]) -> list[SpoolPosition]:
+def publish_local(
+    local_dir: Path,
+    source: str,
+    envelopes: Sequence[bytes],
+    *,
+    stamps_ms: Sequence[int] | None = None,
+) -> list[SpoolPosition]:
     """Append ``envelopes`` durably to ``local_dir/source/``; return their spool positions.
+
+    ``stamps_ms`` (one per envelope): the time a simulation's sender states for each
+    (stamped frames, SPEC §6.6 ``arrival = "sender"``). None: plain frames.
 
     Waits up to SPOOL_LOCK_WAIT_S for another writer of the same directory; raises
     SpoolLocked after that, ProtoError (nothing written) for an envelope that does not
@@ -66,4 +75,4 @@ def publish_local(local_dir: Path, source: str, envelopes: Sequence[bytes]) -> l
                 raise
             time.sleep(SPOOL_LOCK_POLL_S)
     with writer:
-        return writer.append(list(envelopes))
+        return writer.append(list(envelopes), None if stamps_ms is None else list(stamps_ms))

@@ -20,6 +20,11 @@ Frame format (version 1), one per record, back to back in a segment::
     9       N     the record bytes
 
 The checksum covers the length too, so a corrupted length is caught rather than followed.
+
+A **stamped** frame (magic 0xA8) is the same but for its N bytes: 8 bytes of a time in
+milliseconds (unsigned big-endian) that the writer states, then the record (N - 8 bytes,
+at least 1). Only simulations write them (SPEC §6.6 ``arrival = "sender"``: the time the
+sender stated is the input's arrival); readers accept both kinds in any mix.
 A writer accepts records up to its ``max_record_bytes`` (default MAX_RECORD_BYTES, one
 envelope); readers accept frames up to MAX_FRAME_RECORD_BYTES, room for the ledger's
 intake log (``transport.intake``), which wraps a spool record with where it came from.
@@ -60,6 +65,7 @@ from typing import BinaryIO, Final, Self
 
 import structlog
 
+from proto.limits import MAX_SAFE_INTEGER
 from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SPOOL_MAX_BYTES,
@@ -72,6 +78,7 @@ from transport.positions import SpoolPosition
 __all__ = [
     "FRAME_HEADER_BYTES",
     "FRAME_MAGIC",
+    "STAMPED_FRAME_MAGIC",
     "SpoolCorrupt",
     "SpoolEntry",
     "SpoolError",
@@ -85,6 +92,9 @@ __all__ = [
 ]
 
 FRAME_MAGIC: Final = 0xA7
+STAMPED_FRAME_MAGIC: Final = 0xA8
+_MAGICS: Final = (FRAME_MAGIC, STAMPED_FRAME_MAGIC)
+_STAMP: Final = struct.Struct(">Q")
 _HEADER: Final = struct.Struct(">BII")
 FRAME_HEADER_BYTES: Final = _HEADER.size
 _LENGTH: Final = struct.Struct(">I")
@@ -119,11 +129,13 @@ class SpoolCorrupt(SpoolError):
 
 @dataclass(frozen=True, slots=True)
 class SpoolEntry:
-    """One record read back, where it was, and where the next frame starts."""
+    """One record read back, where it was, and where the next frame starts; ``stamp_ms``
+    is the time a stamped frame states (None: a plain frame)."""
 
     position: SpoolPosition
     data: bytes
     next_position: SpoolPosition
+    stamp_ms: int | None = None
 
 
 # ---- frames (pure) ----------------------------------------------------------------------
@@ -140,14 +152,33 @@ def _checksum(length_bytes: bytes, data: bytes) -> int:
     return zlib.crc32(data, zlib.crc32(length_bytes))
 
 
-def frame(record: bytes, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
-    """The frame of one record: magic, length, checksum, bytes (module docstring).
+def frame(record: bytes, max_bytes: int = MAX_RECORD_BYTES, stamp_ms: int | None = None) -> bytes:
+    """The frame of one record: magic, length, checksum, bytes (module docstring); a
+    stamped frame when ``stamp_ms`` is given.
 
     ``max_bytes`` (at most MAX_FRAME_RECORD_BYTES) bounds the record: ValueError beyond.
     """
-    _check_record(record, min(max_bytes, MAX_FRAME_RECORD_BYTES))
-    length_bytes = _LENGTH.pack(len(record))
-    return _HEADER.pack(FRAME_MAGIC, len(record), _checksum(length_bytes, record)) + record
+    if stamp_ms is None:
+        _check_record(record, min(max_bytes, MAX_FRAME_RECORD_BYTES))
+        magic, body = FRAME_MAGIC, record
+    else:
+        _check_record(record, min(max_bytes, MAX_FRAME_RECORD_BYTES - _STAMP.size))
+        if isinstance(stamp_ms, bool) or not 0 <= stamp_ms <= MAX_SAFE_INTEGER:
+            raise ValueError(f"a spool stamp is 0..{MAX_SAFE_INTEGER} ms, got {stamp_ms!r}")
+        magic, body = STAMPED_FRAME_MAGIC, _STAMP.pack(stamp_ms) + record
+    length_bytes = _LENGTH.pack(len(body))
+    return _HEADER.pack(magic, len(body), _checksum(length_bytes, body)) + body
+
+
+def _unstamp(magic: int, body: bytes) -> tuple[bytes, int | None]:
+    if magic == FRAME_MAGIC:
+        return body, None
+    return body[_STAMP.size :], _STAMP.unpack_from(body)[0]
+
+
+def _length_ok(magic: int, length: int) -> bool:
+    least = 1 if magic == FRAME_MAGIC else _STAMP.size + 1
+    return magic in _MAGICS and least <= length <= MAX_FRAME_RECORD_BYTES
 
 
 class _Frame(Enum):
@@ -157,23 +188,25 @@ class _Frame(Enum):
     BAD = "bad"  # wrong magic, impossible length, or checksum mismatch
 
 
-def _read_frame(handle: BinaryIO) -> tuple[_Frame, bytes, int]:
-    """Read one frame at the handle's position: (status, record, frame length or 0)."""
+def _read_frame(handle: BinaryIO) -> tuple[_Frame, bytes, int, int | None]:
+    """Read one frame at the handle's position: (status, record, frame length or 0,
+    the stamp of a stamped frame)."""
     header = handle.read(FRAME_HEADER_BYTES)
     if not header:
-        return _Frame.END, b"", 0
+        return _Frame.END, b"", 0, None
     if len(header) < FRAME_HEADER_BYTES:
-        # A short header whose first byte is not the magic is damage, not a short write.
-        return (_Frame.INCOMPLETE if header[0] == FRAME_MAGIC else _Frame.BAD), b"", 0
+        # A short header whose first byte is not a magic is damage, not a short write.
+        return (_Frame.INCOMPLETE if header[0] in _MAGICS else _Frame.BAD), b"", 0, None
     magic, length, crc = _HEADER.unpack(header)
-    if magic != FRAME_MAGIC or not 1 <= length <= MAX_FRAME_RECORD_BYTES:
-        return _Frame.BAD, b"", 0
+    if not _length_ok(magic, length):
+        return _Frame.BAD, b"", 0, None
     data = handle.read(length)
     if len(data) < length:
-        return _Frame.INCOMPLETE, b"", 0
+        return _Frame.INCOMPLETE, b"", 0, None
     if _checksum(header[1:5], data) != crc:
-        return _Frame.BAD, b"", FRAME_HEADER_BYTES + length
-    return _Frame.OK, data, FRAME_HEADER_BYTES + length
+        return _Frame.BAD, b"", FRAME_HEADER_BYTES + length, None
+    record, stamp = _unstamp(magic, data)
+    return _Frame.OK, record, FRAME_HEADER_BYTES + length, stamp
 
 
 def _valid_frame_follows(handle: BinaryIO, offset: int, frame_bytes: int) -> bool:
@@ -186,21 +219,26 @@ def _valid_frame_follows(handle: BinaryIO, offset: int, frame_bytes: int) -> boo
     """
     if frame_bytes:
         handle.seek(offset + frame_bytes)
-        status, _, _ = _read_frame(handle)
+        status, _, _, _ = _read_frame(handle)
         return status is _Frame.OK
     handle.seek(offset + 1)
     rest = handle.read()
-    magic = bytes([FRAME_MAGIC])
-    at = rest.find(magic)
+    at = _find_magic(rest, 0)
     while 0 <= at <= len(rest) - FRAME_HEADER_BYTES - 1:
-        _, length, crc = _HEADER.unpack_from(rest, at)
+        magic, length, crc = _HEADER.unpack_from(rest, at)
         end = at + FRAME_HEADER_BYTES + length
-        if 1 <= length <= MAX_FRAME_RECORD_BYTES and end <= len(rest):
+        if _length_ok(magic, length) and end <= len(rest):
             data = rest[at + FRAME_HEADER_BYTES : end]
             if _checksum(rest[at + 1 : at + 5], data) == crc:
                 return True
-        at = rest.find(magic, at + 1)
+        at = _find_magic(rest, at + 1)
     return False
+
+
+def _find_magic(data: bytes, start: int) -> int:
+    """The first offset at or after ``start`` holding either frame magic (-1: none)."""
+    found = [i for i in (data.find(bytes([m]), start) for m in _MAGICS) if i >= 0]
+    return min(found, default=-1)
 
 
 # ---- directory helpers ------------------------------------------------------------------
@@ -310,7 +348,7 @@ class SpoolWriter:
             offset = 0
             while True:
                 handle.seek(offset)
-                status, _, frame_bytes = _read_frame(handle)
+                status, _, frame_bytes, _ = _read_frame(handle)
                 if status is _Frame.OK:
                     offset += frame_bytes
                     continue
@@ -364,8 +402,11 @@ class SpoolWriter:
         """Where the next appended frame will start (the ``next_position`` of the last)."""
         return SpoolPosition(self._segment, self._sizes.get(self._segment, 0))
 
-    def append(self, records: Sequence[bytes]) -> list[SpoolPosition]:
-        """Append ``records`` durably (one write, one fdatasync) and return their positions.
+    def append(
+        self, records: Sequence[bytes], stamps: Sequence[int] | None = None
+    ) -> list[SpoolPosition]:
+        """Append ``records`` durably (one write, one fdatasync) and return their positions;
+        with ``stamps`` (one per record), as stamped frames stating those times.
 
         Raises SpoolFull, before writing anything, when the spool would pass ``max_bytes``.
         """
@@ -373,7 +414,14 @@ class SpoolWriter:
             raise SpoolError("the spool writer is closed")
         if not records:
             return []
-        frames = [frame(r, self._max_record_bytes) for r in records]
+        if stamps is None:
+            frames = [frame(r, self._max_record_bytes) for r in records]
+        else:
+            if len(stamps) != len(records):
+                raise ValueError(f"{len(stamps)} stamps for {len(records)} records")
+            frames = [
+                frame(r, self._max_record_bytes, t) for r, t in zip(records, stamps, strict=True)
+            ]
         total = sum(len(f) for f in frames)
         if self._bytes_used + total > self._max_bytes:
             raise SpoolFull(
@@ -507,12 +555,15 @@ def read_spool(
             status = _Frame.END
             while max_records is None or count < max_records:
                 handle.seek(offset)
-                status, data, frame_bytes = _read_frame(handle)
+                status, data, frame_bytes, stamp = _read_frame(handle)
                 if status is not _Frame.OK:
                     break
                 next_offset = offset + frame_bytes
                 yield SpoolEntry(
-                    SpoolPosition(segment, offset), data, SpoolPosition(segment, next_offset)
+                    SpoolPosition(segment, offset),
+                    data,
+                    SpoolPosition(segment, next_offset),
+                    stamp,
                 )
                 count += 1
                 offset = next_offset

@@ -146,12 +146,25 @@ class Referee:
     flush: list[tuple[int, str, int]] = field(default_factory=list)
     violations: list[StreamViolation] = field(default_factory=list)
     _gap: bool = False
+    # SPEC §6.6: the arrival of the input being decided (its record's ``arrived_ms``;
+    # None for an untimed record) and the keys revoked per node.
+    _arrived: int | None = None
+    revoked: dict[str, set[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.ledger_required = required_of((self.ledger_key,))
 
-    def decide(self, opened: OpenResult, duplicate: bool, index: int = -1) -> Verdict:
+    def decide(
+        self,
+        opened: OpenResult,
+        duplicate: bool,
+        index: int = -1,
+        arrived_ms: int | None = None,
+    ) -> Verdict:
         """The decision for the next input in chain order; updates the state when accepted.
+
+        ``arrived_ms``: the ``arrived_ms`` its LedgerRecord carries (SPEC §6.6), which the
+        time rules use; None (an untimed record) applies none of them.
 
         ``duplicate`` is true when an earlier input of the placement has the same input
         hash (SPEC §6.1 step 2). ``index`` is its chain index: a chain position the
@@ -159,6 +172,7 @@ class Referee:
         """
         self._gap = False
         self._index = index
+        self._arrived = arrived_ms
         verdict = self._decide(opened, duplicate)
         record = opened.record
         if self._gap and isinstance(record, UsageEvent):
@@ -267,6 +281,7 @@ class Referee:
             # nodes, streams (and their taken seqs) stay
             self.bindings = {}
             self.bound_ids = {}
+            self.revoked = {}
             return self._install(opened, terms)
         failure = signer_failure(
             opened.sigs, required_of((terms.operator.key, terms.buyer.key, terms.desk.key))
@@ -303,11 +318,12 @@ class Referee:
         # valid_from, earlier valid_until — needs the operator (the buyer may co-sign);
         # anything else introduces or extends a key: operator and buyer.
         current = self.bindings.get(binding.node_id, {}).get(binding.key)
-        if (
+        revocation = (
             current is not None
-            and binding.valid_from_ms == current[0]
+            and binding.valid_from_ms <= current[0]
             and binding.valid_until_ms < current[1]
-        ):
+        )
+        if revocation:
             failure = signer_failure(opened.sigs, self.operator_required, self.buyer_required)
         else:
             failure = signer_failure(opened.sigs, {**self.operator_required, **self.buyer_required})
@@ -318,10 +334,30 @@ class Referee:
         if binding.valid_from_ms >= binding.valid_until_ms:
             return _reject(Reason.BINDING_INVALID)
         keys = self.bindings[binding.node_id]
+        revoked = self.revoked.setdefault(binding.node_id, set())
+        if revocation and current is not None:
+            # §6.6: a revocation keeps the start; the key is out from its arrival on.
+            window = (current[0], binding.valid_until_ms)
+            revoked.add(binding.key)
+        else:
+            # §6.6: an introduction (or the return of a revoked key) starts no earlier
+            # than its arrival; an extension reaches back no further than that either,
+            # beyond what the key already had.
+            start = binding.valid_from_ms
+            arrived = self._arrived
+            if arrived is not None:
+                if current is None or binding.key in revoked:
+                    start = max(start, arrived)
+                else:
+                    start = max(start, min(current[0], arrived))
+            if start >= binding.valid_until_ms:
+                return _reject(Reason.BINDING_INVALID)
+            window = (start, binding.valid_until_ms)
+            revoked.discard(binding.key)
         if binding.key not in keys:
             ids = self.bound_ids[binding.node_id]
             ids.setdefault(key_id(binding.key), []).append(binding.key)
-        keys[binding.key] = (binding.valid_from_ms, binding.valid_until_ms)
+        keys[binding.key] = window
         return _OK
 
     def _usage(self, opened: OpenResult, event: UsageEvent, terms: PlacementTerms) -> Verdict:
@@ -341,6 +377,8 @@ class Referee:
             return _reject(Reason.NODE_KEY_UNKNOWN)
         if sig.outcome != SIG_VALID or sig.key not in bound:
             return _reject(Reason.SIG_INVALID)
+        if sig.key in self.revoked.get(event.node_id, ()):
+            return _reject(Reason.NODE_KEY_REVOKED)  # §6.6: whatever the interval
         valid_from_ms, valid_until_ms = keys[sig.key]
         if not (valid_from_ms <= event.start_ms and event.end_ms <= valid_until_ms):
             return _reject(Reason.NODE_KEY_NOT_VALID)
@@ -381,6 +419,10 @@ class Referee:
         # 5. the window
         if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
             return Reason.OUTSIDE_WINDOW
+        # §6.6: nothing measured ends after it reached the log (beyond the skew bound).
+        arrived = self._arrived
+        if arrived is not None and event.end_ms > arrived + proto_limits.MAX_CLOCK_SKEW_MS:
+            return Reason.FUTURE_DATED
         # 6. the samples
         uuids = [s.uuid for s in event.samples]
         if len(set(uuids)) != len(uuids):

@@ -62,7 +62,7 @@ WORK_TABLES: Final = (
     "CREATE TABLE w_samples(chain_index BIGINT, uuid VARCHAR, allocated BOOLEAN, healthy BOOLEAN, "
     "power_mw BIGINT, xids BIGINT[], ecc_uncorrectable BIGINT, retired_pages BIGINT, "
     "present BOOLEAN)",
-    "CREATE TABLE w_reclaim(chain_index BIGINT, issued_at_ms BIGINT, effective_at_ms BIGINT)",
+    "CREATE TABLE w_reclaim(chain_index BIGINT, notice_from_ms BIGINT, effective_at_ms BIGINT)",
     "CREATE TABLE w_adjust(chain_index BIGINT, adjustment_id VARCHAR, direction VARCHAR, "
     "amount_minor BIGINT, accepted BOOLEAN)",
     "CREATE TABLE w_close(chain_index BIGINT)",
@@ -113,7 +113,7 @@ _INDEX_SQL: Final = (
 _BASE_SQL: Final = f"""
 CREATE OR REPLACE TABLE w_base AS
 WITH t AS (SELECT * FROM w_terms LIMIT 1),
-rc AS (SELECT chain_index AS rc_index, issued_at_ms, effective_at_ms
+rc AS (SELECT chain_index AS rc_index, notice_from_ms, effective_at_ms
        FROM w_reclaim ORDER BY chain_index LIMIT 1),
 cl AS (SELECT min(chain_index) AS cl_index FROM w_close),
 hs AS (  -- §7.1 health from evidence, whatever the flag; retired pages: growth over the
@@ -152,7 +152,7 @@ billed AS (  -- §7.2
                // {_MGMS_PER_GPU_HOUR} AS g,
            CASE WHEN rc.rc_index <= c.chain_index THEN  -- §7.3
                (t.share_total
-                * (GREATEST(0, t.notice_ms - (rc.effective_at_ms - rc.issued_at_ms))
+                * (GREATEST(0, t.notice_ms - GREATEST(0, rc.effective_at_ms - rc.notice_from_ms))
                    + CASE WHEN t.interruptible
                           THEN GREATEST(0, t.ws + t.min_duration_ms - rc.effective_at_ms)
                           ELSE t.we - rc.effective_at_ms END)

@@ -96,6 +96,7 @@ class Verification:
         self.prev_index = -1  # the last LedgerRecord read, for the prev link (6)
         self.prev_hash = ""
         self.close_index: int | None = None  # the first accepted close (7)
+        self.last_arrived: int | None = None  # the highest arrived_ms so far (7, SPEC §6.6)
         self.pending_claims: dict[int, tuple[Claim, str]] = {}  # adjustments decided later
         # (8) the roots of the checkpoints' tree sizes, kept while the pass streams leaves
         self.roots = CheckpointRoots()

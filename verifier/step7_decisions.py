@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from proto import limits as proto_limits
 from proto.records import Adjustment, LedgerRecord, PlacementClosed, ReclaimNotice, UsageEvent
 from verifier.decisions import (
     ACCEPTED,
@@ -49,7 +50,12 @@ def decide(
     run: Verification, index: int, ledger: LedgerRecord | None, row: InputRow, opened: OpenResult
 ) -> None:
     """SPEC §6 for the input at ``index``; compare with what the ledger recorded."""
-    verdict = run.referee.decide(opened, index in run.duplicates, index)
+    arrived = None if ledger is None else ledger.arrived_ms
+    if ledger is not None:
+        check_arrival(run, ledger, row.where)
+    verdict = run.referee.decide(opened, index in run.duplicates, index, arrived)
+    if ledger is not None:
+        check_premature_close(run, ledger, opened, row.where)
     report_stream_violations(run)
     report_disputes(run)
     claimed = (
@@ -91,14 +97,80 @@ def decide(
             for s in record.samples
         )
     elif isinstance(record, ReclaimNotice):
+        # §7.3, §6.6: the notice runs from the reclaim's arrival (issued_at_ms: untimed).
+        notice_from = record.issued_at_ms if arrived is None else arrived
         run.con.execute(
             "INSERT INTO w_reclaim VALUES (?, ?, ?)",
-            [index, record.issued_at_ms, record.effective_at_ms],
+            [index, notice_from, record.effective_at_ms],
         )
     elif isinstance(record, PlacementClosed):
         run.con.execute("INSERT INTO w_close VALUES (?)", [index])
         if run.close_index is None:
             run.close_index = index
+
+
+def check_arrival(run: Verification, ledger: LedgerRecord, where: str) -> None:
+    """SPEC §6.6: arrival times are monotone per placement, and once the chain is timed
+    every record carries one (records of before §6.6 may precede the first timed one)."""
+    arrived = ledger.arrived_ms
+    last = run.last_arrived
+    if arrived is None:
+        if run.terms.created_at_ms >= proto_limits.ARRIVAL_REQUIRED_FROM_MS:
+            run.add(
+                Step.DECISIONS,
+                "ARRIVAL_MISSING",
+                where,
+                "arrived_ms on every record of terms created from "
+                f"{proto_limits.ARRIVAL_REQUIRED_FROM_MS}",
+                "no arrived_ms",
+                "SPEC §6.6: no untimed record in a placement created after the rule",
+            )
+        elif last is not None:
+            run.add(
+                Step.DECISIONS,
+                "ARRIVAL_MISSING",
+                where,
+                "arrived_ms on every record once one has it",
+                "no arrived_ms",
+                "SPEC §6.6: a timed chain does not turn untimed",
+            )
+        return
+    if last is not None and arrived < last:
+        run.add(
+            Step.DECISIONS,
+            "ARRIVAL_ORDER",
+            where,
+            f"arrived_ms >= {last}",
+            arrived,
+            "SPEC §6.6: arrival is monotone per placement",
+        )
+    run.last_arrived = arrived if last is None else max(last, arrived)
+
+
+def check_premature_close(
+    run: Verification, ledger: LedgerRecord, opened: OpenResult, where: str
+) -> None:
+    """SPEC §6.6: usage that ended inside the window and arrived before the grace ran out,
+    rejected AFTER_CLOSE: the ledger closed too early."""
+    record = opened.record
+    terms = run.referee.terms
+    arrived = ledger.arrived_ms
+    if (
+        isinstance(record, UsageEvent)
+        and terms is not None
+        and arrived is not None
+        and ledger.reason == "AFTER_CLOSE"
+        and record.end_ms <= terms.window_end_ms
+        and arrived < terms.window_end_ms + terms.late_grace_ms
+    ):
+        run.add(
+            Step.DECISIONS,
+            "PREMATURE_CLOSE",
+            where,
+            f"open until {terms.window_end_ms + terms.late_grace_ms}",
+            f"usage arrived at {arrived} rejected AFTER_CLOSE",
+            "SPEC §6.6: the close came before window_end_ms + late_grace_ms",
+        )
 
 
 def report_stream_violations(run: Verification, *, at_end: bool = False) -> None:

@@ -11,12 +11,12 @@ import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
 
 from proto.cosign import cosign
 from proto.envelope import decode_envelope, open_envelope, sha256_hex
 from proto.errors import ProtoError
 from proto.keys import SigningKey, key_id, verify
+from proto.limits import MAX_CLOCK_SKEW_MS
 from proto.merkle import leaf_hash
 from proto.note import (
     LEDGER_NOTE_NAME,
@@ -29,10 +29,6 @@ from proto.note import (
 from proto.records import LedgerRecord, PlacementTerms
 from witness.known import Known
 from witness.state import Refusal, WitnessState
-
-# How far the party's clock may be from the ledger's when it judges "delivered before the
-# close deadline" (SPEC §8.3 W_MISSING).
-MAX_CLOCK_SKEW_MS: Final = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +68,7 @@ def witness(
 ) -> Cosigned | Refused:
     """Check ``note`` (with the record envelopes past ``state.size``) and cosign or refuse."""
     try:
-        new_state = _check(state, terms, note, new_records, known)
+        new_state = _check(state, terms, note, new_records, known, now_s)
     except _Refuse as refuse:
         return Refused(
             Refusal(
@@ -105,6 +101,7 @@ def _check(
     note: SignedNote,
     new_records: Sequence[bytes],
     known: Sequence[Known],
+    now_s: int,
 ) -> WitnessState:
     # (1) W_SIGNATURE: the ledger the terms name signed it, for this placement's log.
     if not note.signed_by(LEDGER_NOTE_NAME, terms.ledger_key):
@@ -153,11 +150,18 @@ def _check(
     close_index = state.close_index
     prev = state.last_record_hash
     ledger_keyid = key_id(terms.ledger_key)
+    delivered: dict[str, int] = {}
+    for k in known:
+        delivered[k.input_hash] = min(
+            delivered.get(k.input_hash, k.delivered_at_ms), k.delivered_at_ms
+        )
     for offset, raw in enumerate(new_records):
         index = state.size + offset
         record = _ledger_record(raw, index, prev, terms, ledger_keyid)
         prev = sha256_hex(payloads[offset])
         included.setdefault(record.source, index)
+        # (7) W_TIME: the arrival the ledger signed lies within this party's own clocks.
+        _check_time(record, index, raw, now_s, delivered)
         if record.kind == "closed" and record.status == "accepted" and close_index < 0:
             close_index = index
     # (5) W_ORDER: each of the party's node streams is in the log in seq order.
@@ -203,6 +207,34 @@ def _ledger_record(
     if record.prev != prev:
         raise _Refuse("W_RECORD", f"record {index} does not link to record {index - 1}", index, raw)
     return record
+
+
+def _check_time(
+    record: LedgerRecord, index: int, raw: bytes, now_s: int, delivered: dict[str, int]
+) -> None:
+    """SPEC §8.3 (7): every record is timed, not after this witness's clock (+ skew) and
+    not before the party delivered its input (- skew)."""
+    arrived = record.arrived_ms
+    if arrived is None:
+        raise _Refuse("W_TIME", f"record {index} carries no arrived_ms", index, raw)
+    latest = now_s * 1000 + MAX_CLOCK_SKEW_MS
+    if arrived > latest:
+        raise _Refuse(
+            "W_TIME",
+            f"record {index} arrived_ms {arrived} is after this witness's clock "
+            f"{now_s * 1000} + {MAX_CLOCK_SKEW_MS}",
+            index,
+            raw,
+        )
+    sent = delivered.get(record.source)
+    if sent is not None and arrived < sent - MAX_CLOCK_SKEW_MS:
+        raise _Refuse(
+            "W_TIME",
+            f"record {index} arrived_ms {arrived} is before its input was delivered "
+            f"({sent}) - {MAX_CLOCK_SKEW_MS}",
+            index,
+            raw,
+        )
 
 
 def _check_order(known: Sequence[Known], included: dict[str, int]) -> None:

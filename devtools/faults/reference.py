@@ -3,20 +3,23 @@
 **Why the comparison with them is sound** (invariant (b), ``checks.py``). A chain is a
 pure function of the order of its placement's inputs in one partition. That order is
 fixed by construction wherever it changes a decision: the harness publishes in phases
-separated by barriers — terms, key bindings, early reclaims and adjustments before the
-agents start; reclaims and adjustments "after the usage" only once every agent exited 0
-(all acknowledged); the ledger gets a clock past every close only then, so its closes
-land after all usage; late records, and the skewed node's remaining intervals, only once
-every close is in the topic. What stays free is (i) where re-deliveries fall (dropped,
-never chained), (ii) where held inputs wait (released in arrival order right after the
-terms, which is the order a single source produced them), and (iii) how the streams of
-*different* nodes of one placement interleave. So two references are used:
+separated by barriers — terms, new key bindings, early reclaims and adjustments before
+the agents start; revocations of rotated keys, reclaims and adjustments "after the
+usage" only once every agent exited 0 (all acknowledged); the ledger gets a clock past
+every close only then, so its closes land after all usage; late records, and the skewed
+node's remaining intervals, only once every close is in the topic. What stays free is
+(i) where re-deliveries fall (dropped, never chained), (ii) where held inputs wait
+(released in arrival order right after the terms, which is the order a single source
+produced them), and (iii) how the streams of *different* nodes of one placement
+interleave. Arrival times (SPEC §6.6) are the ones the senders state (``scenario.py``:
+fixed per record, the same on both transports and for every re-send), and a held input's
+record carries its own, so they follow the same order. So two references are used:
 
 * *same stream*: the faulty topic is read back and each partition's exact sequence
   (re-deliveries included) is folded by a fault-free ledger (local transport, one spool
-  per partition, same key and clock). Its heads, final statements and dropped counts
-  must equal the faulty run's byte for byte: kill -9, restarts and outages changed
-  nothing the stream did not dictate.
+  per partition, each message stating its topic timestamp, same key and clock). Its
+  heads, final statements and dropped counts must equal the faulty run's byte for byte:
+  kill -9, restarts and outages changed nothing the stream did not dictate.
 * *fault-free run of the seed*: the agents run in-process on simulated clocks (the same
   ``build_agent`` and simulator the CLI uses, so the same bytes) and everything is
   folded in the canonical phase order from one ordered spool. Decisions per input and
@@ -41,8 +44,10 @@ from meter.cli import build_agent
 from meter.clock import SimClock
 from meter.config import load_meter_config
 from meter.metrics import MeterMetrics
+from meter.shipper import simulated_send_ms
 from meter.sim import parse_sim_spec
 from proto.envelope import open_envelope
+from proto.invariant import present
 from proto.keys import SigningKey
 from proto.records import PlacementTerms, Statement, Totals
 from transport.local import publish_local
@@ -80,10 +85,11 @@ class NodeReference:
 
     envelopes: list[bytes] = field(default_factory=list)
     phase: dict[bytes, Phase] = field(default_factory=dict)
+    sent_ms: dict[bytes, int] = field(default_factory=dict)
 
-    def of_phase(self, phase: Phase) -> list[bytes]:
-        """The envelopes signed in one phase, in order."""
-        return [e for e in self.envelopes if self.phase[e] == phase]
+    def of_phase(self, phase: Phase) -> list[tuple[bytes, int]]:
+        """The envelopes signed in one phase, in order, with the time the agent states."""
+        return [(e, self.sent_ms[e]) for e in self.envelopes if self.phase[e] == phase]
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,10 @@ def run_reference_agent(
                 for envelope in emitted:
                     out.envelopes.append(envelope)
                     out.phase[envelope] = segment.phase
+                    # what the CLI's shipper states (meter run --until-ms)
+                    out.sent_ms[envelope] = present(
+                        simulated_send_ms(envelope, spec.skew_ms), "a usage event's send time"
+                    )
                 if due is None or due > segment.until_ms:
                     break
         finally:
@@ -156,14 +166,16 @@ def fold_local(
     key: SigningKey,
     directory: Path,
     clock_ms: int,
-    batches: Sequence[Mapping[str, Sequence[bytes]]],
+    batches: Sequence[Mapping[str, Sequence[tuple[bytes, int]]]],
     *,
     batch_max_records: int = 64,
 ) -> LedgerState:
-    """A fault-free ledger (local transport) over spools written batch by batch.
+    """A fault-free ledger (local transport, ``arrival = "sender"``) over spools written
+    batch by batch.
 
-    Each batch maps a source name to envelopes appended to that spool; the ledger runs
-    until idle (consumes all, then closes what is due) after each batch.
+    Each batch maps a source name to (envelope, stated time) pairs appended to that spool
+    as stamped frames; the ledger runs until idle (consumes all, then closes what is
+    due) after each batch.
     """
     local = directory / "spool"
     db = directory / "ledger.duckdb"
@@ -176,12 +188,15 @@ def fold_local(
         local_dir=local,
         clock=fixed_clock(clock_ms),
         batch_max_records=batch_max_records,
+        arrival="sender",
     )
     try:
         for batch in batches:
-            for source, envelopes in batch.items():
-                if envelopes:
-                    publish_local(local, source, list(envelopes))
+            for source, stamped in batch.items():
+                if stamped:
+                    publish_local(
+                        local, source, [e for e, _ in stamped], stamps_ms=[t for _, t in stamped]
+                    )
             service.run_until_idle()
     finally:
         service.close()
@@ -209,6 +224,7 @@ def rebuild_local(
         local_dir=directory / "spool",
         clock=fixed_clock(clock_ms),
         batch_max_records=batch_max_records,
+        arrival="sender",
     )
     try:
         service.run_until_idle()
@@ -230,11 +246,11 @@ def build_reference(
         )
         for plan in scenario.nodes
     }
-    early = [*(e for _, e in scenario.pre)]
+    early = [(e, scenario.early_clock_ms) for _, e in scenario.pre]
     for plan in scenario.nodes:
         early.extend(nodes[plan.node_id].of_phase("early"))
-    early.extend(e for _, e in scenario.post)
-    late = [e for _, e in scenario.late]
+    early.extend((e, scenario.post_clock_ms) for _, e in scenario.post)
+    late = [(e, scenario.late_clock_ms) for _, e in scenario.late]
     for plan in scenario.nodes:
         late.extend(nodes[plan.node_id].of_phase("late"))
     ledger = fold_local(
@@ -285,7 +301,7 @@ def fold_partitions(
     """The *same stream* reference: each partition's exact sequence folded fault-free
     (one local spool per partition: a placement lives in one partition, so its inputs
     keep their order)."""
-    by_partition: dict[str, list[bytes]] = defaultdict(list)
+    by_partition: dict[str, list[tuple[bytes, int]]] = defaultdict(list)
     for message in messages:
-        by_partition[f"partition-{message.partition}"].append(message.value)
+        by_partition[f"partition-{message.partition}"].append((message.value, message.timestamp_ms))
     return fold_local(key, directory, clock_ms, [by_partition])

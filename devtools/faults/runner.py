@@ -376,6 +376,8 @@ class _SeedRun:
                 "batch_max_records": scenario.batch_max_records,
                 "http": "off",
                 "clock_ms": clock_ms,
+                # A simulation: arrival times are the ones the senders state (SPEC §6.6).
+                "arrival": "sender",
                 "kafka": {"bootstrap": self.bootstrap, "topic": self.topic},
             }
             (self.workdir / f"ledger-{name}.toml").write_text(tomli_w.dumps(config))
@@ -677,7 +679,8 @@ class _SeedRun:
         rng = random.Random(f"gridledger-faults/{self.seed}/dup/{self.report.total_cycles}")
         picked = [keyed[rng.randrange(len(keyed))] for _ in range(fault.count)] if keyed else []
         items = [(m.key.decode(), m.value) for m in picked if m.key is not None]
-        publish(self.settings, items)
+        # Re-delivered as sent: stating the time the first copy stated.
+        publish(self.settings, items, [m.timestamp_ms for m in picked if m.key is not None])
         self.cycle(FaultKind.DUPLICATES, f"{len(items)} re-delivered of {len(messages)}")
 
     # -- the run --
@@ -689,10 +692,18 @@ class _SeedRun:
         configs = self._setup()
         self.reference = build_reference(self.scenario, configs, self.workdir / "reference")
         timings["reference"] = time.monotonic() - mark
-        from transport.kafka import create_topic, replicated_topic_config
+        from transport.kafka import (
+            SIMULATION_TOPIC_CONFIG,
+            create_topic,
+            replicated_topic_config,
+        )
 
         rf = self.replication_factor
-        config = None if rf == 1 else replicated_topic_config(rf)
+        # A simulation's topic (records state their simulated time, SPEC §6.6), with the
+        # replicated settings on a cluster.
+        config = {**replicated_topic_config(rf), **SIMULATION_TOPIC_CONFIG}
+        if rf == 1:
+            config.pop("min.insync.replicas")
         create_topic(
             self.bootstrap,
             self.topic,
@@ -718,18 +729,21 @@ class _SeedRun:
         scenario, schedule = self.scenario, self.schedule
         timings = self.report.timings_s
         mark = time.monotonic()
-        publish(self.settings, [(p, e) for p, e in scenario.pre if not self._held_terms(p, e)])
+        self._publish(
+            [(p, e) for p, e in scenario.pre if not self._held_terms(p, e)],
+            scenario.early_clock_ms,
+        )
         self.meter_phase = "early"
         self.supervise()  # starts the ledger and the agents
         terms_published = scenario.late_terms is None
         for index, fault in enumerate(schedule.of_phase("early")):
             if not terms_published and index == schedule.terms_after:
-                publish(self.settings, self._late_terms())
+                self._publish(self._late_terms(), scenario.early_clock_ms)
                 terms_published = True
                 self.note(f"terms of {scenario.late_terms} published (held inputs released)")
             self.inject(fault)
         if not terms_published:
-            publish(self.settings, self._late_terms())
+            self._publish(self._late_terms(), scenario.early_clock_ms)
         self._hurry()
         self.wait_for(
             lambda: all(
@@ -740,7 +754,7 @@ class _SeedRun:
         )
         timings["early"] = time.monotonic() - mark
         mark = time.monotonic()
-        publish(self.settings, list(scenario.post))
+        self._publish(list(scenario.post), scenario.post_clock_ms)
         # The ledger's clock moves past every close: restart it with the late clock.
         if self.ledger.alive():
             self.ledger.kill9()
@@ -752,7 +766,7 @@ class _SeedRun:
         self._wait_for_closes()
         timings["close"] = time.monotonic() - mark
         mark = time.monotonic()
-        publish(self.settings, list(scenario.late))
+        self._publish(list(scenario.late), scenario.late_clock_ms)
         self.meter_phase = "late"
         self.pace_ms = schedule.pace_ms
         self.supervise()
@@ -785,6 +799,10 @@ class _SeedRun:
         for meter in self.meters.values():
             self._check_meter(meter)
         timings["late"] = time.monotonic() - mark
+
+    def _publish(self, items: list[tuple[str, bytes]], stated_ms: int) -> None:
+        """Publish records of one phase, each stating the phase's simulated time."""
+        publish(self.settings, items, [stated_ms] * len(items))
 
     def _hurry(self) -> None:
         """The phase's faults are done: agents still pacing are killed (checked like any
@@ -834,6 +852,7 @@ class _SeedRun:
                 KafkaConfig(settings=self.settings),
                 clock=fixed_clock(self.scenario.late_clock_ms),
                 batch_max_records=self.scenario.batch_max_records,
+                arrival="sender",
             )
             try:
                 await service.start()
@@ -902,7 +921,8 @@ class _SeedRun:
                 known = base / f"{pid}.buyer-known"
                 known.mkdir(parents=True, exist_ok=True)
                 (known / "terms.signed.json").write_bytes(terms_file.read_bytes())
-                at_ns = terms.created_at_ms * 1_000_000
+                # The buyer published its terms at the simulated time they state.
+                at_ns = self.scenario.early_clock_ms * 1_000_000
                 os.utime(known / "terms.signed.json", ns=(at_ns, at_ns))
                 for role, key, delivery_logs, known_dir in (
                     ("operator", cast.operator, logs, None),

@@ -8,6 +8,16 @@ inputs are held). ``write_node_configs`` writes each node's keys, terms and mete
 
 Determinism: the scenario, the keys (``devtools.builders`` seed text) and the readings
 come from ``random.Random`` seeded by the seed.
+
+Time (SPEC §6.6): the runs are simulations on a compressed clock, so their ledgers take
+each input's arrival from the time its sender states (``arrival = "sender"``, a
+``CreateTime`` topic). The senders state simulated times fixed by the scenario, the same
+on both transports and for every re-send: records published before the agents start
+(``pre``, the terms arriving mid-stream too) at ``early_clock_ms``; those after the usage
+(``post``) at ``post_clock_ms``; those after the close (``late``) at ``late_clock_ms``; a
+usage event when its interval ended (``meter.shipper.simulated_send_ms``: its end, plus
+the clock skew of a node whose clock runs behind); the ledger's closes at their
+``closed_at_ms``.
 """
 
 from __future__ import annotations
@@ -93,6 +103,7 @@ class Scenario:
     late_terms: str | None
     early_clock_ms: int
     late_clock_ms: int
+    post_clock_ms: int
     partitions: int
     segment_max_bytes: int
     batch_max_records: int
@@ -268,8 +279,10 @@ def generate_scenario(seed: int) -> Scenario:
             features.append(f"{node_id} key rotated at {rotation_ms}")
             key0, key1 = cast.node_key(node_id), rotated_key(seed, node_id)
             for t in mine:
-                # Revoke the terms' key from the rotation on, bind the new one from then.
-                pre.append(
+                # Bind the new key from the rotation on (before any usage); revoke the
+                # terms' key once its last event is in (SPEC §6.6: a revocation takes
+                # effect at its arrival): after the usage, with the records of ``post``.
+                post.append(
                     (
                         t.placement_id,
                         builders.key_binding(
@@ -310,6 +323,10 @@ def generate_scenario(seed: int) -> Scenario:
             key = "k1"
         if early_until < end_ms:
             segments.append(Segment(key, end_ms, "late"))
+        if skew_ms:
+            # The agent's clock runs skew_ms behind: it states its sends that much later
+            # in true time (meter.shipper.simulated_send_ms).
+            spec.append(f"skew_ms=-{skew_ms}")
         plans.append(NodePlan(node_id, ",".join(spec), tuple(segments), rotation_ms, skew_ms))
 
     # Operator and desk records around the usage.
@@ -379,6 +396,7 @@ def generate_scenario(seed: int) -> Scenario:
         late_terms=late_terms,
         early_clock_ms=early_clock_ms,
         late_clock_ms=late_clock_ms,
+        post_clock_ms=max(t.window_end_ms for t in terms_list),
         partitions=rng.randint(1, 4),
         segment_max_bytes=rng.choice([4096, 16_384, 1 << 20]),
         batch_max_records=rng.choice([1, 3, 8, 32]),

@@ -26,12 +26,14 @@ KAFKA_IO_TIMEOUT_S: Final = 60.0
 
 @dataclass(frozen=True)
 class TopicMessage:
-    """One message of the topic."""
+    """One message of the topic; ``timestamp_ms`` is the time its sender stated (the
+    harness's topics keep ``CreateTime``, SPEC §6.6 ``arrival = "sender"``)."""
 
     partition: int
     offset: int
     key: bytes | None
     value: bytes
+    timestamp_ms: int = 0
 
 
 async def _read_topic(settings: KafkaSettings, partitions: int) -> list[TopicMessage]:
@@ -59,7 +61,9 @@ async def _read_topic(settings: KafkaSettings, partitions: int) -> list[TopicMes
                 batches = await consumer.getmany(*behind, timeout_ms=200)
                 for tp, records in batches.items():
                     out.extend(
-                        TopicMessage(tp.partition, r.offset, r.key, r.value or b"")
+                        TopicMessage(
+                            tp.partition, r.offset, r.key, r.value or b"", int(r.timestamp)
+                        )
                         for r in records
                         if r.offset < end[tp]
                     )
@@ -93,6 +97,13 @@ def end_offsets(settings: KafkaSettings, partitions: int) -> dict[int, int]:
     return run_sync(_end_offsets(settings, partitions))
 
 
-def publish(settings: KafkaSettings, items: Sequence[tuple[str, bytes]]) -> None:
+def publish(
+    settings: KafkaSettings, items: Sequence[tuple[str, bytes]], stamps_ms: Sequence[int]
+) -> None:
+    """Send (placement, envelope) pairs in order, each stating its simulated time."""
     if items:
-        asyncio.run(publish_kafka(settings, items, timeout_s=KAFKA_IO_TIMEOUT_S))
+        asyncio.run(
+            publish_kafka(
+                settings, items, timeout_s=KAFKA_IO_TIMEOUT_S, timestamps_ms=list(stamps_ms)
+            )
+        )
