@@ -9,6 +9,8 @@ a bill whose derivation does not give its amount says so on its face.
 
 from __future__ import annotations
 
+from typing import Final
+
 from billview.doc import BillDoc, Checkpoint, GpuRow, Line, Period, StatementRef, Verdict
 from billview.facts import BillFacts, effective_end, effective_end_at_close
 from billview.timeline import DELIVERED, RECLAIMED, UNALLOCATED, UNHEALTHY, UNREPORTED
@@ -24,6 +26,10 @@ from billview.units import (
 )
 from proto.limits import MAX_BPS, MILLI_GPU_MS_PER_GPU_HOUR
 from proto.records import PlacementTerms, Totals
+
+# The order of a bill's sections: what was delivered, what it costs, how available it was,
+# what is credited back, what each party pays or receives.
+SECTIONS: Final = ("delivery", "charges", "sla", "credits", "settlement")
 
 
 def _share_total(terms: PlacementTerms) -> int:
@@ -97,6 +103,7 @@ def build(facts: BillFacts, gpu_rows: list[GpuRow], timeline_note: str = "") -> 
     lines += _reclaim(facts, totals, money, checks)
     lines += _adjustments(facts, totals, money, checks)
     lines += _settlement(terms, totals, money, checks)
+    lines.sort(key=lambda line: SECTIONS.index(line.section))  # stable: order within kept
     statement = facts.statement
     checkpoint = None
     if facts.checkpoint is not None:
@@ -360,8 +367,8 @@ def _adjustments(facts: BillFacts, totals: Totals, money: _Money, checks: list[s
                 label=f"Adjustment {adj.adjustment_id} ({adj.direction})",
                 amount_minor=adj.amount_minor if adj.accepted else 0,
                 amount=format_minor(adj.amount_minor if adj.accepted else 0, terms.currency_scale),
-                payer="operator" if is_credit else "buyer",
-                payee="buyer" if is_credit else "operator",
+                payer="" if not adj.accepted else "operator" if is_credit else "buyer",
+                payee="" if not adj.accepted else "buyer" if is_credit else "operator",
                 derivation=text,
                 signers=list(adj.signers),
             )

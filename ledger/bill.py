@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from billview.build import build
-from billview.doc import BillDoc
+from billview.doc import BillDoc, GpuRow
 from billview.facts import (
     AdjustmentFacts,
     BillFacts,
@@ -56,6 +56,14 @@ USAGE_PAGE: Final = 5_000
 
 def bill_doc(store: Store, key: SigningKey, placement_id: str) -> BillDoc:
     """The bill of ``placement_id`` through its current head (raises UnknownPlacement)."""
+    facts, rows, note = bill_facts(store, key, placement_id)
+    return build(facts, rows, note)
+
+
+def bill_facts(
+    store: Store, key: SigningKey, placement_id: str
+) -> tuple[BillFacts, list[GpuRow], str]:
+    """What the bill shows, from the store: the facts, the per-GPU rows, a timeline note."""
     envelope = issue_statement(store, key, placement_id)
     statement = open_envelope(envelope).record
     if not isinstance(statement, Statement):
@@ -94,7 +102,7 @@ def bill_doc(store: Store, key: SigningKey, placement_id: str) -> BillDoc:
     timeline = TimelineBuilder(terms, effective_end(facts))
     _classify_usage(store, placement_id, through, timeline)
     rows, note = timeline.finish()
-    return build(facts, rows, note)
+    return facts, rows, note
 
 
 def _rows(

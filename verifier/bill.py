@@ -186,8 +186,10 @@ def _adjustments(run: Verification, through: int) -> tuple[AdjustmentFacts, ...]
         for i, a in run.con.execute("SELECT chain_index, accepted FROM w_adjust").fetchall()
     }
     out: list[AdjustmentFacts] = []
-    for (index,) in run.con.execute(
-        f"SELECT chain_index FROM {ALIAS}.adjustments WHERE chain_index <= ? "
+    # A rejected one shows the export's reason: step (7) compared it with the verifier's own
+    # decision, so on a verified export it is the verifier's reason too.
+    for index, reason in run.con.execute(
+        f"SELECT chain_index, reason FROM {ALIAS}.adjustments WHERE chain_index <= ? "
         f"ORDER BY chain_index LIMIT {MAX_ADJUSTMENT_LINES}",
         [through],
     ).fetchall():
@@ -209,7 +211,7 @@ def _adjustments(run: Verification, through: int) -> tuple[AdjustmentFacts, ...]
                 issued_at_ms=adj.issued_at_ms,
                 signers=signer_names(run.terms, keyids),
                 accepted=ok,
-                reject_reason="" if ok else "by SPEC §6.3 (signers or bounds)",
+                reject_reason="" if ok else str(reason),
             )
         )
     return tuple(out)
