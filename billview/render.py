@@ -142,6 +142,7 @@ tr.total td { font-weight: 600; }
 tr.mine td:first-child { border-left: 3px solid var(--ink); }
 .you-tag { font-size: 11px; border: 1px solid var(--ink); border-radius: 3px; padding: 0 4px;
            margin-left: 6px; }
+td.gpu { white-space: nowrap; }
 .terms td:first-child { width: 180px; color: var(--muted); }
 .legend span { display: inline-block; margin-right: 14px; font-size: 12px; }
 .legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px;
@@ -233,7 +234,7 @@ def _summary(doc: BillDoc, party: str) -> str:
 
 def _gpu_table(doc: BillDoc) -> str:
     head = (
-        "<tr><th>GPU</th><th>node</th><th class=num>share</th>"
+        "<tr><th>GPU</th><th class=num>share</th>"
         + "".join(f"<th class=num>{_e(STATE_LABELS[s])}</th>" for s in STATES)
         + "<th class=num>delivered</th><th class=num>availability</th></tr>"
     )
@@ -241,8 +242,9 @@ def _gpu_table(doc: BillDoc) -> str:
     for g in doc.gpus:
         cells = "".join(f"<td class=num>{_e(duration(g.ms.get(s, 0)))}</td>" for s in STATES)
         rows.append(
-            f'<tr data-gpu="{_e(g.uuid)}"><td>{_e(g.uuid)}<div class="muted">{_e(g.model)}</div>'
-            f"</td><td>{_e(g.node_id)}</td><td class=num>{g.share_milli}/1000</td>{cells}"
+            f'<tr data-gpu="{_e(g.uuid)}"><td class="gpu">{_e(g.uuid)}<div class="muted">'
+            f"{_e(g.model)} on {_e(g.node_id)}</div></td>"
+            f"<td class=num>{g.share_milli}/1000</td>{cells}"
             f"<td class=num>{_e(g.delivered_gpu_h)} GPU-h</td>"
             f"<td class=num>{_e(g.availability)}</td></tr>"
         )

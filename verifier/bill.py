@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from billview.build import build
@@ -62,7 +63,7 @@ class BillParts:
 
 def verdict_of(report: ExportReport) -> VerdictFacts:
     """FINAL / PROVISIONAL / FAILED as ``gridledger verify`` judged the export."""
-    by = f"verified offline by gridledger verify from {report.path}"
+    by = f"verified offline by gridledger verify from {Path(report.path).name}"
     if not report.ok:
         reasons = [f.line() for f in report.findings.kept[:20]]
         return VerdictFacts("FAILED", by, (f"{report.findings.total} finding(s)", *reasons))
