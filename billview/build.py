@@ -373,6 +373,17 @@ def _adjustments(facts: BillFacts, totals: Totals, money: _Money, checks: list[s
                 signers=list(adj.signers),
             )
         )
+    if facts.adjustments_left_out:
+        lines.append(
+            Line(
+                key="adjustments:left-out",
+                section="credits",
+                label=f"… {facts.adjustments_left_out} more adjustments",
+                derivation="not listed one by one (a bill lists at most "
+                f"{len(facts.adjustments)}); they count in the totals below",
+            )
+        )
+        return lines
     _check(checks, "adjustment credits", credit, totals.adjustment_credit_minor)
     _check(checks, "adjustment charges", charge, totals.adjustment_charge_minor)
     return lines

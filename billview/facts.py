@@ -17,6 +17,9 @@ from proto.records import PlacementTerms, Totals
 Level = Literal["FINAL", "PROVISIONAL", "FAILED"]
 Renderer = Literal["ledger", "verifier"]
 PARTY_ROLES: Final = ("buyer", "operator", "desk")
+# Adjustments listed one by one on a bill; past it the rest still count in the totals and
+# one line says how many were left out (BOUNDS.md).
+MAX_ADJUSTMENT_LINES: Final = 1_000
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class BillFacts:
     periods: tuple[PeriodFacts, ...] = ()
     reclaim: ReclaimFacts | None = None
     adjustments: tuple[AdjustmentFacts, ...] = ()
+    adjustments_left_out: int = 0  # chained adjustments past MAX_ADJUSTMENT_LINES
     close_index: int | None = None
     closed_at_ms: int | None = None
     checkpoint: CheckpointFacts | None = None

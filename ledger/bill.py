@@ -22,6 +22,7 @@ from typing import Final
 from billview.build import build
 from billview.doc import BillDoc, GpuRow
 from billview.facts import (
+    MAX_ADJUSTMENT_LINES,
     AdjustmentFacts,
     BillFacts,
     CheckpointFacts,
@@ -73,6 +74,7 @@ def bill_facts(
         raise UnknownPlacement(f"placement {placement_id!r} has no accepted terms")
     through = statement.through_index
     reclaim, adjustments, close = _inputs(store, terms, through)
+    left_out = max(0, len(adjustments) - MAX_ADJUSTMENT_LINES)
     checkpoint = _checkpoint(store, key, terms)
     facts = BillFacts(
         renderer="ledger",
@@ -88,7 +90,8 @@ def bill_facts(
         record_count=through + 1,
         periods=_periods(store, placement_id),
         reclaim=reclaim,
-        adjustments=tuple(adjustments),
+        adjustments=tuple(adjustments[:MAX_ADJUSTMENT_LINES]),
+        adjustments_left_out=left_out,
         close_index=None if close is None else close[0],
         closed_at_ms=None if close is None else close[1],
         checkpoint=checkpoint,

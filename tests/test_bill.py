@@ -212,3 +212,53 @@ def test_terms_show_reads_as_terms(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "10 min notice; penalty 100.00 %" in out
     assert "availability target 99.00 %; credit 10.00 % of gross" in out
     assert "1796083200000" not in out
+
+
+def test_timeline_keeps_max_segments_and_one_more_leaves_the_picture_out() -> None:
+    """MAX_TIMELINE_SEGMENTS: at the bound every segment is drawn; one past it the
+    picture is left out with a sentence, and the hours per state stay exact."""
+    from billview.timeline import MAX_TIMELINE_SEGMENTS, TimelineBuilder
+
+    n = MAX_TIMELINE_SEGMENTS
+    cast = make_cast("segments")
+    for count, truncated in ((n, False), (n + 1, True)):
+        start = 1_796_083_200_000
+        terms = make_terms(cast, "pl-seg", [gpu("n0", 0)], start, start + count * 1000)
+        builder = TimelineBuilder(terms, terms.window_end_ms)
+        for k in range(count):  # 1 s each, the state alternating: no two merge
+            state = "delivered" if k % 2 == 0 else "unhealthy"
+            builder.add("GPU-n0-0", start + k * 1000, start + (k + 1) * 1000, state)
+        rows, note = builder.finish()
+        assert builder.truncated is truncated
+        assert rows[0].ms["delivered"] == (count + 1) // 2 * 1000
+        assert rows[0].ms["unhealthy"] == count // 2 * 1000
+        if truncated:
+            assert rows[0].segments == [] and "left out" in note
+        else:
+            assert len(rows[0].segments) == n and note == ""
+
+
+def test_adjustment_lines_past_the_bound_count_and_say_how_many(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_ADJUSTMENT_LINES (shown here lowered to 2; the scenario chains 3): both sides
+    list two, one line says one more, the totals and every check still hold."""
+    import ledger.bill
+    import verifier.bill
+
+    monkeypatch.setattr(ledger.bill, "MAX_ADJUSTMENT_LINES", 2)
+    monkeypatch.setattr(verifier.bill, "MAX_ADJUSTMENT_LINES", 2)
+    scenario = run_bill_scenario(tmp_path)
+    store, key = scenario.service.store, scenario.service.key
+    theirs = bill_doc(store, key, PID)
+    export = tmp_path / "export.duckdb"
+    export_placement(store, PID, export, key=key)
+    report = verify_export(export, scenario.cast.trust(), bill=True)
+    assert report.bill is not None
+    mine = report.bill.doc(report)
+    for doc in (theirs, mine):
+        keys = [line.key for line in doc.lines if line.key.startswith("adjustment")]
+        assert keys == ["adjustment:egress-1", "adjustment:goodwill-1", "adjustments:left-out"]
+        assert _line(doc, "adjustments:left-out")["label"] == "… 1 more adjustments"
+        assert doc.checks == [] and doc.totals["buyer_owes_minor"] == 262
+    assert mine.lines == theirs.lines

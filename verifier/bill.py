@@ -21,6 +21,7 @@ from typing import Final
 from billview.build import build
 from billview.doc import BillDoc, GpuRow
 from billview.facts import (
+    MAX_ADJUSTMENT_LINES,
     AdjustmentFacts,
     BillFacts,
     CheckpointFacts,
@@ -43,8 +44,6 @@ from verifier.state import ExportReport, Verification
 
 # Samples read per fetch while the timeline is built (bounded memory).
 SAMPLE_FETCH: Final = 10_000
-# Adjustments listed on one bill (each still counts in the totals; BOUNDS.md).
-MAX_ADJUSTMENT_LINES: Final = 1_000
 
 
 @dataclass(frozen=True)
@@ -107,6 +106,7 @@ def collect(run: Verification) -> BillParts | None:
         periods=_periods(run),
         reclaim=_reclaim(run, through),
         adjustments=_adjustments(run, through),
+        adjustments_left_out=max(0, _adjustment_count(run, through) - MAX_ADJUSTMENT_LINES),
         close_index=run.close_index,
         closed_at_ms=_closed_at(run),
         checkpoint=_checkpoint(run),
@@ -216,6 +216,14 @@ def _adjustments(run: Verification, through: int) -> tuple[AdjustmentFacts, ...]
             )
         )
     return tuple(out)
+
+
+def _adjustment_count(run: Verification, through: int) -> int:
+    return int(
+        run.source.scalar(
+            f"SELECT count(*) FROM {ALIAS}.adjustments WHERE chain_index <= ?", [through]
+        )
+    )
 
 
 def _closed_at(run: Verification) -> int | None:
