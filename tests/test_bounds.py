@@ -576,7 +576,16 @@ OTHER_LIMIT_MODULES = (
     "gridledger/trace.py",
     "devtools/kafka_tls.py",
 )
-PACKAGES = ("proto", "transport", "meter", "ledger", "verifier", "billview", "gridledger", "devtools")
+PACKAGES = (
+    "proto",
+    "transport",
+    "meter",
+    "ledger",
+    "verifier",
+    "billview",
+    "gridledger",
+    "devtools",
+)
 
 
 def _constants(relative: str, only_limits: bool) -> list[str]:
