@@ -10,7 +10,9 @@ BIN := $(VENV)/bin
 WORKDIR ?= demo-out
 PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
 
-.PHONY: demo test lint typecheck pytest venv clean
+CHROMIUM := /usr/bin/chromium
+
+.PHONY: demo test lint typecheck pytest venv clean browser
 
 $(RUNTIME_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,7 +36,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+# The statement page is tested in a real browser (tests/test_bill_browser.py): Debian's
+# chromium, installed once (as root, as the build machine runs) and then left alone.
+# Playwright drives it; it never downloads a browser of its own.
+browser:
+	@test -x $(CHROMIUM) || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@test -x $(CHROMIUM) || { echo "FAIL: $(CHROMIUM) is still missing" >&2; exit 1; }
+
+pytest: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

@@ -15,19 +15,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from billview.build import terms_summary
 from gridledger.publishing import PublishError, add_target_arguments, publish, target_of
 from proto.canonical import signed_bytes
 from proto.envelope import Envelope, add_signatures, encode_envelope, sign_payload
 from proto.errors import KeyFileError
 from proto.keys import load_signing_key
-from proto.money import format_minor
 from proto.records import PlacementTerms
 from proto.terms import (
     TermsError,
     check_terms_signatures,
     load_terms_file,
     role_of_key,
-    total_share_milli,
     validate_terms,
 )
 
@@ -114,19 +113,12 @@ def _show(args: argparse.Namespace) -> int:
         return 2
     terms, envelope = loaded
     t = terms
-    print(f"placement   {t.placement_id}")
-    for role in ("operator", "buyer", "desk"):
-        party = getattr(t, role)
-        print(f"{role:<11} {party.id}")
-    print(f"window      [{t.window_start_ms}, {t.window_end_ms}) ms")
-    rate = format_minor(t.rate_per_gpu_hour_minor, t.currency_scale)
-    print(f"price       {rate} {t.currency}/GPU-hour, increment {t.increment_ms} ms")
-    print(
-        f"gpus        {len(t.gpus)} ({total_share_milli(t) / 1000:g} GPU) on {len(t.nodes)} nodes"
-    )
+    print(f"{'placement':<18} {t.placement_id}")
+    # Window in ISO-8601 UTC, reclaim and SLA terms, "1 node": the rows every bill shows.
+    for label, value in terms_summary(t):
+        print(f"{label:<18} {value}")
     for g in t.gpus:
         print(f"  {g.node_id} {g.uuid} {g.model} share {g.share_milli}/1000")
-    print(f"desk fee    {t.desk_fee_bps} bps paid by {t.fee_payer}")
     problems = validate_terms(terms)
     for problem in problems:
         print(f"FAIL: {problem}")

@@ -38,6 +38,7 @@ import duckdb
 import msgspec
 import structlog
 
+from billview.units import duration
 from proto.canonical import signed_bytes
 from proto.envelope import encode_envelope, open_envelope, sign_payload
 from proto.invariant import invariant, of_type, present
@@ -108,6 +109,7 @@ class DemoResult:
     export: Path
     tampered: Path
     trust: Path
+    statement_html: Path
     statement: Statement
     verified: bool
     tamper_caught: bool
@@ -168,17 +170,21 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     _say(stream, "\n== 4. The statement, per party")
     _print_statement(stream, terms, statement)
 
-    _say(stream, "\n== 5. Export, verified offline")
+    _say(stream, "\n== 5. Export, verified offline; the bill a person reads")
     export = workdir / "exports" / f"{PLACEMENT_ID}.duckdb"
-    code, text = _verify(export, trust_path)
-    _say(stream, _indent(text))
+    html_dir = workdir / "statement"
+    code, text = _verify(export, trust_path, html_dir)
+    _say(stream, _indent(text).rstrip("\n"))
     verified = code == 0
+    statement_html = html_dir / f"{PLACEMENT_ID}.buyer.html"
+    _say(stream, "   the statement, every line with the numbers behind it (HTML per party):")
+    _say(stream, f"   {statement_html}\n")
 
     _say(stream, "== 6. A tampered copy: one signed usage event edited, its signature kept")
     tampered = workdir / "exports" / "tampered" / f"{PLACEMENT_ID}.duckdb"
     what = _tamper(export, tampered)
     _say(stream, f"   changed: {what}")
-    tamper_code, tamper_text = _verify(tampered, trust_path)
+    tamper_code, tamper_text = _verify(tampered, trust_path, None)
     _say(stream, _indent(_first_lines(tamper_text, TAMPER_LINES_SHOWN)))
     caught = tamper_code == 1
     _say(stream, "   the verifier caught it" if caught else "   NOT CAUGHT")
@@ -188,6 +194,7 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
         export=export,
         tampered=tampered,
         trust=trust_path,
+        statement_html=statement_html,
         statement=statement,
         verified=verified,
         tamper_caught=caught,
@@ -666,7 +673,12 @@ def _print_statement(out: io.TextIOBase | None, t: PlacementTerms, s: Statement)
     _say(out, f"   delivered        {format_gpu_hours(totals.delivered_mgms):>9} GPU-hours")
     _say(out, f"   billable         {format_gpu_hours(totals.billable_mgms):>9} GPU-hours")
     _say(out, f"   gross            {money(totals.gross_minor)}")
-    _say(out, f"   reclaim credit   {money(totals.reclaim_credit_minor)}  (4 min notice of 10)")
+    notice = f"{duration(RECLAIM_EFFECTIVE_MS - RECLAIM_ISSUED_MS)} notice of"
+    _say(
+        out,
+        f"   reclaim credit   {money(totals.reclaim_credit_minor)}  "
+        f"({notice} {duration(t.reclaim_notice_ms)})",
+    )
     _say(out, f"   SLA credit       {money(totals.sla_credit_minor)}")
     _say(out, f"   desk fee         {money(totals.fee_minor)}  (paid by the {t.fee_payer})")
     _say(out, f"   buyer   {t.buyer.id:<16} owes      {money(totals.buyer_owes_minor)}")
@@ -675,13 +687,21 @@ def _print_statement(out: io.TextIOBase | None, t: PlacementTerms, s: Statement)
     _say(out, f"   (final statement through record {s.through_index}, signed by the ledger)")
 
 
-def _verify(export: Path, trust: Path) -> tuple[int, str]:
+def _verify(export: Path, trust: Path, html_dir: Path | None) -> tuple[int, str]:
+    """``gridledger verify`` on the export (its bill into ``html_dir``): (exit, output)
+    without the lines naming the statement files (the demo says where they are)."""
     from verifier.cli import main as verify_main
 
+    argv = [str(export), "--trust", str(trust)]
+    if html_dir is not None:
+        argv += ["--html", str(html_dir)]
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
-        code = verify_main([str(export), "--trust", str(trust)])
-    return code, buffer.getvalue()
+        code = verify_main(argv)
+    lines = buffer.getvalue().splitlines(keepends=True)
+    return code, "".join(
+        line for line in lines if not line.startswith(("statement: ", "  (the operator"))
+    )
 
 
 def _tamper(export: Path, tampered: Path) -> str:

@@ -29,11 +29,15 @@ from typing import Any
 
 import structlog
 
+from billview import render
+from billview.doc import decode as decode_bill
 from ledger.attest import UnknownPlacement, issue_statement
+from ledger.bill import bill_doc
 from ledger.client import (
     ApiError,
     download_export,
     find_running,
+    get_bill,
     get_placements,
     get_statement,
 )
@@ -48,7 +52,6 @@ from ledger.statements import statement_json
 from ledger.store import Store, StoreError
 from proto.errors import KeyFileError
 from proto.keys import SigningKey, load_signing_key
-from proto.money import format_gpu_hours, format_minor
 
 # Exit code when Kafka stayed unreachable: try again later (sysexits EX_TEMPFAIL).
 EX_TEMPFAIL = 75
@@ -199,28 +202,13 @@ async def _run_kafka(service: KafkaLedgerService) -> None:
 # ---- statement ---------------------------------------------------------------------------------
 
 
-def _print_statement(body: dict[str, Any], as_json: bool) -> None:
-    if as_json:
+def _print_statement(body: dict[str, Any], bill: bytes | None) -> None:
+    """``--json``: the signed statement's fields; otherwise the bill, line by line with
+    each derivation (``billview.render.to_text``)."""
+    if bill is None:
         print(json.dumps(body, sort_keys=True, indent=2))
         return
-    totals: dict[str, int] = body["totals"]
-    scale = int(body["currency_scale"])
-    currency = body["currency"]
-
-    def money(name: str) -> str:
-        return f"{format_minor(totals[name], scale)} {currency}"
-
-    print(f"placement         {body['placement_id']}")
-    print(f"through record    {body['through_index']} (head {body['head']})")
-    print(f"final             {'yes' if body['final'] else 'no (placement open)'}")
-    print(f"delivered         {format_gpu_hours(totals['delivered_mgms'])} GPU-h")
-    print(f"billable          {format_gpu_hours(totals['billable_mgms'])} GPU-h")
-    print(f"gross             {money('gross_minor')}")
-    print(f"credits           {money('credits_minor')}")
-    print(f"net               {money('net_minor')}")
-    print(f"buyer owes        {money('buyer_owes_minor')}")
-    print(f"operator receives {money('operator_receives_minor')}")
-    print(f"desk receives     {money('desk_receives_minor')}")
+    print(render.to_text(decode_bill(bill)), end="")
 
 
 def _require_store(config: LedgerConfig, config_path: Path) -> None:
@@ -237,17 +225,22 @@ def cmd_statement(args: argparse.Namespace) -> int:
     try:
         config, key = _load(args.config)
         base = find_running(config)
+        bill: bytes | None = None
         if base is not None:
             body = get_statement(base, args.placement)
+            if not args.json:
+                bill = get_bill(base, args.placement)
         else:
             _require_store(config, args.config)
             with Store(config.db, ledger_public_key=key.public_key) as store:
                 body = statement_json(issue_statement(store, key, args.placement))
+                if not args.json:
+                    bill = render.to_json(bill_doc(store, key, args.placement))
     except (ConfigError, KeyFileError, StoreError) as exc:
         return _fail(str(exc), 2)
     except (UnknownPlacement, ApiError) as exc:
         return _fail(str(exc), 1)
-    _print_statement(body, args.json)
+    _print_statement(body, bill)
     return 0
 
 

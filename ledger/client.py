@@ -104,6 +104,11 @@ def get_placements(base: str) -> list[dict[str, Any]]:
     return list(body["placements"])
 
 
+def get_bill(base: str, placement_id: str) -> bytes:
+    """GET /placements/<id>/statement.json: the bill's line items (``billview`` JSON)."""
+    return _request(f"{base}/placements/{placement_id}/statement.json")
+
+
 def get_checkpoint(base: str, placement_id: str) -> str:
     """GET /placements/<id>/checkpoint."""
     return _request(f"{base}/placements/{placement_id}/checkpoint").decode()

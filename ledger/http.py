@@ -6,6 +6,8 @@ A running ledger owns its DuckDB file, so parties reach it here::
     GET  /metrics                              Prometheus text exposition
     GET  /placements                           every placement: parties, window, status (JSON)
     GET  /placements/<id>/statement            statement through the current head (JSON)
+    GET  /placements/<id>/statement.html?party=buyer|operator|desk   the bill a person reads
+    GET  /placements/<id>/statement.csv|.json  its line items (``ledger/bill.py``, ``billview``)
     GET  /placements/<id>/export               the export DuckDB file (bytes)
     GET  /placements/<id>/checkpoint           checkpoint note (text), cosignatures included
     POST /placements/<id>/checkpoint/cosign    body: the note with one more party signature
@@ -34,7 +36,9 @@ from urllib.parse import parse_qs, unquote
 
 import structlog
 
+from billview import render
 from ledger.attest import UnknownPlacement, cosign_checkpoint, issue_checkpoint, issue_statement
+from ledger.bill import bill_doc
 from ledger.export import export_placement
 from ledger.limits import HTTP_TIMEOUT_S, MAX_HTTP_BODY_BYTES
 from ledger.listing import placement_list
@@ -48,7 +52,8 @@ from proto.keys import SigningKey
 log = structlog.get_logger("ledger.http")
 
 _ROUTE: Final = re.compile(
-    r"^/placements/([^/]+)/(statement|export|checkpoint|checkpoint/cosign|records|consistency)$"
+    r"^/placements/([^/]+)/(statement|statement\.html|statement\.csv|statement\.json|export"
+    r"|checkpoint|checkpoint/cosign|records|consistency)$"
 )
 # Records served per request: a witness pages through a long log (SPEC §8.4).
 MAX_RECORDS_PER_REQUEST: Final = 10_000
@@ -83,6 +88,18 @@ class LedgerApi:
     def placements(self) -> dict[str, Any]:
         """JSON of every placement (ledger/listing.py)."""
         return {"placements": placement_list(self.store)}
+
+    def bill(self, placement_id: str, form: str, party: str) -> tuple[str, bytes]:
+        """(content type, body) of the bill in ``form`` (html, csv, json) for ``party``."""
+        doc = bill_doc(self.store, self.key, placement_id)
+        if form == "csv":
+            return "text/csv; charset=utf-8", render.to_csv(doc).encode()
+        if form == "json":
+            return "application/json", render.to_json(doc)
+        links = [("CSV", "statement.csv"), ("JSON", "statement.json")] + [
+            (f"{p}'s page", f"statement.html?party={p}") for p in ("buyer", "operator", "desk")
+        ]
+        return "text/html; charset=utf-8", render.to_html(doc, party, links).encode()
 
     def checkpoint(self, placement_id: str) -> str:
         """The checkpoint note through the current head."""
@@ -144,6 +161,14 @@ def _range_query(path: str) -> tuple[int, int | None]:
     return values.get("from", 0), values.get("to")
 
 
+def _party_query(path: str) -> str:
+    """``party`` of a statement page: buyer (default), operator or desk."""
+    texts = parse_qs(path.partition("?")[2], max_num_fields=4).get("party", ["buyer"])
+    if len(texts) != 1 or texts[0] not in ("buyer", "operator", "desk"):
+        raise _HttpError(HTTPStatus.BAD_REQUEST, "party is one of buyer, operator, desk")
+    return texts[0]
+
+
 def _handler(api: LedgerApi) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gridledger-ledger/1"
@@ -192,6 +217,9 @@ def _handler(api: LedgerApi) -> type[BaseHTTPRequestHandler]:
                 raise _HttpError(HTTPStatus.BAD_REQUEST, "placement id is not an identifier")
             if (method, action) == ("GET", "statement"):
                 self._json(HTTPStatus.OK, api.statement(placement_id))
+            elif method == "GET" and action.startswith("statement."):
+                form = action.partition(".")[2]
+                self._send(HTTPStatus.OK, *api.bill(placement_id, form, _party_query(self.path)))
             elif (method, action) == ("GET", "checkpoint"):
                 self._text(HTTPStatus.OK, api.checkpoint(placement_id))
             elif (method, action) == ("GET", "export"):

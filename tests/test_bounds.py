@@ -571,10 +571,21 @@ OTHER_LIMIT_MODULES = (
     "meter/nvml.py",
     "meter/cli.py",
     "verifier/inclusion.py",
+    "billview/timeline.py",
+    "billview/facts.py",
     "gridledger/trace.py",
     "devtools/kafka_tls.py",
 )
-PACKAGES = ("proto", "transport", "meter", "ledger", "verifier", "gridledger", "devtools")
+PACKAGES = (
+    "proto",
+    "transport",
+    "meter",
+    "ledger",
+    "verifier",
+    "billview",
+    "gridledger",
+    "devtools",
+)
 
 
 def _constants(relative: str, only_limits: bool) -> list[str]:

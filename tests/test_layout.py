@@ -1,6 +1,8 @@
 """The layout shows the architecture (DESIGN.md, "Layout"): each package imports only the
 packages below it. ``proto/`` is the wire; ``transport/`` carries it; ``meter/`` and
-``ledger/`` use both and never each other; ``verifier/`` trusts ``proto/`` alone; the
+``ledger/`` use both and never each other; ``verifier/`` trusts ``proto/`` alone (plus
+``billview/``, the pure renderer of the bill, which itself imports only ``proto/``, so
+the ledger and the verifier each render from their own figures); the
 glue (``gridledger/``) and the harnesses (``devtools/``) may import anything, but no
 product package imports them.
 
@@ -24,6 +26,7 @@ PROJECT = frozenset(
         "ledger",
         "verifier",
         "witness",
+        "billview",
         "gridledger",
         "devtools",
         "tests",
@@ -33,9 +36,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "proto": frozenset(),
     "transport": frozenset({"proto"}),
     "meter": frozenset({"proto", "transport"}),
-    "ledger": frozenset({"proto", "transport"}),
-    "verifier": frozenset({"proto"}),
+    "ledger": frozenset({"proto", "transport", "billview"}),
+    "verifier": frozenset({"proto", "billview"}),
     "witness": frozenset({"proto"}),
+    "billview": frozenset({"proto"}),
 }
 
 
@@ -81,7 +85,7 @@ _ASSERTS_PENDING: frozenset[str] = frozenset()
 
 
 @pytest.mark.parametrize(
-    "package", ["proto", "transport", "meter", "ledger", "gridledger", "witness"]
+    "package", ["proto", "transport", "meter", "ledger", "gridledger", "witness", "billview"]
 )
 def test_product_code_states_invariants_that_survive_python_o(package: str) -> None:
     """No bare ``assert`` (gone under ``-O``): ``proto.invariant`` instead."""

@@ -183,5 +183,7 @@ def test_http_api_and_cli(
     )
     assert json.loads(capsys.readouterr().out)["head"] == head_hash
     assert gridledger_main(["ledger", "statement", pid, "--config", str(config_path)]) == 0
-    assert "buyer owes" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Buyer owes" in out  # the bill, line by line, each with its derivation
+    assert "Gross" in out and "SPEC §7.2" in out
     assert gridledger_main(["ledger", "statement", "nope", "--config", str(config_path)]) == 1

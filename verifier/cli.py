@@ -2,7 +2,7 @@
 
 Three shapes of one command:
 
-    verify FILE.duckdb... | DIR --trust TRUST.json [--checkpoint NOTE] [--json]
+    verify FILE.duckdb... | DIR --trust TRUST.json [--checkpoint NOTE] [--json] [--html OUT]
         Verify each export (every *.duckdb of DIR); with several, also print one
         reconciliation table per party role, per currency, counting each placement once
         (copies and older views set aside; two views that disagree are equivocation).
@@ -10,6 +10,9 @@ Three shapes of one command:
         Exit 0 every export FINAL (closed, final statement, witnessed as the trust file
         requires), 3 verified but PROVISIONAL (open, unwitnessed, cut short), 1 some
         export does not check out or the exports disagree, 2 some input unusable.
+        ``--html OUT``: also write each placement's bill as the verifier recomputed it —
+        OUT/<placement>.<buyer|operator|desk>.html (printable), OUT/<placement>.csv and
+        .json line items (``verifier/bill.py``); the verdict is on every page.
 
     verify inclusion --record RECORD.json --proof PROOF.json --checkpoint NOTE
                      --trust TRUST.json [--json]
@@ -92,6 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trust", type=Path, help="trust file (gridledger-trust/v1)")
     parser.add_argument("--json", action="store_true", help="print a machine-readable report")
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="OUT",
+        help="also write each placement's bill (HTML per party, CSV, JSON) into OUT",
+    )
     parser.add_argument("--record", type=Path, help="inclusion: the LedgerRecord envelope file")
     parser.add_argument("--proof", type=Path, help="inclusion: the proof file")
     parser.add_argument(
@@ -178,19 +187,26 @@ def _verify(args: argparse.Namespace) -> int:
         trust = _load_trust(args)
         paths = export_paths(args.paths)
         kept = _read_kept(args.checkpoint) if args.checkpoint is not None else None
+        if args.html is not None:
+            _html_dir(args.html)
     except UnusableInput as exc:
         return _fail(str(exc))
     reports: list[ExportReport] = []
     progress = Progress()
     with OpenPool[Any](args.pool, args.workers) as pool:
         for path in paths:
-            reports.append(verify_export(path, trust, pool=pool, progress=progress))
+            reports.append(
+                verify_export(path, trust, pool=pool, progress=progress, bill=args.html is not None)
+            )
     across = _across_exports(reports, trust, kept)
     standing = [r for r in reports if r.path not in across.set_aside]
     code = exit_code(reports, run_failed=across.failed)
+    written = _write_bills(standing, args.html) if args.html is not None else []
     if args.json:
         data = run_json(standing, {"copies": across.to_json(), "exit_code": code})
         data["exports"] = [export_json(r) for r in reports]
+        if args.html is not None:
+            data["statement_files"] = [str(p) for p in written]
         if len(reports) > 1:  # each placement once: copies and older views set aside
             data["reconciliation"] = reconcile(standing).to_json()
         print(json.dumps(data, indent=2))
@@ -201,8 +217,54 @@ def _verify(args: argparse.Namespace) -> int:
         lines += across.lines
         if len(reports) > 1:
             lines += render(reconcile(standing))
+        if args.html is not None:
+            lines += _bill_lines(standing, written)
         print("\n".join(lines))
     return code
+
+
+def _html_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnusableInput(
+            str(out), f"cannot create the --html directory: {exc.strerror}"
+        ) from exc
+
+
+def _write_bills(reports: list[ExportReport], out: Path) -> list[Path]:
+    """Each verified placement's bill: a page per party, CSV and JSON (see --html)."""
+    from billview import render as bill_render
+    from billview.facts import PARTY_ROLES
+
+    written: list[Path] = []
+    names: Counter[str] = Counter()
+    for report in reports:
+        if report.bill is None:
+            continue
+        doc = report.bill.doc(report)
+        stem = doc.placement_id
+        names[stem] += 1
+        if names[stem] > 1:  # two standing exports of one placement (they disagree)
+            stem = f"{stem}.{Path(report.path).stem}-{names[stem]}"
+        forms = [("CSV", f"{stem}.csv"), ("JSON", f"{stem}.json")]
+        links = forms + [(f"{p}'s page", f"{stem}.{p}.html") for p in PARTY_ROLES]
+        files = {f"{stem}.{p}.html": bill_render.to_html(doc, p, links) for p in PARTY_ROLES}
+        files[f"{stem}.csv"] = bill_render.to_csv(doc)
+        files[f"{stem}.json"] = bill_render.to_json(doc).decode()
+        for name, text in files.items():
+            path = out / name
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    return written
+
+
+def _bill_lines(reports: list[ExportReport], written: list[Path]) -> list[str]:
+    lines = [f"statement: {p}" for p in written if p.name.endswith(".buyer.html")]
+    if written:
+        lines.append("  (the operator's and desk's pages, CSV and JSON line items beside it)")
+    lines += [f"statement: {r.path}: not written: {r.bill_error}" for r in reports if r.bill_error]
+    return lines
 
 
 def _read_kept(path: Path) -> str:

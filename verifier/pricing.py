@@ -103,6 +103,20 @@ def load_terms(con: Any, terms: PlacementTerms) -> None:
     appender.flush()
 
 
+# SPEC §7.1 health from evidence, whatever the flag, per sample of an accepted event;
+# retired pages: growth over the highest count of the stream's earlier accepted samples of
+# that GPU (not at seq 0). Also read by the bill (``verifier/bill.py``).
+HEALTH_SQL: Final = f"""
+    SELECT s.chain_index, s.uuid, s.allocated,
+           s.allocated AND s.healthy AND s.present AND s.power_mw > 0
+           AND s.ecc_uncorrectable = 0
+           AND NOT list_has_any(s.xids, {_CRITICAL_XIDS_SQL})
+           AND (u.seq = 0 OR s.retired_pages <= COALESCE(MAX(s.retired_pages) OVER (
+                    PARTITION BY u.node_id, s.uuid ORDER BY s.chain_index
+                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)) AS counts
+    FROM w_samples s JOIN w_usage u USING (chain_index)
+"""
+
 # The index set: every chain index with a ledger record, plus every adjustment.
 _INDEX_SQL: Final = (
     "SELECT chain_index FROM w_records UNION SELECT chain_index FROM w_adjust "
@@ -116,17 +130,7 @@ WITH t AS (SELECT * FROM w_terms LIMIT 1),
 rc AS (SELECT chain_index AS rc_index, notice_from_ms, effective_at_ms
        FROM w_reclaim ORDER BY chain_index LIMIT 1),
 cl AS (SELECT min(chain_index) AS cl_index FROM w_close),
-hs AS (  -- §7.1 health from evidence, whatever the flag; retired pages: growth over the
-         -- highest count of the stream's earlier accepted samples of that GPU (not at seq 0)
-    SELECT s.chain_index, s.uuid,
-           s.allocated AND s.healthy AND s.present AND s.power_mw > 0
-           AND s.ecc_uncorrectable = 0
-           AND NOT list_has_any(s.xids, {_CRITICAL_XIDS_SQL})
-           AND (u.seq = 0 OR s.retired_pages <= COALESCE(MAX(s.retired_pages) OVER (
-                    PARTITION BY u.node_id, s.uuid ORDER BY s.chain_index
-                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)) AS counts
-    FROM w_samples s JOIN w_usage u USING (chain_index)
-),
+hs AS ({HEALTH_SQL}),
 ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded))
     SELECT u.chain_index,
            SUM(g.share_milli::HUGEINT * GREATEST(0,

@@ -9,7 +9,7 @@ attribute is set in ``__init__``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from proto.records import PlacementTerms
 from verifier.decisions import Claim, Referee
@@ -19,6 +19,9 @@ from verifier.source import ExportSource
 from verifier.step8_merkle import CheckpointRoots
 from verifier.work_tables import WorkTables
 from verifier.workers import OpenPool
+
+if TYPE_CHECKING:
+    from verifier.bill import BillParts
 
 # The verdict on one export: the CLI exits 0, 1 or 2 on it.
 ExportVerdict = Literal["verified", "failed", "unusable"]
@@ -55,6 +58,10 @@ class ExportReport:
     provisional: list[str] = field(default_factory=list)
     witnessed_by: list[str] = field(default_factory=list)
     record_count: int = 0
+    # ``verify --html``: what the bill shows, as this verification recomputed it
+    # (verifier/bill.py); ``bill_error`` when it could not be gathered (never a finding).
+    bill: BillParts | None = None
+    bill_error: str = ""
 
     @property
     def ok(self) -> bool:

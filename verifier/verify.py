@@ -86,8 +86,11 @@ def verify_export(
     *,
     pool: OpenPool[Any] | None = None,
     progress: Progress | None = None,
+    bill: bool = False,
 ) -> ExportReport:
-    """Run the whole checklist on one export file; see the module docstring."""
+    """Run the whole checklist on one export file; see the module docstring.
+
+    ``bill``: also gather the bill a person reads (``report.bill``, ``verify --html``)."""
     started = time.monotonic()
     report = ExportReport(path=str(path))
     own_pool = pool is None
@@ -95,7 +98,9 @@ def verify_export(
         with ExportSource(path) as source:
             if pool is None:
                 pool = _pool_for(source)
-            run_checklist(source, trust, report, pool, progress or Progress(enabled=False))
+            run = run_checklist(source, trust, report, pool, progress or Progress(enabled=False))
+            if bill and run is not None:
+                _gather_bill(run)
     except UnusableInput as exc:
         report.verdict = UNUSABLE
         report.error = exc.detail
@@ -139,15 +144,16 @@ def run_checklist(
     report: ExportReport,
     pool: OpenPool[Any],
     progress: Progress,
-) -> None:
-    """Steps (1) to (9), in order, into ``report``; raises UnusableInput for exit 2."""
+) -> Verification | None:
+    """Steps (1) to (10), in order, into ``report``; raises UnusableInput for exit 2.
+    Returns the run's state (None when no terms could be read)."""
     findings = report.findings
     step1_format.check_format(source)
     step1_format.check_sizes(source, findings)
     step2_trust.check_trust(trust, findings)
     terms = step3_terms.check_terms(source, trust, report)
     if terms is None:  # nothing further can be checked
-        return
+        return None
     step5_columns.check_meta_terms(source, terms, findings)
     create_work_tables(source.con)
     load_terms(source.con, terms)
@@ -164,6 +170,21 @@ def run_checklist(
     step8_merkle.check_checkpoints(run)
     step10_completeness.check_completeness(run, trust)
     _summarise(run)
+    return run
+
+
+def _gather_bill(run: Verification) -> None:
+    """The bill's facts, from the work tables before they go. A failure here is the
+    renderer's, never a finding about the export: it is logged and reported beside."""
+    from verifier.bill import collect
+
+    try:
+        run.report.bill = collect(run)
+        if run.report.bill is None:
+            run.report.bill_error = "the export holds no statement to render"
+    except Exception as exc:
+        log.error("bill not gathered", path=str(run.source.path), exc_info=True)
+        run.report.bill_error = f"{type(exc).__name__}: {exc}"
 
 
 def _summarise(run: Verification) -> None:

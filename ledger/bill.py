@@ -1,0 +1,255 @@
+"""The bill as the ledger sees it: its statement, rendered from its own store.
+
+``bill_doc`` gathers the facts of one placement — the statement through the current head
+(issued and stored as ``GET /statement`` does), the terms in force, the accepted reclaim,
+every chained adjustment with its signers, the close, the checkpoint with the party
+cosignatures it carries, and the samples of every accepted usage event classified by
+the ledger's own §7.1 rule (``ledger.health``) — and hands them to ``billview``, which
+arranges line items, derivations and the timeline. The verifier renders the same page
+from what it recomputed (``verifier/bill.py``); neither uses the other's figures.
+
+What the ledger cannot say is whether its own figures verify: its verdict is what the
+log shows (closed, final statement, a checkpoint over it cosigned by operator and buyer,
+the default witness policy of SPEC §9), labelled as the ledger's own view.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import Final
+
+from billview.build import build
+from billview.doc import BillDoc, GpuRow
+from billview.facts import (
+    MAX_ADJUSTMENT_LINES,
+    AdjustmentFacts,
+    BillFacts,
+    CheckpointFacts,
+    PeriodFacts,
+    ReclaimFacts,
+    StatementFacts,
+    VerdictFacts,
+    effective_end,
+    signer_names,
+)
+from billview.timeline import DELIVERED, UNALLOCATED, UNHEALTHY, TimelineBuilder
+from ledger import health
+from ledger.attest import UnknownPlacement, issue_checkpoint, issue_statement
+from ledger.store import Store
+from proto.cosign import cosignature_of
+from proto.envelope import open_envelope
+from proto.errors import ProtoError
+from proto.keys import SigningKey
+from proto.note import parse_checkpoint_body, parse_note
+from proto.records import (
+    Adjustment,
+    PlacementClosed,
+    PlacementTerms,
+    ReclaimNotice,
+    Statement,
+    UsageEvent,
+)
+
+# Usage events read per query while the timeline is built (bounded memory).
+USAGE_PAGE: Final = 5_000
+
+
+def bill_doc(store: Store, key: SigningKey, placement_id: str) -> BillDoc:
+    """The bill of ``placement_id`` through its current head (raises UnknownPlacement)."""
+    facts, rows, note = bill_facts(store, key, placement_id)
+    return build(facts, rows, note)
+
+
+def bill_facts(
+    store: Store, key: SigningKey, placement_id: str
+) -> tuple[BillFacts, list[GpuRow], str]:
+    """What the bill shows, from the store: the facts, the per-GPU rows, a timeline note."""
+    envelope = issue_statement(store, key, placement_id)
+    statement = open_envelope(envelope).record
+    if not isinstance(statement, Statement):
+        raise UnknownPlacement(f"the stored statement of {placement_id!r} is not a statement")
+    terms = store.terms(placement_id)
+    if terms is None:
+        raise UnknownPlacement(f"placement {placement_id!r} has no accepted terms")
+    through = statement.through_index
+    reclaim, adjustments, close = _inputs(store, terms, through)
+    left_out = max(0, len(adjustments) - MAX_ADJUSTMENT_LINES)
+    checkpoint = _checkpoint(store, key, terms)
+    facts = BillFacts(
+        renderer="ledger",
+        terms=terms,
+        statement=StatementFacts(
+            through_index=through,
+            head=statement.head,
+            final=statement.final,
+            period=statement.period,
+            previous=statement.previous,
+            totals=statement.totals,
+        ),
+        record_count=through + 1,
+        periods=_periods(store, placement_id),
+        reclaim=reclaim,
+        adjustments=tuple(adjustments[:MAX_ADJUSTMENT_LINES]),
+        adjustments_left_out=left_out,
+        close_index=None if close is None else close[0],
+        closed_at_ms=None if close is None else close[1],
+        checkpoint=checkpoint,
+        verdict=_verdict(statement, checkpoint, terms),
+        source=(
+            "Rendered by the ledger from its own store. Check it independently, offline: "
+            f"gridledger ledger export {placement_id} --out {placement_id}.duckdb; "
+            f"gridledger verify {placement_id}.duckdb --trust trust.json --html DIR"
+        ),
+    )
+    timeline = TimelineBuilder(terms, effective_end(facts))
+    _classify_usage(store, placement_id, through, timeline)
+    rows, note = timeline.finish()
+    return facts, rows, note
+
+
+def _rows(
+    store: Store, placement_id: str, kind: str, through: int
+) -> list[tuple[int, bytes, str, str]]:
+    return [
+        (int(i), bytes(e), str(s), str(r))
+        for i, e, s, r in store.query(
+            "SELECT chain_index, envelope, status, reason FROM inputs WHERE placement_id = ? "
+            "AND kind = ? AND chain_index <= ? ORDER BY chain_index",
+            [placement_id, kind, through],
+        )
+    ]
+
+
+def _inputs(
+    store: Store, terms: PlacementTerms, through: int
+) -> tuple[ReclaimFacts | None, list[AdjustmentFacts], tuple[int, int] | None]:
+    pid = terms.placement_id
+    reclaim: ReclaimFacts | None = None
+    for index, raw, status, _ in _rows(store, pid, "reclaim", through):
+        opened = open_envelope(raw)
+        notice = opened.record
+        if status == "accepted" and isinstance(notice, ReclaimNotice) and reclaim is None:
+            reclaim = ReclaimFacts(
+                chain_index=index,
+                reclaim_id=notice.reclaim_id,
+                issued_at_ms=notice.issued_at_ms,
+                effective_at_ms=notice.effective_at_ms,
+                reason=notice.reason,
+                signers=signer_names(terms, [s.keyid for s in opened.envelope.signatures]),
+            )
+    adjustments: list[AdjustmentFacts] = []
+    for index, raw, status, reason in _rows(store, pid, "adjustment", through):
+        opened = open_envelope(raw)
+        adj = opened.record
+        if not isinstance(adj, Adjustment):
+            continue
+        adjustments.append(
+            AdjustmentFacts(
+                chain_index=index,
+                adjustment_id=adj.adjustment_id,
+                direction=adj.direction,
+                amount_minor=adj.amount_minor,
+                reference=adj.reference,
+                reason=adj.reason,
+                issued_at_ms=adj.issued_at_ms,
+                signers=signer_names(terms, [s.keyid for s in opened.envelope.signatures]),
+                accepted=status == "accepted",
+                reject_reason=reason,
+            )
+        )
+    close: tuple[int, int] | None = None
+    for index, raw, status, _ in _rows(store, pid, "closed", through):
+        record = open_envelope(raw).record
+        if status == "accepted" and isinstance(record, PlacementClosed) and close is None:
+            close = (index, record.closed_at_ms)
+    return reclaim, adjustments, close
+
+
+def _periods(store: Store, placement_id: str) -> tuple[PeriodFacts, ...]:
+    """The final statements the ledger issued, one per period (the latest last)."""
+    by_period: dict[int, PeriodFacts] = {}
+    for through_index, envelope, final, *_ in store.statements(placement_id):
+        if not final:
+            continue
+        statement = open_envelope(envelope).record
+        if isinstance(statement, Statement) and statement.period not in by_period:
+            by_period[statement.period] = PeriodFacts(
+                statement.period, through_index, statement.totals, latest=False
+            )
+    periods = [by_period[p] for p in sorted(by_period)]
+    if periods:
+        last = periods[-1]
+        periods[-1] = PeriodFacts(last.period, last.through_index, last.totals, latest=True)
+    return tuple(periods)
+
+
+def _checkpoint(store: Store, key: SigningKey, terms: PlacementTerms) -> CheckpointFacts | None:
+    try:
+        note = parse_note(issue_checkpoint(store, key, terms.placement_id))
+        body = parse_checkpoint_body(note.body)
+    except ProtoError:
+        return None
+    cosigners = tuple(
+        party.id
+        for party in (terms.operator, terms.buyer, terms.desk)
+        if cosignature_of(note, party.id, party.key) is not None
+    )
+    return CheckpointFacts(body.size, base64.b64encode(body.root).decode(), cosigners)
+
+
+def _verdict(
+    statement: Statement, checkpoint: CheckpointFacts | None, terms: PlacementTerms
+) -> VerdictFacts:
+    reasons: list[str] = []
+    if not statement.final:
+        reasons.append("open: the placement is not closed yet")
+    size = statement.through_index + 1
+    if checkpoint is None or checkpoint.size != size:
+        reasons.append(f"no checkpoint covers all {size} records yet")
+    else:
+        for role, party in (("operator", terms.operator), ("buyer", terms.buyer)):
+            if party.id not in checkpoint.cosigners:
+                reasons.append(f"not witnessed by the {role} ({party.id}) yet")
+    return VerdictFacts(
+        "PROVISIONAL" if reasons else "FINAL",
+        "as the ledger sees its own log (not an independent verification)",
+        tuple(reasons),
+    )
+
+
+def _usage_pages(store: Store, placement_id: str, through: int) -> Iterator[bytes]:
+    after = -1
+    while True:
+        rows = store.query(
+            "SELECT chain_index, envelope FROM inputs WHERE placement_id = ? AND kind = 'usage' "
+            "AND status = 'accepted' AND chain_index > ? AND chain_index <= ? "
+            f"ORDER BY chain_index LIMIT {USAGE_PAGE}",
+            [placement_id, after, through],
+        )
+        for _, envelope in rows:
+            yield bytes(envelope)
+        if len(rows) < USAGE_PAGE:
+            return
+        after = int(rows[-1][0])
+
+
+def _classify_usage(
+    store: Store, placement_id: str, through: int, timeline: TimelineBuilder
+) -> None:
+    """Every sample of the accepted usage events, in chain order, with its §7.1 state."""
+    retired: dict[str, dict[str, int]] = {}  # per node stream: the retired-page baseline
+    for raw in _usage_pages(store, placement_id, through):
+        event = open_envelope(raw).record
+        if not isinstance(event, UsageEvent):
+            continue
+        before = retired.get(event.node_id, {})
+        for sample in event.samples:
+            if health.counts(sample, event.seq == 0, before):
+                state = DELIVERED
+            elif not sample.allocated:
+                state = UNALLOCATED
+            else:
+                state = UNHEALTHY
+            timeline.add(sample.uuid, event.start_ms, event.end_ms, state)
+        retired[event.node_id] = dict(health.retired_after(before, event.samples))
