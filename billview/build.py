@@ -296,7 +296,7 @@ def _reclaim(facts: BillFacts, totals: Totals, money: _Money, checks: list[str])
         return []
     terms = facts.terms
     share = _share_total(terms)
-    given = reclaim.effective_at_ms - reclaim.issued_at_ms
+    given = max(0, reclaim.effective_at_ms - reclaim.notice_from_ms)
     required = terms.reclaim_notice_ms
     short = max(0, required - given)
     if terms.interruptible:
@@ -317,8 +317,15 @@ def _reclaim(facts: BillFacts, totals: Totals, money: _Money, checks: list[str])
     denominator = MILLI_GPU_MS_PER_GPU_HOUR * MAX_BPS
     derived = numerator // denominator
     _check(checks, "reclaim credit", derived, totals.reclaim_credit_minor)
+    if reclaim.arrived_ms is None:
+        counted = f"issued {iso_utc(reclaim.issued_at_ms)}"
+    else:
+        counted = (
+            f"reached the log {iso_utc(reclaim.arrived_ms)}, dated "
+            f"{iso_utc(reclaim.issued_at_ms)} by the operator"
+        )
     derivation = (
-        f"notice given {duration(given)} (issued {iso_utc(reclaim.issued_at_ms)}, effective "
+        f"notice given {duration(given)} ({counted}, effective "
         f"{iso_utc(reclaim.effective_at_ms)}) of {duration(required)} required → short "
         f"{duration(short)}; {taken_text}; ({duration(short)} + {duration(taken)}) × "
         f"{gpus(share)} = {gpu_hours_exact(mgms)} × "

@@ -54,6 +54,14 @@ class ReclaimFacts:
     effective_at_ms: int
     reason: str
     signers: tuple[str, ...]
+    arrived_ms: int | None = None
+    """When the notice reached the log (SPEC §6.6): the notice runs from here. None only
+    for a record chained before arrival times existed (then from ``issued_at_ms``)."""
+
+    @property
+    def notice_from_ms(self) -> int:
+        """Where the notice given is counted from (SPEC §7.3)."""
+        return self.issued_at_ms if self.arrived_ms is None else self.arrived_ms
 
 
 @dataclass(frozen=True)

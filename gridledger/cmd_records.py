@@ -221,7 +221,8 @@ def _describe(record: _RECORD, terms: PlacementTerms) -> str:
         agreed = terms.reclaim_notice_ms / 60_000
         return (
             f"reclaim {record.reclaim_id} of {record.placement_id}: all {len(record.gpus)} GPUs "
-            f"at {_iso(record.effective_at_ms)}, {notice:g} min notice ({agreed:g} agreed)"
+            f"at {_iso(record.effective_at_ms)}, dated {notice:g} min ahead ({agreed:g} agreed; "
+            "the notice counts from when it reaches the log)"
         )
     if isinstance(record, Adjustment):
         from proto.money import format_minor
@@ -304,7 +305,9 @@ def _dry_run(
             raise UsageError("--dry-run needs the current state: --export FILE or --ledger URL")
     except dryrun.DryRunError as exc:
         raise UsageError(str(exc)) from exc
-    result = dryrun.dry_run(current, raw, missing)
+    arrives = parse_time_ms(args.arrives_at, "--arrives-at")
+    print(f"as if it reaches the log at {_iso(arrives)} (a notice counts from there)")
+    result = dryrun.dry_run(current, raw, missing, arrives_at_ms=arrives)
     for line in dryrun.render(result, terms, missing):
         print(line)
     print("nothing written, nothing published (--dry-run)")
@@ -496,6 +499,13 @@ def _common(p: argparse.ArgumentParser, *, keys: bool, out: bool, target_require
         "--dry-run",
         action="store_true",
         help="show the statement now and with this record; write and publish nothing",
+    )
+    p.add_argument(
+        "--arrives-at",
+        default="now",
+        metavar="TIME",
+        help="dry run: when the record reaches the log (ISO time or epoch ms; default now) — "
+        "the ledger times it by arrival (SPEC §6.6), e.g. a reclaim's notice",
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument(

@@ -30,7 +30,7 @@ from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
 from proto.keys import key_id
 from proto.money import format_gpu_hours, format_minor
-from proto.records import Adjustment, PlacementTerms, ReclaimNotice, Totals
+from proto.records import Adjustment, LedgerRecord, PlacementTerms, ReclaimNotice, Totals
 
 # The lines of the comparison: (Totals field, label, unit). GPU-hours or money.
 LINES: Final[tuple[tuple[str, str, str], ...]] = (
@@ -79,7 +79,9 @@ class DryRun:
     once_signed: Totals | None = None
 
 
-def _input_rows(export: Path) -> tuple[list[tuple[int, str, bytes]], bytes, int, tuple[int, ...]]:
+def _input_rows(
+    export: Path,
+) -> tuple[list[tuple[int, str, bytes]], bytes, int, tuple[int, ...], dict[int, int]]:
     try:
         con = duckdb.connect(str(export), read_only=True)
     except duckdb.Error as exc:
@@ -97,6 +99,7 @@ def _input_rows(export: Path) -> tuple[list[tuple[int, str, bytes]], bytes, int,
             "SELECT chain_index, gross_minor, buyer_owes_minor, operator_receives_minor, "
             "desk_receives_minor FROM ledger_records ORDER BY chain_index DESC LIMIT 1"
         ).fetchone()
+        arrivals = _arrivals(con.execute("SELECT chain_index, envelope FROM ledger_records"))
     except duckdb.Error as exc:
         raise DryRunError(f"{export} is not a gridledger export: {exc}") from exc
     finally:
@@ -108,15 +111,28 @@ def _input_rows(export: Path) -> tuple[list[tuple[int, str, bytes]], bytes, int,
     ledger_key = base64.b64decode(meta.get("ledger_key", ""))
     records = 0 if last is None else int(last[0]) + 1
     expected = () if last is None else tuple(int(v) for v in last[1:])
-    return rows, ledger_key, records, expected
+    return rows, ledger_key, records, expected, arrivals
+
+
+def _arrivals(cursor: duckdb.DuckDBPyConnection) -> dict[int, int]:
+    """chain index -> the ``arrived_ms`` the ledger chained (SPEC §6.6), where it has one."""
+    arrivals: dict[int, int] = {}
+    for index, raw in cursor.fetchall():
+        try:
+            record = open_envelope(bytes(raw)).record
+        except ProtoError as exc:
+            raise DryRunError(f"ledger record {index} does not open: {exc}") from exc
+        if isinstance(record, LedgerRecord) and record.arrived_ms is not None:
+            arrivals[int(index)] = record.arrived_ms
+    return arrivals
 
 
 def current_from_export(export: Path, placement_id: str, source: str | None = None) -> Current:
     """Refold every input of ``export``; check the result against its last record."""
-    rows, ledger_key, records, expected = _input_rows(export)
+    rows, ledger_key, records, expected, arrivals = _input_rows(export)
     cache = PlacementCache()
     state = cache.get(placement_id)
-    for _, position, raw in rows:
+    for index, position, raw in rows:
         try:
             opened = open_envelope(raw)
         except ProtoError as exc:
@@ -131,6 +147,7 @@ def current_from_export(export: Path, placement_id: str, source: str | None = No
             position,
             ledger_key=ledger_key,
             accepted_at=_accepted_at(cache, state, opened),
+            arrived_ms=arrivals.get(index),
         )
         if new is not state:
             cache.put(new, verdict.flatten())
@@ -170,8 +187,11 @@ def _accepted_at(
     return cache.accepted_at(state.placement_id, *wanted)
 
 
-def dry_run(current: Current, envelope: bytes, missing_signers: tuple[str, ...]) -> DryRun:
-    """Fold ``envelope`` on top of ``current``; nothing is kept."""
+def dry_run(
+    current: Current, envelope: bytes, missing_signers: tuple[str, ...], *, arrives_at_ms: int
+) -> DryRun:
+    """Fold ``envelope`` on top of ``current`` as if it reached the log at ``arrives_at_ms``
+    (SPEC §6.6: a reclaim's notice counts from there); nothing is kept."""
     opened = open_envelope(envelope)
     state = current.state
     verdict, new = decide(
@@ -180,12 +200,16 @@ def dry_run(current: Current, envelope: bytes, missing_signers: tuple[str, ...])
         "dry-run",
         ledger_key=current.ledger_key,
         accepted_at=_accepted_at(current.cache, state, opened),
+        arrived_ms=arrives_at_ms,
     )
     status = verdict.status or verdict.decision
     reason = "" if verdict.reason is None else verdict.reason.value
     once_signed = None
     if missing_signers and reason.startswith("SIG_MISSING") and state.terms is not None:
-        once_signed = _priced_once_signed(state.terms, state, opened.record)
+        arrived = (
+            arrives_at_ms if state.arrived_ms is None else max(state.arrived_ms, arrives_at_ms)
+        )
+        once_signed = _priced_once_signed(state.terms, state, opened.record, arrived)
     return DryRun(
         status=status,
         reason=reason,
@@ -199,7 +223,7 @@ def dry_run(current: Current, envelope: bytes, missing_signers: tuple[str, ...])
 
 
 def _priced_once_signed(
-    terms: PlacementTerms, state: PlacementState, record: object
+    terms: PlacementTerms, state: PlacementState, record: object, arrived_ms: int
 ) -> Totals | None:
     """The totals the record gives once every required party signed (SPEC §7.3, §7.4);
     None for records that change no total by themselves (key bindings)."""
@@ -212,9 +236,7 @@ def _priced_once_signed(
         "adjustment_charge": t.adjustment_charge_minor,
     }
     if isinstance(record, ReclaimNotice):
-        values["reclaim_credit"] = reclaim_credit_minor(
-            terms, record.issued_at_ms, record.effective_at_ms
-        )
+        values["reclaim_credit"] = reclaim_credit_minor(terms, arrived_ms, record.effective_at_ms)
     elif isinstance(record, Adjustment):
         name = "adjustment_credit" if record.direction == "credit" else "adjustment_charge"
         values[name] += record.amount_minor

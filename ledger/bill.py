@@ -44,6 +44,7 @@ from proto.keys import SigningKey
 from proto.note import parse_checkpoint_body, parse_note
 from proto.records import (
     Adjustment,
+    LedgerRecord,
     PlacementClosed,
     PlacementTerms,
     ReclaimNotice,
@@ -121,6 +122,20 @@ def _rows(
     ]
 
 
+def _arrived(store: Store, placement_id: str, chain_index: int) -> int | None:
+    """The ``arrived_ms`` the ledger chained for record ``chain_index`` (SPEC §6.6)."""
+    rows = store.query(
+        "SELECT envelope FROM records WHERE placement_id = ? AND chain_index = ?",
+        [placement_id, chain_index],
+    )
+    if not rows:
+        return None
+    record = open_envelope(bytes(rows[0][0])).record
+    if not isinstance(record, LedgerRecord):
+        return None
+    return record.arrived_ms
+
+
 def _inputs(
     store: Store, terms: PlacementTerms, through: int
 ) -> tuple[ReclaimFacts | None, list[AdjustmentFacts], tuple[int, int] | None]:
@@ -137,6 +152,7 @@ def _inputs(
                 effective_at_ms=notice.effective_at_ms,
                 reason=notice.reason,
                 signers=signer_names(terms, [s.keyid for s in opened.envelope.signatures]),
+                arrived_ms=_arrived(store, pid, index),
             )
     adjustments: list[AdjustmentFacts] = []
     for index, raw, status, reason in _rows(store, pid, "adjustment", through):

@@ -34,7 +34,7 @@ from devtools.builders import (
     sample,
     signed_terms,
 )
-from ledger.service import LedgerService, fixed_clock
+from ledger.service import LedgerService
 from ledger.store import Store
 from proto.records import PlacementTerms
 from transport.local import node_source, publish_local, publisher_source
@@ -82,22 +82,31 @@ def run_bill_scenario(tmp: Path) -> BillScenario:
         if k == 6:
             continue  # minutes 30-35: node n1 reported nothing
         events1.append(n1.event(start, end, [sample(g10, allocated=k != 2)]))
-    publish_local(spool, node_source("n0"), events0)
-    publish_local(spool, node_source("n1"), events1)
-    operator = [
-        reclaim(cast, terms, T0_MS + 46 * MIN, T0_MS + 50 * MIN, "rc-1"),
-        adjustment(cast, PID, "goodwill-1", "credit", 30, T0_MS + 55 * MIN, "INC-7", "goodwill"),
-        adjustment(cast, PID, "egress-1", "charge", 45, T0_MS + 56 * MIN, "", "egress traffic"),
-        adjustment(cast, PID, "alone-1", "credit", 99, T0_MS + 57 * MIN, signers=[cast.operator]),
-    ]
-    publish_local(spool, publisher_source("operator"), operator)
     store = Store(tmp / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
+    # Arrival is the ledger's clock when an input reaches its intake (SPEC §6.6): the
+    # events to minute 45 and the reclaim reach it at minute 46 (4 min before it takes
+    # effect), the rest after the window.
+    now = [T0_MS + 46 * MIN]
     service = LedgerService(
         store,
         cast.ledger,
         ledger_id="ledger-1",
         local_dir=spool,
-        clock=fixed_clock(LATE_CLOCK_MS),
+        clock=lambda: now[0],
     )
+    publish_local(spool, node_source("n0"), events0[:9])
+    publish_local(spool, node_source("n1"), events1[:8])
+    reclaim_notice = reclaim(cast, terms, T0_MS + 46 * MIN, T0_MS + 50 * MIN, "rc-1")
+    publish_local(spool, publisher_source("operator"), [reclaim_notice])
+    service.run_until_idle()
+    now[0] = LATE_CLOCK_MS
+    publish_local(spool, node_source("n0"), events0[9:])
+    publish_local(spool, node_source("n1"), events1[8:])
+    operator = [
+        adjustment(cast, PID, "goodwill-1", "credit", 30, T0_MS + 55 * MIN, "INC-7", "goodwill"),
+        adjustment(cast, PID, "egress-1", "charge", 45, T0_MS + 56 * MIN, "", "egress traffic"),
+        adjustment(cast, PID, "alone-1", "credit", 99, T0_MS + 57 * MIN, signers=[cast.operator]),
+    ]
+    publish_local(spool, publisher_source("operator"), operator)
     service.run_until_idle()
     return BillScenario(cast, terms, service)

@@ -96,7 +96,9 @@ def test_reclaim_dry_run_shows_the_credit_then_publishes_and_the_ledger_agrees(
         "--id", "rc-1",
     ]  # fmt: skip
     before = world.totals()
-    assert main([*args, "--dry-run", "--export", str(world.export)]) == 0
+    # The ledger times the notice by its arrival (SPEC §6.6): the dry run says when.
+    arrives = ["--arrives-at", _iso(EARLY_CLOCK_MS)]
+    assert main([*args, "--dry-run", "--export", str(world.export), *arrives]) == 0
     out = capsys.readouterr().out
     assert "the ledger would accept it" in out
     assert "reclaim credit" in out and "nothing written, nothing published" in out

@@ -159,12 +159,14 @@ def _decoded(run: Verification, table: str, index: int) -> tuple[object, list[st
 
 def _reclaim(run: Verification, through: int) -> ReclaimFacts | None:
     rows = run.con.execute(
-        "SELECT chain_index FROM w_reclaim WHERE chain_index <= ? ORDER BY chain_index LIMIT 1",
+        "SELECT chain_index, arrived_ms FROM w_reclaim WHERE chain_index <= ? "
+        "ORDER BY chain_index LIMIT 1",
         [through],
     ).fetchall()
     if not rows:
         return None
     index = int(rows[0][0])
+    arrived_ms = None if rows[0][1] is None else int(rows[0][1])
     decoded = _decoded(run, "reclaims", index)
     if decoded is None:
         return None
@@ -178,6 +180,7 @@ def _reclaim(run: Verification, through: int) -> ReclaimFacts | None:
         effective_at_ms=notice.effective_at_ms,
         reason=notice.reason,
         signers=signer_names(run.terms, keyids),
+        arrived_ms=arrived_ms,  # the record's, as the verifier's step 7 read it
     )
 
 

@@ -62,7 +62,8 @@ WORK_TABLES: Final = (
     "CREATE TABLE w_samples(chain_index BIGINT, uuid VARCHAR, allocated BOOLEAN, healthy BOOLEAN, "
     "power_mw BIGINT, xids BIGINT[], ecc_uncorrectable BIGINT, retired_pages BIGINT, "
     "present BOOLEAN)",
-    "CREATE TABLE w_reclaim(chain_index BIGINT, notice_from_ms BIGINT, effective_at_ms BIGINT)",
+    "CREATE TABLE w_reclaim(chain_index BIGINT, notice_from_ms BIGINT, effective_at_ms BIGINT, "
+    "arrived_ms BIGINT)",
     "CREATE TABLE w_adjust(chain_index BIGINT, adjustment_id VARCHAR, direction VARCHAR, "
     "amount_minor BIGINT, accepted BOOLEAN)",
     "CREATE TABLE w_close(chain_index BIGINT)",

@@ -100,8 +100,8 @@ def decide(
         # §7.3, §6.6: the notice runs from the reclaim's arrival (issued_at_ms: untimed).
         notice_from = record.issued_at_ms if arrived is None else arrived
         run.con.execute(
-            "INSERT INTO w_reclaim VALUES (?, ?, ?)",
-            [index, notice_from, record.effective_at_ms],
+            "INSERT INTO w_reclaim VALUES (?, ?, ?, ?)",
+            [index, notice_from, record.effective_at_ms, arrived],
         )
     elif isinstance(record, PlacementClosed):
         run.con.execute("INSERT INTO w_close VALUES (?)", [index])
