@@ -15,6 +15,7 @@ COPY ledger/ ledger/
 COPY verifier/ verifier/
 COPY transport/ transport/
 COPY witness/ witness/
+COPY billview/ billview/
 # /var/lib/gridledger/stack is the mount point of the compose `stack` volume: created and
 # owned by uid 10001 here, so a fresh named volume starts with that owner (Docker copies
 # the image directory's ownership into an empty volume) and the services can write it.
