@@ -231,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 started = time.perf_counter()
                 with Store(db, ledger_public_key=cast.ledger.public_key) as store:
-                    written = export_all(store, out, key=cast.ledger)
+                    done = export_all(store, out, key=cast.ledger)
                 seconds = time.perf_counter() - started
-                chosen = sorted(written)
+                chosen = sorted(done.written)
                 per = seconds / len(chosen)
                 all_s = seconds
             report[mode] = {

@@ -129,16 +129,26 @@ class ChainFacts:
     kinds: frozenset[str]
 
 
-def attest_all(
-    store: Store, key: SigningKey, placement_ids: Sequence[str]
-) -> dict[str, ChainFacts]:
+@dataclass(frozen=True, slots=True)
+class Attested:
+    """``attest_all``'s answer: the chains attested, and those it could not attest."""
+
+    chains: dict[str, ChainFacts]
+    skipped: dict[str, str]  # placement -> why (the UnknownPlacement text of issue_statement)
+
+
+_Chain = list[tuple[int, str, str, str, str]]  # (index, record hash, kind, status, leaf hex)
+
+
+def attest_all(store: Store, key: SigningKey, placement_ids: Sequence[str]) -> Attested:
     """``issue_statement`` and ``issue_checkpoint`` for many placements, set-wise.
 
     The same statements and checkpoints, byte for byte, as issuing them one placement at
     a time, but read with a few queries per ATTEST_CHUNK placements (taken in commit
     order, so each chunk's reads stay within its placements' row groups) and stored with
-    one transaction per chunk. Raises UnknownPlacement for a placement without a chain or
-    without accepted terms.
+    one transaction per chunk. A placement ``issue_statement`` would refuse (no accepted
+    terms) is skipped and named, as a placement ``export_placement`` would refuse.
+    Raises UnknownPlacement (before issuing anything) for a placement without a chain.
     """
     ranges = store.commit_ranges()
     missing = [p for p in placement_ids if p not in ranges]
@@ -147,12 +157,12 @@ def attest_all(
     have_statements = store.statement_heads()
     have_checkpoints = store.checkpoint_sizes()
     ordered = sorted(set(placement_ids), key=lambda p: (ranges[p], p))
-    facts: dict[str, ChainFacts] = {}
+    done = Attested({}, {})
     for at in range(0, len(ordered), ATTEST_CHUNK):
         chunk = ordered[at : at + ATTEST_CHUNK]
         low = min(ranges[p][0] for p in chunk)
         high = max(ranges[p][1] for p in chunk)
-        chains: dict[str, list[tuple[int, str, str, str, str]]] = {p: [] for p in chunk}
+        chains: dict[str, _Chain] = {p: [] for p in chunk}
         for pid, index, record_hash, kind, status, leaf in store.query(
             f"SELECT placement_id, chain_index, record_hash, kind, status, {LEAF_HASH_SQL} "
             "FROM records WHERE placement_id IN (SELECT unnest(?)) "
@@ -162,33 +172,38 @@ def attest_all(
             chains[str(pid)].append(
                 (int(index), str(record_hash), str(kind), str(status), str(leaf))
             )
-        statements: list[StatementRow] = []
-        checkpoints: list[tuple[str, int, str]] = []
-        need_statement: dict[str, int] = {}
         for pid, rows in chains.items():
             if [r[0] for r in rows] != list(range(len(rows))):
                 raise StoreError(f"chain of {pid} has a hole or is empty")
-            facts[pid] = ChainFacts(len(rows), frozenset(r[2] for r in rows))
+        need = {p: len(rows) - 1 for p, rows in chains.items()}
+        need = {p: head for p, head in need.items() if (p, head) not in have_statements}
+        statements, skipped = _statements(store, key, need, chains, low, high)
+        done.skipped.update(skipped)
+        checkpoints: list[tuple[str, int, str]] = []
+        for pid, rows in chains.items():
+            if pid in skipped:
+                continue
+            done.chains[pid] = ChainFacts(len(rows), frozenset(r[2] for r in rows))
             if (pid, len(rows)) not in have_checkpoints:
                 leaves = [bytes.fromhex(r[4]) for r in rows]
                 note = checkpoint_over_leaves(pid, leaves, key)
                 checkpoints.append((pid, len(rows), note.text()))
-            if (pid, len(rows) - 1) not in have_statements:
-                need_statement[pid] = len(rows) - 1
-        if need_statement:
-            statements = _statements(store, key, need_statement, chains, low, high)
         store.add_attestations(statements, checkpoints)
-    return facts
+    return done
 
 
 def _statements(
     store: Store,
     key: SigningKey,
     heads: dict[str, int],
-    chains: dict[str, list[tuple[int, str, str, str, str]]],
+    chains: dict[str, _Chain],
     low: int,
     high: int,
-) -> list[StatementRow]:
+) -> tuple[list[StatementRow], dict[str, str]]:
+    """The statements through ``heads`` (placement -> head index), and the placements
+    without accepted terms (no statement, as ``issue_statement``)."""
+    if not heads:
+        return [], {}
     ids = sorted(heads)
     envelopes = {
         str(p): bytes(e)
@@ -210,9 +225,11 @@ def _statements(
         )
     }
     rows: list[StatementRow] = []
+    skipped: dict[str, str] = {}
     for pid in ids:
         if pid not in terms_of:
-            raise UnknownPlacement(f"placement {pid!r} has no accepted terms")
+            skipped[pid] = f"placement {pid!r} has no accepted terms"
+            continue
         terms = open_envelope(terms_of[pid]).record
         if not isinstance(terms, PlacementTerms):
             raise StoreError(f"stored terms of {pid} decode as {type(terms).__name__}")
@@ -224,4 +241,4 @@ def _statements(
         if statement_period(head, close_index) > 0:
             previous = chain[head - 1][1]
         rows.append(_statement(key, envelopes[pid], terms, close_index, previous))
-    return rows
+    return rows, skipped

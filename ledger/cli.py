@@ -13,7 +13,8 @@ The keys of ledger.toml are documented in ``ledger.config`` and
 ledger when there is one (the DB has one writer) and open the DB directly otherwise;
 ``export --all`` writes DIR/<placement>.duckdb for every placement in one pass over the
 DB and needs the ledger stopped.
-Exit codes: 0 done, 1 the request failed (unknown placement), 2
+Exit codes: 0 done, 1 the request failed (unknown placement; for ``export --all``: some
+placement could not be exported, each named on a SKIPPED line, the others written), 2
 unusable input (config, key file, store).
 """
 
@@ -272,12 +273,14 @@ def _export_all(args: argparse.Namespace) -> int:
                 1,
             )
         _require_store(config, args.config)
-        written = export_all(config.db, args.all_dir, key=key)
+        done = export_all(config.db, args.all_dir, key=key)
     except (ConfigError, KeyFileError, StoreError) as exc:
         return _fail(str(exc), 2)
     except UnknownPlacement as exc:
         return _fail(str(exc), 1)
     except OSError as exc:
         return _fail(f"cannot write the exports to {args.all_dir}: {exc}", 2)
-    print(f"OK: exported {len(written)} placement(s) to {args.all_dir}")
-    return 0
+    print(f"OK: exported {len(done.written)} placement(s) to {args.all_dir}")
+    for placement_id, why in sorted(done.skipped.items()):
+        print(f"SKIPPED: {placement_id}: {why}")
+    return 0 if not done.skipped else 1

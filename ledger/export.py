@@ -22,6 +22,7 @@ import os
 import shutil
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -288,6 +289,14 @@ def _export(
     return counts
 
 
+@dataclass(frozen=True, slots=True)
+class ExportedAll:
+    """What ``export_all`` wrote (placement -> row counts) and what it could not export."""
+
+    written: dict[str, dict[str, int]]
+    skipped: dict[str, str]  # placement -> why, as export_placement would refuse it
+
+
 def export_all(
     store_or_path: Store | Path,
     directory: Path,
@@ -295,12 +304,13 @@ def export_all(
     key: SigningKey,
     placement_ids: Sequence[str] | None = None,
     threads: int = EXPORT_THREADS,
-) -> dict[str, dict[str, int]]:
+) -> ExportedAll:
     """Export every placement (or ``placement_ids``) to ``directory/<placement>.duckdb``.
 
     The same files as ``export_placement`` for each, in one pass: see the module
-    docstring. Returns placement -> row counts. Raises UnknownPlacement (before writing
-    anything) when one of ``placement_ids`` has no chain.
+    docstring. A placement without accepted terms is skipped and named (no statement
+    can be issued for it). Raises UnknownPlacement (before writing anything) when one of
+    ``placement_ids`` has no chain.
     """
     if isinstance(store_or_path, Store):
         return _export_all(store_or_path, Path(directory), key, placement_ids, threads)
@@ -314,9 +324,10 @@ def _export_all(
     key: SigningKey,
     placement_ids: Sequence[str] | None,
     threads: int,
-) -> dict[str, dict[str, int]]:
+) -> ExportedAll:
     ids = store.placements() if placement_ids is None else list(placement_ids)
-    facts = attest_all(store, key, ids)
+    attested = attest_all(store, key, ids)
+    facts = attested.chains
     ranges = store.commit_ranges()
     dropped = store.dropped_counts()
     ledger_key = b64(key.public_key)
@@ -354,7 +365,7 @@ def _export_all(
         _fsync_dir(directory)
     finally:
         template.unlink(missing_ok=True)
-    return results
+    return ExportedAll(results, attested.skipped)
 
 
 def _make_template(path: Path) -> None:

@@ -16,7 +16,7 @@ from test_ledger_scenario import (
     publish_scenario_local,
 )
 
-from devtools.builders import adjustment
+from devtools.builders import adjustment, gpu, make_terms, signed_terms
 from gridledger.cli import main as gridledger_main
 from ledger.attest import LEAF_HASH_SQL, UnknownPlacement, attest_all
 from ledger.export import TABLES, export_all, export_placement
@@ -26,11 +26,16 @@ from proto.envelope import decode_envelope
 from verifier.verify import verify_export
 
 
-def _ledger(tmp_path: Path, placements: int = 4) -> tuple[Any, Path]:
-    """A folded scenario in several small batches (closes, an adjustment), store closed."""
+def _ledger(tmp_path: Path, placements: int = 4, bad_terms: bool = False) -> tuple[Any, Path]:
+    """A folded scenario in several small batches (closes, an adjustment), store closed;
+    ``bad_terms``: also a placement "bad" whose only terms are rejected (TERMS_INVALID)."""
     scenario = build_scenario("many", placements=placements, nodes=2, events=4)
     pid = scenario.placement_ids[0]
     extra = [(pid, "publish-desk", adjustment(scenario.cast, pid, "adj-1", "credit", 9, 0))]
+    if bad_terms:
+        start = scenario.terms[pid].window_start_ms
+        terms = make_terms(scenario.cast, "bad", [gpu("bad-n0", 0)], start, start + 1000)
+        extra.append(("bad", "publish-desk", signed_terms(scenario.cast, terms)))
     publish_scenario_local(tmp_path / "spool", scenario.inputs + extra)
     service = local_service(tmp_path, scenario)  # batches of 7 inputs
     service.run_until_idle()
@@ -63,7 +68,9 @@ def test_export_all_writes_the_same_files_as_one_at_a_time(tmp_path: Path) -> No
     scenario, db = _ledger(tmp_path)
     copy = tmp_path / "copy.duckdb"
     shutil.copyfile(db, copy)  # neither store has issued a statement or checkpoint yet
-    counts = export_all(db, tmp_path / "all", key=scenario.cast.ledger)
+    done = export_all(db, tmp_path / "all", key=scenario.cast.ledger)
+    assert done.skipped == {}
+    counts = done.written
     assert sorted(counts) == scenario.placement_ids
     for pid in scenario.placement_ids:
         one = tmp_path / "one" / f"{pid}.duckdb"
@@ -74,7 +81,7 @@ def test_export_all_writes_the_same_files_as_one_at_a_time(tmp_path: Path) -> No
     assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
     # Again over a store that has them: nothing new is issued, the files are the same.
     again = export_all(db, tmp_path / "again", key=scenario.cast.ledger)
-    assert again == counts
+    assert again.written == counts
     pid = scenario.placement_ids[0]
     assert _tables(tmp_path / "again" / f"{pid}.duckdb") == _tables(
         tmp_path / "all" / f"{pid}.duckdb"
@@ -100,7 +107,9 @@ def test_the_sql_leaf_hash_is_the_rfc9162_leaf_of_the_payload(tmp_path: Path) ->
         assert len(rows) > 10
         for envelope, leaf in rows:
             assert leaf == merkle.leaf_hash(decode_envelope(bytes(envelope)).payload).hex()
-        facts = attest_all(store, scenario.cast.ledger, scenario.placement_ids)
+        attested = attest_all(store, scenario.cast.ledger, scenario.placement_ids)
+        assert attested.skipped == {}
+        facts = attested.chains
         for pid in scenario.placement_ids:
             assert facts[pid].records == store.heads()[pid][0] + 1
             assert "usage" in facts[pid].kinds and "terms" in facts[pid].kinds
@@ -162,3 +171,23 @@ def test_cli_export_all(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     )
     assert gridledger_main(["ledger", "export", "--config", str(config)]) == 2
     assert "export needs PLACEMENT --out FILE.duckdb, or --all DIR" in capsys.readouterr().err
+
+
+def test_a_placement_without_accepted_terms_is_skipped_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario, db = _ledger(tmp_path, placements=2, bad_terms=True)
+    done = export_all(db, tmp_path / "out", key=scenario.cast.ledger)
+    assert sorted(done.written) == scenario.placement_ids
+    assert done.skipped == {"bad": "placement 'bad' has no accepted terms"}
+    assert not (tmp_path / "out" / "bad.duckdb").exists()
+    with pytest.raises(UnknownPlacement, match="has no accepted terms"):
+        export_placement(db, "bad", tmp_path / "bad.duckdb", key=scenario.cast.ledger)
+    config = ledger_toml(
+        tmp_path / "ledger.toml", ledger_key_file(tmp_path / "keys", scenario.cast)
+    )
+    argv = ["ledger", "export", "--all", str(tmp_path / "cli"), "--config", str(config)]
+    assert gridledger_main(argv) == 1
+    out = capsys.readouterr().out
+    assert "OK: exported 2 placement(s)" in out
+    assert "SKIPPED: bad: placement 'bad' has no accepted terms" in out
