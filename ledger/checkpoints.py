@@ -27,8 +27,17 @@ from proto.records import Checkpoint, PlacementTerms
 
 def make_checkpoint(placement_id: str, payloads: Sequence[bytes], key: SigningKey) -> SignedNote:
     """The ledger-signed checkpoint note over ``payloads`` (every record so far)."""
+    return checkpoint_over_leaves(placement_id, [merkle.leaf_hash(p) for p in payloads], key)
+
+
+def checkpoint_over_leaves(
+    placement_id: str, leaf_hashes: Sequence[bytes], key: SigningKey
+) -> SignedNote:
+    """The same note from the RFC 9162 leaf hashes of the payloads, in index order."""
     checkpoint = Checkpoint(
-        origin=checkpoint_origin(placement_id), size=len(payloads), root=merkle.root(payloads)
+        origin=checkpoint_origin(placement_id),
+        size=len(leaf_hashes),
+        root=merkle.root_from_leaf_hashes(leaf_hashes),
     )
     return sign_note(checkpoint_body(checkpoint), LEDGER_NOTE_NAME, key)
 

@@ -7,11 +7,15 @@ the ledger's own tools.
     gridledger ledger statement PLACEMENT [--json] [--config ledger.toml]
     gridledger ledger list [--json] [--config ledger.toml]
     gridledger ledger export PLACEMENT --out FILE.duckdb [--parquet DIR] [--config ledger.toml]
+    gridledger ledger export --all DIR [--config ledger.toml]
 
 The keys of ledger.toml are documented in ``ledger.config`` and
 ``deploy/ledger.example.toml``. statement/export use the HTTP API of the running
-ledger when there is one (the DB has one writer) and open the DB directly otherwise.
-Exit codes: 0 done, 1 the request failed (unknown placement), 2
+ledger when there is one (the DB has one writer) and open the DB directly otherwise;
+``export --all`` writes DIR/<placement>.duckdb for every placement in one pass over the
+DB and needs the ledger stopped.
+Exit codes: 0 done, 1 the request failed (unknown placement; for ``export --all``: some
+placement could not be exported, each named on a SKIPPED line, the others written), 2
 unusable input (config, key file, store).
 """
 
@@ -43,7 +47,7 @@ from ledger.client import (
 )
 from ledger.config import ConfigError, LedgerConfig, load_config
 from ledger.consume import SourceError, SourceUnavailable
-from ledger.export import export_placement, write_parquet
+from ledger.export import export_all, export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer
 from ledger.limits import START_ATTEMPTS, START_BACKOFF_INITIAL_S, START_BACKOFF_MAX_S
 from ledger.listing import placement_list, render_table
@@ -77,9 +81,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     with_config(statement)
     statement.set_defaults(handler=cmd_statement)
 
-    export = sub.add_parser("export", help="export one placement (EXPORT.md)")
-    export.add_argument("placement", help="the placement id")
-    export.add_argument("--out", type=Path, required=True, help="FILE.duckdb to write")
+    export = sub.add_parser("export", help="export one placement, or all (EXPORT.md)")
+    export.add_argument("placement", nargs="?", help="the placement id (or --all DIR)")
+    export.add_argument("--out", type=Path, help="FILE.duckdb to write")
+    export.add_argument(
+        "--all",
+        type=Path,
+        metavar="DIR",
+        dest="all_dir",
+        help="export every placement to DIR/<placement>.duckdb (ledger stopped)",
+    )
     export.add_argument(
         "--parquet",
         type=Path,
@@ -274,7 +285,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """``ledger export``: the export file (and Parquet tables) of one placement."""
+    """``ledger export``: the export file (and Parquet tables) of one placement, or all."""
+    if args.all_dir is not None:
+        return _export_all(args)
+    if args.placement is None or args.out is None:
+        return _fail("export needs PLACEMENT --out FILE.duckdb, or --all DIR", 2)
     try:
         config, key = _load(args.config)
         base = find_running(config)
@@ -291,3 +306,28 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _fail(str(exc), 1)
     print(f"OK: exported {args.placement} to {args.out}")
     return 0
+
+
+def _export_all(args: argparse.Namespace) -> int:
+    if args.placement is not None or args.out is not None or args.parquet is not None:
+        return _fail("--all DIR takes no PLACEMENT, --out or --parquet", 2)
+    try:
+        config, key = _load(args.config)
+        if find_running(config) is not None:
+            return _fail(
+                "the ledger is running: export --all reads its store directly; stop it, "
+                "or export placements one at a time (export PLACEMENT --out FILE)",
+                1,
+            )
+        _require_store(config, args.config)
+        done = export_all(config.db, args.all_dir, key=key)
+    except (ConfigError, KeyFileError, StoreError) as exc:
+        return _fail(str(exc), 2)
+    except UnknownPlacement as exc:
+        return _fail(str(exc), 1)
+    except OSError as exc:
+        return _fail(f"cannot write the exports to {args.all_dir}: {exc}", 2)
+    print(f"OK: exported {len(done.written)} placement(s) to {args.all_dir}")
+    for placement_id, why in sorted(done.skipped.items()):
+        print(f"SKIPPED: {placement_id}: {why}")
+    return 0 if not done.skipped else 1

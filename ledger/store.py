@@ -13,6 +13,15 @@ or a crash discards it like any other write.
 
 The connection is shared by the service loop and the HTTP threads; a lock serialises
 them (DuckDB's Python connection is not safe for concurrent use).
+
+Reading one placement costs its own rows, not the store's (issue 15): every row of
+``records`` and ``inputs`` carries ``commit_no``, the number of the batch that wrote it
+(increasing, the same for the whole batch), and ``placement_commits`` keeps, for every
+placement, the first and last batch that wrote rows of it (upserted in the batch's own
+transaction). A read of one placement filters on its ``commit_no`` range as well as its
+id, so DuckDB's zone maps (min/max per row group) skip every row group written outside
+that range: a placement open for a day is read from that day's row groups, whatever the
+store's size. The id filter stays, so the range only ever prunes, never decides.
 """
 
 from __future__ import annotations
@@ -45,9 +54,15 @@ from proto.records import (
 )
 
 STORE_FORMAT: Final = "gridledger-ledger-store"
-STORE_VERSION: Final = "1"
+STORE_VERSION: Final = "2"
+# Store versions this code opens; older ones are migrated in place on open (_migrate).
+_MIGRATES_FROM: Final = ("1",)
 
 TOTALS_FIELDS: Final[tuple[str, ...]] = tuple(Totals.__struct_fields__)
+
+# The rows of one placement in records/inputs; parameters: placement_id and its commit
+# range (``Store.commit_range``). See the module docstring.
+PLACEMENT_ROWS: Final = "placement_id = ? AND commit_no BETWEEN ? AND ?"
 
 # Running totals after each record, as columns "total_<field>" (the record's own
 # delivered_mgms has a column of its own).
@@ -65,7 +80,8 @@ CREATE TABLE IF NOT EXISTS records (
     status VARCHAR NOT NULL,
     reason VARCHAR NOT NULL,
     delivered_mgms BIGINT NOT NULL,
-    {_TOTALS_COLUMNS}
+    {_TOTALS_COLUMNS},
+    commit_no BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS inputs (
     placement_id VARCHAR NOT NULL,
@@ -87,7 +103,8 @@ CREATE TABLE IF NOT EXISTS inputs (
     effective_at_ms BIGINT,
     direction VARCHAR,
     amount_minor BIGINT,
-    closed_at_ms BIGINT
+    closed_at_ms BIGINT,
+    commit_no BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS quarantine (
     position VARCHAR NOT NULL,
@@ -97,6 +114,11 @@ CREATE TABLE IF NOT EXISTS quarantine (
     reason VARCHAR NOT NULL,
     detail VARCHAR NOT NULL,
     placement_id VARCHAR
+);
+CREATE TABLE IF NOT EXISTS placement_commits (
+    placement_id VARCHAR PRIMARY KEY,
+    first_commit BIGINT NOT NULL,
+    last_commit BIGINT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS dropped (
     placement_id VARCHAR PRIMARY KEY,
@@ -168,6 +190,7 @@ INPUT_COLUMNS: Final[tuple[str, ...]] = (
     "direction",
     "amount_minor",
     "closed_at_ms",
+    "commit_no",
 )
 
 
@@ -312,7 +335,7 @@ def _input_columns(record: object) -> tuple[Any, ...]:
             return none11
 
 
-def _record_row(row: ChainedRow) -> tuple[Any, ...]:
+def _record_row(row: ChainedRow, commit_no: int) -> tuple[Any, ...]:
     r = row.record
     totals = r.totals
     return (
@@ -325,10 +348,11 @@ def _record_row(row: ChainedRow) -> tuple[Any, ...]:
         r.reason,
         r.delivered_mgms,
         *(getattr(totals, name) for name in TOTALS_FIELDS),
+        commit_no,
     )
 
 
-def _input_row(row: ChainedRow) -> tuple[Any, ...]:
+def _input_row(row: ChainedRow, commit_no: int) -> tuple[Any, ...]:
     r = row.record
     return (
         r.placement_id,
@@ -341,6 +365,7 @@ def _input_row(row: ChainedRow) -> tuple[Any, ...]:
         r.status,
         r.reason,
         *_input_columns(row.input_record),
+        commit_no,
     )
 
 
@@ -402,7 +427,9 @@ class Store:
             else:
                 if meta.get("format") != STORE_FORMAT:
                     raise StoreError(f"{self.path} is not a ledger store ({meta.get('format')!r})")
-                if meta.get("store_version") != STORE_VERSION:
+                if meta.get("store_version") in _MIGRATES_FROM:
+                    _migrate(con, str(meta["store_version"]))
+                elif meta.get("store_version") != STORE_VERSION:
                     raise StoreError(
                         f"{self.path}: store version {meta.get('store_version')!r}, "
                         f"this ledger reads {STORE_VERSION!r}"
@@ -418,6 +445,8 @@ class Store:
                             f"{self.path} belongs to another ledger key ({stored_key}); "
                             "refusing to mix chains signed by two keys"
                         )
+            row = con.execute("SELECT max(last_commit) FROM placement_commits").fetchone()
+            self._commit_no = 0 if row is None or row[0] is None else int(row[0])
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -450,8 +479,10 @@ class Store:
 
     def commit_batch(self, batch: Batch) -> None:
         """Write everything in ``batch`` in one transaction (all or nothing)."""
-        record_rows = [_record_row(r) for r in batch.chained]
-        input_rows = [_input_row(r) for r in batch.chained]
+        commit_no = self._commit_no + 1
+        record_rows = [_record_row(r, commit_no) for r in batch.chained]
+        input_rows = [_input_row(r, commit_no) for r in batch.chained]
+        touched = sorted({r.record.placement_id for r in batch.chained})
         quarantine_rows = [_quarantine_row(q) for q in batch.quarantined]
         state_rows = [(s.placement_id, s.snapshot, s.closed, s.close_due_ms) for s in batch.states]
         statement_rows = [_statement_tuple(s) for s in batch.statements]
@@ -461,6 +492,12 @@ class Store:
             try:
                 self._append("records", record_rows)
                 self._append("inputs", input_rows)
+                if touched:
+                    con.execute(
+                        "INSERT INTO placement_commits SELECT unnest(?), ?, ? ON CONFLICT "
+                        "(placement_id) DO UPDATE SET last_commit = excluded.last_commit",
+                        [touched, commit_no, commit_no],
+                    )
                 self._append("quarantine", quarantine_rows)
                 self._append("placement_state", state_rows, upsert=True)
                 self._append("statements", statement_rows, upsert=True)
@@ -480,6 +517,8 @@ class Store:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
+            if touched:
+                self._commit_no = commit_no
 
     def _append(self, table: str, rows: Sequence[tuple[Any, ...]], *, upsert: bool = False) -> None:
         if not rows:
@@ -523,27 +562,68 @@ class Store:
 
     def lookup_usage(self, placement_id: str, node_id: str, seq: int) -> tuple[str, str] | None:
         """(input_hash, payload record hash) of the accepted usage event at ``seq``, or None."""
-        rows = self._rows(
-            "SELECT input_hash, payload_hash FROM inputs WHERE placement_id = ? AND node_id = ? "
+        rows = self.placement_query(
+            "SELECT input_hash, payload_hash FROM inputs WHERE {rows} AND node_id = ? "
             "AND seq = ? AND kind = 'usage' AND status = 'accepted'",
-            [placement_id, node_id, seq],
+            placement_id,
+            [node_id, seq],
         )
         return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
     # ---- chains ------------------------------------------------------------------------------
 
+    def commit_range(self, placement_id: str) -> tuple[int, int] | None:
+        """(first, last) commit_no of the batches that wrote rows of the placement."""
+        rows = self._rows(
+            "SELECT first_commit, last_commit FROM placement_commits WHERE placement_id = ?",
+            [placement_id],
+        )
+        return (int(rows[0][0]), int(rows[0][1])) if rows else None
+
+    def placement_query(
+        self, sql: str, placement_id: str, params: Sequence[Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        """Rows of ``sql`` over ``records``/``inputs`` of one placement, at its own cost.
+
+        ``{rows}`` in ``sql`` (before any other ``?``) becomes the placement's filter: its
+        id and its commit range (module docstring), so only its row groups are read.
+        """
+        with self._lock:
+            span = self.commit_range(placement_id)
+            if span is None:
+                return []
+            return self._rows(sql.format(rows=PLACEMENT_ROWS), [placement_id, *span, *params])
+
+    def commit_ranges(self) -> dict[str, tuple[int, int]]:
+        """placement_id -> (first, last) commit_no, for every placement with a chain."""
+        return {
+            str(p): (int(a), int(b))
+            for p, a, b in self._rows(
+                "SELECT placement_id, first_commit, last_commit FROM placement_commits"
+            )
+        }
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of its own to the store's database, for one reader thread.
+
+        It does not take the store's lock: DuckDB isolates its transactions from the
+        writer's (a read sees committed batches only). Close it when done.
+        """
+        with self._lock:
+            return self._con.cursor()
+
     def placements(self) -> list[str]:
         """Every placement with at least one chained record."""
         return [
-            str(r[0]) for r in self._rows("SELECT DISTINCT placement_id FROM records ORDER BY 1")
+            str(r[0]) for r in self._rows("SELECT placement_id FROM placement_commits ORDER BY 1")
         ]
 
     def head(self, placement_id: str) -> ChainHead | None:
         """The last record of the placement's chain."""
-        rows = self._rows(
-            "SELECT chain_index, record_hash, envelope FROM records WHERE placement_id = ? "
+        rows = self.placement_query(
+            "SELECT chain_index, record_hash, envelope FROM records WHERE {rows} "
             "ORDER BY chain_index DESC LIMIT 1",
-            [placement_id],
+            placement_id,
         )
         if not rows:
             return None
@@ -561,10 +641,11 @@ class Store:
     def record_envelopes(self, placement_id: str, through_index: int | None = None) -> list[bytes]:
         """The LedgerRecord envelopes of a placement in index order (optionally a prefix)."""
         limit = -1 if through_index is None else through_index
-        rows = self._rows(
-            "SELECT chain_index, envelope FROM records WHERE placement_id = ? "
+        rows = self.placement_query(
+            "SELECT chain_index, envelope FROM records WHERE {rows} "
             "AND (? < 0 OR chain_index <= ?) ORDER BY chain_index",
-            [placement_id, limit, limit],
+            placement_id,
+            [limit, limit],
         )
         for expected, (index, _) in enumerate(rows):
             if index != expected:
@@ -581,10 +662,10 @@ class Store:
     def terms(self, placement_id: str) -> PlacementTerms | None:
         """The placement's terms in force: the last accepted (an amendment replaces the
         terms before it, SPEC §6.3 terms), decoded from the stored envelope."""
-        rows = self._rows(
-            "SELECT envelope FROM inputs WHERE placement_id = ? AND kind = 'terms' "
+        rows = self.placement_query(
+            "SELECT envelope FROM inputs WHERE {rows} AND kind = 'terms' "
             "AND status = 'accepted' ORDER BY chain_index DESC LIMIT 1",
-            [placement_id],
+            placement_id,
         )
         if not rows:
             return None
@@ -595,18 +676,19 @@ class Store:
 
     def record_hash_at(self, placement_id: str, index: int) -> str | None:
         """The record hash of record ``index`` of the placement's chain, if it exists."""
-        rows = self._rows(
-            "SELECT record_hash FROM records WHERE placement_id = ? AND chain_index = ?",
-            [placement_id, index],
+        rows = self.placement_query(
+            "SELECT record_hash FROM records WHERE {rows} AND chain_index = ?",
+            placement_id,
+            [index],
         )
         return None if not rows else str(rows[0][0])
 
     def close_index(self, placement_id: str) -> int | None:
         """Chain index of the placement's accepted close, if any."""
-        rows = self._rows(
-            "SELECT min(chain_index) FROM records WHERE placement_id = ? AND kind = 'closed' "
+        rows = self.placement_query(
+            "SELECT min(chain_index) FROM records WHERE {rows} AND kind = 'closed' "
             "AND status = 'accepted'",
-            [placement_id],
+            placement_id,
         )
         return None if not rows or rows[0][0] is None else int(rows[0][0])
 
@@ -699,6 +781,48 @@ class Store:
                 self._con.execute("ROLLBACK")
                 raise
 
+    def add_attestations(
+        self, statements: Sequence[StatementRow], checkpoints: Sequence[tuple[str, int, str]]
+    ) -> None:
+        """Store many statements and (placement_id, size, note) checkpoints in one
+        transaction; a checkpoint already stored for the same size is kept (it may carry
+        cosignatures), a statement through the same index is replaced (same bytes)."""
+        with self._lock:
+            self._con.execute("BEGIN")
+            try:
+                self._append("statements", [_statement_tuple(r) for r in statements], upsert=True)
+                if checkpoints:
+                    self._con.execute(
+                        "INSERT INTO checkpoints SELECT unnest(?), unnest(?), unnest(?) "
+                        "ON CONFLICT DO NOTHING",
+                        [
+                            [c[0] for c in checkpoints],
+                            [c[1] for c in checkpoints],
+                            [c[2] for c in checkpoints],
+                        ],
+                    )
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+
+    def statement_heads(self) -> set[tuple[str, int]]:
+        """(placement_id, through_index) of every stored statement."""
+        return {
+            (str(p), int(i))
+            for p, i in self._rows("SELECT placement_id, through_index FROM statements")
+        }
+
+    def checkpoint_sizes(self) -> set[tuple[str, int]]:
+        """(placement_id, size) of every stored checkpoint."""
+        return {
+            (str(p), int(n)) for p, n in self._rows("SELECT placement_id, size FROM checkpoints")
+        }
+
+    def dropped_counts(self) -> dict[str, int]:
+        """placement_id -> inputs dropped as exact re-deliveries (placements with any)."""
+        return {str(p): int(n) for p, n in self._rows("SELECT placement_id, count FROM dropped")}
+
     def checkpoint(self, placement_id: str, size: int) -> str | None:
         """The stored note of the checkpoint at ``size``, with every cosignature so far."""
         rows = self._rows(
@@ -779,6 +903,24 @@ class Store:
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read-only SQL query under the store's lock (exports, diagnostics)."""
         return self._rows(sql, params)
+
+
+def _migrate(con: duckdb.DuckDBPyConnection, version: str) -> None:
+    """Bring a store of ``version`` to STORE_VERSION inside the caller's transaction.
+
+    1 -> 2: ``commit_no`` on records and inputs (0 for every existing row) and
+    ``placement_commits`` with the range 0..0 for every placement already stored (so a
+    read of an old placement scans the rows written before the migration, as before).
+    """
+    if version == "1":
+        for table in ("records", "inputs"):
+            con.execute(f"ALTER TABLE {table} ADD COLUMN commit_no BIGINT NOT NULL DEFAULT 0")
+        con.execute(
+            "INSERT INTO placement_commits SELECT placement_id, 0, 0 FROM "
+            "(SELECT placement_id FROM records UNION SELECT placement_id FROM inputs) "
+            "ON CONFLICT DO NOTHING"
+        )
+    con.execute("UPDATE meta SET value = ? WHERE key = 'store_version'", [STORE_VERSION])
 
 
 def _utc(ms: int) -> str:

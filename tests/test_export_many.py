@@ -1,0 +1,193 @@
+"""Exports at the cost of their own rows (issue 15): commit ranges, export_all, migration."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from support import ledger_toml
+from test_ledger_scenario import (
+    build_scenario,
+    ledger_key_file,
+    local_service,
+    publish_scenario_local,
+)
+
+from devtools.builders import adjustment, gpu, make_terms, signed_terms
+from gridledger.cli import main as gridledger_main
+from ledger.attest import LEAF_HASH_SQL, UnknownPlacement, attest_all
+from ledger.export import TABLES, export_all, export_placement
+from ledger.store import STORE_VERSION, Store
+from proto import merkle
+from proto.envelope import decode_envelope
+from verifier.verify import verify_export
+
+
+def _ledger(tmp_path: Path, placements: int = 4, bad_terms: bool = False) -> tuple[Any, Path]:
+    """A folded scenario in several small batches (closes, an adjustment), store closed;
+    ``bad_terms``: also a placement "bad" whose only terms are rejected (TERMS_INVALID)."""
+    scenario = build_scenario("many", placements=placements, nodes=2, events=4)
+    pid = scenario.placement_ids[0]
+    extra = [(pid, "publish-desk", adjustment(scenario.cast, pid, "adj-1", "credit", 9, 0))]
+    if bad_terms:
+        start = scenario.terms[pid].window_start_ms
+        terms = make_terms(scenario.cast, "bad", [gpu("bad-n0", 0)], start, start + 1000)
+        extra.append(("bad", "publish-desk", signed_terms(scenario.cast, terms)))
+    publish_scenario_local(tmp_path / "spool", scenario.inputs + extra)
+    service = local_service(tmp_path, scenario)  # batches of 7 inputs
+    service.run_until_idle()
+    service.close()
+    return scenario, tmp_path / "ledger.duckdb"
+
+
+def _tables(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in TABLES}
+
+
+def test_commit_ranges_hold_every_row_of_their_placement(tmp_path: Path) -> None:
+    _, db = _ledger(tmp_path)
+    with duckdb.connect(str(db), read_only=True) as con:
+        for table in ("records", "inputs"):
+            rows = con.execute(
+                f"SELECT t.placement_id, min(t.commit_no), max(t.commit_no), "
+                f"any_value(c.first_commit), any_value(c.last_commit) FROM {table} t "
+                "LEFT JOIN placement_commits c USING (placement_id) GROUP BY 1"
+            ).fetchall()
+            assert len(rows) == 4
+            for pid, lo, hi, first, last in rows:
+                assert (first, last) == (lo, hi), f"{table} of {pid}: range {first}..{last}"
+        # Several batches wrote rows: the ranges really separate placements' batches.
+        assert con.execute("SELECT count(DISTINCT commit_no) FROM records").fetchone()[0] > 3  # type: ignore[index]
+
+
+def test_export_all_writes_the_same_files_as_one_at_a_time(tmp_path: Path) -> None:
+    scenario, db = _ledger(tmp_path)
+    copy = tmp_path / "copy.duckdb"
+    shutil.copyfile(db, copy)  # neither store has issued a statement or checkpoint yet
+    done = export_all(db, tmp_path / "all", key=scenario.cast.ledger)
+    assert done.skipped == {}
+    counts = done.written
+    assert sorted(counts) == scenario.placement_ids
+    for pid in scenario.placement_ids:
+        one = tmp_path / "one" / f"{pid}.duckdb"
+        assert export_placement(copy, pid, one, key=scenario.cast.ledger) == counts[pid]
+        assert _tables(tmp_path / "all" / f"{pid}.duckdb") == _tables(one)
+        result = verify_export(tmp_path / "all" / f"{pid}.duckdb", scenario.cast.trust())
+        assert result.ok and result.final, result.error
+    assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
+    # Again over a store that has them: nothing new is issued, the files are the same.
+    again = export_all(db, tmp_path / "again", key=scenario.cast.ledger)
+    assert again.written == counts
+    pid = scenario.placement_ids[0]
+    assert _tables(tmp_path / "again" / f"{pid}.duckdb") == _tables(
+        tmp_path / "all" / f"{pid}.duckdb"
+    )
+
+
+def test_export_all_refuses_an_unknown_placement_before_writing(tmp_path: Path) -> None:
+    scenario, db = _ledger(tmp_path, placements=2)
+    with pytest.raises(UnknownPlacement, match="nope"):
+        export_all(
+            db,
+            tmp_path / "out",
+            key=scenario.cast.ledger,
+            placement_ids=["nope", *scenario.placement_ids],
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_sql_leaf_hash_is_the_rfc9162_leaf_of_the_payload(tmp_path: Path) -> None:
+    scenario, db = _ledger(tmp_path, placements=2)
+    with Store(db, ledger_public_key=scenario.cast.ledger.public_key) as store:
+        rows = store.query(f"SELECT envelope, {LEAF_HASH_SQL} FROM records")
+        assert len(rows) > 10
+        for envelope, leaf in rows:
+            assert leaf == merkle.leaf_hash(decode_envelope(bytes(envelope)).payload).hex()
+        attested = attest_all(store, scenario.cast.ledger, scenario.placement_ids)
+        assert attested.skipped == {}
+        facts = attested.chains
+        for pid in scenario.placement_ids:
+            assert facts[pid].records == store.heads()[pid][0] + 1
+            assert "usage" in facts[pid].kinds and "terms" in facts[pid].kinds
+
+
+def _downgrade_to_v1(db: Path) -> None:
+    """What a store written before commit ranges looks like (STORE_VERSION 1)."""
+    with duckdb.connect(str(db)) as con:
+        con.execute("DROP TABLE placement_commits")
+        con.execute("ALTER TABLE records DROP COLUMN commit_no")
+        con.execute("ALTER TABLE inputs DROP COLUMN commit_no")
+        con.execute("UPDATE meta SET value = '1' WHERE key = 'store_version'")
+
+
+def test_a_version_1_store_is_migrated_and_keeps_its_chains(tmp_path: Path) -> None:
+    scenario = build_scenario("migrate", placements=2, nodes=1, events=3)
+    first, second = scenario.placement_ids
+    publish_scenario_local(tmp_path / "spool", [i for i in scenario.inputs if i[0] == first])
+    service = local_service(tmp_path, scenario)
+    service.run_until_idle()
+    heads = service.store.heads()
+    service.close()
+    _downgrade_to_v1(tmp_path / "ledger.duckdb")
+
+    publish_scenario_local(tmp_path / "spool", [i for i in scenario.inputs if i[0] == second])
+    service = local_service(tmp_path, scenario)  # migrates, then folds the second placement
+    try:
+        store = service.store
+        assert store.query("SELECT value FROM meta WHERE key = 'store_version'") == [
+            (STORE_VERSION,)
+        ]
+        assert store.commit_range(first) == (0, 0)
+        assert store.heads()[first] == heads[first]
+        service.run_until_idle()
+        low, high = store.commit_range(second) or (0, 0)
+        assert 1 <= low <= high
+        for pid in (first, second):
+            out = tmp_path / f"{pid}.duckdb"
+            export_placement(store, pid, out, key=scenario.cast.ledger)
+            result = verify_export(out, scenario.cast.trust())
+            assert result.ok and result.final, result.error
+    finally:
+        service.close()
+
+
+def test_cli_export_all(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario, _ = _ledger(tmp_path, placements=3)
+    config = ledger_toml(
+        tmp_path / "ledger.toml", ledger_key_file(tmp_path / "keys", scenario.cast)
+    )
+    out = tmp_path / "exports"
+    assert gridledger_main(["ledger", "export", "--all", str(out), "--config", str(config)]) == 0
+    assert "OK: exported 3 placement(s)" in capsys.readouterr().out
+    assert sorted(p.stem for p in out.glob("*.duckdb")) == scenario.placement_ids
+    argv = ["ledger", "export", "x", "--all", str(out), "--config", str(config)]
+    assert gridledger_main(argv) == 2
+    assert (
+        capsys.readouterr().err.strip() == "FAIL: --all DIR takes no PLACEMENT, --out or --parquet"
+    )
+    assert gridledger_main(["ledger", "export", "--config", str(config)]) == 2
+    assert "export needs PLACEMENT --out FILE.duckdb, or --all DIR" in capsys.readouterr().err
+
+
+def test_a_placement_without_accepted_terms_is_skipped_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario, db = _ledger(tmp_path, placements=2, bad_terms=True)
+    done = export_all(db, tmp_path / "out", key=scenario.cast.ledger)
+    assert sorted(done.written) == scenario.placement_ids
+    assert done.skipped == {"bad": "placement 'bad' has no accepted terms"}
+    assert not (tmp_path / "out" / "bad.duckdb").exists()
+    with pytest.raises(UnknownPlacement, match="has no accepted terms"):
+        export_placement(db, "bad", tmp_path / "bad.duckdb", key=scenario.cast.ledger)
+    config = ledger_toml(
+        tmp_path / "ledger.toml", ledger_key_file(tmp_path / "keys", scenario.cast)
+    )
+    argv = ["ledger", "export", "--all", str(tmp_path / "cli"), "--config", str(config)]
+    assert gridledger_main(argv) == 1
+    out = capsys.readouterr().out
+    assert "OK: exported 2 placement(s)" in out
+    assert "SKIPPED: bad: placement 'bad' has no accepted terms" in out
