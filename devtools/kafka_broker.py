@@ -50,7 +50,7 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Self
+from typing import Any, Final, Self
 
 from devtools.kafka_fetch import (
     KAFKA_VERSION,
@@ -67,6 +67,7 @@ __all__ = [
     "DEFAULT_HEAP_OPTS",
     "BrokerStartError",
     "KafkaBroker",
+    "fetch_metadata",
     "main",
     "wait_for_broker",
 ]
@@ -167,23 +168,30 @@ def _probing(bootstrap: str) -> Iterator[None]:
         _PROBING.discard(bootstrap)
 
 
-async def _probe(bootstrap: str, timeout_s: float) -> None:
-    """One metadata round trip; succeeds once the broker serves clients."""
+async def fetch_metadata(
+    bootstrap: str, timeout_s: float, client_id: str = "gridledger-kafka-probe"
+) -> Any:
+    """One full metadata round trip (aiokafka ClusterMetadata) from ``bootstrap``."""
     from aiokafka import AIOKafkaClient
 
     client = AIOKafkaClient(
         bootstrap_servers=bootstrap,
         request_timeout_ms=max(1000, int(timeout_s * 1000)),
-        client_id="gridledger-kafka-probe",
+        client_id=client_id,
     )
     try:
         async with asyncio.timeout(timeout_s):
             await client.bootstrap()
-            metadata = await client.fetch_all_metadata()
-            if not metadata.brokers():
-                raise KafkaLauncherError(f"{bootstrap} answered but lists no broker")
+            return await client.fetch_all_metadata()
     finally:
         await client.close()
+
+
+async def _probe(bootstrap: str, timeout_s: float) -> None:
+    """One metadata round trip; succeeds once the broker serves clients."""
+    metadata = await fetch_metadata(bootstrap, timeout_s)
+    if not metadata.brokers():
+        raise KafkaLauncherError(f"{bootstrap} answered but lists no broker")
 
 
 def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:

@@ -62,6 +62,7 @@ from devtools.kafka_broker import (
     STOP_TIMEOUT_S,
     BrokerStartError,
     KafkaBroker,
+    fetch_metadata,
     new_cluster_id,
 )
 from devtools.kafka_fetch import KAFKA_VERSION, KafkaLauncherError, cache_dir, fetch_kafka
@@ -188,19 +189,7 @@ def _run_quiet(coro: Coroutine[Any, Any, Any]) -> Any:
 
 async def _metadata(bootstrap: str, timeout_s: float) -> Any:
     """One full metadata fetch (aiokafka ClusterMetadata) from `bootstrap`."""
-    from aiokafka import AIOKafkaClient
-
-    client = AIOKafkaClient(
-        bootstrap_servers=bootstrap,
-        request_timeout_ms=max(1000, int(timeout_s * 1000)),
-        client_id="gridledger-kafka-cluster",
-    )
-    try:
-        async with asyncio.timeout(timeout_s):
-            await client.bootstrap()
-            return await client.fetch_all_metadata()
-    finally:
-        await client.close()
+    return await fetch_metadata(bootstrap, timeout_s, client_id="gridledger-kafka-cluster")
 
 
 class KafkaCluster:
