@@ -62,7 +62,7 @@ from proto.records import (
     Totals,
     UsageEvent,
 )
-from proto.terms import party_keys, validate_terms
+from proto.terms import node_inside_residency, party_keys, validate_terms
 
 # SPEC §6: every input gets exactly one decision.
 Decision = Literal["chained", "dropped", "quarantined", "held"]
@@ -522,6 +522,16 @@ class _Run:
             raise _Reject(
                 Reason.NODE_KEY_NOT_VALID, "the key's binding does not cover the interval"
             )
+        # (2a) §5.2 R2: the node is inside the terms' residency policy (before the stream
+        # position: the event takes no seq, so nothing of the node is held behind it)
+        if terms.residency is not None:
+            region = next((n.region for n in terms.nodes if n.node_id == node_id), "")
+            if not node_inside_residency(terms, region):
+                raise _Reject(
+                    Reason.RESIDENCY,
+                    f"node {node_id} is in region {region!r}, outside the allowed regions "
+                    f"{', '.join(terms.residency.allowed_regions)}",
+                )
         # (3) the stream position: re-delivery, equivocation, held beyond a gap, fork
         stream = state.streams.get(node_id, NEW_STREAM)
         if event.seq < stream.next_seq:

@@ -94,8 +94,13 @@ def _diagnose_non_canonical(kind: str, body: bytes) -> tuple[Reason, str]:
             seen.add(key)
         return dict(items)
 
+    parsed: Any = None
     with contextlib.suppress(ValueError):
-        json.loads(body, object_pairs_hook=pairs)
+        parsed = json.loads(body, object_pairs_hook=pairs)
     if duplicates:
         return Reason.DUPLICATE_KEY, f"{kind}: duplicate key {duplicates[0]!r}"
+    if isinstance(parsed, dict) and None in parsed.values():
+        # §2 (3): an optional field written as null (it decodes to its absent default)
+        field = next(k for k, v in parsed.items() if v is None)
+        return Reason.MALFORMED, f"{kind}: {field!r} is null; an absent field is omitted"
     return Reason.NON_CANONICAL, f"{kind}: bytes differ from their canonical re-encoding"

@@ -29,6 +29,12 @@ MAX_XIDS: Final = 16
 MAX_ID_CHARS: Final = 128
 MAX_TEXT_CHARS: Final = 512
 
+# Workload, delivery and residency terms (SPEC §5.1, §5.2): acceptance requirements,
+# allowed regions and jurisdictions listed in one terms record.
+MAX_ACCEPTANCE_ITEMS: Final = 16
+MAX_REGIONS: Final = 64
+MAX_JURISDICTIONS: Final = 16
+
 # A placement window may not exceed 366 days; a usage interval may not exceed 1 day.
 MAX_WINDOW_MS: Final = 366 * 24 * 3_600_000
 MAX_INTERVAL_MS: Final = 24 * 3_600_000

@@ -58,3 +58,5 @@ class Reason(StrEnum):
     CLOSE_INVALID = "CLOSE_INVALID"
     # Not a rejection: an exact re-delivery, dropped and counted.
     DUPLICATE = "DUPLICATE"
+    # Data residency (SPEC §5.2 R2): usage of a node outside the terms' allowed regions.
+    RESIDENCY = "RESIDENCY"

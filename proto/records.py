@@ -67,6 +67,40 @@ class GpuSpec(Struct, frozen=True, forbid_unknown_fields=True):
     memory_mib: NonNegInt
 
 
+NonEmptyText = Annotated[str, Meta(min_length=1, max_length=limits.MAX_TEXT_CHARS)]
+
+
+class Workload(Struct, frozen=True, forbid_unknown_fields=True):
+    """SPEC §5.1: what runs on the capacity. ``class`` on the wire (a Python keyword)."""
+
+    workload_class: Literal["inference", "training", "reseller", "burst", "batch"] = msgspec.field(
+        name="class"
+    )
+    runtime: Text
+    isolation: Literal["shared", "mig", "dedicated"]
+    data_access: Text
+
+
+class Delivery(Struct, frozen=True, forbid_unknown_fields=True):
+    """SPEC §5.1: who operates the capacity, support, acceptance, and what a reclaim does."""
+
+    operator_of_record: NonEmptyText
+    support_contact: Text
+    support_hours: Text
+    acceptance: Annotated[list[NonEmptyText], Meta(max_length=limits.MAX_ACCEPTANCE_ITEMS)]
+    on_reclaim: Literal["checkpoint", "drain", "terminate"]
+
+
+class Residency(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """SPEC §5.2: the node regions the work may run in (enforced) and the jurisdictions the
+    data stays under (carried and shown; omitted from the bytes when empty)."""
+
+    allowed_regions: Annotated[
+        list[NonEmptyText], Meta(min_length=1, max_length=limits.MAX_REGIONS)
+    ]
+    jurisdictions: Annotated[list[NonEmptyText], Meta(max_length=limits.MAX_JURISDICTIONS)] = []
+
+
 class PlacementTerms(
     Struct,
     frozen=True,
@@ -106,6 +140,11 @@ class PlacementTerms(
     # replaces plus one and the record hash of those terms (ZERO_HASH for version 1).
     version: Annotated[int, Meta(ge=1, le=limits.MAX_SAFE_INTEGER)] = 1
     supersedes: Hash = ZERO_HASH
+    # SPEC §5.1, §5.2: optional objects, absent (omitted from the bytes) when not agreed,
+    # so terms signed before them keep their bytes and hashes.
+    workload: Workload | None = None
+    delivery: Delivery | None = None
+    residency: Residency | None = None
 
 
 # ---- records from the operator, the nodes and the desk --------------------------

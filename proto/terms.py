@@ -16,7 +16,8 @@ import tomllib
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Final, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 
 import msgspec
 
@@ -123,6 +124,65 @@ def validate_terms(terms: PlacementTerms) -> list[str]:
     # §5 rule 7: the amendment link.
     if (terms.version == 1) != (terms.supersedes == ZERO_HASH):
         problems.append("version 1 exactly when supersedes is ZERO_HASH")
+    problems += workload_problems(terms)
+    problems += residency_problems(terms)
+    return problems
+
+
+def workload_problems(terms: PlacementTerms) -> list[str]:
+    """SPEC §5.1 W1-W4: what a machine checks of the workload and delivery terms."""
+    problems: list[str] = []
+    workload, delivery = terms.workload, terms.delivery
+    if workload is not None and workload.isolation == "dedicated":
+        for gpu in terms.gpus:
+            if gpu.share_milli != limits.MAX_SHARE_MILLI:
+                problems.append(
+                    f"W1: isolation dedicated needs whole GPUs, but GPU {gpu.uuid} has "
+                    f"share_milli {gpu.share_milli}"
+                )
+    if (
+        delivery is not None
+        and delivery.on_reclaim in ("checkpoint", "drain")
+        and terms.reclaim_notice_ms <= 0
+    ):
+        problems.append(
+            f"W2: on_reclaim {delivery.on_reclaim} needs reclaim_notice_ms > 0 (it is "
+            f"{terms.reclaim_notice_ms})"
+        )
+    if workload is not None and workload.isolation == "mig":
+        for gpu in terms.gpus:
+            if gpu.share_milli >= limits.MAX_SHARE_MILLI:
+                problems.append(
+                    f"W3: isolation mig needs GPU slices, but GPU {gpu.uuid} is a whole GPU "
+                    "(share_milli 1000; use dedicated or shared)"
+                )
+    if delivery is not None and len(set(delivery.acceptance)) != len(delivery.acceptance):
+        problems.append("W4: delivery.acceptance lists a requirement twice")
+    return problems
+
+
+def node_inside_residency(terms: PlacementTerms, region: str) -> bool:
+    """SPEC §5.2: a node with ``region`` is inside the terms' residency policy."""
+    return terms.residency is None or region in terms.residency.allowed_regions
+
+
+def residency_problems(terms: PlacementTerms) -> list[str]:
+    """SPEC §5.2 R1 and R3: GPUs only on nodes inside the policy; no entry listed twice."""
+    residency = terms.residency
+    if residency is None:
+        return []
+    problems: list[str] = []
+    carrying = {g.node_id for g in terms.gpus}
+    for node in terms.nodes:
+        if node.node_id in carrying and not node_inside_residency(terms, node.region):
+            problems.append(
+                f"R1: node {node.node_id} carries GPUs in region {node.region!r}, outside "
+                f"the allowed regions {', '.join(residency.allowed_regions)}"
+            )
+    if len(set(residency.allowed_regions)) != len(residency.allowed_regions):
+        problems.append("R3: residency.allowed_regions lists a region twice")
+    if len(set(residency.jurisdictions)) != len(residency.jurisdictions):
+        problems.append("R3: residency.jurisdictions lists a jurisdiction twice")
     return problems
 
 
@@ -249,6 +309,9 @@ def _in_words(name: str, value: Any, message: str) -> str:
 def _struct_of(tp: Any) -> tuple[type[msgspec.Struct] | None, bool, Any]:
     """(struct type, is a list of it, the Meta of the list) for nested terms fields."""
     meta = None
+    args = get_args(tp)
+    if get_origin(tp) in (Union, UnionType) and len(args) == 2 and type(None) in args:
+        tp = next(a for a in args if a is not type(None))  # an optional object (§5.1)
     if get_origin(tp) is Annotated:
         tp, *extras = get_args(tp)
         meta = next((m for m in extras if isinstance(m, msgspec.Meta)), None)
@@ -266,7 +329,7 @@ def _schema_problems(
 ) -> list[tuple[Where, str]]:
     """Every way ``obj`` misses the schema of ``struct``, field by field, in the user's words."""
     fields = msgspec.structs.fields(struct)
-    names = [f.name for f in fields]
+    names = [f.encode_name for f in fields]
     problems: list[tuple[Where, str]] = []
     for key in obj:
         if key not in names:
@@ -274,15 +337,15 @@ def _schema_problems(
             also = f" (did you mean {hint[0]}?)" if hint else ""
             problems.append(((*where, str(key)), f"unknown key {_dotted((*where, key))}{also}"))
     for f in fields:
-        here: Where = (*where, f.name)
+        here: Where = (*where, f.encode_name)
         name = _dotted(here)
         if here in skip:
             continue
-        if f.name not in obj:
+        if f.encode_name not in obj:
             if f.required:
                 problems.append((where, f"missing key {name}"))
             continue
-        value = obj[f.name]
+        value = obj[f.encode_name]
         nested, is_list, meta = _struct_of(f.type)
         if nested is not None and not is_list and isinstance(value, Mapping):
             problems += _schema_problems(value, nested, here, skip)
@@ -466,10 +529,13 @@ __all__ = [
     "TermsError",
     "check_terms_signatures",
     "load_terms_file",
+    "node_inside_residency",
     "party_keys",
     "require_valid_terms",
+    "residency_problems",
     "role_of_key",
     "terms_from_mapping",
     "total_share_milli",
     "validate_terms",
+    "workload_problems",
 ]

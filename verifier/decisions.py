@@ -37,7 +37,7 @@ from proto.records import (
 )
 from verifier.opener import SIG_VALID, OpenResult
 from verifier.signers import required_of, signer_failure
-from verifier.terms_rules import broken_rules
+from verifier.terms_rules import broken_rules, outside_residency
 
 # What SPEC §6 decides for one input (``pending``: an adjustment waiting for the amounts).
 # The verifier's own words, not the ledger's ``Decision`` (it must not import ledger/).
@@ -125,6 +125,8 @@ class Referee:
     effective_end_ms: int = 0
     max_usage_end_ms: int = 0
     gpus: dict[str, GpuSpec] = field(default_factory=dict)
+    # §5.2: nodes of the terms in force outside their residency policy (R2: no usage)
+    outside_residency: frozenset[str] = frozenset()
     bindings: dict[str, dict[bytes, tuple[int, int]]] = field(default_factory=dict)
     # node -> key id -> keys bound to the node with that id (ids cached: hot path)
     bound_ids: dict[str, dict[str, list[bytes]]] = field(default_factory=dict)
@@ -301,6 +303,7 @@ class Referee:
         self.terms_record_hash = opened.record_hash
         self.effective_end_ms = terms.window_end_ms
         self.gpus = {g.uuid: g for g in terms.gpus}
+        self.outside_residency = outside_residency(terms)
         self.operator_required = required_of((terms.operator.key,))
         self.buyer_required = required_of((terms.buyer.key,))
         self.desk_required = required_of((terms.desk.key,))
@@ -382,6 +385,9 @@ class Referee:
         valid_from_ms, valid_until_ms = keys[sig.key]
         if not (valid_from_ms <= event.start_ms and event.end_ms <= valid_until_ms):
             return _reject(Reason.NODE_KEY_NOT_VALID)
+        # 2a. §5.2 R2: the node lies inside the residency policy (before step 3: no seq)
+        if event.node_id in self.outside_residency:
+            return _reject(Reason.RESIDENCY)
         # 3. the stream: re-delivery, equivocation, held beyond a gap, fork
         if event.seq < stream.next_seq:
             if self.lookup(event.node_id, event.seq) == opened.record_hash:

@@ -35,7 +35,8 @@ def share_total(terms: PlacementTerms) -> int:
 
 
 def broken_rules(terms: PlacementTerms) -> list[str]:
-    """The §5 rules 1-5 and 7 that ``terms`` break, one line each (empty: the terms are valid)."""
+    """The §5 rules 1-5 and 7, §5.1 W1-W4 and §5.2 R1, R3 that ``terms`` break, one line
+    each (empty: the terms are valid)."""
     broken: list[str] = []
     w = terms.window_end_ms - terms.window_start_ms
     # 1. the window, the minimum duration, the increment
@@ -75,4 +76,55 @@ def broken_rules(terms: PlacementTerms) -> list[str]:
     # 7. the amendment link: version 1 exactly when supersedes is ZERO_HASH
     if (terms.version == 1) != (terms.supersedes == "0" * 64):
         broken.append("§5.7: version is 1 exactly when supersedes is ZERO_HASH")
+    broken += _workload_rules(terms)
+    broken += _residency_rules(terms)
+    return broken
+
+
+WHOLE_GPU: Final = 1000  # §5: share_milli 1000 is one whole GPU
+
+
+def _workload_rules(terms: PlacementTerms) -> list[str]:
+    """§5.1 W1-W4, from the SPEC's text."""
+    broken: list[str] = []
+    w, d = terms.workload, terms.delivery
+    shares = [gpu.share_milli for gpu in terms.gpus]
+    # W1: dedicated isolation -> every GPU whole
+    if w is not None and w.isolation == "dedicated" and any(s != WHOLE_GPU for s in shares):
+        broken.append("§5.1 W1: isolation dedicated with a GPU share below 1000")
+    # W2: checkpoint or drain on reclaim -> some notice
+    if d is not None and d.on_reclaim in {"checkpoint", "drain"} and terms.reclaim_notice_ms == 0:
+        broken.append("§5.1 W2: on_reclaim checkpoint/drain with reclaim_notice_ms 0")
+    # W3: mig isolation -> every GPU a slice
+    if w is not None and w.isolation == "mig" and WHOLE_GPU in shares:
+        broken.append("§5.1 W3: isolation mig with a whole GPU")
+    # W4: no acceptance requirement twice
+    if d is not None and len(frozenset(d.acceptance)) < len(d.acceptance):
+        broken.append("§5.1 W4: an acceptance requirement repeats")
+    return broken
+
+
+def outside_residency(terms: PlacementTerms) -> frozenset[str]:
+    """§5.2: the ids of the nodes outside the terms' residency policy (none without one)."""
+    if terms.residency is None:
+        return frozenset()
+    allowed = frozenset(terms.residency.allowed_regions)
+    return frozenset(node.node_id for node in terms.nodes if node.region not in allowed)
+
+
+def _residency_rules(terms: PlacementTerms) -> list[str]:
+    """§5.2 R1 and R3, from the SPEC's text."""
+    r = terms.residency
+    if r is None:
+        return []
+    broken: list[str] = []
+    # R1: a node carrying a GPU of the terms lies inside the policy
+    outside = outside_residency(terms)
+    for node_id in sorted({gpu.node_id for gpu in terms.gpus} & outside):
+        broken.append(f"§5.2 R1: node {node_id} carries GPUs outside the allowed regions")
+    # R3: no region, no jurisdiction twice
+    if len(frozenset(r.allowed_regions)) < len(r.allowed_regions):
+        broken.append("§5.2 R3: an allowed region repeats")
+    if len(frozenset(r.jurisdictions)) < len(r.jurisdictions):
+        broken.append("§5.2 R3: a jurisdiction repeats")
     return broken
