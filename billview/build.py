@@ -87,7 +87,42 @@ def terms_summary(terms: PlacementTerms) -> list[tuple[str, str]]:
         ("desk fee", f"{percent_bps(terms.desk_fee_bps)} of net, paid by the {terms.fee_payer}"),
         ("late grace", duration(terms.late_grace_ms)),
         ("terms version", str(terms.version)),
+        *_placement_rows(terms),
     ]
+
+
+def _one_line(text: str) -> str:
+    """Signed free text shown on one line: a control character (a newline that would
+    forge a line of ``terms show``) is written as its escape."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _placement_rows(terms: PlacementTerms) -> list[tuple[str, str]]:
+    """SPEC §5.1-§5.2: workload, delivery and residency rows, only when the terms carry
+    them (terms without them show exactly the rows they always did)."""
+    rows = _placement_text_rows(terms)
+    return [(label, _one_line(value)) for label, value in rows]
+
+
+def _placement_text_rows(terms: PlacementTerms) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    w, d, r = terms.workload, terms.delivery, terms.residency
+    if w is not None:
+        rows.append(("workload", f"{w.workload_class}, {w.isolation} isolation"))
+        rows.append(("runtime", w.runtime or "(not stated)"))
+        rows.append(("data access", w.data_access or "(not stated)"))
+    if d is not None:
+        rows.append(("operator of record", d.operator_of_record))
+        support = ", ".join(x for x in (d.support_contact, d.support_hours) if x)
+        rows.append(("support", support or "(not stated)"))
+        for i, item in enumerate(d.acceptance, start=1):
+            rows.append((f"acceptance {i}", item))
+        rows.append(("on reclaim", d.on_reclaim))
+    if r is not None:
+        rows.append(("residency", "regions " + ", ".join(r.allowed_regions)))
+        if r.jurisdictions:
+            rows.append(("jurisdictions", ", ".join(r.jurisdictions)))
+    return rows
 
 
 def build(facts: BillFacts, gpu_rows: list[GpuRow], timeline_note: str = "") -> BillDoc:

@@ -71,9 +71,9 @@ def _sign(args: argparse.Namespace) -> int:
     terms, envelope = loaded
     problems = validate_terms(terms)
     if problems:
-        for problem in problems:
-            print(f"FAIL: {problem}", file=sys.stderr)
-        print("FAIL: refusing to sign inconsistent terms", file=sys.stderr)
+        # One line: what is wrong, every rule broken (SPEC §5; a node outside the
+        # residency policy is named with its region, §5.2 R1).
+        print(f"FAIL: refusing to sign inconsistent terms: {'; '.join(problems)}", file=sys.stderr)
         return 1
     try:
         key = load_signing_key(args.key)
