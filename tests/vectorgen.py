@@ -689,7 +689,232 @@ def authority_vectors() -> Any:
     }
 
 
+def _placement_terms(
+    cast: b.Cast, pid: str, regions: dict[str, str], gpus: list[Any], **overrides: Any
+) -> PlacementTerms:
+    """Terms whose nodes sit in ``regions`` (node id -> region), GPUs or not."""
+    from proto.records import NodeSpec
+
+    nodes = [
+        NodeSpec(node_id=n, key=cast.node_key(n).public_key, region=r, fabric="nvlink")
+        for n, r in sorted(regions.items())
+    ]
+    return b.make_terms(cast, pid, gpus, WS, WS + HOUR, nodes=nodes, **overrides)
+
+
+def residency_vectors() -> Any:
+    """SPEC §5.1-§5.2: workload, delivery and residency terms (valid and each rule broken,
+    folded by a fresh ledger each), then one stream in which a node listed without GPUs
+    outside the residency policy sends usage (RESIDENCY, never held, even after a key
+    binding), and an amendment that would move a GPU out of the policy (TERMS_INVALID)."""
+    from ledger.fold import Fold
+    from proto.records import Delivery, Residency, Workload
+
+    cast = _cast()
+    workload = Workload(
+        workload_class="inference",
+        runtime="oci:registry.example/llm-serve:1.4 (containerd, CUDA 12.4)",
+        isolation="mig",
+        data_access="read-only model weights; prompts stay in eu:de",
+    )
+    delivery = Delivery(
+        operator_of_record="op-1 GmbH",
+        support_contact="noc@op-1.example",
+        support_hours="24x7",
+        acceptance=["ssh access for buyer-1", "nvidia-smi shows the MIG slices"],
+        on_reclaim="checkpoint",
+    )
+    residency = Residency(allowed_regions=["eu:de", "eu:fr"], jurisdictions=["EU"])
+    slices = [b.gpu("node-a", 0, share_milli=500), b.gpu("node-a", 1, share_milli=250)]
+    whole = [b.gpu("node-a", 0), b.gpu("node-a", 1)]
+    inside = {"node-a": "eu:de"}
+    full = {"workload": workload, "delivery": delivery, "residency": residency}
+
+    def wl(**changes: Any) -> Workload:
+        return msgspec.structs.replace(workload, **changes)
+
+    def dl(**changes: Any) -> Delivery:
+        return msgspec.structs.replace(delivery, **changes)
+
+    term_cases: list[tuple[str, PlacementTerms]] = [
+        (
+            "workload, delivery and residency: valid",
+            _placement_terms(cast, "pl-wl-valid", inside, slices, **full),
+        ),
+        (
+            "W1 dedicated with a half GPU",
+            _placement_terms(
+                cast, "pl-wl-w1", inside, slices, **{**full, "workload": wl(isolation="dedicated")}
+            ),
+        ),
+        (
+            "dedicated with whole GPUs: valid",
+            _placement_terms(
+                cast,
+                "pl-wl-dedicated",
+                inside,
+                whole,
+                **{**full, "workload": wl(isolation="dedicated")},
+            ),
+        ),
+        (
+            "W2 checkpoint without reclaim notice",
+            _placement_terms(cast, "pl-wl-w2", inside, slices, reclaim_notice_ms=0, **full),
+        ),
+        (
+            "terminate without reclaim notice: valid",
+            _placement_terms(
+                cast,
+                "pl-wl-terminate",
+                inside,
+                slices,
+                reclaim_notice_ms=0,
+                **{**full, "delivery": dl(on_reclaim="terminate")},
+            ),
+        ),
+        ("W3 mig with a whole GPU", _placement_terms(cast, "pl-wl-w3", inside, whole, **full)),
+        (
+            "W4 an acceptance requirement twice",
+            _placement_terms(
+                cast,
+                "pl-wl-w4",
+                inside,
+                slices,
+                **{**full, "delivery": dl(acceptance=["ssh", "ssh"])},
+            ),
+        ),
+        (
+            "R1 a GPU on a node outside the allowed regions",
+            _placement_terms(cast, "pl-wl-r1", {"node-a": "us:east"}, slices, **full),
+        ),
+        (
+            "R1 holds for a node without GPUs outside the regions: valid",
+            _placement_terms(
+                cast, "pl-wl-gateway", {"node-a": "eu:de", "gw": "us:east"}, slices, **full
+            ),
+        ),
+        (
+            "R3 an allowed region twice",
+            _placement_terms(
+                cast,
+                "pl-wl-r3",
+                inside,
+                slices,
+                **{**full, "residency": Residency(allowed_regions=["eu:de", "eu:de"])},
+            ),
+        ),
+        (
+            "only residency, no workload or delivery: valid",
+            _placement_terms(
+                cast,
+                "pl-wl-residency-only",
+                inside,
+                slices,
+                residency=Residency(allowed_regions=["eu:de"]),
+            ),
+        ),
+    ]
+    terms_out = []
+    for name, terms in term_cases:
+        raw = b.signed_terms(cast, terms)
+        (outcome,) = Fold(cast.ledger).apply(raw, "terms:0", None, WS - HOUR)
+        terms_out.append(
+            {
+                "name": name,
+                "envelope_b64": _b64(raw),
+                "status": outcome.status,
+                "reason": None if outcome.reason is None else outcome.reason.value,
+            }
+        )
+    # One stream: node-a (eu:de, GPUs) and gw (us:east, listed without GPUs).
+    pid = "pl-residency"
+    terms = _placement_terms(cast, pid, {"node-a": "eu:de", "gw": "us:east"}, slices, **full)
+    a = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+    gw = b.StreamWriter(cast.node_key("gw"), pid, "gw")
+    gw_later = b.StreamWriter(cast.node_key("gw"), pid, "gw", seq=1, prev=ZERO_HASH)
+    rotated = SigningKey.from_seed_text("gw-2", "vectors/gw-2")
+    gw_rotated = b.StreamWriter(rotated, pid, "gw")
+
+    def samples() -> list[Any]:
+        return [b.sample(g) for g in terms.gpus]
+
+    moved = b.amendment(
+        terms,
+        nodes=[
+            msgspec.structs.replace(n, region="us:east") if n.node_id == "node-a" else n
+            for n in terms.nodes
+        ],
+    )
+    steps_in: list[tuple[str, bytes, int]] = [
+        (
+            "terms: node-a in eu:de carries the GPUs, gw in us:east none",
+            b.signed_terms(cast, terms),
+            WS - HOUR,
+        ),
+        (
+            "amendment moving node-a to us:east: TERMS_INVALID (R1)",
+            b.signed_terms(cast, moved),
+            WS - HOUR + MINUTE,
+        ),
+        ("node-a, minutes 0-10", a.event(WS, WS + 10 * MINUTE, samples()), WS + 10 * MINUTE),
+        ("gw seq 0, no samples: RESIDENCY", gw.event(WS, WS + 10 * MINUTE, []), WS + 10 * MINUTE),
+        (
+            "gw seq 1: RESIDENCY, not held",
+            gw_later.event(WS + 10 * MINUTE, WS + 20 * MINUTE, []),
+            WS + 20 * MINUTE,
+        ),
+        (
+            "a new key bound to gw (operator and buyer): accepted",
+            b.key_binding(cast, pid, "gw", rotated, WS, WS + HOUR, WS + 20 * MINUTE),
+            WS + 20 * MINUTE,
+        ),
+        (
+            "gw under the new key: RESIDENCY",
+            gw_rotated.event(WS + 20 * MINUTE, WS + 30 * MINUTE, []),
+            WS + 30 * MINUTE,
+        ),
+        (
+            "node-a, minutes 10-40",
+            a.event(WS + 10 * MINUTE, WS + 40 * MINUTE, samples()),
+            WS + 40 * MINUTE,
+        ),
+        ("close", b.closed(cast, pid, WS + 2 * HOUR), WS + 2 * HOUR),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"residency:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head(pid)
+    totals = fold.totals(pid)
+    assert head is not None and totals is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "terms": terms_out,
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.structs.asdict(totals),
+    }
+
+
 GENERATORS: dict[str, Callable[[], Any]] = {
+    "residency.json": residency_vectors,
     "health.json": health_vectors,
     "time.json": time_vectors,
     "authority.json": authority_vectors,
