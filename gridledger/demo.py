@@ -56,6 +56,7 @@ WINDOW_START_MS: Final = 1_796_083_200_000  # 2026-12-01T00:00:00Z
 MINUTE_MS: Final = 60_000
 HOUR_MS: Final = 60 * MINUTE_MS
 PLACEMENT_ID: Final = "pl-demo-0001"
+DEMO_REGION: Final = "eu:de"  # the nodes' region and the placement's residency (SPEC §5.2)
 TOPIC: Final = "gridledger.records"
 PARTIES: Final = {
     "operator": "acme-gpu-cloud",
@@ -257,7 +258,7 @@ def _write_terms_toml(workdir: Path, keys: dict[str, SigningKey]) -> Path:
             "[[nodes]]",
             f'node_id = "{node}"',
             f'key = "file:keys/{node}.pub"',
-            'region = "eu-west-1"',
+            f'region = "{DEMO_REGION}"',
             'fabric = "nvlink"',
         ]
     for node, gpu_uuid, model, share in _gpus():
@@ -270,6 +271,26 @@ def _write_terms_toml(workdir: Path, keys: dict[str, SigningKey]) -> Path:
             f"share_milli = {share}",
             "memory_mib = 81920",
         ]
+    lines += [
+        "",
+        "# What runs, how it is delivered, where the data may go (SPEC §5.1, §5.2).",
+        "[workload]",
+        'class = "inference"',
+        'runtime = "oci:registry.example/llm-serve:1.4 (containerd, CUDA 12.4)"',
+        'isolation = "shared"                 # node-b\'s GPUs are time-shared halves',
+        'data_access = "read-only model weights; prompts and outputs stay in eu:de"',
+        "",
+        "[delivery]",
+        f'operator_of_record = "{PARTIES["operator"]}"',
+        'support_contact = "noc@operator.example"',
+        'support_hours = "24x7"',
+        'acceptance = ["buyer SSH access to both nodes", "nvidia-smi lists the placed GPUs"]',
+        'on_reclaim = "checkpoint"            # the 10 minutes of notice are for this',
+        "",
+        "[residency]",
+        f'allowed_regions = ["{DEMO_REGION}"]',
+        'jurisdictions = ["EU"]',
+    ]
     path = workdir / "terms.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -311,6 +332,30 @@ def _describe_terms(out: io.TextIOBase | None, t: PlacementTerms) -> None:
     _say(
         out, f"   desk fee {t.desk_fee_bps / 100:g}% paid by the {t.fee_payer}, SLA 95% or 10% back"
     )
+    workload = present(t.workload, "the demo's workload terms")
+    delivery = present(t.delivery, "the demo's delivery terms")
+    residency = present(t.residency, "the demo's residency terms")
+    _say(
+        out,
+        f"   workload {workload.workload_class}, {workload.isolation} isolation; on reclaim: "
+        f"{delivery.on_reclaim}; operator of record {delivery.operator_of_record}",
+    )
+    _say(
+        out,
+        f"   residency: regions {', '.join(residency.allowed_regions)} "
+        f"({', '.join(residency.jurisdictions)}); every node carrying a GPU is there",
+    )
+    # SPEC §5.2 R1: the same terms with a GPU node elsewhere are refused before signing.
+    moved = msgspec.structs.replace(
+        t,
+        nodes=[
+            msgspec.structs.replace(n, region="us-east-1") if n.node_id == NODES[-1] else n
+            for n in t.nodes
+        ],
+    )
+    refused = [p for p in validate_terms(moved) if p.startswith("R1:")]
+    invariant(len(refused) == 1, "terms with a GPU node outside the residency are refused")
+    _say(out, f"   a draft with {NODES[-1]} in us-east-1 is refused at signing: {refused[0]}")
 
 
 # ---- 3: meter and ledger ---------------------------------------------------------------------

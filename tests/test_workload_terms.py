@@ -450,3 +450,18 @@ def test_the_bill_summary_shows_the_rows_and_old_terms_show_what_they_always_did
     )
     shown = dict(terms_summary(sneaky))["runtime"]
     assert "\n" not in shown and shown == "x\\nOK: fully signed by operator"
+
+
+def test_the_demo_placement_carries_workload_and_residency(tmp_path: Path) -> None:
+    from gridledger.demo import run_demo
+
+    result = run_demo(tmp_path / "demo")
+    assert result.verified
+    terms, envelope = load_terms_file(result.workdir / "terms.signed.json")
+    assert envelope is not None
+    assert terms.workload is not None and terms.workload.workload_class == "inference"
+    assert terms.residency is not None and terms.residency.allowed_regions == ["eu:de"]
+    assert all(n.region == "eu:de" for n in terms.nodes)
+    page = (result.workdir / "statement" / f"{terms.placement_id}.buyer.html").read_text()
+    assert "<td>residency</td><td>regions eu:de</td>" in page
+    assert "<td>workload</td><td>inference, shared isolation</td>" in page
