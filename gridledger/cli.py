@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -112,7 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return 2
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:
+        # The reader went away (`... | head`): what it read stands; say nothing more.
+        # stdout is pointed at devnull so the interpreter's exit flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

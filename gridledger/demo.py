@@ -167,6 +167,7 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
         else _KafkaTransport(kafka, ledger_key, stream)
     )
     statement = _run_timeline(workdir, keys, terms, signed[1], transport, stream)
+    _write_ledger_toml(workdir, kafka, getattr(transport, "settings", None))
 
     _say(stream, "\n== 4. The statement, per party")
     _print_statement(stream, terms, statement)
@@ -201,6 +202,37 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
         tamper_caught=caught,
         tamper_findings=tamper_text,
     )
+
+
+def _write_ledger_toml(workdir: Path, kafka: str | None, settings: object) -> Path:
+    """``WORKDIR/ledger.toml``: the demo ledger's settings, so that the ledger commands of
+    the README (``ledger statement``, ``list``, ``export``) work on the demo's store from
+    inside the workdir once the demo has stopped."""
+    from transport.kafka import KafkaSettings
+
+    lines = [
+        "# The demo ledger's settings (written by `gridledger demo`); from this directory:",
+        f"#   gridledger ledger statement {PLACEMENT_ID}",
+        "#   gridledger ledger list",
+        f'ledger_id = "{PARTIES["ledger"]}"',
+        f'key_file = "keys/{PARTIES["ledger"]}.key"',
+        'db = "ledger.duckdb"',
+        'http = "off"',
+    ]
+    if kafka is None or not isinstance(settings, KafkaSettings):
+        lines += ['transport = "local"', 'local_dir = "local"']
+    else:
+        lines += [
+            'transport = "kafka"',
+            "arrival = \"sender\"  # the demo's topic keeps the simulated senders' times",
+            "",
+            "[kafka]",
+            f'bootstrap = "{settings.bootstrap}"',
+            f'topic = "{settings.topic}"',
+        ]
+    path = workdir / "ledger.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 # ---- 1 and 2: keys and terms ---------------------------------------------------------------

@@ -57,7 +57,7 @@ _ROUTE: Final = re.compile(
 )
 # Records served per request: a witness pages through a long log (SPEC §8.4).
 MAX_RECORDS_PER_REQUEST: Final = 10_000
-_ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
 
 
 class _HttpError(Exception):

@@ -30,7 +30,7 @@ from proto.records import Record
 class Signature(Struct, frozen=True, forbid_unknown_fields=True):
     """One Ed25519 signature over the payload, with the key id of its signer."""
 
-    keyid: Annotated[str, Meta(pattern=r"^[0-9a-f]{16}$")]
+    keyid: Annotated[str, Meta(pattern=r"^[0-9a-f]{16}$(?!\n)")]
     sig: Annotated[bytes, Meta(min_length=64, max_length=64)]
 
 

@@ -28,13 +28,15 @@ Bps = Annotated[int, Meta(ge=0, le=limits.MAX_BPS)]
 ShareMilli = Annotated[int, Meta(ge=1, le=limits.MAX_SHARE_MILLI)]
 Identifier = Annotated[
     str,
-    Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", min_length=1, max_length=limits.MAX_ID_CHARS),
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$(?!\n)", min_length=1, max_length=limits.MAX_ID_CHARS
+    ),
 ]
 Text = Annotated[str, Meta(max_length=limits.MAX_TEXT_CHARS)]
 Model = Annotated[str, Meta(min_length=1, max_length=limits.MAX_ID_CHARS)]
-Hash = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+Hash = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$(?!\n)")]
 PublicKey = Annotated[bytes, Meta(min_length=32, max_length=32)]
-Currency = Annotated[str, Meta(pattern=r"^[A-Z]{3}$")]
+Currency = Annotated[str, Meta(pattern=r"^[A-Z]{3}$(?!\n)")]
 
 ZERO_HASH: Final = "0" * 64
 
@@ -297,7 +299,7 @@ class LedgerRecord(
     kind: RecordKind
     source: Hash
     status: Status
-    reason: Annotated[str, Meta(pattern=r"^[A-Z_]{0,40}$")]
+    reason: Annotated[str, Meta(pattern=r"^[A-Z_]{0,40}$(?!\n)")]
     delivered_mgms: NonNegInt
     totals: Totals
     arrived_ms: TimeMs | None = None

@@ -40,3 +40,18 @@ def test_terms_publish_to_an_unreachable_broker_is_one_line(tmp_path: Path, boot
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("FAIL: ") and bootstrap in lines[0], done.stderr
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback(tmp_path: Path) -> None:
+    """`gridledger ... | head`: the pipe is closed before the command writes; it stops
+    quietly (exit 0, nothing on stderr), as Unix tools do."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gridledger", "keys", "new", "--id", "n1", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the interpreter has even started importing
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err

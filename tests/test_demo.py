@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,19 @@ def test_demo_on_the_embedded_transport(tmp_path: Path) -> None:
         check=False,
     )
     assert tampered.returncode == 1
+    # The README's ledger commands work on the demo's store from inside the workdir.
+    ledger = subprocess.run(
+        [sys.executable, "-m", "gridledger", "ledger", "statement", PLACEMENT_ID, "--json"],
+        cwd=result.workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ledger.returncode == 0, ledger.stdout + ledger.stderr
+    shown = json.loads(ledger.stdout)
+    assert shown["placement_id"] == PLACEMENT_ID and shown["final"] is True
+    assert shown["totals"]["buyer_owes_minor"] == result.statement.totals.buyer_owes_minor
 
 
 def test_demo_cli_exit_code_and_rerun(tmp_path: Path) -> None:

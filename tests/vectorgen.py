@@ -142,6 +142,11 @@ def rejections_vectors() -> Any:
             b'gridledger/closed/v1\n{"closed_at_ms":1,"closed_at_ms":1,'
             b'"placement_id":"pl-vector","type":"closed"}'
         ),
+        # Python's `$` also matches before a final newline; identifiers and hashes are
+        # the characters of SPEC §4.1 only, end to end.
+        "identifier with a trailing newline": with_payload(
+            b'gridledger/closed/v1\n{"closed_at_ms":1,"placement_id":"pl-vector\\n","type":"closed"}'
+        ),
         "integer beyond 2^53": with_payload(
             b'gridledger/closed/v1\n{"closed_at_ms":9007199254740992,'
             b'"placement_id":"pl-vector","type":"closed"}'
