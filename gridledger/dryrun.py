@@ -88,8 +88,11 @@ def _input_rows(
         raise DryRunError(f"cannot open export {export}: {exc}") from exc
     try:
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
-        union = " UNION ALL ".join(
-            f"SELECT chain_index, position, envelope FROM {table}" for table in INPUT_TABLES
+        present = {str(name) for (name,) in con.execute("SHOW TABLES").fetchall()}
+        union = " UNION ALL ".join(  # an export written before a table existed lacks it
+            f"SELECT chain_index, position, envelope FROM {table}"
+            for table in INPUT_TABLES
+            if table in present
         )
         rows = [
             (int(i), str(p), bytes(e))
