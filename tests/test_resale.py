@@ -24,14 +24,20 @@ Figures, hand-computed from SPEC §7 and §7.10 (rate 2.50 USD/GPU-h, S = 2.5 GP
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from billview.doc import BillDoc
 from devtools import builders
+from gridledger.cli import main as gridledger_main
+from ledger.bill import bill_doc
 from ledger.export import export_placement
+from ledger.http import LedgerApi, LedgerHttpServer
 from ledger.service import LedgerService
 from ledger.store import Store
 from meter.agent import Agent, AgentConfig
@@ -41,7 +47,7 @@ from meter.stream import node_gpus
 from proto.envelope import open_envelope, seal
 from proto.keys import SigningKey
 from proto.records import LedgerRecord, PlacementTerms, Statement
-from proto.trust import TrustedKey, TrustFile
+from proto.trust import TrustedKey, TrustFile, dump_trust
 from transport.local import node_source, publish_local, publisher_source
 from verifier.verify import verify_export
 
@@ -326,3 +332,68 @@ def test_verifier_catches_a_ledger_that_bills_the_resale_wrong(
     report = verify_export(export, _trust(pipeline))
     assert "RESALE_MISMATCH" in {f.rule for f in report.findings.kept}
     assert not report.ok
+
+
+def _line(doc: BillDoc, key: str) -> dict[str, object]:
+    (found,) = [line for line in doc.lines if line.key == key]
+    return {f: getattr(found, f) for f in found.__struct_fields__}
+
+
+def test_ledger_statements_per_party_show_both_obligations(pipeline: Run) -> None:
+    doc = bill_doc(pipeline.store, pipeline.service.key, PID)
+    assert doc.checks == []  # every derivation gives its amount
+    assert _line(doc, "resale:as-1")["amount_minor"] == 266
+    assert (_line(doc, "resale:as-1")["payer"], _line(doc, "resale:as-1")["payee"]) == (
+        "buyer-2",
+        "desk",
+    )
+    assert _line(doc, "resale_fee:as-1")["amount_minor"] == 13
+    assert _line(doc, "resale_proceeds:as-1")["amount_minor"] == 253
+    assert _line(doc, "original_buyer_net")["amount_minor"] == 291
+    assert _line(doc, "desk_total")["amount_minor"] == 40
+    assert (doc.original_buyer_net_minor, doc.desk_total_minor) == (291, 40)
+    server = LedgerHttpServer(
+        LedgerApi(pipeline.store, pipeline.service.key, pipeline.service.metrics), "127.0.0.1", 0
+    )
+    server.start()
+    try:
+        base = f"{server.url}/placements/{PID}/statement.html"
+        status, page = _get(f"{base}?party=buyer-2")
+        assert status == 200
+        assert 'data-party="buyer-2"' in page
+        assert 'data-new-buyer="buyer-2"' in page
+        assert 'data-total="resale:as-1" data-minor="266"' in page
+        assert "you pay" in page  # the resale line is the new buyer's to pay
+        status, page = _get(f"{base}?party=buyer")
+        assert status == 200
+        assert 'data-total="buyer_owes_minor" data-minor="544"' in page
+        assert 'data-total="buyer_net" data-minor="291"' in page
+        status, page = _get(f"{base}?party=buyer-3")  # refused: not a party of this bill
+        assert status == 400 and "buyer-2" in page
+    finally:
+        server.stop()
+
+
+def test_verify_html_writes_the_new_buyers_page_from_its_own_figures(
+    pipeline: Run, tmp_path: Path
+) -> None:
+    export = tmp_path / "resale.duckdb"
+    export_placement(pipeline.store, PID, export, key=pipeline.service.key)
+    trust = tmp_path / "trust.json"
+    trust.write_bytes(dump_trust(_trust(pipeline)))
+    out = tmp_path / "html"
+    code = gridledger_main(["verify", str(export), "--trust", str(trust), "--html", str(out)])
+    assert code in (0, 3)  # verified (final or provisional: nobody cosigned here)
+    page = (out / f"{PID}.buyer-2.html").read_text(encoding="utf-8")
+    assert 'data-total="resale:as-1" data-minor="266"' in page
+    assert "Recomputed by gridledger verify" in page
+    buyer = (out / f"{PID}.buyer.html").read_text(encoding="utf-8")
+    assert 'data-total="buyer_net" data-minor="291"' in buyer
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
