@@ -49,6 +49,7 @@ from proto.keys import SigningKey
 from proto.records import LedgerRecord, PlacementTerms, Statement
 from proto.trust import TrustedKey, TrustFile, dump_trust
 from transport.local import node_source, publish_local, publisher_source
+from verifier.reconcile import reconcile
 from verifier.verify import verify_export
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -397,3 +398,23 @@ def _get(url: str) -> tuple[int, str]:
             return reply.status, reply.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def test_reconciliation_across_exports_balances_with_the_resale(
+    pipeline: Run, tmp_path: Path
+) -> None:
+    export = tmp_path / "resale.duckdb"
+    export_placement(pipeline.store, PID, export, key=pipeline.service.key)
+    report = verify_export(export, _trust(pipeline))
+    rec = reconcile([report])
+    amounts = {(line.role, line.party): line.amount_minor for line in rec.lines}
+    assert amounts == {
+        ("buyer", "buyer-1"): 291,
+        ("buyer", "buyer-2"): 266,
+        ("operator", "operator-1"): 517,
+        ("desk", "desk-1"): 40,
+    }
+    (balance,) = rec.balances
+    assert balance.balanced
+    assert balance.buyer_owes_minor == 291 + 266 == 517 + 40
+    assert rec.to_json()["reconciled"]
