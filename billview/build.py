@@ -96,6 +96,11 @@ def terms_summary(terms: PlacementTerms) -> list[tuple[str, str]]:
         ("desk fee", f"{percent_bps(terms.desk_fee_bps)} of net, paid by the {terms.fee_payer}"),
         ("late grace", duration(terms.late_grace_ms)),
         ("terms version", str(terms.version)),
+        *(
+            [("resale", "an assignment needs the operator's signature too (SPEC §6.8)")]
+            if terms.resale_requires_operator
+            else []
+        ),
     ]
 
 
