@@ -61,7 +61,10 @@ def test_assign_signed_apart_dry_run_publish_and_the_ledger_bills_the_new_buyer(
     assert main(["cosign", str(record), *base, "--key", str(private)]) == 0
     dry = ["--dry-run", "--export", str(world.export), "--arrives-at", _iso(T0_MS + 29 * 60_000)]
     assert main(["cosign", str(record), *base, "--key", world.key("desk"), *dry]) == 0
-    assert "the ledger would accept it" in capsys.readouterr().out
+    dry_out = capsys.readouterr().out
+    assert "the ledger would accept it" in dry_out
+    # arriving at minute 29, before the handover: billed from the handover, minute 30
+    assert "the new buyer is billed from 2026-01-01T00:30:00Z" in dry_out
     assert main(["cosign", str(record), *base, "--key", world.key("desk"), *target]) == 0
     world.service.run_until_idle()
     assert world.last_record() == ("assignment", "accepted", "")
