@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from billview.doc import BillDoc, Checkpoint, GpuRow, Line, Period, StatementRef, Verdict
+from billview.doc import (
+    BillDoc,
+    Checkpoint,
+    GpuRow,
+    Line,
+    Period,
+    Resale,
+    StatementRef,
+    Verdict,
+)
 from billview.facts import BillFacts, effective_end, effective_end_at_close
 from billview.timeline import DELIVERED, RECLAIMED, UNALLOCATED, UNHEALTHY, UNREPORTED
 from billview.units import (
@@ -29,7 +38,7 @@ from proto.records import PlacementTerms, Totals
 
 # The order of a bill's sections: what was delivered, what it costs, how available it was,
 # what is credited back, what each party pays or receives.
-SECTIONS: Final = ("delivery", "charges", "sla", "credits", "settlement")
+SECTIONS: Final = ("delivery", "charges", "sla", "credits", "settlement", "resale")
 
 
 def _share_total(terms: PlacementTerms) -> int:
@@ -88,6 +97,11 @@ def terms_summary(terms: PlacementTerms) -> list[tuple[str, str]]:
         ("late grace", duration(terms.late_grace_ms)),
         ("terms version", str(terms.version)),
         *_placement_rows(terms),
+        *(
+            [("resale", "an assignment needs the operator's signature too (SPEC §6.8)")]
+            if terms.resale_requires_operator
+            else []
+        ),
     ]
 
 
@@ -138,6 +152,8 @@ def build(facts: BillFacts, gpu_rows: list[GpuRow], timeline_note: str = "") -> 
     lines += _reclaim(facts, totals, money, checks)
     lines += _adjustments(facts, totals, money, checks)
     lines += _settlement(terms, totals, money, checks)
+    resale = _resale_rows(facts)
+    lines += _resale(facts, resale, money, checks)
     lines.sort(key=lambda line: SECTIONS.index(line.section))  # stable: order within kept
     statement = facts.statement
     checkpoint = None
@@ -188,7 +204,127 @@ def build(facts: BillFacts, gpu_rows: list[GpuRow], timeline_note: str = "") -> 
         ),
         checkpoint=checkpoint,
         checks=checks,
+        resale=resale,
+        original_buyer_net_minor=(
+            totals.buyer_owes_minor - sum(r.proceeds_minor for r in resale) if resale else None
+        ),
+        desk_total_minor=(
+            totals.desk_receives_minor + sum(r.fee_minor for r in resale) if resale else None
+        ),
     )
+
+
+def _resale_rows(facts: BillFacts) -> list[Resale]:
+    """SPEC §7.10: each assignment with the statement's figures for it."""
+    by_id = {a.assignment_id: a for a in facts.assignments}
+    rows = []
+    for entry in facts.statement.resale:
+        assigned = by_id.get(entry.assignment_id)
+        rows.append(
+            Resale(
+                assignment_id=entry.assignment_id,
+                new_buyer=entry.new_buyer,
+                handover_ms=0 if assigned is None else assigned.handover_ms,
+                gpus=[] if assigned is None else list(assigned.gpus),
+                rate_per_gpu_hour_minor=0 if assigned is None else assigned.rate_per_gpu_hour_minor,
+                delivered_mgms=entry.delivered_mgms,
+                billable_mgms=entry.billable_mgms,
+                gross_minor=entry.gross_minor,
+                fee_minor=entry.fee_minor,
+                proceeds_minor=entry.gross_minor - entry.fee_minor,
+            )
+        )
+    return rows
+
+
+def _resale(facts: BillFacts, resale: list[Resale], money: _Money, checks: list[str]) -> list[Line]:
+    """SPEC §7.10: what each new buyer owes (to the desk), the desk's fee on it (paid by
+    the seller), what reaches the seller, its net, and the desk's total."""
+    if not resale:
+        return []
+    terms = facts.terms
+    scale = terms.currency_scale
+    unit = terms.increment_ms * 1000
+    known = {a.assignment_id for a in facts.assignments}
+    lines: list[Line] = []
+    for r in resale:
+        if r.assignment_id not in known:
+            checks.append(f"resale {r.assignment_id}: no accepted assignment of that id")
+        billable = -(-r.delivered_mgms // unit) * unit
+        _check(checks, f"resale {r.assignment_id} billable", billable, r.billable_mgms)
+        product = r.billable_mgms * r.rate_per_gpu_hour_minor
+        gross = product // MILLI_GPU_MS_PER_GPU_HOUR
+        _check(checks, f"resale {r.assignment_id} gross", gross, r.gross_minor)
+        fee = r.gross_minor * terms.desk_fee_bps // MAX_BPS
+        _check(checks, f"resale {r.assignment_id} fee", fee, r.fee_minor)
+        sold = ", ".join(r.gpus) or "?"
+        lines += [
+            Line(
+                key=f"resale:{r.assignment_id}",
+                section="resale",
+                label=f"Resale {r.assignment_id}: {r.new_buyer} owes (paid to the desk)",
+                quantity=format_gpu_hours(r.billable_mgms),
+                unit="GPU-h",
+                amount_minor=r.gross_minor,
+                amount=format_minor(r.gross_minor, scale),
+                payer=r.new_buyer,
+                payee="desk",
+                derivation=f"{sold} from {iso_utc(r.handover_ms)} (the handover, SPEC §6.8): "
+                f"delivered {gpu_hours_exact(r.delivered_mgms)}, billable "
+                f"{gpu_hours_exact(r.billable_mgms)} × {money(r.rate_per_gpu_hour_minor)}/GPU-h "
+                f"= {money.exact(product, MILLI_GPU_MS_PER_GPU_HOUR)}, rounded down to "
+                f"{money(gross)} (SPEC §7.10)",
+            ),
+            Line(
+                key=f"resale_fee:{r.assignment_id}",
+                section="resale",
+                label=f"Desk fee on resale {r.assignment_id}",
+                amount_minor=r.fee_minor,
+                amount=format_minor(r.fee_minor, scale),
+                payer="buyer",
+                payee="desk",
+                derivation=f"{percent_bps(terms.desk_fee_bps)} of {money(r.gross_minor)} = "
+                f"{money.exact(r.gross_minor * terms.desk_fee_bps, MAX_BPS)}, rounded down to "
+                f"{money(fee)}; paid by the seller (the original buyer) out of the resale",
+            ),
+            Line(
+                key=f"resale_proceeds:{r.assignment_id}",
+                section="resale",
+                label=f"Resale {r.assignment_id} passed on to the original buyer",
+                amount_minor=r.proceeds_minor,
+                amount=format_minor(r.proceeds_minor, scale),
+                payer="desk",
+                payee="buyer",
+                derivation=f"{money(r.gross_minor)} − {money(r.fee_minor)}",
+            ),
+        ]
+    totals = facts.statement.totals
+    proceeds = sum(r.proceeds_minor for r in resale)
+    net = totals.buyer_owes_minor - proceeds
+    fees = sum(r.fee_minor for r in resale)
+    lines += [
+        Line(
+            key="original_buyer_net",
+            section="resale",
+            label="Original buyer's net, after the resale",
+            amount_minor=net,
+            amount=format_minor(net, scale),
+            payer="buyer",
+            derivation=f"owes the operator {money(totals.buyer_owes_minor)} under the original "
+            f"terms − {money(proceeds)} from the resale"
+            + (" (negative: it receives the difference)" if net < 0 else ""),
+        ),
+        Line(
+            key="desk_total",
+            section="resale",
+            label="Desk receives in all",
+            amount_minor=totals.desk_receives_minor + fees,
+            amount=format_minor(totals.desk_receives_minor + fees, scale),
+            payee="desk",
+            derivation=f"F {money(totals.desk_receives_minor)} + resale fees {money(fees)}",
+        ),
+    ]
+    return lines
 
 
 def _check(checks: list[str], what: str, derived: int, stated: int) -> None:

@@ -92,6 +92,21 @@ class StatementRef(Struct, frozen=True, kw_only=True):
     previous: str
 
 
+class Resale(Struct, frozen=True, kw_only=True):
+    """One accepted assignment and its figures (SPEC §6.8, §7.10)."""
+
+    assignment_id: str
+    new_buyer: str
+    handover_ms: int
+    gpus: list[str]
+    rate_per_gpu_hour_minor: int
+    delivered_mgms: int
+    billable_mgms: int
+    gross_minor: int  # what the new buyer owes, paid to the desk
+    fee_minor: int  # the desk's fee on it, paid by the seller
+    proceeds_minor: int  # gross - fee: what the original buyer receives
+
+
 class BillDoc(Struct, frozen=True, kw_only=True):
     """The whole bill of one placement (every party sees the same lines)."""
 
@@ -116,6 +131,11 @@ class BillDoc(Struct, frozen=True, kw_only=True):
     verdict: Verdict
     checkpoint: Checkpoint | None = None
     checks: list[str] = []
+    # SPEC §7.10 (empty without resale): each assignment, the original buyer's net after
+    # the resale (negative: it receives) and what the desk receives in all.
+    resale: list[Resale] = []
+    original_buyer_net_minor: int | None = None
+    desk_total_minor: int | None = None
 
 
 def encode(doc: BillDoc) -> bytes:

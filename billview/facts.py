@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from proto.keys import key_id
-from proto.records import PlacementTerms, Totals
+from proto.records import PlacementTerms, ResaleTotals, Totals
 
 Level = Literal["FINAL", "PROVISIONAL", "FAILED"]
 Renderer = Literal["ledger", "verifier"]
@@ -32,6 +32,22 @@ class StatementFacts:
     period: int
     previous: str
     totals: Totals
+    # SPEC §7.10: the statement's resale list (one entry per accepted assignment).
+    resale: tuple[ResaleTotals, ...] = ()
+
+
+@dataclass(frozen=True)
+class AssignmentFacts:
+    """An accepted assignment (SPEC §6.8): who bought which GPUs from when, at what rate."""
+
+    chain_index: int
+    assignment_id: str
+    new_buyer: str
+    handover_ms: int  # the effective handover h = max(handover_at_ms, arrival)
+    handover_at_ms: int
+    gpus: tuple[str, ...]
+    rate_per_gpu_hour_minor: int
+    signers: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -117,6 +133,8 @@ class BillFacts:
         default_factory=lambda: VerdictFacts("PROVISIONAL", "nobody", ("not verified",))
     )
     source: str = ""  # where the figures come from, for the page's footer
+    # SPEC §6.8: the accepted assignments, in chain order (their figures: statement.resale)
+    assignments: tuple[AssignmentFacts, ...] = ()
 
 
 def signer_names(terms: PlacementTerms, keyids: Iterable[str]) -> tuple[str, ...]:

@@ -218,9 +218,35 @@ def _line_row(doc: BillDoc, line: Line, party: str) -> str:
     )
 
 
+def _resale_cards(doc: BillDoc, party: str) -> list[str]:
+    """SPEC §7.10: what each new buyer owes (to the desk), the original buyer's net."""
+    cards = []
+    for r in doc.resale:
+        you = party == r.new_buyer
+        cards.append(
+            f'<div class="card{" you" if you else ""}" data-new-buyer="{_e(r.new_buyer)}">'
+            f'<div class="muted">{"You, the " if you else "The "}new buyer ({_e(r.new_buyer)}), '
+            f"owes the desk ({_e(doc.parties['desk'])}) for resale {_e(r.assignment_id)}</div>"
+            f'<div class="amount">{_money(doc, r.gross_minor, f"resale:{r.assignment_id}")}'
+            "</div></div>"
+        )
+    if doc.original_buyer_net_minor is not None:
+        you = party == "buyer"
+        cards.append(
+            f'<div class="card{" you" if you else ""}"><div class="muted">'
+            f"{'You, the ' if you else 'The '}original buyer ({_e(doc.parties['buyer'])}), "
+            "net of the resale (what it owes the operator less what the resale brings it)</div>"
+            f'<div class="amount">{_money(doc, doc.original_buyer_net_minor, "buyer_net")}'
+            "</div></div>"
+        )
+    return cards
+
+
 def _summary(doc: BillDoc, party: str) -> str:
     cards: list[str] = []
-    order = [party, *[p for p in PARTY_ROLES if p != party]]
+    if party not in PARTY_ROLES:  # a new buyer: its own obligation first
+        cards += _resale_cards(doc, party)
+    order = [*[p for p in PARTY_ROLES if p == party], *[p for p in PARTY_ROLES if p != party]]
     for role in order:
         total, verb = _PARTY_AMOUNT[role]
         you = role == party
@@ -229,7 +255,14 @@ def _summary(doc: BillDoc, party: str) -> str:
             f"{'You, the ' if you else 'The '}{_e(role)} ({_e(doc.parties[role])}), {verb}"
             f'</div><div class="amount">{_money(doc, doc.totals[total], total)}</div></div>'
         )
+    if party in PARTY_ROLES:
+        cards += _resale_cards(doc, party)
     return '<div class="summary">' + "".join(cards) + "</div>"
+
+
+def parties_of(doc: BillDoc) -> list[str]:
+    """Whose statement pages the bill has: the three roles, then each new buyer (§7.10)."""
+    return [*PARTY_ROLES, *dict.fromkeys(r.new_buyer for r in doc.resale)]
 
 
 def _gpu_table(doc: BillDoc) -> str:
@@ -320,8 +353,10 @@ def to_html(doc: BillDoc, party: str, links: Sequence[tuple[str, str]] = ()) -> 
 
     ``links``: (label, href) of the other forms (CSV, JSON, the other parties' pages).
     """
-    if party not in PARTY_ROLES:
-        raise ValueError(f"party must be one of {', '.join(PARTY_ROLES)}, not {party!r}")
+    parties = parties_of(doc)
+    if party not in parties:
+        raise ValueError(f"party must be one of {', '.join(parties)}, not {party!r}")
+    who = doc.parties[party] if party in PARTY_ROLES else "new buyer by resale"
     rows = [g for g in doc.gpus if g.segments]
     picture = (
         timeline_svg(rows, doc.window_start_ms, doc.window_end_ms)
@@ -334,6 +369,7 @@ def to_html(doc: BillDoc, party: str, links: Sequence[tuple[str, str]] = ()) -> 
         "sla": "Availability",
         "credits": "Credits",
         "settlement": "Settlement",
+        "resale": "Resale (assignment): the second obligation",
     }
     body_rows: list[str] = []
     current = ""
@@ -354,7 +390,7 @@ def to_html(doc: BillDoc, party: str, links: Sequence[tuple[str, str]] = ()) -> 
 <body data-placement="{_e(doc.placement_id)}" data-party="{_e(party)}">
 <nav class="noprint">{nav}</nav>
 <h1>Statement — placement {_e(doc.placement_id)}</h1>
-<p class="muted">For the {_e(party)} ({_e(doc.parties[party])}) ·
+<p class="muted">For the {_e(party)} ({_e(who)}) ·
 window {_e(iso_utc(doc.window_start_ms))} to {_e(iso_utc(doc.window_end_ms))} ·
 through record {doc.statement.through_index}, period {doc.statement.period},
 {"final" if doc.statement.final else "not final"} ·

@@ -17,6 +17,7 @@ from proto.keys import SigningKey
 from proto.records import (
     ZERO_HASH,
     Adjustment,
+    Assignment,
     GpuSample,
     GpuSpec,
     NodeKeyBinding,
@@ -287,3 +288,32 @@ def closed(cast: Cast, placement_id: str, closed_at_ms: int) -> bytes:
     """A ledger-signed PlacementClosed."""
     record = PlacementClosed(placement_id=placement_id, closed_at_ms=closed_at_ms)
     return seal(record, [cast.ledger])
+
+
+def assignment(
+    cast: Cast,
+    terms: PlacementTerms,
+    assignment_id: str,
+    new_buyer: SigningKey,
+    handover_at_ms: int,
+    gpus: Sequence[str],
+    rate_per_gpu_hour_minor: int,
+    issued_at_ms: int | None = None,
+    signers: Sequence[SigningKey] | None = None,
+) -> bytes:
+    """A resale (SPEC §6.8) signed as §4.0 requires: the terms' buyer, the new buyer and
+    the desk (and the operator when the terms require it); ``signers`` overrides."""
+    record = Assignment(
+        placement_id=terms.placement_id,
+        assignment_id=assignment_id,
+        new_buyer=Party(id=new_buyer.name, key=new_buyer.public_key),
+        handover_at_ms=handover_at_ms,
+        gpus=list(gpus),
+        rate_per_gpu_hour_minor=rate_per_gpu_hour_minor,
+        issued_at_ms=handover_at_ms if issued_at_ms is None else issued_at_ms,
+    )
+    if signers is None:
+        signers = [cast.buyer, new_buyer, cast.desk]
+        if terms.resale_requires_operator:
+            signers.append(cast.operator)
+    return seal(record, list(signers))

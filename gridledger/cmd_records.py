@@ -3,6 +3,8 @@
     gridledger reclaim  --terms T --key OPERATOR.key --effective-at TIME ...
     gridledger adjust   --terms T (--credit | --charge) AMOUNT --reason TEXT --key K [--key K]
     gridledger bind-key --terms T --node NODE --node-key NODE.pub --valid-from TIME ...
+    gridledger assign   --terms T --new-buyer ID --new-buyer-key NEW.pub --handover-at TIME
+                        --rate AMOUNT [--gpus UUID,...] --key BUYER.key [--key DESK.key]
     gridledger cosign   RECORD.json --terms T --key K       # the next party adds its signature
     gridledger publish  RECORD.json --terms T (--kafka HOST:PORT | --local-dir DIR)
 
@@ -10,7 +12,9 @@ Each signs with the party's own key file, writes the signed record (an envelope,
 and publishes it once every signature SPEC §4.0 requires is there: a reclaim needs the
 operator; a charge the buyer (the desk may co-sign); a credit the operator **and** the
 desk; a key binding the operator and the buyer (one that only shortens a binding, the
-operator alone). Several ``--key`` sign at once; otherwise one party signs, sends the
+operator alone); an assignment (a resale, SPEC §6.8) the buyer, the new buyer and the
+desk (and the operator when the terms say ``resale_requires_operator``). Several
+``--key`` sign at once; otherwise one party signs, sends the
 file, and the next runs ``gridledger cosign``.
 
 ``--dry-run`` shows what the record does to the bill before anything is published: the
@@ -54,13 +58,20 @@ from proto.errors import KeyFileError, ProtoError
 from proto.files import read_at_most
 from proto.keys import SigningKey, key_id, load_public_key, load_signing_key
 from proto.limits import MAX_ENVELOPE_BYTES, MAX_SAFE_INTEGER
-from proto.records import Adjustment, NodeKeyBinding, PlacementTerms, ReclaimNotice
+from proto.records import (
+    Adjustment,
+    Assignment,
+    NodeKeyBinding,
+    Party,
+    PlacementTerms,
+    ReclaimNotice,
+)
 from proto.terms import MIN_PLAUSIBLE_MS, TermsError, check_terms_signatures, load_terms_file
 
 EX_OK: Final = 0
 EX_REFUSED: Final = 1
 EX_USAGE: Final = 2
-_RECORD = ReclaimNotice | Adjustment | NodeKeyBinding
+_RECORD = ReclaimNotice | Adjustment | NodeKeyBinding | Assignment
 
 
 class UsageError(Exception):
@@ -157,6 +168,10 @@ def authority(
     """
     if isinstance(record, ReclaimNotice):
         return ("operator",), ()
+    if isinstance(record, Assignment):  # §4.0, §6.8: seller, new buyer, desk (+ operator)
+        if terms.resale_requires_operator:
+            return ("buyer", "new_buyer", "desk", "operator"), ()
+        return ("buyer", "new_buyer", "desk"), ("operator",)
     if isinstance(record, Adjustment):
         if record.direction == "charge":
             return ("buyer",), ("desk",)
@@ -172,14 +187,28 @@ def authority(
     return (("operator",), ("buyer",)) if shortens else (("operator", "buyer"), ())
 
 
-def _role_keys(terms: PlacementTerms, roles: Sequence[str]) -> dict[str, bytes]:
-    return {key_id(getattr(terms, r).key): getattr(terms, r).key for r in roles}
+def _party(terms: PlacementTerms, role: str, record: _RECORD | None) -> Party:
+    if role == "new_buyer":
+        if not isinstance(record, Assignment):
+            raise ValueError("only an assignment names a new buyer")
+        return record.new_buyer
+    party: Party = getattr(terms, role)
+    return party
 
 
-def _role_of(terms: PlacementTerms, keyid: str) -> str:
+def _role_keys(
+    terms: PlacementTerms, roles: Sequence[str], record: _RECORD | None = None
+) -> dict[str, bytes]:
+    keys = [_party(terms, r, record).key for r in roles]
+    return {key_id(k): k for k in keys}
+
+
+def _role_of(terms: PlacementTerms, keyid: str, record: _RECORD | None = None) -> str:
     for role in ("operator", "buyer", "desk"):
         if key_id(getattr(terms, role).key) == keyid:
             return role
+    if isinstance(record, Assignment) and key_id(record.new_buyer.key) == keyid:
+        return f"new buyer {record.new_buyer.id}"
     return f"key {keyid}"
 
 
@@ -187,10 +216,10 @@ def _check_signers(
     terms: PlacementTerms, record: _RECORD, keys: Sequence[SigningKey], what: str
 ) -> None:
     required, permitted = authority(terms, record)
-    allowed = _role_keys(terms, (*required, *permitted))
+    allowed = _role_keys(terms, (*required, *permitted), record)
     for key in keys:
         if key.key_id not in allowed:
-            who = _role_of(terms, key.key_id)
+            who = _role_of(terms, key.key_id, record)
             roles = " and ".join(required) + (
                 f" (the {' and '.join(permitted)} may also sign)" if permitted else ""
             )
@@ -203,13 +232,14 @@ def _check_signers(
 def missing_signers(terms: PlacementTerms, envelope: Envelope, record: _RECORD) -> tuple[str, ...]:
     """Roles whose required signature is absent; Refused for a bad or surplus one."""
     required, permitted = authority(terms, record)
-    report = check_signatures(envelope, _role_keys(terms, (*required, *permitted)))
+    report = check_signatures(envelope, _role_keys(terms, (*required, *permitted), record))
     if report.invalid:
-        raise Refused(f"the signature of the {_role_of(terms, report.invalid[0])} does not verify")
+        who = _role_of(terms, report.invalid[0], record)
+        raise Refused(f"the signature of the {who} does not verify")
     if report.unexpected:
         raise Refused(f"signed by key {report.unexpected[0]}, who may not sign this record")
-    needed = set(_role_keys(terms, required))
-    return tuple(_role_of(terms, k) for k in report.missing if k in needed)
+    needed = set(_role_keys(terms, required, record))
+    return tuple(_role_of(terms, k, record) for k in report.missing if k in needed)
 
 
 # ---- the shared flow ----------------------------------------------------------------------
@@ -223,6 +253,17 @@ def _describe(record: _RECORD, terms: PlacementTerms) -> str:
             f"reclaim {record.reclaim_id} of {record.placement_id}: all {len(record.gpus)} GPUs "
             f"at {_iso(record.effective_at_ms)}, dated {notice:g} min ahead ({agreed:g} agreed; "
             "the notice counts from when it reaches the log)"
+        )
+    if isinstance(record, Assignment):
+        from proto.money import format_minor
+
+        rate = format_minor(record.rate_per_gpu_hour_minor, terms.currency_scale)
+        return (
+            f"assignment {record.assignment_id} of {record.placement_id}: the buyer "
+            f"{terms.buyer.id} sells {len(record.gpus)} of {len(terms.gpus)} GPUs "
+            f"({', '.join(record.gpus)}) to {record.new_buyer.id} from "
+            f"{_iso(record.handover_at_ms)} (or its arrival in the log, if later) at {rate} "
+            f"{terms.currency}/GPU-h, paid to the desk"
         )
     if isinstance(record, Adjustment):
         from proto.money import format_minor
@@ -327,6 +368,8 @@ def _what(record: _RECORD) -> str:
         return "a reclaim"
     if isinstance(record, Adjustment):
         return f"a {record.direction}"
+    if isinstance(record, Assignment):
+        return "an assignment"
     return "this key binding"
 
 
@@ -426,6 +469,50 @@ def _bind_key(args: argparse.Namespace) -> int:
     return _finish(args, terms, record, envelope, out)
 
 
+def _assign(args: argparse.Namespace) -> int:
+    terms = _load_terms(args.terms)
+    try:
+        public = load_public_key(args.new_buyer_key).key
+    except KeyFileError as exc:
+        raise UsageError(str(exc)) from exc
+    held = [g.uuid for g in terms.gpus]
+    gpus = held if args.gpus is None else [u.strip() for u in args.gpus.split(",") if u.strip()]
+    unknown = [u for u in gpus if u not in held]
+    if unknown:
+        raise UsageError(
+            f"GPU {unknown[0]} is not in the terms: the buyer can only sell its own "
+            f"({', '.join(held)})"
+        )
+    if not gpus or len(set(gpus)) != len(gpus):
+        raise UsageError("--gpus lists each GPU of the terms at most once, at least one")
+    parties = (terms.operator, terms.buyer, terms.desk)
+    if args.new_buyer in {p.id for p in parties} or public in {p.key for p in parties}:
+        raise UsageError(
+            f"the new buyer {args.new_buyer!r} is a party of the terms; a resale goes to "
+            "someone else (SPEC §6.8)"
+        )
+    handover = parse_time_ms(args.handover_at, "--handover-at")
+    if not terms.window_start_ms <= handover < terms.window_end_ms:
+        raise UsageError(
+            f"--handover-at {_iso(handover)} is outside the window "
+            f"[{_iso(terms.window_start_ms)}, {_iso(terms.window_end_ms)})"
+        )
+    issued = parse_time_ms(args.issued_at, "--issued-at")
+    record = Assignment(
+        placement_id=terms.placement_id,
+        assignment_id=args.id or f"assign-{issued}",
+        new_buyer=Party(id=args.new_buyer, key=public),
+        handover_at_ms=handover,
+        gpus=gpus,
+        rate_per_gpu_hour_minor=parse_amount_minor(args.rate, terms),
+        issued_at_ms=issued,
+    )
+    _check_record(record)
+    envelope = _sign_new(args, terms, record)
+    out = None if args.dry_run else _default_out(args, f"assignment-{record.assignment_id}")
+    return _finish(args, terms, record, envelope, out)
+
+
 def _check_record(record: _RECORD) -> None:
     try:
         decode_payload(signed_bytes(record))  # the wire's checks: identifiers, text, bounds
@@ -443,10 +530,10 @@ def _open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, _RECORD]:
     except ProtoError as exc:
         raise UsageError(f"{path} is not a signed record: {exc}") from exc
     record = opened.record
-    if not isinstance(record, ReclaimNotice | Adjustment | NodeKeyBinding):
+    if not isinstance(record, ReclaimNotice | Adjustment | NodeKeyBinding | Assignment):
         raise UsageError(
-            f"{path} holds a {opened.kind} record; this command takes reclaim, adjustment "
-            "and keybinding records (terms: gridledger terms sign/publish)"
+            f"{path} holds a {opened.kind} record; this command takes reclaim, adjustment, "
+            "keybinding and assignment records (terms: gridledger terms sign/publish)"
         )
     if record.placement_id != terms.placement_id:
         raise UsageError(
@@ -597,6 +684,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _issued(bind)
     _common(bind, keys=True, out=True, target_required=False)
     bind.set_defaults(handler=lambda a: _run(_bind_key, a))
+
+    assign = parser(
+        "assign", "buyer, new buyer and desk: resell GPUs of the window (an Assignment)"
+    )
+    assign.add_argument("--new-buyer", required=True, metavar="ID", help="the new buyer's id")
+    assign.add_argument(
+        "--new-buyer-key",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the new buyer's public key (.pub); it signs the assignment too",
+    )
+    assign.add_argument(
+        "--handover-at",
+        required=True,
+        metavar="TIME",
+        help="from when the new buyer pays (ISO time or epoch ms; the ledger takes the later "
+        "of this and the record's arrival)",
+    )
+    assign.add_argument(
+        "--rate", required=True, metavar="AMOUNT", help="the resale price per GPU-hour (12.50)"
+    )
+    assign.add_argument(
+        "--gpus", metavar="UUID,...", help="the GPUs sold (default: every GPU of the terms)"
+    )
+    assign.add_argument("--id", metavar="ID", help="the assignment id (default assign-<issued>)")
+    _issued(assign)
+    _common(assign, keys=True, out=True, target_required=False)
+    assign.set_defaults(handler=lambda a: _run(_assign, a))
 
     cosign = parser("cosign", "add your signature to a signed reclaim, adjustment or binding")
     cosign.add_argument("record", type=Path, metavar="RECORD", help="the signed record file")

@@ -77,6 +77,9 @@ class DryRun:
     source: str
     # Totals once the missing signers sign, when only signatures are missing.
     once_signed: Totals | None = None
+    # SPEC §6.8: an accepted assignment's effective handover (the later of its handover
+    # and its arrival), from which its new buyer is billed.
+    handover_ms: int | None = None
 
 
 def _input_rows(
@@ -88,8 +91,11 @@ def _input_rows(
         raise DryRunError(f"cannot open export {export}: {exc}") from exc
     try:
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
-        union = " UNION ALL ".join(
-            f"SELECT chain_index, position, envelope FROM {table}" for table in INPUT_TABLES
+        present = {str(name) for (name,) in con.execute("SHOW TABLES").fetchall()}
+        union = " UNION ALL ".join(  # an export written before a table existed lacks it
+            f"SELECT chain_index, position, envelope FROM {table}"
+            for table in INPUT_TABLES
+            if table in present
         )
         rows = [
             (int(i), str(p), bytes(e))
@@ -210,7 +216,11 @@ def dry_run(
             arrives_at_ms if state.arrived_ms is None else max(state.arrived_ms, arrives_at_ms)
         )
         once_signed = _priced_once_signed(state.terms, state, opened.record, arrived)
+    handover = None
+    if status == "accepted" and len(new.assignments) > len(state.assignments):
+        handover = new.assignments[-1].handover_ms
     return DryRun(
+        handover_ms=handover,
         status=status,
         reason=reason,
         detail=verdict.detail,
@@ -264,6 +274,14 @@ def render(result: DryRun, terms: PlacementTerms, missing: tuple[str, ...]) -> l
         after = result.once_signed
         label_after = "once signed"
         lines.append(f"         (missing signature of {', '.join(missing)}; shown as once signed)")
+    if result.handover_ms is not None:
+        from datetime import UTC, datetime
+
+        when = datetime.fromtimestamp(result.handover_ms / 1000, UTC).isoformat()
+        lines.append(
+            f"resale: the new buyer is billed from {when.replace('+00:00', 'Z')} at the resale "
+            "rate (SPEC §7.10); the totals below stay the original terms'"
+        )
     lines.append(f"  {'':<19}{'now':>14}{label_after:>14}{'change':>14}")
     for field, label, unit in LINES:
         old, new = getattr(result.before, field), getattr(after, field)

@@ -24,6 +24,7 @@ from billview.doc import BillDoc, GpuRow
 from billview.facts import (
     MAX_ADJUSTMENT_LINES,
     AdjustmentFacts,
+    AssignmentFacts,
     BillFacts,
     CheckpointFacts,
     PeriodFacts,
@@ -40,10 +41,11 @@ from ledger.store import Store
 from proto.cosign import cosignature_of
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
-from proto.keys import SigningKey
+from proto.keys import SigningKey, key_id
 from proto.note import parse_checkpoint_body, parse_note
 from proto.records import (
     Adjustment,
+    Assignment,
     LedgerRecord,
     PlacementClosed,
     PlacementTerms,
@@ -87,6 +89,7 @@ def bill_facts(
             period=statement.period,
             previous=statement.previous,
             totals=statement.totals,
+            resale=tuple(statement.resale),
         ),
         record_count=through + 1,
         periods=_periods(store, placement_id),
@@ -96,6 +99,7 @@ def bill_facts(
         close_index=None if close is None else close[0],
         closed_at_ms=None if close is None else close[1],
         checkpoint=checkpoint,
+        assignments=_assignments(store, terms, through),
         verdict=_verdict(statement, checkpoint, terms),
         source=(
             "Rendered by the ledger from its own store. Check it independently, offline: "
@@ -180,6 +184,36 @@ def _inputs(
         if status == "accepted" and isinstance(record, PlacementClosed) and close is None:
             close = (index, record.closed_at_ms)
     return reclaim, adjustments, close
+
+
+def _assignments(store: Store, terms: PlacementTerms, through: int) -> tuple[AssignmentFacts, ...]:
+    """The accepted assignments (SPEC §6.8) with their effective handover."""
+    pid = terms.placement_id
+    out = []
+    for index, raw, status, _ in _rows(store, pid, "assignment", through):
+        opened = open_envelope(raw)
+        record = opened.record
+        if status != "accepted" or not isinstance(record, Assignment):
+            continue
+        arrived = _arrived(store, pid, index)
+        handover = record.handover_at_ms if arrived is None else max(record.handover_at_ms, arrived)
+        names = signer_names(terms, [s.keyid for s in opened.envelope.signatures])
+        new_buyer_key = f"key {key_id(record.new_buyer.key)}"
+        out.append(
+            AssignmentFacts(
+                chain_index=index,
+                assignment_id=record.assignment_id,
+                new_buyer=record.new_buyer.id,
+                handover_ms=handover,
+                handover_at_ms=record.handover_at_ms,
+                gpus=tuple(record.gpus),
+                rate_per_gpu_hour_minor=record.rate_per_gpu_hour_minor,
+                signers=tuple(
+                    f"new buyer {record.new_buyer.id}" if n == new_buyer_key else n for n in names
+                ),
+            )
+        )
+    return tuple(out)
 
 
 def _periods(store: Store, placement_id: str) -> tuple[PeriodFacts, ...]:

@@ -35,11 +35,18 @@ import msgspec
 from ledger import health
 from ledger.capacity import Claims, oversold
 from ledger.persistent import PSet
-from ledger.pricing import overlap_ms, price, reclaim_credit_minor, sla_credit_minor
+from ledger.pricing import (
+    overlap_ms,
+    price,
+    reclaim_credit_minor,
+    resale_entry,
+    sla_credit_minor,
+)
 from ledger.state import (
     NEW_STREAM,
     NO_HASHES,
     NO_HELD,
+    AssignmentState,
     PlacementState,
     StreamState,
     terms_fields,
@@ -53,11 +60,13 @@ from proto.keys import key_id, verify
 from proto.reasons import Reason
 from proto.records import (
     Adjustment,
+    Assignment,
     LedgerRecord,
     NodeKeyBinding,
     PlacementClosed,
     PlacementTerms,
     ReclaimNotice,
+    ResaleTotals,
     Status,
     Totals,
     UsageEvent,
@@ -68,8 +77,10 @@ from proto.terms import node_inside_residency, party_keys, validate_terms
 Decision = Literal["chained", "dropped", "quarantined", "held"]
 DECISIONS: Final[tuple[Decision, ...]] = get_args(Decision)
 
-INPUT_KINDS: Final = frozenset({"terms", "keybinding", "usage", "reclaim", "adjustment", "closed"})
-_AFTER_CLOSE_KINDS: Final = frozenset({"usage", "keybinding", "reclaim", "closed"})
+INPUT_KINDS: Final = frozenset(
+    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment"}
+)
+_AFTER_CLOSE_KINDS: Final = frozenset({"usage", "keybinding", "reclaim", "closed", "assignment"})
 
 # (input hash, record hash) of an accepted usage event.
 AcceptedEvent = tuple[str, str]
@@ -353,6 +364,8 @@ class _Run:
                 new = _adjustment(state, terms, opened, record)
             elif isinstance(record, PlacementClosed):
                 new = _close(state, terms, opened, record)
+            elif isinstance(record, Assignment):
+                new = _assignment(state, terms, opened, record, self.arrived)
             else:  # pragma: no cover - attribute() lets only INPUT_KINDS through
                 raise InvariantViolation(f"no rule for kind {opened.kind}")
         except _Drop:
@@ -476,7 +489,7 @@ class _Run:
         if accepted is not None and _priced(state):
             raise _Reject(
                 Reason.AMENDMENT_TOO_LATE,
-                "usage, a reclaim, an adjustment or the close was already accepted",
+                "usage, a reclaim, an adjustment, an assignment or the close was already accepted",
             )
         over = None if self.claims is None else oversold(terms, self.claims)
         if over is not None:  # §6.5: capacity is sold once
@@ -576,6 +589,7 @@ class _Run:
         if len(set(uuids)) != len(uuids):
             raise _Reject(Reason.SAMPLE_DUPLICATE_GPU, "a GPU is sampled twice", takes)
         delivered = 0
+        resold = [0] * len(state.assignments)
         for sample in event.samples:
             spec = state.gpus.get(sample.uuid)
             if spec is None or spec.node_id != node_id:
@@ -590,6 +604,15 @@ class _Run:
                 delivered += spec.share_milli * overlap_ms(
                     event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
                 )
+                # §7.10: the same time on an assigned GPU, from the handover on
+                for k, assigned in enumerate(state.assignments):
+                    if sample.uuid in assigned.gpus:
+                        resold[k] += spec.share_milli * overlap_ms(
+                            event.start_ms,
+                            event.end_ms,
+                            assigned.handover_ms,
+                            state.effective_end_ms,
+                        )
         # (7) accepted: advance the stream and fold
         self.accepted[(node_id, event.seq)] = (opened.input_hash, opened.record_hash)
         streams = dict(state.streams)
@@ -604,6 +627,11 @@ class _Run:
             "streams": streams,
             "max_usage_end_ms": max(state.max_usage_end_ms, event.end_ms),
         }
+        if any(resold):
+            changes["assignments"] = tuple(
+                msgspec.structs.replace(a, delivered_mgms=a.delivered_mgms + extra)
+                for a, extra in zip(state.assignments, resold, strict=True)
+            )
         if delivered:
             changes["totals"] = _reprice(
                 terms, state.totals, delivered_mgms=state.totals.delivered_mgms + delivered
@@ -617,6 +645,7 @@ def _priced(state: PlacementState) -> bool:
         state.closed
         or state.reclaimed
         or len(state.adjustment_ids) > 0
+        or len(state.assignments) > 0
         or any(stream.next_seq > 0 for stream in state.streams.values())
     )
 
@@ -832,6 +861,105 @@ def _adjustment(
     }
 
 
+# §6.8 assignment (resale)
+def _assignment(
+    state: PlacementState,
+    terms: PlacementTerms,
+    opened: Opened,
+    assignment: Assignment,
+    arrived: int | None,
+) -> dict[str, Any]:
+    # (1) §4.0: seller (the terms' buyer), the new buyer named inside, the desk; the
+    # operator too when the terms require it, else it may co-sign.
+    operator = {key_id(terms.operator.key): terms.operator.key}
+    required = {
+        key_id(terms.buyer.key): terms.buyer.key,
+        key_id(assignment.new_buyer.key): assignment.new_buyer.key,
+        key_id(terms.desk.key): terms.desk.key,
+    }
+    if terms.resale_requires_operator:
+        _require(opened, {**required, **operator})
+    else:
+        _require(opened, required, operator)
+    # (2) a new assignment_id
+    if any(a.assignment_id == assignment.assignment_id for a in state.assignments):
+        raise _Reject(Reason.ASSIGNMENT_DUPLICATE, f"{assignment.assignment_id} seen before")
+    # (3) the buyer's to sell, to another party, inside the window
+    if len(state.assignments) >= limits.MAX_ASSIGNMENTS:
+        raise _Reject(
+            Reason.ASSIGNMENT_INVALID, f"{limits.MAX_ASSIGNMENTS} assignments already accepted"
+        )
+    new_buyer = assignment.new_buyer
+    parties = (terms.operator, terms.buyer, terms.desk)
+    if new_buyer.id in {p.id for p in parties}:
+        raise _Reject(Reason.ASSIGNMENT_INVALID, f"new buyer {new_buyer.id!r} is a party")
+    taken_keys = {p.key for p in parties} | {terms.ledger_key} | {n.key for n in terms.nodes}
+    if new_buyer.key in taken_keys:
+        raise _Reject(Reason.ASSIGNMENT_INVALID, "the new buyer's key is another party's")
+    for earlier in state.assignments:
+        if (earlier.new_buyer.id == new_buyer.id) != (earlier.new_buyer.key == new_buyer.key):
+            raise _Reject(
+                Reason.ASSIGNMENT_INVALID,
+                f"new buyer {new_buyer.id!r} differs in id or key from assignment "
+                f"{earlier.assignment_id}",
+            )
+    if len(set(assignment.gpus)) != len(assignment.gpus):
+        raise _Reject(Reason.ASSIGNMENT_INVALID, "a GPU is listed twice")
+    unknown = sorted(set(assignment.gpus) - set(state.gpus))
+    if unknown:
+        raise _Reject(Reason.ASSIGNMENT_INVALID, f"GPU {unknown[0]} is not in the terms")
+    handover = (
+        assignment.handover_at_ms if arrived is None else max(assignment.handover_at_ms, arrived)
+    )
+    if assignment.handover_at_ms < terms.window_start_ms:
+        raise _Reject(Reason.ASSIGNMENT_INVALID, "handover before the window starts")
+    if handover >= state.effective_end_ms:
+        raise _Reject(
+            Reason.ASSIGNMENT_INVALID,
+            f"handover {handover} at or after the effective end {state.effective_end_ms}",
+        )
+    # (4) each GPU is sold on at most once
+    for earlier in state.assignments:
+        both = sorted(earlier.gpus & set(assignment.gpus))
+        if both:
+            raise _Reject(
+                Reason.ASSIGNMENT_OVERLAP,
+                f"GPU {both[0]} already assigned by {earlier.assignment_id}",
+            )
+    # (5) nothing already folded past the handover on the GPUs' nodes
+    for node_id in sorted({state.gpus[uuid].node_id for uuid in assignment.gpus}):
+        stream = state.streams.get(node_id)
+        if stream is not None and stream.next_seq > 0 and stream.last_end_ms > handover:
+            raise _Reject(
+                Reason.ASSIGNMENT_BEHIND_USAGE,
+                f"node {node_id} usage already folded to {stream.last_end_ms} > {handover}",
+            )
+    # (6) accepted
+    accepted = AssignmentState(
+        assignment.assignment_id,
+        new_buyer,
+        handover,
+        frozenset(assignment.gpus),
+        assignment.rate_per_gpu_hour_minor,
+    )
+    return {"assignments": (*state.assignments, accepted)}
+
+
+def resale_of(
+    state: PlacementState, assignments: tuple[AssignmentState, ...]
+) -> list[ResaleTotals]:
+    """SPEC §7.10: the resale list a record carries (empty: omitted from its bytes)."""
+    terms = state.terms
+    if terms is None or not assignments:
+        return []
+    return [
+        resale_entry(
+            terms, a.assignment_id, a.new_buyer.id, a.rate_per_gpu_hour_minor, a.delivered_mgms
+        )
+        for a in assignments
+    ]
+
+
 # §6.3 closed; §7.5 SLA credit
 def _close(
     state: PlacementState, terms: PlacementTerms, opened: Opened, close: PlacementClosed
@@ -900,6 +1028,7 @@ def _chain(
         delivered_mgms=delivered,
         totals=totals,
         arrived_ms=arrived,
+        resale=resale_of(state, changes.get("assignments", state.assignments)),
     )
     payload = signed_bytes(record)
     record_hash = sha256_hex(payload)

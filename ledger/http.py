@@ -32,7 +32,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, quote, unquote
 
 import structlog
 
@@ -96,8 +96,11 @@ class LedgerApi:
             return "text/csv; charset=utf-8", render.to_csv(doc).encode()
         if form == "json":
             return "application/json", render.to_json(doc)
+        parties = render.parties_of(doc)  # the roles, then each new buyer (SPEC §7.10)
+        if party not in parties:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, f"party is one of {', '.join(parties)}")
         links = [("CSV", "statement.csv"), ("JSON", "statement.json")] + [
-            (f"{p}'s page", f"statement.html?party={p}") for p in ("buyer", "operator", "desk")
+            (f"{p}'s page", f"statement.html?party={quote(p)}") for p in parties
         ]
         return "text/html; charset=utf-8", render.to_html(doc, party, links).encode()
 
@@ -162,10 +165,13 @@ def _range_query(path: str) -> tuple[int, int | None]:
 
 
 def _party_query(path: str) -> str:
-    """``party`` of a statement page: buyer (default), operator or desk."""
+    """``party`` of a statement page: buyer (default), operator, desk, or the id of a new
+    buyer by resale (SPEC §7.10; ``LedgerApi.bill`` checks it is one of the bill's)."""
     texts = parse_qs(path.partition("?")[2], max_num_fields=4).get("party", ["buyer"])
-    if len(texts) != 1 or texts[0] not in ("buyer", "operator", "desk"):
-        raise _HttpError(HTTPStatus.BAD_REQUEST, "party is one of buyer, operator, desk")
+    if len(texts) != 1 or not (texts[0] in ("buyer", "operator", "desk") or _ID.match(texts[0])):
+        raise _HttpError(
+            HTTPStatus.BAD_REQUEST, "party is one of buyer, operator, desk or a new buyer's id"
+        )
     return texts[0]
 
 

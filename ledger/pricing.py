@@ -7,7 +7,7 @@ line item is the difference of two consecutive totals.
 from __future__ import annotations
 
 from proto.limits import MAX_BPS, MILLI_GPU_MS_PER_GPU_HOUR
-from proto.records import PlacementTerms, Totals
+from proto.records import PlacementTerms, ResaleTotals, Totals
 from proto.terms import total_share_milli
 
 ZERO_TOTALS = Totals(
@@ -62,6 +62,27 @@ def reclaim_credit_minor(terms: PlacementTerms, notice_from_ms: int, effective_a
         * terms.reclaim_penalty_bps
     )
     return numerator // (MILLI_GPU_MS_PER_GPU_HOUR * MAX_BPS)
+
+
+def resale_entry(
+    terms: PlacementTerms,
+    assignment_id: str,
+    new_buyer_id: str,
+    rate_per_gpu_hour_minor: int,
+    delivered_mgms: int,
+) -> ResaleTotals:
+    """One assignment's resale figures from its cumulative D_k (SPEC §7.10): billable as
+    §7.2, gross at the resale rate, the desk's fee on it at the terms' desk_fee_bps."""
+    billable = billable_mgms(terms, delivered_mgms)
+    gross = billable * rate_per_gpu_hour_minor // MILLI_GPU_MS_PER_GPU_HOUR
+    return ResaleTotals(
+        assignment_id=assignment_id,
+        new_buyer=new_buyer_id,
+        delivered_mgms=delivered_mgms,
+        billable_mgms=billable,
+        gross_minor=gross,
+        fee_minor=gross * terms.desk_fee_bps // MAX_BPS,
+    )
 
 
 def availability_bps(terms: PlacementTerms, delivered_mgms: int, effective_end_ms: int) -> int:

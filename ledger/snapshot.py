@@ -13,10 +13,10 @@ from typing import Final
 import msgspec
 
 from ledger.persistent import PLog, PSet
-from ledger.state import PlacementState, StreamState, terms_fields
+from ledger.state import AssignmentState, PlacementState, StreamState, terms_fields
 from proto.canonical import decode_payload
 from proto.envelope import sha256_hex
-from proto.records import PlacementTerms, Totals
+from proto.records import Party, PlacementTerms, Totals
 
 SNAPSHOT_VERSION: Final = 1
 
@@ -59,6 +59,16 @@ class _RevokedSnap(msgspec.Struct, array_like=True):
     key: bytes
 
 
+class _AssignmentSnap(msgspec.Struct, array_like=True):
+    assignment_id: str
+    new_buyer_id: str
+    new_buyer_key: bytes
+    handover_ms: int
+    gpus: list[str]
+    rate_per_gpu_hour_minor: int
+    delivered_mgms: int
+
+
 class _Snapshot(msgspec.Struct, omit_defaults=True):
     version: int
     placement_id: str
@@ -87,6 +97,8 @@ class _Snapshot(msgspec.Struct, omit_defaults=True):
     revoked: list[_RevokedSnap] = []
     # SPEC §6.6: (position, arrived_ms) of each held input that has one.
     held_arrived: list[tuple[str, int]] = []
+    # SPEC §6.8: accepted assignments in chain order; absent before resale existed.
+    assignments: list[_AssignmentSnap] = []
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -140,6 +152,18 @@ def encode(state: PlacementState) -> bytes:
             for key in sorted(keys)
         ],
         held_arrived=sorted(state.held_arrived.items()),
+        assignments=[
+            _AssignmentSnap(
+                a.assignment_id,
+                a.new_buyer.id,
+                a.new_buyer.key,
+                a.handover_ms,
+                sorted(a.gpus),
+                a.rate_per_gpu_hour_minor,
+                a.delivered_mgms,
+            )
+            for a in state.assignments
+        ],
     )
     return _ENCODER.encode(snap)
 
@@ -187,6 +211,17 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         arrived_ms=snap.arrived_ms,
         revoked=_revoked(snap.revoked),
         held_arrived=dict(snap.held_arrived),
+        assignments=tuple(
+            AssignmentState(
+                a.assignment_id,
+                Party(id=a.new_buyer_id, key=a.new_buyer_key),
+                a.handover_ms,
+                frozenset(a.gpus),
+                a.rate_per_gpu_hour_minor,
+                a.delivered_mgms,
+            )
+            for a in snap.assignments
+        ),
     )
     if snap.terms_payload is None:
         return state

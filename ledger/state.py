@@ -18,7 +18,7 @@ from ledger.persistent import PLog, PSet
 from ledger.pricing import ZERO_TOTALS
 from proto import limits
 from proto.keys import key_id
-from proto.records import ZERO_HASH, GpuSpec, PlacementTerms, Totals
+from proto.records import ZERO_HASH, GpuSpec, Party, PlacementTerms, Totals
 
 # Binding window of the node keys the terms list (SPEC §6.3 terms): [0, 2^53 - 1).
 FOREVER: Final = (0, limits.MAX_SAFE_INTEGER)
@@ -40,6 +40,19 @@ class StreamState(msgspec.Struct, frozen=True):
 
 
 NEW_STREAM: Final = StreamState()
+
+
+class AssignmentState(msgspec.Struct, frozen=True):
+    """An accepted assignment (SPEC §6.8): who bought which GPUs from when, at what rate,
+    and the milli-GPU-ms delivered on them since (D_k of SPEC §7.10)."""
+
+    assignment_id: str
+    new_buyer: Party
+    handover_ms: int  # the effective handover h
+    gpus: frozenset[str]
+    rate_per_gpu_hour_minor: int
+    delivered_mgms: int = 0
+
 
 NO_HASHES: Final[PSet[str]] = PSet()
 NO_HELD: Final[PLog[tuple[bytes, str]]] = PLog()
@@ -84,6 +97,8 @@ class PlacementState(msgspec.Struct, frozen=True):
     # SPEC §6.6: when each held input (before the terms, or in its stream) arrived, by
     # its position; its record, chained on release, carries max(a_prev, that).
     held_arrived: Mapping[str, int] = msgspec.field(default_factory=dict)
+    # SPEC §6.8: accepted assignments in chain order.
+    assignments: tuple[AssignmentState, ...] = ()
 
     def held_count(self) -> int:
         """Inputs held before the terms plus usage events held in their streams."""

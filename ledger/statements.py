@@ -47,6 +47,7 @@ def make_statement(
         totals=record.totals,
         period=period,
         previous=previous,
+        resale=record.resale,
     )
     return StatementRow(
         placement_id=record.placement_id,

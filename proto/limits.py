@@ -41,6 +41,8 @@ MAX_INTERVAL_MS: Final = 24 * 3_600_000
 
 # Price per GPU-hour, in minor units: keeps gross <= billable < 2^53 (SPEC "Bounds").
 MAX_RATE_MINOR: Final = 3_600_000_000
+# SPEC §4.1, §6.8: accepted assignments (resales) per placement.
+MAX_ASSIGNMENTS: Final = 16
 
 # Basis points are 0..10_000.
 MAX_BPS: Final = 10_000

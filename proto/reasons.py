@@ -56,6 +56,11 @@ class Reason(StrEnum):
     ADJUSTMENT_INVALID = "ADJUSTMENT_INVALID"
     ADJUSTMENT_DUPLICATE = "ADJUSTMENT_DUPLICATE"
     CLOSE_INVALID = "CLOSE_INVALID"
+    # Resale (SPEC §6.8).
+    ASSIGNMENT_INVALID = "ASSIGNMENT_INVALID"
+    ASSIGNMENT_OVERLAP = "ASSIGNMENT_OVERLAP"
+    ASSIGNMENT_DUPLICATE = "ASSIGNMENT_DUPLICATE"
+    ASSIGNMENT_BEHIND_USAGE = "ASSIGNMENT_BEHIND_USAGE"
     # Not a rejection: an exact re-delivery, dropped and counted.
     DUPLICATE = "DUPLICATE"
     # Data residency (SPEC §5.2 R2): usage of a node outside the terms' allowed regions.

@@ -147,6 +147,9 @@ class PlacementTerms(
     workload: Workload | None = None
     delivery: Delivery | None = None
     residency: Residency | None = None
+    # SPEC §6.8, §4.0: an assignment (resale) also needs the operator's signature.
+    # Omitted at its default (false): terms signed before it keep their bytes.
+    resale_requires_operator: bool = False
 
 
 # ---- records from the operator, the nodes and the desk --------------------------
@@ -254,6 +257,34 @@ class PlacementClosed(
     closed_at_ms: TimeMs
 
 
+class Assignment(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="assignment", tag_field="type"
+):
+    """Original buyer, new buyer and desk (and the operator when the terms say so): the
+    buyer sells ``gpus`` of the placement from ``handover_at_ms`` on to ``new_buyer`` at
+    the resale rate (SPEC §6.8, §7.10)."""
+
+    placement_id: Identifier
+    assignment_id: Identifier
+    new_buyer: Party
+    handover_at_ms: TimeMs
+    gpus: Annotated[list[Identifier], Meta(min_length=1, max_length=limits.MAX_GPUS)]
+    rate_per_gpu_hour_minor: Annotated[int, Meta(ge=0, le=limits.MAX_RATE_MINOR)]
+    issued_at_ms: TimeMs
+
+
+class ResaleTotals(Struct, frozen=True, forbid_unknown_fields=True):
+    """One accepted assignment's cumulative resale figures (SPEC §7.10): what its new buyer
+    owes (``gross_minor``, paid to the desk) and the desk's fee on it (paid by the seller)."""
+
+    assignment_id: Identifier
+    new_buyer: Identifier
+    delivered_mgms: NonNegInt
+    billable_mgms: NonNegInt
+    gross_minor: NonNegInt
+    fee_minor: NonNegInt
+
+
 class Totals(Struct, frozen=True, forbid_unknown_fields=True):
     """Cumulative amounts of a placement through one ledger record (SPEC.md, "Pricing")."""
 
@@ -272,7 +303,9 @@ class Totals(Struct, frozen=True, forbid_unknown_fields=True):
     desk_receives_minor: NonNegInt
 
 
-RecordKind = Literal["terms", "keybinding", "usage", "reclaim", "adjustment", "closed"]
+RecordKind = Literal[
+    "terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment"
+]
 Status = Literal["accepted", "rejected"]
 
 
@@ -303,6 +336,8 @@ class LedgerRecord(
     delivered_mgms: NonNegInt
     totals: Totals
     arrived_ms: TimeMs | None = None
+    # SPEC §7.10: one entry per accepted assignment, from the first on (omitted when empty).
+    resale: Annotated[list[ResaleTotals], Meta(max_length=limits.MAX_ASSIGNMENTS)] = []
 
 
 class Statement(
@@ -329,6 +364,8 @@ class Statement(
     totals: Totals
     period: NonNegInt = 0
     previous: Hash = ZERO_HASH
+    # SPEC §7.10: the resale list of the record through_index (omitted when empty).
+    resale: Annotated[list[ResaleTotals], Meta(max_length=limits.MAX_ASSIGNMENTS)] = []
 
 
 class Checkpoint(
@@ -350,6 +387,7 @@ Record = (
     | PlacementClosed
     | LedgerRecord
     | Statement
+    | Assignment
 )
 
 # Kinds that travel inside envelopes, in the order of SPEC.md.
@@ -362,6 +400,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     PlacementClosed,
     LedgerRecord,
     Statement,
+    Assignment,
 )
 
 

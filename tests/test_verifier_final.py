@@ -37,8 +37,10 @@ def cut_after(src: Path, out: Path, last_index: int) -> Path:
     shutil.copyfile(src, out)
     with duckdb.connect(str(out)) as con:
         con.execute("DELETE FROM ledger_records WHERE chain_index > ?", [last_index])
+        present = {str(name) for (name,) in con.execute("SHOW TABLES").fetchall()}
         for table in INPUT_TABLES:
-            con.execute(f"DELETE FROM {table.name} WHERE chain_index > ?", [last_index])
+            if table.name in present:  # an export written before a table existed lacks it
+                con.execute(f"DELETE FROM {table.name} WHERE chain_index > ?", [last_index])
         con.execute("DELETE FROM statements WHERE through_index > ?", [last_index])
         con.execute("DELETE FROM checkpoints WHERE size > ?", [last_index + 1])
         con.execute("UPDATE meta SET value = ? WHERE key = 'records'", [str(last_index + 1)])

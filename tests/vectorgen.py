@@ -918,6 +918,132 @@ def residency_vectors() -> Any:
     }
 
 
+def resale_vectors() -> Any:
+    """SPEC §6.8, §7.10: one stream with an accepted resale and the bad ones (unsigned by
+    the desk, a GPU the buyer does not hold, overlapping, a repeated id, behind usage,
+    after the close); each record's resale list; the parties' worked figures."""
+    from ledger.fold import Fold
+    from ledger.statements import make_statement
+
+    cast = _cast()
+    terms = _terms(cast)
+    pid = terms.placement_id
+    b2 = SigningKey.from_seed_text("buyer-2", "vectors/buyer-2")
+    b3 = SigningKey.from_seed_text("buyer-3", "vectors/buyer-3")
+    a = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+    nb = b.StreamWriter(cast.node_key("node-b"), pid, "node-b")
+
+    def samples(node: str) -> list[Any]:
+        return [b.sample(g) for g in terms.gpus if g.node_id == node]
+
+    def assign(aid: str, buyer: SigningKey, at: int, gpus: list[str], **kw: Any) -> bytes:
+        return b.assignment(cast, terms, aid, buyer, at, gpus, 400, **kw)
+
+    m20, end = WS + 20 * MINUTE, WS + HOUR
+    close_at = end + terms.late_grace_ms
+    sold = ["GPU-node-a-0", "GPU-node-a-1"]
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms", b.signed_terms(cast, terms), WS),
+        ("node a, minutes 0-20", a.event(WS, m20, samples("node-a")), m20),
+        ("node b, minutes 0-20", nb.event(WS, m20, samples("node-b")), m20),
+        (
+            "node b, minutes 20-21 (within the skew)",
+            nb.event(m20, m20 + MINUTE, samples("node-b")),
+            m20,
+        ),
+        (
+            "buyer-1 sells node a's GPUs to buyer-2 from minute 20 at 4.00/GPU-h",
+            assign("as-1", b2, m20, sold),
+            m20,
+        ),
+        (
+            "not signed by the desk: SIG_MISSING",
+            assign("as-2", b3, m20, ["GPU-node-b-0"], signers=[cast.buyer, b3]),
+            m20,
+        ),
+        (
+            "a GPU the buyer does not hold: ASSIGNMENT_INVALID",
+            assign("as-3", b3, m20, ["GPU-node-b-0", "GPU-node-z-0"]),
+            m20,
+        ),
+        ("GPU-node-a-1 again: ASSIGNMENT_OVERLAP", assign("as-4", b3, m20, ["GPU-node-a-1"]), m20),
+        (
+            "as-1 again, other content: ASSIGNMENT_DUPLICATE",
+            assign("as-1", b3, m20, ["GPU-node-b-0"]),
+            m20,
+        ),
+        (
+            "node b folded to minute 21 > h = 20: ASSIGNMENT_BEHIND_USAGE",
+            assign("as-5", b3, m20, ["GPU-node-b-0"]),
+            m20,
+        ),
+        ("node a, minutes 20-60", a.event(m20, end, samples("node-a")), end),
+        ("node b, minutes 21-60", nb.event(m20 + MINUTE, end, samples("node-b")), end),
+        ("close", b.closed(cast, pid, close_at), close_at),
+        (
+            "a resale after the close: AFTER_CLOSE",
+            assign("as-6", b3, WS + 50 * MINUTE, ["GPU-node-b-0"]),
+            close_at,
+        ),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    last: Any = None
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"resale:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                        "resale": None
+                        if o.record is None
+                        else [msgspec.structs.asdict(e) for e in o.record.resale],
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+        for o in outcomes:
+            if o.record is not None and o.record.kind == "closed":
+                last = (o.record, o.record_hash)
+    head = fold.head(pid)
+    totals = fold.totals(pid)
+    assert head is not None and totals is not None and last is not None
+    statement = make_statement(last[0], last[1], terms, True, cast.ledger)
+    resale = last[0].resale
+    sold_net = sum(e.gross_minor - e.fee_minor for e in resale)
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "new_buyers": {"buyer-2": _b64(b2.public_key), "buyer-3": _b64(b3.public_key)},
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.structs.asdict(totals),
+        "final_statement_b64": _b64(statement.envelope),
+        "parties_minor": {
+            "operator_receives": totals.operator_receives_minor,
+            "original_buyer_net": totals.buyer_owes_minor - sold_net,
+            "new_buyers_owe": {e.new_buyer: e.gross_minor for e in resale},
+            "desk_receives": totals.desk_receives_minor + sum(e.fee_minor for e in resale),
+        },
+        "worked": [
+            "D = 2.5 GPU x 60 min = 150 GPU-min; G = 150/60 x 250 = 625; F = 5 % = 31; "
+            "buyer-1 owes 625, the operator receives 594, the desk 31",
+            "resale D_0 = (1 + 0.5) GPU x 40 min = 60 GPU-min; G_0 = 60/60 x 400 = 400; "
+            "F_0 = 5 % of 400 = 20",
+            "buyer-2 owes 400 (to the desk); buyer-1 nets 625 - (400 - 20) = 245; "
+            "desk 31 + 20 = 51; 245 + 400 - 594 - 51 = 0",
+        ],
+    }
+
+
 GENERATORS: dict[str, Callable[[], Any]] = {
     "residency.json": residency_vectors,
     "health.json": health_vectors,
@@ -930,6 +1056,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "checkpoint.json": checkpoint_vectors,
     "pricing.json": pricing_vectors,
     "scenario.json": scenario_vectors,
+    "resale.json": resale_vectors,
 }
 
 

@@ -23,6 +23,7 @@ from billview.doc import BillDoc, GpuRow
 from billview.facts import (
     MAX_ADJUSTMENT_LINES,
     AdjustmentFacts,
+    AssignmentFacts,
     BillFacts,
     CheckpointFacts,
     PeriodFacts,
@@ -37,8 +38,16 @@ from proto.cosign import cosignature_of
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.note import parse_checkpoint_body, parse_note
-from proto.records import Adjustment, PlacementClosed, ReclaimNotice, Statement, Totals
+from proto.records import (
+    Adjustment,
+    PlacementClosed,
+    ReclaimNotice,
+    ResaleTotals,
+    Statement,
+    Totals,
+)
 from verifier.pricing import HEALTH_SQL, TOTAL_FIELDS, totals_at
+from verifier.resale import resale_at
 from verifier.source import ALIAS, blob
 from verifier.state import ExportReport, Verification
 
@@ -101,6 +110,8 @@ def collect(run: Verification) -> BillParts | None:
             period=statement.period,
             previous=statement.previous,
             totals=Totals(**mine),
+            # SPEC §7.10: the verifier's own resale figures at the statement's index
+            resale=tuple(ResaleTotals(**e) for e in resale_at(run.con, through)),
         ),
         record_count=run.record_count,
         periods=_periods(run),
@@ -110,6 +121,20 @@ def collect(run: Verification) -> BillParts | None:
         close_index=run.close_index,
         closed_at_ms=_closed_at(run),
         checkpoint=_checkpoint(run),
+        assignments=tuple(
+            AssignmentFacts(
+                chain_index=a.index,
+                assignment_id=a.assignment_id,
+                new_buyer=a.new_buyer.id,
+                handover_ms=a.h_ms,
+                handover_at_ms=a.h_ms,
+                gpus=tuple(sorted(a.gpus)),
+                rate_per_gpu_hour_minor=a.rate_per_gpu_hour_minor,
+                signers=(),
+            )
+            for a in run.referee.assignments
+            if a.index <= through
+        ),
         source=(
             f"Recomputed by gridledger verify from the export {run.source.path.name} "
             "(signed inputs and the trust file only; no ledger asked). Amounts are the "

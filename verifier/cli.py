@@ -235,7 +235,6 @@ def _html_dir(out: Path) -> None:
 def _write_bills(reports: list[ExportReport], out: Path) -> list[Path]:
     """Each verified placement's bill: a page per party, CSV and JSON (see --html)."""
     from billview import render as bill_render
-    from billview.facts import PARTY_ROLES
 
     written: list[Path] = []
     names: Counter[str] = Counter()
@@ -248,8 +247,9 @@ def _write_bills(reports: list[ExportReport], out: Path) -> list[Path]:
         if names[stem] > 1:  # two standing exports of one placement (they disagree)
             stem = f"{stem}.{Path(report.path).stem}-{names[stem]}"
         forms = [("CSV", f"{stem}.csv"), ("JSON", f"{stem}.json")]
-        links = forms + [(f"{p}'s page", f"{stem}.{p}.html") for p in PARTY_ROLES]
-        files = {f"{stem}.{p}.html": bill_render.to_html(doc, p, links) for p in PARTY_ROLES}
+        parties = bill_render.parties_of(doc)  # the roles, then each new buyer (SPEC §7.10)
+        links = forms + [(f"{p}'s page", f"{stem}.{p}.html") for p in parties]
+        files = {f"{stem}.{p}.html": bill_render.to_html(doc, p, links) for p in parties}
         files[f"{stem}.csv"] = bill_render.to_csv(doc)
         files[f"{stem}.json"] = bill_render.to_json(doc).decode()
         for name, text in files.items():

@@ -27,8 +27,10 @@ from proto.reasons import Reason
 from proto.records import (
     ZERO_HASH,
     Adjustment,
+    Assignment,
     GpuSpec,
     NodeKeyBinding,
+    Party,
     PlacementClosed,
     PlacementTerms,
     ReclaimNotice,
@@ -50,8 +52,10 @@ QUARANTINED: Final[Outcome] = "quarantined"
 HELD: Final[Outcome] = "held"
 PENDING: Final[Outcome] = "pending"
 
-INPUT_KINDS: Final = frozenset({"terms", "keybinding", "usage", "reclaim", "adjustment", "closed"})
-_CLOSED_TO: Final = frozenset({"usage", "keybinding", "reclaim", "closed"})
+INPUT_KINDS: Final = frozenset(
+    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment"}
+)
+_CLOSED_TO: Final = frozenset({"usage", "keybinding", "reclaim", "closed", "assignment"})
 _FOREVER_MS: Final = proto_limits.MAX_SAFE_INTEGER
 
 # Looks up the record hash of the accepted usage event (node_id, seq), if any.
@@ -100,6 +104,18 @@ class _Stream:
     last_end_ms: int = 0
     # Seqs taken by a rejected event of the node (SPEC §6.3 usage (3)): never replaced.
     taken: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Assigned:
+    """An accepted assignment (SPEC §6.8) with its effective handover ``h_ms``."""
+
+    index: int
+    assignment_id: str
+    new_buyer: Party
+    h_ms: int
+    gpus: frozenset[str]
+    rate_per_gpu_hour_minor: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +168,8 @@ class Referee:
     # None for an untimed record) and the keys revoked per node.
     _arrived: int | None = None
     revoked: dict[str, set[bytes]] = field(default_factory=dict)
+    # SPEC §6.8: accepted assignments in chain order.
+    assignments: list[Assigned] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ledger_required = required_of((self.ledger_key,))
@@ -249,6 +267,8 @@ class Referee:
                 return self._adjustment(opened, record)
             case PlacementClosed():
                 return self._closed(opened, record, terms)
+            case Assignment():
+                return self._assignment(opened, record, terms)
         return Verdict(QUARANTINED, Reason.KIND_MISMATCH.value)
 
     # ---- per kind (SPEC §6.3) -----------------------------------------------------------
@@ -491,6 +511,69 @@ class Referee:
         if close.closed_at_ms < terms.window_end_ms + terms.late_grace_ms:
             return _reject(Reason.CLOSE_INVALID)
         self.closed = True
+        self.priced = True
+        return _OK
+
+    def _assignment(
+        self, opened: OpenResult, assignment: Assignment, terms: PlacementTerms
+    ) -> Verdict:
+        """SPEC §6.8, steps 1-6 in order."""
+        # 1. seller (the terms' buyer), the new buyer named inside, the desk; the operator
+        # when the terms require it, else it may co-sign
+        named = required_of((assignment.new_buyer.key,))
+        sellers = {**self.buyer_required, **named, **self.desk_required}
+        if terms.resale_requires_operator:
+            failure = signer_failure(opened.sigs, {**sellers, **self.operator_required})
+        else:
+            failure = signer_failure(opened.sigs, sellers, self.operator_required)
+        if failure is not None:
+            return _reject(failure)
+        # 2. a new id
+        if assignment.assignment_id in {a.assignment_id for a in self.assignments}:
+            return _reject(Reason.ASSIGNMENT_DUPLICATE)
+        # 3. the buyer's to sell, to someone else, inside the window
+        buyer = assignment.new_buyer
+        parties = (terms.operator, terms.buyer, terms.desk)
+        others = {p.key for p in parties} | {terms.ledger_key} | {n.key for n in terms.nodes}
+        arrived = self._arrived
+        h_ms = (
+            assignment.handover_at_ms
+            if arrived is None
+            else max(assignment.handover_at_ms, arrived)
+        )
+        if (
+            len(self.assignments) >= proto_limits.MAX_ASSIGNMENTS
+            or buyer.id in {p.id for p in parties}
+            or buyer.key in others
+            or any(
+                (a.new_buyer.id == buyer.id) != (a.new_buyer.key == buyer.key)
+                for a in self.assignments
+            )
+            or len(set(assignment.gpus)) != len(assignment.gpus)
+            or not set(assignment.gpus) <= set(self.gpus)
+            or assignment.handover_at_ms < terms.window_start_ms
+            or h_ms >= self.effective_end_ms
+        ):
+            return _reject(Reason.ASSIGNMENT_INVALID)
+        # 4. each GPU sold on once
+        gpus = frozenset(assignment.gpus)
+        if any(a.gpus & gpus for a in self.assignments):
+            return _reject(Reason.ASSIGNMENT_OVERLAP)
+        # 5. nothing folded past h on the nodes of those GPUs
+        for node_id in {self.gpus[uuid].node_id for uuid in gpus}:
+            stream = self.streams.get(node_id)
+            if stream is not None and stream.next_seq > 0 and stream.last_end_ms > h_ms:
+                return _reject(Reason.ASSIGNMENT_BEHIND_USAGE)
+        self.assignments.append(
+            Assigned(
+                self._index,
+                assignment.assignment_id,
+                buyer,
+                h_ms,
+                gpus,
+                assignment.rate_per_gpu_hour_minor,
+            )
+        )
         self.priced = True
         return _OK
 

@@ -21,7 +21,7 @@ from proto.errors import ProtoError
 from proto.keys import key_id, verify
 from proto.merkle import leaf_hash
 from proto.reasons import Reason
-from proto.records import PlacementTerms, Record
+from proto.records import Assignment, PlacementTerms, Record
 
 # Signature outcomes.
 SIG_VALID: Final = 1
@@ -55,7 +55,10 @@ class OpenResult(NamedTuple):
 
 
 def _terms_keys(record: Record) -> dict[str, list[bytes]]:
-    """A terms envelope is signed by keys named inside it, which no keyring can know."""
+    """A terms envelope is signed by keys named inside it, which no keyring can know; so
+    is an assignment (its new buyer's key, SPEC §6.8)."""
+    if isinstance(record, Assignment):
+        return {key_id(record.new_buyer.key): [record.new_buyer.key]}
     if not isinstance(record, PlacementTerms):
         return {}
     extra: dict[str, list[bytes]] = {}

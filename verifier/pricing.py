@@ -67,6 +67,13 @@ WORK_TABLES: Final = (
     "CREATE TABLE w_adjust(chain_index BIGINT, adjustment_id VARCHAR, direction VARCHAR, "
     "amount_minor BIGINT, accepted BOOLEAN)",
     "CREATE TABLE w_close(chain_index BIGINT)",
+    # SPEC §6.8, §7.10: accepted assignments (ord: their rank in chain order), their GPUs,
+    # and the resale entries each LedgerRecord claims.
+    "CREATE TABLE w_assign(chain_index BIGINT, ord BIGINT, assignment_id VARCHAR, "
+    "new_buyer VARCHAR, h_ms BIGINT, rate HUGEINT)",
+    "CREATE TABLE w_assign_gpus(ord BIGINT, uuid VARCHAR)",
+    "CREATE TABLE w_resale_rec(chain_index BIGINT, ord BIGINT, assignment_id VARCHAR, "
+    "new_buyer VARCHAR, d BIGINT, b BIGINT, g BIGINT, f BIGINT)",
     "CREATE TABLE w_records(chain_index BIGINT, record_hash VARCHAR, event_delivered_mgms BIGINT, "
     + ", ".join(f"{name} BIGINT" for name in TOTAL_FIELDS)
     + ")",

@@ -5,6 +5,11 @@ every total, so a bad file can never move a party's balance. Per (currency, scal
 buyers' total must equal what operators and desks receive together (SPEC §7.6: buyer owes
 N (+F), operator receives N (-F), desk receives F).
 
+Resale (SPEC §7.10): a new buyer is a buyer that owes G_k (to the desk); the original buyer's
+amount is its net, what it owes the operator less what the resale brings it (G_k − F_k,
+negative when the resale brings more); the desk receives F + Σ F_k. The balance holds as
+before: Σ buyers = operators + desks, to the minor unit.
+
 Capacity is checked across the same exports (``verifier/capacity.py``, SPEC §6.5): a GPU
 sold above one whole GPU at some moment is an ``OVERSOLD`` finding of the run, and the
 run is then not reconciled, whatever the money says.
@@ -92,19 +97,41 @@ def reconcile(reports: Iterable[ExportReport]) -> Reconciliation:
         result.verified.append(report.path)
         money = (report.currency, report.currency_scale)
         balance = balances.setdefault(money, Balance(*money))
-        for role, column in ROLE_AMOUNT.items():
-            party = report.parties.get(role, "?")
+        for role, party, amount, credits in _amounts(report):
             line = lines.setdefault((role, party, *money), PartyLine(role, party, *money))
             line.placements += 1
             line.final_placements += int(report.final)
-            line.amount_minor += report.totals[column]
-            line.credits_minor += report.totals["credits_minor"] if role != "desk" else 0
-            setattr(balance, column, getattr(balance, column) + report.totals[column])
+            line.amount_minor += amount
+            line.credits_minor += credits
+            column = ROLE_AMOUNT[role]
+            setattr(balance, column, getattr(balance, column) + amount)
     result.lines = sorted(
         lines.values(), key=lambda x: (x.currency, x.currency_scale, x.role, x.party)
     )
     result.balances = sorted(balances.values(), key=lambda b: (b.currency, b.currency_scale))
     return result
+
+
+def _amounts(report: ExportReport) -> list[tuple[str, str, int, int]]:
+    """(role, party, amount, credits) of each party of one verified placement: SPEC §7.6,
+    and with resale §7.10 (new buyers owe, the original buyer's net, the desk's fees)."""
+    totals = report.totals or {}
+    resale = report.resale
+    proceeds = sum(e["gross_minor"] - e["fee_minor"] for e in resale)
+    fees = sum(e["fee_minor"] for e in resale)
+    credits = totals["credits_minor"]
+    out = [
+        ("buyer", report.parties.get("buyer", "?"), totals["buyer_owes_minor"] - proceeds, credits),
+        (
+            "operator",
+            report.parties.get("operator", "?"),
+            totals["operator_receives_minor"],
+            credits,
+        ),
+        ("desk", report.parties.get("desk", "?"), totals["desk_receives_minor"] + fees, 0),
+    ]
+    out += [("buyer", str(e["new_buyer"]), int(e["gross_minor"]), 0) for e in resale]
+    return out
 
 
 def format_minor(amount_minor: int, scale: int) -> str:

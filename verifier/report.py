@@ -65,6 +65,7 @@ def export_json(report: ExportReport) -> dict[str, Any]:
         "provisional": report.provisional,
         "witnessed_by": report.witnessed_by,
         "totals": report.totals,
+        **({"resale": report.resale} if report.resale else {}),
         "counts": report.counts,
         "checkpoints": report.checkpoints,
         "periods": report.periods,
@@ -101,6 +102,19 @@ def render_export(report: ExportReport) -> list[str]:
             f"receives {format_minor(t['operator_receives_minor'], scale)} {money}, desk "
             f"receives {format_minor(t['desk_receives_minor'], scale)} {money}"
         )
+        if report.resale:  # SPEC §7.10: the second obligation, and the seller's net
+            sold = sum(e["gross_minor"] - e["fee_minor"] for e in report.resale)
+            fees = sum(e["fee_minor"] for e in report.resale)
+            amounts += "; resale: " + ", ".join(
+                f"{e['new_buyer']} owes {format_minor(e['gross_minor'], scale)} {money} "
+                f"({e['assignment_id']}, via the desk)"
+                for e in report.resale
+            )
+            amounts += (
+                f"; original buyer's net {format_minor(t['buyer_owes_minor'] - sold, scale)} "
+                f"{money}, desk receives {format_minor(t['desk_receives_minor'] + fees, scale)} "
+                f"{money} in all"
+            )
         records = f"{report.counts.get('records', 0)} records through index {report.head_index}"
         periods = [
             f"  period {p['period']} (through record {p['through_index']}"

@@ -41,6 +41,9 @@ class ExportReport:
     placement_id: str = ""
     findings: Findings = field(default_factory=Findings)
     totals: dict[str, int] | None = None
+    # SPEC §7.10: the recomputed resale list at the head (one dict per accepted
+    # assignment, RESALE_FIELDS), empty without resale.
+    resale: list[dict[str, Any]] = field(default_factory=list)
     head_index: int | None = None
     final: bool = False
     currency: str = ""

@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proto import limits as proto_limits
-from proto.records import Adjustment, LedgerRecord, PlacementClosed, ReclaimNotice, UsageEvent
+from proto.records import (
+    Adjustment,
+    Assignment,
+    LedgerRecord,
+    PlacementClosed,
+    ReclaimNotice,
+    UsageEvent,
+)
 from verifier.decisions import (
     ACCEPTED,
     PENDING,
@@ -25,7 +32,7 @@ from verifier.findings import Step
 from verifier.invariant import InvariantError
 from verifier.opener import OpenResult, open_one
 from verifier.pricing import totals_after
-from verifier.source import ALIAS, INPUT_TABLES, InputRow, blob
+from verifier.source import ALIAS, InputRow, blob
 from verifier.step4_envelopes import check_input_hash
 
 if TYPE_CHECKING:
@@ -37,7 +44,7 @@ def duplicate_indices(run: Verification) -> set[int]:
     union = " UNION ALL ".join(
         f"SELECT chain_index, rowid AS r, '{t.name}' AS tbl, sha256(envelope) AS h "
         f"FROM {ALIAS}.{t.name}"
-        for t in INPUT_TABLES
+        for t in run.source.input_tables
     )
     rows = run.con.execute(
         f"SELECT chain_index FROM (SELECT chain_index, row_number() OVER "
@@ -102,6 +109,24 @@ def decide(
         run.con.execute(
             "INSERT INTO w_reclaim VALUES (?, ?, ?, ?)",
             [index, notice_from, record.effective_at_ms, arrived],
+        )
+    elif isinstance(record, Assignment):
+        # §6.8: the referee kept it with its effective handover
+        assigned = run.referee.assignments[-1]
+        ord_ = len(run.referee.assignments) - 1
+        run.con.execute(
+            "INSERT INTO w_assign VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                index,
+                ord_,
+                assigned.assignment_id,
+                assigned.new_buyer.id,
+                assigned.h_ms,
+                assigned.rate_per_gpu_hour_minor,
+            ],
+        )
+        run.con.executemany(
+            "INSERT INTO w_assign_gpus VALUES (?, ?)", [[ord_, u] for u in sorted(assigned.gpus)]
         )
     elif isinstance(record, PlacementClosed):
         run.con.execute("INSERT INTO w_close VALUES (?)", [index])

@@ -16,6 +16,7 @@ from verifier import limits
 from verifier.findings import Step
 from verifier.opener import OpenResult, open_one
 from verifier.pricing import TOTAL_FIELDS, compute_base, compute_totals, record_mismatches
+from verifier.resale import RESALE_FIELDS, resale_at
 from verifier.signers import required_of, signer_failure
 from verifier.source import blob
 from verifier.step4_envelopes import unreadable
@@ -28,6 +29,19 @@ if TYPE_CHECKING:
 def collect_record(run: Verification, index: int, opened: OpenResult, record: LedgerRecord) -> None:
     """During the pass: the amounts a LedgerRecord claims, for the comparison after it."""
     totals = record.totals
+    run.work.resale.extend(
+        (
+            index,
+            k,
+            e.assignment_id,
+            e.new_buyer,
+            e.delivered_mgms,
+            e.billable_mgms,
+            e.gross_minor,
+            e.fee_minor,
+        )
+        for k, e in enumerate(record.resale)
+    )
     run.work.records.append(
         (
             index,
@@ -150,6 +164,7 @@ def check_statements(run: Verification) -> None:
         if statement.final:
             figures = tuple(getattr(statement.totals, name) for name in TOTAL_FIELDS)
             finals.setdefault(statement.period, {}).setdefault(figures, index)
+        _check_statement_resale(run, where, statement)
         if mine is None:
             continue
         t = statement.totals
@@ -165,6 +180,23 @@ def check_statements(run: Verification) -> None:
                     "the statement's amount differs from SPEC §7 at its index",
                 )
     _report_periods(run, finals)
+
+
+def _check_statement_resale(run: Verification, where: str, statement: Statement) -> None:
+    """SPEC §7.10, §8: a statement's resale list is the recomputed one at its index."""
+    if not statement.resale and not run.referee.assignments:
+        return
+    expected = resale_at(run.con, statement.through_index)
+    have = [{name: getattr(e, name) for name in RESALE_FIELDS} for e in statement.resale]
+    if have != expected:
+        run.add(
+            Step.OBLIGATION,
+            "RESALE_MISMATCH",
+            f"{where}.resale",
+            expected,
+            have,
+            "the statement's resale list differs from SPEC §7.10 at its index",
+        )
 
 
 def _expected_period(run: Verification, index: int) -> int:

@@ -48,6 +48,7 @@ import structlog
 from proto.trust import TrustFile
 from verifier import (
     limits,
+    resale,
     step1_format,
     step2_trust,
     step3_terms,
@@ -166,6 +167,7 @@ def run_checklist(
     step9_obligation.price_base(run)  # D, B, G, R, Q: what the adjustments depend on
     step7_decisions.decide_adjustments(run)
     step9_obligation.check_records(run)
+    resale.check_resale(run, trust)  # SPEC §7.10: both obligations, after the totals
     step9_obligation.check_statements(run)
     step8_merkle.check_checkpoints(run)
     step10_completeness.check_completeness(run, trust)
@@ -194,6 +196,7 @@ def _summarise(run: Verification) -> None:
     if row is not None and row[0] is not None:
         report.head_index = int(row[0])
         report.totals = totals_at(run.con, int(row[0]))
+        report.resale = resale.resale_at(run.con, int(row[0]))
     report.final = run.close_index is not None
     run.counts["dropped_duplicates_meta"] = _int_or_zero(run.source.meta.get("dropped_duplicates"))
     report.counts = dict(sorted(run.counts.items()))

@@ -18,9 +18,12 @@ class WorkTables:
         self.usage: list[tuple[Any, ...]] = []
         self.samples: list[tuple[Any, ...]] = []
         self.records: list[tuple[Any, ...]] = []
+        # SPEC §7.10: each record's resale entries (chain_index, ord, id, buyer, D, B, G, F)
+        self.resale: list[tuple[Any, ...]] = []
         self._usage_app: Any = con.appender("w_usage")
         self._sample_app: Any = con.appender("w_samples")
         self._record_app: Any = con.appender("w_records")
+        self._resale_app: Any = con.appender("w_resale_rec")
 
     def flush(self) -> None:
         """Append what the buffers hold (one call per table)."""
@@ -28,6 +31,7 @@ class WorkTables:
             (self._usage_app, self.usage),
             (self._sample_app, self.samples),
             (self._record_app, self.records),
+            (self._resale_app, self.resale),
         ):
             if buffer:
                 app.append_rows(buffer)
