@@ -284,9 +284,9 @@ def _in_words(name: str, value: Any, message: str) -> str:
     if bound:
         words = {"<=": "at most", ">=": "at least", "<": "below", ">": "above"}[bound.group(1)]
         return f"{name} = {shown}: must be {words} {bound.group(2)}"
-    if "matching regex '^[A-Z]{3}$'" in message:
+    if "matching regex '^[A-Z]{3}$" in message:
         return f"{name} = {shown}: must be a three-letter currency code such as USD"
-    if "matching regex '^[0-9a-f]{64}$'" in message:
+    if "matching regex '^[0-9a-f]{64}$" in message:
         return f"{name} = {shown}: must be 64 lowercase hex characters"
     if "matching regex" in message:
         return (
