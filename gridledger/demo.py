@@ -191,7 +191,7 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     statement = _run_timeline(workdir, keys, terms, signed[1], transport, stream)
     _write_ledger_toml(workdir, kafka, getattr(transport, "settings", None))
 
-    _say(stream, "\n== 4. The statement, per party")
+    _say(stream, "\n== 4. The statement, per party: the placement's, then the resale's two sides")
     _print_statement(stream, terms, statement)
     if not statement.resale:
         raise DemoError("the ledger did not accept the resale; see the export's rejections")
@@ -535,8 +535,8 @@ def _resell(
         f"{record.new_buyer.id}\n"
         f"               for the rest of the window at {rate} {terms.currency} per GPU-hour "
         "(paid to the desk);\n"
-        "               signed apart: gridledger assign (buyer), cosign (new buyer), "
-        f"cosign (desk) -> {path.name}",
+        "               signed apart: gridledger assign (buyer), cosign (new buyer),\n"
+        f"               cosign (desk) -> {path.name}; the desk publishes it",
     )
     return path
 
@@ -903,8 +903,8 @@ def _print_statement(out: io.TextIOBase | None, t: PlacementTerms, s: Statement)
         )
         _say(
             out,
-            f"   resale brings    {money(proceeds)}  (what the new buyer pays, less the "
-            f"desk's {bps:g}% resale fee {format_minor(resale_fees, s.currency_scale)})",
+            f"   resale brings    {money(proceeds)}  (the new buyer's payment less the "
+            f"desk's {bps:g}% fee, {format_minor(resale_fees, s.currency_scale)})",
         )
         _say(out, f"   net              {money(net)}")
         buyers = " + ".join(
@@ -912,10 +912,10 @@ def _print_statement(out: io.TextIOBase | None, t: PlacementTerms, s: Statement)
         )
         _say(
             out,
-            f"\n   the parties balance: {buyers} paid = "
+            f"\n   balanced: the buyers pay {buyers} = "
             f"{format_minor(totals.operator_receives_minor, s.currency_scale)} to the operator + "
-            f"{format_minor(desk, s.currency_scale)} to the desk "
-            f"({format_minor(totals.desk_receives_minor, s.currency_scale)} fee + "
+            f"{format_minor(desk, s.currency_scale)} to the desk\n"
+            f"   (the desk: {format_minor(totals.desk_receives_minor, s.currency_scale)} fee + "
             f"{format_minor(resale_fees, s.currency_scale)} resale fee)",
         )
         invariant(
