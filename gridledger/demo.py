@@ -1,19 +1,26 @@
 """`gridledger demo`: the whole story of one placement, end to end, in under a minute.
 
 1. Operator, buyer and desk each get a key pair; the ledger gets one; two GPU nodes get
-   one each (files under ``WORKDIR/keys``, private keys 0600).
+   one each; so does a second buyer, to whom the buyer resells (files under
+   ``WORKDIR/keys``, private keys 0600).
 2. The placement terms are written as readable TOML (``WORKDIR/terms.toml``) and each
-   party signs the same canonical bytes separately (``terms.signed.json``).
+   party signs the same canonical bytes separately (``terms.signed.json``); the trust
+   file pins every party's key, the second buyer's too.
 3. Two node agents meter one hour of simulated GPU time on a simulated clock (an hour
-   in seconds): one GPU goes unhealthy for ten minutes; the operator issues a reclaim
+   in seconds): one GPU goes unhealthy for ten minutes; half-way through, the buyer
+   resells its two H100s for the rest of the window to the second buyer at a resale
+   rate (an assignment, SPEC §6.8, signed apart by the buyer, the new buyer and the desk
+   with ``gridledger assign`` and ``gridledger cosign``); the operator issues a reclaim
    notice with less notice than the terms require.
 4. The ledger folds every signed event as it arrives (embedded ``local`` transport by
    default, or a real Kafka broker with ``--kafka``), closes the placement once its
-   window and late grace have passed, and issues a final signed statement.
+   window and late grace have passed, and issues a final signed statement carrying both
+   obligations (SPEC §7.10): the original buyer's, net of the resale, and the new
+   buyer's.
 5. The export (``WORKDIR/exports/<placement>.duckdb``) is verified offline against the
-   trust file the parties pinned (``WORKDIR/trust.json``) — and then a copy in which one
-   signed usage event claims a minute more (signature kept) is shown to fail, with the
-   findings named.
+   trust file the parties pinned (``WORKDIR/trust.json``), which writes a statement page
+   per party (the new buyer's too) — and then a copy in which one signed usage event
+   claims a minute more (signature kept) is shown to fail, with the findings named.
 
 Everything is deterministic except the key pairs, which are fresh for each workdir.
 """
@@ -71,6 +78,13 @@ TAMPER_LINES_SHOWN: Final = 6
 # The reclaim: issued at minute 48, effective at minute 52 (4 minutes' notice; 10 agreed).
 RECLAIM_ISSUED_MS: Final = WINDOW_START_MS + 48 * MINUTE_MS
 RECLAIM_EFFECTIVE_MS: Final = WINDOW_START_MS + 52 * MINUTE_MS
+# The resale (SPEC §6.8): at minute 30 the buyer sells node-a's two H100s, for the rest of
+# the window, to a second buyer at 2.20 USD per GPU-hour; it reaches the log at minute 30.
+NEW_BUYER: Final = "finetune-labs"
+ASSIGNMENT_ID: Final = "resale-0001"
+HANDOVER_MS: Final = WINDOW_START_MS + 30 * MINUTE_MS
+RESALE_GPUS: Final = ("GPU-node-a-0", "GPU-node-a-1")
+RESALE_RATE: Final = "2.20"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -110,7 +124,9 @@ class DemoResult:
     export: Path
     tampered: Path
     trust: Path
-    statement_html: Path
+    statement_html: Path  # the original buyer's page
+    new_buyer_html: Path  # the new buyer's page (SPEC §7.10)
+    assignment: Path  # the resale, as the three parties signed it
     statement: Statement
     verified: bool
     tamper_caught: bool
@@ -144,6 +160,7 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     keys = _make_keys(workdir / "keys")
     for role, name in PARTIES.items():
         _say(stream, f"   {role:<8} {name:<22} key id {keys[name].key_id}")
+    _say(stream, f"   buyer 2  {NEW_BUYER:<22} key id {keys[NEW_BUYER].key_id}  (buys a resale)")
     for node in NODES:
         _say(stream, f"   node     {node:<22} key id {keys[node].key_id}")
 
@@ -156,9 +173,14 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     trust_path.write_bytes(dump_trust(_trust(keys)))
     _say(stream, f"   signed by operator, buyer and desk -> {signed[1].name}")
     _say(stream, f"   trust file pinned by the parties     -> {trust_path.name}")
+    _say(stream, f"   (it pins {NEW_BUYER} as a buyer too: the verifier checks its signature)")
 
     _say(stream, "\n== 3. Metering one hour on a simulated clock")
     _say(stream, f"   {UNHEALTHY_GPU} is unhealthy from minute 20 to 30")
+    _say(
+        stream,
+        f"   at minute 30 {PARTIES['buyer']} resells {' and '.join(RESALE_GPUS)} to {NEW_BUYER}",
+    )
     _say(stream, "   reclaim notice issued at minute 48, effective at minute 52 (10 agreed)")
     ledger_key = keys[PARTIES["ledger"]]
     transport: _Transport = (
@@ -169,8 +191,10 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     statement = _run_timeline(workdir, keys, terms, signed[1], transport, stream)
     _write_ledger_toml(workdir, kafka, getattr(transport, "settings", None))
 
-    _say(stream, "\n== 4. The statement, per party")
+    _say(stream, "\n== 4. The statement, per party: the placement's, then the resale's two sides")
     _print_statement(stream, terms, statement)
+    if not statement.resale:
+        raise DemoError("the ledger did not accept the resale; see the export's rejections")
 
     _say(stream, "\n== 5. Export, verified offline; the bill a person reads")
     export = workdir / "exports" / f"{PLACEMENT_ID}.duckdb"
@@ -179,8 +203,11 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     _say(stream, _indent(text).rstrip("\n"))
     verified = code == 0
     statement_html = html_dir / f"{PLACEMENT_ID}.buyer.html"
+    new_buyer_html = html_dir / f"{PLACEMENT_ID}.{NEW_BUYER}.html"
     _say(stream, "   the statement, every line with the numbers behind it (HTML per party):")
-    _say(stream, f"   {statement_html}\n")
+    _say(stream, f"   {statement_html}")
+    _say(stream, f"   {new_buyer_html}")
+    _say(stream, "   (and the operator's and desk's pages, CSV and JSON beside them)\n")
 
     _say(stream, "== 6. A tampered copy: one signed usage event edited, its signature kept")
     tampered = workdir / "exports" / "tampered" / f"{PLACEMENT_ID}.duckdb"
@@ -197,6 +224,8 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
         tampered=tampered,
         trust=trust_path,
         statement_html=statement_html,
+        new_buyer_html=new_buyer_html,
+        assignment=workdir / "assignment.signed.json",
         statement=statement,
         verified=verified,
         tamper_caught=caught,
@@ -240,7 +269,7 @@ def _write_ledger_toml(workdir: Path, kafka: str | None, settings: object) -> Pa
 
 def _make_keys(keys_dir: Path) -> dict[str, SigningKey]:
     keys: dict[str, SigningKey] = {}
-    for name in [*PARTIES.values(), *NODES]:
+    for name in [*PARTIES.values(), NEW_BUYER, *NODES]:
         write_key_pair(SigningKey.generate(name), keys_dir)
         keys[name] = load_signing_key(keys_dir / f"{name}.key")
     return keys
@@ -352,6 +381,8 @@ def _trust(keys: dict[str, SigningKey]) -> TrustFile:
         TrustedKey(id=name, role=role, key=keys[name].public_key)  # type: ignore[arg-type]
         for role, name in PARTIES.items()
     ]
+    # SPEC §9: an assignment's new buyer is pinned as a buyer under the id it names.
+    pinned.append(TrustedKey(id=NEW_BUYER, role="buyer", key=keys[NEW_BUYER].public_key))
     return TrustFile(format=TRUST_FORMAT, keys=pinned)
 
 
@@ -436,6 +467,80 @@ def _reclaim(keys: dict[str, SigningKey], terms: PlacementTerms) -> bytes:
     return encode_envelope(sign_payload(signed_bytes(notice), [keys[PARTIES["operator"]]]))
 
 
+def _resell(
+    workdir: Path, terms: PlacementTerms, signed_terms: Path, out: io.TextIOBase | None
+) -> Path:
+    """The resale (SPEC §6.8): the buyer runs `gridledger assign`, then the new buyer and
+    the desk each `gridledger cosign` the file, each on its own machine with its own key;
+    here, one after another. Returns the signed assignment."""
+    from gridledger.cli import main
+    from gridledger.cmd_records import missing_signers
+    from proto.records import Assignment
+
+    keys_dir = workdir / "keys"
+    path = workdir / "assignment.signed.json"
+    terms_arg = ["--terms", str(signed_terms)]
+    steps = [
+        (
+            "buyer",
+            [
+                "assign",
+                *terms_arg,
+                "--new-buyer",
+                NEW_BUYER,
+                "--new-buyer-key",
+                str(keys_dir / f"{NEW_BUYER}.pub"),
+                "--handover-at",
+                str(HANDOVER_MS),
+                "--rate",
+                RESALE_RATE,
+                "--gpus",
+                ",".join(RESALE_GPUS),
+                "--id",
+                ASSIGNMENT_ID,
+                "--issued-at",
+                str(HANDOVER_MS),
+                "--key",
+                str(keys_dir / f"{PARTIES['buyer']}.key"),
+                "--out",
+                str(path),
+            ],
+        ),
+        (
+            "new buyer",
+            ["cosign", str(path), *terms_arg, "--key", str(keys_dir / f"{NEW_BUYER}.key")],
+        ),
+        (
+            "desk",
+            ["cosign", str(path), *terms_arg, "--key", str(keys_dir / f"{PARTIES['desk']}.key")],
+        ),
+    ]
+    for who, argv in steps:
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            code = main(argv)
+        if code != 0:
+            last = said.getvalue().strip().splitlines()[-1:] or [""]
+            raise DemoError(f"the {who} could not sign the resale (exit {code}): {last[0]}")
+    opened = open_envelope(path.read_bytes().rstrip(b"\n"))
+    record = of_type(opened.record, Assignment, "the demo's signed resale")
+    invariant(
+        not missing_signers(terms, opened.envelope, record),
+        "the buyer, the new buyer and the desk signed the resale",
+    )
+    rate = format_minor(record.rate_per_gpu_hour_minor, terms.currency_scale)
+    _say(
+        out,
+        f"   minute  30: {terms.buyer.id} resells {' and '.join(record.gpus)} to "
+        f"{record.new_buyer.id}\n"
+        f"               for the rest of the window at {rate} {terms.currency} per GPU-hour "
+        "(paid to the desk);\n"
+        "               signed apart: gridledger assign (buyer), cosign (new buyer),\n"
+        f"               cosign (desk) -> {path.name}; the desk publishes it",
+    )
+    return path
+
+
 def _timeline(terms: PlacementTerms) -> Iterator[int]:
     """The steps of the simulated clock: every STEP_MS, and the minute the operator sends
     the reclaim notice (it reaches the log then: its notice runs from there, SPEC §6.6)."""
@@ -459,9 +564,10 @@ class _Transport(Protocol):
     def arrival(self) -> str:
         """One line: where the ledger takes the inputs' arrival times from (SPEC §6.6)."""
 
-    def deliver(self, usage: list[bytes], operator: list[bytes]) -> int:
-        """Deliver one step's usage events (already in the agents' spools) and operator
-        records, and let the ledger fold them; return the count the progress line adds."""
+    def deliver(self, usage: list[bytes], published: list[tuple[str, bytes]]) -> int:
+        """Deliver one step's usage events (already in the agents' spools) and the records
+        parties publish (publisher, envelope: the operator's reclaim, the desk's resale),
+        and let the ledger fold them; return the count the progress line adds."""
 
     def finish(self, store: object) -> None:
         """Wait until the ledger has closed the placement."""
@@ -497,11 +603,11 @@ class _LocalTransport:
     def arrival(self) -> str:
         return 'arrival times from the log: the intake log\'s clock (arrival = "log")'
 
-    def deliver(self, usage: list[bytes], operator: list[bytes]) -> int:
-        from transport.local import publish_local
+    def deliver(self, usage: list[bytes], published: list[tuple[str, bytes]]) -> int:
+        from transport.local import publish_local, publisher_source
 
-        if operator:
-            publish_local(self.local, "publish-operator", operator)
+        for publisher, envelope in published:
+            publish_local(self.local, publisher_source(publisher), [envelope])
         present(self.service, "the demo's ledger").run_until_idle()
         return len(usage)
 
@@ -563,11 +669,11 @@ class _KafkaTransport:
 
         self.loop.run(start())
 
-    def deliver(self, usage: list[bytes], operator: list[bytes]) -> int:
+    def deliver(self, usage: list[bytes], published: list[tuple[str, bytes]]) -> int:
         from transport.kafka import publish_kafka
 
         service = present(self.service, "the demo's ledger")
-        batch = [(PLACEMENT_ID, e) for e in [*usage, *operator]]
+        batch = [(PLACEMENT_ID, e) for e in [*usage, *(e for _, e in published)]]
         sent_ms = present(self.clock, "the demo's clock").now_ms()
 
         async def step() -> None:
@@ -628,16 +734,21 @@ def _run_timeline(
     try:
         transport.start(store, clock, signed_terms.read_bytes())
         _say(out, f"   {transport.arrival()}")
-        reclaimed = False
+        reclaimed = resold = False
         events = 0
         for now in _timeline(terms):
             clock.set(now)
             usage = [e for agent in agents for e in agent.tick()]
-            operator: list[bytes] = []
+            published: list[tuple[str, bytes]] = []
+            if not resold and now >= HANDOVER_MS:
+                # The desk publishes the resale once all three have signed it.
+                assignment = _resell(workdir, terms, signed_terms, out)
+                published.append(("desk", assignment.read_bytes().rstrip(b"\n")))
+                resold = True
             if not reclaimed and now >= RECLAIM_ISSUED_MS:
-                operator.append(_reclaim(keys, terms))
+                published.append(("operator", _reclaim(keys, terms)))
                 reclaimed = True
-            events += transport.deliver(usage, operator)
+            events += transport.deliver(usage, published)
             _progress(out, terms, store, now, events)
         transport.finish(store)
         for agent in agents:
@@ -665,8 +776,9 @@ def _witnesses(
     on the demo's simulated clock (``now_ms``).
 
     Each uses only its own key and what it knows: the operator its agents' delivery logs,
-    the buyer the terms it signed and the reclaim notice it received (saved with the time
-    it received them). Both must cosign, or the demo stops: no honest run is refused.
+    the buyer the terms it signed, the resale it signed and the reclaim notice it received
+    (saved with the time it received them). Both must cosign, or the demo stops: no honest
+    run is refused.
     """
     import os
 
@@ -680,6 +792,7 @@ def _witnesses(
     for name, raw, at_ms in (
         ("terms.signed.json", signed_terms.read_bytes(), terms.created_at_ms),
         ("reclaim.json", _reclaim(keys, terms), RECLAIM_ISSUED_MS),
+        ("assignment.signed.json", (workdir / "assignment.signed.json").read_bytes(), HANDOVER_MS),
     ):
         path = known / name
         path.write_bytes(raw)
@@ -761,6 +874,54 @@ def _print_statement(out: io.TextIOBase | None, t: PlacementTerms, s: Statement)
     _say(out, f"   buyer   {t.buyer.id:<16} owes      {money(totals.buyer_owes_minor)}")
     _say(out, f"   operator {t.operator.id:<15} receives  {money(totals.operator_receives_minor)}")
     _say(out, f"   desk    {t.desk.id:<16} receives  {money(totals.desk_receives_minor)}")
+    # SPEC §7.10: the resale adds a second obligation and nets the original buyer's.
+    proceeds = sum(e.gross_minor - e.fee_minor for e in s.resale)
+    resale_fees = sum(e.fee_minor for e in s.resale)
+    for e in s.resale:
+        handover = (HANDOVER_MS - t.window_start_ms) // MINUTE_MS
+        reclaim = (RECLAIM_EFFECTIVE_MS - t.window_start_ms) // MINUTE_MS
+        _say(out, f"\n   new buyer {e.new_buyer}, {e.assignment_id}: {', '.join(RESALE_GPUS)}")
+        _say(
+            out,
+            f"   delivered        {format_gpu_hours(e.delivered_mgms):>9} GPU-hours"
+            f"  (minute {handover} to the reclaim at {reclaim})",
+        )
+        _say(out, f"   billable         {format_gpu_hours(e.billable_mgms):>9} GPU-hours")
+        _say(
+            out,
+            f"   owes the desk    {money(e.gross_minor)}  "
+            f"(at {RESALE_RATE} {s.currency} per GPU-hour)",
+        )
+    if s.resale:
+        net = totals.buyer_owes_minor - proceeds
+        desk = totals.desk_receives_minor + resale_fees
+        bps = t.desk_fee_bps / 100
+        _say(out, f"\n   original buyer {t.buyer.id}")
+        _say(
+            out,
+            f"   owes             {money(totals.buyer_owes_minor)}  (for the operator, as above)",
+        )
+        _say(
+            out,
+            f"   resale brings    {money(proceeds)}  (the new buyer's payment less the "
+            f"desk's {bps:g}% fee, {format_minor(resale_fees, s.currency_scale)})",
+        )
+        _say(out, f"   net              {money(net)}")
+        buyers = " + ".join(
+            format_minor(v, s.currency_scale) for v in [net, *(e.gross_minor for e in s.resale)]
+        )
+        _say(
+            out,
+            f"\n   balanced: the buyers pay {buyers} = "
+            f"{format_minor(totals.operator_receives_minor, s.currency_scale)} to the operator + "
+            f"{format_minor(desk, s.currency_scale)} to the desk\n"
+            f"   (the desk: {format_minor(totals.desk_receives_minor, s.currency_scale)} fee + "
+            f"{format_minor(resale_fees, s.currency_scale)} resale fee)",
+        )
+        invariant(
+            net + sum(e.gross_minor for e in s.resale) == totals.operator_receives_minor + desk,
+            "the parties of the statement balance (SPEC §7.10)",
+        )
     _say(out, f"   (final statement through record {s.through_index}, signed by the ledger)")
 
 
