@@ -56,6 +56,8 @@ INPUT_TABLES: Final[dict[str, tuple[str, tuple[tuple[str, str], ...]]]] = {
     "reclaims": ("reclaim", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
     "adjustments": ("adjustment", (("direction", "VARCHAR"), ("amount_minor", "BIGINT"))),
     "closes": ("closed", (("closed_at_ms", "BIGINT"),)),
+    # SPEC §6.7; optional for readers (exports written before it have no such table).
+    "releases": ("release", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
 }
 
 

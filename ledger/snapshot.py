@@ -87,6 +87,8 @@ class _Snapshot(msgspec.Struct, omit_defaults=True):
     revoked: list[_RevokedSnap] = []
     # SPEC §6.6: (position, arrived_ms) of each held input that has one.
     held_arrived: list[tuple[str, int]] = []
+    # SPEC §6.7: the end of the accepted buyer release; absent when there is none.
+    release_end_ms: int | None = None
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -140,6 +142,7 @@ def encode(state: PlacementState) -> bytes:
             for key in sorted(keys)
         ],
         held_arrived=sorted(state.held_arrived.items()),
+        release_end_ms=state.release_end_ms,
     )
     return _ENCODER.encode(snap)
 
@@ -187,6 +190,7 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         arrived_ms=snap.arrived_ms,
         revoked=_revoked(snap.revoked),
         held_arrived=dict(snap.held_arrived),
+        release_end_ms=snap.release_end_ms,
     )
     if snap.terms_payload is None:
         return state

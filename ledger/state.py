@@ -84,6 +84,8 @@ class PlacementState(msgspec.Struct, frozen=True):
     # SPEC §6.6: when each held input (before the terms, or in its stream) arrived, by
     # its position; its record, chained on release, carries max(a_prev, that).
     held_arrived: Mapping[str, int] = msgspec.field(default_factory=dict)
+    # SPEC §6.7: the end e of the accepted buyer release (None: not released).
+    release_end_ms: int | None = None
 
     def held_count(self) -> int:
         """Inputs held before the terms plus usage events held in their streams."""

@@ -58,3 +58,7 @@ class Reason(StrEnum):
     CLOSE_INVALID = "CLOSE_INVALID"
     # Not a rejection: an exact re-delivery, dropped and counted.
     DUPLICATE = "DUPLICATE"
+    # Buyer release (SPEC §6.7).
+    RELEASE_INVALID = "RELEASE_INVALID"
+    RELEASE_DUPLICATE = "RELEASE_DUPLICATE"
+    AFTER_RELEASE = "AFTER_RELEASE"

@@ -243,22 +243,37 @@ def _spec_totals(t: dict[str, Any], case: dict[str, Any]) -> dict[str, int]:
         else:
             taken = max(0, t["window_start_ms"] + t["minimum_duration_ms"] - eff)
         r = s * (short + taken) * rate * t["reclaim_penalty_bps"] // (3_600_000_000 * 10_000)
+    # §7.9: a release (arrival a, effective_at, end of usage folded before it) after the
+    # reclaim, if any: e = max of the three; owed until min(E0, max(ws + min, a + notice)).
+    k = 0
+    eff_end = case["reclaim"][1] if case.get("reclaim") else t["window_end_ms"]
+    if case.get("release"):
+        arrived, effective_at, usage_end = case["release"]
+        e = max(effective_at, arrived, usage_end)
+        owed_until = min(
+            eff_end,
+            max(
+                t["window_start_ms"] + t["minimum_duration_ms"],
+                arrived + t.get("release_notice_ms", 0),
+            ),
+        )
+        k = s * max(0, owed_until - e) * rate // 3_600_000_000
+        eff_end = e
     q = 0
     if case.get("closed"):
-        eff_end = case["reclaim"][1] if case.get("reclaim") else t["window_end_ms"]
         owed = eff_end - t["window_start_ms"]
         availability = 10_000 if owed == 0 else 10_000 * d // (s * owed)
         if availability < t["sla_availability_target_bps"]:
             q = gross * t["sla_credit_bps"] // 10_000
     ac, ah = case.get("adjustment_credit", 0), case.get("adjustment_charge", 0)
-    credits = min(r + q + ac, gross + ah)
-    net = gross + ah - credits
+    credits = min(r + q + ac, gross + ah + k)
+    net = gross + ah + k - credits
     fee = net * t["desk_fee_bps"] // 10_000
     if t["fee_payer"] == "operator":
         owes, receives = net, net - fee
     else:
         owes, receives = net + fee, net
-    return {
+    totals = {
         "delivered_mgms": d,
         "billable_mgms": billable,
         "gross_minor": gross,
@@ -273,6 +288,9 @@ def _spec_totals(t: dict[str, Any], case: dict[str, Any]) -> dict[str, int]:
         "operator_receives_minor": receives,
         "desk_receives_minor": fee,
     }
+    if k:  # §2 (4): omitted at its default
+        totals["release_charge_minor"] = k
+    return totals
 
 
 def pricing_vectors() -> Any:
@@ -339,6 +357,49 @@ def pricing_vectors() -> Any:
                 "rate_per_gpu_hour_minor": 3_600_000_000,
             },
             {"delivered_mgms": 256_000 * (366 * 24 * HOUR - 1)},
+        ),
+        (
+            "release before the minimum duration: K bills the rest of the minimum",
+            {"release_notice_ms": 0},
+            {
+                "delivered_mgms": 2500 * 10 * MINUTE,
+                "release": [WS + 9 * MINUTE, WS, WS + 10 * MINUTE],
+            },
+        ),
+        (
+            "release with short notice: owed until arrival + notice, past the minimum",
+            {"release_notice_ms": 20 * MINUTE},
+            {
+                "delivered_mgms": 2500 * 35 * MINUTE,
+                "release": [WS + 30 * MINUTE, WS + 25 * MINUTE, WS + 35 * MINUTE],
+                "closed": True,
+            },
+        ),
+        (
+            "release with full notice after the minimum: no charge",
+            {"release_notice_ms": 10 * MINUTE},
+            {
+                "delivered_mgms": 2500 * 40 * MINUTE,
+                "release": [WS + 30 * MINUTE, WS + 45 * MINUTE, 0],
+            },
+        ),
+        (
+            "release after a reclaim: owed only until the reclaim, which still credits",
+            {"release_notice_ms": 30 * MINUTE, "minimum_duration_ms": 50 * MINUTE},
+            {
+                "delivered_mgms": 2500 * 20 * MINUTE,
+                "reclaim": [WS + 10 * MINUTE, WS + 40 * MINUTE],
+                "release": [WS + 20 * MINUTE, WS + 20 * MINUTE, WS + 20 * MINUTE],
+            },
+        ),
+        (
+            "release charge offset by credits, buyer pays the fee",
+            {"release_notice_ms": 60 * MINUTE, "fee_payer": "buyer"},
+            {
+                "delivered_mgms": 2500 * 5 * MINUTE,
+                "release": [WS + 5 * MINUTE, WS + 5 * MINUTE, WS + 5 * MINUTE],
+                "adjustment_credit": 100,
+            },
         ),
     ]
     out = []
@@ -414,7 +475,7 @@ def scenario_vectors() -> Any:
         "steps": steps,
         "records": head[0],
         "head": head[1],
-        "totals": msgspec.structs.asdict(totals),
+        "totals": msgspec.to_builtins(totals),
     }
 
 
@@ -496,7 +557,7 @@ def health_vectors() -> Any:
         "critical_xids": [48, 63, 64, 74, 79, 92, 94, 95],
         "ledger_public_key": _b64(cast.ledger.public_key),
         "steps": steps,
-        "totals": msgspec.structs.asdict(totals),
+        "totals": msgspec.to_builtins(totals),
         "rejections": rejections,
     }
 
@@ -606,7 +667,7 @@ def time_vectors() -> Any:
         "steps": steps,
         "records": head[0],
         "head": head[1],
-        "totals": msgspec.structs.asdict(totals),
+        "totals": msgspec.to_builtins(totals),
     }
 
 
