@@ -27,6 +27,7 @@ from proto.reasons import Reason
 from proto.records import (
     ZERO_HASH,
     Adjustment,
+    BuyerRelease,
     GpuSpec,
     NodeKeyBinding,
     PlacementClosed,
@@ -50,8 +51,10 @@ QUARANTINED: Final[Outcome] = "quarantined"
 HELD: Final[Outcome] = "held"
 PENDING: Final[Outcome] = "pending"
 
-INPUT_KINDS: Final = frozenset({"terms", "keybinding", "usage", "reclaim", "adjustment", "closed"})
-_CLOSED_TO: Final = frozenset({"usage", "keybinding", "reclaim", "closed"})
+INPUT_KINDS: Final = frozenset(
+    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "release"}
+)
+_CLOSED_TO: Final = frozenset({"usage", "keybinding", "reclaim", "closed", "release"})
 _FOREVER_MS: Final = proto_limits.MAX_SAFE_INTEGER
 
 # Looks up the record hash of the accepted usage event (node_id, seq), if any.
@@ -150,6 +153,9 @@ class Referee:
     # None for an untimed record) and the keys revoked per node.
     _arrived: int | None = None
     revoked: dict[str, set[bytes]] = field(default_factory=dict)
+    # SPEC §6.7: the accepted release, as the pricing needs it: (arrival a, end e, the
+    # effective end E0 just before it). None: no release accepted.
+    release: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         self.ledger_required = required_of((self.ledger_key,))
@@ -247,6 +253,8 @@ class Referee:
                 return self._adjustment(opened, record)
             case PlacementClosed():
                 return self._closed(opened, record, terms)
+            case BuyerRelease():
+                return self._release(opened, record, terms)
         return Verdict(QUARANTINED, Reason.KIND_MISMATCH.value)
 
     # ---- per kind (SPEC §6.3) -----------------------------------------------------------
@@ -419,6 +427,9 @@ class Referee:
         # 5. the window
         if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
             return Reason.OUTSIDE_WINDOW
+        # §6.7: nothing starts at or after the buyer's release end.
+        if self.release is not None and event.start_ms >= self.release[1]:
+            return Reason.AFTER_RELEASE
         # §6.6: nothing measured ends after it reached the log (beyond the skew bound).
         arrived = self._arrived
         if arrived is not None and event.end_ms > arrived + proto_limits.MAX_CLOCK_SKEW_MS:
@@ -449,6 +460,8 @@ class Referee:
             and set(notice.gpus) == set(self.gpus)
         ):
             return _reject(Reason.RECLAIM_INVALID)
+        if self.release is not None and effective_ms >= self.release[1]:
+            return _reject(Reason.RECLAIM_INVALID)  # §6.7: released before it takes effect
         if self.max_usage_end_ms > effective_ms:
             return _reject(Reason.RECLAIM_BEHIND_USAGE)
         self.reclaimed = True
@@ -485,6 +498,29 @@ class Referee:
         if close.closed_at_ms < terms.window_end_ms + terms.late_grace_ms:
             return _reject(Reason.CLOSE_INVALID)
         self.closed = True
+        self.priced = True
+        return _OK
+
+    def _release(self, opened: OpenResult, release: BuyerRelease, terms: PlacementTerms) -> Verdict:
+        """SPEC §6.7: the buyer signs (the operator may), once, inside the window, and it
+        must end the placement before it already ends."""
+        failure = signer_failure(opened.sigs, self.buyer_required, self.operator_required)
+        if failure is not None:
+            return _reject(failure)
+        if self.release is not None:
+            return _reject(Reason.RELEASE_DUPLICATE)
+        effective_ms = release.effective_at_ms
+        if not (
+            release.issued_at_ms <= effective_ms
+            and terms.window_start_ms <= effective_ms < terms.window_end_ms
+        ):
+            return _reject(Reason.RELEASE_INVALID)
+        arrived = release.issued_at_ms if self._arrived is None else self._arrived
+        end_ms = max(effective_ms, arrived, self.max_usage_end_ms)
+        if end_ms >= self.effective_end_ms:
+            return _reject(Reason.RELEASE_INVALID)
+        self.release = (arrived, end_ms, self.effective_end_ms)
+        self.effective_end_ms = end_ms
         self.priced = True
         return _OK
 

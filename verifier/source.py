@@ -64,7 +64,11 @@ INPUT_TABLES: Final = (
     InputTable("reclaim", "reclaims", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
     InputTable("adjustment", "adjustments", (("direction", "VARCHAR"), ("amount_minor", "BIGINT"))),
     InputTable("closed", "closes", (("closed_at_ms", "BIGINT"),)),
+    InputTable("release", "releases", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
 )
+# Input tables appended after format version 1 shipped (SPEC §6.7 releases): an export
+# written before them has none, and reads as if the table were empty.
+OPTIONAL_TABLES: Final = frozenset({"releases"})
 TABLE_OF_KIND: Final = {t.kind: t for t in INPUT_TABLES}
 
 RECORD_COLUMNS: Final = (
@@ -166,6 +170,8 @@ class ExportSource:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.record_placement_id = False
+        # The input tables this export has (OPTIONAL_TABLES may be absent).
+        self.input_tables: tuple[InputTable, ...] = INPUT_TABLES
         if not path.is_file():
             raise UnusableInput(str(path), "no such file")
         with path.open("rb") as handle:
@@ -245,7 +251,12 @@ class ExportSource:
         self.record_placement_id = extra is not None
         if extra not in (None, "VARCHAR"):
             problems.append(f"ledger_records.{RECORD_PLACEMENT_COLUMN} is {extra}, want VARCHAR")
+        self.input_tables = tuple(
+            t for t in INPUT_TABLES if t.name in have or t.name not in OPTIONAL_TABLES
+        )
         for table, columns in SCHEMA.items():
+            if table not in have and table in OPTIONAL_TABLES:
+                continue
             if table not in have:
                 problems.append(f"table {table} missing")
                 continue
@@ -320,7 +331,7 @@ class ExportSource:
     def all_indices_sql(self) -> str:
         """SQL: every chain_index of ledger_records and the input tables (with repeats)."""
         parts = [f"SELECT chain_index FROM {ALIAS}.ledger_records"]
-        parts += [f"SELECT chain_index FROM {ALIAS}.{t.name}" for t in INPUT_TABLES]
+        parts += [f"SELECT chain_index FROM {ALIAS}.{t.name}" for t in self.input_tables]
         return " UNION ALL ".join(parts)
 
     def next_index(self, at_least: int) -> int | None:
@@ -341,7 +352,7 @@ class ExportSource:
             hi = lo + limits.CHAIN_BATCH_INDICES
             records = self.record_rows(lo, hi)
             inputs: list[InputRow] = []
-            for table in INPUT_TABLES:
+            for table in self.input_tables:
                 inputs.extend(self.input_rows(table, lo, hi))
             yield Batch(lo, hi, records, inputs)
             lo = self.next_index(hi)

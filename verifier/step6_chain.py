@@ -17,7 +17,7 @@ from verifier import limits
 from verifier.findings import Step
 from verifier.opener import OpenResult
 from verifier.signers import signer_failure
-from verifier.source import ALIAS, INPUT_TABLES, InputRow, RecordRow
+from verifier.source import ALIAS, InputRow, RecordRow
 
 if TYPE_CHECKING:
     from verifier.state import Verification
@@ -69,7 +69,7 @@ def check_sets(run: Verification) -> None:
         lambda r: ("chain_index NULL", "an index", "NULL", "a row without a chain index"),
     )
     tagged = " UNION ALL ".join(
-        f"SELECT chain_index, '{t.name}' AS tbl FROM {x}.{t.name}" for t in INPUT_TABLES
+        f"SELECT chain_index, '{t.name}' AS tbl FROM {x}.{t.name}" for t in run.source.input_tables
     )
     _set_check(
         run,

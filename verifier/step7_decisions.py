@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proto import limits as proto_limits
-from proto.records import Adjustment, LedgerRecord, PlacementClosed, ReclaimNotice, UsageEvent
+from proto.records import (
+    Adjustment,
+    BuyerRelease,
+    LedgerRecord,
+    PlacementClosed,
+    ReclaimNotice,
+    UsageEvent,
+)
 from verifier.decisions import (
     ACCEPTED,
     PENDING,
@@ -25,7 +32,7 @@ from verifier.findings import Step
 from verifier.invariant import InvariantError
 from verifier.opener import OpenResult, open_one
 from verifier.pricing import totals_after
-from verifier.source import ALIAS, INPUT_TABLES, InputRow, blob
+from verifier.source import ALIAS, InputRow, blob
 from verifier.step4_envelopes import check_input_hash
 
 if TYPE_CHECKING:
@@ -37,7 +44,7 @@ def duplicate_indices(run: Verification) -> set[int]:
     union = " UNION ALL ".join(
         f"SELECT chain_index, rowid AS r, '{t.name}' AS tbl, sha256(envelope) AS h "
         f"FROM {ALIAS}.{t.name}"
-        for t in INPUT_TABLES
+        for t in run.source.input_tables
     )
     rows = run.con.execute(
         f"SELECT chain_index FROM (SELECT chain_index, row_number() OVER "
@@ -103,6 +110,9 @@ def decide(
             "INSERT INTO w_reclaim VALUES (?, ?, ?, ?)",
             [index, notice_from, record.effective_at_ms, arrived],
         )
+    elif isinstance(record, BuyerRelease) and run.referee.release is not None:
+        # §6.7, §7.9: the referee's own a, e and effective end before the release.
+        run.con.execute("INSERT INTO w_release VALUES (?, ?, ?, ?)", [index, *run.referee.release])
     elif isinstance(record, PlacementClosed):
         run.con.execute("INSERT INTO w_close VALUES (?)", [index])
         if run.close_index is None:
