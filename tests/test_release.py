@@ -1,0 +1,264 @@
+"""Buyer release (SPEC §6.7) and the release charge K (SPEC §7.9), through the real pipeline.
+
+A node agent meters on a simulated clock and spools; the ledger reads the spools (local
+transport), folds, closes and exports; the verifier recomputes everything from the
+export. The expected bill is computed by hand from SPEC §7 below, never by the code
+under test.
+
+Terms: node n1 with GPU-n1-0 (whole) and GPU-n1-1 (half): S = 1.5 GPU; window 60 min,
+minimum duration 40 min, release notice 15 min, 3.00 USD/GPU-h, 1-minute increments,
+desk fee 5 % paid by the operator, SLA target 99 %.
+
+The agent meters from minute 0; the buyer's release is issued at minute 20 for minute
+22 and reaches the log at minute 21 (the events to minute 20 are folded by then):
+
+    e          = max(effective 22, arrival 21, usage folded to 20) = minute 22
+    owed until = min(window end 60, max(start + minimum 40, arrival 21 + notice 15 = 36))
+               = minute 40
+    K          = 1.5 GPU × (40 − 22) min × 3.00 USD/h = 27 GPU-min × 5 ¢/min = 135 ¢
+    delivered  = 22 min × 1.5 GPU = 33 GPU-min (minutes 20-21 and 21-22 start before e
+                 and count; the event of minute 22 is AFTER_RELEASE, the rest wait in
+                 their stream and are SEQ_GAP at the close)
+    gross      = 33 GPU-min × 5 ¢ = 165 ¢
+    availability 33 / (1.5 × 22) = 100 % (measured to e): no SLA credit
+    net        = 165 + 135 = 300;  fee 5 % = 15;  buyer owes 300, operator 285, desk 15
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import msgspec
+import pytest
+from test_ledger_scenario import GRACE_MS, LATE_CLOCK_MS, T0_MS, WINDOW_MS
+
+from devtools.builders import Cast, gpu, make_cast, make_terms, release, signed_terms
+from ledger.export import export_placement
+from ledger.pricing import price
+from ledger.service import LedgerService
+from ledger.store import Store
+from meter.agent import Agent, AgentConfig
+from meter.clock import SimClock
+from meter.sim import SimDevice, Simulator, parse_sim_spec
+from meter.stream import node_gpus
+from proto.canonical import signed_bytes
+from proto.envelope import open_envelope, seal, sha256_hex
+from proto.records import LedgerRecord, PlacementTerms
+from transport.local import node_source, publish_local, publisher_source
+from verifier.verify import ExportReport, verify_export
+
+PID = "pl-release-1"
+MIN = 60_000
+EXPECTED = {
+    "delivered_mgms": 33 * MIN * 1000,
+    "billable_mgms": 33 * MIN * 1000,
+    "gross_minor": 165,
+    "reclaim_credit_minor": 0,
+    "sla_credit_minor": 0,
+    "adjustment_credit_minor": 0,
+    "adjustment_charge_minor": 0,
+    "credits_minor": 0,
+    "net_minor": 300,
+    "fee_minor": 15,
+    "buyer_owes_minor": 300,
+    "operator_receives_minor": 285,
+    "desk_receives_minor": 15,
+    "release_charge_minor": 135,
+}
+
+
+@dataclass
+class ReleaseScenario:
+    cast: Cast
+    terms: PlacementTerms
+    service: LedgerService
+    export: Path
+
+
+def _run(tmp: Path) -> ReleaseScenario:
+    cast = make_cast("release")
+    terms = make_terms(
+        cast,
+        PID,
+        [gpu("n1", 0), gpu("n1", 1, share_milli=500)],
+        T0_MS,
+        T0_MS + WINDOW_MS,
+        late_grace_ms=GRACE_MS,
+        minimum_duration_ms=40 * MIN,
+        release_notice_ms=15 * MIN,
+        rate_per_gpu_hour_minor=300,
+    )
+    spool = tmp / "spool"
+    publish_local(spool, publisher_source("desk"), [signed_terms(cast, terms)])
+
+    clock = SimClock(T0_MS)
+    devices = [SimDevice(g.uuid, g.model, g.memory_mib) for g in node_gpus(terms, "n1")]
+    config = AgentConfig("n1", cast.node_key("n1"), (terms,), spool / node_source("n1"), MIN)
+    agent = Agent(config, Simulator(parse_sim_spec("seed=5"), devices, T0_MS), clock)
+
+    now = [T0_MS + 21 * MIN]
+    store = Store(tmp / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
+    service = LedgerService(store, cast.ledger, ledger_id="l1", local_dir=spool, clock=lambda: now[0])
+    clock.advance(20 * MIN)
+    agent.tick()  # minutes 0-20
+    service.run_until_idle()
+
+    buyer = publisher_source("buyer")
+    publish_local(
+        spool,
+        buyer,
+        [
+            # unsigned: SIG_MISSING; the desk signing too: SIG_SURPLUS (SPEC §4.0)
+            release(cast, terms, T0_MS + 20 * MIN, T0_MS + 22 * MIN, "rl-0", signers=[]),
+            release(
+                cast, terms, T0_MS + 20 * MIN, T0_MS + 22 * MIN, "rl-0", [cast.buyer, cast.desk]
+            ),
+            # the buyer's release, co-signed by the operator (it MAY)
+            release(
+                cast, terms, T0_MS + 20 * MIN, T0_MS + 22 * MIN, "rl-1", [cast.buyer, cast.operator]
+            ),
+        ],
+    )
+    service.run_until_idle()  # they reach the log at minute 21
+
+    now[0] = T0_MS + 31 * MIN
+    clock.advance(10 * MIN)
+    agent.tick()  # minutes 20-30: the agent does not know of the release
+    agent.close()
+    service.run_until_idle()
+    publish_local(spool, buyer, [release(cast, terms, T0_MS + 31 * MIN, T0_MS + 32 * MIN, "rl-2")])
+    service.run_until_idle()  # a second release: RELEASE_DUPLICATE
+
+    now[0] = LATE_CLOCK_MS
+    service.run_until_idle()  # the close at window end + grace, whatever e is
+    publish_local(spool, buyer, [release(cast, terms, now[0], now[0], "rl-3")])
+    service.run_until_idle()  # after the close: AFTER_CLOSE
+
+    export = tmp / "export.duckdb"
+    export_placement(store, PID, export, key=cast.ledger)
+    return ReleaseScenario(cast, terms, service, export)
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> ReleaseScenario:
+    return _run(tmp_path_factory.mktemp("release"))
+
+
+def _chain(path: Path) -> list[tuple[str, str, str, LedgerRecord]]:
+    """(kind, status, reason, record) per chain index, from the export's envelopes."""
+    with duckdb.connect(str(path), read_only=True) as con:
+        rows = con.execute(
+            "SELECT envelope FROM ledger_records ORDER BY chain_index"
+        ).fetchall()
+    out = []
+    for (raw,) in rows:
+        record = open_envelope(bytes(raw)).record
+        assert isinstance(record, LedgerRecord)
+        out.append((record.kind, record.status, record.reason, record))
+    return out
+
+
+def test_release_is_billed_as_computed_by_hand(scenario: ReleaseScenario) -> None:
+    chain = _chain(scenario.export)
+    releases = [(status, reason) for kind, status, reason, _ in chain if kind == "release"]
+    assert releases == [
+        ("rejected", "SIG_MISSING"),
+        ("rejected", "SIG_SURPLUS"),
+        ("accepted", ""),
+        ("rejected", "RELEASE_DUPLICATE"),
+        ("rejected", "AFTER_CLOSE"),
+    ]
+    usage = [(status, reason) for kind, status, reason, _ in chain if kind == "usage"]
+    assert usage == [("accepted", "")] * 22 + [("rejected", "AFTER_RELEASE")] + [
+        ("rejected", "SEQ_GAP")
+    ] * 7
+    # The rejected releases before the good one changed nothing; the good one added K.
+    first = next(i for i, (kind, *_rest) in enumerate(chain) if kind == "release")
+    before = chain[first - 1][3].totals
+    assert chain[first][3].totals == before and chain[first + 1][3].totals == before
+    assert chain[first + 2][3].totals.release_charge_minor == 135
+    assert chain[first + 2][3].arrived_ms == T0_MS + 21 * MIN
+    close = next(i for i, (kind, status, *_r) in enumerate(chain) if kind == "closed")
+    assert msgspec.to_builtins(chain[close][3].totals) == EXPECTED
+    assert chain[-1][3].totals == chain[close][3].totals  # nothing after changes it
+
+    report = verify_export(scenario.export, scenario.cast.trust())
+    assert not report.findings, [f.line() for f in report.findings.kept]
+    assert report.totals == EXPECTED
+
+
+def test_a_releases_table_dropped_from_an_export_is_caught(
+    scenario: ReleaseScenario, tmp_path: Path
+) -> None:
+    """The releases table is optional (exports written before §6.7 have none, and verify
+    as before: the builders of tests/test_verifier_exports.py write no such table); an
+    export whose chain holds releases but that lost the table fails, it is not unusable."""
+    out = tmp_path / "no-releases.duckdb"
+    shutil.copyfile(scenario.export, out)
+    with duckdb.connect(str(out)) as con:
+        con.execute("DROP TABLE releases")
+    report = verify_export(out, scenario.cast.trust())
+    assert report.error == "" and "CHAIN_INPUT_MISSING" in report.findings.rules()
+
+
+def _dishonest(s: ReleaseScenario, out: Path, charge: int) -> Path:
+    """A ledger (holding its key) that prices the release charge as ``charge`` from the
+    release on, re-chained and re-signed: every signature is valid; only SPEC §7.9 says
+    the amounts are wrong. Statements and checkpoints it would have to re-issue are left
+    out (so the export is not final either way)."""
+    shutil.copyfile(s.export, out)
+    chain = _chain(out)
+    prev = chain[0][3].prev
+    with duckdb.connect(str(out)) as con:
+        for index, (_, _, _, record) in enumerate(chain):
+            t = record.totals
+            if t.release_charge_minor:
+                t = price(
+                    s.terms,
+                    delivered_mgms=t.delivered_mgms,
+                    reclaim_credit=t.reclaim_credit_minor,
+                    sla_credit=t.sla_credit_minor,
+                    adjustment_credit=t.adjustment_credit_minor,
+                    adjustment_charge=t.adjustment_charge_minor,
+                    release_charge=charge,
+                )
+            record = msgspec.structs.replace(record, prev=prev, totals=t)
+            prev = sha256_hex(signed_bytes(record))
+            con.execute(
+                "UPDATE ledger_records SET envelope = ?, record_hash = ?, gross_minor = ?, "
+                "buyer_owes_minor = ?, operator_receives_minor = ?, desk_receives_minor = ? "
+                "WHERE chain_index = ?",
+                [
+                    seal(record, [s.cast.ledger]),
+                    prev,
+                    t.gross_minor,
+                    t.buyer_owes_minor,
+                    t.operator_receives_minor,
+                    t.desk_receives_minor,
+                    index,
+                ],
+            )
+        con.execute("DELETE FROM statements")
+        con.execute("DELETE FROM checkpoints")
+    return out
+
+
+@pytest.mark.parametrize("charge", [0, 134, 136])
+def test_verifier_catches_a_ledger_that_ignores_or_misprices_k(
+    scenario: ReleaseScenario, tmp_path: Path, charge: int
+) -> None:
+    report: ExportReport = verify_export(
+        _dishonest(scenario, tmp_path / "bad.duckdb", charge), scenario.cast.trust()
+    )
+    rules = report.findings.rules()
+    assert {"TOTAL_RELEASE_CHARGE_MINOR", "TOTAL_BUYER_OWES_MINOR"} <= rules, rules
+    found = next(f for f in report.findings.kept if f.rule == "TOTAL_RELEASE_CHARGE_MINOR")
+    assert (found.expected, found.actual) == ("135", str(charge))
+    # First at the release's own record: 20 min x 1.5 GPU = 150 gross, plus K.
+    owed = next(f for f in report.findings.kept if f.rule == "TOTAL_BUYER_OWES_MINOR")
+    assert (owed.expected, owed.actual) == (str(150 + 135), str(150 + charge))
+    # The honest export of the same run has none of them.
+    assert not verify_export(scenario.export, scenario.cast.trust()).findings
