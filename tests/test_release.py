@@ -101,7 +101,9 @@ def _run(tmp: Path) -> ReleaseScenario:
 
     now = [T0_MS + 21 * MIN]
     store = Store(tmp / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
-    service = LedgerService(store, cast.ledger, ledger_id="l1", local_dir=spool, clock=lambda: now[0])
+    service = LedgerService(
+        store, cast.ledger, ledger_id="l1", local_dir=spool, clock=lambda: now[0]
+    )
     clock.advance(20 * MIN)
     agent.tick()  # minutes 0-20
     service.run_until_idle()
@@ -150,9 +152,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> ReleaseScenario:
 def _chain(path: Path) -> list[tuple[str, str, str, LedgerRecord]]:
     """(kind, status, reason, record) per chain index, from the export's envelopes."""
     with duckdb.connect(str(path), read_only=True) as con:
-        rows = con.execute(
-            "SELECT envelope FROM ledger_records ORDER BY chain_index"
-        ).fetchall()
+        rows = con.execute("SELECT envelope FROM ledger_records ORDER BY chain_index").fetchall()
     out = []
     for (raw,) in rows:
         record = open_envelope(bytes(raw)).record
@@ -172,9 +172,10 @@ def test_release_is_billed_as_computed_by_hand(scenario: ReleaseScenario) -> Non
         ("rejected", "AFTER_CLOSE"),
     ]
     usage = [(status, reason) for kind, status, reason, _ in chain if kind == "usage"]
-    assert usage == [("accepted", "")] * 22 + [("rejected", "AFTER_RELEASE")] + [
-        ("rejected", "SEQ_GAP")
-    ] * 7
+    assert (
+        usage
+        == [("accepted", "")] * 22 + [("rejected", "AFTER_RELEASE")] + [("rejected", "SEQ_GAP")] * 7
+    )
     # The rejected releases before the good one changed nothing; the good one added K.
     first = next(i for i, (kind, *_rest) in enumerate(chain) if kind == "release")
     before = chain[first - 1][3].totals
