@@ -263,3 +263,149 @@ def test_verifier_catches_a_ledger_that_ignores_or_misprices_k(
     assert (owed.expected, owed.actual) == (str(150 + 135), str(150 + charge))
     # The honest export of the same run has none of them.
     assert not verify_export(scenario.export, scenario.cast.trust()).findings
+
+
+# ---- with a reclaim, and the freed capacity (SPEC §6.7) --------------------------------------
+#
+# One whole GPU per placement, window 60 min, 6.00 USD/GPU-h (10 ¢ a minute), minimum 50 min,
+# release notice 30 min, reclaim notice 10 min, not interruptible, penalty 100 %, no SLA
+# target, no desk fee. Events of minutes 0-10 reach the log at minute 10.
+#
+# A, reclaim first: reclaim at minute 10 for 40 (full notice; taken 60 - 40 = 20 min:
+#    R = 200); a release for 45 is RELEASE_INVALID (the reclaim ends the placement first);
+#    a release arriving at 12 for 15: e = 15, owed until min(40, max(50, 12 + 30)) = 40,
+#    K = 25 min = 250. Delivered 15 min (the event of minute 15 is AFTER_RELEASE): G = 150.
+#    N = 150 + 250 - min(200, 400) = 200.
+# B, release first: a release arriving at 10 for 30: e = 30, owed until min(60, max(50,
+#    40)) = 50, K = 200; a reclaim for 35 is RECLAIM_INVALID (released from 30); a reclaim
+#    arriving at 11 for 25: full notice, taken only up to e: 30 - 25 = 5 min, R = 50.
+#    Events to minute 30 are accepted, those from 25 deliver nothing; minute 30 is
+#    AFTER_RELEASE. G = 25 min = 250; N = 250 + 200 - 50 = 400.
+# C on A's GPU from minute 15 (A's claim ends at e = 15): accepted; D from minute 14: OVERSOLD.
+
+INTERPLAY = {
+    "pl-a": {"gross_minor": 150, "release_charge_minor": 250, "reclaim_credit_minor": 200,
+             "net_minor": 200, "buyer_owes_minor": 200},
+    "pl-b": {"gross_minor": 250, "release_charge_minor": 200, "reclaim_credit_minor": 50,
+             "net_minor": 400, "buyer_owes_minor": 400},
+}  # fmt: skip
+
+
+def _interplay(tmp: Path) -> tuple[Cast, dict[str, Path], list[tuple[str, str, str, str]]]:
+    from devtools.builders import StreamWriter, reclaim, sample
+
+    cast = make_cast("release-interplay")
+    common = {
+        "late_grace_ms": GRACE_MS,
+        "minimum_duration_ms": 50 * MIN,
+        "release_notice_ms": 30 * MIN,
+        "rate_per_gpu_hour_minor": 600,
+        "sla_availability_target_bps": 0,
+        "desk_fee_bps": 0,
+    }
+    end = T0_MS + WINDOW_MS
+    a = make_terms(cast, "pl-a", [gpu("n1", 0)], T0_MS, end, **common)
+    b = make_terms(cast, "pl-b", [gpu("n2", 0)], T0_MS, end, **common)
+    later = {**common, "minimum_duration_ms": 0}
+    c = make_terms(cast, "pl-c", [gpu("n1", 0)], T0_MS + 15 * MIN, end, **later)
+    d = make_terms(cast, "pl-d", [gpu("n1", 0)], T0_MS + 14 * MIN, end, **later)
+    spool = tmp / "spool"
+    desk = publisher_source("desk")
+    publish_local(spool, desk, [signed_terms(cast, a), signed_terms(cast, b)])
+    writers = {
+        pid: StreamWriter(cast.node_key(node), pid, node)
+        for pid, node in (("pl-a", "n1"), ("pl-b", "n2"))
+    }
+    gpus = {"pl-a": a.gpus[0], "pl-b": b.gpus[0]}
+
+    def events(pid: str, lo: int, hi: int) -> None:
+        w, g = writers[pid], gpus[pid]
+        node = g.node_id
+        raws = [w.event(T0_MS + m * MIN, T0_MS + (m + 1) * MIN, [sample(g)]) for m in range(lo, hi)]
+        publish_local(spool, node_source(f"{node}-{pid}"), raws)
+
+    now = [T0_MS + 10 * MIN]
+    store = Store(tmp / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
+    service = LedgerService(
+        store, cast.ledger, ledger_id="l1", local_dir=spool, clock=lambda: now[0]
+    )
+    events("pl-a", 0, 10)
+    events("pl-b", 0, 10)
+    operator, buyer = publisher_source("operator"), publisher_source("buyer")
+    publish_local(spool, operator, [reclaim(cast, a, T0_MS + 10 * MIN, T0_MS + 40 * MIN, "rc-a")])
+    publish_local(spool, buyer, [release(cast, b, T0_MS + 10 * MIN, T0_MS + 30 * MIN, "rl-b")])
+    service.run_until_idle()  # all at minute 10
+    now[0] = T0_MS + 11 * MIN
+    publish_local(spool, operator, [reclaim(cast, b, T0_MS + 11 * MIN, T0_MS + 35 * MIN, "x")])
+    service.run_until_idle()
+    publish_local(spool, operator, [reclaim(cast, b, T0_MS + 11 * MIN, T0_MS + 25 * MIN, "y")])
+    publish_local(spool, buyer, [release(cast, a, T0_MS + 11 * MIN, T0_MS + 45 * MIN, "x")])
+    service.run_until_idle()
+    now[0] = T0_MS + 12 * MIN
+    publish_local(spool, buyer, [release(cast, a, T0_MS + 11 * MIN, T0_MS + 15 * MIN, "rl-a")])
+    service.run_until_idle()
+    publish_local(spool, desk, [signed_terms(cast, c), signed_terms(cast, d)])
+    service.run_until_idle()
+    now[0] = T0_MS + 40 * MIN
+    events("pl-a", 10, 16)
+    events("pl-b", 10, 31)
+    service.run_until_idle()
+    now[0] = LATE_CLOCK_MS
+    service.run_until_idle()
+    exports = {}
+    for pid in ("pl-a", "pl-b", "pl-c"):
+        exports[pid] = tmp / f"{pid}.duckdb"
+        export_placement(store, pid, exports[pid], key=cast.ledger)
+    decisions = [
+        (pid, kind, status, reason)
+        for pid in ("pl-a", "pl-b", "pl-c", "pl-d")
+        for kind, status, reason, _ in (
+            _chain(exports[pid]) if pid in exports else _store_chain(store, pid)
+        )
+    ]
+    return cast, exports, decisions
+
+
+def _store_chain(store: Store, pid: str) -> list[tuple[str, str, str, LedgerRecord]]:
+    out = []
+    for raw in store.record_envelopes(pid):
+        record = open_envelope(bytes(raw)).record
+        assert isinstance(record, LedgerRecord)
+        out.append((record.kind, record.status, record.reason, record))
+    return out
+
+
+def test_release_and_reclaim_whichever_ends_first_and_the_freed_window(tmp_path: Path) -> None:
+    from verifier.capacity import claims_of, find_oversold
+
+    cast, exports, decisions = _interplay(tmp_path)
+    notices = [d for d in decisions if d[1] in ("reclaim", "release", "terms")]
+    assert notices == [
+        ("pl-a", "terms", "accepted", ""),
+        ("pl-a", "reclaim", "accepted", ""),
+        ("pl-a", "release", "rejected", "RELEASE_INVALID"),
+        ("pl-a", "release", "accepted", ""),
+        ("pl-b", "terms", "accepted", ""),
+        ("pl-b", "release", "accepted", ""),
+        ("pl-b", "reclaim", "rejected", "RECLAIM_INVALID"),
+        ("pl-b", "reclaim", "accepted", ""),
+        ("pl-c", "terms", "accepted", ""),
+        ("pl-d", "terms", "rejected", "OVERSOLD"),
+    ]
+    usage = {
+        pid: [(s, r) for p, kind, s, r in decisions if p == pid and kind == "usage"]
+        for pid in ("pl-a", "pl-b")
+    }
+    assert usage["pl-a"] == [("accepted", "")] * 15 + [("rejected", "AFTER_RELEASE")]
+    assert usage["pl-b"] == [("accepted", "")] * 30 + [("rejected", "AFTER_RELEASE")]
+    for pid, expected in INTERPLAY.items():
+        report = verify_export(exports[pid], cast.trust())
+        assert not report.findings, [f.line() for f in report.findings.kept]
+        assert report.totals is not None
+        assert {k: report.totals[k] for k in expected} == expected, pid
+    # Across exports (SPEC §6.5): A's claim on GPU-n1-0 ends at e = minute 15, where C's
+    # begins: nothing oversold.
+    claims = [c for pid in ("pl-a", "pl-c") for c in claims_of(str(exports[pid]))[1]]
+    a_claim = next(c for c in claims if c.placement_id == "pl-a")
+    assert a_claim.end_ms == T0_MS + 15 * MIN
+    assert find_oversold(claims) == []
