@@ -409,3 +409,121 @@ def test_release_and_reclaim_whichever_ends_first_and_the_freed_window(tmp_path:
     a_claim = next(c for c in claims if c.placement_id == "pl-a")
     assert a_claim.end_ms == T0_MS + 15 * MIN
     assert find_oversold(claims) == []
+
+
+# ---- gridledger release (CLI) ----------------------------------------------------------------
+
+
+def _iso(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_cli_release_dry_run_prices_from_arrival_then_the_ledger_agrees(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One whole GPU, 6.00 USD/GPU-h, minimum 40 min, notice 15 min; usage folded to
+    minute 5. A release for minute 10 reaching the log at minute 7: e = 10, owed until
+    min(60, max(40, 7 + 15)) = 40, K = 30 min x 10 c = 3.00 USD."""
+    from devtools.builders import StreamWriter, sample
+    from gridledger.cli import main
+    from proto.keys import write_key_pair
+
+    cast = make_cast("release-cli")
+    terms = make_terms(
+        cast, "pl-cli", [gpu("n1", 0)], T0_MS, T0_MS + WINDOW_MS, late_grace_ms=GRACE_MS,
+        minimum_duration_ms=40 * MIN, release_notice_ms=15 * MIN, rate_per_gpu_hour_minor=600,
+    )  # fmt: skip
+    keys = tmp_path / "keys"
+    for key in (cast.operator, cast.buyer, cast.desk):
+        write_key_pair(key, keys)
+    signed = tmp_path / "terms.signed.json"
+    signed.write_bytes(signed_terms(cast, terms) + b"\n")
+    spool = tmp_path / "spool"
+    publish_local(spool, publisher_source("desk"), [signed_terms(cast, terms)])
+    w = StreamWriter(cast.node_key("n1"), "pl-cli", "n1")
+    g = terms.gpus[0]
+    events = [w.event(T0_MS + m * MIN, T0_MS + (m + 1) * MIN, [sample(g)]) for m in range(5)]
+    publish_local(spool, node_source("n1"), events)
+    now = [T0_MS + 6 * MIN]
+    store = Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
+    service = LedgerService(
+        store, cast.ledger, ledger_id="l1", local_dir=spool, clock=lambda: now[0]
+    )
+    try:
+        service.run_until_idle()
+        export = tmp_path / "now.duckdb"
+        export_placement(store, "pl-cli", export, key=cast.ledger)
+
+        def key(role: str) -> str:
+            return str(keys / f"{getattr(cast, role).name}.key")
+
+        args = [
+            "release", "--terms", str(signed), "--key", key("buyer"),
+            "--issued-at", _iso(T0_MS + 6 * MIN), "--effective-at", _iso(T0_MS + 10 * MIN),
+            "--id", "rl-1", "--reason", "job finished early",
+        ]  # fmt: skip
+        dry = ["--dry-run", "--export", str(export), "--arrives-at", _iso(T0_MS + 7 * MIN)]
+        assert main([*args, *dry]) == 0
+        out = capsys.readouterr().out
+        assert "the ledger would accept it" in out
+        line = next(x for x in out.splitlines() if x.strip().startswith("release charge"))
+        assert line.split()[-2:] == ["+3.00", "USD"], line
+        # Arriving at minute 12 instead, the notice runs to 27 < 40: the same 3.00 USD;
+        # arriving at minute 30 moves e to 30 and owed-until to 45: 1.50 USD.
+        late = ["--dry-run", "--export", str(export), "--arrives-at", _iso(T0_MS + 30 * MIN)]
+        assert main([*args, *late]) == 0
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if x.strip().startswith("release charge"))
+        assert line.split()[-2:] == ["+1.50", "USD"], line
+
+        # A desk key may not sign a release (SPEC §4.0): refused in one line, exit 1.
+        code = main([*args[:3], "--key", key("desk"), *args[5:], *dry])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and len(err) == 1 and "may not sign a release" in err[0], err
+
+        record = tmp_path / "rl-1.json"
+        now[0] = T0_MS + 7 * MIN
+        assert main([*args, "--out", str(record), "--local-dir", str(spool)]) == 0
+        service.run_until_idle()
+        last = _store_chain(store, "pl-cli")[-1]
+        assert last[:3] == ("release", "accepted", "")
+        assert last[3].totals.release_charge_minor == 300
+        assert last[3].arrived_ms == T0_MS + 7 * MIN
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--effective-at", "2026-01-01T02:00:00Z"], "outside the window"),
+        (
+            ["--issued-at", "2026-01-01T00:30:00Z", "--effective-at", "2026-01-01T00:20:00Z"],
+            "before --issued-at",
+        ),
+        (["--effective-at", "2026-01-01T00:30:00Z", "--id", "bad id"], "not valid"),
+        (["--effective-at", "2026-01-01T00:30:00Z", "--dry-run"], "needs the current state"),
+    ],
+)
+def test_cli_release_bad_input_is_one_line(tmp_path: Path, extra: list[str], needle: str) -> None:
+    import subprocess
+    import sys
+
+    from proto.keys import write_key_pair
+
+    cast = make_cast("release-cli-bad")
+    terms = make_terms(cast, "pl-bad", [gpu("n1", 0)], T0_MS, T0_MS + WINDOW_MS)
+    write_key_pair(cast.buyer, tmp_path)
+    signed = tmp_path / "terms.signed.json"
+    signed.write_bytes(signed_terms(cast, terms) + b"\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gridledger", "release", "--terms", str(signed),
+         "--key", str(tmp_path / f"{cast.buyer.name}.key"),
+         "--issued-at", "2026-01-01T00:05:00Z", *extra],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("FAIL: ") and needle in lines[0], done.stderr
