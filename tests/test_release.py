@@ -527,3 +527,37 @@ def test_cli_release_bad_input_is_one_line(tmp_path: Path, extra: list[str], nee
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("FAIL: ") and needle in lines[0], done.stderr
+
+
+def test_both_bills_show_the_release_charge_line(scenario: ReleaseScenario) -> None:
+    """The statement page (§7.8, §7.9): the ledger's bill from its store and the verifier's
+    from its own recomputation show one release line, line for line the same, and every
+    derivation reproduces its amount."""
+    from ledger.bill import bill_doc
+
+    store, key = scenario.service.store, scenario.cast.ledger
+    # The ledger's latest statement is of period 1 (the late release after the close);
+    # its totals are those of the close.
+    ledger = bill_doc(store, key, PID)
+    assert ledger.checks == []
+    report = verify_export(scenario.export, scenario.cast.trust(), bill=True)
+    assert not report.findings and report.bill is not None
+    mine = report.bill.doc(report)
+    assert mine.checks == []
+    assert mine.lines == ledger.lines
+    line = next(x for x in mine.lines if x.key == "release:rl-1")
+    assert (line.section, line.amount_minor, line.amount) == ("charges", 135, "1.35")
+    assert (line.payer, line.payee) == ("buyer", "operator")
+    assert sorted(line.signers) == ["buyer buyer-1", "operator operator-1"]
+    for part in (
+        "released from 2026-01-01T00:22:00Z",
+        "reached the log 2026-01-01T00:21:00Z",
+        "notice 15 min after arrival 2026-01-01T00:36:00Z",
+        "= 2026-01-01T00:40:00Z",
+        "18 min × 1.5 GPU",
+        "rounded down to 1.35 USD (SPEC §7.9)",
+    ):
+        assert part in line.derivation, (part, line.derivation)
+    net = next(x for x in mine.lines if x.key == "net")
+    assert "N = G + Ah + K − C = 1.65 USD + 0.00 USD + 1.35 USD − 0.00 USD" in net.derivation
+    assert mine.effective_end_ms == T0_MS + 22 * MIN
