@@ -218,3 +218,38 @@ def test_time_from_the_log_is_reproduced_by_the_fold() -> None:
     totals = fold.totals("pl-vector")
     assert totals is not None
     assert msgspec.to_builtins(totals) == data["totals"]
+
+
+def test_buyer_release_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.7, §7.9: the release stream decides, dates and prices every record as the
+    vectors say (K billed once, from the arrival; usage after e; the rejections)."""
+    data = load("release.json")
+    cast = vectorgen._cast()
+    assert base64.b64encode(cast.ledger.public_key).decode() == data["ledger_public_key"]
+    fold = Fold(cast.ledger)
+    for i, step in enumerate(data["steps"]):
+        raw = base64.b64decode(step["envelope_b64"])
+        outcomes = fold.apply(raw, f"release:{i}", None, step["arrived_ms"])
+        got = [
+            {
+                "decision": o.decision,
+                "status": o.status,
+                "reason": None if o.reason is None else o.reason.value,
+                "index": None if o.record is None else o.record.index,
+                "arrived_ms": None if o.record is None else o.record.arrived_ms,
+                "record_hash": o.record_hash,
+                "totals": None if o.record is None else msgspec.to_builtins(o.record.totals),
+            }
+            for o in outcomes
+        ]
+        assert got == step["outcomes"], f"step {i}: {step['note']}"
+    assert fold.head("pl-vector") == (data["records"], data["head"])
+    totals = fold.totals("pl-vector")
+    assert totals is not None and msgspec.to_builtins(totals) == data["totals"]
+    # By hand (SPEC §7.9): S = 2.5 GPU, e = minute 13, owed until minute 40: 27 min at
+    # 2.50 USD/GPU-h = 2.5 x 27 / 60 x 250 = 281.25 -> 281 minor units, billed once.
+    assert data["totals"]["release_charge_minor"] == 281
+    reasons = [o["reason"] for step in data["steps"] for o in step["outcomes"]]
+    for reason in ("SIG_MISSING", "SIG_SURPLUS", "RELEASE_INVALID", "AFTER_RELEASE",
+                   "RELEASE_DUPLICATE", "RECLAIM_INVALID", "AFTER_CLOSE"):  # fmt: skip
+        assert reason in reasons, reason

@@ -671,6 +671,113 @@ def time_vectors() -> Any:
     }
 
 
+def release_vectors() -> Any:
+    """SPEC §6.7, §7.9: a buyer release in one stream with the time each input reached the
+    log: who may sign it, its end e (never before its arrival nor before folded usage),
+    the release charge K from the minimum duration and the notice, usage after e, a second
+    release, a reclaim after it (whichever ends first; its taken time only up to e), and a
+    release after the close."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    terms = _terms(
+        cast, minimum_duration_ms=40 * MINUTE, release_notice_ms=15 * MINUTE, late_grace_ms=0
+    )
+    a = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a")
+
+    def samples() -> list[Any]:
+        return [b.sample(g) for g in terms.gpus if g.node_id == "node-a"]
+
+    def rel(issued: int, effective: int, rid: str, signers: list[SigningKey]) -> bytes:
+        return b.release(cast, terms, WS + issued, WS + effective, rid, signers)
+
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms: minimum 40 min, release notice 15 min", b.signed_terms(cast, terms), WS),
+        *(
+            (
+                f"node a, minute {m}",
+                a.event(WS + m * MINUTE, WS + (m + 1) * MINUTE, samples()),
+                WS + (m + 1) * MINUTE,
+            )
+            for m in range(12)
+        ),
+        ("a release nobody signed: SIG_MISSING", rel(10, 10, "r0", []), WS + 12 * MINUTE),
+        (
+            "signed by the buyer and the desk: SIG_SURPLUS",
+            rel(10, 10, "r0", [cast.buyer, cast.desk]),
+            WS + 12 * MINUTE,
+        ),
+        (
+            "effective before it was issued: RELEASE_INVALID",
+            rel(11, 10, "r0", [cast.buyer]),
+            WS + 12 * MINUTE,
+        ),
+        (
+            "dated minute 10 for minute 10, reaches the log at 13, usage folded to 12: "
+            "e = 13, owed until max(40, 13 + 15) = 40, K for 27 min",
+            rel(10, 10, "r1", [cast.buyer, cast.operator]),
+            WS + 13 * MINUTE,
+        ),
+        (
+            "starts before e: accepted, counts to e",
+            a.event(WS + 12 * MINUTE, WS + 14 * MINUTE, samples()),
+            WS + 14 * MINUTE,
+        ),
+        (
+            "starts at e or later: AFTER_RELEASE",
+            a.event(WS + 14 * MINUTE, WS + 15 * MINUTE, samples()),
+            WS + 15 * MINUTE,
+        ),
+        ("a second release: RELEASE_DUPLICATE", rel(15, 16, "r2", [cast.buyer]), WS + 15 * MINUTE),
+        (
+            "a reclaim after e: RECLAIM_INVALID",
+            b.reclaim(cast, terms, WS + 15 * MINUTE, WS + 20 * MINUTE, "c1"),
+            WS + 16 * MINUTE,
+        ),
+        (
+            "the close at the window end + grace, whatever e",
+            b.closed(cast, "pl-vector", WS + HOUR),
+            WS + HOUR,
+        ),
+        ("a release after the close: AFTER_CLOSE", rel(61, 61, "r3", [cast.buyer]), WS + HOUR),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"release:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "index": None if o.record is None else o.record.index,
+                        "arrived_ms": None if o.record is None else o.record.arrived_ms,
+                        "record_hash": o.record_hash,
+                        "totals": None
+                        if o.record is None
+                        else msgspec.to_builtins(o.record.totals),
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head("pl-vector")
+    totals = fold.totals("pl-vector")
+    assert head is not None and totals is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.to_builtins(totals),
+    }
+
+
 def authority_vectors() -> Any:
     """SPEC §4.0, §6.3 terms and §8 statement periods: who may sign what, amendments, and
     the statements of period 0 and of the period a late charge opens."""
@@ -754,6 +861,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "health.json": health_vectors,
     "time.json": time_vectors,
     "authority.json": authority_vectors,
+    "release.json": release_vectors,
     "keys.json": keys_vectors,
     "records.json": records_vectors,
     "rejections.json": rejections_vectors,
