@@ -561,3 +561,40 @@ def test_both_bills_show_the_release_charge_line(scenario: ReleaseScenario) -> N
     net = next(x for x in mine.lines if x.key == "net")
     assert "N = G + Ah + K − C = 1.65 USD + 0.00 USD + 1.35 USD − 0.00 USD" in net.derivation
     assert mine.effective_end_ms == T0_MS + 22 * MIN
+
+
+def test_a_release_survives_the_fold_state_snapshot() -> None:
+    """The fold state is stored as a snapshot beside the records (a restart restores it):
+    the release end e comes back, so a later event at e is still AFTER_RELEASE and the
+    charge is not billed twice."""
+    import base64
+    import json
+
+    import vectorgen
+
+    from ledger.fold import Fold
+
+    data = json.loads((vectorgen.VECTORS_DIR / "release.json").read_text())
+    cast = vectorgen._cast()
+    fold = Fold(cast.ledger)
+    steps = data["steps"]
+    cut = next(i for i, s in enumerate(steps) if s["note"].startswith("starts at e"))
+    for i, step in enumerate(steps[:cut]):
+        fold.apply(base64.b64decode(step["envelope_b64"]), f"r:{i}", None, step["arrived_ms"])
+    before = fold.state("pl-vector")
+    assert before is not None and before.release_end_ms == WS_VECTOR + 13 * MIN
+    restored = Fold(cast.ledger)
+    restored.restore("pl-vector", fold.snapshot("pl-vector"))
+    assert restored.state("pl-vector") == before
+    rest = [(i, s) for i, s in enumerate(steps) if i >= cut]
+    for i, step in rest:
+        raw = base64.b64decode(step["envelope_b64"])
+        got = restored.apply(raw, f"r:{i}", None, step["arrived_ms"])
+        assert [(o.status, o.record_hash) for o in got] == [
+            (o["status"], o["record_hash"]) for o in step["outcomes"]
+        ], step["note"]
+    totals = restored.totals("pl-vector")
+    assert totals is not None and totals.release_charge_minor == 281
+
+
+WS_VECTOR = 1_767_225_600_000  # tests/vectorgen.py WS
