@@ -69,6 +69,11 @@ def terms_summary(terms: PlacementTerms) -> list[tuple[str, str]]:
         ("rate", f"{money(terms.rate_per_gpu_hour_minor)} per GPU-hour"),
         ("billing increment", duration(terms.increment_ms)),
         ("minimum duration", duration(terms.minimum_duration_ms)),
+        *(
+            [("release notice", f"{duration(terms.release_notice_ms)} (SPEC §7.9)")]
+            if terms.release_notice_ms
+            else []
+        ),
         (
             "reclaim",
             f"{duration(terms.reclaim_notice_ms)} notice; penalty "
