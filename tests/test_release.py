@@ -27,6 +27,7 @@ The agent meters from minute 0; the buyer's release is issued at minute 20 for m
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,36 +206,30 @@ def test_a_releases_table_dropped_from_an_export_is_caught(
     assert report.error == "" and "CHAIN_INPUT_MISSING" in report.findings.rules()
 
 
-def _dishonest(s: ReleaseScenario, out: Path, charge: int) -> Path:
-    """A ledger (holding its key) that prices the release charge as ``charge`` from the
-    release on, re-chained and re-signed: every signature is valid; only SPEC §7.9 says
-    the amounts are wrong. Statements and checkpoints it would have to re-issue are left
-    out (so the export is not final either way)."""
+def _rechained(
+    s: ReleaseScenario, out: Path, edit: Callable[[int, LedgerRecord], LedgerRecord]
+) -> Path:
+    """A ledger (holding its key) that rewrites records with ``edit``, re-chained and
+    re-signed: every signature is valid; only the rules say the records are wrong.
+    Statements and checkpoints it would have to re-issue are left out (so the export is
+    not final either way)."""
     shutil.copyfile(s.export, out)
     chain = _chain(out)
     prev = chain[0][3].prev
     with duckdb.connect(str(out)) as con:
         for index, (_, _, _, record) in enumerate(chain):
-            t = record.totals
-            if t.release_charge_minor:
-                t = price(
-                    s.terms,
-                    delivered_mgms=t.delivered_mgms,
-                    reclaim_credit=t.reclaim_credit_minor,
-                    sla_credit=t.sla_credit_minor,
-                    adjustment_credit=t.adjustment_credit_minor,
-                    adjustment_charge=t.adjustment_charge_minor,
-                    release_charge=charge,
-                )
-            record = msgspec.structs.replace(record, prev=prev, totals=t)
+            record = msgspec.structs.replace(edit(index, record), prev=prev)
             prev = sha256_hex(signed_bytes(record))
+            t = record.totals
             con.execute(
-                "UPDATE ledger_records SET envelope = ?, record_hash = ?, gross_minor = ?, "
-                "buyer_owes_minor = ?, operator_receives_minor = ?, desk_receives_minor = ? "
-                "WHERE chain_index = ?",
+                "UPDATE ledger_records SET envelope = ?, record_hash = ?, status = ?, "
+                "reason = ?, gross_minor = ?, buyer_owes_minor = ?, "
+                "operator_receives_minor = ?, desk_receives_minor = ? WHERE chain_index = ?",
                 [
                     seal(record, [s.cast.ledger]),
                     prev,
+                    record.status,
+                    record.reason,
                     t.gross_minor,
                     t.buyer_owes_minor,
                     t.operator_receives_minor,
@@ -245,6 +240,46 @@ def _dishonest(s: ReleaseScenario, out: Path, charge: int) -> Path:
         con.execute("DELETE FROM statements")
         con.execute("DELETE FROM checkpoints")
     return out
+
+
+def _dishonest(s: ReleaseScenario, out: Path, charge: int) -> Path:
+    """A ledger that prices the release charge as ``charge`` from the release on."""
+
+    def edit(_: int, record: LedgerRecord) -> LedgerRecord:
+        t = record.totals
+        if not t.release_charge_minor:
+            return record
+        t = price(
+            s.terms,
+            delivered_mgms=t.delivered_mgms,
+            reclaim_credit=t.reclaim_credit_minor,
+            sla_credit=t.sla_credit_minor,
+            adjustment_credit=t.adjustment_credit_minor,
+            adjustment_charge=t.adjustment_charge_minor,
+            release_charge=charge,
+        )
+        return msgspec.structs.replace(record, totals=t)
+
+    return _rechained(s, out, edit)
+
+
+def test_verifier_catches_a_ledger_that_folds_usage_after_the_release(
+    scenario: ReleaseScenario, tmp_path: Path
+) -> None:
+    """The event of minute 22 (at e) recorded as accepted: the verifier's own referee
+    says AFTER_RELEASE, whatever the ledger signed."""
+
+    def edit(_: int, record: LedgerRecord) -> LedgerRecord:
+        if record.reason != "AFTER_RELEASE":
+            return record
+        return msgspec.structs.replace(record, status="accepted", reason="")
+
+    report = verify_export(
+        _rechained(scenario, tmp_path / "bad.duckdb", edit), scenario.cast.trust()
+    )
+    found = [f for f in report.findings.kept if f.rule == "AFTER_RELEASE"]
+    assert len(found) == 1, [f.line() for f in report.findings.kept]
+    assert (found[0].expected, found[0].actual) == ("rejected AFTER_RELEASE", "accepted")
 
 
 @pytest.mark.parametrize("charge", [0, 134, 136])
