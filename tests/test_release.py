@@ -520,7 +520,14 @@ def test_cli_release_dry_run_prices_from_arrival_then_the_ledger_agrees(
 
         record = tmp_path / "rl-1.json"
         now[0] = T0_MS + 7 * MIN
-        assert main([*args, "--out", str(record), "--local-dir", str(spool)]) == 0
+        assert main([*args, "--out", str(record)]) == 0  # the buyer signs ...
+        assert "every required signature is there" in capsys.readouterr().out
+        # ... the operator co-signs (it MAY, SPEC §4.0), and either publishes
+        cosign = ["cosign", str(record), "--terms", str(signed), "--key", key("operator")]
+        assert main(cosign) == 0
+        publish = ["publish", str(record), "--terms", str(signed), "--local-dir", str(spool)]
+        assert main(publish) == 0, capsys.readouterr().err
+        assert len(open_envelope(record.read_bytes().rstrip()).envelope.signatures) == 2
         service.run_until_idle()
         last = _store_chain(store, "pl-cli")[-1]
         assert last[:3] == ("release", "accepted", "")
@@ -633,3 +640,49 @@ def test_a_release_survives_the_fold_state_snapshot() -> None:
 
 
 WS_VECTOR = 1_767_225_600_000  # tests/vectorgen.py WS
+
+
+def test_optional_fields_keep_old_bytes_and_refuse_a_written_out_default() -> None:
+    """SPEC §2 (4): ``release_notice_ms`` (terms) and ``release_charge_minor`` (totals) are
+    omitted at 0, so terms and records signed before them keep their bytes and hashes;
+    written out at 0 they are NON_CANONICAL; a release's fields are all required."""
+    from proto.canonical import decode_payload
+    from proto.errors import ProtoError
+    from proto.records import BuyerRelease
+
+    cast = make_cast("release-bytes")
+    old = make_terms(cast, "pl-b", [gpu("n1", 0)], T0_MS, T0_MS + WINDOW_MS)
+    assert b"release_notice_ms" not in signed_bytes(old)
+    agreed = msgspec.structs.replace(old, release_notice_ms=15 * MIN)
+    assert b'"release_notice_ms":900000' in signed_bytes(agreed)
+    assert decode_payload(signed_bytes(agreed)) == agreed
+    zero = signed_bytes(old).replace(
+        b'"settlement_period_ms"', b'"release_notice_ms":0,"settlement_period_ms"'
+    )  # in its sorted place
+    with pytest.raises(ProtoError) as caught:
+        decode_payload(zero)
+    assert caught.value.reason.value == "NON_CANONICAL"
+    record = _chain_record_with_zero_charge()
+    assert b"release_charge_minor" not in signed_bytes(record)
+    written = signed_bytes(record).replace(
+        b'"sla_credit_minor"', b'"release_charge_minor":0,"sla_credit_minor"'
+    )  # in its sorted place
+    with pytest.raises(ProtoError) as caught:
+        decode_payload(written)
+    assert caught.value.reason.value == "NON_CANONICAL"
+    payload = signed_bytes(
+        BuyerRelease(placement_id="pl-b", release_id="r", issued_at_ms=1, effective_at_ms=2,
+                     reason="")
+    )  # fmt: skip
+    with pytest.raises(ProtoError) as caught:
+        decode_payload(payload.replace(b',"reason":""', b""))
+    assert caught.value.reason.value == "MALFORMED"
+
+
+def _chain_record_with_zero_charge() -> LedgerRecord:
+    from ledger.pricing import ZERO_TOTALS
+
+    return LedgerRecord(
+        placement_id="pl-b", index=0, prev="0" * 64, kind="release", source="0" * 64,
+        status="accepted", reason="", delivered_mgms=0, totals=ZERO_TOTALS, arrived_ms=T0_MS,
+    )  # fmt: skip
