@@ -78,6 +78,11 @@ def terms_summary(terms: PlacementTerms) -> list[tuple[str, str]]:
         ("rate", f"{money(terms.rate_per_gpu_hour_minor)} per GPU-hour"),
         ("billing increment", duration(terms.increment_ms)),
         ("minimum duration", duration(terms.minimum_duration_ms)),
+        *(
+            [("release notice", f"{duration(terms.release_notice_ms)} (SPEC §7.9)")]
+            if terms.release_notice_ms
+            else []
+        ),
         (
             "reclaim",
             f"{duration(terms.reclaim_notice_ms)} notice; penalty "
@@ -150,8 +155,9 @@ def build(facts: BillFacts, gpu_rows: list[GpuRow], timeline_note: str = "") -> 
     lines += _gross(terms, totals, money, checks)
     lines += _availability(facts, totals, money, checks)
     lines += _reclaim(facts, totals, money, checks)
+    lines += _release(facts, totals, money, checks)
     lines += _adjustments(facts, totals, money, checks)
-    lines += _settlement(terms, totals, money, checks)
+    lines += _settlement(terms, totals, money, checks, facts.release is not None)
     resale = _resale_rows(facts)
     lines += _resale(facts, resale, money, checks)
     lines.sort(key=lambda line: SECTIONS.index(line.section))  # stable: order within kept
@@ -479,6 +485,9 @@ def _reclaim(facts: BillFacts, totals: Totals, money: _Money, checks: list[str])
         )
     else:
         taken = terms.window_end_ms - reclaim.effective_at_ms
+        release = facts.release
+        if release is not None and release.chain_index < reclaim.chain_index:
+            taken = min(terms.window_end_ms, release.end_ms) - reclaim.effective_at_ms  # §7.9
         taken_text = (
             f"window taken {duration(taken)} (effective {iso_utc(reclaim.effective_at_ms)} "
             f"to window end {iso_utc(terms.window_end_ms)}, not interruptible)"
@@ -519,6 +528,58 @@ def _reclaim(facts: BillFacts, totals: Totals, money: _Money, checks: list[str])
             payee="buyer",
             derivation=derivation,
             signers=list(reclaim.signers),
+        )
+    ]
+
+
+def _release(facts: BillFacts, totals: Totals, money: _Money, checks: list[str]) -> list[Line]:
+    """SPEC §7.9: the release charge K, billed once."""
+    release = facts.release
+    if release is None:
+        _check(checks, "release charge", 0, totals.release_charge_minor)
+        return []
+    terms = facts.terms
+    share = _share_total(terms)
+    minimum_end = terms.window_start_ms + terms.minimum_duration_ms
+    notice_end = release.notice_from_ms + terms.release_notice_ms
+    owed_until = min(release.end_before_ms, max(minimum_end, notice_end))
+    short = max(0, owed_until - release.end_ms)
+    mgms = share * short
+    numerator = mgms * terms.rate_per_gpu_hour_minor
+    derived = numerator // MILLI_GPU_MS_PER_GPU_HOUR
+    _check(checks, "release charge", derived, totals.release_charge_minor)
+    if release.arrived_ms is None:
+        counted = f"issued {iso_utc(release.issued_at_ms)}"
+    else:
+        counted = (
+            f"reached the log {iso_utc(release.arrived_ms)}, dated "
+            f"{iso_utc(release.issued_at_ms)} by the buyer"
+        )
+    derivation = (
+        f"released from {iso_utc(release.end_ms)} (asked for "
+        f"{iso_utc(release.effective_at_ms)}; {counted}); owed until min(end before "
+        f"{iso_utc(release.end_before_ms)}, max(minimum duration end {iso_utc(minimum_end)}, "
+        f"notice {duration(terms.release_notice_ms)} after arrival {iso_utc(notice_end)})) = "
+        f"{iso_utc(owed_until)}; {duration(short)} × {gpus(share)} = {gpu_hours_exact(mgms)} "
+        f"× {money(terms.rate_per_gpu_hour_minor)}/GPU-h = "
+        f"{money.exact(numerator, MILLI_GPU_MS_PER_GPU_HOUR)}, rounded down to "
+        f"{money(derived)} (SPEC §7.9)"
+    )
+    if release.reason:
+        derivation += f"; reason given: {release.reason}"
+    return [
+        Line(
+            key=f"release:{release.release_id}",
+            section="charges",
+            label=f"Release charge (released {duration(short)} before it was owed until)",
+            quantity=duration(short),
+            unit="",
+            amount_minor=totals.release_charge_minor,
+            amount=format_minor(totals.release_charge_minor, terms.currency_scale),
+            payer="buyer",
+            payee="operator",
+            derivation=derivation,
+            signers=list(release.signers),
         )
     ]
 
@@ -568,12 +629,15 @@ def _adjustments(facts: BillFacts, totals: Totals, money: _Money, checks: list[s
 
 
 def _settlement(
-    terms: PlacementTerms, totals: Totals, money: _Money, checks: list[str]
+    terms: PlacementTerms, totals: Totals, money: _Money, checks: list[str], released: bool
 ) -> list[Line]:
     t = totals
     scale = terms.currency_scale
     claimed = t.reclaim_credit_minor + t.sla_credit_minor + t.adjustment_credit_minor
-    ceiling = t.gross_minor + t.adjustment_charge_minor
+    ceiling = t.gross_minor + t.adjustment_charge_minor + t.release_charge_minor  # §7.9
+    # SPEC §7.9: K beside the gross; shown only when the placement was released.
+    k_sym = " + K" if released else ""
+    k_val = f" + {money(t.release_charge_minor)}" if released else ""
     credits = min(claimed, ceiling)
     _check(checks, "credits", credits, t.credits_minor)
     net = ceiling - t.credits_minor
@@ -614,16 +678,17 @@ def _settlement(
             "credits",
             "Credits",
             t.credits_minor,
-            f"C = min(R + Q + Ac, G + Ah) = min({money(t.reclaim_credit_minor)} + "
+            f"C = min(R + Q + Ac, G + Ah{k_sym}) = min({money(t.reclaim_credit_minor)} + "
             f"{money(t.sla_credit_minor)} + {money(t.adjustment_credit_minor)}, "
-            f"{money(t.gross_minor)} + {money(t.adjustment_charge_minor)}){capped} (SPEC §7.6)",
+            f"{money(t.gross_minor)} + {money(t.adjustment_charge_minor)}{k_val}){capped} "
+            "(SPEC §7.6)",
         ),
         line(
             "net",
             "Net",
             t.net_minor,
-            f"N = G + Ah − C = {money(t.gross_minor)} + {money(t.adjustment_charge_minor)} − "
-            f"{money(t.credits_minor)}",
+            f"N = G + Ah{k_sym} − C = {money(t.gross_minor)} + "
+            f"{money(t.adjustment_charge_minor)}{k_val} − {money(t.credits_minor)}",
         ),
         line(
             "fee",

@@ -81,6 +81,28 @@ class ReclaimFacts:
 
 
 @dataclass(frozen=True)
+class ReleaseFacts:
+    """The accepted buyer release (SPEC §6.7, §7.9) and the times its charge rests on."""
+
+    chain_index: int
+    release_id: str
+    issued_at_ms: int
+    effective_at_ms: int
+    end_ms: int
+    """e = max(effective_at_ms, arrival, end of the usage folded before it)."""
+    end_before_ms: int
+    """The effective end just before it: the window end, or an earlier reclaim's time."""
+    reason: str
+    signers: tuple[str, ...]
+    arrived_ms: int | None = None
+
+    @property
+    def notice_from_ms(self) -> int:
+        """Where the release notice runs from (SPEC §7.9): its arrival."""
+        return self.issued_at_ms if self.arrived_ms is None else self.arrived_ms
+
+
+@dataclass(frozen=True)
 class AdjustmentFacts:
     """One chained adjustment (SPEC §7.4); ``accepted`` False: shown, not counted."""
 
@@ -135,6 +157,7 @@ class BillFacts:
     source: str = ""  # where the figures come from, for the page's footer
     # SPEC §6.8: the accepted assignments, in chain order (their figures: statement.resale)
     assignments: tuple[AssignmentFacts, ...] = ()
+    release: ReleaseFacts | None = None  # SPEC §6.7
 
 
 def signer_names(terms: PlacementTerms, keyids: Iterable[str]) -> tuple[str, ...]:
@@ -155,16 +178,25 @@ def signer_names(terms: PlacementTerms, keyids: Iterable[str]) -> tuple[str, ...
 def effective_end_at_close(facts: BillFacts) -> int:
     """The effective end SPEC §7.5 reads at the close (or now, while open): the reclaim's
     effective time when it was accepted before the close, else the window end."""
-    reclaim = facts.reclaim
+    end = facts.terms.window_end_ms
+    reclaim, release = facts.reclaim, facts.release
     if reclaim is not None and (
         facts.close_index is None or reclaim.chain_index < facts.close_index
     ):
-        return reclaim.effective_at_ms
-    return facts.terms.window_end_ms
+        end = min(end, reclaim.effective_at_ms)
+    if release is not None and (
+        facts.close_index is None or release.chain_index < facts.close_index
+    ):
+        end = min(end, release.end_ms)  # SPEC §6.7: whichever ends earlier
+    return end
 
 
 def effective_end(facts: BillFacts) -> int:
-    """Where delivery stops counting (SPEC §6.3 reclaim): the reclaim's time, or the end."""
+    """Where delivery stops counting (SPEC §6.3 reclaim, §6.7 release): the earlier of the
+    reclaim's time and the release's end, or the window end."""
+    end = facts.terms.window_end_ms
     if facts.reclaim is not None:
-        return facts.reclaim.effective_at_ms
-    return facts.terms.window_end_ms
+        end = min(end, facts.reclaim.effective_at_ms)
+    if facts.release is not None:
+        end = min(end, facts.release.end_ms)
+    return end

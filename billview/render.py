@@ -191,6 +191,8 @@ def _line_row(doc: BillDoc, line: Line, party: str) -> str:
     }.get(line.key)
     if line.key.startswith("reclaim:"):
         total_key = "reclaim_credit_minor"
+    if line.key.startswith("release:"):
+        total_key = "release_charge_minor"
     amount = (
         _money(doc, line.amount_minor, total_key and f"line:{total_key}")
         if line.amount_minor is not None

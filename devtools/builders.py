@@ -18,6 +18,7 @@ from proto.records import (
     ZERO_HASH,
     Adjustment,
     Assignment,
+    BuyerRelease,
     GpuSample,
     GpuSpec,
     NodeKeyBinding,
@@ -231,6 +232,26 @@ def reclaim(
         reason="capacity needed by the operator",
     )
     return seal(record, [cast.operator])
+
+
+def release(
+    cast: Cast,
+    terms: PlacementTerms,
+    issued_at_ms: int,
+    effective_at_ms: int,
+    release_id: str,
+    signers: Sequence[SigningKey] | None = None,
+) -> bytes:
+    """A buyer release of the placement (SPEC §6.7), signed by the buyer unless
+    ``signers`` says otherwise."""
+    record = BuyerRelease(
+        placement_id=terms.placement_id,
+        release_id=release_id,
+        issued_at_ms=issued_at_ms,
+        effective_at_ms=effective_at_ms,
+        reason="the buyer no longer needs the capacity",
+    )
+    return seal(record, list(signers) if signers is not None else [cast.buyer])
 
 
 def adjustment(

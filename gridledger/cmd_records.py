@@ -1,6 +1,7 @@
 """The records parties sign after the terms: reclaim, adjust, bind-key, cosign, publish.
 
     gridledger reclaim  --terms T --key OPERATOR.key --effective-at TIME ...
+    gridledger release  --terms T --key BUYER.key --effective-at TIME ...  # the buyer ends early
     gridledger adjust   --terms T (--credit | --charge) AMOUNT --reason TEXT --key K [--key K]
     gridledger bind-key --terms T --node NODE --node-key NODE.pub --valid-from TIME ...
     gridledger assign   --terms T --new-buyer ID --new-buyer-key NEW.pub --handover-at TIME
@@ -61,6 +62,7 @@ from proto.limits import MAX_ENVELOPE_BYTES, MAX_SAFE_INTEGER
 from proto.records import (
     Adjustment,
     Assignment,
+    BuyerRelease,
     NodeKeyBinding,
     Party,
     PlacementTerms,
@@ -71,7 +73,7 @@ from proto.terms import MIN_PLAUSIBLE_MS, TermsError, check_terms_signatures, lo
 EX_OK: Final = 0
 EX_REFUSED: Final = 1
 EX_USAGE: Final = 2
-_RECORD = ReclaimNotice | Adjustment | NodeKeyBinding | Assignment
+_RECORD = ReclaimNotice | Adjustment | NodeKeyBinding | Assignment | BuyerRelease
 
 
 class UsageError(Exception):
@@ -172,6 +174,8 @@ def authority(
         if terms.resale_requires_operator:
             return ("buyer", "new_buyer", "desk", "operator"), ()
         return ("buyer", "new_buyer", "desk"), ("operator",)
+    if isinstance(record, BuyerRelease):
+        return ("buyer",), ("operator",)
     if isinstance(record, Adjustment):
         if record.direction == "charge":
             return ("buyer",), ("desk",)
@@ -264,6 +268,14 @@ def _describe(record: _RECORD, terms: PlacementTerms) -> str:
             f"({', '.join(record.gpus)}) to {record.new_buyer.id} from "
             f"{_iso(record.handover_at_ms)} (or its arrival in the log, if later) at {rate} "
             f"{terms.currency}/GPU-h, paid to the desk"
+        )
+    if isinstance(record, BuyerRelease):
+        agreed = terms.release_notice_ms / 60_000
+        minimum = terms.minimum_duration_ms / 60_000
+        return (
+            f"release {record.release_id} of {record.placement_id}: the buyer ends it at "
+            f"{_iso(record.effective_at_ms)} ({agreed:g} min notice and a {minimum:g} min "
+            "minimum agreed; the notice counts from when it reaches the log, SPEC §7.9)"
         )
     if isinstance(record, Adjustment):
         from proto.money import format_minor
@@ -366,6 +378,8 @@ def _sign_new(args: argparse.Namespace, terms: PlacementTerms, record: _RECORD) 
 def _what(record: _RECORD) -> str:
     if isinstance(record, ReclaimNotice):
         return "a reclaim"
+    if isinstance(record, BuyerRelease):
+        return "a release"
     if isinstance(record, Adjustment):
         return f"a {record.direction}"
     if isinstance(record, Assignment):
@@ -410,6 +424,30 @@ def _reclaim(args: argparse.Namespace) -> int:
     _check_record(record)
     envelope = _sign_new(args, terms, record)
     out = None if args.dry_run else _default_out(args, f"reclaim-{record.reclaim_id}")
+    return _finish(args, terms, record, envelope, out)
+
+
+def _release(args: argparse.Namespace) -> int:
+    terms = _load_terms(args.terms)
+    issued = parse_time_ms(args.issued_at, "--issued-at")
+    effective = parse_time_ms(args.effective_at, "--effective-at")
+    if effective < issued:
+        raise UsageError("--effective-at is before --issued-at (SPEC §6.7: RELEASE_INVALID)")
+    if not terms.window_start_ms <= effective < terms.window_end_ms:
+        raise UsageError(
+            f"--effective-at {_iso(effective)} is outside the window [{_iso(terms.window_start_ms)}"
+            f", {_iso(terms.window_end_ms)}) (SPEC §6.7: RELEASE_INVALID)"
+        )
+    record = BuyerRelease(
+        placement_id=terms.placement_id,
+        release_id=args.id or f"release-{issued}",
+        issued_at_ms=issued,
+        effective_at_ms=effective,
+        reason=args.reason,
+    )
+    _check_record(record)
+    envelope = _sign_new(args, terms, record)
+    out = None if args.dry_run else _default_out(args, f"release-{record.release_id}")
     return _finish(args, terms, record, envelope, out)
 
 
@@ -530,10 +568,12 @@ def _open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, _RECORD]:
     except ProtoError as exc:
         raise UsageError(f"{path} is not a signed record: {exc}") from exc
     record = opened.record
-    if not isinstance(record, ReclaimNotice | Adjustment | NodeKeyBinding | Assignment):
+    if not isinstance(
+        record, ReclaimNotice | Adjustment | NodeKeyBinding | Assignment | BuyerRelease
+    ):
         raise UsageError(
             f"{path} holds a {opened.kind} record; this command takes reclaim, adjustment, "
-            "keybinding and assignment records (terms: gridledger terms sign/publish)"
+            "keybinding, assignment and release records (terms: gridledger terms sign/publish)"
         )
     if record.placement_id != terms.placement_id:
         raise UsageError(
@@ -641,6 +681,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     reclaim.add_argument("--id", metavar="ID", help="the reclaim id (default reclaim-<issued ms>)")
     _common(reclaim, keys=True, out=True, target_required=False)
     reclaim.set_defaults(handler=lambda a: _run(_reclaim, a))
+
+    rel = parser("release", "buyer: end the placement early (a BuyerRelease, SPEC §6.7)")
+    rel.add_argument(
+        "--effective-at",
+        required=True,
+        metavar="TIME",
+        help="when the placement ends (ISO time or epoch ms); never before it reaches the log",
+    )
+    _issued(rel)
+    rel.add_argument(
+        "--reason", default="", help="free text shown to the operator (at most 512 characters)"
+    )
+    rel.add_argument("--id", metavar="ID", help="the release id (default release-<issued ms>)")
+    _common(rel, keys=True, out=True, target_required=False)
+    rel.set_defaults(handler=lambda a: _run(_release, a))
 
     adjust = parser("adjust", "a credit to the buyer or a charge, signed by whom it costs")
     direction = adjust.add_mutually_exclusive_group(required=True)

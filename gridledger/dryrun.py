@@ -24,13 +24,20 @@ import duckdb
 from ledger.cache import PlacementCache
 from ledger.decide import NOT_LOOKED_UP, AcceptedEvent, NotLookedUp, decide, usage_lookup
 from ledger.export import INPUT_TABLES
-from ledger.pricing import price, reclaim_credit_minor
+from ledger.pricing import price, reclaim_credit_minor, release_charge_minor
 from ledger.state import PlacementState
 from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
 from proto.keys import key_id
 from proto.money import format_gpu_hours, format_minor
-from proto.records import Adjustment, LedgerRecord, PlacementTerms, ReclaimNotice, Totals
+from proto.records import (
+    Adjustment,
+    BuyerRelease,
+    LedgerRecord,
+    PlacementTerms,
+    ReclaimNotice,
+    Totals,
+)
 
 # The lines of the comparison: (Totals field, label, unit). GPU-hours or money.
 LINES: Final[tuple[tuple[str, str, str], ...]] = (
@@ -41,6 +48,7 @@ LINES: Final[tuple[tuple[str, str, str], ...]] = (
     ("sla_credit_minor", "SLA credit", "money"),
     ("adjustment_credit_minor", "adjustment credits", "money"),
     ("adjustment_charge_minor", "adjustment charges", "money"),
+    ("release_charge_minor", "release charge", "money"),
     ("net_minor", "net", "money"),
     ("fee_minor", "desk fee", "money"),
     ("buyer_owes_minor", "buyer owes", "money"),
@@ -244,9 +252,17 @@ def _priced_once_signed(
         "sla_credit": t.sla_credit_minor,
         "adjustment_credit": t.adjustment_credit_minor,
         "adjustment_charge": t.adjustment_charge_minor,
+        "release_charge": t.release_charge_minor,
     }
     if isinstance(record, ReclaimNotice):
-        values["reclaim_credit"] = reclaim_credit_minor(terms, arrived_ms, record.effective_at_ms)
+        values["reclaim_credit"] = reclaim_credit_minor(
+            terms, arrived_ms, record.effective_at_ms, state.release_end_ms
+        )
+    elif isinstance(record, BuyerRelease):
+        end = max(record.effective_at_ms, arrived_ms, state.max_usage_end_ms)
+        values["release_charge"] = release_charge_minor(
+            terms, arrived_ms, end, state.effective_end_ms
+        )
     elif isinstance(record, Adjustment):
         name = "adjustment_credit" if record.direction == "credit" else "adjustment_charge"
         values[name] += record.amount_minor

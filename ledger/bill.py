@@ -29,6 +29,7 @@ from billview.facts import (
     CheckpointFacts,
     PeriodFacts,
     ReclaimFacts,
+    ReleaseFacts,
     StatementFacts,
     VerdictFacts,
     effective_end,
@@ -46,6 +47,7 @@ from proto.note import parse_checkpoint_body, parse_note
 from proto.records import (
     Adjustment,
     Assignment,
+    BuyerRelease,
     LedgerRecord,
     PlacementClosed,
     PlacementTerms,
@@ -100,6 +102,7 @@ def bill_facts(
         closed_at_ms=None if close is None else close[1],
         checkpoint=checkpoint,
         assignments=_assignments(store, terms, through),
+        release=_release(store, terms, through, reclaim),
         verdict=_verdict(statement, checkpoint, terms),
         source=(
             "Rendered by the ledger from its own store. Check it independently, offline: "
@@ -214,6 +217,42 @@ def _assignments(store: Store, terms: PlacementTerms, through: int) -> tuple[Ass
             )
         )
     return tuple(out)
+
+
+def _release(
+    store: Store, terms: PlacementTerms, through: int, reclaim: ReclaimFacts | None
+) -> ReleaseFacts | None:
+    """SPEC §6.7: the accepted release, with e and the effective end before it, from the
+    store's records (the fold's own state is not kept per record)."""
+    pid = terms.placement_id
+    for index, raw, status, _ in _rows(store, pid, "release", through):
+        opened = open_envelope(raw)
+        release = opened.record
+        if status != "accepted" or not isinstance(release, BuyerRelease):
+            continue
+        arrived = _arrived(store, pid, index)
+        rows = store.query(
+            "SELECT max(end_ms) FROM inputs WHERE placement_id = ? AND kind = 'usage' "
+            "AND status = 'accepted' AND chain_index < ?",
+            [pid, index],
+        )
+        usage_end = int(rows[0][0] or 0) if rows else 0
+        notice_from = release.issued_at_ms if arrived is None else arrived
+        before = terms.window_end_ms
+        if reclaim is not None and reclaim.chain_index < index:
+            before = reclaim.effective_at_ms
+        return ReleaseFacts(
+            chain_index=index,
+            release_id=release.release_id,
+            issued_at_ms=release.issued_at_ms,
+            effective_at_ms=release.effective_at_ms,
+            end_ms=max(release.effective_at_ms, notice_from, usage_end),
+            end_before_ms=before,
+            reason=release.reason,
+            signers=signer_names(terms, [s.keyid for s in opened.envelope.signatures]),
+            arrived_ms=arrived,
+        )
+    return None
 
 
 def _periods(store: Store, placement_id: str) -> tuple[PeriodFacts, ...]:

@@ -39,6 +39,7 @@ from ledger.pricing import (
     overlap_ms,
     price,
     reclaim_credit_minor,
+    release_charge_minor,
     resale_entry,
     sla_credit_minor,
 )
@@ -61,6 +62,7 @@ from proto.reasons import Reason
 from proto.records import (
     Adjustment,
     Assignment,
+    BuyerRelease,
     LedgerRecord,
     NodeKeyBinding,
     PlacementClosed,
@@ -78,9 +80,11 @@ Decision = Literal["chained", "dropped", "quarantined", "held"]
 DECISIONS: Final[tuple[Decision, ...]] = get_args(Decision)
 
 INPUT_KINDS: Final = frozenset(
-    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment"}
+    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment", "release"}
 )
-_AFTER_CLOSE_KINDS: Final = frozenset({"usage", "keybinding", "reclaim", "closed", "assignment"})
+_AFTER_CLOSE_KINDS: Final = frozenset(
+    {"usage", "keybinding", "reclaim", "closed", "assignment", "release"}
+)
 
 # (input hash, record hash) of an accepted usage event.
 AcceptedEvent = tuple[str, str]
@@ -366,6 +370,8 @@ class _Run:
                 new = _close(state, terms, opened, record)
             elif isinstance(record, Assignment):
                 new = _assignment(state, terms, opened, record, self.arrived)
+            elif isinstance(record, BuyerRelease):
+                new = _release(state, terms, opened, record, self.arrived)
             else:  # pragma: no cover - attribute() lets only INPUT_KINDS through
                 raise InvariantViolation(f"no rule for kind {opened.kind}")
         except _Drop:
@@ -578,6 +584,12 @@ class _Run:
         # (5) the window
         if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
             raise _Reject(Reason.OUTSIDE_WINDOW, f"[{event.start_ms}, {event.end_ms})", takes)
+        released = state.release_end_ms
+        if released is not None and event.start_ms >= released:
+            # §6.7: the buyer released the placement from ``released`` on.
+            raise _Reject(
+                Reason.AFTER_RELEASE, f"starts at {event.start_ms}, released from {released}", takes
+            )
         arrived = self.arrived
         if arrived is not None and event.end_ms > arrived + limits.MAX_CLOCK_SKEW_MS:
             # §6.6: a node reports what it measured; nothing ends after it arrived.
@@ -644,6 +656,7 @@ def _priced(state: PlacementState) -> bool:
     return (
         state.closed
         or state.reclaimed
+        or state.release_end_ms is not None
         or len(state.adjustment_ids) > 0
         or len(state.assignments) > 0
         or any(stream.next_seq > 0 for stream in state.streams.values())
@@ -813,6 +826,10 @@ def _reclaim(
         raise _Reject(Reason.RECLAIM_INVALID, "effective time outside the window")
     if len(set(notice.gpus)) != len(notice.gpus) or set(notice.gpus) != set(state.gpus):
         raise _Reject(Reason.RECLAIM_INVALID, "gpus are not exactly the placement's GPUs")
+    released = state.release_end_ms
+    if released is not None and notice.effective_at_ms >= released:
+        # §6.7: whichever ends earlier; the buyer released the placement from ``released``.
+        raise _Reject(Reason.RECLAIM_INVALID, f"the buyer released the placement from {released}")
     if state.max_usage_end_ms > notice.effective_at_ms:
         raise _Reject(
             Reason.RECLAIM_BEHIND_USAGE,
@@ -820,11 +837,53 @@ def _reclaim(
         )
     # §7.3, §6.6: the notice runs from the reclaim's arrival, not from issued_at_ms.
     notice_from = notice.issued_at_ms if arrived is None else arrived
-    credit = reclaim_credit_minor(terms, notice_from, notice.effective_at_ms)
+    credit = reclaim_credit_minor(terms, notice_from, notice.effective_at_ms, released)
     return {
         "reclaimed": True,
         "effective_end_ms": notice.effective_at_ms,
         "totals": _reprice(terms, state.totals, reclaim_credit=credit),
+    }
+
+
+# §6.7 buyer release; §7.9 release charge
+def _release(
+    state: PlacementState,
+    terms: PlacementTerms,
+    opened: Opened,
+    release: BuyerRelease,
+    arrived: int | None,
+) -> dict[str, Any]:
+    # §4.0: the buyer signs; the operator may co-sign; nobody else.
+    _require(
+        opened,
+        {key_id(terms.buyer.key): terms.buyer.key},
+        {key_id(terms.operator.key): terms.operator.key},
+    )
+    if state.release_end_ms is not None:
+        raise _Reject(Reason.RELEASE_DUPLICATE, "a release was already accepted")
+    if state.assignments:  # §6.7 with a resale: part of the placement is not the buyer's
+        raise _Reject(
+            Reason.RELEASE_INVALID,
+            f"assignment {state.assignments[0].assignment_id} was accepted: the buyer no "
+            "longer holds the whole placement",
+        )
+    if not release.issued_at_ms <= release.effective_at_ms:
+        raise _Reject(Reason.RELEASE_INVALID, "issued after it takes effect")
+    if not terms.window_start_ms <= release.effective_at_ms < terms.window_end_ms:
+        raise _Reject(Reason.RELEASE_INVALID, "effective time outside the window")
+    # (4) e: never before the arrival (the notice runs from it) nor before folded usage.
+    at = release.issued_at_ms if arrived is None else arrived
+    end = max(release.effective_at_ms, at, state.max_usage_end_ms)
+    if end >= state.effective_end_ms:
+        raise _Reject(
+            Reason.RELEASE_INVALID,
+            f"it would end at {end}; the placement already ends at {state.effective_end_ms}",
+        )
+    charge = release_charge_minor(terms, at, end, state.effective_end_ms)
+    return {
+        "release_end_ms": end,
+        "effective_end_ms": end,
+        "totals": _reprice(terms, state.totals, release_charge=charge),
     }
 
 
@@ -996,6 +1055,7 @@ def _reprice(terms: PlacementTerms, current: Totals, **changes: int) -> Totals:
         "sla_credit": current.sla_credit_minor,
         "adjustment_credit": current.adjustment_credit_minor,
         "adjustment_charge": current.adjustment_charge_minor,
+        "release_charge": current.release_charge_minor,
     }
     values.update(changes)
     return price(terms, **values)

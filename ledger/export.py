@@ -58,6 +58,8 @@ INPUT_TABLES: Final[dict[str, tuple[str, tuple[tuple[str, str], ...]]]] = {
     "closes": ("closed", (("closed_at_ms", "BIGINT"),)),
     # SPEC §6.8 (appended; exports written before it have no such table)
     "assignments": ("assignment", ()),
+    # SPEC §6.7; optional for readers (exports written before it have no such table).
+    "releases": ("release", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
 }
 
 

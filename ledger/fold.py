@@ -46,7 +46,14 @@ from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
 from proto.keys import SigningKey
 from proto.reasons import Reason
-from proto.records import LedgerRecord, PlacementTerms, ReclaimNotice, Status, Totals
+from proto.records import (
+    BuyerRelease,
+    LedgerRecord,
+    PlacementTerms,
+    ReclaimNotice,
+    Status,
+    Totals,
+)
 
 __all__ = ["INPUT_KINDS", "Decision", "Fold", "Outcome", "StateLoader", "UsageLookup"]
 
@@ -192,6 +199,11 @@ class Fold:
                 self._capacity.accept_terms(scope, done)
             elif isinstance(done, ReclaimNotice):
                 self._capacity.accept_reclaim(done.placement_id, done.gpus, done.effective_at_ms)
+            elif isinstance(done, BuyerRelease) and new.release_end_ms is not None:
+                # §6.7: the release frees the placement's GPUs from its end e on.
+                self._capacity.accept_reclaim(
+                    done.placement_id, [g.uuid for g in new.gpus.values()], new.release_end_ms
+                )
         if new is not state:
             cache.put(new, verdicts)
         return verdicts

@@ -43,18 +43,30 @@ def gross_minor(terms: PlacementTerms, billable: int) -> int:
     return billable * terms.rate_per_gpu_hour_minor // MILLI_GPU_MS_PER_GPU_HOUR
 
 
-def reclaim_credit_minor(terms: PlacementTerms, notice_from_ms: int, effective_at_ms: int) -> int:
+def reclaim_credit_minor(
+    terms: PlacementTerms,
+    notice_from_ms: int,
+    effective_at_ms: int,
+    released_end_ms: int | None = None,
+) -> int:
     """R: the credit owed for a reclaim with short notice or a taken window (SPEC §7.3).
 
     ``notice_from_ms``: the reclaim's arrival (SPEC §6.6; its ``issued_at_ms`` only for an
     untimed record). A reclaim that arrived after it took effect gave no notice.
+    ``released_end_ms``: the end e of a release accepted before the reclaim (SPEC §7.9):
+    the time taken counts only up to it.
     """
     notice_given = max(0, effective_at_ms - notice_from_ms)
     short = max(0, terms.reclaim_notice_ms - notice_given)
+    held_until = terms.window_end_ms
+    owed = terms.window_start_ms + terms.minimum_duration_ms
+    if released_end_ms is not None:
+        held_until = min(held_until, released_end_ms)
+        owed = min(owed, released_end_ms)
     if not terms.interruptible:
-        taken = terms.window_end_ms - effective_at_ms
+        taken = held_until - effective_at_ms
     else:
-        taken = max(0, terms.window_start_ms + terms.minimum_duration_ms - effective_at_ms)
+        taken = max(0, owed - effective_at_ms)
     numerator = (
         total_share_milli(terms)
         * (short + taken)
@@ -85,6 +97,27 @@ def resale_entry(
     )
 
 
+def release_charge_minor(
+    terms: PlacementTerms, arrived_ms: int, release_end_ms: int, end_before_ms: int
+) -> int:
+    """K: the minimum-duration and notice shortfall of a buyer release (SPEC §7.9).
+
+    ``arrived_ms``: the release's arrival (its ``issued_at_ms`` when untimed);
+    ``release_end_ms``: e (SPEC §6.7 step 4); ``end_before_ms``: the effective end just
+    before the release (the window end, or an accepted reclaim's effective time).
+    """
+    owed_until = min(
+        end_before_ms,
+        max(
+            terms.window_start_ms + terms.minimum_duration_ms,
+            arrived_ms + terms.release_notice_ms,
+        ),
+    )
+    short = max(0, owed_until - release_end_ms)
+    numerator = total_share_milli(terms) * short * terms.rate_per_gpu_hour_minor
+    return numerator // MILLI_GPU_MS_PER_GPU_HOUR
+
+
 def availability_bps(terms: PlacementTerms, delivered_mgms: int, effective_end_ms: int) -> int:
     """Delivered as a share of what was owed, in basis points (SPEC §7.5)."""
     owed_ms = effective_end_ms - terms.window_start_ms
@@ -113,12 +146,14 @@ def price(
     sla_credit: int,
     adjustment_credit: int,
     adjustment_charge: int,
+    release_charge: int = 0,
 ) -> Totals:
-    """Every cumulative total from the cumulative inputs (SPEC §7.2, §7.6)."""
+    """Every cumulative total from the cumulative inputs (SPEC §7.2, §7.6, §7.9)."""
     billable = billable_mgms(terms, delivered_mgms)
     gross = gross_minor(terms, billable)
-    credits = min(reclaim_credit + sla_credit + adjustment_credit, gross + adjustment_charge)
-    net = gross + adjustment_charge - credits
+    owed = gross + adjustment_charge + release_charge
+    credits = min(reclaim_credit + sla_credit + adjustment_credit, owed)
+    net = owed - credits
     fee = net * terms.desk_fee_bps // MAX_BPS
     if terms.fee_payer == "operator":
         buyer_owes, operator_receives = net, net - fee
@@ -138,4 +173,5 @@ def price(
         buyer_owes_minor=buyer_owes,
         operator_receives_minor=operator_receives,
         desk_receives_minor=fee,
+        release_charge_minor=release_charge,
     )

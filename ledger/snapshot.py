@@ -99,6 +99,8 @@ class _Snapshot(msgspec.Struct, omit_defaults=True):
     held_arrived: list[tuple[str, int]] = []
     # SPEC §6.8: accepted assignments in chain order; absent before resale existed.
     assignments: list[_AssignmentSnap] = []
+    # SPEC §6.7: the end of the accepted buyer release; absent when there is none.
+    release_end_ms: int | None = None
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -164,6 +166,7 @@ def encode(state: PlacementState) -> bytes:
             )
             for a in state.assignments
         ],
+        release_end_ms=state.release_end_ms,
     )
     return _ENCODER.encode(snap)
 
@@ -222,6 +225,7 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
             )
             for a in snap.assignments
         ),
+        release_end_ms=snap.release_end_ms,
     )
     if snap.terms_payload is None:
         return state

@@ -99,6 +99,8 @@ class PlacementState(msgspec.Struct, frozen=True):
     held_arrived: Mapping[str, int] = msgspec.field(default_factory=dict)
     # SPEC §6.8: accepted assignments in chain order.
     assignments: tuple[AssignmentState, ...] = ()
+    # SPEC §6.7: the end e of the accepted buyer release (None: not released).
+    release_end_ms: int | None = None
 
     def held_count(self) -> int:
         """Inputs held before the terms plus usage events held in their streams."""

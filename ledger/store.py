@@ -44,6 +44,7 @@ from proto.invariant import present
 from proto.keys import b64
 from proto.records import (
     Adjustment,
+    BuyerRelease,
     LedgerRecord,
     NodeKeyBinding,
     PlacementClosed,
@@ -58,7 +59,10 @@ STORE_VERSION: Final = "2"
 # Store versions this code opens; older ones are migrated in place on open (_migrate).
 _MIGRATES_FROM: Final = ("1",)
 
-TOTALS_FIELDS: Final[tuple[str, ...]] = tuple(Totals.__struct_fields__)
+# The totals the store keeps as columns: those of version 1. Totals appended later with a
+# default (SPEC §7.9 release_charge_minor) live in the signed record only, so the store's
+# schema (and stores written before them) stay as they are.
+TOTALS_FIELDS: Final[tuple[str, ...]] = tuple(Totals.__struct_fields__)[:13]
 
 # The rows of one placement in records/inputs; parameters: placement_id and its commit
 # range (``Store.commit_range``). See the module docstring.
@@ -318,7 +322,7 @@ def _input_columns(record: object) -> tuple[Any, ...]:
                 None,
                 None,
             )
-        case ReclaimNotice():
+        case ReclaimNotice() | BuyerRelease():
             return (*none11[:6], record.issued_at_ms, record.effective_at_ms, None, None, None)
         case Adjustment():
             return (

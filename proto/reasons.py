@@ -65,3 +65,7 @@ class Reason(StrEnum):
     DUPLICATE = "DUPLICATE"
     # Data residency (SPEC §5.2 R2): usage of a node outside the terms' allowed regions.
     RESIDENCY = "RESIDENCY"
+    # Buyer release (SPEC §6.7).
+    RELEASE_INVALID = "RELEASE_INVALID"
+    RELEASE_DUPLICATE = "RELEASE_DUPLICATE"
+    AFTER_RELEASE = "AFTER_RELEASE"

@@ -150,6 +150,9 @@ class PlacementTerms(
     # SPEC §6.8, §4.0: an assignment (resale) also needs the operator's signature.
     # Omitted at its default (false): terms signed before it keep their bytes.
     resale_requires_operator: bool = False
+    # SPEC §6.7, §7.9: how long before its end a buyer's release must reach the log for the
+    # buyer to owe nothing past that end. Omitted at 0, so older terms keep their bytes.
+    release_notice_ms: Annotated[int, Meta(ge=0, le=limits.MAX_WINDOW_MS)] = 0
 
 
 # ---- records from the operator, the nodes and the desk --------------------------
@@ -245,6 +248,22 @@ class Adjustment(
     issued_at_ms: TimeMs
 
 
+class BuyerRelease(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="release", tag_field="type"
+):
+    """Buyer: the placement ends early, at ``effective_at_ms`` or later (SPEC §6.7).
+
+    Signed by the buyer (the operator may co-sign). The minimum duration and the release
+    notice of the terms are billed once as the release charge (SPEC §7.9).
+    """
+
+    placement_id: Identifier
+    release_id: Identifier
+    issued_at_ms: TimeMs
+    effective_at_ms: TimeMs
+    reason: Text
+
+
 # ---- records from the ledger ----------------------------------------------------------
 
 
@@ -285,8 +304,12 @@ class ResaleTotals(Struct, frozen=True, forbid_unknown_fields=True):
     fee_minor: NonNegInt
 
 
-class Totals(Struct, frozen=True, forbid_unknown_fields=True):
-    """Cumulative amounts of a placement through one ledger record (SPEC.md, "Pricing")."""
+class Totals(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Cumulative amounts of a placement through one ledger record (SPEC.md, "Pricing").
+
+    Fields appended after version 1 have a default and are omitted from the canonical
+    bytes at it (SPEC §2 (4)), so records without them keep their bytes and hashes.
+    """
 
     delivered_mgms: NonNegInt
     billable_mgms: NonNegInt
@@ -301,10 +324,12 @@ class Totals(Struct, frozen=True, forbid_unknown_fields=True):
     buyer_owes_minor: NonNegInt
     operator_receives_minor: NonNegInt
     desk_receives_minor: NonNegInt
+    # SPEC §7.9: the release charge K (the minimum-duration shortfall of a buyer release).
+    release_charge_minor: NonNegInt = 0
 
 
 RecordKind = Literal[
-    "terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment"
+    "terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment", "release"
 ]
 Status = Literal["accepted", "rejected"]
 
@@ -388,6 +413,7 @@ Record = (
     | LedgerRecord
     | Statement
     | Assignment
+    | BuyerRelease
 )
 
 # Kinds that travel inside envelopes, in the order of SPEC.md.
@@ -401,6 +427,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     LedgerRecord,
     Statement,
     Assignment,
+    BuyerRelease,
 )
 
 

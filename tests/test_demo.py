@@ -197,7 +197,8 @@ def test_demo_on_the_embedded_transport(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     (verified,) = json.loads(done.stdout)["exports"]
-    assert verified["totals"] == EXPECTED_TOTALS
+    # the report lists every total, the release charge (SPEC §7.9; none here) included
+    assert verified["totals"] == {**EXPECTED_TOTALS, "release_charge_minor": 0}
     assert verified["resale"] == EXPECTED_RESALE
     tampered = subprocess.run(
         [sys.executable, "-m", "verifier", str(result.tampered), "--trust", str(result.trust)],

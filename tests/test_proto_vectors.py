@@ -105,6 +105,7 @@ class _Terms:
 
     def __init__(self, fields: dict[str, Any]) -> None:
         self.__dict__.update(fields)
+        self.__dict__.setdefault("release_notice_ms", 0)
         share = fields["share_total_milli"]
         self.gpus = [type("G", (), {"share_milli": share})()]
 
@@ -113,13 +114,19 @@ def test_pricing_examples_match_the_fold_pricing() -> None:
     for v in load("pricing.json"):
         terms = _Terms(v["terms"])
         case = v["case"]
-        from ledger.pricing import reclaim_credit_minor, sla_credit_minor
+        from ledger.pricing import reclaim_credit_minor, release_charge_minor, sla_credit_minor
 
         reclaim = 0
         effective_end = v["terms"]["window_end_ms"]
         if case.get("reclaim"):
             issued, effective_end = case["reclaim"]
             reclaim = reclaim_credit_minor(terms, issued, effective_end)  # type: ignore[arg-type]
+        release = 0
+        if case.get("release"):
+            arrived, effective_at, usage_end = case["release"]
+            end = max(effective_at, arrived, usage_end)
+            release = release_charge_minor(terms, arrived, end, effective_end)  # type: ignore[arg-type]
+            effective_end = end
         open_totals = price(
             terms,  # type: ignore[arg-type]
             delivered_mgms=case["delivered_mgms"],
@@ -127,6 +134,7 @@ def test_pricing_examples_match_the_fold_pricing() -> None:
             sla_credit=0,
             adjustment_credit=case.get("adjustment_credit", 0),
             adjustment_charge=case.get("adjustment_charge", 0),
+            release_charge=release,
         )
         sla = 0
         if case.get("closed"):
@@ -143,8 +151,9 @@ def test_pricing_examples_match_the_fold_pricing() -> None:
             sla_credit=sla,
             adjustment_credit=case.get("adjustment_credit", 0),
             adjustment_charge=case.get("adjustment_charge", 0),
+            release_charge=release,
         )
-        got = {f: getattr(totals, f) for f in totals.__struct_fields__}
+        got = msgspec.to_builtins(totals)
         assert got == v["expected"], v["name"]
         assert all(value < 2**53 for value in got.values()), v["name"]
 
@@ -171,7 +180,7 @@ def test_scenario_is_reproduced_by_the_fold() -> None:
     assert fold.head("pl-vector") == (data["records"], data["head"])
     totals = fold.totals("pl-vector")
     assert totals is not None
-    assert {f: getattr(totals, f) for f in totals.__struct_fields__} == data["totals"]
+    assert msgspec.to_builtins(totals) == data["totals"]
     assert isinstance(vectorgen._terms(cast), PlacementTerms)
 
 
@@ -208,7 +217,42 @@ def test_time_from_the_log_is_reproduced_by_the_fold() -> None:
     assert fold.head("pl-vector") == (data["records"], data["head"])
     totals = fold.totals("pl-vector")
     assert totals is not None
-    assert {f: getattr(totals, f) for f in totals.__struct_fields__} == data["totals"]
+    assert msgspec.to_builtins(totals) == data["totals"]
+
+
+def test_buyer_release_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.7, §7.9: the release stream decides, dates and prices every record as the
+    vectors say (K billed once, from the arrival; usage after e; the rejections)."""
+    data = load("release.json")
+    cast = vectorgen._cast()
+    assert base64.b64encode(cast.ledger.public_key).decode() == data["ledger_public_key"]
+    fold = Fold(cast.ledger)
+    for i, step in enumerate(data["steps"]):
+        raw = base64.b64decode(step["envelope_b64"])
+        outcomes = fold.apply(raw, f"release:{i}", None, step["arrived_ms"])
+        got = [
+            {
+                "decision": o.decision,
+                "status": o.status,
+                "reason": None if o.reason is None else o.reason.value,
+                "index": None if o.record is None else o.record.index,
+                "arrived_ms": None if o.record is None else o.record.arrived_ms,
+                "record_hash": o.record_hash,
+                "totals": None if o.record is None else msgspec.to_builtins(o.record.totals),
+            }
+            for o in outcomes
+        ]
+        assert got == step["outcomes"], f"step {i}: {step['note']}"
+    assert fold.head("pl-vector") == (data["records"], data["head"])
+    totals = fold.totals("pl-vector")
+    assert totals is not None and msgspec.to_builtins(totals) == data["totals"]
+    # By hand (SPEC §7.9): S = 2.5 GPU, e = minute 13, owed until minute 40: 27 min at
+    # 2.50 USD/GPU-h = 2.5 x 27 / 60 x 250 = 281.25 -> 281 minor units, billed once.
+    assert data["totals"]["release_charge_minor"] == 281
+    reasons = [o["reason"] for step in data["steps"] for o in step["outcomes"]]
+    for reason in ("SIG_MISSING", "SIG_SURPLUS", "RELEASE_INVALID", "AFTER_RELEASE",
+                   "RELEASE_DUPLICATE", "RECLAIM_INVALID", "AFTER_CLOSE"):  # fmt: skip
+        assert reason in reasons, reason
 
 
 def test_resale_vectors_are_reproduced_by_the_fold() -> None:

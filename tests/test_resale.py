@@ -73,6 +73,7 @@ EXPECTED_TOTALS = {
     "buyer_owes_minor": 544,
     "operator_receives_minor": 517,
     "desk_receives_minor": 27,
+    "release_charge_minor": 0,  # SPEC §7.9: no release
 }
 EXPECTED_RESALE = [
     {

@@ -389,3 +389,74 @@ def test_verifier_catches_a_resale_of_more_than_the_buyer_holds(
     rules = findings(f)
     assert "ASSIGNMENT_INVALID" in rules  # SPEC §6.8 says rejected
     assert "RESALE_MISMATCH" in rules  # and nothing billed to buyer-2
+
+
+# ---- with a buyer release (SPEC §6.7 "With a resale") ------------------------------------
+
+
+def _release(c: Case, at_min: int, effective_min: int) -> tuple[str, bytes]:
+    envelope = builders.release(
+        c.cast, c.terms, T0 + at_min * MIN, T0 + effective_min * MIN, f"rel-{at_min}"
+    )
+    return (publisher_source("buyer"), envelope)
+
+
+def test_a_release_after_a_resale_is_invalid_and_the_new_buyer_keeps_its_gpus(
+    tmp_path: Path,
+) -> None:
+    c = case()
+    f = fold(
+        tmp_path,
+        c,
+        [
+            (10, [*c.events(0, 10), c.assign("a-1", B2, 10, ["GPU-n2-0"], 300)]),
+            (20, [*c.events(10, 20), _release(c, 20, 30)]),
+            (45, c.events(20, 40)),
+        ],
+    )
+    releases = [(s, r) for k, s, r in f.chain if k == "release"]
+    assert releases == [("rejected", "RELEASE_INVALID")]
+    assert findings(f) == set()  # the verifier derives the same refusal
+    totals = f.records[-1].totals
+    assert totals.release_charge_minor == 0
+    (entry,) = f.records[-1].resale
+    # the new buyer's GPU kept delivering to minute 40: 30 GPU-min at 3.00/GPU-h = 150
+    assert (entry.delivered_mgms, entry.gross_minor) == (30 * MIN * 1000, 150)
+
+
+def test_an_assignment_after_a_release_is_invalid(tmp_path: Path) -> None:
+    c = case()
+    f = fold(
+        tmp_path,
+        c,
+        [
+            (10, [*c.events(0, 10), _release(c, 10, 20)]),
+            (12, [c.assign("a-1", B2, 25, ["GPU-n2-0"], 300)]),  # h = 25 >= e = 20
+        ],
+    )
+    assert [(s, r) for k, s, r in f.chain if k == "release"] == [("accepted", "")]
+    assert assignments(f) == [("rejected", "ASSIGNMENT_INVALID")]
+    assert findings(f) == set()
+    assert f.records[-1].resale == []
+
+
+def test_verifier_catches_a_ledger_that_releases_a_resold_placement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = case()
+    honest = ledger_decide._release
+
+    def ignore_resale(state: Any, *args: Any) -> dict[str, Any]:
+        return honest(msgspec.structs.replace(state, assignments=()), *args)
+
+    monkeypatch.setattr(ledger_decide, "_release", ignore_resale)
+    f = fold(
+        tmp_path,
+        c,
+        [
+            (10, [*c.events(0, 10), c.assign("a-1", B2, 10, ["GPU-n2-0"], 300)]),
+            (12, [_release(c, 12, 30)]),
+        ],
+    )
+    assert [s for k, s, _ in f.chain if k == "release"] == ["accepted"]
+    assert "RELEASE_INVALID" in findings(f)  # the verifier says: rejected

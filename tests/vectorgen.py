@@ -248,22 +248,37 @@ def _spec_totals(t: dict[str, Any], case: dict[str, Any]) -> dict[str, int]:
         else:
             taken = max(0, t["window_start_ms"] + t["minimum_duration_ms"] - eff)
         r = s * (short + taken) * rate * t["reclaim_penalty_bps"] // (3_600_000_000 * 10_000)
+    # §7.9: a release (arrival a, effective_at, end of usage folded before it) after the
+    # reclaim, if any: e = max of the three; owed until min(E0, max(ws + min, a + notice)).
+    k = 0
+    eff_end = case["reclaim"][1] if case.get("reclaim") else t["window_end_ms"]
+    if case.get("release"):
+        arrived, effective_at, usage_end = case["release"]
+        e = max(effective_at, arrived, usage_end)
+        owed_until = min(
+            eff_end,
+            max(
+                t["window_start_ms"] + t["minimum_duration_ms"],
+                arrived + t.get("release_notice_ms", 0),
+            ),
+        )
+        k = s * max(0, owed_until - e) * rate // 3_600_000_000
+        eff_end = e
     q = 0
     if case.get("closed"):
-        eff_end = case["reclaim"][1] if case.get("reclaim") else t["window_end_ms"]
         owed = eff_end - t["window_start_ms"]
         availability = 10_000 if owed == 0 else 10_000 * d // (s * owed)
         if availability < t["sla_availability_target_bps"]:
             q = gross * t["sla_credit_bps"] // 10_000
     ac, ah = case.get("adjustment_credit", 0), case.get("adjustment_charge", 0)
-    credits = min(r + q + ac, gross + ah)
-    net = gross + ah - credits
+    credits = min(r + q + ac, gross + ah + k)
+    net = gross + ah + k - credits
     fee = net * t["desk_fee_bps"] // 10_000
     if t["fee_payer"] == "operator":
         owes, receives = net, net - fee
     else:
         owes, receives = net + fee, net
-    return {
+    totals = {
         "delivered_mgms": d,
         "billable_mgms": billable,
         "gross_minor": gross,
@@ -278,6 +293,9 @@ def _spec_totals(t: dict[str, Any], case: dict[str, Any]) -> dict[str, int]:
         "operator_receives_minor": receives,
         "desk_receives_minor": fee,
     }
+    if k:  # §2 (4): omitted at its default
+        totals["release_charge_minor"] = k
+    return totals
 
 
 def pricing_vectors() -> Any:
@@ -344,6 +362,49 @@ def pricing_vectors() -> Any:
                 "rate_per_gpu_hour_minor": 3_600_000_000,
             },
             {"delivered_mgms": 256_000 * (366 * 24 * HOUR - 1)},
+        ),
+        (
+            "release before the minimum duration: K bills the rest of the minimum",
+            {"release_notice_ms": 0},
+            {
+                "delivered_mgms": 2500 * 10 * MINUTE,
+                "release": [WS + 9 * MINUTE, WS, WS + 10 * MINUTE],
+            },
+        ),
+        (
+            "release with short notice: owed until arrival + notice, past the minimum",
+            {"release_notice_ms": 20 * MINUTE},
+            {
+                "delivered_mgms": 2500 * 35 * MINUTE,
+                "release": [WS + 30 * MINUTE, WS + 25 * MINUTE, WS + 35 * MINUTE],
+                "closed": True,
+            },
+        ),
+        (
+            "release with full notice after the minimum: no charge",
+            {"release_notice_ms": 10 * MINUTE},
+            {
+                "delivered_mgms": 2500 * 40 * MINUTE,
+                "release": [WS + 30 * MINUTE, WS + 45 * MINUTE, 0],
+            },
+        ),
+        (
+            "release after a reclaim: owed only until the reclaim, which still credits",
+            {"release_notice_ms": 30 * MINUTE, "minimum_duration_ms": 50 * MINUTE},
+            {
+                "delivered_mgms": 2500 * 20 * MINUTE,
+                "reclaim": [WS + 10 * MINUTE, WS + 40 * MINUTE],
+                "release": [WS + 20 * MINUTE, WS + 20 * MINUTE, WS + 20 * MINUTE],
+            },
+        ),
+        (
+            "release charge offset by credits, buyer pays the fee",
+            {"release_notice_ms": 60 * MINUTE, "fee_payer": "buyer"},
+            {
+                "delivered_mgms": 2500 * 5 * MINUTE,
+                "release": [WS + 5 * MINUTE, WS + 5 * MINUTE, WS + 5 * MINUTE],
+                "adjustment_credit": 100,
+            },
         ),
     ]
     out = []
@@ -419,7 +480,7 @@ def scenario_vectors() -> Any:
         "steps": steps,
         "records": head[0],
         "head": head[1],
-        "totals": msgspec.structs.asdict(totals),
+        "totals": msgspec.to_builtins(totals),
     }
 
 
@@ -501,7 +562,7 @@ def health_vectors() -> Any:
         "critical_xids": [48, 63, 64, 74, 79, 92, 94, 95],
         "ledger_public_key": _b64(cast.ledger.public_key),
         "steps": steps,
-        "totals": msgspec.structs.asdict(totals),
+        "totals": msgspec.to_builtins(totals),
         "rejections": rejections,
     }
 
@@ -611,7 +672,114 @@ def time_vectors() -> Any:
         "steps": steps,
         "records": head[0],
         "head": head[1],
-        "totals": msgspec.structs.asdict(totals),
+        "totals": msgspec.to_builtins(totals),
+    }
+
+
+def release_vectors() -> Any:
+    """SPEC §6.7, §7.9: a buyer release in one stream with the time each input reached the
+    log: who may sign it, its end e (never before its arrival nor before folded usage),
+    the release charge K from the minimum duration and the notice, usage after e, a second
+    release, a reclaim after it (whichever ends first; its taken time only up to e), and a
+    release after the close."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    terms = _terms(
+        cast, minimum_duration_ms=40 * MINUTE, release_notice_ms=15 * MINUTE, late_grace_ms=0
+    )
+    a = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a")
+
+    def samples() -> list[Any]:
+        return [b.sample(g) for g in terms.gpus if g.node_id == "node-a"]
+
+    def rel(issued: int, effective: int, rid: str, signers: list[SigningKey]) -> bytes:
+        return b.release(cast, terms, WS + issued, WS + effective, rid, signers)
+
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms: minimum 40 min, release notice 15 min", b.signed_terms(cast, terms), WS),
+        *(
+            (
+                f"node a, minute {m}",
+                a.event(WS + m * MINUTE, WS + (m + 1) * MINUTE, samples()),
+                WS + (m + 1) * MINUTE,
+            )
+            for m in range(12)
+        ),
+        ("a release nobody signed: SIG_MISSING", rel(10, 10, "r0", []), WS + 12 * MINUTE),
+        (
+            "signed by the buyer and the desk: SIG_SURPLUS",
+            rel(10, 10, "r0", [cast.buyer, cast.desk]),
+            WS + 12 * MINUTE,
+        ),
+        (
+            "effective before it was issued: RELEASE_INVALID",
+            rel(11, 10, "r0", [cast.buyer]),
+            WS + 12 * MINUTE,
+        ),
+        (
+            "dated minute 10 for minute 10, reaches the log at 13, usage folded to 12: "
+            "e = 13, owed until max(40, 13 + 15) = 40, K for 27 min",
+            rel(10, 10, "r1", [cast.buyer, cast.operator]),
+            WS + 13 * MINUTE,
+        ),
+        (
+            "starts before e: accepted, counts to e",
+            a.event(WS + 12 * MINUTE, WS + 14 * MINUTE, samples()),
+            WS + 14 * MINUTE,
+        ),
+        (
+            "starts at e or later: AFTER_RELEASE",
+            a.event(WS + 14 * MINUTE, WS + 15 * MINUTE, samples()),
+            WS + 15 * MINUTE,
+        ),
+        ("a second release: RELEASE_DUPLICATE", rel(15, 16, "r2", [cast.buyer]), WS + 15 * MINUTE),
+        (
+            "a reclaim after e: RECLAIM_INVALID",
+            b.reclaim(cast, terms, WS + 15 * MINUTE, WS + 20 * MINUTE, "c1"),
+            WS + 16 * MINUTE,
+        ),
+        (
+            "the close at the window end + grace, whatever e",
+            b.closed(cast, "pl-vector", WS + HOUR),
+            WS + HOUR,
+        ),
+        ("a release after the close: AFTER_CLOSE", rel(61, 61, "r3", [cast.buyer]), WS + HOUR),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"release:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "index": None if o.record is None else o.record.index,
+                        "arrived_ms": None if o.record is None else o.record.arrived_ms,
+                        "record_hash": o.record_hash,
+                        "totals": None
+                        if o.record is None
+                        else msgspec.to_builtins(o.record.totals),
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head("pl-vector")
+    totals = fold.totals("pl-vector")
+    assert head is not None and totals is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.to_builtins(totals),
     }
 
 
@@ -1049,6 +1217,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "health.json": health_vectors,
     "time.json": time_vectors,
     "authority.json": authority_vectors,
+    "release.json": release_vectors,
     "keys.json": keys_vectors,
     "records.json": records_vectors,
     "rejections.json": rejections_vectors,

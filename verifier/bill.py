@@ -28,6 +28,7 @@ from billview.facts import (
     CheckpointFacts,
     PeriodFacts,
     ReclaimFacts,
+    ReleaseFacts,
     StatementFacts,
     VerdictFacts,
     effective_end,
@@ -40,6 +41,7 @@ from proto.errors import ProtoError
 from proto.note import parse_checkpoint_body, parse_note
 from proto.records import (
     Adjustment,
+    BuyerRelease,
     PlacementClosed,
     ReclaimNotice,
     ResaleTotals,
@@ -135,6 +137,7 @@ def collect(run: Verification) -> BillParts | None:
             for a in run.referee.assignments
             if a.index <= through
         ),
+        release=_release(run, through),
         source=(
             f"Recomputed by gridledger verify from the export {run.source.path.name} "
             "(signed inputs and the trust file only; no ledger asked). Amounts are the "
@@ -206,6 +209,35 @@ def _reclaim(run: Verification, through: int) -> ReclaimFacts | None:
         reason=notice.reason,
         signers=signer_names(run.terms, keyids),
         arrived_ms=arrived_ms,  # the record's, as the verifier's step 7 read it
+    )
+
+
+def _release(run: Verification, through: int) -> ReleaseFacts | None:
+    """SPEC §6.7: the release the verifier's own referee accepted, with its a, e, E0."""
+    rows = run.con.execute(
+        "SELECT chain_index, arrived_ms, end_ms, end_before_ms FROM w_release "
+        "WHERE chain_index <= ? ORDER BY chain_index LIMIT 1",
+        [through],
+    ).fetchall()
+    if not rows:
+        return None
+    index, arrived_ms, end_ms, end_before_ms = (int(v) for v in rows[0])
+    decoded = _decoded(run, "releases", index)
+    if decoded is None:
+        return None
+    release, keyids = decoded
+    if not isinstance(release, BuyerRelease):
+        return None
+    return ReleaseFacts(
+        chain_index=index,
+        release_id=release.release_id,
+        issued_at_ms=release.issued_at_ms,
+        effective_at_ms=release.effective_at_ms,
+        end_ms=end_ms,
+        end_before_ms=end_before_ms,
+        reason=release.reason,
+        signers=signer_names(run.terms, keyids),
+        arrived_ms=arrived_ms,
     )
 
 

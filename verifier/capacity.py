@@ -29,9 +29,9 @@ from typing import Any, Final
 
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
-from proto.records import PlacementTerms, ReclaimNotice
+from proto.records import BuyerRelease, LedgerRecord, PlacementTerms, ReclaimNotice
 from verifier import limits
-from verifier.source import ExportSource, blob
+from verifier.source import ALIAS, ExportSource, blob
 from verifier.state import FAILED, UNUSABLE, ExportReport
 
 # One whole GPU, in share-milli (SPEC §4.1: share_milli 1..1000).
@@ -131,9 +131,12 @@ def claims_of_source(source: ExportSource, path: str) -> tuple[int, list[Claim]]
         if isinstance(notice, ReclaimNotice):
             for uuid in notice.gpus:
                 ends[uuid] = min(ends.get(uuid, notice.effective_at_ms), notice.effective_at_ms)
+    release_end = _release_end(source)
     claims = []
     for gpu in t.gpus:
         end = min(t.window_end_ms, ends.get(gpu.uuid, t.window_end_ms))
+        if release_end is not None:
+            end = min(end, release_end)
         if end > t.window_start_ms:
             claims.append(
                 Claim(
@@ -147,6 +150,37 @@ def claims_of_source(source: ExportSource, path: str) -> tuple[int, list[Claim]]
                 )
             )
     return source.count("ledger_records"), claims
+
+
+def _release_end(source: ExportSource) -> int | None:
+    """SPEC §6.7: the end e of the export's accepted release, if any: max(effective_at_ms,
+    the arrival its LedgerRecord carries, the end of the usage accepted before it)."""
+    if not any(t.name == "releases" for t in source.input_tables):
+        return None
+    rows = source.small_table("releases", "chain_index, envelope, status", "chain_index")
+    for index, raw, status in rows:
+        if status != ACCEPTED:
+            continue
+        try:
+            release = open_envelope(blob(raw)).record
+            ledger_raw = source.scalar(
+                f"SELECT envelope FROM {ALIAS}.ledger_records WHERE chain_index = ? "
+                "ORDER BY rowid LIMIT 1",
+                [index],
+            )
+            ledger = open_envelope(blob(ledger_raw)).record
+        except ProtoError:
+            continue  # a verified export has none; step (4) names it otherwise
+        if not isinstance(release, BuyerRelease) or not isinstance(ledger, LedgerRecord):
+            continue
+        arrived = release.issued_at_ms if ledger.arrived_ms is None else ledger.arrived_ms
+        usage_end = source.scalar(
+            f"SELECT max(end_ms) FROM {ALIAS}.usage_events "
+            "WHERE status = 'accepted' AND chain_index < ?",
+            [index],
+        )
+        return max(release.effective_at_ms, arrived, int(usage_end or 0))
+    return None
 
 
 @lru_cache(maxsize=limits.MAX_EXPORTS_PER_RUN)

@@ -28,6 +28,7 @@ from proto.records import (
     ZERO_HASH,
     Adjustment,
     Assignment,
+    BuyerRelease,
     GpuSpec,
     NodeKeyBinding,
     Party,
@@ -53,9 +54,9 @@ HELD: Final[Outcome] = "held"
 PENDING: Final[Outcome] = "pending"
 
 INPUT_KINDS: Final = frozenset(
-    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment"}
+    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment", "release"}
 )
-_CLOSED_TO: Final = frozenset({"usage", "keybinding", "reclaim", "closed", "assignment"})
+_CLOSED_TO: Final = frozenset({"usage", "keybinding", "reclaim", "closed", "assignment", "release"})
 _FOREVER_MS: Final = proto_limits.MAX_SAFE_INTEGER
 
 # Looks up the record hash of the accepted usage event (node_id, seq), if any.
@@ -170,6 +171,9 @@ class Referee:
     revoked: dict[str, set[bytes]] = field(default_factory=dict)
     # SPEC §6.8: accepted assignments in chain order.
     assignments: list[Assigned] = field(default_factory=list)
+    # SPEC §6.7: the accepted release, as the pricing needs it: (arrival a, end e, the
+    # effective end E0 just before it). None: no release accepted.
+    release: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         self.ledger_required = required_of((self.ledger_key,))
@@ -269,6 +273,8 @@ class Referee:
                 return self._closed(opened, record, terms)
             case Assignment():
                 return self._assignment(opened, record, terms)
+            case BuyerRelease():
+                return self._release(opened, record, terms)
         return Verdict(QUARANTINED, Reason.KIND_MISMATCH.value)
 
     # ---- per kind (SPEC §6.3) -----------------------------------------------------------
@@ -445,6 +451,9 @@ class Referee:
         # 5. the window
         if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
             return Reason.OUTSIDE_WINDOW
+        # §6.7: nothing starts at or after the buyer's release end.
+        if self.release is not None and event.start_ms >= self.release[1]:
+            return Reason.AFTER_RELEASE
         # §6.6: nothing measured ends after it reached the log (beyond the skew bound).
         arrived = self._arrived
         if arrived is not None and event.end_ms > arrived + proto_limits.MAX_CLOCK_SKEW_MS:
@@ -475,6 +484,8 @@ class Referee:
             and set(notice.gpus) == set(self.gpus)
         ):
             return _reject(Reason.RECLAIM_INVALID)
+        if self.release is not None and effective_ms >= self.release[1]:
+            return _reject(Reason.RECLAIM_INVALID)  # §6.7: released before it takes effect
         if self.max_usage_end_ms > effective_ms:
             return _reject(Reason.RECLAIM_BEHIND_USAGE)
         self.reclaimed = True
@@ -574,6 +585,31 @@ class Referee:
                 assignment.rate_per_gpu_hour_minor,
             )
         )
+        self.priced = True
+        return _OK
+
+    def _release(self, opened: OpenResult, release: BuyerRelease, terms: PlacementTerms) -> Verdict:
+        """SPEC §6.7: the buyer signs (the operator may), once, inside the window, and it
+        must end the placement before it already ends."""
+        failure = signer_failure(opened.sigs, self.buyer_required, self.operator_required)
+        if failure is not None:
+            return _reject(failure)
+        if self.release is not None:
+            return _reject(Reason.RELEASE_DUPLICATE)
+        if self.assignments:  # §6.7 with a resale: the buyer no longer holds it whole
+            return _reject(Reason.RELEASE_INVALID)
+        effective_ms = release.effective_at_ms
+        if not (
+            release.issued_at_ms <= effective_ms
+            and terms.window_start_ms <= effective_ms < terms.window_end_ms
+        ):
+            return _reject(Reason.RELEASE_INVALID)
+        arrived = release.issued_at_ms if self._arrived is None else self._arrived
+        end_ms = max(effective_ms, arrived, self.max_usage_end_ms)
+        if end_ms >= self.effective_end_ms:
+            return _reject(Reason.RELEASE_INVALID)
+        self.release = (arrived, end_ms, self.effective_end_ms)
+        self.effective_end_ms = end_ms
         self.priced = True
         return _OK
 

@@ -42,6 +42,7 @@ TOTAL_FIELDS: Final = (
     "buyer_owes_minor",
     "operator_receives_minor",
     "desk_receives_minor",
+    "release_charge_minor",
 )
 
 # SPEC §7.1 "Health from evidence": a sample with one of these XIDs never counts.
@@ -55,7 +56,7 @@ WORK_TABLES: Final = (
     "CREATE TABLE w_terms(ws BIGINT, we BIGINT, unit_mgms HUGEINT, rate HUGEINT, "
     "share_total HUGEINT, notice_ms BIGINT, interruptible BOOLEAN, min_duration_ms BIGINT, "
     "penalty_bps HUGEINT, sla_target_bps BIGINT, sla_credit_bps HUGEINT, fee_bps HUGEINT, "
-    "fee_payer VARCHAR)",
+    "fee_payer VARCHAR, release_notice_ms BIGINT)",
     "CREATE TABLE w_gpus(uuid VARCHAR, share_milli BIGINT)",
     "CREATE TABLE w_usage(chain_index BIGINT, node_id VARCHAR, seq BIGINT, "
     "record_hash VARCHAR, start_ms BIGINT, end_ms BIGINT)",
@@ -74,6 +75,9 @@ WORK_TABLES: Final = (
     "CREATE TABLE w_assign_gpus(ord BIGINT, uuid VARCHAR)",
     "CREATE TABLE w_resale_rec(chain_index BIGINT, ord BIGINT, assignment_id VARCHAR, "
     "new_buyer VARCHAR, d BIGINT, b BIGINT, g BIGINT, f BIGINT)",
+    # SPEC §6.7: the accepted release: its arrival a, its end e, the effective end before it.
+    "CREATE TABLE w_release(chain_index BIGINT, arrived_ms BIGINT, end_ms BIGINT, "
+    "end_before_ms BIGINT)",
     "CREATE TABLE w_records(chain_index BIGINT, record_hash VARCHAR, event_delivered_mgms BIGINT, "
     + ", ".join(f"{name} BIGINT" for name in TOTAL_FIELDS)
     + ")",
@@ -89,7 +93,7 @@ def create_work_tables(con: Any) -> None:
 def load_terms(con: Any, terms: PlacementTerms) -> None:
     """The pricing parameters of the accepted terms, and each GPU's share."""
     con.execute(
-        "INSERT INTO w_terms VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO w_terms VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             terms.window_start_ms,
             terms.window_end_ms,
@@ -104,6 +108,7 @@ def load_terms(con: Any, terms: PlacementTerms) -> None:
             terms.sla_credit_bps,
             terms.desk_fee_bps,
             terms.fee_payer,
+            terms.release_notice_ms,
         ],
     )
     appender = con.appender("w_gpus")
@@ -138,17 +143,22 @@ WITH t AS (SELECT * FROM w_terms LIMIT 1),
 rc AS (SELECT chain_index AS rc_index, notice_from_ms, effective_at_ms
        FROM w_reclaim ORDER BY chain_index LIMIT 1),
 cl AS (SELECT min(chain_index) AS cl_index FROM w_close),
+rl AS (SELECT chain_index AS rl_index, arrived_ms AS rl_arrived, end_ms AS rl_end,
+              end_before_ms AS rl_before
+       FROM w_release ORDER BY chain_index LIMIT 1),
 hs AS ({HEALTH_SQL}),
 ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded))
     SELECT u.chain_index,
            SUM(g.share_milli::HUGEINT * GREATEST(0,
                LEAST(u.end_ms, CASE WHEN rc.rc_index < u.chain_index
-                                    THEN rc.effective_at_ms ELSE t.we END)
+                                    THEN rc.effective_at_ms ELSE t.we END,
+                     CASE WHEN rl.rl_index < u.chain_index  -- §6.7: the release end e
+                          THEN rl.rl_end ELSE t.we END)
                - GREATEST(u.start_ms, t.ws))) AS d_i
     FROM w_usage u
     JOIN hs s ON s.chain_index = u.chain_index AND s.counts
     JOIN w_gpus g ON g.uuid = s.uuid
-    CROSS JOIN t LEFT JOIN rc ON TRUE
+    CROSS JOIN t LEFT JOIN rc ON TRUE LEFT JOIN rl ON TRUE
     GROUP BY u.chain_index
 ),
 cum AS (
@@ -165,12 +175,24 @@ billed AS (  -- §7.2
            CASE WHEN rc.rc_index <= c.chain_index THEN  -- §7.3
                (t.share_total
                 * (GREATEST(0, t.notice_ms - GREATEST(0, rc.effective_at_ms - rc.notice_from_ms))
-                   + CASE WHEN t.interruptible
-                          THEN GREATEST(0, t.ws + t.min_duration_ms - rc.effective_at_ms)
-                          ELSE t.we - rc.effective_at_ms END)
+                   + CASE WHEN t.interruptible  -- §7.9: taken only up to an earlier release
+                          THEN GREATEST(0, LEAST(t.ws + t.min_duration_ms,
+                                                 CASE WHEN rl.rl_index < rc.rc_index
+                                                      THEN rl.rl_end ELSE t.we END)
+                                           - rc.effective_at_ms)
+                          ELSE LEAST(t.we, CASE WHEN rl.rl_index < rc.rc_index
+                                                THEN rl.rl_end ELSE t.we END)
+                               - rc.effective_at_ms END)
                 * t.rate * t.penalty_bps) // ({_MGMS_PER_GPU_HOUR}::HUGEINT * {_BPS})
-           ELSE 0 END AS r
-    FROM cum c CROSS JOIN t LEFT JOIN rc ON TRUE
+           ELSE 0 END AS r,
+           CASE WHEN rl.rl_index <= c.chain_index THEN  -- §7.9 release charge
+               (t.share_total
+                * GREATEST(0, LEAST(rl.rl_before, GREATEST(t.ws + t.min_duration_ms,
+                                                           rl.rl_arrived + t.release_notice_ms))
+                              - rl.rl_end)
+                * t.rate) // {_MGMS_PER_GPU_HOUR}
+           ELSE 0 END AS k
+    FROM cum c CROSS JOIN t LEFT JOIN rc ON TRUE LEFT JOIN rl ON TRUE
 ),
 q AS (  -- §7.5: fixed at the accepted close from D and G there
     SELECT cl.cl_index,
@@ -179,23 +201,27 @@ q AS (  -- §7.5: fixed at the accepted close from D and G there
                      < t.sla_target_bps
                 THEN (b.g * t.sla_credit_bps) // {_BPS} ELSE 0 END AS q
     FROM cl JOIN billed b ON b.chain_index = cl.cl_index CROSS JOIN t
-    CROSS JOIN (SELECT (CASE WHEN rc.rc_index < cl.cl_index THEN rc.effective_at_ms
-                             ELSE t.we END) - t.ws AS span_ms
-                FROM t CROSS JOIN cl LEFT JOIN rc ON TRUE) e
+    CROSS JOIN (SELECT LEAST(CASE WHEN rc.rc_index < cl.cl_index THEN rc.effective_at_ms
+                                  ELSE t.we END,
+                             CASE WHEN rl.rl_index < cl.cl_index THEN rl.rl_end
+                                  ELSE t.we END) - t.ws AS span_ms
+                FROM t CROSS JOIN cl LEFT JOIN rc ON TRUE LEFT JOIN rl ON TRUE) e
 )
 SELECT b.chain_index, b.d_i, b.d, b.b, b.g, b.r,
-       CASE WHEN q.cl_index <= b.chain_index THEN q.q ELSE 0 END::HUGEINT AS q
+       CASE WHEN q.cl_index <= b.chain_index THEN q.q ELSE 0 END::HUGEINT AS q,
+       b.k::HUGEINT AS k
 FROM billed b LEFT JOIN q ON TRUE
 """
 
 
 def _settle_sql(adjusted: str) -> str:
-    """SPEC §7.6 for the rows of ``adjusted``: (chain_index, d_i, d, b, g, r, q, ac, ah)."""
+    """SPEC §7.6 for the rows of ``adjusted``: (chain_index, d_i, d, b, g, r, q, k, ac, ah)."""
     return f"""
 WITH t AS (SELECT * FROM w_terms LIMIT 1),
 adj AS ({adjusted}),
 net AS (
-    SELECT *, LEAST(r + q + ac, g + ah) AS c, g + ah - LEAST(r + q + ac, g + ah) AS n FROM adj
+    SELECT *, LEAST(r + q + ac, g + ah + k) AS c,  -- §7.9: K beside the gross
+           g + ah + k - LEAST(r + q + ac, g + ah + k) AS n FROM adj
 )
 SELECT n.chain_index, n.d_i AS event_delivered_mgms,
        n.d AS delivered_mgms, n.b AS billable_mgms, n.g AS gross_minor,
@@ -207,7 +233,8 @@ SELECT n.chain_index, n.d_i AS event_delivered_mgms,
            AS buyer_owes_minor,
        CASE WHEN t.fee_payer = 'operator' THEN n.n - (n.n * t.fee_bps) // {_BPS} ELSE n.n END
            AS operator_receives_minor,
-       (n.n * t.fee_bps) // {_BPS} AS desk_receives_minor
+       (n.n * t.fee_bps) // {_BPS} AS desk_receives_minor,
+       n.k AS release_charge_minor
 FROM net n CROSS JOIN t
 """
 

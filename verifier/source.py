@@ -66,10 +66,12 @@ INPUT_TABLES: Final = (
     InputTable("closed", "closes", (("closed_at_ms", "BIGINT"),)),
     # SPEC §6.8, appended (EXPORT.md): exports written before it have no such table.
     InputTable("assignment", "assignments", ()),
+    InputTable("release", "releases", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
 )
 TABLE_OF_KIND: Final = {t.kind: t for t in INPUT_TABLES}
-# Input tables an export may lack (written before the table existed): read as empty.
-OPTIONAL_TABLES: Final = frozenset({"assignments"})
+# Input tables appended after format version 1 shipped (SPEC §6.7, §6.8): an export
+# written before them has none, and reads as if the table were empty.
+OPTIONAL_TABLES: Final = frozenset({"assignments", "releases"})
 
 RECORD_COLUMNS: Final = (
     ("chain_index", "BIGINT"),

@@ -14,6 +14,7 @@ from proto import limits as proto_limits
 from proto.records import (
     Adjustment,
     Assignment,
+    BuyerRelease,
     LedgerRecord,
     PlacementClosed,
     ReclaimNotice,
@@ -128,6 +129,9 @@ def decide(
         run.con.executemany(
             "INSERT INTO w_assign_gpus VALUES (?, ?)", [[ord_, u] for u in sorted(assigned.gpus)]
         )
+    elif isinstance(record, BuyerRelease) and run.referee.release is not None:
+        # §6.7, §7.9: the referee's own a, e and effective end before the release.
+        run.con.execute("INSERT INTO w_release VALUES (?, ?, ?, ?)", [index, *run.referee.release])
     elif isinstance(record, PlacementClosed):
         run.con.execute("INSERT INTO w_close VALUES (?)", [index])
         if run.close_index is None:
