@@ -58,3 +58,6 @@ class Reason(StrEnum):
     CLOSE_INVALID = "CLOSE_INVALID"
     # Not a rejection: an exact re-delivery, dropped and counted.
     DUPLICATE = "DUPLICATE"
+    # Hardware evidence (SPEC §6.9), appended.
+    EVIDENCE_INVALID = "EVIDENCE_INVALID"
+    NOT_ATTESTED = "NOT_ATTESTED"
