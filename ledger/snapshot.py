@@ -13,7 +13,7 @@ from typing import Final
 import msgspec
 
 from ledger.persistent import PLog, PSet
-from ledger.state import PlacementState, StreamState, terms_fields
+from ledger.state import Attestation, PlacementState, StreamState, terms_fields
 from proto.canonical import decode_payload
 from proto.envelope import sha256_hex
 from proto.records import PlacementTerms, Totals
@@ -59,6 +59,16 @@ class _RevokedSnap(msgspec.Struct, array_like=True):
     key: bytes
 
 
+class _AttestedSnap(msgspec.Struct, array_like=True):
+    node_id: str
+    key: bytes
+    gpus: list[str]
+    attester: str
+    iss: str
+    iat: int
+    record_index: int
+
+
 class _Snapshot(msgspec.Struct, omit_defaults=True):
     version: int
     placement_id: str
@@ -87,6 +97,8 @@ class _Snapshot(msgspec.Struct, omit_defaults=True):
     revoked: list[_RevokedSnap] = []
     # SPEC §6.6: (position, arrived_ms) of each held input that has one.
     held_arrived: list[tuple[str, int]] = []
+    # SPEC §6.9: accepted hardware evidence per node key; absent when there is none.
+    attested: list[_AttestedSnap] = []
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -140,6 +152,11 @@ def encode(state: PlacementState) -> bytes:
             for key in sorted(keys)
         ],
         held_arrived=sorted(state.held_arrived.items()),
+        attested=[
+            _AttestedSnap(node, key, list(a.gpus), a.attester, a.iss, a.iat, a.record_index)
+            for node, keys in sorted(state.attested.items())
+            for key, a in sorted(keys.items())
+        ],
     )
     return _ENCODER.encode(snap)
 
@@ -187,6 +204,7 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         arrived_ms=snap.arrived_ms,
         revoked=_revoked(snap.revoked),
         held_arrived=dict(snap.held_arrived),
+        attested=_attested(snap.attested),
     )
     if snap.terms_payload is None:
         return state
@@ -195,7 +213,7 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         raise SnapshotError(f"snapshot of {placement_id}: its terms are a {type(terms).__name__}")
     fields = terms_fields(terms, snap.terms_payload, sha256_hex(snap.terms_payload))
     # Bindings, revocations and the effective end are the snapshot's own.
-    del fields["bindings"], fields["effective_end_ms"], fields["revoked"]
+    del fields["bindings"], fields["effective_end_ms"], fields["revoked"], fields["attested"]
     return msgspec.structs.replace(state, **fields)
 
 
@@ -213,3 +231,12 @@ def _revoked(rows: list[_RevokedSnap]) -> dict[str, frozenset[bytes]]:
     for row in rows:
         out.setdefault(row.node_id, set()).add(row.key)
     return {node: frozenset(keys) for node, keys in out.items()}
+
+
+def _attested(rows: list[_AttestedSnap]) -> dict[str, dict[bytes, Attestation]]:
+    out: dict[str, dict[bytes, Attestation]] = {}
+    for r in rows:
+        out.setdefault(r.node_id, {})[r.key] = Attestation(
+            tuple(r.gpus), r.attester, r.iss, r.iat, r.record_index
+        )
+    return out

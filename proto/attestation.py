@@ -176,9 +176,7 @@ def signature_ok(evidence: Evidence, alg: str, key: bytes) -> bool:
     r = int.from_bytes(evidence.signature[:48], "big")
     s = int.from_bytes(evidence.signature[48:], "big")
     try:
-        public.verify(
-            encode_dss_signature(r, s), evidence.signing_input, ec.ECDSA(hashes.SHA384())
-        )
+        public.verify(encode_dss_signature(r, s), evidence.signing_input, ec.ECDSA(hashes.SHA384()))
     except InvalidSignature:
         return False
     return True

@@ -15,8 +15,8 @@ from msgspec import Meta, Struct
 
 from proto.attestation import Alg, AttestationRoot, root_key_ok
 from proto.files import read_at_most
-from proto.limits import MAX_ATTESTATION_ROOTS
 from proto.keys import key_id
+from proto.limits import MAX_ATTESTATION_ROOTS
 from proto.records import Identifier
 
 TRUST_FORMAT: Final = "gridledger-trust/v1"
