@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from pathlib import Path
 from typing import Annotated, Final, Literal
 
 import msgspec
@@ -244,3 +245,61 @@ def p384_public_bytes(key: ec.EllipticCurvePrivateKey) -> bytes:
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     return key.public_key().public_bytes(Encoding.X962, PublicFormat.UncompressedPoint)
+
+
+class RootKeyError(ValueError):
+    """A file that holds no usable attestation root key."""
+
+
+def load_root_key(path: Path) -> tuple[Alg, bytes]:
+    """(alg, key bytes) of an attestation service's public key file: a PEM public key
+    (P-384: ES384, Ed25519: EdDSA), a JWK (``kty`` EC/P-384 or OKP/Ed25519 — one key of
+    a service's JWKS), or a gridledger ``.pub`` file (EdDSA)."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        PublicFormat,
+        load_pem_public_key,
+    )
+
+    from proto.errors import KeyFileError
+    from proto.files import read_at_most
+    from proto.keys import load_public_key
+
+    try:
+        raw = read_at_most(path, 64 * 1024)
+    except OSError as exc:
+        raise RootKeyError(f"cannot read {path}: {exc.strerror}") from exc
+    text = raw.strip()
+    if text.startswith(b"-----BEGIN"):
+        try:
+            public = load_pem_public_key(text)
+        except ValueError as exc:
+            raise RootKeyError(f"{path}: not a PEM public key") from exc
+        if isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp384r1":
+            return "ES384", public.public_bytes(Encoding.X962, PublicFormat.UncompressedPoint)
+        if isinstance(public, ed25519.Ed25519PublicKey):
+            return "EdDSA", public.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        raise RootKeyError(f"{path}: a P-384 or Ed25519 key is needed")
+    try:
+        jwk = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise RootKeyError(f"{path}: neither PEM nor JSON") from exc
+    if isinstance(jwk, dict) and "kty" in jwk:
+        try:
+            if jwk["kty"] == "EC" and jwk.get("crv") == "P-384":
+                x, y = _b64url_decode(str(jwk["x"])), _b64url_decode(str(jwk["y"]))
+                key = b"\x04" + x.rjust(48, b"\x00") + y.rjust(48, b"\x00")
+                if root_key_ok("ES384", key):
+                    return "ES384", key
+            if jwk["kty"] == "OKP" and jwk.get("crv") == "Ed25519":
+                key = _b64url_decode(str(jwk["x"]))
+                if len(key) == 32:
+                    return "EdDSA", key
+        except (KeyError, EvidenceError) as exc:
+            raise RootKeyError(f"{path}: a JWK without a usable x/y") from exc
+        raise RootKeyError(f"{path}: a JWK of P-384 (EC) or Ed25519 (OKP) is needed")
+    try:
+        return "EdDSA", load_public_key(path).key
+    except KeyFileError as exc:
+        raise RootKeyError(str(exc)) from exc
