@@ -491,3 +491,68 @@ def test_trust_file_rejects_an_attestation_key_without_alg(tmp_path: Path) -> No
     (tmp_path / "t.json").write_text(json.dumps(data))
     with pytest.raises(TrustError, match="no alg"):
         load_trust(tmp_path / "t.json")
+
+
+# ---- bounds (BOUNDS.md) -------------------------------------------------------------------
+
+
+def test_evidence_of_max_chars_decodes_one_more_is_out_of_range() -> None:
+    from proto.limits import MAX_EVIDENCE_CHARS
+
+    cast, terms = _placement("att-max-chars")
+    fold = Fold(cast.ledger, attestation_roots=ROOTS)
+    fold.apply(signed_terms(cast, terms), "t", None)
+    for extra, expected in (
+        (0, ("chained", "EVIDENCE_INVALID")),
+        (1, ("quarantined", "OUT_OF_RANGE")),
+    ):
+        junk = "a.b." + "c" * (MAX_EVIDENCE_CHARS - 4 + extra)
+        assert len(junk) == MAX_EVIDENCE_CHARS + extra
+        [outcome] = fold.apply(_attest(cast, terms, junk), f"j{extra}", None)
+        assert (outcome.decision, outcome.reason and outcome.reason.value) == expected
+
+
+def test_evidence_of_max_gpus_is_accepted_one_more_is_evidence_invalid() -> None:
+    from proto.limits import MAX_EVIDENCE_CHARS, MAX_EVIDENCE_GPUS
+
+    cast = make_cast("att-max-gpus")
+    gpus = [gpu("node-a", i, model="H100-80GB") for i in range(MAX_EVIDENCE_GPUS)]
+    terms = make_terms(cast, "att-max-gpus-p", gpus, T0, T0 + HOUR, attestation_required=True)
+    key = cast.node_key("node-a").public_key
+    full = _token(terms, key)
+    assert len(full) <= MAX_EVIDENCE_CHARS
+    models = {g.uuid: g.model for g in gpus}
+    claims = claims_for(terms.placement_id, "node-a", key, models)
+    submods = dict(claims["submods"])  # type: ignore[call-overload]
+    submods["GPU-extra"] = {"ueid": gpus[0].uuid, "hwmodel": gpus[0].model}
+    claims["submods"] = submods
+    over = issue_evidence(claims, kid="test-1", ed25519=SERVICE)
+    for evidence, expected in ((full, "accepted"), (over, "rejected")):
+        fold = Fold(cast.ledger, attestation_roots=ROOTS)
+        fold.apply(signed_terms(cast, terms), "t", None)
+        [outcome] = fold.apply(_attest(cast, terms, evidence), "b", None)
+        assert outcome.status == expected, outcome.reason
+        if expected == "rejected":
+            assert outcome.reason is not None and outcome.reason.value == "EVIDENCE_INVALID"
+
+
+def test_attestation_roots_up_to_the_bound(tmp_path: Path) -> None:
+    from proto.limits import MAX_ATTESTATION_ROOTS
+    from proto.trust import TrustError, dump_trust
+
+    cast = make_cast("att-roots")
+    key = base64.b64encode(SERVICE.public_key).decode()
+    base = {"ledger_id": "l", "key_file": "k", "db": "d", "local_dir": "s"}
+    for n, ok in ((MAX_ATTESTATION_ROOTS, True), (MAX_ATTESTATION_ROOTS + 1, False)):
+        roots = [AttestationRoot(f"r{i}", "EdDSA", SERVICE.public_key) for i in range(n)]
+        path = tmp_path / f"trust-{n}.json"
+        path.write_bytes(dump_trust(_trust(cast, *roots)))
+        entries = [{"id": f"r{i}", "alg": "EdDSA", "key": key} for i in range(n)]
+        if ok:
+            assert len(load_trust(path).attestation_roots()) == n
+            assert config_from_mapping({**base, "attestation_roots": entries}, tmp_path)
+        else:
+            with pytest.raises(TrustError, match="attestation keys"):
+                load_trust(path)
+            with pytest.raises(ConfigError, match="attestation_roots"):
+                config_from_mapping({**base, "attestation_roots": entries}, tmp_path)
