@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from billview.doc import BillDoc, Checkpoint, GpuRow, Line, Period, StatementRef, Verdict
+from billview.doc import (
+    Attested,
+    BillDoc,
+    Checkpoint,
+    GpuRow,
+    Line,
+    Period,
+    StatementRef,
+    Verdict,
+)
 from billview.facts import BillFacts, effective_end, effective_end_at_close
 from billview.timeline import DELIVERED, RECLAIMED, UNALLOCATED, UNHEALTHY, UNREPORTED
 from billview.units import (
@@ -153,6 +162,18 @@ def build(facts: BillFacts, gpu_rows: list[GpuRow], timeline_note: str = "") -> 
         ),
         checkpoint=checkpoint,
         checks=checks,
+        attested=[
+            Attested(
+                node_id=a.node_id,
+                key_id=a.key_id,
+                gpus=list(a.gpus),
+                attester=a.attester,
+                iss=a.iss,
+                iat_s=a.iat,
+                chain_index=a.chain_index,
+            )
+            for a in facts.attestations
+        ],
     )
 
 

@@ -82,6 +82,18 @@ class Checkpoint(Struct, frozen=True, kw_only=True):
     covers_statement: bool
 
 
+class Attested(Struct, frozen=True, kw_only=True):
+    """SPEC §6.9: GPUs of a node key attested by an attestation service."""
+
+    node_id: str
+    key_id: str
+    gpus: list[str]
+    attester: str  # "" when not checked against a root
+    iss: str
+    iat_s: int
+    chain_index: int
+
+
 class StatementRef(Struct, frozen=True, kw_only=True):
     """Which signed statement the bill shows."""
 
@@ -116,6 +128,7 @@ class BillDoc(Struct, frozen=True, kw_only=True):
     verdict: Verdict
     checkpoint: Checkpoint | None = None
     checks: list[str] = []
+    attested: list[Attested] = []  # SPEC §6.9
 
 
 def encode(doc: BillDoc) -> bytes:

@@ -81,6 +81,21 @@ class AdjustmentFacts:
 
 
 @dataclass(frozen=True)
+class AttestationFacts:
+    """Accepted hardware evidence for one node key (SPEC §6.9): which GPUs, by whom, when.
+    ``attester`` is the id of the attestation root that signed it, "" when the side that
+    established it had none to check against."""
+
+    node_id: str
+    key_id: str
+    gpus: tuple[str, ...]
+    attester: str
+    iss: str
+    iat: int
+    chain_index: int
+
+
+@dataclass(frozen=True)
 class CheckpointFacts:
     """The checkpoint over the log (SPEC §8.1) and whose cosignatures verify on it."""
 
@@ -117,6 +132,7 @@ class BillFacts:
         default_factory=lambda: VerdictFacts("PROVISIONAL", "nobody", ("not verified",))
     )
     source: str = ""  # where the figures come from, for the page's footer
+    attestations: tuple[AttestationFacts, ...] = ()  # SPEC §6.9, in chain order
 
 
 def signer_names(terms: PlacementTerms, keyids: Iterable[str]) -> tuple[str, ...]:

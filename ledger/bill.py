@@ -24,6 +24,7 @@ from billview.doc import BillDoc, GpuRow
 from billview.facts import (
     MAX_ADJUSTMENT_LINES,
     AdjustmentFacts,
+    AttestationFacts,
     BillFacts,
     CheckpointFacts,
     PeriodFacts,
@@ -34,13 +35,13 @@ from billview.facts import (
     signer_names,
 )
 from billview.timeline import DELIVERED, UNALLOCATED, UNHEALTHY, TimelineBuilder
-from ledger import health
+from ledger import health, snapshot
 from ledger.attest import UnknownPlacement, issue_checkpoint, issue_statement
 from ledger.store import Store
 from proto.cosign import cosignature_of
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
-from proto.keys import SigningKey
+from proto.keys import SigningKey, key_id
 from proto.note import parse_checkpoint_body, parse_note
 from proto.records import (
     Adjustment,
@@ -96,6 +97,7 @@ def bill_facts(
         close_index=None if close is None else close[0],
         closed_at_ms=None if close is None else close[1],
         checkpoint=checkpoint,
+        attestations=_attestations(store, placement_id, through),
         verdict=_verdict(statement, checkpoint, terms),
         source=(
             "Rendered by the ledger from its own store. Check it independently, offline: "
@@ -107,6 +109,21 @@ def bill_facts(
     _classify_usage(store, placement_id, through, timeline)
     rows, note = timeline.finish()
     return facts, rows, note
+
+
+def _attestations(store: Store, placement_id: str, through: int) -> tuple[AttestationFacts, ...]:
+    """SPEC §6.9: the node keys attested in the fold's state, as of record ``through``."""
+    raw = store.load_state(placement_id)
+    if raw is None:
+        return ()
+    state = snapshot.decode(placement_id, raw)
+    found = [
+        AttestationFacts(node_id, key_id(key), a.gpus, a.attester, a.iss, a.iat, a.record_index)
+        for node_id, keys in state.attested.items()
+        for key, a in keys.items()
+        if a.record_index <= through
+    ]
+    return tuple(sorted(found, key=lambda a: a.chain_index))
 
 
 def _rows(

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from test_verifier_exports import HOUR, MINUTE, T0, explain, verify
 
+from billview.render import to_html
 from devtools.builders import (
     Cast,
     StreamWriter,
@@ -31,6 +32,7 @@ from devtools.builders import (
     sample,
     signed_terms,
 )
+from ledger.bill import bill_doc
 from ledger.config import ConfigError, config_from_mapping
 from ledger.export import export_placement
 from ledger.fold import Fold
@@ -57,6 +59,7 @@ from proto.keys import SigningKey, key_id, write_key_pair
 from proto.records import PlacementTerms
 from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile, load_trust
 from transport.local import node_source, publish_local, publisher_source
+from verifier.verify import verify_export
 
 FOREVER = (0, 2**53 - 1)
 SERVICE = SigningKey.from_seed_text("test-attestation", "tests/attestation-service")
@@ -126,6 +129,9 @@ def _run_pipeline(tmp: Path, cast: Cast, terms: PlacementTerms, inputs: list[byt
         run = service.run_until_idle()
         assert run.closed == [terms.placement_id]
         export_placement(store, terms.placement_id, out, key=cast.ledger)
+        # The ledger's own statement page (SPEC §7.8), kept beside the export.
+        page = to_html(bill_doc(store, cast.ledger, terms.placement_id), "buyer")
+        (tmp / "ledger-page.html").write_text(page)
     finally:
         service.close()
     return out
@@ -155,6 +161,17 @@ def test_attested_placement_through_meter_ledger_export_verify(tmp_path: Path) -
     assert attested["iat"] == T0 // 1000
     assert attested["key_id"] == key_id(cast.node_key("node-a").public_key)
     assert attested["record_index"] == 1
+    # Both statement pages say which GPUs were attested, by whom, when.
+    with_bill = verify_export(out, _trust(cast, *ROOTS), bill=True)
+    assert with_bill.bill is not None
+    doc = with_bill.bill.doc(with_bill)
+    assert [(a.gpus, a.attester, a.iat_s) for a in doc.attested] == [
+        (sorted(g.uuid for g in terms.gpus), "test-attestation", T0 // 1000)
+    ]
+    for page in (to_html(doc, "buyer"), (tmp_path / "ledger-page.html").read_text()):
+        assert "Hardware evidence" in page
+        assert all(g.uuid in page for g in terms.gpus)
+        assert "test-attestation" in page
     # A verifier pinning no root judges all but the signature, and says so.
     unchecked = verify(out, cast.trust())
     assert unchecked.ok, explain(unchecked)

@@ -23,6 +23,7 @@ from billview.doc import BillDoc, GpuRow
 from billview.facts import (
     MAX_ADJUSTMENT_LINES,
     AdjustmentFacts,
+    AttestationFacts,
     BillFacts,
     CheckpointFacts,
     PeriodFacts,
@@ -36,6 +37,7 @@ from billview.timeline import DELIVERED, UNALLOCATED, UNHEALTHY, TimelineBuilder
 from proto.cosign import cosignature_of
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
+from proto.keys import key_id
 from proto.note import parse_checkpoint_body, parse_note
 from proto.records import Adjustment, PlacementClosed, ReclaimNotice, Statement, Totals
 from verifier.pricing import HEALTH_SQL, TOTAL_FIELDS, totals_at
@@ -110,6 +112,11 @@ def collect(run: Verification) -> BillParts | None:
         close_index=run.close_index,
         closed_at_ms=_closed_at(run),
         checkpoint=_checkpoint(run),
+        attestations=tuple(  # SPEC §6.9, as this verification judged them
+            AttestationFacts(a.node_id, key_id(a.key), a.gpus, a.attester, a.iss, a.iat, a.index)
+            for a in run.referee.attestations
+            if a.index <= through
+        ),
         source=(
             f"Recomputed by gridledger verify from the export {run.source.path.name} "
             "(signed inputs and the trust file only; no ledger asked). Amounts are the "
