@@ -96,6 +96,20 @@ def terms_summary(terms: PlacementTerms) -> list[tuple[str, str]]:
         ("desk fee", f"{percent_bps(terms.desk_fee_bps)} of net, paid by the {terms.fee_payer}"),
         ("late grace", duration(terms.late_grace_ms)),
         ("terms version", str(terms.version)),
+        *_attestation_terms(terms),
+    ]
+
+
+def _attestation_terms(terms: PlacementTerms) -> list[tuple[str, str]]:
+    """SPEC §6.9: the row for ``attestation_required`` (none when it is false)."""
+    if not terms.attestation_required:
+        return []
+    return [
+        (
+            "hardware evidence",
+            "required: usage counts only from node keys with accepted attestation "
+            "evidence for the sampled GPUs (SPEC §6.9)",
+        )
     ]
 
 

@@ -168,6 +168,7 @@ def test_attested_placement_through_meter_ledger_export_verify(tmp_path: Path) -
     assert [(a.gpus, a.attester, a.iat_s) for a in doc.attested] == [
         (sorted(g.uuid for g in terms.gpus), "test-attestation", T0 // 1000)
     ]
+    assert ("hardware evidence" in dict(doc.terms)) and terms.attestation_required
     for page in (to_html(doc, "buyer"), (tmp_path / "ledger-page.html").read_text()):
         assert "Hardware evidence" in page
         assert all(g.uuid in page for g in terms.gpus)
