@@ -173,6 +173,21 @@ def test_attested_placement_through_meter_ledger_export_verify(tmp_path: Path) -
         assert "Hardware evidence" in page
         assert all(g.uuid in page for g in terms.gpus)
         assert "test-attestation" in page
+    # The verify CLI says it too, one line per attested key.
+    from proto.trust import dump_trust
+
+    (tmp_path / "trust.json").write_bytes(dump_trust(_trust(cast, *ROOTS)))
+    cli = subprocess.run(
+        [sys.executable, "-m", "verifier", str(out), "--trust", str(tmp_path / "trust.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert cli.returncode in (0, 3), cli.stdout + cli.stderr
+    [line] = [x for x in cli.stdout.splitlines() if "attested:" in x]
+    assert "node node-a" in line and "by test-attestation" in line
+    assert all(g.uuid in line for g in terms.gpus)
     # A verifier pinning no root judges all but the signature, and says so.
     unchecked = verify(out, cast.trust())
     assert unchecked.ok, explain(unchecked)
