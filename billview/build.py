@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from billview.doc import (
+    Attested,
     BillDoc,
     Checkpoint,
     GpuRow,
@@ -107,6 +108,20 @@ def terms_summary(terms: PlacementTerms) -> list[tuple[str, str]]:
             if terms.resale_requires_operator
             else []
         ),
+        *_attestation_terms(terms),
+    ]
+
+
+def _attestation_terms(terms: PlacementTerms) -> list[tuple[str, str]]:
+    """SPEC §6.9: the row for ``attestation_required`` (none when it is false)."""
+    if not terms.attestation_required:
+        return []
+    return [
+        (
+            "hardware evidence",
+            "required: usage counts only from node keys with accepted attestation "
+            "evidence for the sampled GPUs (SPEC §6.9)",
+        )
     ]
 
 
@@ -217,6 +232,18 @@ def build(facts: BillFacts, gpu_rows: list[GpuRow], timeline_note: str = "") -> 
         desk_total_minor=(
             totals.desk_receives_minor + sum(r.fee_minor for r in resale) if resale else None
         ),
+        attested=[
+            Attested(
+                node_id=a.node_id,
+                key_id=a.key_id,
+                gpus=list(a.gpus),
+                attester=a.attester,
+                iss=a.iss,
+                iat_s=a.iat,
+                chain_index=a.chain_index,
+            )
+            for a in facts.attestations
+        ],
     )
 
 

@@ -82,6 +82,18 @@ class Checkpoint(Struct, frozen=True, kw_only=True):
     covers_statement: bool
 
 
+class Attested(Struct, frozen=True, kw_only=True):
+    """SPEC §6.9: GPUs of a node key attested by an attestation service."""
+
+    node_id: str
+    key_id: str
+    gpus: list[str]
+    attester: str  # "" when not checked against a root
+    iss: str
+    iat_s: int
+    chain_index: int
+
+
 class StatementRef(Struct, frozen=True, kw_only=True):
     """Which signed statement the bill shows."""
 
@@ -136,6 +148,7 @@ class BillDoc(Struct, frozen=True, kw_only=True):
     resale: list[Resale] = []
     original_buyer_net_minor: int | None = None
     desk_total_minor: int | None = None
+    attested: list[Attested] = []  # SPEC §6.9
 
 
 def encode(doc: BillDoc) -> bytes:

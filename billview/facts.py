@@ -119,6 +119,21 @@ class AdjustmentFacts:
 
 
 @dataclass(frozen=True)
+class AttestationFacts:
+    """Accepted hardware evidence for one node key (SPEC §6.9): which GPUs, by whom, when.
+    ``attester`` is the id of the attestation root that signed it, "" when the side that
+    established it had none to check against."""
+
+    node_id: str
+    key_id: str
+    gpus: tuple[str, ...]
+    attester: str
+    iss: str
+    iat: int
+    chain_index: int
+
+
+@dataclass(frozen=True)
 class CheckpointFacts:
     """The checkpoint over the log (SPEC §8.1) and whose cosignatures verify on it."""
 
@@ -158,6 +173,7 @@ class BillFacts:
     # SPEC §6.8: the accepted assignments, in chain order (their figures: statement.resale)
     assignments: tuple[AssignmentFacts, ...] = ()
     release: ReleaseFacts | None = None  # SPEC §6.7
+    attestations: tuple[AttestationFacts, ...] = ()  # SPEC §6.9, in chain order
 
 
 def signer_names(terms: PlacementTerms, keyids: Iterable[str]) -> tuple[str, ...]:

@@ -332,6 +332,24 @@ def _verification(doc: BillDoc) -> str:
     )
 
 
+def _attested(doc: BillDoc) -> str:
+    """SPEC §6.9: which GPUs were attested, by whom, when."""
+    if not doc.attested:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_e(a.node_id)}</td><td>{_e(a.key_id)}</td><td>{_e(', '.join(a.gpus))}</td>"
+        f"<td>{_e(a.attester or 'not checked (no attestation root)')}</td><td>{_e(a.iss)}</td>"
+        f"<td>{_e(iso_utc(a.iat_s * 1000))}</td><td>{a.chain_index}</td></tr>"
+        for a in doc.attested
+    )
+    return (
+        "<h2>Hardware evidence</h2><table class=attested><tr><th>node</th><th>key id</th>"
+        "<th>GPUs attested</th><th>attested by</th><th>issuer</th><th>issued</th>"
+        f"<th>record</th></tr>{rows}</table><p class=muted>Attestation tokens carried by "
+        "the node key bindings (SPEC §6.9).</p>"
+    )
+
+
 def _periods(doc: BillDoc) -> str:
     if not doc.periods:
         return "<p>No period has a final statement yet: the placement is open.</p>"
@@ -410,6 +428,7 @@ through record {doc.statement.through_index}, period {doc.statement.period},
 <p class="muted">Times in UTC; each bar is one GPU over the window.</p>
 <h2>Terms</h2>
 <table class="terms">{terms}</table>
+{_attested(doc)}
 <h2>Statement periods</h2>
 {_periods(doc)}
 <h2>Verification</h2>

@@ -291,9 +291,11 @@ def key_binding(
     valid_until_ms: int,
     issued_at_ms: int,
     signers: Sequence[SigningKey] | None = None,
+    evidence: str = "",
 ) -> bytes:
     """A node key binding (rotation or revocation) signed by the operator and the buyer
-    (SPEC §4.0; a revocation needs only the operator); ``signers`` overrides."""
+    (SPEC §4.0; a revocation needs only the operator); ``signers`` overrides.
+    ``evidence``: hardware evidence for the key (SPEC §6.9)."""
     record = NodeKeyBinding(
         placement_id=placement_id,
         node_id=node_id,
@@ -301,6 +303,7 @@ def key_binding(
         valid_from_ms=valid_from_ms,
         valid_until_ms=valid_until_ms,
         issued_at_ms=issued_at_ms,
+        evidence=evidence,
     )
     return seal(record, list(signers) if signers is not None else [cast.operator, cast.buyer])
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from gridledger.publishing import PublishError, add_target_arguments, publish, target_of
+from proto.attestation import EvidenceError, evidence_nonce, node_key_hash, parse_evidence
 from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import (
     Envelope,
@@ -58,7 +59,7 @@ from proto.envelope import (
 from proto.errors import KeyFileError, ProtoError
 from proto.files import read_at_most
 from proto.keys import SigningKey, key_id, load_public_key, load_signing_key
-from proto.limits import MAX_ENVELOPE_BYTES, MAX_SAFE_INTEGER
+from proto.limits import MAX_ENVELOPE_BYTES, MAX_EVIDENCE_CHARS, MAX_SAFE_INTEGER
 from proto.records import (
     Adjustment,
     Assignment,
@@ -188,7 +189,14 @@ def authority(
         and record.valid_from_ms == current[0]
         and record.valid_until_ms < current[1]
     )
-    return (("operator",), ("buyer",)) if shortens else (("operator", "buyer"), ())
+    # SPEC §4.0, §6.9: evidence for a key bound now, changing no window, only attests.
+    attests = (
+        bool(record.evidence)
+        and current is not None
+        and record.valid_from_ms <= current[0]
+        and record.valid_until_ms == current[1]
+    )
+    return (("operator",), ("buyer",)) if shortens or attests else (("operator", "buyer"), ())
 
 
 def _party(terms: PlacementTerms, role: str, record: _RECORD | None) -> Party:
@@ -494,6 +502,9 @@ def _bind_key(args: argparse.Namespace) -> int:
         else parse_time_ms(args.valid_from, "--valid-from"),
         valid_until_ms=until,
         issued_at_ms=parse_time_ms(args.issued_at, "--issued-at"),
+        evidence=""
+        if args.evidence is None
+        else _evidence(args.evidence, terms, args.node, public),
     )
     if record.valid_from_ms >= record.valid_until_ms:
         raise UsageError("--valid-from must be before --valid-until")
@@ -549,6 +560,37 @@ def _assign(args: argparse.Namespace) -> int:
     envelope = _sign_new(args, terms, record)
     out = None if args.dry_run else _default_out(args, f"assignment-{record.assignment_id}")
     return _finish(args, terms, record, envelope, out)
+
+
+def _evidence(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> str:
+    """SPEC §6.9: the compact JWS in ``path``, checked as the ledger will (all but the
+    signature, which needs the ledger's roots); a one-line UsageError otherwise."""
+    try:
+        raw = read_at_most(path, MAX_EVIDENCE_CHARS + 2)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        token = raw.decode("ascii").strip()
+        evidence = parse_evidence(token)
+    except (UnicodeDecodeError, EvidenceError) as exc:
+        raise UsageError(f"--evidence {path}: not an attestation token: {exc}") from exc
+    claims = evidence.claims
+    if claims.node_key_sha256 != node_key_hash(key):
+        raise UsageError(f"--evidence {path}: the token names another node key")
+    if claims.eat_nonce != evidence_nonce(terms.placement_id, node_id, key):
+        raise UsageError(
+            f"--evidence {path}: eat_nonce is not this binding's nonce "
+            f"{evidence_nonce(terms.placement_id, node_id, key)} (SPEC §6.9)"
+        )
+    on_node = {g.uuid: g.model for g in terms.gpus if g.node_id == node_id}
+    for uuid, model in evidence.gpus().items():
+        if on_node.get(uuid) != model:
+            raise UsageError(
+                f"--evidence {path}: GPU {uuid} ({model}) is not on {node_id} in the terms"
+            )
+    if not claims.overall_result:
+        raise UsageError(f"--evidence {path}: the attestation service's overall result is false")
+    return token
 
 
 def _check_record(record: _RECORD) -> None:
@@ -735,6 +777,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="forever",
         metavar="TIME",
         help="until this time (default: forever); an earlier time than bound revokes",
+    )
+    bind.add_argument(
+        "--evidence",
+        type=Path,
+        metavar="FILE",
+        help="hardware evidence for the key (SPEC §6.9): the attestation service's compact "
+        "JWS; with the key's current window, the operator alone signs",
     )
     _issued(bind)
     _common(bind, keys=True, out=True, target_required=False)

@@ -6,6 +6,8 @@
 Each key is ``FILE.pub`` (the party id is the id written in the file) or ``ID=FILE.pub``
 (the id you pin; the terms must name the party by that id, else the verifier reports
 PARTY_ID_MISMATCH). ``--witness ID=FILE.pub`` pins an independent witness;
+``--attestation ID=FILE`` an attestation service (SPEC §6.9; FILE: a PEM public key,
+P-384 for ES384 or Ed25519 for EdDSA, a JWK of either, or a gridledger .pub file);
 ``--cosigners`` sets the witness policy (default: operator and buyer). With ``--terms``
 the pinned ids and keys are checked against the terms before anything is written.
 
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from proto.attestation import RootKeyError, load_root_key
 from proto.errors import KeyFileError
 from proto.keys import load_public_key
 from proto.records import PlacementTerms
@@ -61,6 +64,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="an independent witness's public key (repeatable)",
     )
     init.add_argument(
+        "--attestation",
+        action="append",
+        default=[],
+        metavar="ID=FILE",
+        help="an attestation service's public key: PEM (P-384 or Ed25519), JWK or .pub "
+        "(repeatable; SPEC §6.9)",
+    )
+    init.add_argument(
         "--cosigners",
         metavar="LIST",
         help="comma-separated witness policy: operator, buyer, desk or witness ids "
@@ -89,6 +100,20 @@ def _key(spec: str, role: str) -> TrustedKey:
     return TrustedKey(id=pinned, role=role, key=public.key)  # type: ignore[arg-type]
 
 
+def _root(spec: str) -> TrustedKey:
+    """``ID=FILE``: an attestation root (SPEC §9 role ``attestation``) and its alg."""
+    name, sep, file = spec.partition("=")
+    if not sep or not name:
+        raise _Bad(f"--attestation {spec!r}: give ID=FILE", 2)
+    if not name[0].isalnum() or set(name) - _ID_CHARS or len(name) > 128:
+        raise _Bad(f"--attestation: id {name!r} must be 1-128 characters of [A-Za-z0-9._:-]", 2)
+    try:
+        alg, key = load_root_key(Path(file))
+    except RootKeyError as exc:
+        raise _Bad(f"--attestation {name}: {exc}", 2) from exc
+    return TrustedKey(id=name, role="attestation", key=key, alg=alg)
+
+
 def _against_terms(keys: list[TrustedKey], terms: PlacementTerms, path: Path) -> list[str]:
     problems: list[str] = []
     by_role = {k.role: k for k in keys}
@@ -114,6 +139,8 @@ def _init(args: argparse.Namespace) -> int:
             if "=" not in spec:
                 raise _Bad(f"--witness {spec!r}: give ID=FILE.pub", 2)
             keys.append(_key(spec, "witness"))
+        for spec in args.attestation:
+            keys.append(_root(spec))
         cosigners = None
         if args.cosigners is not None:
             cosigners = [c.strip() for c in args.cosigners.split(",") if c.strip()]
@@ -149,7 +176,7 @@ def _init(args: argparse.Namespace) -> int:
         print(f"FAIL: {exc}", file=sys.stderr)
         return exc.code
     for k in keys:
-        print(f"   {k.role:<8} {k.id}")
+        print(f"   {k.role:<8} {k.id}" + (f" ({k.alg})" if k.alg else ""))
     policy = "operator, buyer (default)" if cosigners is None else ", ".join(cosigners) or "none"
     print(f"OK: {out} pins {len(keys)} keys; a final verdict needs cosignatures of: {policy}")
     return 0

@@ -25,6 +25,7 @@ from billview.facts import (
     MAX_ADJUSTMENT_LINES,
     AdjustmentFacts,
     AssignmentFacts,
+    AttestationFacts,
     BillFacts,
     CheckpointFacts,
     PeriodFacts,
@@ -36,7 +37,7 @@ from billview.facts import (
     signer_names,
 )
 from billview.timeline import DELIVERED, UNALLOCATED, UNHEALTHY, TimelineBuilder
-from ledger import health
+from ledger import health, snapshot
 from ledger.attest import UnknownPlacement, issue_checkpoint, issue_statement
 from ledger.store import Store
 from proto.cosign import cosignature_of
@@ -103,6 +104,7 @@ def bill_facts(
         checkpoint=checkpoint,
         assignments=_assignments(store, terms, through),
         release=_release(store, terms, through, reclaim),
+        attestations=_attestations(store, placement_id, through),
         verdict=_verdict(statement, checkpoint, terms),
         source=(
             "Rendered by the ledger from its own store. Check it independently, offline: "
@@ -114,6 +116,21 @@ def bill_facts(
     _classify_usage(store, placement_id, through, timeline)
     rows, note = timeline.finish()
     return facts, rows, note
+
+
+def _attestations(store: Store, placement_id: str, through: int) -> tuple[AttestationFacts, ...]:
+    """SPEC §6.9: the node keys attested in the fold's state, as of record ``through``."""
+    raw = store.load_state(placement_id)
+    if raw is None:
+        return ()
+    state = snapshot.decode(placement_id, raw)
+    found = [
+        AttestationFacts(node_id, key_id(key), a.gpus, a.attester, a.iss, a.iat, a.record_index)
+        for node_id, keys in state.attested.items()
+        for key, a in keys.items()
+        if a.record_index <= through
+    ]
+    return tuple(sorted(found, key=lambda a: a.chain_index))
 
 
 def _rows(

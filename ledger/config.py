@@ -19,6 +19,11 @@ Keys (relative paths are relative to the directory of the config file)::
                                       # CreateTime, stamped spool frames) -- ONLY for
                                       # simulations on a compressed simulated clock
 
+    [[attestation_roots]]             # SPEC §6.9: attestation services whose signature
+    id = "nras"                       # hardware evidence needs (none: not judged)
+    alg = "ES384"                     # or "EdDSA"
+    key = "BASE64"                    # ES384: 97-byte SEC1 point; EdDSA: 32 bytes
+
     [kafka]                           # transport = "kafka"
     bootstrap = "127.0.0.1:9092"
     topic = "gridledger.records"      # created beforehand with a fixed partition count
@@ -34,6 +39,8 @@ Keys (relative paths are relative to the directory of the config file)::
 
 from __future__ import annotations
 
+import base64
+import binascii
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +48,8 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from ledger.limits import DEFAULT_BATCH_MAX_RECORDS, MAX_BATCH_RECORDS
+from proto.attestation import AttestationRoot, root_key_ok
+from proto.limits import MAX_ATTESTATION_ROOTS
 from transport.kafka import DEFAULT_TOPIC, KafkaSettings
 
 DEFAULT_HTTP: Final = "127.0.0.1:0"
@@ -58,6 +67,7 @@ _TOP_KEYS: Final = frozenset(
         "clock_ms",
         "arrival",
         "kafka",
+        "attestation_roots",
     }
 )
 _KAFKA_KEYS: Final = frozenset(
@@ -123,6 +133,8 @@ class LedgerConfig:
     clock_ms: int | None = None
     arrival: Arrival = "log"
     kafka: KafkaConfig | None = None
+    # SPEC §6.9: None when ledger.toml names no attestation root.
+    attestation_roots: tuple[AttestationRoot, ...] | None = None
 
     @property
     def port_file(self) -> Path:
@@ -249,7 +261,36 @@ def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
         clock_ms=None if clock is None else _int(clock, "clock_ms", 0, 2**53 - 1),
         arrival=arrival,
         kafka=kafka,
+        attestation_roots=_roots(data["attestation_roots"])
+        if "attestation_roots" in data
+        else None,
     )
+
+
+def _roots(data: Any) -> tuple[AttestationRoot, ...]:
+    """[[attestation_roots]]: id, alg ("EdDSA" | "ES384"), key (base64) each."""
+    if not isinstance(data, list) or not 1 <= len(data) <= MAX_ATTESTATION_ROOTS:
+        raise ConfigError(
+            f"attestation_roots must be 1..{MAX_ATTESTATION_ROOTS} tables [[attestation_roots]]"
+        )
+    roots = []
+    for i, entry in enumerate(data):
+        where = f"attestation_roots[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"id", "alg", "key"}:
+            raise ConfigError(f"{where} needs exactly id, alg and key")
+        root_id, alg, key_text = entry["id"], entry["alg"], entry["key"]
+        if not isinstance(root_id, str) or not root_id:
+            raise ConfigError(f"{where}: id must be a non-empty string")
+        if alg not in ("EdDSA", "ES384"):
+            raise ConfigError(f"{where}: alg must be 'EdDSA' or 'ES384', got {alg!r}")
+        try:
+            key = base64.b64decode(str(key_text), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ConfigError(f"{where}: key is not base64") from exc
+        if not root_key_ok(alg, key):
+            raise ConfigError(f"{where}: key is not a {alg} public key")
+        roots.append(AttestationRoot(root_id, alg, key))
+    return tuple(roots)
 
 
 def load_config(path: Path) -> LedgerConfig:

@@ -48,11 +48,21 @@ from ledger.state import (
     NO_HASHES,
     NO_HELD,
     AssignmentState,
+    Attestation,
+    Attested,
     PlacementState,
     StreamState,
     terms_fields,
 )
 from proto import limits
+from proto.attestation import (
+    AttestationRoot,
+    EvidenceError,
+    attested_by,
+    evidence_nonce,
+    node_key_hash,
+    parse_evidence,
+)
 from proto.canonical import signed_bytes
 from proto.envelope import Opened, check_signatures, open_envelope, sha256_hex
 from proto.errors import ProtoError
@@ -190,6 +200,7 @@ def decide(
     checked: CheckedSignature | None = None,
     claims: Claims | None = None,
     arrived_ms: int | None = None,
+    attestation_roots: tuple[AttestationRoot, ...] | None = None,
 ) -> tuple[Verdict, PlacementState]:
     """The verdict for one attributable input of ``state``'s placement, and the new state.
 
@@ -201,7 +212,9 @@ def decide(
     ``ledger_key`` is the public key of the ledger folding the stream (SPEC §5 (6)).
     See the module docstring for ``accepted_at`` and ``checked``. ``claims``: for a terms
     input, the claims of other placements of the same ordered stream on its GPUs (SPEC
-    §6.5, ``ledger.capacity``); None checks none.
+    §6.5, ``ledger.capacity``); None checks none. ``attestation_roots`` (SPEC §6.9): the
+    attestation services whose signature hardware evidence needs; None (no root
+    configured) judges everything of the evidence but its signature.
     """
     if opened.record.placement_id != state.placement_id:
         raise InvariantViolation(
@@ -210,7 +223,7 @@ def decide(
     arrived = arrived_ms
     if arrived is not None and state.arrived_ms is not None:
         arrived = max(arrived, state.arrived_ms)
-    run = _Run(ledger_key, accepted_at, claims, arrived)
+    run = _Run(ledger_key, accepted_at, claims, arrived, attestation_roots)
     verdict, new = run.one(state, opened, position, checked)
     if state.terms is None and new.terms is not None and new.held:
         # SPEC §6.2: held inputs are processed right after the accepted terms.
@@ -242,7 +255,7 @@ class _Run:
     """One call of ``decide``: its inputs from outside, and the usage events it accepted
     (held inputs released by terms can re-deliver one of those)."""
 
-    __slots__ = ("accepted", "accepted_at", "arrived", "claims", "ledger_key")
+    __slots__ = ("accepted", "accepted_at", "arrived", "claims", "ledger_key", "roots")
 
     def __init__(
         self,
@@ -250,8 +263,10 @@ class _Run:
         accepted_at: AcceptedEvent | NotLookedUp | None,
         claims: Claims | None = None,
         arrived: int | None = None,
+        roots: tuple[AttestationRoot, ...] | None = None,
     ) -> None:
         self.ledger_key = ledger_key
+        self.roots = roots
         self.arrived = arrived
         self.accepted_at = accepted_at
         self.claims = claims
@@ -359,7 +374,7 @@ class _Run:
             elif terms is None:  # pragma: no cover - §6.1 (3) held it
                 raise AssertionError(f"{opened.kind} input without terms was not held")
             elif isinstance(record, NodeKeyBinding):
-                new = _key_binding(state, terms, opened, record, self.arrived)
+                new = _key_binding(state, terms, opened, record, self.arrived, self.roots)
             elif isinstance(record, UsageEvent):
                 new, delivered = self._usage(state, terms, opened, record, checked)
             elif isinstance(record, ReclaimNotice):
@@ -612,6 +627,15 @@ class _Run:
                     f"GPU {sample.uuid}: {sample.model} != {spec.model}",
                     takes,
                 )
+            if terms.attestation_required:
+                # §6.9: only attested keys carry usage, and only for the GPUs attested.
+                attestation = state.attested.get(node_id, {}).get(public_key)
+                if attestation is None or sample.uuid not in attestation.gpus:
+                    raise _Reject(
+                        Reason.NOT_ATTESTED,
+                        f"key {signature.keyid} has no accepted evidence for GPU {sample.uuid}",
+                        takes,
+                    )
             if health.counts(sample, event.seq == 0, stream.retired):
                 delivered += spec.share_milli * overlap_ms(
                     event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
@@ -761,6 +785,7 @@ def _key_binding(
     opened: Opened,
     binding: NodeKeyBinding,
     arrived: int | None,
+    roots: tuple[AttestationRoot, ...] | None = None,
 ) -> dict[str, Any]:
     # §4.0: a binding that introduces or extends a key needs the operator and the buyer;
     # one that only shortens the current binding of (node, key) the operator alone.
@@ -773,7 +798,16 @@ def _key_binding(
         and binding.valid_from_ms <= current[0]
         and binding.valid_until_ms < current[1]
     )
-    if shortens:
+    node_revoked = state.revoked.get(binding.node_id, frozenset())
+    # §4.0, §6.9: evidence for a key bound now, changing no window, needs the operator.
+    attests_only = (
+        bool(binding.evidence)
+        and current is not None
+        and binding.key not in node_revoked
+        and binding.valid_from_ms <= current[0]
+        and binding.valid_until_ms == current[1]
+    )
+    if shortens or attests_only:
         _require(opened, operator, buyer)
     else:
         _require(opened, {**operator, **buyer})
@@ -781,8 +815,10 @@ def _key_binding(
         raise _Reject(Reason.NODE_UNKNOWN, f"node {binding.node_id!r} is not in the terms")
     if binding.valid_from_ms >= binding.valid_until_ms:
         raise _Reject(Reason.BINDING_INVALID, "valid_from_ms is not before valid_until_ms")
+    if attests_only:
+        # §6.9: the binding stays as it is; only the evidence is judged.
+        return {"attested": _evidence(state, terms, binding, roots)}
     revoked = dict(state.revoked)
-    node_revoked = revoked.get(binding.node_id, frozenset())
     if shortens and current is not None:
         # §6.3, §6.6: a revocation keeps the start and applies from its arrival on.
         window = (current[0], binding.valid_until_ms)
@@ -804,9 +840,62 @@ def _key_binding(
                 revoked[binding.node_id] = rest
             else:
                 del revoked[binding.node_id]
+    attested = state.attested
+    if binding.evidence:  # §6.9, after the checks of §6.3
+        attested = _evidence(state, terms, binding, roots)
     bindings = dict(state.bindings)
     bindings[binding.node_id] = {**keys, binding.key: window}
-    return {"bindings": bindings, "revoked": revoked}
+    return {"bindings": bindings, "revoked": revoked, "attested": attested}
+
+
+# §6.9: the checks of a binding's hardware evidence, in order; the attestations after it.
+def _evidence(
+    state: PlacementState,
+    terms: PlacementTerms,
+    binding: NodeKeyBinding,
+    roots: tuple[AttestationRoot, ...] | None,
+) -> Attested:
+    try:  # (1)
+        evidence = parse_evidence(binding.evidence)
+    except EvidenceError as exc:
+        raise _Reject(Reason.EVIDENCE_INVALID, f"evidence: {exc}") from exc
+    claims = evidence.claims
+    if not claims.overall_result:
+        raise _Reject(Reason.EVIDENCE_INVALID, "the attestation service's overall result is false")
+    # (2) the nonce of this binding, (3) the hash of this key
+    nonce = evidence_nonce(binding.placement_id, binding.node_id, binding.key)
+    if claims.eat_nonce != nonce:
+        raise _Reject(Reason.EVIDENCE_INVALID, f"eat_nonce {claims.eat_nonce}, expected {nonce}")
+    if claims.node_key_sha256 != node_key_hash(binding.key):
+        raise _Reject(Reason.EVIDENCE_INVALID, "the evidence names another node key")
+    # (4) the GPUs: distinct, on this node in the terms, of the terms' model
+    uuids = [g.ueid for g in claims.submods.values()]
+    if len(set(uuids)) != len(uuids):
+        raise _Reject(Reason.EVIDENCE_INVALID, "a GPU is attested twice")
+    for gpu in claims.submods.values():
+        spec = state.gpus.get(gpu.ueid)
+        if spec is None or spec.node_id != binding.node_id:
+            raise _Reject(
+                Reason.EVIDENCE_INVALID, f"GPU {gpu.ueid} is not on {binding.node_id} in the terms"
+            )
+        if spec.model != gpu.hwmodel:
+            raise _Reject(Reason.EVIDENCE_INVALID, f"GPU {gpu.ueid}: {gpu.hwmodel} != {spec.model}")
+    # (5) the signature, by a configured root (none configured: not judged)
+    attester = ""
+    if roots is not None:
+        found = attested_by(evidence, roots)
+        if found is None:
+            raise _Reject(
+                Reason.EVIDENCE_INVALID,
+                f"no attestation root signed it ({evidence.header.alg}, kid "
+                f"{evidence.header.kid!r})",
+            )
+        attester = found
+    attestation = Attestation(
+        tuple(sorted(uuids)), attester, claims.iss, claims.iat, state.next_index
+    )
+    node = {**state.attested.get(binding.node_id, {}), binding.key: attestation}
+    return {**state.attested, binding.node_id: node}
 
 
 # §6.3 reclaim; §7.3 reclaim credit

@@ -42,6 +42,7 @@ from ledger.decide import (
     usage_lookup,
 )
 from ledger.state import PlacementState
+from proto.attestation import AttestationRoot
 from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
 from proto.keys import SigningKey
@@ -105,8 +106,11 @@ class Fold:
         ledger_key: SigningKey,
         lookup: UsageLookup | None = None,
         load_state: StateLoader | None = None,
+        attestation_roots: tuple[AttestationRoot, ...] | None = None,
     ) -> None:
         self.ledger_key = ledger_key
+        # SPEC §6.9: the roots hardware evidence must be signed by (None: not judged).
+        self.attestation_roots = attestation_roots
         self._public_key = ledger_key.public_key
         self._cache = PlacementCache(lookup, load_state)
         self._capacity = CapacityIndex()
@@ -189,6 +193,7 @@ class Fold:
             checked=None if check is None else check.result(),
             claims=claims,
             arrived_ms=arrived_ms,
+            attestation_roots=self.attestation_roots,
         )
         verdicts = verdict.flatten()
         for v in verdicts:  # §6.5: accepted terms claim their GPUs, reclaims end claims

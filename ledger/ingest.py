@@ -27,6 +27,7 @@ from ledger.limits import CRYPTO_THREADS
 from ledger.metrics import LedgerMetrics
 from ledger.statements import make_statement
 from ledger.store import Batch, ChainedRow, HeldRow, QuarantineRow, StateRow, Store
+from proto.attestation import AttestationRoot
 from proto.invariant import present
 from proto.keys import SigningKey, key_id
 from proto.records import PlacementTerms
@@ -54,11 +55,22 @@ class BatchReport:
 class Ingestor:
     """Folds batches of inputs into the store; see the module docstring."""
 
-    def __init__(self, store: Store, key: SigningKey, metrics: LedgerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        key: SigningKey,
+        metrics: LedgerMetrics | None = None,
+        attestation_roots: tuple[AttestationRoot, ...] | None = None,
+    ) -> None:
         self.store = store
         self.key = key
         self.metrics = metrics
-        self.fold = Fold(key, lookup=store.lookup_usage, load_state=store.load_state)
+        self.fold = Fold(
+            key,
+            lookup=store.lookup_usage,
+            load_state=store.load_state,
+            attestation_roots=attestation_roots,
+        )
         # Ed25519 checks and record signatures run on these threads beside the fold.
         self._crypto = ThreadPoolExecutor(CRYPTO_THREADS, thread_name_prefix="ledger-crypto")
         self._broken = False

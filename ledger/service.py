@@ -54,6 +54,7 @@ from ledger.limits import (
 )
 from ledger.metrics import LedgerMetrics
 from ledger.store import Store
+from proto.attestation import AttestationRoot
 from proto.envelope import open_envelope, seal
 from proto.invariant import of_type
 from proto.keys import SigningKey, load_signing_key
@@ -158,9 +159,16 @@ class _ServiceCore:
         close: bool,
         metrics: LedgerMetrics | None,
         arrival: Arrival,
+        attestation_roots: tuple[AttestationRoot, ...] | None = None,
     ) -> None:
         self.store = store
         self.arrival = arrival
+        if attestation_roots is None:
+            log.info(
+                "attestation_unchecked",
+                note="SPEC 6.9: no attestation_roots configured; the signatures of "
+                "hardware evidence are not judged",
+            )
         if arrival == "sender":
             log.warning(
                 "arrival_from_senders",
@@ -171,7 +179,7 @@ class _ServiceCore:
         self.batch_max_records = batch_max_records
         self.close_enabled = close
         self.metrics = metrics or LedgerMetrics()
-        self.ingestor = Ingestor(store, key, self.metrics)
+        self.ingestor = Ingestor(store, key, self.metrics, attestation_roots)
         self.closer = Closer(store, self.ingestor, key, clock)
 
     def close_stamps(self, pending: list[tuple[str, bytes]]) -> list[int] | None:
@@ -207,6 +215,7 @@ class LedgerService(_ServiceCore):
         metrics: LedgerMetrics | None = None,
         intake_dir: Path | None = None,
         arrival: Arrival = "log",
+        attestation_roots: tuple[AttestationRoot, ...] | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -216,6 +225,7 @@ class LedgerService(_ServiceCore):
             close=close,
             metrics=metrics,
             arrival=arrival,
+            attestation_roots=attestation_roots,
         )
         self.ledger_id = ledger_id
         self.local_dir = local_dir
@@ -249,6 +259,7 @@ class LedgerService(_ServiceCore):
                 batch_max_records=config.batch_max_records,
                 close=config.close,
                 arrival=config.arrival,
+                attestation_roots=config.attestation_roots,
             )
         except BaseException:
             store.close()
@@ -328,6 +339,7 @@ class KafkaLedgerService(_ServiceCore):
         close: bool = True,
         metrics: LedgerMetrics | None = None,
         arrival: Arrival = "log",
+        attestation_roots: tuple[AttestationRoot, ...] | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -337,6 +349,7 @@ class KafkaLedgerService(_ServiceCore):
             close=close,
             metrics=metrics,
             arrival=arrival,
+            attestation_roots=attestation_roots,
         )
         self.kafka = kafka
         self.source = KafkaSource(
@@ -357,6 +370,7 @@ class KafkaLedgerService(_ServiceCore):
             batch_max_records=config.batch_max_records,
             close=config.close,
             arrival=config.arrival,
+            attestation_roots=config.attestation_roots,
         )
 
     async def start(self) -> None:

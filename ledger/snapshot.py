@@ -13,7 +13,7 @@ from typing import Final
 import msgspec
 
 from ledger.persistent import PLog, PSet
-from ledger.state import AssignmentState, PlacementState, StreamState, terms_fields
+from ledger.state import AssignmentState, Attestation, PlacementState, StreamState, terms_fields
 from proto.canonical import decode_payload
 from proto.envelope import sha256_hex
 from proto.records import Party, PlacementTerms, Totals
@@ -69,6 +69,16 @@ class _AssignmentSnap(msgspec.Struct, array_like=True):
     delivered_mgms: int
 
 
+class _AttestedSnap(msgspec.Struct, array_like=True):
+    node_id: str
+    key: bytes
+    gpus: list[str]
+    attester: str
+    iss: str
+    iat: int
+    record_index: int
+
+
 class _Snapshot(msgspec.Struct, omit_defaults=True):
     version: int
     placement_id: str
@@ -101,6 +111,8 @@ class _Snapshot(msgspec.Struct, omit_defaults=True):
     assignments: list[_AssignmentSnap] = []
     # SPEC §6.7: the end of the accepted buyer release; absent when there is none.
     release_end_ms: int | None = None
+    # SPEC §6.9: accepted hardware evidence per node key; absent when there is none.
+    attested: list[_AttestedSnap] = []
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -167,6 +179,11 @@ def encode(state: PlacementState) -> bytes:
             for a in state.assignments
         ],
         release_end_ms=state.release_end_ms,
+        attested=[
+            _AttestedSnap(node, key, list(a.gpus), a.attester, a.iss, a.iat, a.record_index)
+            for node, keys in sorted(state.attested.items())
+            for key, a in sorted(keys.items())
+        ],
     )
     return _ENCODER.encode(snap)
 
@@ -226,6 +243,7 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
             for a in snap.assignments
         ),
         release_end_ms=snap.release_end_ms,
+        attested=_attested(snap.attested),
     )
     if snap.terms_payload is None:
         return state
@@ -234,7 +252,7 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         raise SnapshotError(f"snapshot of {placement_id}: its terms are a {type(terms).__name__}")
     fields = terms_fields(terms, snap.terms_payload, sha256_hex(snap.terms_payload))
     # Bindings, revocations and the effective end are the snapshot's own.
-    del fields["bindings"], fields["effective_end_ms"], fields["revoked"]
+    del fields["bindings"], fields["effective_end_ms"], fields["revoked"], fields["attested"]
     return msgspec.structs.replace(state, **fields)
 
 
@@ -252,3 +270,12 @@ def _revoked(rows: list[_RevokedSnap]) -> dict[str, frozenset[bytes]]:
     for row in rows:
         out.setdefault(row.node_id, set()).add(row.key)
     return {node: frozenset(keys) for node, keys in out.items()}
+
+
+def _attested(rows: list[_AttestedSnap]) -> dict[str, dict[bytes, Attestation]]:
+    out: dict[str, dict[bytes, Attestation]] = {}
+    for r in rows:
+        out.setdefault(r.node_id, {})[r.key] = Attestation(
+            tuple(r.gpus), r.attester, r.iss, r.iat, r.record_index
+        )
+    return out

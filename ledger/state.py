@@ -54,6 +54,19 @@ class AssignmentState(msgspec.Struct, frozen=True):
     delivered_mgms: int = 0
 
 
+class Attestation(msgspec.Struct, frozen=True):
+    """SPEC §6.9: accepted hardware evidence for one node key."""
+
+    gpus: tuple[str, ...]
+    attester: str  # the root that signed it; "" when the ledger has no root configured
+    iss: str
+    iat: int
+    record_index: int
+
+
+# node_id -> public key -> its accepted evidence.
+Attested = Mapping[str, Mapping[bytes, Attestation]]
+
 NO_HASHES: Final[PSet[str]] = PSet()
 NO_HELD: Final[PLog[tuple[bytes, str]]] = PLog()
 
@@ -101,6 +114,8 @@ class PlacementState(msgspec.Struct, frozen=True):
     assignments: tuple[AssignmentState, ...] = ()
     # SPEC §6.7: the end e of the accepted buyer release (None: not released).
     release_end_ms: int | None = None
+    # SPEC §6.9: the node keys with accepted hardware evidence.
+    attested: Attested = msgspec.field(default_factory=dict)
 
     def held_count(self) -> int:
         """Inputs held before the terms plus usage events held in their streams."""
@@ -136,5 +151,6 @@ def terms_fields(terms: PlacementTerms, payload: bytes, record_hash: str) -> dic
         "gpus": {g.uuid: g for g in terms.gpus},
         "bindings": {n.node_id: {n.key: FOREVER} for n in terms.nodes},
         "revoked": {},
+        "attested": {},
         "effective_end_ms": terms.window_end_ms,
     }

@@ -67,3 +67,10 @@ MAX_CLOCK_SKEW_MS: Final = 60_000
 # (2026-12-01T00:00:00Z) carries arrived_ms; untimed records are accepted only in older
 # placements (chained before time from the log existed).
 ARRIVAL_REQUIRED_FROM_MS: Final = 1_796_083_200_000
+
+# SPEC §6.9: hardware evidence on a key binding — a compact JWS (an EAT) of at most this
+# many characters; at most this many GPUs (``submods``) in it, and this many attestation
+# roots pinned by a trust file or a ledger.toml.
+MAX_EVIDENCE_CHARS: Final = 32_768
+MAX_EVIDENCE_GPUS: Final = MAX_GPUS
+MAX_ATTESTATION_ROOTS: Final = 64

@@ -37,6 +37,13 @@ Model = Annotated[str, Meta(min_length=1, max_length=limits.MAX_ID_CHARS)]
 Hash = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$(?!\n)")]
 PublicKey = Annotated[bytes, Meta(min_length=32, max_length=32)]
 Currency = Annotated[str, Meta(pattern=r"^[A-Z]{3}$(?!\n)")]
+EvidenceToken = Annotated[
+    str,
+    Meta(
+        pattern=r"^([A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+)?$(?!\n)",
+        max_length=limits.MAX_EVIDENCE_CHARS,
+    ),
+]
 
 ZERO_HASH: Final = "0" * 64
 
@@ -153,13 +160,21 @@ class PlacementTerms(
     # SPEC §6.7, §7.9: how long before its end a buyer's release must reach the log for the
     # buyer to owe nothing past that end. Omitted at 0, so older terms keep their bytes.
     release_notice_ms: Annotated[int, Meta(ge=0, le=limits.MAX_WINDOW_MS)] = 0
+    # SPEC §6.9: usage is folded only when signed by a key with accepted hardware evidence
+    # naming the sampled GPUs (NOT_ATTESTED); omitted when false.
+    attestation_required: bool = False
 
 
 # ---- records from the operator, the nodes and the desk --------------------------
 
 
 class NodeKeyBinding(
-    Struct, frozen=True, forbid_unknown_fields=True, tag="keybinding", tag_field="type"
+    Struct,
+    frozen=True,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    tag="keybinding",
+    tag_field="type",
 ):
     """Node ``node_id`` signs with ``key`` for usage inside [valid_from, valid_until).
 
@@ -175,6 +190,9 @@ class NodeKeyBinding(
     valid_from_ms: TimeMs
     valid_until_ms: TimeMs
     issued_at_ms: TimeMs
+    # SPEC §6.9: hardware evidence for the key — a compact JWS (an attestation service's
+    # signed EAT); omitted when absent, so bindings without it keep their bytes.
+    evidence: EvidenceToken = ""
 
 
 class GpuSample(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -13,15 +13,17 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from proto.attestation import Alg, AttestationRoot, root_key_ok
 from proto.files import read_at_most
 from proto.keys import key_id
+from proto.limits import MAX_ATTESTATION_ROOTS
 from proto.records import Identifier
 
 TRUST_FORMAT: Final = "gridledger-trust/v1"
 # A trust file is read whole; past these it is refused unread.
 MAX_TRUST_FILE_BYTES: Final = 4 * 1024 * 1024
 MAX_TRUSTED_KEYS: Final = 10_000
-Role = Literal["operator", "buyer", "desk", "ledger", "witness"]
+Role = Literal["operator", "buyer", "desk", "ledger", "witness", "attestation"]
 # The witness policy when a trust file names none (SPEC §9): the operator's and the
 # buyer's witnesses must both have cosigned the checkpoint a verdict rests on.
 DEFAULT_COSIGNERS: Final = ("operator", "buyer")
@@ -33,7 +35,11 @@ class TrustedKey(Struct, frozen=True, forbid_unknown_fields=True):
 
     id: Identifier
     role: Role
-    key: Annotated[bytes, Meta(min_length=32, max_length=32)]
+    # 32 bytes (Ed25519); an ``attestation`` root's key has the size of its ``alg``
+    # (SPEC §9: 32 for EdDSA, a 97-byte P-384 point for ES384).
+    key: Annotated[bytes, Meta(min_length=32, max_length=97)]
+    # SPEC §9: only on role ``attestation`` (required there): how the root signs.
+    alg: Alg | None = None
 
 
 class TrustFile(Struct, frozen=True, forbid_unknown_fields=True):
@@ -64,6 +70,14 @@ class TrustFile(Struct, frozen=True, forbid_unknown_fields=True):
         """Key id -> public key of every key trusted in ``role``."""
         return {key_id(k.key): k.key for k in self.keys if k.role == role}
 
+    def attestation_roots(self) -> tuple[AttestationRoot, ...]:
+        """The attestation services pinned (SPEC §6.9, §9), in file order."""
+        return tuple(
+            AttestationRoot(k.id, k.alg, k.key)
+            for k in self.keys
+            if k.role == "attestation" and k.alg is not None
+        )
+
 
 class TrustError(Exception):
     """A trust file that cannot be used."""
@@ -83,7 +97,29 @@ def load_trust(path: Path) -> TrustFile:
         raise TrustError(f"trust file {path} is malformed: {exc}") from exc
     if trust.format != TRUST_FORMAT:
         raise TrustError(f"trust file {path}: format {trust.format!r}, want {TRUST_FORMAT!r}")
+    problem = key_problem(trust)
+    if problem is not None:
+        raise TrustError(f"trust file {path}: {problem}")
     return trust
+
+
+def key_problem(trust: TrustFile) -> str | None:
+    """What is wrong with a key of the file (SPEC §9), or None: a party, ledger or witness
+    key is 32 bytes without ``alg``; an attestation root has an ``alg`` and a key of its
+    size; at most MAX_ATTESTATION_ROOTS roots."""
+    roots = 0
+    for k in trust.keys:
+        if k.role == "attestation":
+            roots += 1
+            if k.alg is None:
+                return f"attestation key {k.id!r} has no alg (EdDSA or ES384)"
+            if not root_key_ok(k.alg, k.key):
+                return f"attestation key {k.id!r} is not a {k.alg} public key"
+        elif k.alg is not None or len(k.key) != 32:
+            return f"{k.role} key {k.id!r}: an Ed25519 key of 32 bytes, without alg"
+    if roots > MAX_ATTESTATION_ROOTS:
+        return f"{roots} attestation keys, at most {MAX_ATTESTATION_ROOTS}"
+    return None
 
 
 def dump_trust(trust: TrustFile) -> bytes:
@@ -91,4 +127,7 @@ def dump_trust(trust: TrustFile) -> bytes:
     data = msgspec.to_builtins(trust)
     if trust.cosigners is None:
         data.pop("cosigners", None)
+    for key in data["keys"]:
+        if key.get("alg") is None:
+            key.pop("alg", None)
     return msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"

@@ -297,3 +297,40 @@ def test_resale_vectors_are_reproduced_by_the_fold() -> None:
     }
     owed = parties["original_buyer_net"] + sum(parties["new_buyers_owe"].values())
     assert owed - parties["operator_receives"] - parties["desk_receives"] == 0
+
+
+def test_attestation_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.9: the fold with the vectors' attestation root decides every step as the
+    vectors say; the worked nonce is the one the SPEC formula gives."""
+    import hashlib
+
+    from proto.attestation import AttestationRoot
+
+    data = load("attestation.json")
+    nonce = data["nonce"]
+    text = f"{nonce['placement_id']}\n{nonce['node_id']}\n".encode()
+    expected = hashlib.sha256(
+        b"gridledger/attestation-nonce/v1\n" + text + base64.b64decode(nonce["key"])
+    ).hexdigest()
+    assert nonce["eat_nonce"] == expected
+    roots = tuple(
+        AttestationRoot(r["id"], r["alg"], base64.b64decode(r["key"]))
+        for r in data["attestation_roots"]
+    )
+    fold = Fold(vectorgen._cast().ledger, attestation_roots=roots)
+    reasons = []
+    for i, step in enumerate(data["steps"]):
+        outcomes = fold.apply(base64.b64decode(step["envelope_b64"]), f"a:{i}", None)
+        got = [
+            {
+                "decision": o.decision,
+                "status": o.status,
+                "reason": None if o.reason is None else o.reason.value,
+                "record_hash": o.record_hash,
+            }
+            for o in outcomes
+        ]
+        assert got == step["outcomes"], step["name"]
+        reasons += [o["reason"] for o in got]
+    assert reasons.count("EVIDENCE_INVALID") == 6
+    assert reasons.count("NOT_ATTESTED") == 2

@@ -1212,7 +1212,133 @@ def resale_vectors() -> Any:
     }
 
 
+def attestation_vectors() -> Any:
+    """SPEC §6.9: hardware evidence on key bindings and usage under attestation_required.
+    Tokens are EdDSA (deterministic) from a vector attestation service; the fold runs with
+    that service as its one root."""
+    from ledger.fold import Fold
+    from proto.attestation import AttestationRoot, claims_for, evidence_nonce, issue_evidence
+
+    cast = _cast()
+    pid = "pl-attest"
+    service = SigningKey.from_seed_text("attest", "vectors/attestation-service")
+    stranger = SigningKey.from_seed_text("stranger", "vectors/unknown-attestation-service")
+    roots = (AttestationRoot("vector-attestation", "EdDSA", service.public_key),)
+    gpus = [
+        b.gpu(node, i, model="H100-80GB")
+        for node, i in (("node-a", 0), ("node-a", 1), ("node-b", 0), ("node-c", 0), ("node-c", 1))
+    ]
+    terms = b.make_terms(cast, pid, gpus, WS, WS + HOUR, attestation_required=True)
+    op, buyer = cast.operator, cast.buyer
+    forever = (0, 2**53 - 1)
+    other = SigningKey.from_seed_text("node-a-2", "vectors/node-a-2")
+
+    def on(node: str) -> dict[str, str]:
+        return {g.uuid: g.model for g in gpus if g.node_id == node}
+
+    def token(
+        node: str, key: SigningKey, signer: SigningKey = service, only: Any = None, **changes: Any
+    ) -> str:
+        claims = claims_for(pid, node, key.public_key, only or on(node), iat=WS // 1000)
+        claims.update(changes)
+        return issue_evidence(claims, kid="vector-1", ed25519=signer)
+
+    def attest(
+        node: str, evidence: str, key: SigningKey | None = None, signers: Any = None
+    ) -> bytes:
+        key = key or cast.node_key(node)
+        return b.key_binding(
+            cast, pid, node, key, *forever, WS, signers=signers or [op], evidence=evidence
+        )
+
+    def usage(writer: b.StreamWriter, node: str, start: int, uuids: Any = None) -> bytes:
+        samples = [
+            b.sample(g) for g in gpus if g.node_id == node and (uuids is None or g.uuid in uuids)
+        ]
+        return writer.event(start, start + 10 * MINUTE, samples)
+
+    ka, kb = cast.node_key("node-a"), cast.node_key("node-b")
+    sa = b.StreamWriter(ka, pid, "node-a")
+    sb = b.StreamWriter(kb, pid, "node-b")
+    sc = b.StreamWriter(cast.node_key("node-c"), pid, "node-c")
+    a0 = gpus[0].uuid
+    c0 = {gpus[3].uuid: gpus[3].model}
+    cases: list[tuple[str, bytes]] = [
+        ("terms with attestation_required", b.signed_terms(cast, terms)),
+        ("node-b usage before any evidence: NOT_ATTESTED", usage(sb, "node-b", WS)),
+        (
+            "evidence for another key (hash of the other key)",
+            attest("node-a", token("node-a", other), key=ka),
+        ),
+        (
+            "evidence echoing another placement's nonce",
+            attest(
+                "node-a",
+                token("node-a", ka, eat_nonce=evidence_nonce("pl-other", "node-a", ka.public_key)),
+            ),
+        ),
+        (
+            "evidence signed by an unknown service",
+            attest("node-a", token("node-a", ka, signer=stranger)),
+        ),
+        (
+            "evidence naming a GPU of another node",
+            attest("node-a", token("node-a", ka, only={gpus[2].uuid: "H100-80GB"})),
+        ),
+        ("evidence with another model", attest("node-a", token("node-a", ka, only={a0: "A10"}))),
+        ("evidence not a JWS", attest("node-a", "a.b.c")),
+        ("evidence, buyer alone", attest("node-a", token("node-a", ka), signers=[buyer])),
+        (
+            "evidence for node-a GPU 0 only, operator alone",
+            attest("node-a", token("node-a", ka, only={a0: "H100-80GB"})),
+        ),
+        ("node-a usage of GPU 0: attested", usage(sa, "node-a", WS, {a0})),
+        (
+            "evidence for both node-a GPUs, operator and buyer",
+            attest("node-a", token("node-a", ka), signers=[op, buyer]),
+        ),
+        ("node-a usage of both GPUs: attested", usage(sa, "node-a", WS + 10 * MINUTE)),
+        (
+            "evidence for node-c GPU 0 only",
+            attest("node-c", token("node-c", cast.node_key("node-c"), only=c0)),
+        ),
+        ("node-c usage of both GPUs: GPU 1 NOT_ATTESTED", usage(sc, "node-c", WS)),
+        ("close", b.closed(cast, pid, WS + 2 * HOUR)),
+    ]
+    fold = Fold(cast.ledger, attestation_roots=roots)
+    steps = []
+    for i, (name, raw) in enumerate(cases):
+        outcomes = fold.apply(raw, f"vector:{i}", None)
+        steps.append(
+            {
+                "name": name,
+                "envelope_b64": _b64(raw),
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "attestation_roots": [{"id": r.id, "alg": r.alg, "key": _b64(r.key)} for r in roots],
+        "nonce": {
+            "placement_id": pid,
+            "node_id": "node-a",
+            "key": _b64(ka.public_key),
+            "eat_nonce": evidence_nonce(pid, "node-a", ka.public_key),
+        },
+        "steps": steps,
+    }
+
+
 GENERATORS: dict[str, Callable[[], Any]] = {
+    "attestation.json": attestation_vectors,
     "residency.json": residency_vectors,
     "health.json": health_vectors,
     "time.json": time_vectors,

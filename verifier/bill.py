@@ -24,6 +24,7 @@ from billview.facts import (
     MAX_ADJUSTMENT_LINES,
     AdjustmentFacts,
     AssignmentFacts,
+    AttestationFacts,
     BillFacts,
     CheckpointFacts,
     PeriodFacts,
@@ -38,6 +39,7 @@ from billview.timeline import DELIVERED, UNALLOCATED, UNHEALTHY, TimelineBuilder
 from proto.cosign import cosignature_of
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
+from proto.keys import key_id
 from proto.note import parse_checkpoint_body, parse_note
 from proto.records import (
     Adjustment,
@@ -138,6 +140,11 @@ def collect(run: Verification) -> BillParts | None:
             if a.index <= through
         ),
         release=_release(run, through),
+        attestations=tuple(  # SPEC §6.9, as this verification judged them
+            AttestationFacts(a.node_id, key_id(a.key), a.gpus, a.attester, a.iss, a.iat, a.index)
+            for a in run.referee.attestations
+            if a.index <= through
+        ),
         source=(
             f"Recomputed by gridledger verify from the export {run.source.path.name} "
             "(signed inputs and the trust file only; no ledger asked). Amounts are the "

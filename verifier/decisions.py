@@ -22,6 +22,14 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from proto import limits as proto_limits
+from proto.attestation import (
+    AttestationRoot,
+    EvidenceError,
+    attested_by,
+    evidence_nonce,
+    node_key_hash,
+    parse_evidence,
+)
 from proto.keys import key_id
 from proto.reasons import Reason
 from proto.records import (
@@ -120,6 +128,19 @@ class Assigned:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyAttestation:
+    """SPEC §6.9: accepted hardware evidence for one node key, as the verifier judged it."""
+
+    node_id: str
+    key: bytes
+    gpus: tuple[str, ...]
+    attester: str  # the trust file's id of the root; "" when no root is pinned
+    iss: str
+    iat: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
 class StreamViolation:
     """A chain position SPEC §6.2-§6.3 rules out, found after the fact (see ``Referee``)."""
 
@@ -174,6 +195,11 @@ class Referee:
     # SPEC §6.7: the accepted release, as the pricing needs it: (arrival a, end e, the
     # effective end E0 just before it). None: no release accepted.
     release: tuple[int, int, int] | None = None
+    # SPEC §6.9: the roots of the trust file (None: none pinned, signatures not judged),
+    # the attested keys now (node -> key -> attestation), and every attestation accepted.
+    attestation_roots: tuple[AttestationRoot, ...] | None = None
+    attested: dict[str, dict[bytes, KeyAttestation]] = field(default_factory=dict)
+    attestations: list[KeyAttestation] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ledger_required = required_of((self.ledger_key,))
@@ -310,6 +336,7 @@ class Referee:
             self.bindings = {}
             self.bound_ids = {}
             self.revoked = {}
+            self.attested = {}
             return self._install(opened, terms)
         failure = signer_failure(
             opened.sigs, required_of((terms.operator.key, terms.buyer.key, terms.desk.key))
@@ -352,7 +379,15 @@ class Referee:
             and binding.valid_from_ms <= current[0]
             and binding.valid_until_ms < current[1]
         )
-        if revocation:
+        # §6.9: evidence for a key bound now (not revoked) that changes no window.
+        attests = (
+            bool(binding.evidence)
+            and current is not None
+            and binding.key not in self.revoked.get(binding.node_id, set())
+            and binding.valid_from_ms <= current[0]
+            and binding.valid_until_ms == current[1]
+        )
+        if revocation or attests:
             failure = signer_failure(opened.sigs, self.operator_required, self.buyer_required)
         else:
             failure = signer_failure(opened.sigs, {**self.operator_required, **self.buyer_required})
@@ -363,11 +398,12 @@ class Referee:
         if binding.valid_from_ms >= binding.valid_until_ms:
             return _reject(Reason.BINDING_INVALID)
         keys = self.bindings[binding.node_id]
+        if attests:
+            return self._evidence(binding)
         revoked = self.revoked.setdefault(binding.node_id, set())
         if revocation and current is not None:
             # §6.6: a revocation keeps the start; the key is out from its arrival on.
             window = (current[0], binding.valid_until_ms)
-            revoked.add(binding.key)
         else:
             # §6.6: an introduction (or the return of a revoked key) starts no earlier
             # than its arrival; an extension reaches back no further than that either,
@@ -382,11 +418,58 @@ class Referee:
             if start >= binding.valid_until_ms:
                 return _reject(Reason.BINDING_INVALID)
             window = (start, binding.valid_until_ms)
+        if binding.evidence:
+            judged = self._evidence(binding)
+            if judged != _OK:
+                return judged
+        if not revocation:
             revoked.discard(binding.key)
+        elif current is not None:
+            revoked.add(binding.key)
         if binding.key not in keys:
             ids = self.bound_ids[binding.node_id]
             ids.setdefault(key_id(binding.key), []).append(binding.key)
         keys[binding.key] = window
+        return _OK
+
+    def _evidence(self, binding: NodeKeyBinding) -> Verdict:
+        """SPEC §6.9 (1)-(5) for a binding that passed §6.3; records the attestation."""
+        try:
+            evidence = parse_evidence(binding.evidence)
+        except EvidenceError:
+            return _reject(Reason.EVIDENCE_INVALID)
+        claims = evidence.claims
+        if (
+            not claims.overall_result
+            or claims.eat_nonce
+            != evidence_nonce(binding.placement_id, binding.node_id, binding.key)
+            or claims.node_key_sha256 != node_key_hash(binding.key)
+        ):
+            return _reject(Reason.EVIDENCE_INVALID)
+        gpus = {g.ueid: g.hwmodel for g in claims.submods.values()}
+        if len(gpus) != len(claims.submods):
+            return _reject(Reason.EVIDENCE_INVALID)
+        for uuid, model in gpus.items():
+            spec = self.gpus.get(uuid)
+            if spec is None or spec.node_id != binding.node_id or spec.model != model:
+                return _reject(Reason.EVIDENCE_INVALID)
+        attester = ""
+        if self.attestation_roots is not None:
+            found = attested_by(evidence, self.attestation_roots)
+            if found is None:
+                return _reject(Reason.EVIDENCE_INVALID)
+            attester = found
+        attestation = KeyAttestation(
+            binding.node_id,
+            binding.key,
+            tuple(sorted(gpus)),
+            attester,
+            claims.iss,
+            claims.iat,
+            self._index,
+        )
+        self.attested.setdefault(binding.node_id, {})[binding.key] = attestation
+        self.attestations.append(attestation)
         return _OK
 
     def _usage(self, opened: OpenResult, event: UsageEvent, terms: PlacementTerms) -> Verdict:
@@ -425,7 +508,9 @@ class Referee:
             # Held until the close flush (SPEC §6.2); chained, it can only be SEQ_GAP there.
             self._gap = True
             return _reject(Reason.SEQ_GAP)
-        failure = self._usage_content(event, stream, terms)
+        failure = self._usage_content(event, stream, terms) or self._attested_for(
+            event, sig.key, terms
+        )
         if failure is not None:
             stream.taken.add(event.seq)  # rejected from step 3 on: the seq is taken
             return _reject(failure)
@@ -468,6 +553,17 @@ class Referee:
                 return Reason.GPU_NOT_IN_TERMS
             if sample.model != spec.model:
                 return Reason.GPU_MODEL_MISMATCH
+        return None
+
+    def _attested_for(self, event: UsageEvent, key: bytes, terms: PlacementTerms) -> Reason | None:
+        """SPEC §6.9: under ``attestation_required`` every sampled GPU is one the signing
+        key's accepted evidence attests."""
+        if not terms.attestation_required:
+            return None
+        attestation = self.attested.get(event.node_id, {}).get(key)
+        for sample in event.samples:
+            if attestation is None or sample.uuid not in attestation.gpus:
+                return Reason.NOT_ATTESTED
         return None
 
     def _reclaim(self, opened: OpenResult, notice: ReclaimNotice, terms: PlacementTerms) -> Verdict:

@@ -69,6 +69,8 @@ def export_json(report: ExportReport) -> dict[str, Any]:
         "counts": report.counts,
         "checkpoints": report.checkpoints,
         "periods": report.periods,
+        "attestations": report.attestations,
+        "attestation_checked": report.attestation_checked,
         "elapsed_s": round(report.elapsed_s, 3),
         "findings": findings_json(report.findings),
     }
@@ -123,6 +125,7 @@ def render_export(report: ExportReport) -> list[str]:
             for p in report.periods
             if len(report.periods) > 1
         ]
+        periods += [_attestation_line(a) for a in report.attestations]  # SPEC §6.9
         if report.is_final:
             witnesses = ", ".join(report.witnessed_by) or "no witness required by the trust file"
             return [
@@ -167,3 +170,14 @@ __all__ = [
     "render_run",
     "run_json",
 ]
+
+
+def _attestation_line(a: dict[str, object]) -> str:
+    """SPEC §6.9: which GPUs of a node key were attested, by whom, when."""
+    gpus = a["gpus"]
+    names = ", ".join(str(g) for g in gpus) if isinstance(gpus, list) else str(gpus)
+    attester = a["attester"] or "an attestation service (signature not checked: no root pinned)"
+    return (
+        f"  attested: node {a['node_id']} key {a['key_id']}: {names} by {attester} "
+        f"(iss {a['iss']}, iat {a['iat']}, record {a['record_index']})"
+    )

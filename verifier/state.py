@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from proto.attestation import AttestationRoot
 from proto.records import PlacementTerms
 from verifier.decisions import Claim, Referee
 from verifier.findings import Findings, Step
@@ -61,6 +62,11 @@ class ExportReport:
     provisional: list[str] = field(default_factory=list)
     witnessed_by: list[str] = field(default_factory=list)
     record_count: int = 0
+    # SPEC §6.9: each accepted attestation of a node key (node, key id, GPUs, attester —
+    # the trust file's id, "" when none is pinned —, iss, iat, record index), and whether
+    # the trust file pins attestation roots (signatures judged).
+    attestations: list[dict[str, object]] = field(default_factory=list)
+    attestation_checked: bool = False
     # ``verify --html``: what the bill shows, as this verification recomputed it
     # (verifier/bill.py); ``bill_error`` when it could not be gathered (never a finding).
     bill: BillParts | None = None
@@ -87,6 +93,7 @@ class Verification:
         pool: OpenPool[Any],
         progress: Progress,
         terms: PlacementTerms,
+        attestation_roots: tuple[AttestationRoot, ...] | None = None,
     ) -> None:
         self.source = source
         self.con: Any = source.con
@@ -101,7 +108,13 @@ class Verification:
         self.record_count = source.count("ledger_records")
         # (4)-(7) the single pass, in chain order
         self.work = WorkTables(self.con)
-        self.referee = Referee(self.placement_id, self.ledger_key, self.work.usage_record_hash)
+        self.referee = Referee(
+            self.placement_id,
+            self.ledger_key,
+            self.work.usage_record_hash,
+            attestation_roots=attestation_roots,
+        )
+        report.attestation_checked = attestation_roots is not None
         self.duplicates: set[int] = set()  # chain indices whose input repeats an earlier one
         self.prev_index = -1  # the last LedgerRecord read, for the prev link (6)
         self.prev_hash = ""

@@ -45,6 +45,7 @@ from typing import Any
 import duckdb
 import structlog
 
+from proto.keys import key_id
 from proto.trust import TrustFile
 from verifier import (
     limits,
@@ -158,7 +159,7 @@ def run_checklist(
     step5_columns.check_meta_terms(source, terms, findings)
     create_work_tables(source.con)
     load_terms(source.con, terms)
-    run = Verification(source, report, pool, progress, terms)
+    run = Verification(source, report, pool, progress, terms, trust.attestation_roots() or None)
     step5_columns.check_meta_records(run)
     step6_chain.check_sets(run)  # the set-based half of (6), SQL over the export
     step8_merkle.read_sizes(run)  # which tree sizes the pass must keep roots for
@@ -198,6 +199,18 @@ def _summarise(run: Verification) -> None:
         report.totals = totals_at(run.con, int(row[0]))
         report.resale = resale.resale_at(run.con, int(row[0]))
     report.final = run.close_index is not None
+    report.attestations = [  # SPEC §6.9
+        {
+            "node_id": a.node_id,
+            "key_id": key_id(a.key),
+            "gpus": list(a.gpus),
+            "attester": a.attester,
+            "iss": a.iss,
+            "iat": a.iat,
+            "record_index": a.index,
+        }
+        for a in run.referee.attestations
+    ]
     run.counts["dropped_duplicates_meta"] = _int_or_zero(run.source.meta.get("dropped_duplicates"))
     report.counts = dict(sorted(run.counts.items()))
 
