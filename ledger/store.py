@@ -456,6 +456,29 @@ class Store:
             con.execute("ROLLBACK")
             raise
 
+    def note_arrival(self, arrival: str) -> None:
+        """Record where this store's arrival times come from (SPEC §6.6: ``log`` or
+        ``sender``), or refuse a ledger configured otherwise than the one that wrote it:
+        one chain never mixes log times with times its senders stated. A store written
+        before the mode was recorded takes the first mode it is opened with."""
+        with self._lock:
+            row = self._con.execute("SELECT value FROM meta WHERE key = 'arrival'").fetchone()
+            if row is None:
+                self._con.execute("INSERT INTO meta VALUES ('arrival', ?)", [arrival])
+        if row is not None and str(row[0]) != arrival:
+            raise StoreError(
+                f"{self.path} was written with arrival = {str(row[0])!r}; this ledger is "
+                f"configured with arrival = {arrival!r}: refusing to mix arrival times of "
+                "two kinds in one chain (SPEC 6.6)"
+            )
+
+    def arrival(self) -> str:
+        """Where the arrival times of this store's records come from: ``log`` (also for a
+        store that never recorded it) or ``sender`` (a simulation)."""
+        with self._lock:
+            row = self._con.execute("SELECT value FROM meta WHERE key = 'arrival'").fetchone()
+        return "log" if row is None else str(row[0])
+
     # ---- lifecycle ---------------------------------------------------------------------------
 
     @property

@@ -71,6 +71,7 @@ def export_json(report: ExportReport) -> dict[str, Any]:
         "periods": report.periods,
         "attestations": report.attestations,
         "attestation_checked": report.attestation_checked,
+        "arrival": report.arrival,
         "elapsed_s": round(report.elapsed_s, 3),
         "findings": findings_json(report.findings),
     }
@@ -126,6 +127,11 @@ def render_export(report: ExportReport) -> list[str]:
             if len(report.periods) > 1
         ]
         periods += [_attestation_line(a) for a in report.attestations]  # SPEC §6.9
+        if report.arrival == "sender":  # SPEC §6.6: stated by the ledger, not checkable
+            periods.append(
+                "  arrival times were stated by the senders (arrival = sender): a simulation "
+                "on a simulated clock, not a production settlement"
+            )
         if report.is_final:
             witnesses = ", ".join(report.witnessed_by) or "no witness required by the trust file"
             return [
