@@ -1,0 +1,330 @@
+"""Issue 16, attacked by each party with its own keys (SPEC §6.3, §6.7, §6.8, §6.9, §7.10).
+
+1. One key, one role (SPEC §6.3 keybinding, §6.8 (3)). A key that meters a node (bound by
+   the terms or by an accepted binding, revoked or not) is never accepted as a new buyer's
+   key (ASSIGNMENT_INVALID), and no binding binds a party's key or an accepted new
+   buyer's (BINDING_INVALID): otherwise one key signs the usage it is billed for.
+2. Fresh evidence (SPEC §6.9 (6)). A token's ``iat`` lies in [arrival -
+   MAX_EVIDENCE_AGE_MS, arrival + MAX_CLOCK_SKEW_MS]: an old token of the same key (say,
+   from before the GPUs were swapped) is EVIDENCE_INVALID.
+3. The issue's named bad inputs not yet covered elsewhere (an operator-only release), and
+   a property: for random resale/release/reclaim sequences every figure of SPEC §7.10
+   follows from the one before and the four sides balance to the minor unit.
+
+For each attack: the ledger rejects it with the named reason and nothing already settled
+changes (totals, resale list and attestations before == after); a dishonest ledger that
+accepts it (its rule replaced by monkeypatch: a consistent, signed chain) is caught by
+the verifier, which re-derives the decision; the honest export verifies clean.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from test_resale_rules import B2, MIN, PID, T0, WINDOW_MS, assignments, case, findings, fold
+
+from devtools import builders
+from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
+from ledger import decide as ledger_decide
+from ledger.fold import Fold, Outcome
+from proto.attestation import AttestationRoot, claims_for, issue_evidence, parse_evidence
+from proto.keys import SigningKey
+from proto.limits import MAX_CLOCK_SKEW_MS, MAX_EVIDENCE_AGE_MS
+from proto.records import NodeKeyBinding, PlacementTerms
+from transport.local import node_source, publisher_source
+
+HOUR = 60 * MIN
+DAY = 24 * HOUR
+FOREVER = (0, 2**53 - 1)
+METER = SigningKey.from_seed_text("meter-2", "attacks-issue16/meter-2")
+SERVICE = SigningKey.from_seed_text("service", "attacks-issue16/attestation-service")
+ROOTS = (AttestationRoot("test-attestation", "EdDSA", SERVICE.public_key),)
+
+
+def _one(fold_: Fold, raw: bytes, at: int | None, tag: str) -> Outcome:
+    outcomes = fold_.apply(raw, tag, None, at)
+    assert len(outcomes) == 1, outcomes
+    return outcomes[0]
+
+
+def _settled(fold_: Fold, pid: str) -> tuple[Any, ...]:
+    """What a rejection must leave as it was: totals, resale list, attestations, bindings."""
+    state = fold_.state(pid)
+    assert state is not None
+    return (
+        state.totals,
+        state.assignments,
+        msgspec.to_builtins(state.attested),
+        msgspec.to_builtins(state.bindings),
+    )
+
+
+def _rejected(fold_: Fold, pid: str, raw: bytes, at: int | None, reason: str, tag: str) -> Outcome:
+    """Apply ``raw``: rejected with ``reason``, chained, nothing settled changed."""
+    before = _settled(fold_, pid)
+    head = fold_.head(pid)
+    assert head is not None
+    got = _one(fold_, raw, at, tag)
+    assert (got.status, got.reason) == ("rejected", reason), got.detail
+    assert got.record is not None and got.record.index == head[0]  # chained, as evidence
+    assert got.record.totals == before[0]
+    assert _settled(fold_, pid) == before
+    return got
+
+
+# ---- 1. one key, one role -------------------------------------------------------------------
+
+
+def _resale_fold(seed: str) -> tuple[builders.Cast, PlacementTerms, Fold]:
+    cast = make_cast(seed)
+    terms = make_terms(cast, PID, [gpu("n1", 0), gpu("n2", 0)], T0, T0 + HOUR)
+    fold_ = Fold(cast.ledger)
+    assert _one(fold_, signed_terms(cast, terms), T0, "terms").status == "accepted"
+    return cast, terms, fold_
+
+
+def _assign(cast: builders.Cast, terms: PlacementTerms, aid: str, buyer: SigningKey) -> bytes:
+    return builders.assignment(cast, terms, aid, buyer, T0 + 2 * MIN, ["GPU-n2-0"], 400)
+
+
+def test_a_key_bound_by_a_binding_is_never_a_new_buyers_key() -> None:
+    cast, terms, f = _resale_fold("attack16-bound-key")
+    bind = builders.key_binding(cast, PID, "n1", METER, T0, T0 + HOUR, T0)
+    assert _one(f, bind, T0, "bind").status == "accepted"
+    # The operator and the buyer bound METER to n1: as a new buyer it would be billed
+    # for the usage it signs itself.
+    got = _rejected(
+        f, PID, _assign(cast, terms, "as-1", METER), T0 + MIN, "ASSIGNMENT_INVALID", "a1"
+    )
+    assert "node key of n1" in got.detail
+    # Revoked, it was still a meter of this placement: still refused.
+    revoke = builders.key_binding(
+        cast, PID, "n1", METER, T0, T0 + 10 * MIN, T0 + MIN, signers=[cast.operator]
+    )
+    assert _one(f, revoke, T0 + MIN, "revoke").status == "accepted"
+    _rejected(f, PID, _assign(cast, terms, "as-2", METER), T0 + 2 * MIN, "ASSIGNMENT_INVALID", "a2")
+    # The terms' own node key, as before.
+    n1 = cast.node_key("n1")
+    _rejected(f, PID, _assign(cast, terms, "as-3", n1), T0 + 2 * MIN, "ASSIGNMENT_INVALID", "a3")
+    # Control: a key that never metered is sold to.
+    assert _one(f, _assign(cast, terms, "as-4", B2), T0 + 2 * MIN, "a4").status == "accepted"
+
+
+def test_a_new_buyers_key_is_never_bound_to_a_node_and_never_meters() -> None:
+    cast, terms, f = _resale_fold("attack16-buyer-meters")
+    assert _one(f, _assign(cast, terms, "as-1", B2), T0 + 2 * MIN, "a").status == "accepted"
+    bind = builders.key_binding(cast, PID, "n2", B2, T0, T0 + HOUR, T0 + 3 * MIN)
+    got = _rejected(f, PID, bind, T0 + 3 * MIN, "BINDING_INVALID", "bind")
+    assert "new buyer 'buyer-2'" in got.detail and "as-1" in got.detail
+    # So buyer-2's key signs no usage of the node whose GPU it bought.
+    usage = StreamWriter(B2, PID, "n2").event(T0 + 3 * MIN, T0 + 4 * MIN, [sample(terms.gpus[1])])
+    _rejected(f, PID, usage, T0 + 4 * MIN, "NODE_KEY_UNKNOWN", "usage")
+
+
+@pytest.mark.parametrize("party", ["operator", "buyer", "desk", "ledger"])
+def test_a_binding_of_a_party_key_is_binding_invalid(party: str) -> None:
+    cast, _, f = _resale_fold(f"attack16-party-{party}")
+    key = getattr(cast, party)
+    bind = builders.key_binding(cast, PID, "n1", key, T0, T0 + HOUR, T0)
+    got = _rejected(f, PID, bind, T0, "BINDING_INVALID", party)
+    assert f"the {party}'s key" in got.detail
+    # Evidence does not make it one either (a binding that only attests is judged too).
+    assert _one(f, bind, T0, "again").decision != "accepted"
+
+
+def test_verifier_catches_a_ledger_that_sells_to_a_meter_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = case()
+    bind = (
+        publisher_source("desk"),
+        builders.key_binding(c.cast, PID, "n1", METER, T0, T0 + WINDOW_MS, T0),
+    )
+    sale = c.assign("a-1", METER, 1, ["GPU-n2-0"])
+    phases = [(0, [bind]), (1, [sale]), (10, c.events(0, 10))]
+    honest = fold(tmp_path / "honest", c, phases)
+    assert assignments(honest) == [("rejected", "ASSIGNMENT_INVALID")]
+    assert findings(honest) == set()
+    assert all(not r.resale for r in honest.records)
+
+    rule = ledger_decide._assignment
+
+    def lax(state: Any, *args: Any) -> dict[str, Any]:  # forgets the bindings since the terms
+        return rule(msgspec.structs.replace(state, bindings={}), *args)
+
+    monkeypatch.setattr(ledger_decide, "_assignment", lax)
+    dishonest = fold(tmp_path / "dishonest", c, phases)
+    assert assignments(dishonest) == [("accepted", "")]
+    assert dishonest.records[-1].resale[0].delivered_mgms > 0  # billed to the meter key
+    assert "ASSIGNMENT_INVALID" in findings(dishonest)  # SPEC §6.8 (3) says rejected
+
+
+def test_verifier_catches_a_ledger_that_binds_a_new_buyers_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = case()
+    bind = builders.key_binding(c.cast, PID, "n2", B2, T0, T0 + WINDOW_MS, T0 + MIN)
+    n2 = [g for g in c.gpus if g.node_id == "n2"]
+    rogue = StreamWriter(B2, PID, "n2")
+    usage = [
+        (node_source("n2"), rogue.event(T0 + m * MIN, T0 + (m + 1) * MIN, [sample(g) for g in n2]))
+        for m in range(1, 5)
+    ]
+    phases = [
+        (0, [c.assign("a-1", B2, 0, ["GPU-n2-0"])]),
+        (1, [(publisher_source("desk"), bind)]),
+        (5, usage),
+    ]
+    honest = fold(tmp_path / "honest", c, phases)
+    assert [(s, r) for k, s, r in honest.chain if k == "keybinding"] == [
+        ("rejected", "BINDING_INVALID")
+    ]
+    assert {r for k, _, r in honest.chain if k == "usage"} == {"NODE_KEY_UNKNOWN"}
+    assert findings(honest) == set()
+    assert honest.records[-1].resale[0].delivered_mgms == 0
+    assert honest.records[-1].totals.delivered_mgms == 0
+
+    monkeypatch.setattr(ledger_decide, "_party_of_key", lambda *args: None)
+    dishonest = fold(tmp_path / "dishonest", c, phases)
+    assert [s for k, s, _ in dishonest.chain if k == "keybinding"] == ["accepted"]
+    # buyer-2 metered its own GPU: 4 minutes billed to it and to the original buyer
+    assert dishonest.records[-1].resale[0].delivered_mgms == 4 * MIN * 1000
+    assert "BINDING_INVALID" in findings(dishonest)
+
+
+# ---- 2. fresh evidence --------------------------------------------------------------------
+
+
+def _attested_terms(seed: str) -> tuple[builders.Cast, PlacementTerms]:
+    cast = make_cast(seed)
+    gpus = [gpu("n1", i, model="H100-80GB") for i in range(2)]
+    return cast, make_terms(cast, PID, gpus, T0, T0 + 3 * DAY, attestation_required=True)
+
+
+def _evidence(terms: PlacementTerms, key: SigningKey, iat_ms: int) -> str:
+    models = {g.uuid: g.model for g in terms.gpus if g.node_id == "n1"}
+    claims = claims_for(terms.placement_id, "n1", key.public_key, models, iat=iat_ms // 1000)
+    return issue_evidence(claims, kid="svc-1", ed25519=SERVICE)
+
+
+def _attest(cast: builders.Cast, key: SigningKey, evidence: str, issued_ms: int) -> bytes:
+    return builders.key_binding(
+        cast, PID, "n1", key, *FOREVER, issued_ms, signers=[cast.operator], evidence=evidence
+    )
+
+
+def test_evidence_age_bounds_exact_and_one_second_past() -> None:
+    cast, terms = _attested_terms("attack16-age")
+    key = cast.node_key("n1")
+    f = Fold(cast.ledger, attestation_roots=ROOTS)
+    assert _one(f, signed_terms(cast, terms), T0, "terms").status == "accepted"
+    a = T0 + 10 * MIN  # each binding reaches the log at minute 10
+    oldest, newest = a - MAX_EVIDENCE_AGE_MS, a + MAX_CLOCK_SKEW_MS
+    got = _rejected(f, PID, _attest(cast, key, _evidence(terms, key, oldest - 1000), a), a,
+                    "EVIDENCE_INVALID", "old")  # fmt: skip
+    assert "MAX_EVIDENCE_AGE_MS" in got.detail
+    got = _rejected(f, PID, _attest(cast, key, _evidence(terms, key, newest + 1000), a), a,
+                    "EVIDENCE_INVALID", "future")  # fmt: skip
+    assert "MAX_CLOCK_SKEW_MS" in got.detail
+    for tag, at in (("oldest", oldest), ("newest", newest)):
+        ok = _one(f, _attest(cast, key, _evidence(terms, key, at), a), a, tag)
+        assert ok.status == "accepted", ok.detail
+        state = f.state(PID)
+        assert state is not None and state.attested["n1"][key.public_key].iat == at // 1000
+
+
+def test_an_untimed_binding_is_judged_against_its_issued_time() -> None:
+    cast, terms = _attested_terms("attack16-untimed")
+    key = cast.node_key("n1")
+    f = Fold(cast.ledger, attestation_roots=ROOTS)
+    assert _one(f, signed_terms(cast, terms), None, "terms").status == "accepted"
+    issued = T0 + HOUR
+    stale = _attest(cast, key, _evidence(terms, key, issued - MAX_EVIDENCE_AGE_MS - 1000), issued)
+    _rejected(f, PID, stale, None, "EVIDENCE_INVALID", "stale")
+    fresh = _attest(cast, key, _evidence(terms, key, issued - HOUR), issued)
+    assert _one(f, fresh, None, "fresh").status == "accepted"
+
+
+def test_an_old_token_of_the_same_key_does_not_replay_after_a_swap() -> None:
+    """Day 0: the node's GPUs are attested. Day 2, after the GPUs were swapped, the operator
+    re-binds the key with the day-0 token: its nonce still matches (same placement, node,
+    key), its signature is still good, but it is two days old."""
+    cast, terms = _attested_terms("attack16-replay")
+    key = cast.node_key("n1")
+    f = Fold(cast.ledger, attestation_roots=ROOTS)
+    assert _one(f, signed_terms(cast, terms), T0, "terms").status == "accepted"
+    day0 = _evidence(terms, key, T0)
+    assert _one(f, _attest(cast, key, day0, T0), T0 + MIN, "day0").status == "accepted"
+    writer = StreamWriter(key, PID, "n1")
+    usage = writer.event(T0 + MIN, T0 + 2 * MIN, [sample(g) for g in terms.gpus])
+    assert _one(f, usage, T0 + 2 * MIN, "usage").status == "accepted"
+    # a revocation, then the key back with the old token
+    revoke = builders.key_binding(
+        cast, PID, "n1", key, 0, T0 + 2 * DAY, T0 + 2 * DAY, signers=[cast.operator]
+    )
+    assert _one(f, revoke, T0 + 2 * DAY, "revoke").status == "accepted"
+    back = builders.key_binding(
+        cast, PID, "n1", key, *FOREVER, T0 + 2 * DAY, evidence=day0
+    )  # operator and buyer
+    got = _rejected(f, PID, back, T0 + 2 * DAY, "EVIDENCE_INVALID", "replay")
+    assert "MAX_EVIDENCE_AGE_MS" in got.detail
+    # the same binding with a token issued now is accepted
+    now = _evidence(terms, key, T0 + 2 * DAY)
+    again = builders.key_binding(cast, PID, "n1", key, *FOREVER, T0 + 2 * DAY, evidence=now)
+    assert _one(f, again, T0 + 2 * DAY, "fresh").status == "accepted"
+
+
+def _age_phases(cast: builders.Cast, terms: PlacementTerms, iat_ms: int) -> list[Any]:
+    key = cast.node_key("n1")
+    binding = _attest(cast, key, _evidence(terms, key, iat_ms), T0)
+    return [(0, [(publisher_source("operator"), binding)])]
+
+
+def test_verifier_catches_a_ledger_that_accepts_stale_evidence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = case()
+    stale = _age_phases(c.cast, c.terms, T0 - 2 * DAY)
+    honest = fold(tmp_path / "honest", c, stale)
+    assert [(s, r) for k, s, r in honest.chain if k == "keybinding"] == [
+        ("rejected", "EVIDENCE_INVALID")
+    ]
+    assert findings(honest) == set()
+    assert honest.report.attestations == []
+
+    rule = ledger_decide._evidence
+
+    def ageless(state: Any, terms: Any, binding: NodeKeyBinding, roots: Any, at: int) -> Any:
+        issued = parse_evidence(binding.evidence).claims.iat * 1000  # any age is "fresh"
+        return rule(state, terms, binding, roots, issued)
+
+    monkeypatch.setattr(ledger_decide, "_evidence", ageless)
+    dishonest = fold(tmp_path / "dishonest", c, stale)
+    assert [s for k, s, _ in dishonest.chain if k == "keybinding"] == ["accepted"]
+    assert "EVIDENCE_INVALID" in findings(dishonest)
+
+
+def test_verifier_catches_a_ledger_that_refuses_fresh_evidence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = case()
+    fresh = _age_phases(c.cast, c.terms, T0 - HOUR)
+    honest = fold(tmp_path / "honest", c, fresh)
+    assert [s for k, s, _ in honest.chain if k == "keybinding"] == ["accepted"]
+    assert findings(honest) == set()
+    assert [a["gpus"] for a in honest.report.attestations] == [["GPU-n1-0", "GPU-n1-1"]]
+
+    rule = ledger_decide._evidence
+
+    def strict(state: Any, terms: Any, binding: NodeKeyBinding, roots: Any, at: int) -> Any:
+        return rule(state, terms, binding, roots, at + 2 * MAX_EVIDENCE_AGE_MS)
+
+    monkeypatch.setattr(ledger_decide, "_evidence", strict)
+    dishonest = fold(tmp_path / "dishonest", c, fresh)
+    assert [(s, r) for k, s, r in dishonest.chain if k == "keybinding"] == [
+        ("rejected", "EVIDENCE_INVALID")
+    ]
+    assert "EVIDENCE_INVALID" in findings(dishonest)  # the verifier says: accepted
