@@ -24,6 +24,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_resale_rules import B2, MIN, PID, T0, WINDOW_MS, assignments, case, findings, fold
 
 from devtools import builders
@@ -328,3 +330,180 @@ def test_verifier_catches_a_ledger_that_refuses_fresh_evidence(
         ("rejected", "EVIDENCE_INVALID")
     ]
     assert "EVIDENCE_INVALID" in findings(dishonest)  # the verifier says: accepted
+
+
+# ---- 3. the issue's bad inputs not covered elsewhere ------------------------------------------
+#
+# Covered already, each with its named reason and "nothing settled changes": an unsigned
+# release and one the desk co-signs (test_release.py), a resale of a GPU the buyer does
+# not hold, overlapping resales (test_resale.py, test_resale_rules.py, resale.json),
+# evidence for another key (test_attestation.py), a region outside the policy
+# (test_residency_pipeline.py). Missing: the operator ending the buyer's placement.
+
+
+def test_an_operator_only_release_is_refused_and_settles_nothing() -> None:
+    cast, terms, f = _resale_fold("attack16-operator-release")
+    writer = StreamWriter(cast.node_key("n1"), PID, "n1")
+    usage = writer.event(T0, T0 + 10 * MIN, [sample(terms.gpus[0])])
+    assert _one(f, usage, T0 + 10 * MIN, "usage").status == "accepted"
+    at = T0 + 11 * MIN
+    for tag, signers in (
+        ("operator", [cast.operator]),
+        ("operator+desk", [cast.operator, cast.desk]),
+    ):
+        raw = builders.release(cast, terms, at, at, f"rl-{tag.replace('+', '-')}", signers)
+        reason = "SIG_MISSING" if tag == "operator" else "SIG_SURPLUS"
+        _rejected(f, PID, raw, at, reason, tag)
+        state = f.state(PID)
+        assert state is not None and state.release_end_ms is None
+        assert state.effective_end_ms == terms.window_end_ms  # the buyer still holds it all
+
+
+def test_verifier_catches_a_ledger_that_lets_the_operator_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = case()
+    raw = builders.release(
+        c.cast, c.terms, T0 + 11 * MIN, T0 + 11 * MIN, "rl-op", [c.cast.operator]
+    )
+    phases = [
+        (10, c.events(0, 10)),
+        (11, [(publisher_source("operator"), raw)]),
+        (20, c.events(10, 20)),
+    ]
+    honest = fold(tmp_path / "honest", c, phases)
+    assert [(s, r) for k, s, r in honest.chain if k == "release"] == [("rejected", "SIG_MISSING")]
+    assert findings(honest) == set()
+    require = ledger_decide._require
+
+    def lax(opened: Any, required: Any, optional: Any = None) -> None:
+        if isinstance(opened.record, ledger_decide.BuyerRelease):
+            return  # any signer ends the placement
+        require(opened, required, optional)
+
+    monkeypatch.setattr(ledger_decide, "_require", lax)
+    dishonest = fold(tmp_path / "dishonest", c, phases)
+    assert [s for k, s, _ in dishonest.chain if k == "release"] == ["accepted"]
+    # the placement ended at minute 11 against the buyer's will: its later usage is cut
+    cut = {r for k, s, r in dishonest.chain if k == "usage" and s == "rejected"}
+    assert "AFTER_RELEASE" in cut
+    assert dishonest.records[-1].totals.delivered_mgms < honest.records[-1].totals.delivered_mgms
+    assert "SIG_MISSING" in findings(dishonest)
+
+
+# ---- the property: resale, release and reclaim in any order ---------------------------------
+
+_BUYERS = [SigningKey.from_seed_text(f"nb-{i}", f"attacks-issue16/nb-{i}") for i in range(3)]
+_UUIDS = ["GPU-n1-0", "GPU-n1-1", "GPU-n2-0"]
+_USAGE = st.tuples(st.just("usage"), st.sampled_from(["n1", "n2", "both"]), st.integers(1, 20))
+_ASSIGN = st.tuples(
+    st.just("assign"),
+    st.lists(st.sampled_from(_UUIDS), min_size=1, max_size=3, unique=True),
+    st.integers(0, 55),  # handover minute; the arrival may move it later
+    st.integers(1, 2000),  # resale rate
+    st.integers(0, 2),  # which new buyer
+)
+# usage and resales twice as likely as a release or a reclaim (each ends the placement)
+_OPS = st.lists(
+    st.one_of(
+        _USAGE,
+        _USAGE,
+        _ASSIGN,
+        _ASSIGN,
+        st.tuples(st.just("release"), st.integers(10, 65)),
+        st.tuples(st.just("reclaim"), st.integers(10, 65)),
+    ),
+    max_size=16,
+)
+_PROPERTY_CAST = make_cast("attack16-property")
+_PROPERTY_TERMS = make_terms(
+    _PROPERTY_CAST,
+    PID,
+    [gpu("n1", 0), gpu("n1", 1, share_milli=500), gpu("n2", 0)],
+    T0,
+    T0 + HOUR,
+    late_grace_ms=5 * MIN,
+    minimum_duration_ms=40 * MIN,
+    release_notice_ms=10 * MIN,
+    reclaim_notice_ms=5 * MIN,
+    reclaim_penalty_bps=2000,
+)
+
+
+def _inputs(ops: list[Any]) -> list[tuple[bytes, int]]:
+    """Each op as a signed input and its arrival; time only moves forward."""
+    cast, terms = _PROPERTY_CAST, _PROPERTY_TERMS
+    writers = {n: StreamWriter(cast.node_key(n), PID, n) for n in ("n1", "n2")}
+    last = {"n1": T0, "n2": T0}
+    now = T0
+    out: list[tuple[bytes, int]] = [(signed_terms(cast, terms), T0)]
+    for i, op in enumerate(ops):
+        match op:
+            case ("usage", which, minutes):
+                for node in ("n1", "n2") if which == "both" else (which,):
+                    start, end = last[node], last[node] + minutes * MIN
+                    samples = [sample(g) for g in terms.gpus if g.node_id == node]
+                    last[node], now = end, max(now, end)
+                    out.append((writers[node].event(start, end, samples), now))
+            case ("assign", uuids, handover, rate, b):
+                raw = builders.assignment(
+                    cast, terms, f"as-{i}", _BUYERS[b], T0 + handover * MIN, uuids, rate, now
+                )
+                out.append((raw, now))
+            case ("release", effective):
+                raw = builders.release(cast, terms, now, T0 + effective * MIN, f"rl-{i}")
+                out.append((raw, now))
+            case ("reclaim", effective):
+                raw = builders.reclaim(cast, terms, now, T0 + effective * MIN, f"rc-{i}")
+                out.append((raw, now))
+    close = T0 + HOUR + terms.late_grace_ms
+    out.append((builders.closed(cast, PID, close), max(now, close)))
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_OPS)
+def test_resale_and_release_sequences_balance_to_the_minor_unit(ops: list[Any]) -> None:
+    terms = _PROPERTY_TERMS
+    f = Fold(_PROPERTY_CAST.ledger)
+    unit = terms.increment_ms * 1000
+    previous = None
+    for i, (raw, at) in enumerate(_inputs(ops)):
+        for o in f.apply(raw, f"p:{i}", None, at):
+            if o.record is None:
+                continue
+            record, t = o.record, o.record.totals
+            if previous is not None and record.status == "rejected":
+                assert (t, record.resale) == (previous.totals, previous.resale)  # nothing moves
+            if previous is not None:  # cumulative figures never go back
+                assert t.delivered_mgms >= previous.totals.delivered_mgms
+                for old, new in zip(previous.resale, record.resale, strict=False):
+                    assert new.assignment_id == old.assignment_id
+                    assert new.delivered_mgms >= old.delivered_mgms
+            state = f.state(PID)
+            assert state is not None
+            rates = {a.assignment_id: a.rate_per_gpu_hour_minor for a in state.assignments}
+            for e in record.resale:  # SPEC §7.10, each figure from the one before it
+                assert e.billable_mgms == -(-e.delivered_mgms // unit) * unit
+                assert e.gross_minor == e.billable_mgms * rates[e.assignment_id] // 3_600_000_000
+                assert e.fee_minor == e.gross_minor * terms.desk_fee_bps // 10_000
+            # disjoint GPU sets: what the new buyers got is part of what was delivered
+            assert sum(e.delivered_mgms for e in record.resale) <= t.delivered_mgms
+            # SPEC §7.6, §7.9: N from its parts; the fee on N; who pays it
+            assert t.net_minor == (
+                t.gross_minor + t.adjustment_charge_minor + t.release_charge_minor - t.credits_minor
+            )
+            assert t.fee_minor == t.net_minor * terms.desk_fee_bps // 10_000
+            assert (t.buyer_owes_minor, t.operator_receives_minor) == (
+                (t.net_minor, t.net_minor - t.fee_minor)
+                if terms.fee_payer == "operator"
+                else (t.net_minor + t.fee_minor, t.net_minor)
+            )
+            # SPEC §7.10 balance: payments positive, receipts negative, to the minor unit
+            sold = sum(e.gross_minor for e in record.resale)
+            fees = sum(e.fee_minor for e in record.resale)
+            original_net = t.buyer_owes_minor - (sold - fees)
+            desk = t.desk_receives_minor + fees
+            assert original_net + sold - t.operator_receives_minor - desk == 0
+            previous = record
+    assert previous is not None and previous.kind == "closed" and previous.status == "accepted"
