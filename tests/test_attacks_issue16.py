@@ -507,3 +507,64 @@ def test_resale_and_release_sequences_balance_to_the_minor_unit(ops: list[Any]) 
             assert original_net + sold - t.operator_receives_minor - desk == 0
             previous = record
     assert previous is not None and previous.kind == "closed" and previous.status == "accepted"
+
+
+def test_the_new_buyer_cannot_release_what_it_bought() -> None:
+    cast, terms, f = _resale_fold("attack16-new-buyer-release")
+    assert _one(f, _assign(cast, terms, "as-1", B2), T0 + 2 * MIN, "a").status == "accepted"
+    at = T0 + 3 * MIN
+    for tag, signers, reason in (
+        ("alone", [B2], "SIG_SURPLUS"),  # a signer outside the table, checked first
+        ("with-buyer", [cast.buyer, B2], "SIG_SURPLUS"),  # the new buyer is nobody here
+        ("buyer", [cast.buyer], "RELEASE_INVALID"),  # and the seller no longer holds it whole
+    ):
+        _rejected(
+            f, PID, builders.release(cast, terms, at, at, f"rl-{tag}", signers), at, reason, tag
+        )
+
+
+# ---- the vectors, re-derived by the verifier's own referee ---------------------------------
+
+
+@pytest.mark.parametrize("name", ["resale_keys.json", "evidence_age.json"])
+def test_the_verifier_referee_reproduces_the_vectors(name: str) -> None:
+    """The verifier's decisions (``verifier/decisions.py``, written from the SPEC, not the
+    ledger) for every step of the new vector files equal the ledger's."""
+    import base64
+    import json
+
+    import vectorgen
+
+    from proto.keys import key_id
+    from verifier.decisions import Referee
+    from verifier.opener import open_one
+
+    data = json.loads((Path(vectorgen.VECTORS_DIR) / name).read_text())
+    cast = vectorgen._cast()
+    keys = [
+        cast.operator, cast.buyer, cast.desk, cast.ledger,
+        *(cast.node_key(n) for n in ("node-a", "node-b", "node-c")),
+        SigningKey.from_seed_text("buyer-2", "vectors/buyer-2"),
+        SigningKey.from_seed_text("meter-2", "vectors/node-a-second-key"),
+    ]  # fmt: skip
+    keyring = {key_id(k.public_key): [k.public_key] for k in keys}
+    roots = tuple(
+        AttestationRoot(r["id"], r["alg"], base64.b64decode(r["key"]))
+        for r in data.get("attestation_roots", [])
+    )
+    first = open_one(0, base64.b64decode(data["steps"][0]["envelope_b64"]), keyring)
+    assert isinstance(first.record, PlacementTerms)
+    referee = Referee(
+        first.record.placement_id,
+        first.record.ledger_key,
+        lambda node, seq: None,
+        attestation_roots=roots or None,
+    )
+    for i, step in enumerate(data["steps"]):
+        opened = open_one(i, base64.b64decode(step["envelope_b64"]), keyring)
+        verdict = referee.decide(opened, False, i, step["arrived_ms"])
+        (expected,) = step["outcomes"]
+        assert (verdict.outcome, verdict.reason or None) == (
+            expected["status"],
+            expected["reason"],
+        ), step["note"]
