@@ -38,12 +38,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import decimal
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, Literal
 
+from billview.units import iso_utc
 from gridledger.publishing import PublishError, add_target_arguments, publish, target_of
 from proto.attestation import EvidenceError, evidence_nonce, node_key_hash, parse_evidence
 from proto.canonical import decode_payload, signed_bytes
@@ -69,7 +71,13 @@ from proto.records import (
     PlacementTerms,
     ReclaimNotice,
 )
-from proto.terms import MIN_PLAUSIBLE_MS, TermsError, check_terms_signatures, load_terms_file
+from proto.terms import (
+    MIN_PLAUSIBLE_MS,
+    TermsError,
+    check_terms_signatures,
+    in_words,
+    load_terms_file,
+)
 
 EX_OK: Final = 0
 EX_REFUSED: Final = 1
@@ -114,22 +122,23 @@ def parse_time_ms(text: str, what: str) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def parse_amount_minor(text: str, terms: PlacementTerms) -> int:
-    """``12.50`` in the terms' currency -> minor units at its scale, exactly."""
+def parse_amount_minor(text: str, terms: PlacementTerms, what: str = "amount") -> int:
+    """``12.50`` in the terms' currency -> minor units at its scale, exactly. ``what``
+    names the option the user gave (``--rate``) in every message."""
     try:
         amount = decimal.Decimal(text.strip())
     except decimal.InvalidOperation as exc:
-        raise UsageError(f"amount {text!r} is not a decimal number") from exc
+        raise UsageError(f"{what} {text!r} is not a decimal number (e.g. 12.50)") from exc
     if not amount.is_finite() or amount <= 0:
-        raise UsageError(f"amount {text!r} must be a positive number")
+        raise UsageError(f"{what} {text!r} must be a positive number")
     minor = amount.scaleb(terms.currency_scale)
     if minor != minor.to_integral_value():
         raise UsageError(
-            f"amount {text} has more than {terms.currency_scale} decimals ({terms.currency} "
+            f"{what} {text} has more than {terms.currency_scale} decimals ({terms.currency} "
             f"at scale {terms.currency_scale})"
         )
     if int(minor) > MAX_SAFE_INTEGER:
-        raise UsageError(f"amount {text} is too large")
+        raise UsageError(f"{what} {text} is too large")
     return int(minor)
 
 
@@ -232,13 +241,18 @@ def _check_signers(
     for key in keys:
         if key.key_id not in allowed:
             who = _role_of(terms, key.key_id, record)
-            roles = " and ".join(required) + (
-                f" (the {' and '.join(permitted)} may also sign)" if permitted else ""
+            roles = " and ".join(_in_words(required)) + (
+                f" (the {' and '.join(_in_words(permitted))} may also sign)" if permitted else ""
             )
             raise Refused(
                 f"{who} ({key.name}, key id {key.key_id}) may not sign {what}: SPEC §4.0 "
                 f"asks the {roles}"
             )
+
+
+def _in_words(roles: Sequence[str]) -> list[str]:
+    """Roles as a person says them: ``new_buyer`` is the new buyer."""
+    return [r.replace("_", " ") for r in roles]
 
 
 def missing_signers(terms: PlacementTerms, envelope: Envelope, record: _RECORD) -> tuple[str, ...]:
@@ -300,9 +314,10 @@ def _describe(record: _RECORD, terms: PlacementTerms) -> str:
 
 
 def _iso(ms: int) -> str:
+    """ISO-8601 UTC to the second (``.123`` only when there are milliseconds)."""
     if ms >= 253_402_300_800_000:  # past 9999-12-31: "for ever"
         return "forever"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat().replace("+00:00", "Z")
+    return iso_utc(ms)
 
 
 def _write(out: Path, envelope: Envelope) -> None:
@@ -440,7 +455,12 @@ def _release(args: argparse.Namespace) -> int:
     issued = parse_time_ms(args.issued_at, "--issued-at")
     effective = parse_time_ms(args.effective_at, "--effective-at")
     if effective < issued:
-        raise UsageError("--effective-at is before --issued-at (SPEC §6.7: RELEASE_INVALID)")
+        given = "--issued-at" if args.issued_at != "now" else "--issued-at (default: now)"
+        hint = "" if args.issued_at != "now" else "; give --issued-at, when the buyer issues it"
+        raise UsageError(
+            f"--effective-at {_iso(effective)} is before {given} {_iso(issued)}: a release "
+            f"cannot end the placement before it is issued (SPEC §6.7: RELEASE_INVALID){hint}"
+        )
     if not terms.window_start_ms <= effective < terms.window_end_ms:
         raise UsageError(
             f"--effective-at {_iso(effective)} is outside the window [{_iso(terms.window_start_ms)}"
@@ -462,7 +482,7 @@ def _release(args: argparse.Namespace) -> int:
 def _adjust(args: argparse.Namespace) -> int:
     terms = _load_terms(args.terms)
     direction: Literal["credit", "charge"] = "credit" if args.credit is not None else "charge"
-    amount = parse_amount_minor(args.credit or args.charge, terms)
+    amount = parse_amount_minor(args.credit or args.charge, terms, f"--{direction}")
     issued = parse_time_ms(args.issued_at, "--issued-at")
     record = Adjustment(
         placement_id=terms.placement_id,
@@ -487,7 +507,7 @@ def _bind_key(args: argparse.Namespace) -> int:
     try:
         public = load_public_key(args.node_key).key
     except KeyFileError as exc:
-        raise UsageError(str(exc)) from exc
+        raise UsageError(f"--node-key: {exc}") from exc
     until = (
         MAX_SAFE_INTEGER
         if args.valid_until == "forever"
@@ -523,7 +543,7 @@ def _assign(args: argparse.Namespace) -> int:
     try:
         public = load_public_key(args.new_buyer_key).key
     except KeyFileError as exc:
-        raise UsageError(str(exc)) from exc
+        raise UsageError(f"--new-buyer-key: {exc}") from exc
     held = [g.uuid for g in terms.gpus]
     gpus = held if args.gpus is None else [u.strip() for u in args.gpus.split(",") if u.strip()]
     unknown = [u for u in gpus if u not in held]
@@ -553,7 +573,7 @@ def _assign(args: argparse.Namespace) -> int:
         new_buyer=Party(id=args.new_buyer, key=public),
         handover_at_ms=handover,
         gpus=gpus,
-        rate_per_gpu_hour_minor=parse_amount_minor(args.rate, terms),
+        rate_per_gpu_hour_minor=parse_amount_minor(args.rate, terms, "--rate"),
         issued_at_ms=issued,
     )
     _check_record(record)
@@ -593,11 +613,56 @@ def _evidence(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> st
     return token
 
 
+# A record's field -> the option the user gave it with (messages use the user's words).
+_OPTION_OF: Final = {
+    "reclaim_id": "--id",
+    "release_id": "--id",
+    "adjustment_id": "--id",
+    "assignment_id": "--id",
+    "new_buyer.id": "--new-buyer",
+    "new_buyer.key": "--new-buyer-key",
+    "reason": "--reason",
+    "reference": "--reference",
+    "gpus": "--gpus",
+    "rate_per_gpu_hour_minor": "--rate",
+    "amount_minor": "the amount",
+    "issued_at_ms": "--issued-at",
+    "effective_at_ms": "--effective-at",
+    "handover_at_ms": "--handover-at",
+    "valid_from_ms": "--valid-from",
+    "valid_until_ms": "--valid-until",
+    "node_id": "--node",
+    "key": "--node-key",
+    "evidence": "--evidence",
+    "placement_id": "the terms' placement_id",
+}
+_AT: Final = re.compile(r"^(?:\w+: )?(?P<message>.*) - at `\$\.(?P<path>[\w.\[\]]+)`$", re.S)
+
+
+def _field_value(record: _RECORD, path: str) -> object:
+    value: object = record
+    for part in re.findall(r"\w+|\[\d+\]", path):
+        if part.startswith("["):
+            value = value[int(part[1:-1])] if isinstance(value, list) else None
+        else:
+            value = getattr(value, part, None)
+    return value
+
+
 def _check_record(record: _RECORD) -> None:
+    """The wire's checks (identifiers, text, bounds), reported by the option given."""
     try:
-        decode_payload(signed_bytes(record))  # the wire's checks: identifiers, text, bounds
+        decode_payload(signed_bytes(record))
     except ProtoError as exc:
-        raise UsageError(f"the record is not valid: {exc}") from exc
+        found = _AT.match(exc.detail)
+        path = "" if found is None else found["path"]
+        option = _OPTION_OF.get(path) or _OPTION_OF.get(re.sub(r"\[\d+\]$", "", path))
+        if found is None or option is None:
+            raise UsageError(f"the record is not valid: {exc}") from exc
+        if option == "the amount" and isinstance(record, Adjustment):
+            option = f"--{record.direction}"
+        words = in_words(option, _field_value(record, path), found["message"], sep=" ")
+        raise UsageError(words) from exc
 
 
 def _open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, _RECORD]:
