@@ -10,7 +10,10 @@ terms are valid and fully signed), then against the others:
 * a meter's node is in each of its terms, with the key its key file holds;
 * meters and the ledger share one ``local_dir`` (local transport) or one Kafka bootstrap
   and topic;
-* a trust file pins the parties of the terms under the ids the terms use, and the ledger.
+* a trust file pins the parties of the terms under the ids the terms use, and the ledger;
+* terms with ``attestation_required`` meet a ledger with ``[[attestation_roots]]`` and a
+  trust file with ``attestation`` keys (else a ``warning:`` line: nothing is wrong yet, but
+  no usage would fold, SPEC §6.9).
 
 Every problem is one ``FAIL:`` line naming the file. Exit codes: 0 everything agrees;
 1 at least one problem; 2 a file that cannot be read or recognised.
@@ -39,6 +42,7 @@ class _Found:
 
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     terms: dict[Path, PlacementTerms] = field(default_factory=dict)
     meters: list[tuple[Path, Any, bytes | None]] = field(default_factory=list)
     ledgers: list[tuple[Path, Any, bytes | None]] = field(default_factory=list)
@@ -160,7 +164,29 @@ def _load(files: list[Path], found: _Found) -> None:
                 found.problems.append(str(exc))
 
 
+def _attestation(found: _Found) -> None:
+    """SPEC §6.9: terms that require attestation fold usage only from keys whose evidence
+    a root verifies; a ledger (or a trust file) with no root can attest none of them."""
+    required = [(p, t) for p, t in found.terms.items() if t.attestation_required]
+    for tpath, terms in required:
+        for lpath, ledger, _ in found.ledgers:
+            if not ledger.attestation_roots:
+                found.warnings.append(
+                    f"{tpath}: attestation_required = true, but {lpath} has no "
+                    "[[attestation_roots]]: the ledger would reject every usage event of "
+                    f"{terms.placement_id} NOT_ATTESTED"
+                )
+        for trust_path, trust in found.trusts:
+            if not trust.attestation_roots():
+                found.warnings.append(
+                    f"{tpath}: attestation_required = true, but {trust_path} pins no "
+                    "attestation key: the verifier cannot check who signed the GPUs' evidence "
+                    "(gridledger trust init --attestation ID=FILE)"
+                )
+
+
 def _cross(found: _Found) -> None:
+    _attestation(found)
     for lpath, ledger, lkey in found.ledgers:
         if lkey is None:
             continue
@@ -234,6 +260,8 @@ def _check(args: argparse.Namespace) -> int:
     _cross(found)
     for note in found.notes:
         print(f"note: {note}")
+    for warning in found.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     for problem in found.problems:
         print(f"FAIL: {problem}", file=sys.stderr)
     if found.unusable:

@@ -47,7 +47,14 @@ from typing import Final, Literal
 
 from billview.units import iso_utc
 from gridledger.publishing import PublishError, add_target_arguments, publish, target_of
-from proto.attestation import EvidenceError, evidence_nonce, node_key_hash, parse_evidence
+from proto.attestation import (
+    Evidence,
+    EvidenceError,
+    attested_by,
+    evidence_nonce,
+    node_key_hash,
+    parse_evidence,
+)
 from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import (
     Envelope,
@@ -78,6 +85,7 @@ from proto.terms import (
     in_words,
     load_terms_file,
 )
+from proto.trust import TrustError, load_trust
 
 EX_OK: Final = 0
 EX_REFUSED: Final = 1
@@ -307,9 +315,10 @@ def _describe(record: _RECORD, terms: PlacementTerms) -> str:
             f"adjustment {record.adjustment_id} of {record.placement_id}: {record.direction} "
             f"{amount} {terms.currency} ({record.reason})"
         )
+    start = _iso(record.valid_from_ms) if record.valid_from_ms else "start"
     return (
         f"key binding of {record.placement_id}: node {record.node_id} signs with key "
-        f"{key_id(record.key)} for [{_iso(record.valid_from_ms)}, {_iso(record.valid_until_ms)})"
+        f"{key_id(record.key)} for [{start}, {_iso(record.valid_until_ms)})"
     )
 
 
@@ -522,14 +531,14 @@ def _bind_key(args: argparse.Namespace) -> int:
         else parse_time_ms(args.valid_from, "--valid-from"),
         valid_until_ms=until,
         issued_at_ms=parse_time_ms(args.issued_at, "--issued-at"),
-        evidence=""
-        if args.evidence is None
-        else _evidence(args.evidence, terms, args.node, public),
+        evidence="" if args.evidence is None else _evidence(args, terms, args.node, public),
     )
     if record.valid_from_ms >= record.valid_until_ms:
         raise UsageError("--valid-from must be before --valid-until")
     _check_record(record)
     envelope = _sign_new(args, terms, record)
+    if record.evidence:  # once the record is whole: a warning, never beside a refusal
+        _warn_unrooted(args.evidence, parse_evidence(record.evidence), args.trust)
     out = (
         None
         if args.dry_run
@@ -582,9 +591,51 @@ def _assign(args: argparse.Namespace) -> int:
     return _finish(args, terms, record, envelope, out)
 
 
-def _evidence(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> str:
-    """SPEC §6.9: the compact JWS in ``path``, checked as the ledger will (all but the
-    signature, which needs the ledger's roots); a one-line UsageError otherwise."""
+def _evidence(args: argparse.Namespace, terms: PlacementTerms, node_id: str, key: bytes) -> str:
+    """SPEC §6.9: the compact JWS of ``--evidence``, checked as the ledger will; a one-line
+    UsageError otherwise. Its signature is checked against the attestation roots of
+    ``--trust`` when given; one the command cannot tie to a root is a one-line warning
+    naming the issuer, and proceeds: the ledger decides with its own roots."""
+    token = _evidence_token(args.evidence, terms, node_id, key)
+    if args.trust is not None:
+        try:
+            load_trust(args.trust)
+        except TrustError as exc:
+            raise UsageError(f"--trust: {exc}") from exc
+    return token
+
+
+def _warn_unrooted(path: Path, evidence: Evidence, trust_path: Path | None) -> None:
+    issuer = f"issuer {evidence.claims.iss!r} (kid {evidence.header.kid!r})"
+    after = (
+        "proceeding: the ledger decides with its own [[attestation_roots]] (a key no root "
+        "attests is NOT_ATTESTED where the terms require attestation, SPEC §6.9)"
+    )
+    if trust_path is None:
+        print(
+            f"warning: --evidence {path}: the signature of {issuer} is not checked here (no "
+            f"--trust FILE with attestation keys); {after}",
+            file=sys.stderr,
+        )
+        return
+    try:
+        roots = load_trust(trust_path).attestation_roots()
+    except TrustError as exc:
+        raise UsageError(f"--trust: {exc}") from exc
+    root = attested_by(evidence, roots)
+    if root is None:
+        pinned = ", ".join(r.id for r in roots) or "none"
+        print(
+            f"warning: --evidence {path}: {issuer} is signed by no attestation key pinned in "
+            f"{trust_path} (pinned: {pinned}); {after}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"evidence: signed by the attestation key {root!r} of {trust_path} ({issuer})")
+
+
+def _evidence_token(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> str:
+    """The token of ``path``, checked as the ledger will (all but the signature)."""
     try:
         raw = read_at_most(path, MAX_EVIDENCE_CHARS + 2)
     except OSError as exc:
@@ -849,6 +900,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="hardware evidence for the key (SPEC §6.9): the attestation service's compact "
         "JWS; with the key's current window, the operator alone signs",
+    )
+    bind.add_argument(
+        "--trust",
+        type=Path,
+        metavar="FILE",
+        help="with --evidence: check the token's signature against the attestation keys "
+        "pinned in this trust file (a token none of them signed is a warning)",
     )
     _issued(bind)
     _common(bind, keys=True, out=True, target_required=False)
