@@ -97,8 +97,10 @@ class LedgerApi:
         if form == "json":
             return "application/json", render.to_json(doc)
         parties = render.parties_of(doc)  # the roles, then each new buyer (SPEC §7.10)
-        if party not in parties:
+        page = render.page_of(doc, party)  # also a party's id: ?party=gridx-desk
+        if page is None:
             raise _HttpError(HTTPStatus.BAD_REQUEST, f"party is one of {', '.join(parties)}")
+        party = page
         links = [("CSV", "statement.csv"), ("JSON", "statement.json")] + [
             (f"{p}'s page", f"statement.html?party={quote(p)}") for p in parties
         ]
