@@ -153,6 +153,7 @@ def test_trust_init_pins_the_new_buyer_the_verifier_needs(
     assert code == 0, err
     code, out, _ = run(capsys, "verify", export, "--trust", "without.json")
     assert code == 1 and "ASSIGNMENT_KEY_NOT_PINNED" in out
+    assert "--new-buyer finetune-labs=FILE.pub" in out  # what to do about it
     code, out, err = run(
         capsys,
         *trust_init(
