@@ -91,6 +91,8 @@ def to_text(doc: BillDoc) -> str:
         f"status            {doc.verdict.level} ({doc.verdict.by})",
     ]
     rows += [f"  {reason}" for reason in doc.verdict.reasons]
+    # One column of amounts: as wide as the longest label (a resale's names run long).
+    width = max([44, *(min(len(line.label), 72) for line in doc.lines)])
     section = ""
     for line in doc.lines:
         if line.section != section:
@@ -101,7 +103,7 @@ def to_text(doc: BillDoc) -> str:
             if line.amount_minor is not None
             else f"{line.quantity} {line.unit}".rstrip()
         )
-        rows.append(f"{line.label:<44} {value:>16}")
+        rows.append(f"{line.label:<{width}} {value:>16}")
         if line.derivation:
             rows.append(f"    {line.derivation}")
         if line.signers:
