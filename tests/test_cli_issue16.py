@@ -603,3 +603,28 @@ def test_the_cli_never_prints_a_traceback_for_these(here: Path) -> None:
     )
     assert done.returncode == 2
     assert "private key file" in one_failure(done.stderr)
+
+
+def test_ledger_list_names_whom_a_placement_was_resold_to(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "ledger", "list")
+    assert code == 0, err
+    (row,) = [line for line in out.splitlines() if line.startswith(PLACEMENT_ID)]
+    assert row.endswith("acme-gpu-cloud / inferco-batch / gridx-desk (resold to finetune-labs)")
+    code, out, err = run(capsys, "ledger", "list", "--json")
+    assert code == 0, err
+    (listed,) = json.loads(out)["placements"]
+    assert listed["new_buyers"] == ["finetune-labs"]
+
+
+def test_ledger_statement_keeps_its_amounts_in_one_column(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "ledger", "statement", PLACEMENT_ID)
+    assert code == 0, err
+    ends = {
+        line.index(" USD") for line in out.splitlines() if re.match(r"^\S.* -?\d+\.\d\d USD$", line)
+    }
+    assert len(ends) == 1, ends  # "Resale resale-0001: finetune-labs owes ..." included
+    assert "Resale resale-0001: finetune-labs owes" in out
