@@ -356,14 +356,15 @@ def _finish(
         print(f"OK: signed -> {out}")
     target = target_of(args)
     if missing:
+        named = out or getattr(args, "record", None) or "FILE"
         print(
-            f"missing: {', '.join(missing)} (each runs: gridledger cosign {out or 'FILE'} "
+            f"missing: {', '.join(missing)} (each runs: gridledger cosign {named} "
             f"--terms TERMS --key THEIR.key)"
         )
         if target is not None:
             raise Refused(
                 f"not published: the {' and '.join(missing)} must sign first; then "
-                f"gridledger publish {out or 'FILE'} --terms TERMS and the same target"
+                f"gridledger publish {named} --terms TERMS and the same target"
             )
         return EX_OK
     print("OK: every required signature is there")
@@ -745,6 +746,11 @@ def _cosign(args: argparse.Namespace) -> int:
     opened, record = _open_record(args.record, terms)
     keys = _load_keys(args.key)
     _check_signers(terms, record, keys, _what(record))
+    signed = {s.keyid for s in opened.envelope.signatures}
+    for key in keys:
+        if key.key_id in signed:
+            who = _role_of(terms, key.key_id, record)
+            print(f"note: the {who} ({key.name}) had signed already; its signature is renewed")
     envelope = add_signatures(opened.envelope, keys)
     out = args.out or args.record
     return _finish(args, terms, record, envelope, None if args.dry_run else out)
@@ -941,12 +947,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _common(assign, keys=True, out=True, target_required=False)
     assign.set_defaults(handler=lambda a: _run(_assign, a))
 
-    cosign = parser("cosign", "add your signature to a signed reclaim, adjustment or binding")
+    cosign = parser(
+        "cosign",
+        "add your signature to a signed record (reclaim, release, adjustment, key binding, "
+        "assignment)",
+    )
     cosign.add_argument("record", type=Path, metavar="RECORD", help="the signed record file")
     _common(cosign, keys=True, out=True, target_required=False)
     cosign.set_defaults(handler=lambda a: _run(_cosign, a))
 
-    pub = parser("publish", "publish a fully signed reclaim, adjustment or binding")
+    pub = parser(
+        "publish",
+        "publish a fully signed record (reclaim, release, adjustment, key binding, assignment)",
+    )
     pub.add_argument("record", type=Path, metavar="RECORD", help="the signed record file")
     _common(pub, keys=False, out=False, target_required=False)
     pub.set_defaults(handler=lambda a: _run(_publish, a))

@@ -628,3 +628,36 @@ def test_ledger_statement_keeps_its_amounts_in_one_column(
     }
     assert len(ends) == 1, ends  # "Resale resale-0001: finetune-labs owes ..." included
     assert "Resale resale-0001: finetune-labs owes" in out
+
+
+def test_publishing_before_everyone_signed_names_the_file_and_who_is_missing(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "keys", "new", "--id", "resell-co", "--out", "keys/")
+    assert code == 0, err
+    argv = _assign("--rate", "3.10")
+    argv[argv.index("keys/finetune-labs.pub")] = "keys/resell-co.pub"
+    argv[argv.index("x.json")] = "as-0001.json"
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    code, out, err = run(
+        capsys,
+        "cosign",
+        "as-0001.json",
+        "--terms",
+        "terms.signed.json",
+        "--key",
+        "keys/inferco-batch.key",
+    )
+    assert code == 0, err
+    assert "note: the buyer (inferco-batch) had signed already" in out
+    code, out, err = run(
+        capsys, "publish", "as-0001.json", "--terms", "terms.signed.json", "--local-dir", "local"
+    )
+    assert code == 1
+    line = one_failure(err)
+    assert "the new buyer resell-co and desk must sign first" in line
+    assert "gridledger publish as-0001.json" in line and "FILE" not in line
+    assert "gridledger cosign as-0001.json" in out
+    help_text = build_parser().format_help()
+    assert "assignment)" in help_text  # cosign and publish say they take an assignment
