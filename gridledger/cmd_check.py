@@ -2,8 +2,9 @@
 
 Each file is recognised by what it holds (``node_id``: a meter.toml; ``ledger_id``: a
 ledger.toml; ``placement_id`` or a signed envelope: terms; ``gridledger-trust/v1``: a
-trust file) and checked alone (it parses, its key file loads, its directories exist, its
-terms are valid and fully signed), then against the others:
+trust file; a signed assignment: a resale) and checked alone (it parses, its key file
+loads, its directories exist, its terms are valid and fully signed), then against the
+others:
 
 * every terms file names the ledger's key as ``ledger_key`` (else the ledger rejects the
   terms TERMS_INVALID);
@@ -11,6 +12,9 @@ terms are valid and fully signed), then against the others:
 * meters and the ledger share one ``local_dir`` (local transport) or one Kafka bootstrap
   and topic;
 * a trust file pins the parties of the terms under the ids the terms use, and the ledger;
+* an assignment (SPEC §6.8) carries every signature it needs, and each trust file pins its
+  new buyer as a buyer under the id it names (else ``verify`` reports
+  ASSIGNMENT_KEY_NOT_PINNED);
 * terms with ``attestation_required`` meet a ledger with ``[[attestation_roots]]`` and a
   trust file with ``attestation`` keys (else a ``warning:`` line: nothing is wrong yet, but
   no usage would fold, SPEC §6.9).
@@ -29,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proto.errors import KeyFileError
+from proto.envelope import Opened, open_envelope
+from proto.errors import KeyFileError, ProtoError
 from proto.keys import key_id, load_signing_key
-from proto.records import PlacementTerms
+from proto.records import Assignment, PlacementTerms
 from proto.terms import TermsError, check_terms_signatures, load_terms_file, validate_terms
 from proto.trust import TRUST_FORMAT, TrustError, TrustFile, load_trust
 
@@ -47,6 +52,7 @@ class _Found:
     meters: list[tuple[Path, Any, bytes | None]] = field(default_factory=list)
     ledgers: list[tuple[Path, Any, bytes | None]] = field(default_factory=list)
     trusts: list[tuple[Path, TrustFile]] = field(default_factory=list)
+    assignments: list[tuple[Path, Opened, Assignment]] = field(default_factory=list)
     unusable: bool = False
 
 
@@ -80,7 +86,13 @@ def _kind(path: Path) -> str | None:
             return None
         if isinstance(data, dict) and data.get("format") == TRUST_FORMAT:
             return "trust"
-        return "terms" if isinstance(data, dict) and "payload" in data else None
+        if not (isinstance(data, dict) and "payload" in data):
+            return None
+        try:
+            kind = open_envelope(raw.strip()).kind
+        except ProtoError:
+            return "terms"  # loading it as terms says what is wrong
+        return "assignment" if kind == "assignment" else "terms"
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):
@@ -157,6 +169,10 @@ def _load(files: list[Path], found: _Found) -> None:
                 found.problems.append(f"{path}: local_dir {ledger.local_dir} does not exist")
         elif kind == "terms":
             _terms(path, found)
+        elif kind == "assignment":
+            opened = open_envelope(path.read_bytes().strip())
+            if isinstance(opened.record, Assignment):
+                found.assignments.append((path, opened, opened.record))
         else:
             try:
                 found.trusts.append((path, load_trust(path)))
@@ -185,8 +201,50 @@ def _attestation(found: _Found) -> None:
                 )
 
 
+def _resales(found: _Found) -> None:
+    """SPEC §6.8, §9: an assignment of one of the placements given is fully signed, and
+    every trust file given pins its new buyer as a buyer under the id it names."""
+    from gridledger.cmd_records import Refused, missing_signers
+
+    for apath, opened, assigned in found.assignments:
+        terms = next(
+            (t for t in found.terms.values() if t.placement_id == assigned.placement_id), None
+        )
+        if terms is None:
+            found.notes.append(
+                f"{apath}: resale of {assigned.placement_id}, whose terms are not among the "
+                "files given: its signatures are not checked"
+            )
+        else:
+            try:
+                missing = missing_signers(terms, opened.envelope, assigned)
+            except Refused as exc:
+                found.problems.append(f"{apath}: {exc}")
+                missing = ()
+            if missing:
+                found.problems.append(
+                    f"{apath}: not fully signed: missing {', '.join(missing)} (gridledger "
+                    f"cosign {apath} --terms TERMS --key THEIR.key)"
+                )
+        buyer = assigned.new_buyer
+        for trust_path, trust in found.trusts:
+            pinned = trust.party_of(buyer.key, "buyer")
+            if pinned is None:
+                found.problems.append(
+                    f"{trust_path}: does not pin the new buyer {buyer.id} of {apath} "
+                    "(ASSIGNMENT_KEY_NOT_PINNED; gridledger trust init ... --new-buyer "
+                    f"{buyer.id}=FILE.pub)"
+                )
+            elif pinned != buyer.id:
+                found.problems.append(
+                    f"{trust_path}: pins the new buyer of {apath} as {pinned!r}, the assignment "
+                    f"names {buyer.id!r} (PARTY_ID_MISMATCH)"
+                )
+
+
 def _cross(found: _Found) -> None:
     _attestation(found)
+    _resales(found)
     for lpath, ledger, lkey in found.ledgers:
         if lkey is None:
             continue
@@ -271,6 +329,7 @@ def _check(args: argparse.Namespace) -> int:
     kinds = (
         f"{len(found.meters)} meter, {len(found.ledgers)} ledger, {len(found.terms)} terms, "
         f"{len(found.trusts)} trust"
+        + (f", {len(found.assignments)} assignment" if found.assignments else "")
     )
     print(f"OK: {kinds} file(s) agree")
     return 0

@@ -538,7 +538,8 @@ def load_terms_file(path: Path) -> tuple[PlacementTerms, Envelope | None]:
         except ProtoError as exc:
             raise TermsError([f"{path}: {exc}"]) from exc
         if not isinstance(opened.record, PlacementTerms):
-            raise TermsError([f"{path} holds a {opened.kind} record, not terms"])
+            article = "an" if opened.kind[0] in "aeiou" else "a"
+            raise TermsError([f"{path} holds {article} {opened.kind} record, not terms"])
         return opened.record, opened.envelope
     return _terms_from_toml_bytes(raw, path), None
 

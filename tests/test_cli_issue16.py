@@ -661,3 +661,22 @@ def test_publishing_before_everyone_signed_names_the_file_and_who_is_missing(
     assert "gridledger cosign as-0001.json" in out
     help_text = build_parser().format_help()
     assert "assignment)" in help_text  # cosign and publish say they take an assignment
+
+
+def test_check_takes_an_assignment_and_wants_its_new_buyer_pinned(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(
+        capsys, "check", "ledger.toml", "terms.signed.json", "trust.json", "assignment.signed.json"
+    )
+    assert code == 0, err  # the demo's trust file pins finetune-labs
+    assert "1 assignment" in out
+    code, _, err = run(capsys, *trust_init("--out", "no-resale.json"))
+    assert code == 0, err
+    code, _, err = run(
+        capsys, "check", "terms.signed.json", "no-resale.json", "assignment.signed.json"
+    )
+    assert code == 1
+    line = one_failure(err)
+    assert "does not pin the new buyer finetune-labs" in line
+    assert "--new-buyer finetune-labs=FILE.pub" in line
