@@ -99,7 +99,11 @@ class LedgerApi:
         parties = render.parties_of(doc)  # the roles, then each new buyer (SPEC §7.10)
         page = render.page_of(doc, party)  # also a party's id: ?party=gridx-desk
         if page is None:
-            raise _HttpError(HTTPStatus.BAD_REQUEST, f"party is one of {', '.join(parties)}")
+            ids = ", ".join(doc.parties[role] for role in ("buyer", "operator", "desk"))
+            raise _HttpError(
+                HTTPStatus.BAD_REQUEST,
+                f"party is one of {', '.join(parties)}, or a party's id ({ids})",
+            )
         party = page
         links = [("CSV", "statement.csv"), ("JSON", "statement.json")] + [
             (f"{p}'s page", f"statement.html?party={quote(p)}") for p in parties
