@@ -7,6 +7,7 @@ A running ledger owns its DuckDB file, so parties reach it here::
     GET  /placements                           every placement: parties, window, status (JSON)
     GET  /placements/<id>/statement            statement through the current head (JSON)
     GET  /placements/<id>/statement.html?party=buyer|operator|desk   the bill a person reads
+         (party: also a party's id, or a new buyer's id, SPEC §7.10)
     GET  /placements/<id>/statement.csv|.json  its line items (``ledger/bill.py``, ``billview``)
     GET  /placements/<id>/export               the export DuckDB file (bytes)
     GET  /placements/<id>/checkpoint           checkpoint note (text), cosignatures included
