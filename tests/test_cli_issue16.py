@@ -680,3 +680,22 @@ def test_check_takes_an_assignment_and_wants_its_new_buyer_pinned(
     line = one_failure(err)
     assert "does not pin the new buyer finetune-labs" in line
     assert "--new-buyer finetune-labs=FILE.pub" in line
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("keys/gridx-desk.pub", "is a public key file, not a trust file"),
+        ("keys/gridx-desk.key", "is a private key file, not a trust file"),
+        ("terms.signed.json", "is a signed record (terms, or a record signed after them)"),
+    ],
+)
+def test_verify_given_another_file_as_its_trust_file_says_what_it_is(
+    here: Path, capsys: pytest.CaptureFixture[str], given: str, said: str
+) -> None:
+    code, _, err = run(capsys, "verify", "exports/pl-demo-0001.duckdb", "--trust", given)
+    assert code == 2
+    line = one_failure(err)
+    assert said in line and "trust init" in line
+    if given.endswith(".key"):
+        assert json.loads(Path(given).read_text())["seed"] not in err
