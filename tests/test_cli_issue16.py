@@ -699,3 +699,32 @@ def test_verify_given_another_file_as_its_trust_file_says_what_it_is(
     assert said in line and "trust init" in line
     if given.endswith(".key"):
         assert json.loads(Path(given).read_text())["seed"] not in err
+
+
+def test_a_ledger_that_refuses_the_connection_is_not_said_to_time_out(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, _, err = run(
+        capsys,
+        "release",
+        "--terms",
+        "terms.signed.json",
+        "--key",
+        "keys/inferco-batch.key",
+        "--effective-at",
+        "2026-12-01T00:40:00Z",
+        "--issued-at",
+        "2026-12-01T00:34:00Z",
+        "--dry-run",
+        "--ledger",
+        f"http://127.0.0.1:{port}",
+    )
+    assert code == 2
+    line = one_failure(err)
+    assert f"cannot reach the ledger at http://127.0.0.1:{port}/" in line
+    assert "within" not in line and "HTTP 0" not in line  # refused at once, no wait
