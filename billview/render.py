@@ -382,7 +382,14 @@ def _periods(doc: BillDoc) -> str:
         "<table><tr><th>period</th><th>through record</th><th class=num>buyer owes</th>"
         "<th class=num>operator receives</th><th class=num>desk receives</th></tr>"
         f"{rows}</table><p class=muted>Periods after the close hold late adjustments; "
-        "totals are cumulative (SPEC §8).</p>"
+        "totals are cumulative (SPEC §8)."
+        + (
+            " These are the original terms' figures; the resale's (what the new buyer owes, "
+            "the desk's resale fee) are in the line items (SPEC §7.10)."
+            if doc.resale
+            else ""
+        )
+        + "</p>"
     )
 
 

@@ -585,6 +585,9 @@ def test_the_desk_card_shows_its_total_across_both_obligations(
     )
     plain = render.to_html(no_resale, "desk")
     assert _card(plain, "desk_receives_minor") == doc.totals["desk_receives_minor"] == fee
+    # The periods table holds the original terms' figures (0.11 for the desk): it says so.
+    assert "These are the original terms' figures" in page
+    assert "These are the original terms' figures" not in plain
 
 
 def test_the_cli_never_prints_a_traceback_for_these(here: Path) -> None:
