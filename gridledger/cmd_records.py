@@ -38,14 +38,23 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import decimal
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, Literal
 
+from billview.units import iso_utc
 from gridledger.publishing import PublishError, add_target_arguments, publish, target_of
-from proto.attestation import EvidenceError, evidence_nonce, node_key_hash, parse_evidence
+from proto.attestation import (
+    Evidence,
+    EvidenceError,
+    attested_by,
+    evidence_nonce,
+    node_key_hash,
+    parse_evidence,
+)
 from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import (
     Envelope,
@@ -69,7 +78,14 @@ from proto.records import (
     PlacementTerms,
     ReclaimNotice,
 )
-from proto.terms import MIN_PLAUSIBLE_MS, TermsError, check_terms_signatures, load_terms_file
+from proto.terms import (
+    MIN_PLAUSIBLE_MS,
+    TermsError,
+    check_terms_signatures,
+    in_words,
+    load_terms_file,
+)
+from proto.trust import TrustError, load_trust
 
 EX_OK: Final = 0
 EX_REFUSED: Final = 1
@@ -114,22 +130,23 @@ def parse_time_ms(text: str, what: str) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def parse_amount_minor(text: str, terms: PlacementTerms) -> int:
-    """``12.50`` in the terms' currency -> minor units at its scale, exactly."""
+def parse_amount_minor(text: str, terms: PlacementTerms, what: str = "amount") -> int:
+    """``12.50`` in the terms' currency -> minor units at its scale, exactly. ``what``
+    names the option the user gave (``--rate``) in every message."""
     try:
         amount = decimal.Decimal(text.strip())
     except decimal.InvalidOperation as exc:
-        raise UsageError(f"amount {text!r} is not a decimal number") from exc
+        raise UsageError(f"{what} {text!r} is not a decimal number (e.g. 12.50)") from exc
     if not amount.is_finite() or amount <= 0:
-        raise UsageError(f"amount {text!r} must be a positive number")
+        raise UsageError(f"{what} {text!r} must be a positive number")
     minor = amount.scaleb(terms.currency_scale)
     if minor != minor.to_integral_value():
         raise UsageError(
-            f"amount {text} has more than {terms.currency_scale} decimals ({terms.currency} "
+            f"{what} {text} has more than {terms.currency_scale} decimals ({terms.currency} "
             f"at scale {terms.currency_scale})"
         )
     if int(minor) > MAX_SAFE_INTEGER:
-        raise UsageError(f"amount {text} is too large")
+        raise UsageError(f"{what} {text} is too large")
     return int(minor)
 
 
@@ -232,13 +249,18 @@ def _check_signers(
     for key in keys:
         if key.key_id not in allowed:
             who = _role_of(terms, key.key_id, record)
-            roles = " and ".join(required) + (
-                f" (the {' and '.join(permitted)} may also sign)" if permitted else ""
+            roles = " and ".join(_in_words(required)) + (
+                f" (the {' and '.join(_in_words(permitted))} may also sign)" if permitted else ""
             )
             raise Refused(
                 f"{who} ({key.name}, key id {key.key_id}) may not sign {what}: SPEC §4.0 "
                 f"asks the {roles}"
             )
+
+
+def _in_words(roles: Sequence[str]) -> list[str]:
+    """Roles as a person says them: ``new_buyer`` is the new buyer."""
+    return [r.replace("_", " ") for r in roles]
 
 
 def missing_signers(terms: PlacementTerms, envelope: Envelope, record: _RECORD) -> tuple[str, ...]:
@@ -293,16 +315,18 @@ def _describe(record: _RECORD, terms: PlacementTerms) -> str:
             f"adjustment {record.adjustment_id} of {record.placement_id}: {record.direction} "
             f"{amount} {terms.currency} ({record.reason})"
         )
+    start = _iso(record.valid_from_ms) if record.valid_from_ms else "start"
     return (
         f"key binding of {record.placement_id}: node {record.node_id} signs with key "
-        f"{key_id(record.key)} for [{_iso(record.valid_from_ms)}, {_iso(record.valid_until_ms)})"
+        f"{key_id(record.key)} for [{start}, {_iso(record.valid_until_ms)})"
     )
 
 
 def _iso(ms: int) -> str:
+    """ISO-8601 UTC to the second (``.123`` only when there are milliseconds)."""
     if ms >= 253_402_300_800_000:  # past 9999-12-31: "for ever"
         return "forever"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat().replace("+00:00", "Z")
+    return iso_utc(ms)
 
 
 def _write(out: Path, envelope: Envelope) -> None:
@@ -332,14 +356,15 @@ def _finish(
         print(f"OK: signed -> {out}")
     target = target_of(args)
     if missing:
+        named = out or getattr(args, "record", None) or "FILE"
         print(
-            f"missing: {', '.join(missing)} (each runs: gridledger cosign {out or 'FILE'} "
+            f"missing: {', '.join(missing)} (each runs: gridledger cosign {named} "
             f"--terms TERMS --key THEIR.key)"
         )
         if target is not None:
             raise Refused(
                 f"not published: the {' and '.join(missing)} must sign first; then "
-                f"gridledger publish {out or 'FILE'} --terms TERMS and the same target"
+                f"gridledger publish {named} --terms TERMS and the same target"
             )
         return EX_OK
     print("OK: every required signature is there")
@@ -440,7 +465,12 @@ def _release(args: argparse.Namespace) -> int:
     issued = parse_time_ms(args.issued_at, "--issued-at")
     effective = parse_time_ms(args.effective_at, "--effective-at")
     if effective < issued:
-        raise UsageError("--effective-at is before --issued-at (SPEC §6.7: RELEASE_INVALID)")
+        given = "--issued-at" if args.issued_at != "now" else "--issued-at (default: now)"
+        hint = "" if args.issued_at != "now" else "; give --issued-at, when the buyer issues it"
+        raise UsageError(
+            f"--effective-at {_iso(effective)} is before {given} {_iso(issued)}: a release "
+            f"cannot end the placement before it is issued (SPEC §6.7: RELEASE_INVALID){hint}"
+        )
     if not terms.window_start_ms <= effective < terms.window_end_ms:
         raise UsageError(
             f"--effective-at {_iso(effective)} is outside the window [{_iso(terms.window_start_ms)}"
@@ -462,7 +492,7 @@ def _release(args: argparse.Namespace) -> int:
 def _adjust(args: argparse.Namespace) -> int:
     terms = _load_terms(args.terms)
     direction: Literal["credit", "charge"] = "credit" if args.credit is not None else "charge"
-    amount = parse_amount_minor(args.credit or args.charge, terms)
+    amount = parse_amount_minor(args.credit or args.charge, terms, f"--{direction}")
     issued = parse_time_ms(args.issued_at, "--issued-at")
     record = Adjustment(
         placement_id=terms.placement_id,
@@ -487,7 +517,7 @@ def _bind_key(args: argparse.Namespace) -> int:
     try:
         public = load_public_key(args.node_key).key
     except KeyFileError as exc:
-        raise UsageError(str(exc)) from exc
+        raise UsageError(f"--node-key: {exc}") from exc
     until = (
         MAX_SAFE_INTEGER
         if args.valid_until == "forever"
@@ -502,14 +532,14 @@ def _bind_key(args: argparse.Namespace) -> int:
         else parse_time_ms(args.valid_from, "--valid-from"),
         valid_until_ms=until,
         issued_at_ms=parse_time_ms(args.issued_at, "--issued-at"),
-        evidence=""
-        if args.evidence is None
-        else _evidence(args.evidence, terms, args.node, public),
+        evidence="" if args.evidence is None else _evidence(args, terms, args.node, public),
     )
     if record.valid_from_ms >= record.valid_until_ms:
         raise UsageError("--valid-from must be before --valid-until")
     _check_record(record)
     envelope = _sign_new(args, terms, record)
+    if record.evidence:  # once the record is whole: a warning, never beside a refusal
+        _warn_unrooted(args.evidence, parse_evidence(record.evidence), args.trust)
     out = (
         None
         if args.dry_run
@@ -523,7 +553,7 @@ def _assign(args: argparse.Namespace) -> int:
     try:
         public = load_public_key(args.new_buyer_key).key
     except KeyFileError as exc:
-        raise UsageError(str(exc)) from exc
+        raise UsageError(f"--new-buyer-key: {exc}") from exc
     held = [g.uuid for g in terms.gpus]
     gpus = held if args.gpus is None else [u.strip() for u in args.gpus.split(",") if u.strip()]
     unknown = [u for u in gpus if u not in held]
@@ -553,7 +583,7 @@ def _assign(args: argparse.Namespace) -> int:
         new_buyer=Party(id=args.new_buyer, key=public),
         handover_at_ms=handover,
         gpus=gpus,
-        rate_per_gpu_hour_minor=parse_amount_minor(args.rate, terms),
+        rate_per_gpu_hour_minor=parse_amount_minor(args.rate, terms, "--rate"),
         issued_at_ms=issued,
     )
     _check_record(record)
@@ -562,9 +592,51 @@ def _assign(args: argparse.Namespace) -> int:
     return _finish(args, terms, record, envelope, out)
 
 
-def _evidence(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> str:
-    """SPEC §6.9: the compact JWS in ``path``, checked as the ledger will (all but the
-    signature, which needs the ledger's roots); a one-line UsageError otherwise."""
+def _evidence(args: argparse.Namespace, terms: PlacementTerms, node_id: str, key: bytes) -> str:
+    """SPEC §6.9: the compact JWS of ``--evidence``, checked as the ledger will; a one-line
+    UsageError otherwise. Its signature is checked against the attestation roots of
+    ``--trust`` when given; one the command cannot tie to a root is a one-line warning
+    naming the issuer, and proceeds: the ledger decides with its own roots."""
+    token = _evidence_token(args.evidence, terms, node_id, key)
+    if args.trust is not None:
+        try:
+            load_trust(args.trust)
+        except TrustError as exc:
+            raise UsageError(f"--trust: {exc}") from exc
+    return token
+
+
+def _warn_unrooted(path: Path, evidence: Evidence, trust_path: Path | None) -> None:
+    issuer = f"issuer {evidence.claims.iss!r} (kid {evidence.header.kid!r})"
+    after = (
+        "proceeding: the ledger decides with its own [[attestation_roots]] (a key no root "
+        "attests is NOT_ATTESTED where the terms require attestation, SPEC §6.9)"
+    )
+    if trust_path is None:
+        print(
+            f"warning: --evidence {path}: the signature of {issuer} is not checked here (no "
+            f"--trust FILE with attestation keys); {after}",
+            file=sys.stderr,
+        )
+        return
+    try:
+        roots = load_trust(trust_path).attestation_roots()
+    except TrustError as exc:
+        raise UsageError(f"--trust: {exc}") from exc
+    root = attested_by(evidence, roots)
+    if root is None:
+        pinned = ", ".join(r.id for r in roots) or "none"
+        print(
+            f"warning: --evidence {path}: {issuer} is signed by no attestation key pinned in "
+            f"{trust_path} (pinned: {pinned}); {after}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"evidence: signed by the attestation key {root!r} of {trust_path} ({issuer})")
+
+
+def _evidence_token(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> str:
+    """The token of ``path``, checked as the ledger will (all but the signature)."""
     try:
         raw = read_at_most(path, MAX_EVIDENCE_CHARS + 2)
     except OSError as exc:
@@ -593,11 +665,56 @@ def _evidence(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> st
     return token
 
 
+# A record's field -> the option the user gave it with (messages use the user's words).
+_OPTION_OF: Final = {
+    "reclaim_id": "--id",
+    "release_id": "--id",
+    "adjustment_id": "--id",
+    "assignment_id": "--id",
+    "new_buyer.id": "--new-buyer",
+    "new_buyer.key": "--new-buyer-key",
+    "reason": "--reason",
+    "reference": "--reference",
+    "gpus": "--gpus",
+    "rate_per_gpu_hour_minor": "--rate",
+    "amount_minor": "the amount",
+    "issued_at_ms": "--issued-at",
+    "effective_at_ms": "--effective-at",
+    "handover_at_ms": "--handover-at",
+    "valid_from_ms": "--valid-from",
+    "valid_until_ms": "--valid-until",
+    "node_id": "--node",
+    "key": "--node-key",
+    "evidence": "--evidence",
+    "placement_id": "the terms' placement_id",
+}
+_AT: Final = re.compile(r"^(?:\w+: )?(?P<message>.*) - at `\$\.(?P<path>[\w.\[\]]+)`$", re.S)
+
+
+def _field_value(record: _RECORD, path: str) -> object:
+    value: object = record
+    for part in re.findall(r"\w+|\[\d+\]", path):
+        if part.startswith("["):
+            value = value[int(part[1:-1])] if isinstance(value, list) else None
+        else:
+            value = getattr(value, part, None)
+    return value
+
+
 def _check_record(record: _RECORD) -> None:
+    """The wire's checks (identifiers, text, bounds), reported by the option given."""
     try:
-        decode_payload(signed_bytes(record))  # the wire's checks: identifiers, text, bounds
+        decode_payload(signed_bytes(record))
     except ProtoError as exc:
-        raise UsageError(f"the record is not valid: {exc}") from exc
+        found = _AT.match(exc.detail)
+        path = "" if found is None else found["path"]
+        option = _OPTION_OF.get(path) or _OPTION_OF.get(re.sub(r"\[\d+\]$", "", path))
+        if found is None or option is None:
+            raise UsageError(f"the record is not valid: {exc}") from exc
+        if option == "the amount" and isinstance(record, Adjustment):
+            option = f"--{record.direction}"
+        words = in_words(option, _field_value(record, path), found["message"], sep=" ")
+        raise UsageError(words) from exc
 
 
 def _open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, _RECORD]:
@@ -629,6 +746,11 @@ def _cosign(args: argparse.Namespace) -> int:
     opened, record = _open_record(args.record, terms)
     keys = _load_keys(args.key)
     _check_signers(terms, record, keys, _what(record))
+    signed = {s.keyid for s in opened.envelope.signatures}
+    for key in keys:
+        if key.key_id in signed:
+            who = _role_of(terms, key.key_id, record)
+            print(f"note: the {who} ({key.name}) had signed already; its signature is renewed")
     envelope = add_signatures(opened.envelope, keys)
     out = args.out or args.record
     return _finish(args, terms, record, envelope, None if args.dry_run else out)
@@ -785,6 +907,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="hardware evidence for the key (SPEC §6.9): the attestation service's compact "
         "JWS; with the key's current window, the operator alone signs",
     )
+    bind.add_argument(
+        "--trust",
+        type=Path,
+        metavar="FILE",
+        help="with --evidence: check the token's signature against the attestation keys "
+        "pinned in this trust file (a token none of them signed is a warning)",
+    )
     _issued(bind)
     _common(bind, keys=True, out=True, target_required=False)
     bind.set_defaults(handler=lambda a: _run(_bind_key, a))
@@ -818,12 +947,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _common(assign, keys=True, out=True, target_required=False)
     assign.set_defaults(handler=lambda a: _run(_assign, a))
 
-    cosign = parser("cosign", "add your signature to a signed reclaim, adjustment or binding")
+    cosign = parser(
+        "cosign",
+        "add your signature to a signed record (reclaim, release, adjustment, key binding, "
+        "assignment)",
+    )
     cosign.add_argument("record", type=Path, metavar="RECORD", help="the signed record file")
     _common(cosign, keys=True, out=True, target_required=False)
     cosign.set_defaults(handler=lambda a: _run(_cosign, a))
 
-    pub = parser("publish", "publish a fully signed reclaim, adjustment or binding")
+    pub = parser(
+        "publish",
+        "publish a fully signed record (reclaim, release, adjustment, key binding, assignment)",
+    )
     pub.add_argument("record", type=Path, metavar="RECORD", help="the signed record file")
     _common(pub, keys=False, out=False, target_required=False)
     pub.set_defaults(handler=lambda a: _run(_publish, a))

@@ -21,6 +21,7 @@ from typing import Final
 
 import duckdb
 
+from billview.units import iso_utc
 from ledger.cache import PlacementCache
 from ledger.decide import NOT_LOOKED_UP, AcceptedEvent, NotLookedUp, decide, usage_lookup
 from ledger.export import INPUT_TABLES
@@ -90,13 +91,36 @@ class DryRun:
     handover_ms: int | None = None
 
 
+def _first_line(exc: BaseException) -> str:
+    """DuckDB's messages run over several lines (hints, a caret under the SQL)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _check_duckdb_file(export: Path, what: str = "--export") -> None:
+    """One line for what is not an export at all: missing, a directory, not DuckDB."""
+    try:
+        with export.open("rb") as f:
+            head = f.read(12)
+    except IsADirectoryError as exc:
+        raise DryRunError(f"{what} {export} is a directory; give an export FILE.duckdb") from exc
+    except OSError as exc:
+        raise DryRunError(f"cannot read {what} {export}: {exc.strerror or exc}") from exc
+    # A DuckDB file has the magic "DUCK" at byte 8 (as verifier/source.py checks).
+    if len(head) < 12 or head[8:12] != b"DUCK":
+        raise DryRunError(
+            f"{what} {export} is not a DuckDB file; give an export written by "
+            "gridledger ledger export (or --ledger URL)"
+        )
+
+
 def _input_rows(
-    export: Path,
+    export: Path, what: str = "--export"
 ) -> tuple[list[tuple[int, str, bytes]], bytes, int, tuple[int, ...], dict[int, int]]:
+    _check_duckdb_file(export, what)
     try:
         con = duckdb.connect(str(export), read_only=True)
     except duckdb.Error as exc:
-        raise DryRunError(f"cannot open export {export}: {exc}") from exc
+        raise DryRunError(f"cannot open export {export}: {_first_line(exc)}") from exc
     try:
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         present = {str(name) for (name,) in con.execute("SHOW TABLES").fetchall()}
@@ -115,7 +139,9 @@ def _input_rows(
         ).fetchone()
         arrivals = _arrivals(con.execute("SELECT chain_index, envelope FROM ledger_records"))
     except duckdb.Error as exc:
-        raise DryRunError(f"{export} is not a gridledger export: {exc}") from exc
+        raise DryRunError(
+            f"{export} is a DuckDB file but not a gridledger export: {_first_line(exc)}"
+        ) from exc
     finally:
         con.close()
     import base64
@@ -143,7 +169,8 @@ def _arrivals(cursor: duckdb.DuckDBPyConnection) -> dict[int, int]:
 
 def current_from_export(export: Path, placement_id: str, source: str | None = None) -> Current:
     """Refold every input of ``export``; check the result against its last record."""
-    rows, ledger_key, records, expected, arrivals = _input_rows(export)
+    what = "--export" if source is None else f"the export {source} served"
+    rows, ledger_key, records, expected, arrivals = _input_rows(export, what)
     cache = PlacementCache()
     state = cache.get(placement_id)
     for index, position, raw in rows:
@@ -291,11 +318,9 @@ def render(result: DryRun, terms: PlacementTerms, missing: tuple[str, ...]) -> l
         label_after = "once signed"
         lines.append(f"         (missing signature of {', '.join(missing)}; shown as once signed)")
     if result.handover_ms is not None:
-        from datetime import UTC, datetime
-
-        when = datetime.fromtimestamp(result.handover_ms / 1000, UTC).isoformat()
+        when = iso_utc(result.handover_ms)
         lines.append(
-            f"resale: the new buyer is billed from {when.replace('+00:00', 'Z')} at the resale "
+            f"resale: the new buyer is billed from {when} at the resale "
             "rate (SPEC §7.10); the totals below stay the original terms'"
         )
     lines.append(f"  {'':<19}{'now':>14}{label_after:>14}{'change':>14}")
