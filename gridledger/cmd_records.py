@@ -68,7 +68,13 @@ from proto.envelope import (
 from proto.errors import KeyFileError, ProtoError
 from proto.files import read_at_most
 from proto.keys import SigningKey, key_id, load_public_key, load_signing_key
-from proto.limits import MAX_ENVELOPE_BYTES, MAX_EVIDENCE_CHARS, MAX_SAFE_INTEGER
+from proto.limits import (
+    MAX_CLOCK_SKEW_MS,
+    MAX_ENVELOPE_BYTES,
+    MAX_EVIDENCE_AGE_MS,
+    MAX_EVIDENCE_CHARS,
+    MAX_SAFE_INTEGER,
+)
 from proto.records import (
     Adjustment,
     Assignment,
@@ -439,6 +445,83 @@ def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace)
         return exc.code
 
 
+# ---- pre-checks: what the ledger will refuse, known from the terms (SPEC §6.3, §6.8, §6.9) --
+#
+# Each refuses before anything is signed, in one line naming the option (exit 2). What the
+# command cannot know from the files it is given (bindings or assignments the ledger accepted
+# since the terms) it leaves to the ledger: a dry run against an export says it.
+
+
+def _key_holder(terms: PlacementTerms, key: bytes) -> str | None:
+    """Whose key ``key`` is in the terms: a party (with its id), the ledger, or a node."""
+    for role in ("operator", "buyer", "desk"):
+        party: Party = getattr(terms, role)
+        if key == party.key:
+            return f"the {role}'s key ({party.id})"
+    if key == terms.ledger_key:
+        return "the ledger's key"
+    for node in terms.nodes:
+        if key == node.key:
+            return f"the key of node {node.node_id} in the terms (a meter of this placement)"
+    return None
+
+
+def _precheck_new_buyer(terms: PlacementTerms, new_buyer: str, key: bytes, path: Path) -> None:
+    """SPEC §6.8 (3): the new buyer is no party of the terms, its key no party's, not the
+    ledger's, not a node key of the terms (keys bound since: the ledger decides)."""
+    for role in ("operator", "buyer", "desk"):
+        if new_buyer == getattr(terms, role).id:
+            raise UsageError(
+                f"--new-buyer {new_buyer!r} is a party of the terms (the {role}'s id); a resale "
+                "goes to someone else (SPEC §6.8: ASSIGNMENT_INVALID)"
+            )
+    holder = _key_holder(terms, key)
+    if holder is not None:
+        raise UsageError(
+            f"--new-buyer-key {path} is {holder}: a new buyer signs with its own key, never "
+            "a party's, the ledger's or a node's (SPEC §6.8: ASSIGNMENT_INVALID)"
+        )
+
+
+def _precheck_node_key(terms: PlacementTerms, node_id: str, key: bytes, path: Path) -> None:
+    """SPEC §6.3 keybinding: a node key is nobody's party key (the operator's, buyer's,
+    desk's, ledger's). A binding that only shortens one the terms make stays allowed (no
+    party key is a node key of the terms); an accepted new buyer's key: the ledger decides."""
+    if key in {n.key for n in terms.nodes if n.node_id == node_id}:
+        return
+    holder = _key_holder(terms, key)
+    if holder is not None:
+        raise UsageError(
+            f"--node-key {path} is {holder}: a node key is nobody's party key, so one key "
+            "never both meters usage and signs for money (SPEC §6.3: BINDING_INVALID)"
+        )
+
+
+def _precheck_fresh(path: Path, token: str, issued_ms: int, issued_given: str) -> None:
+    """SPEC §6.9 (6): ``iat`` within [issued - MAX_EVIDENCE_AGE_MS, issued +
+    MAX_CLOCK_SKEW_MS] of the binding's issued time (the ledger judges its arrival, which
+    is not before it is issued: a token stale now is stale then)."""
+    iat_ms = parse_evidence(token).claims.iat * 1000
+    given = "--issued-at" + (" (default: now)" if issued_given == "now" else "")
+    if iat_ms < issued_ms - MAX_EVIDENCE_AGE_MS:
+        hours = (issued_ms - iat_ms) / 3_600_000
+        age = f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
+        raise UsageError(
+            f"--evidence {path}: issued at {_iso(iat_ms)} (iat), {age} before {given} "
+            f"{_iso(issued_ms)}: older than MAX_EVIDENCE_AGE_MS ({MAX_EVIDENCE_AGE_MS // 3_600_000}"
+            " h); the ledger refuses stale evidence (SPEC §6.9: EVIDENCE_INVALID); attest the "
+            "node again for a fresh token"
+        )
+    if iat_ms > issued_ms + MAX_CLOCK_SKEW_MS:
+        ahead = (iat_ms - issued_ms) / 1000
+        raise UsageError(
+            f"--evidence {path}: issued at {_iso(iat_ms)} (iat), {ahead:g} s after {given} "
+            f"{_iso(issued_ms)}: more than MAX_CLOCK_SKEW_MS ({MAX_CLOCK_SKEW_MS // 1000} s) in "
+            "its future; the ledger refuses evidence from the future (SPEC §6.9: "
+            "EVIDENCE_INVALID); check the clocks, or give --issued-at"
+        )
+
+
 # ---- the commands -------------------------------------------------------------------------
 
 
@@ -523,19 +606,24 @@ def _bind_key(args: argparse.Namespace) -> int:
         if args.valid_until == "forever"
         else parse_time_ms(args.valid_until, "--valid-until")
     )
+    start = 0 if args.valid_from == "start" else parse_time_ms(args.valid_from, "--valid-from")
+    issued = parse_time_ms(args.issued_at, "--issued-at")
+    if start >= until:
+        raise UsageError("--valid-from must be before --valid-until")
+    _precheck_node_key(terms, args.node, public, args.node_key)  # §6.3, before the evidence
+    evidence = ""
+    if args.evidence is not None:
+        evidence = _evidence(args, terms, args.node, public)
+        _precheck_fresh(args.evidence, evidence, issued, args.issued_at)  # §6.9 (6)
     record = NodeKeyBinding(
         placement_id=terms.placement_id,
         node_id=args.node,
         key=public,
-        valid_from_ms=0
-        if args.valid_from == "start"
-        else parse_time_ms(args.valid_from, "--valid-from"),
+        valid_from_ms=start,
         valid_until_ms=until,
-        issued_at_ms=parse_time_ms(args.issued_at, "--issued-at"),
-        evidence="" if args.evidence is None else _evidence(args, terms, args.node, public),
+        issued_at_ms=issued,
+        evidence=evidence,
     )
-    if record.valid_from_ms >= record.valid_until_ms:
-        raise UsageError("--valid-from must be before --valid-until")
     _check_record(record)
     envelope = _sign_new(args, terms, record)
     if record.evidence:  # once the record is whole: a warning, never beside a refusal
@@ -564,12 +652,7 @@ def _assign(args: argparse.Namespace) -> int:
         )
     if not gpus or len(set(gpus)) != len(gpus):
         raise UsageError("--gpus lists each GPU of the terms at most once, at least one")
-    parties = (terms.operator, terms.buyer, terms.desk)
-    if args.new_buyer in {p.id for p in parties} or public in {p.key for p in parties}:
-        raise UsageError(
-            f"the new buyer {args.new_buyer!r} is a party of the terms; a resale goes to "
-            "someone else (SPEC §6.8)"
-        )
+    _precheck_new_buyer(terms, args.new_buyer, public, args.new_buyer_key)  # SPEC §6.8 (3)
     handover = parse_time_ms(args.handover_at, "--handover-at")
     if not terms.window_start_ms <= handover < terms.window_end_ms:
         raise UsageError(
