@@ -456,7 +456,9 @@ def _evidence(service: SigningKey) -> None:
     terms, _ = load_terms_file(Path("terms.signed.json"))
     key = load_public_key(Path("keys/node-a.pub")).key
     gpus = {g.uuid: g.model for g in terms.gpus if g.node_id == "node-a"}
-    claims = claims_for(terms.placement_id, "node-a", key, gpus, iss="https://nras.example")
+    claims = claims_for(  # issued when the binding is (its --issued-at): fresh, SPEC §6.9
+        terms.placement_id, "node-a", key, gpus, iss="https://nras.example", iat=1_796_083_800
+    )
     Path("node-a.jwt").write_text(issue_evidence(claims, kid="k1", ed25519=service) + "\n")
 
 
