@@ -100,14 +100,21 @@ def render_export(report: ExportReport) -> list[str]:
     if report.ok and report.totals is not None:
         t, scale = report.totals, report.currency_scale
         money = report.currency
+        desk = f"desk receives {format_minor(t['desk_receives_minor'], scale)} {money}"
+        if report.resale:  # SPEC §7.10: the desk once, in all, as the statement's desk card
+            fees = sum(e["fee_minor"] for e in report.resale)
+            plural = "s" if len(report.resale) > 1 else ""
+            desk = (
+                f"desk receives {format_minor(t['desk_receives_minor'] + fees, scale)} {money} "
+                f"in all ({format_minor(t['desk_receives_minor'], scale)} fee + "
+                f"{format_minor(fees, scale)} resale fee{plural})"
+            )
         amounts = (
             f"buyer owes {format_minor(t['buyer_owes_minor'], scale)} {money}, operator "
-            f"receives {format_minor(t['operator_receives_minor'], scale)} {money}, desk "
-            f"receives {format_minor(t['desk_receives_minor'], scale)} {money}"
+            f"receives {format_minor(t['operator_receives_minor'], scale)} {money}, {desk}"
         )
         if report.resale:  # SPEC §7.10: the second obligation, and the seller's net
             sold = sum(e["gross_minor"] - e["fee_minor"] for e in report.resale)
-            fees = sum(e["fee_minor"] for e in report.resale)
             amounts += "; resale: " + ", ".join(
                 f"{e['new_buyer']} owes {format_minor(e['gross_minor'], scale)} {money} "
                 f"({e['assignment_id']}, via the desk)"
@@ -115,8 +122,7 @@ def render_export(report: ExportReport) -> list[str]:
             )
             amounts += (
                 f"; original buyer's net {format_minor(t['buyer_owes_minor'] - sold, scale)} "
-                f"{money}, desk receives {format_minor(t['desk_receives_minor'] + fees, scale)} "
-                f"{money} in all"
+                f"{money}"
             )
         records = f"{report.counts.get('records', 0)} records through index {report.head_index}"
         periods = [
