@@ -30,7 +30,10 @@ scale.
 Exit codes: 0 done (signed and written; published when asked; a dry run the ledger
 would accept); 1 refused (a key that may not sign this record, signatures missing for
 publishing, a dry run the ledger would reject); 2 unusable input (a file, a time, an
-amount, an export); 75 Kafka did not acknowledge (nothing was published; try again).
+amount, an export) or a record the ledger will refuse, known from the terms before
+signing (a party's, the ledger's or a node's key where it may not be; stale or
+future-dated evidence, SPEC §6.3, §6.8, §6.9); 75 Kafka did not acknowledge (nothing was
+published; try again).
 """
 
 from __future__ import annotations
