@@ -469,24 +469,27 @@ def _key_holder(terms: PlacementTerms, key: bytes) -> str | None:
     return None
 
 
-def _precheck_new_buyer(terms: PlacementTerms, new_buyer: str, key: bytes, path: Path) -> None:
+def _precheck_new_buyer(
+    terms: PlacementTerms, new_buyer: str, key: bytes, id_said: str, key_said: str
+) -> None:
     """SPEC §6.8 (3): the new buyer is no party of the terms, its key no party's, not the
-    ledger's, not a node key of the terms (keys bound since: the ledger decides)."""
+    ledger's, not a node key of the terms (keys bound since: the ledger decides).
+    ``id_said``, ``key_said``: how the message names them (the option, or the file)."""
     for role in ("operator", "buyer", "desk"):
         if new_buyer == getattr(terms, role).id:
             raise UsageError(
-                f"--new-buyer {new_buyer!r} is a party of the terms (the {role}'s id); a resale "
+                f"{id_said} {new_buyer!r} is a party of the terms (the {role}'s id); a resale "
                 "goes to someone else (SPEC §6.8: ASSIGNMENT_INVALID)"
             )
     holder = _key_holder(terms, key)
     if holder is not None:
         raise UsageError(
-            f"--new-buyer-key {path} is {holder}: a new buyer signs with its own key, never "
+            f"{key_said} is {holder}: a new buyer signs with its own key, never "
             "a party's, the ledger's or a node's (SPEC §6.8: ASSIGNMENT_INVALID)"
         )
 
 
-def _precheck_node_key(terms: PlacementTerms, node_id: str, key: bytes, path: Path) -> None:
+def _precheck_node_key(terms: PlacementTerms, node_id: str, key: bytes, key_said: str) -> None:
     """SPEC §6.3 keybinding: a node key is nobody's party key (the operator's, buyer's,
     desk's, ledger's). A binding that only shortens one the terms make stays allowed (no
     party key is a node key of the terms); an accepted new buyer's key: the ledger decides."""
@@ -495,34 +498,58 @@ def _precheck_node_key(terms: PlacementTerms, node_id: str, key: bytes, path: Pa
     holder = _key_holder(terms, key)
     if holder is not None:
         raise UsageError(
-            f"--node-key {path} is {holder}: a node key is nobody's party key, so one key "
+            f"{key_said} is {holder}: a node key is nobody's party key, so one key "
             "never both meters usage and signs for money (SPEC §6.3: BINDING_INVALID)"
         )
 
 
-def _precheck_fresh(path: Path, token: str, issued_ms: int, issued_given: str) -> None:
+def _span(ms: int) -> str:
+    """A duration as a person says it: 61 s, 24 h, 25.5 h, 365 days (to a tenth)."""
+    for unit_ms, below, name in ((1000, 120_000, "s"), (60_000, 7_200_000, "min")):
+        if ms < below:
+            return f"{round(ms / unit_ms, 1):g} {name}"
+    if ms < 172_800_000:
+        return f"{round(ms / 3_600_000, 1):g} h"
+    return f"{round(ms / 86_400_000, 1):.15g} days"
+
+
+def _precheck_fresh(token: str, issued_ms: int, what: str, given: str, hint: str = "") -> None:
     """SPEC §6.9 (6): ``iat`` within [issued - MAX_EVIDENCE_AGE_MS, issued +
-    MAX_CLOCK_SKEW_MS] of the binding's issued time (the ledger judges its arrival, which
-    is not before it is issued: a token stale now is stale then)."""
+    MAX_CLOCK_SKEW_MS] of the binding's issued time (the ledger judges against the
+    record's arrival, or its issued time when untimed). ``what`` names the token (the
+    option and file), ``given`` the issued time."""
     iat_ms = parse_evidence(token).claims.iat * 1000
-    given = "--issued-at" + (" (default: now)" if issued_given == "now" else "")
     if iat_ms < issued_ms - MAX_EVIDENCE_AGE_MS:
-        hours = (issued_ms - iat_ms) / 3_600_000
-        age = f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
         raise UsageError(
-            f"--evidence {path}: issued at {_iso(iat_ms)} (iat), {age} before {given} "
-            f"{_iso(issued_ms)}: older than MAX_EVIDENCE_AGE_MS ({MAX_EVIDENCE_AGE_MS // 3_600_000}"
-            " h); the ledger refuses stale evidence (SPEC §6.9: EVIDENCE_INVALID); attest the "
-            "node again for a fresh token"
+            f"{what}: issued at {_iso(iat_ms)} (iat), {_span(issued_ms - iat_ms)} before "
+            f"{given} {_iso(issued_ms)}: older than MAX_EVIDENCE_AGE_MS "
+            f"({_span(MAX_EVIDENCE_AGE_MS)}); the ledger refuses stale evidence (SPEC §6.9: "
+            "EVIDENCE_INVALID); attest the node again for a fresh token"
         )
     if iat_ms > issued_ms + MAX_CLOCK_SKEW_MS:
-        ahead = (iat_ms - issued_ms) / 1000
         raise UsageError(
-            f"--evidence {path}: issued at {_iso(iat_ms)} (iat), {ahead:g} s after {given} "
-            f"{_iso(issued_ms)}: more than MAX_CLOCK_SKEW_MS ({MAX_CLOCK_SKEW_MS // 1000} s) in "
-            "its future; the ledger refuses evidence from the future (SPEC §6.9: "
-            "EVIDENCE_INVALID); check the clocks, or give --issued-at"
+            f"{what}: issued at {_iso(iat_ms)} (iat), {_span(iat_ms - issued_ms)} after "
+            f"{given} {_iso(issued_ms)}: more than MAX_CLOCK_SKEW_MS "
+            f"({_span(MAX_CLOCK_SKEW_MS)}) in its future; the ledger refuses evidence from "
+            f"the future (SPEC §6.9: EVIDENCE_INVALID); check the clocks{hint}"
         )
+
+
+def _precheck_opened(terms: PlacementTerms, record: _RECORD, path: Path) -> None:
+    """The same pre-checks for a signed record file given to cosign or publish."""
+    if isinstance(record, Assignment):
+        new_buyer = record.new_buyer
+        said = f"{path}: the new buyer"
+        _precheck_new_buyer(terms, new_buyer.id, new_buyer.key, said, f"{said}'s key")
+    if isinstance(record, NodeKeyBinding):
+        _precheck_node_key(terms, record.node_id, record.key, f"{path}: the node key")
+        if record.evidence:
+            try:
+                parse_evidence(record.evidence)
+            except EvidenceError:
+                return  # not a token at all: the ledger's EVIDENCE_INVALID (the dry run says)
+            what = f"{path}: its evidence"
+            _precheck_fresh(record.evidence, record.issued_at_ms, what, "its issued_at_ms")
 
 
 # ---- the commands -------------------------------------------------------------------------
@@ -613,11 +640,13 @@ def _bind_key(args: argparse.Namespace) -> int:
     issued = parse_time_ms(args.issued_at, "--issued-at")
     if start >= until:
         raise UsageError("--valid-from must be before --valid-until")
-    _precheck_node_key(terms, args.node, public, args.node_key)  # §6.3, before the evidence
+    _precheck_node_key(terms, args.node, public, f"--node-key {args.node_key}")  # §6.3
     evidence = ""
     if args.evidence is not None:
         evidence = _evidence(args, terms, args.node, public)
-        _precheck_fresh(args.evidence, evidence, issued, args.issued_at)  # §6.9 (6)
+        given = "--issued-at" + (" (default: now)" if args.issued_at == "now" else "")
+        what = f"--evidence {args.evidence}"
+        _precheck_fresh(evidence, issued, what, given, ", or give --issued-at")  # §6.9 (6)
     record = NodeKeyBinding(
         placement_id=terms.placement_id,
         node_id=args.node,
@@ -655,7 +684,8 @@ def _assign(args: argparse.Namespace) -> int:
         )
     if not gpus or len(set(gpus)) != len(gpus):
         raise UsageError("--gpus lists each GPU of the terms at most once, at least one")
-    _precheck_new_buyer(terms, args.new_buyer, public, args.new_buyer_key)  # SPEC §6.8 (3)
+    key_said = f"--new-buyer-key {args.new_buyer_key}"
+    _precheck_new_buyer(terms, args.new_buyer, public, "--new-buyer", key_said)  # §6.8 (3)
     handover = parse_time_ms(args.handover_at, "--handover-at")
     if not terms.window_start_ms <= handover < terms.window_end_ms:
         raise UsageError(
@@ -830,6 +860,7 @@ def _open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, _RECORD]:
 def _cosign(args: argparse.Namespace) -> int:
     terms = _load_terms(args.terms)
     opened, record = _open_record(args.record, terms)
+    _precheck_opened(terms, record, args.record)
     keys = _load_keys(args.key)
     _check_signers(terms, record, keys, _what(record))
     signed = {s.keyid for s in opened.envelope.signatures}
@@ -845,6 +876,7 @@ def _cosign(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     terms = _load_terms(args.terms)
     opened, record = _open_record(args.record, terms)
+    _precheck_opened(terms, record, args.record)
     if target_of(args) is None and not args.dry_run:
         raise UsageError("publish needs --kafka HOST:PORT or --local-dir DIR (or --dry-run)")
     return _finish(args, terms, record, opened.envelope, None)

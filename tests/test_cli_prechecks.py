@@ -185,6 +185,49 @@ def test_stale_or_future_evidence_is_refused_against_the_issued_time_with_the_li
     assert "--issued-at (default: now)" in line and "MAX_EVIDENCE_AGE_MS" in line
 
 
+def test_cosign_and_publish_refuse_a_record_file_the_ledger_will_refuse(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devtools.builders import assignment, key_binding
+
+    cast, node = world.scenario.cast, world.terms.nodes[0]
+    issued = T0_MS + 20 * MINUTE
+    stale = _token(world, node.node_id, node.key, (issued - MAX_EVIDENCE_AGE_MS) // 1000 - 1)
+    files = {  # signed elsewhere (not by this CLI), each fully signed
+        "meter.json": (
+            assignment(cast, world.terms, "as-1", cast.node_key(node.node_id),
+                       issued, [world.terms.gpus[0].uuid], 400),
+            "the new buyer's key is the key of node",
+        ),
+        "desk.json": (
+            key_binding(cast, world.pid, node.node_id, cast.desk, 0, 2**53 - 1, issued),
+            "the node key is the desk's key",
+        ),
+        "stale.json": (
+            key_binding(cast, world.pid, node.node_id, cast.node_key(node.node_id), 0,
+                        2**53 - 1, issued, signers=[cast.operator],
+                        evidence=stale.read_text().strip()),
+            f"its evidence: issued at {_iso((issued - MAX_EVIDENCE_AGE_MS) // 1000 * 1000 - 1000)}",
+        ),
+    }  # fmt: skip
+    before = world.last_record()
+    spool = ["--local-dir", str(world.tmp / "spool")]
+    for name, (raw, said) in files.items():
+        path = world.tmp / name
+        path.write_bytes(raw + b"\n")
+        for argv in (
+            ["publish", str(path), "--terms", str(world.signed_terms), *spool],
+            ["cosign", str(path), "--terms", str(world.signed_terms), "--key",
+             world.key("operator"), *spool],
+        ):  # fmt: skip
+            assert main(argv) == 2, name
+            line = one_failure(capsys.readouterr().err)
+            assert line.startswith(f"FAIL: {path}: ") and said in line, line
+        assert path.read_bytes() == raw + b"\n"  # not re-signed
+    world.service.run_until_idle()
+    assert world.last_record() == before  # nothing reached the ledger
+
+
 # ---- 2. what the CLI cannot know: the dry run says what the ledger then does ----------------
 
 
