@@ -402,6 +402,12 @@ def _dry_run(
         raise UsageError(str(exc)) from exc
     arrives = parse_time_ms(args.arrives_at, "--arrives-at")
     print(f"as if it reaches the log at {_iso(arrives)} (a notice counts from there)")
+    logged = current.state.arrived_ms
+    if logged is not None and logged > arrives:  # SPEC §6.6: arrivals are monotone
+        print(
+            f"  the log is already at {_iso(logged)} (an arrival never goes back, SPEC §6.6): "
+            "the ledger times it from there"
+        )
     result = dryrun.dry_run(current, raw, missing, arrives_at_ms=arrives)
     for line in dryrun.render(result, terms, missing):
         print(line)

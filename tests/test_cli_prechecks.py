@@ -231,20 +231,25 @@ def test_cosign_and_publish_refuse_a_record_file_the_ledger_will_refuse(
 # ---- 2. what the CLI cannot know: the dry run says what the ledger then does ----------------
 
 
-def test_evidence_fresh_when_issued_but_stale_on_arrival_the_dry_run_says_the_ledgers_reason(
+def test_evidence_fresh_when_issued_but_stale_on_arrival_the_dry_run_and_ledger_agree(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node = world.terms.nodes[0]
-    issued = T0_MS + 20 * MINUTE
-    token = _token(world, node.node_id, node.key, (issued - MAX_EVIDENCE_AGE_MS) // 1000)
+    arrival = T0_MS + 10 * MINUTE  # the World's ledger clock: when its inputs arrive
+    issued = arrival - MINUTE
+    token = _token(world, node.node_id, node.key, (arrival - MAX_EVIDENCE_AGE_MS) // 1000 - 1)
     argv = [*_bind(world, node.node_id, _pub(world, f"node:{node.node_id}"), "--evidence",
-            str(token)), "--issued-at", _iso(issued), "--key", world.key("operator"),
-            "--dry-run", "--export", str(world.export)]  # fmt: skip
-    assert main([*argv, "--arrives-at", _iso(issued)]) == 0
-    assert "the ledger would accept it" in capsys.readouterr().out
-    assert main([*argv, "--arrives-at", _iso(issued + 1000)]) == 1
+            str(token)), "--issued-at", _iso(issued), "--key", world.key("operator")]  # fmt: skip
+    dry = ["--dry-run", "--export", str(world.export)]
+    # Fresh when issued: no pre-check refuses it. The log is already at minute 10 (SPEC
+    # §6.6: arrivals never go back), so the dry run, asked for minute 9, times it there.
+    assert main([*argv, *dry, "--arrives-at", _iso(issued)]) == 1
     out = capsys.readouterr().out
+    assert f"the log is already at {_iso(arrival)}" in out, out
     assert "rejected EVIDENCE_INVALID" in out and "MAX_EVIDENCE_AGE_MS" in out, out
+    record = world.tmp / "binding.json"
+    assert main([*argv, "--out", str(record)]) == 0
+    assert _publish(world, record) == ("keybinding", "rejected", "EVIDENCE_INVALID")
 
 
 def test_a_resale_to_a_key_bound_since_the_terms_revoked_too_the_dry_run_and_ledger_agree(
