@@ -57,6 +57,7 @@ from ledger.limits import (
     SUPERVISE_RESTART_WINDOW_S,
     SUPERVISE_STOP_TIMEOUT_S,
 )
+from proto.invariant import present
 from transport.kafka import KafkaSettings, make_consumer
 
 log = structlog.get_logger("ledger.supervise")
@@ -109,23 +110,23 @@ def check_shards(config: LedgerConfig, shards: int, config_path: Path) -> list[L
         configs = [shard_config(config, i, shards) for i in range(shards)]
     except ConfigError as exc:
         raise SuperviseError(f"{config_path}: {exc}") from exc
-    assert config.kafka is not None  # shard_config refused anything else
-    partitions = topic_partitions(config.kafka.settings, SUPERVISE_METADATA_TIMEOUT_S)
+    kafka = present(config.kafka, "the [kafka] table of a sharded config")
+    partitions = topic_partitions(kafka.settings, SUPERVISE_METADATA_TIMEOUT_S)
     if partitions is None:
         log.warning(
             "supervise_partitions_unknown",
-            bootstrap=config.kafka.settings.bootstrap,
-            topic=config.kafka.topic,
+            bootstrap=kafka.settings.bootstrap,
+            topic=kafka.topic,
             note="broker did not answer; the shards wait for it",
         )
     elif partitions == 0:
         raise SuperviseError(
-            f"topic {config.kafka.topic!r} does not exist at {config.kafka.settings.bootstrap}; "
+            f"topic {kafka.topic!r} does not exist at {kafka.settings.bootstrap}; "
             "create it with its fixed partition count first"
         )
     elif shards > partitions:
         raise SuperviseError(
-            f"--shards {shards}: topic {config.kafka.topic!r} has only {partitions} "
+            f"--shards {shards}: topic {kafka.topic!r} has only {partitions} "
             f"partition(s); a shard without a partition has nothing to do"
         )
     return configs
@@ -191,8 +192,7 @@ class Supervisor:
 
     def _handle_exit(self, child: _Child, code: int, now: float) -> str | None:
         """Schedule the restart of a shard that exited; the failure line when it may not."""
-        assert child.popen is not None
-        pid = child.popen.pid
+        pid = present(child.popen, "the process of an exited shard").pid
         child.popen = None
         child.last_code = code
         while child.restarts and child.restarts[0] <= now - self.policy.window_s:
@@ -242,23 +242,21 @@ class Supervisor:
 
     def _stop_all(self) -> list[str]:
         """SIGTERM every running shard, wait (bounded), SIGKILL the rest; the unclean ones."""
-        running = [c for c in self.children if c.popen is not None]
-        for child in running:
-            assert child.popen is not None
+        running = [(c, c.popen) for c in self.children if c.popen is not None]
+        for _, popen in running:
             with contextlib.suppress(ProcessLookupError):
-                child.popen.send_signal(signal.SIGTERM)
+                popen.send_signal(signal.SIGTERM)
         deadline = self.clock() + self.policy.stop_timeout_s
         unclean: list[str] = []
-        for child in running:
-            assert child.popen is not None
+        for child, popen in running:
             try:
-                code = child.popen.wait(timeout=max(0.0, deadline - self.clock()))
+                code = popen.wait(timeout=max(0.0, deadline - self.clock()))
             except subprocess.TimeoutExpired:
-                child.popen.kill()
-                code = child.popen.wait(timeout=self.policy.stop_timeout_s)
+                popen.kill()
+                popen.wait(timeout=self.policy.stop_timeout_s)
                 unclean.append(f"{child.name} (killed after {self.policy.stop_timeout_s:g} s)")
                 continue
-            log.info("shard_stopped", shard=child.name, pid=child.popen.pid, code=code)
+            log.info("shard_stopped", shard=child.name, pid=popen.pid, code=code)
             if code != 0:
                 unclean.append(f"{child.name} (exit {code})")
         return unclean

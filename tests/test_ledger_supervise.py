@@ -264,6 +264,7 @@ def test_a_shard_that_keeps_dying_stops_the_supervisor_with_one_line(
     [
         (["--shards", "0"], {}, "--shards 0: need at least 1 shard"),
         (["--shards", "5"], {}, "has only 4 partition(s)"),
+        (["--shards", "65"], {}, "--shards 65: at most 64 shards"),
         (["--shards", "2"], {"shard": 1, "shards": 2}, "shard/shards is set (1/2)"),
         (["--shards", "2"], {"partitions": [0, 1]}, "[kafka] partitions is set"),
         (["--shards", "2", "--backoff", "-1"], {}, "--backoff >= 0"),
@@ -315,6 +316,7 @@ def test_shard_option_names_the_shards_store_and_refuses_nonsense(tmp_path: Path
     for shard, expect in (
         ("1/2", "no ledger store at " + str(tmp_path / "data" / "ledger-s1of2.duckdb")),
         ("2/2", "--shard '2/2': need 0 <= I < N"),
+        ("0/65", "--shard '0/65': need 0 <= I < N <= 64"),
         ("x", "--shard 'x': expected I/N"),
     ):
         err = io.StringIO()
