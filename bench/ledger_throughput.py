@@ -189,7 +189,9 @@ def measure_shards(args: argparse.Namespace) -> int:
     one_before, two_before = limits(2.0)
     print(f"limit before  verify 1 core {one_before:,.0f}/s, 2 processes {two_before:,.0f}/s")
 
-    def fold(bootstrap: str) -> tuple[float, float, list[tuple[int, float, int, float]]]:
+    def fold(
+        bootstrap: str,
+    ) -> tuple[float, float, float, list[tuple[int, float, int, float, float]]]:
         topic = f"bench.{uuid.uuid4().hex[:8]}"
         create_topic(bootstrap, topic, args.partitions)
         t = time.perf_counter()
@@ -199,27 +201,35 @@ def measure_shards(args: argparse.Namespace) -> int:
             f"publish to Kafka        {publish_s:.2f} s ({len(items) / publish_s:,.0f}/s, acks=all)"
         )
         with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
+            cpu = time.process_time()
             one_s, one_n = asyncio.run(
                 run_ledger(bootstrap, topic, cast, Path(tmp) / "one.duckdb", args.batch, len(items))
             )
+            one_cpu = time.process_time() - cpu  # this process: the ledger, no broker
             n_s, n_n, per = run_shards(bootstrap, topic, args.shards, args.batch, Path(tmp))
         if one_n != len(items) or n_n != len(items):
             print(f"WARNING: folded {one_n} / {n_n} of {len(items)} inputs")
-        return one_n / one_s, n_n / n_s, per
+        return one_n / one_s, one_cpu / max(one_n, 1), n_n / n_s, per
 
     if args.bootstrap is not None:
-        one_rate, n_rate, per = fold(args.bootstrap)
+        one_rate, one_cpu, n_rate, per = fold(args.bootstrap)
     else:
         with KafkaBroker() as broker:
-            one_rate, n_rate, per = fold(broker.bootstrap)
+            one_rate, one_cpu, n_rate, per = fold(broker.bootstrap)
     one_after, two_after = limits(2.0)
     print(f"limit after   verify 1 core {one_after:,.0f}/s, 2 processes {two_after:,.0f}/s")
     limit_one = (one_before + one_after) / 2
     limit_two = (two_before + two_after) / 2
-    print(f"1 ledger process        {one_rate:,.0f} inputs/s")
+    print(
+        f"1 ledger process        {one_rate:,.0f} inputs/s, CPU {one_cpu * 1e6:.0f} us/input "
+        "(all its threads)"
+    )
     print(f"{args.shards} shard processes      {n_rate:,.0f} inputs/s (aggregate)")
-    for shard, secs, n, peak in per:
-        print(f"    shard {shard}: {n} inputs in {secs:.2f} s, peak RSS {peak:.0f} MiB")
+    for shard, secs, n, peak, cpu_s in per:
+        print(
+            f"    shard {shard}: {n} inputs in {secs:.2f} s, peak RSS {peak:.0f} MiB, "
+            f"CPU {cpu_s / max(n, 1) * 1e6:.0f} us/input"
+        )
     print(f"ratio 1 process / verify 1 core       {one_rate / limit_one:.2f}")
     print(f"ratio {args.shards} shards / verify 1 core        {n_rate / limit_one:.2f}")
     print(f"ratio {args.shards} shards / verify 2 processes   {n_rate / limit_two:.2f}")
