@@ -259,6 +259,82 @@ def test_a_shard_that_keeps_dying_stops_the_supervisor_with_one_line(
     assert zero is None
 
 
+def test_sigint_is_forwarded_and_both_shards_stop_cleanly(
+    tmp_path: Path, kafka_bootstrap: str, tmp_topic: Callable[..., str]
+) -> None:
+    """Ctrl-C reaches the supervisor alone (each shard has its own process group); it
+    forwards the stop, waits, and exits 0 once both shards stopped cleanly."""
+    topic = tmp_topic(PARTITIONS)
+    scenario = build_scenario("supervise-int", placements=1, nodes=1, events=1)
+    key_file = ledger_key_file(tmp_path / "keys", scenario.cast)
+    config = _config(tmp_path, key_file, kafka_bootstrap, topic)
+    (tmp_path / "data").mkdir()
+    stores = [shard_store(tmp_path / "data" / "ledger.duckdb", i, SHARDS) for i in range(SHARDS)]
+    log = tmp_path / "supervise.log"
+    supervisor = _supervise(config, log)
+    try:
+        _wait(lambda: all(_health(s) is not None for s in stores), "both APIs", supervisor, log)
+        pids = [int((_port_file(s) or {})["pid"]) for s in stores]
+        assert len(set(pids)) == SHARDS and supervisor.pid not in pids
+        assert all(os.getpgid(pid) == pid for pid in pids)  # own groups: Ctrl-C skips them
+        supervisor.send_signal(signal.SIGINT)
+        assert supervisor.wait(timeout=STOP_TIMEOUT_S) == 0, log.read_text()[-3000:]
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait(timeout=STOP_TIMEOUT_S)
+    stopped = sorted((e["shard"], e["code"]) for e in _events(log, "shard_stopped"))
+    assert stopped == [("0/2", 0), ("1/2", 0)]
+    assert [e["signal"] for e in _events(log, "supervise_stopping")] == ["SIGINT"]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_no_shard_outlives_a_killed_supervisor(
+    tmp_path: Path, kafka_bootstrap: str, tmp_topic: Callable[..., str]
+) -> None:
+    """kill -9 of the supervisor: each shard gets SIGTERM from the kernel (parent-death
+    signal) and stops cleanly (its port file removed), so none keeps its store locked."""
+    topic = tmp_topic(PARTITIONS)
+    scenario = build_scenario("supervise-orphan", placements=1, nodes=1, events=1)
+    key_file = ledger_key_file(tmp_path / "keys", scenario.cast)
+    config = _config(tmp_path, key_file, kafka_bootstrap, topic)
+    (tmp_path / "data").mkdir()
+    stores = [shard_store(tmp_path / "data" / "ledger.duckdb", i, SHARDS) for i in range(SHARDS)]
+    log = tmp_path / "supervise.log"
+    supervisor = _supervise(config, log)
+    try:
+        _wait(lambda: all(_health(s) is not None for s in stores), "both APIs", supervisor, log)
+        pids = [int((_port_file(s) or {})["pid"]) for s in stores]
+    finally:
+        supervisor.kill()
+        supervisor.wait(timeout=STOP_TIMEOUT_S)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    try:
+        while not all(_gone(pid) for pid in pids):
+            assert time.monotonic() < deadline, (
+                f"a shard outlived its supervisor: {log.read_text()}"
+            )
+            time.sleep(POLL_S)
+    finally:
+        for pid in pids:  # never leave an orphan behind, whatever the outcome
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert not any(port_file_for(s).exists() for s in stores)  # each stopped cleanly
+    for store in stores:  # the stores are free: a new writer opens each
+        Store(store).close()
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (no entry, or a zombie nobody reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
 @pytest.mark.parametrize(
     ("argv", "kafka", "expect"),
     [
