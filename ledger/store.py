@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 import duckdb
+import numpy
 
 from ledger import snapshot
 from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES, STORE_MEMORY_LIMIT
@@ -387,6 +388,11 @@ def _quarantine_row(row: QuarantineRow) -> tuple[Any, ...]:
     )
 
 
+# The wide tables every chained input writes a row to: inserted as columns
+# (``Store._insert_columns``), the others through DuckDB's appender.
+_COLUMN_TABLES: Final = frozenset({"records", "inputs"})
+
+
 # ---- the store ------------------------------------------------------------------------------
 
 
@@ -396,6 +402,7 @@ class Store:
     def __init__(self, path: Path | str, *, ledger_public_key: bytes | None = None) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        self._columns: dict[str, tuple[tuple[str, str], ...]] = {}
         try:
             # Bounded memory: DuckDB's buffer pool would otherwise grow towards 80 % of RAM
             # as the store grows; past the limit it spills to the file, never fails.
@@ -547,8 +554,71 @@ class Store:
             if touched:
                 self._commit_no = commit_no
 
+    def _insert_columns(self, table: str, rows: Sequence[tuple[Any, ...]]) -> None:
+        """INSERT ``rows`` (every column of ``table``, in order) as columns: one NumPy array
+        per column, scanned by DuckDB in one statement. The same rows as ``_append``, at a
+        fraction of its cost per row for the two wide tables every input writes.
+
+        BIGINT columns travel as int64 arrays (a nullable one with a mask beside it): an
+        array of Python objects would let DuckDB guess a narrower type from a sample of
+        the values and fail on a larger one further down."""
+        if not rows:
+            return
+        data: dict[str, Any] = {}
+        select: list[str] = []
+        for (name, kind), values in zip(
+            self._column_kinds(table), zip(*rows, strict=True), strict=True
+        ):
+            if kind == "bigint":
+                data[name] = numpy.array(values, dtype=numpy.int64)
+                select.append(f'"{name}"')
+            elif kind == "nullable_bigint":
+                objects = numpy.array(values, dtype=object)
+                missing = numpy.array([v is None for v in values], dtype=numpy.bool_)
+                objects[missing] = 0
+                data[name] = objects.astype(numpy.int64)
+                data[f"{name}__null"] = missing
+                select.append(f'CASE WHEN "{name}__null" THEN NULL ELSE "{name}" END')
+            else:
+                data[name] = numpy.array(values, dtype=object)
+                select.append(f'"{name}"')
+        view = f"_batch_{table}"
+        self._con.register(view, data)
+        try:
+            self._con.execute(
+                f"INSERT INTO {table} SELECT {', '.join(select)} FROM {view}"
+            ).fetchall()
+        finally:
+            self._con.unregister(view)
+
+    def _column_kinds(self, table: str) -> tuple[tuple[str, str], ...]:
+        """``table``'s columns in order, each with how it travels: "bigint" (NOT NULL),
+        "nullable_bigint", or "object" (strings, blobs: Python objects, NULLs included)."""
+        cached = self._columns.get(table)
+        if cached is None:
+            found = self._con.execute(
+                "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
+                "WHERE table_catalog = current_database() AND table_schema = current_schema() "
+                "AND table_name = ? ORDER BY ordinal_position",
+                [table],
+            ).fetchall()
+            cached = tuple(
+                (
+                    str(name),
+                    "object"
+                    if data_type != "BIGINT"
+                    else ("bigint" if nullable == "NO" else "nullable_bigint"),
+                )
+                for name, data_type, nullable in found
+            )
+            self._columns[table] = cached
+        return cached
+
     def _append(self, table: str, rows: Sequence[tuple[Any, ...]], *, upsert: bool = False) -> None:
         if not rows:
+            return
+        if not upsert and table in _COLUMN_TABLES:
+            self._insert_columns(table, rows)
             return
         appender = self._con.appender(table, action="upsert" if upsert else "insert")
         appender.append_rows(rows)
