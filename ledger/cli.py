@@ -56,6 +56,7 @@ from ledger.consume import SourceError, SourceUnavailable
 from ledger.export import export_all, export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer
 from ledger.limits import (
+    MAX_SHARDS,
     START_ATTEMPTS,
     START_BACKOFF_INITIAL_S,
     START_BACKOFF_MAX_S,
@@ -173,11 +174,12 @@ def _load(path: Path, shard: str | None = None) -> tuple[LedgerConfig, SigningKe
 
 def _config(path: Path, shard: str | None) -> LedgerConfig:
     """ledger.toml, or shard I/N of it (``--shard I/N``)."""
-    config = load_config(path)
     if shard is None:
-        return config
+        return load_config(path)
+    index, count = parse_shard(shard)  # a bad --shard is named before any file is read
+    config = load_config(path)
     try:
-        return shard_config(config, *parse_shard(shard))
+        return shard_config(config, index, count)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
 
@@ -400,6 +402,8 @@ def cmd_supervise(args: argparse.Namespace) -> int:
 
     if args.max_restarts < 0 or args.restart_window <= 0 or args.backoff < 0:
         return _fail("--max-restarts >= 0, --restart-window > 0 and --backoff >= 0 please", 2)
+    if not 1 <= args.shards <= MAX_SHARDS:  # the arguments first, then the files
+        return _fail(f"--shards {args.shards}: give 1 to {MAX_SHARDS} shards", 2)
     try:
         config, _key = _load(args.config)
         configs = check_shards(config, args.shards, args.config)

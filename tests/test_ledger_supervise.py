@@ -338,9 +338,9 @@ def _gone(pid: int) -> bool:
 @pytest.mark.parametrize(
     ("argv", "kafka", "expect"),
     [
-        (["--shards", "0"], {}, "--shards 0: need at least 1 shard"),
+        (["--shards", "0"], {}, "--shards 0: give 1 to 64 shards"),
         (["--shards", "5"], {}, "has only 4 partition(s)"),
-        (["--shards", "65"], {}, "--shards 65: at most 64 shards"),
+        (["--shards", "65"], {}, "--shards 65: give 1 to 64 shards"),
         (["--shards", "2"], {"shard": 1, "shards": 2}, "shard/shards is set (1/2)"),
         (["--shards", "2"], {"partitions": [0, 1]}, "[kafka] partitions is set"),
         (["--shards", "2", "--backoff", "-1"], {}, "--backoff >= 0"),
@@ -398,5 +398,18 @@ def test_shard_option_names_the_shards_store_and_refuses_nonsense(tmp_path: Path
         err = io.StringIO()
         with redirect_stderr(err):
             code = gridledger_main(["ledger", "list", "--config", str(config), "--shard", shard])
+        lines = err.getvalue().splitlines()
+        assert code == 2 and len(lines) == 1 and expect in lines[0], lines
+
+
+def test_bad_shard_arguments_are_named_before_any_file_is_read(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.toml"
+    for argv, expect in (
+        (["ledger", "list", "--config", str(missing), "--shard", "3/2"], "--shard '3/2'"),
+        (["ledger", "supervise", "--config", str(missing), "--shards", "0"], "--shards 0"),
+    ):
+        err = io.StringIO()
+        with redirect_stderr(err):
+            code = gridledger_main(argv)
         lines = err.getvalue().splitlines()
         assert code == 2 and len(lines) == 1 and expect in lines[0], lines
