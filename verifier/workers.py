@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from verifier import limits
 from verifier.opener import Keyring, OpenResult, open_chunk
@@ -61,15 +61,25 @@ class OpenPool(Generic[T]):
         self, batches: Iterable[tuple[T, Sequence[tuple[int, bytes]]]], keyring: Keyring
     ) -> Iterator[tuple[T, list[OpenResult]]]:
         """For each (batch, rows) in order: the batch and the opened rows, same order."""
+        return self.run_jobs(open_chunk, batches, keyring)
+
+    def run_jobs(
+        self,
+        fn: Callable[[Sequence[Any], Any], list[Any]],
+        batches: Iterable[tuple[T, Sequence[Any]]],
+        context: Any,
+    ) -> Iterator[tuple[T, list[Any]]]:
+        """``run`` with any pure, picklable ``fn(jobs, context) -> one result per job``
+        (``verifier/pairs.py``): chunked, bounded and in order the same way."""
         executor = self._executor
         if executor is None:
             for batch, rows in batches:
-                yield batch, open_chunk(rows, keyring)
+                yield batch, fn(rows, context)
             return
-        pending: deque[tuple[T, list[Future[list[OpenResult]]]]] = deque()
+        pending: deque[tuple[T, list[Future[list[Any]]]]] = deque()
         for batch, rows in batches:
             futures = [
-                executor.submit(open_chunk, rows[i : i + limits.OPEN_CHUNK_ROWS], keyring)
+                executor.submit(fn, rows[i : i + limits.OPEN_CHUNK_ROWS], context)
                 for i in range(0, len(rows), limits.OPEN_CHUNK_ROWS)
             ]
             pending.append((batch, futures))
@@ -79,9 +89,9 @@ class OpenPool(Generic[T]):
             yield _collect(pending.popleft())
 
 
-def _collect(item: tuple[T, list[Future[list[OpenResult]]]]) -> tuple[T, list[OpenResult]]:
+def _collect(item: tuple[T, list[Future[list[Any]]]]) -> tuple[T, list[Any]]:
     batch, futures = item
-    results: list[OpenResult] = []
+    results: list[Any] = []
     for future in futures:
         results.extend(future.result())
     return batch, results
