@@ -75,8 +75,7 @@ def _batch_jobs(source: ExportSource) -> Iterator[tuple[tuple[Batch, Plan], list
         for index in sorted(records.keys() | inputs.keys()):
             record = records.get(index)
             rows = inputs.get(index)
-            pair = record is not None and rows is not None and len(rows) == 1
-            pair = pair and rows is not None and rows[0].kind == "usage"
+            pair = pairable(record, rows)
             plan.append((index, record, rows, len(jobs), pair))
             if pair and record is not None and rows is not None:
                 row = rows[0]
@@ -98,6 +97,12 @@ def _batch_jobs(source: ExportSource) -> Iterator[tuple[tuple[Batch, Plan], list
                 jobs.append((ONE, 0, record.envelope))
             jobs.extend((ONE, 0, r.envelope) for r in rows or ())
         yield (batch, plan), jobs
+
+
+def pairable(record: RecordRow | None, rows: list[InputRow] | None) -> bool:
+    """Whether a chain index goes to the workers as one PAIR job: one record, one input,
+    a usage event. (Tests switch it off to compare with the ordinary path.)"""
+    return record is not None and rows is not None and len(rows) == 1 and rows[0].kind == "usage"
 
 
 def _check_planned(run: Verification, plan: Plan, results: list[Any], keyring: Keyring) -> None:
