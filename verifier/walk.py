@@ -40,6 +40,7 @@ from verifier.pairs import ONE, PAIR, FastPair, Job, PairContext, SlowPair, open
 from verifier.source import Batch, ExportSource, InputRow, RecordRow
 from verifier.state import Verification
 from verifier.step8_merkle import MISSING_LEAF
+from verifier.workers import fewer_collections
 
 # One chain index of a batch: (index, its record row, its input rows, its first job,
 # whether it went as a PAIR job).
@@ -54,11 +55,13 @@ def walk(run: Verification) -> None:
     context = PairContext(
         step4_envelopes.keyring(run), run.placement_id, run.referee.ledger_required
     )
-    for (batch, plan), results in run.pool.run_jobs(open_jobs, _batch_jobs(run.source), context):
-        _check_planned(run, plan, results, context.keyring)
-        run.work.flush()
-        done += len(batch.records)
-        run.progress.update(done)
+    jobs = run.pool.run_jobs(open_jobs, _batch_jobs(run.source), context)
+    with fewer_collections():
+        for (batch, plan), results in jobs:
+            _check_planned(run, plan, results, context.keyring)
+            run.work.flush()
+            done += len(batch.records)
+            run.progress.update(done)
     run.progress.finish()
     run.work.flush()
 
