@@ -9,6 +9,7 @@ a finding it named differently, fails here.
 
 from __future__ import annotations
 
+import gc
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from test_verifier_exports import Scenario, explain, full_scenario, verify
 
 from proto.keys import key_id
-from verifier import walk
+from verifier import limits, walk
 from verifier.pairs import ONE, PAIR, FastPair, PairContext, SlowPair, open_jobs
 from verifier.signers import required_of
 from verifier.source import ExportSource, first_per_index
@@ -208,3 +209,22 @@ def test_first_per_index_keeps_the_lowest_rowid_of_each_index_in_chain_order() -
     shuffled = [(12, 2, "c"), (30, 1, "b2"), (11, 1, "b"), (10, 0, "a"), (5, 2, "c0")]
     assert first_per_index(shuffled) == [(10, 0, "a"), (11, 1, "b"), (5, 2, "c0")]
     assert first_per_index([]) == []
+
+
+def test_the_pass_collects_garbage_less_often_and_restores_the_threshold(
+    honest: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = gc.get_threshold()
+    during: list[tuple[int, int, int]] = []
+    check_planned = walk._check_planned
+
+    def recording(*args: Any) -> None:
+        during.append(gc.get_threshold())
+        check_planned(*args)
+
+    monkeypatch.setattr(walk, "_check_planned", recording)
+    report = verify(honest.path, honest.trust)
+    assert report.ok, explain(report)
+    assert during and all(t[0] >= limits.GC_GEN0_THRESHOLD for t in during), during
+    assert all(t[1:] == before[1:] for t in during)
+    assert gc.get_threshold() == before
