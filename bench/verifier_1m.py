@@ -10,7 +10,10 @@
    process, and two processes (the limit the verifier is compared with).
 3. Runs ``python -m verifier FILE --trust TRUST --json --pool P`` in a child process for
    each pool kind, and reports wall time, usage events/s, signatures/s, the ratio of
-   signatures/s to the two-process limit, and the child's peak RSS (os.wait4).
+   signatures/s to the two-process limit, the CPU the child and its workers used per
+   usage event (os.wait4; steadier than wall time on a shared machine) next to the CPU
+   its two signature checks take (their quotient is the ratio the run would reach with
+   both cores its own), the load average, and the child's peak RSS.
 
 Every usage event needs two signature checks (the node's, and the ledger's on its
 LedgerRecord), so events/s is at most half the signature rate; the ratio is therefore
@@ -308,6 +311,19 @@ def _verify_for(seconds: float) -> int:
     return done
 
 
+def verify_cpu_us(rounds: int = 5) -> float:
+    """CPU microseconds one Ed25519 verification takes here (the least of a few rounds of
+    2000): unlike a rate, it hardly moves when other processes share the cores."""
+    best = float("inf")
+    for _ in range(rounds):
+        vectors = _vectors()
+        started = time.process_time()
+        for public_key, msg, sig in vectors:
+            verify(public_key, msg, sig)
+        best = min(best, (time.process_time() - started) / len(vectors) * 1e6)
+    return best
+
+
 def verify_rate(processes: int, seconds: float = 3.0) -> float:
     """Ed25519 verifications per second with ``processes`` processes (pynacl)."""
     if processes == 1:
@@ -381,7 +397,14 @@ def run_verifier(export: Path, trust: Path, pool: str) -> dict[str, Any]:
 
     reader = threading.Thread(target=drain)
     reader.start()
-    while child.poll() is None:
+    cpu_s = 0.0
+    while True:
+        # wait4, not poll: its rusage is the child's CPU plus its reaped workers'.
+        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            cpu_s = usage.ru_utime + usage.ru_stime
+            break
         main_kib = max(main_kib, _hwm_kib(child.pid))
         for worker in _children(child.pid):
             workers_kib[worker] = max(workers_kib.get(worker, 0), _hwm_kib(worker))
@@ -392,6 +415,7 @@ def run_verifier(export: Path, trust: Path, pool: str) -> dict[str, Any]:
     return {
         "pool": pool,
         "wall_s": wall,
+        "cpu_s": cpu_s,
         "exit_code": child.returncode,
         "peak_rss_mib": main_kib / 1024,
         "workers_peak_rss_mib": sum(workers_kib.values()) / 1024,
@@ -414,7 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rebuild or not (export.exists() and trust.exists()):
         build_export(args.events, export, trust)
     one = verify_rate(1)
-    print(f"machine: Ed25519 verify (pynacl), 1 process: {one:,.0f}/s")
+    verify_us = verify_cpu_us()
+    print(
+        f"machine: Ed25519 verify (pynacl), 1 process: {one:,.0f}/s; "
+        f"{verify_us:.1f} us CPU per verification; load {os.getloadavg()[0]:.1f}"
+    )
     for pool in args.pools.split(","):
         # The machine is shared and noisy: bracket each run with the 2-process limit.
         before = verify_rate(2)
@@ -426,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         usage = counts.get("inputs.usage", 0)
         sigs = counts.get("signatures", 0)
         wall = result["wall_s"]
+        cpu_us = result["cpu_s"] / max(usage, 1) * 1e6
         print(
             f"verifier pool={pool}: exit {result['exit_code']} ({report['verdict']}), "
             f"{wall:.1f} s wall ({report['elapsed_s']:.1f} s in verify_export); "
@@ -434,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{before:,.0f}/s before, {after:,.0f}/s after -> "
             f"{sigs / wall / limit:.2f}x the limit in signatures "
             f"({usage / wall / limit:.2f}x in events; each event needs 2 checks); "
+            f"CPU {result['cpu_s']:.1f} s = {cpu_us:.0f} us/event (verifier and workers; "
+            f"its 2 verifications alone {2 * verify_us:.0f} us -> CPU-bound ratio "
+            f"{2 * verify_us / cpu_us:.2f}x); load {os.getloadavg()[0]:.1f}; "
             f"peak RSS {result['peak_rss_mib']:.0f} MiB"
             + (
                 f" + workers {result['workers_peak_rss_mib']:.0f} MiB"

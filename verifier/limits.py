@@ -24,6 +24,13 @@ OPEN_CHUNK_ROWS: Final = 512
 # holds at most CHAIN_BATCH_INDICES input rows and as many record rows).
 MAX_BATCHES_IN_FLIGHT: Final = 4
 
+# Allocations between two young-generation garbage collections during the pass (Python's
+# default is 700). The pass allocates and frees millions of short-lived tuples and Structs,
+# almost none of them in reference cycles; at the default, collections that find nothing
+# cost about a quarter of the main thread's CPU (bench/verifier_1m.py). Restored after the
+# pass; the pool's worker processes keep it. Bounds the garbage a cycle may hold meanwhile.
+GC_GEN0_THRESHOLD: Final = 20_000
+
 # Below this many envelopes a worker pool costs more to start than it saves.
 MIN_ROWS_FOR_POOL: Final = 20_000
 

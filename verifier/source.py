@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Final
 
@@ -113,7 +114,20 @@ SCHEMA: Final[dict[str, tuple[tuple[str, str], ...]]] = {
 def blob(value: Any) -> bytes:
     """A BLOB cell as bytes; NULL (a hostile export may hold one) as b"", which fails to
     decode and so becomes a finding, never a crash."""
+    if type(value) is bytes:  # what DuckDB hands back for a BLOB: no copy
+        return value
     return b"" if value is None else bytes(value)
+
+
+def first_per_index(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Rows (rowid, chain_index, ...) -> the first (lowest rowid) row of each chain index,
+    in chain-index order. Nothing is assumed of the order DuckDB returned them in: rows
+    already strictly increasing in chain_index (an honest export) are kept as they are,
+    anything else is sorted and deduplicated here."""
+    if all(a[1] < b[1] for a, b in pairwise(rows)):
+        return rows
+    rows = sorted(rows, key=lambda r: (r[1], r[0]))
+    return [r for k, r in enumerate(rows) if k == 0 or rows[k - 1][1] != r[1]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,16 +318,16 @@ class ExportSource:
     def input_rows(self, table: InputTable, lo: int, hi: int) -> list[InputRow]:
         """The first row (by storage order) of each chain index in [lo, hi) of a table."""
         names = ", ".join(c for c, _ in table.columns)
+        # No window function or ORDER BY in SQL: sorting 2048 rows there costs more than
+        # checking their order here (first_per_index).
         rows = self.con.execute(
-            f"SELECT {names} FROM {ALIAS}.{table.name} "
-            "WHERE chain_index >= ? AND chain_index < ? "
-            "QUALIFY row_number() OVER (PARTITION BY chain_index ORDER BY rowid) = 1 "
-            "ORDER BY chain_index",
+            f"SELECT rowid, {names} FROM {ALIAS}.{table.name} "
+            "WHERE chain_index >= ? AND chain_index < ?",
             [lo, hi],
         ).fetchall()
         return [
-            InputRow(table.kind, r[0], r[1], r[2], blob(r[3]), r[4], r[5], tuple(r[6:]))
-            for r in rows
+            InputRow(table.kind, r[1], r[2], r[3], blob(r[4]), r[5], r[6], r[7:])
+            for r in first_per_index(rows)
         ]
 
     def record_rows(self, lo: int, hi: int) -> list[RecordRow]:
@@ -322,13 +336,11 @@ class ExportSource:
         if self.record_placement_id:
             names += f", {RECORD_PLACEMENT_COLUMN}"
         rows = self.con.execute(
-            f"SELECT {names} FROM {ALIAS}.ledger_records "
-            "WHERE chain_index >= ? AND chain_index < ? "
-            "QUALIFY row_number() OVER (PARTITION BY chain_index ORDER BY rowid) = 1 "
-            "ORDER BY chain_index",
+            f"SELECT rowid, {names} FROM {ALIAS}.ledger_records "
+            "WHERE chain_index >= ? AND chain_index < ?",
             [lo, hi],
         ).fetchall()
-        return [RecordRow(r[0], blob(r[1]), tuple(r[2:])) for r in rows]
+        return [RecordRow(r[1], blob(r[2]), r[3:]) for r in first_per_index(rows)]
 
     def all_indices_sql(self) -> str:
         """SQL: every chain_index of ledger_records and the input tables (with repeats)."""

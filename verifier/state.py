@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from proto.attestation import AttestationRoot
+from proto.limits import ARRIVAL_REQUIRED_FROM_MS
 from proto.records import PlacementTerms
 from verifier.decisions import Claim, Referee
 from verifier.findings import Findings, Step
@@ -123,6 +124,8 @@ class Verification:
         self.prev_hash = ""
         self.close_index: int | None = None  # the first accepted close (7)
         self.last_arrived: int | None = None  # the highest arrived_ms so far (7, SPEC §6.6)
+        # (7) SPEC §6.6: an untimed record is a finding in a placement created after the rule
+        self.untimed_arrival_finding = terms.created_at_ms >= ARRIVAL_REQUIRED_FROM_MS
         self.pending_claims: dict[int, tuple[Claim, str]] = {}  # adjustments decided later
         # (8) the roots of the checkpoints' tree sizes, kept while the pass streams leaves
         self.roots = CheckpointRoots()

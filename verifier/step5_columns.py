@@ -84,21 +84,9 @@ def check_record_columns(
     run: Verification, row: RecordRow, opened: OpenResult, record: LedgerRecord
 ) -> None:
     """A ledger_records row's columns against its LedgerRecord (hot path: one compare)."""
-    totals = record.totals
-    wanted: tuple[Any, ...] = (
-        opened.record_hash,
-        record.kind,
-        record.status,
-        record.reason,
-        record.delivered_mgms,
-        totals.gross_minor,
-        totals.buyer_owes_minor,
-        totals.operator_receives_minor,
-        totals.desk_receives_minor,
-    )
+    wanted = record_column_values(opened.record_hash, record, row.columns)
     names: tuple[str, ...] = RECORD_COLUMN_NAMES
     if len(row.columns) > len(names):  # the export has ledger_records.placement_id
-        wanted = (*wanted, record.placement_id)
         names = (*names, "placement_id")
     if wanted != row.columns:
         _mismatches(
@@ -109,6 +97,28 @@ def check_record_columns(
             row.columns,
             "a convenience column disagrees with the signed envelope",
         )
+
+
+def record_column_values(
+    record_hash: str, record: LedgerRecord, columns: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """What a ledger_records row's columns (``RecordRow.columns``) must hold for
+    ``record``: RECORD_COLUMN_NAMES, then placement_id when the row has that column."""
+    totals = record.totals
+    wanted: tuple[Any, ...] = (
+        record_hash,
+        record.kind,
+        record.status,
+        record.reason,
+        record.delivered_mgms,
+        totals.gross_minor,
+        totals.buyer_owes_minor,
+        totals.operator_receives_minor,
+        totals.desk_receives_minor,
+    )
+    if len(columns) > len(RECORD_COLUMN_NAMES):  # the export has ledger_records.placement_id
+        wanted = (*wanted, record.placement_id)
+    return wanted
 
 
 def check_input_columns(run: Verification, row: InputRow, opened: OpenResult) -> None:

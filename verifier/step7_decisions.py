@@ -87,23 +87,7 @@ def decide(
     if verdict.outcome != ACCEPTED:
         return
     if isinstance(record, UsageEvent):
-        run.work.usage.append(
-            (index, record.node_id, record.seq, opened.record_hash, record.start_ms, record.end_ms)
-        )
-        run.work.samples.extend(
-            (
-                index,
-                s.uuid,
-                s.allocated,
-                s.healthy,
-                s.power_mw,
-                list(s.xids),
-                s.ecc_uncorrectable,
-                s.retired_pages,
-                s.present,
-            )
-            for s in record.samples
-        )
+        work_usage(run, index, record, opened.record_hash)
     elif isinstance(record, ReclaimNotice):
         # §7.3, §6.6: the notice runs from the reclaim's arrival (issued_at_ms: untimed).
         notice_from = record.issued_at_ms if arrived is None else arrived
@@ -136,6 +120,27 @@ def decide(
         run.con.execute("INSERT INTO w_close VALUES (?)", [index])
         if run.close_index is None:
             run.close_index = index
+
+
+def work_usage(run: Verification, index: int, record: UsageEvent, record_hash: str) -> None:
+    """An accepted usage event's rows for ``w_usage`` and ``w_samples``."""
+    run.work.usage.append(
+        (index, record.node_id, record.seq, record_hash, record.start_ms, record.end_ms)
+    )
+    run.work.samples.extend(
+        (
+            index,
+            s.uuid,
+            s.allocated,
+            s.healthy,
+            s.power_mw,
+            list(s.xids),
+            s.ecc_uncorrectable,
+            s.retired_pages,
+            s.present,
+        )
+        for s in record.samples
+    )
 
 
 def check_arrival(run: Verification, ledger: LedgerRecord, where: str) -> None:
@@ -235,6 +240,7 @@ def report_disputes(run: Verification) -> None:
 
 
 def _finding(run: Verification, where: str, verdict: Verdict, claimed: Claim) -> None:
+    """The ledger claimed another decision than SPEC §6 re-derived."""
     if verdict.outcome == ACCEPTED:
         rule = claimed.reason or "DECISION"
     else:
@@ -244,6 +250,9 @@ def _finding(run: Verification, where: str, verdict: Verdict, claimed: Claim) ->
     else:
         message = f"SPEC §6 says this input is {verdict.outcome}, never chained"
     run.add(Step.DECISIONS, rule, where, verdict, claimed, message)
+
+
+mismatch = _finding  # for the pass's fast path (verifier/walk.py)
 
 
 def check_held(run: Verification) -> None:

@@ -10,13 +10,22 @@ handed to the steps that look at it, in this order:
     its input          (4) decodes, input_hash -> (5) its table and columns
     the two together   (6) source, kind, status
     the decision       (7) SPEC §6 re-derived and compared
+
+A chain index holding one record and one usage event (nearly all of a big export) goes to
+the workers as one PAIR job (``verifier/pairs.py``): they do the stateless checks above and
+return a compact ``FastPair`` when all passed, leaving the main thread only what needs
+the chain's order — the prev link, the leaf, arrival order and the decision. Anything a
+``FastPair`` cannot settle without a finding (a broken prev link, an arrival out of
+order or missing, an AFTER_CLOSE claim) and every ``SlowPair`` goes through the ordinary
+per-index checks below, so each finding is named exactly as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any, cast
 
-from proto.records import LedgerRecord
+from proto.records import ZERO_HASH, LedgerRecord, UsageEvent
 from verifier import (
     step4_envelopes,
     step5_columns,
@@ -24,10 +33,18 @@ from verifier import (
     step7_decisions,
     step9_obligation,
 )
-from verifier.opener import OpenResult
+from verifier.decisions import ACCEPTED, PENDING, Claim
+from verifier.invariant import InvariantError
+from verifier.opener import Keyring, OpenResult, open_one
+from verifier.pairs import ONE, PAIR, FastPair, Job, PairContext, SlowPair, open_jobs
 from verifier.source import Batch, ExportSource, InputRow, RecordRow
 from verifier.state import Verification
 from verifier.step8_merkle import MISSING_LEAF
+from verifier.workers import fewer_collections
+
+# One chain index of a batch: (index, its record row, its input rows, its first job,
+# whether it went as a PAIR job).
+Plan = list[tuple[int, RecordRow | None, list[InputRow] | None, int, bool]]
 
 
 def walk(run: Verification) -> None:
@@ -35,33 +52,135 @@ def walk(run: Verification) -> None:
     run.duplicates = step7_decisions.duplicate_indices(run)
     run.progress.start(run.source.path.name, run.record_count)
     done = 0
-    for batch, results in run.pool.run(_batch_rows(run.source), step4_envelopes.keyring(run)):
-        _check_batch(run, batch, results)
-        run.work.flush()
-        done += len(batch.records)
-        run.progress.update(done)
+    context = PairContext(
+        step4_envelopes.keyring(run), run.placement_id, run.referee.ledger_required
+    )
+    jobs = run.pool.run_jobs(open_jobs, _batch_jobs(run.source), context)
+    with fewer_collections():
+        for (batch, plan), results in jobs:
+            _check_planned(run, plan, results, context.keyring)
+            run.work.flush()
+            done += len(batch.records)
+            run.progress.update(done)
     run.progress.finish()
     run.work.flush()
 
 
-def _batch_rows(source: ExportSource) -> Iterator[tuple[Batch, list[tuple[int, bytes]]]]:
+def _batch_jobs(source: ExportSource) -> Iterator[tuple[tuple[Batch, Plan], list[Job]]]:
+    """Per batch: its plan (one entry per chain index, in order) and the workers' jobs."""
     for batch in source.batches():
-        rows = [(i, r.envelope) for i, r in enumerate(batch.records)]
-        base = len(rows)
-        rows += [(base + i, r.envelope) for i, r in enumerate(batch.inputs)]
-        yield batch, rows
+        records = {row.chain_index: row for row in batch.records}
+        inputs: dict[int, list[InputRow]] = {}
+        for row in batch.inputs:
+            inputs.setdefault(row.chain_index, []).append(row)
+        plan: Plan = []
+        jobs: list[Job] = []
+        for index in sorted(records.keys() | inputs.keys()):
+            record = records.get(index)
+            rows = inputs.get(index)
+            pair = pairable(record, rows)
+            plan.append((index, record, rows, len(jobs), pair))
+            if pair and record is not None and rows is not None:
+                row = rows[0]
+                jobs.append(
+                    (
+                        PAIR,
+                        index,
+                        record.envelope,
+                        record.columns,
+                        row.envelope,
+                        row.input_hash,
+                        row.status,
+                        row.reason,
+                        row.extras,
+                    )
+                )
+                continue
+            if record is not None:
+                jobs.append((ONE, 0, record.envelope))
+            jobs.extend((ONE, 0, r.envelope) for r in rows or ())
+        yield (batch, plan), jobs
 
 
-def _check_batch(run: Verification, batch: Batch, results: list[OpenResult]) -> None:
-    n_records = len(batch.records)
-    records: dict[int, tuple[RecordRow, OpenResult]] = {
-        row.chain_index: (row, results[i]) for i, row in enumerate(batch.records)
-    }
-    inputs: dict[int, list[tuple[InputRow, OpenResult]]] = {}
-    for i, row in enumerate(batch.inputs):
-        inputs.setdefault(row.chain_index, []).append((row, results[n_records + i]))
-    for index in sorted(records.keys() | inputs.keys()):
-        _check_index(run, index, records.get(index), inputs.get(index))
+def pairable(record: RecordRow | None, rows: list[InputRow] | None) -> bool:
+    """Whether a chain index goes to the workers as one PAIR job: one record, one input,
+    a usage event. (Tests switch it off to compare with the ordinary path.)"""
+    return record is not None and rows is not None and len(rows) == 1 and rows[0].kind == "usage"
+
+
+def _check_planned(run: Verification, plan: Plan, results: list[Any], keyring: Keyring) -> None:
+    """Every chain index of a batch, in order, from the workers' results."""
+    fast = 0
+    signatures = 0
+    decided: dict[str, int] = {}
+    for index, record, rows, at, pair in plan:
+        result = results[at]
+        if pair and record is not None and rows is not None:
+            if type(result) is FastPair:
+                outcome = _check_fast(run, result, record, rows[0], keyring)
+                if outcome:
+                    fast += 1
+                    signatures += result.record_sigs + len(result.opened.sigs)
+                    decided[outcome] = decided.get(outcome, 0) + 1
+                continue
+            slow = cast(SlowPair, result)
+            _check_index(run, index, (record, slow.record), [(rows[0], slow.input)])
+            continue
+        record_pair = None
+        if record is not None:
+            record_pair = (record, cast(OpenResult, result))
+            at += 1
+        input_pairs = [(row, cast(OpenResult, results[at + k])) for k, row in enumerate(rows or ())]
+        _check_index(run, index, record_pair, input_pairs or None)
+    if fast:
+        for name, n in (("records", fast), ("inputs.usage", fast), ("signatures", signatures)):
+            run.bump(name, n)
+        for outcome, n in decided.items():
+            run.bump(f"decided.{outcome}", n)
+
+
+def _check_fast(
+    run: Verification, pair: FastPair, record: RecordRow, row: InputRow, keyring: Keyring
+) -> str:
+    """The sequential checks of a FastPair; returns the decision's outcome, or '' when the
+    pair went through the ordinary checks instead (which counted it themselves)."""
+    index = pair.chain_index
+    arrived = pair.arrived_ms
+    last = run.last_arrived
+    prev = pair.prev
+    if (
+        (arrived is None and (last is not None or run.untimed_arrival_finding))
+        or (arrived is not None and last is not None and arrived < last)
+        or pair.reason == "AFTER_CLOSE"
+        or (index == 0 and prev != ZERO_HASH)
+        or (index > 0 and run.prev_index == index - 1 and prev != run.prev_hash)
+    ):  # something to report: the ordinary checks name it
+        opened = open_one(0, record.envelope, keyring)
+        _check_index(run, index, (record, opened), [(row, pair.opened)])
+        return ""
+    # (8) the leaf, (6) the prev link, (9) the record's amounts
+    run.roots.leaf(index, pair.leaf)
+    run.prev_index, run.prev_hash = index, pair.record_hash
+    run.work.records.append(pair.record_row)
+    # (7) step7_decisions.decide, for a timed usage record with no arrival finding
+    if arrived is not None:  # step7_decisions.check_arrival without a finding
+        run.last_arrived = arrived if last is None else max(last, arrived)
+    opened = pair.opened
+    referee = run.referee
+    verdict = referee.decide(opened, index in run.duplicates, index, arrived)
+    if referee.violations:
+        step7_decisions.report_stream_violations(run)
+    if referee.disputes:
+        step7_decisions.report_disputes(run)
+    outcome = verdict.outcome
+    if outcome == PENDING:
+        raise InvariantError(f"a pending usage at {index}: only adjustments wait")
+    if outcome != pair.status or verdict.reason != pair.reason:
+        step7_decisions.mismatch(run, row.where, verdict, Claim(pair.status, pair.reason))
+    if outcome == ACCEPTED:
+        event = cast(UsageEvent, opened.record)
+        step7_decisions.work_usage(run, index, event, opened.record_hash)
+    return outcome
 
 
 def _check_index(

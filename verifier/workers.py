@@ -12,11 +12,13 @@ results in submission order, so memory is bounded and the fold sees chain order.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Generic, Literal, TypeVar
+from contextlib import contextmanager
+from typing import Any, Generic, Literal, TypeVar
 
 from verifier import limits
 from verifier.opener import Keyring, OpenResult, open_chunk
@@ -33,6 +35,24 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Young-generation garbage collection every GC_GEN0_THRESHOLD allocations instead of
+    700, for the duration (limits.py says why); the thresholds are restored after."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], limits.GC_GEN0_THRESHOLD), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
+def _worker_started() -> None:
+    """A pool process only runs the pass: it keeps the pass's collection threshold."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], limits.GC_GEN0_THRESHOLD), *old[1:])
+
+
 class OpenPool(Generic[T]):
     """Opens batches of envelopes with ``open_chunk`` on a pool; see the module docstring."""
 
@@ -43,7 +63,7 @@ class OpenPool(Generic[T]):
         if kind == "thread":
             self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="verify")
         elif kind == "process":
-            self._executor = ProcessPoolExecutor(self.workers)
+            self._executor = ProcessPoolExecutor(self.workers, initializer=_worker_started)
 
     def close(self) -> None:
         """Stop the workers."""
@@ -61,15 +81,25 @@ class OpenPool(Generic[T]):
         self, batches: Iterable[tuple[T, Sequence[tuple[int, bytes]]]], keyring: Keyring
     ) -> Iterator[tuple[T, list[OpenResult]]]:
         """For each (batch, rows) in order: the batch and the opened rows, same order."""
+        return self.run_jobs(open_chunk, batches, keyring)
+
+    def run_jobs(
+        self,
+        fn: Callable[[Sequence[Any], Any], list[Any]],
+        batches: Iterable[tuple[T, Sequence[Any]]],
+        context: Any,
+    ) -> Iterator[tuple[T, list[Any]]]:
+        """``run`` with any pure, picklable ``fn(jobs, context) -> one result per job``
+        (``verifier/pairs.py``): chunked, bounded and in order the same way."""
         executor = self._executor
         if executor is None:
             for batch, rows in batches:
-                yield batch, open_chunk(rows, keyring)
+                yield batch, fn(rows, context)
             return
-        pending: deque[tuple[T, list[Future[list[OpenResult]]]]] = deque()
+        pending: deque[tuple[T, list[Future[list[Any]]]]] = deque()
         for batch, rows in batches:
             futures = [
-                executor.submit(open_chunk, rows[i : i + limits.OPEN_CHUNK_ROWS], keyring)
+                executor.submit(fn, rows[i : i + limits.OPEN_CHUNK_ROWS], context)
                 for i in range(0, len(rows), limits.OPEN_CHUNK_ROWS)
             ]
             pending.append((batch, futures))
@@ -79,9 +109,9 @@ class OpenPool(Generic[T]):
             yield _collect(pending.popleft())
 
 
-def _collect(item: tuple[T, list[Future[list[OpenResult]]]]) -> tuple[T, list[OpenResult]]:
+def _collect(item: tuple[T, list[Future[list[Any]]]]) -> tuple[T, list[Any]]:
     batch, futures = item
-    results: list[OpenResult] = []
+    results: list[Any] = []
     for future in futures:
         results.extend(future.result())
     return batch, results

@@ -1,0 +1,133 @@
+"""The worker half of the single pass: one chain index (its LedgerRecord and its usage
+event) opened AND checked off the main thread, returned as one compact row.
+
+Almost every chain index of a big export is a usage event with its record, and almost
+every one of them is honest. For such a pair the worker does everything of steps (4), (5)
+and (6) that needs no sequential state: both envelopes decode (``open_one``, signatures
+verified), the record is a LedgerRecord at its own index, of this placement, signed by
+the ledger key only, its convenience columns equal its envelope, the input's table, extra
+columns and input_hash equal its envelope, and the record's source, kind, status and
+reason match the input. When ALL of that holds it returns a ``FastPair``: what the main
+thread still needs for the sequential checks (prev link, arrival order, the leaf for (8),
+the SPEC §6 decision with the decoded event, the ``w_records`` row) and nothing more.
+
+When ANY of it fails it returns a ``SlowPair`` with both ``OpenResult``s, and the main
+thread runs the ordinary per-index checks (``verifier/walk.py``), which name every
+finding. So the fast path decides nothing the slow path would not: it only skips
+comparisons it has already seen succeed. Any other chain index (no record, several
+inputs, another kind) is sent as single envelopes (``ONE``) and opened as before.
+
+Pure functions of their arguments, like ``open_chunk``: inline, thread or process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Any, Final, NamedTuple
+
+from proto.records import LedgerRecord, UsageEvent
+from verifier.opener import Keyring, OpenResult, open_one
+from verifier.pricing import TOTAL_FIELDS
+from verifier.signers import signer_failure
+from verifier.source import TABLE_OF_KIND
+from verifier.step5_columns import record_column_values
+
+# Job kinds: (PAIR, index, record envelope, record columns, input envelope, input_hash
+# column, status, reason, extras) for one usage chain index; (ONE, tag, envelope) else.
+PAIR: Final = 0
+ONE: Final = 1
+
+Job = tuple[Any, ...]
+
+# The usage_events extra columns, read from the event (step5_columns.check_input_columns).
+_USAGE_EXTRAS: Final = attrgetter(*(name for name, _ in TABLE_OF_KIND["usage"].extras))
+
+
+class PairContext(NamedTuple):
+    """What every pair check needs besides the rows: the same for the whole export."""
+
+    keyring: Keyring
+    placement_id: str
+    ledger_required: dict[str, bytes]
+
+
+class FastPair(NamedTuple):
+    """A chain index whose record and usage event passed every stateless check."""
+
+    chain_index: int
+    record_hash: str
+    leaf: bytes
+    prev: str
+    arrived_ms: int | None
+    status: str
+    reason: str
+    record_sigs: int
+    record_row: tuple[Any, ...]  # the w_records row (step9_obligation.collect_record)
+    opened: OpenResult  # the usage event, as open_one returned it
+
+
+class SlowPair(NamedTuple):
+    """A candidate pair that did not pass: both envelopes opened, nothing concluded."""
+
+    record: OpenResult
+    input: OpenResult
+
+
+def open_jobs(jobs: Sequence[Job], context: PairContext) -> list[Any]:
+    """One result per job: FastPair or SlowPair for PAIR, an OpenResult for ONE."""
+    keyring = context.keyring
+    out: list[Any] = []
+    for job in jobs:
+        if job[0] == ONE:
+            out.append(open_one(job[1], job[2], keyring))
+        else:
+            out.append(_pair(job, context))
+    return out
+
+
+def _pair(job: Job, context: PairContext) -> FastPair | SlowPair:
+    _, index, rec_raw, columns, in_raw, in_hash, status, reason, extras = job
+    rec = open_one(0, rec_raw, context.keyring)
+    inp = open_one(1, in_raw, context.keyring)
+    record = rec.record
+    event = inp.record
+    if (
+        rec.error
+        or inp.error
+        or not isinstance(record, LedgerRecord)
+        or not isinstance(event, UsageEvent)
+        or inp.kind != "usage"
+        # (6) the record itself
+        or record.index != index
+        or record.placement_id != context.placement_id
+        or record.resale
+        or signer_failure(rec.sigs, context.ledger_required) is not None
+        # (5) its columns, the input's columns, (4) the input_hash column
+        or record_column_values(rec.record_hash, record, columns) != columns
+        or _USAGE_EXTRAS(event) != extras
+        or in_hash != inp.input_hash
+        # (6) the link between them
+        or record.source != inp.input_hash
+        or record.kind != inp.kind
+        or (status, reason) != (record.status, record.reason)
+    ):
+        return SlowPair(rec, inp)
+    totals = record.totals
+    return FastPair(
+        index,
+        rec.record_hash,
+        rec.leaf,
+        record.prev,
+        record.arrived_ms,
+        record.status,
+        record.reason,
+        len(rec.sigs),
+        (
+            index,
+            rec.record_hash,
+            record.delivered_mgms,
+            *[getattr(totals, name) for name in TOTAL_FIELDS],
+        ),
+        inp,
+    )
