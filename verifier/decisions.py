@@ -439,7 +439,8 @@ class Referee:
     def _party_keys(self) -> set[bytes]:
         """The keys no node may sign with (§6.3 keybinding)."""
         terms = self.terms
-        assert terms is not None
+        if terms is None:  # no terms accepted yet: no party keys to refuse
+            return {a.new_buyer.key for a in self.assignments}
         keys = {terms.operator.key, terms.buyer.key, terms.desk.key, terms.ledger_key}
         return keys | {a.new_buyer.key for a in self.assignments}
 
