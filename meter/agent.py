@@ -37,6 +37,7 @@ from meter.limits import (
     MAX_INTERVAL_MS,
     MAX_STREAMS,
     MIN_INTERVAL_MS,
+    SPOOL_SEAL_ACKED_BYTES,
 )
 from meter.metrics import MeterMetrics
 from meter.sources import GpuReading, GpuSource
@@ -89,6 +90,9 @@ class AgentConfig:
     # (``gridledger bind-key``). Without it a key that differs from the terms' stops the
     # agent: every event it signed would be rejected NODE_KEY_UNKNOWN.
     key_rebound: bool = False
+    # Kafka mode: an acknowledged segment being written is sealed (and collected) once it
+    # holds this many bytes (``Agent.collect_garbage``).
+    seal_acked_bytes: int = SPOOL_SEAL_ACKED_BYTES
 
     def __post_init__(self) -> None:
         if not MIN_INTERVAL_MS <= self.interval_ms <= MAX_INTERVAL_MS:
@@ -101,6 +105,8 @@ class AgentConfig:
             raise AgentConfigError("two terms files are for the same placement")
         if len(ids) > MAX_STREAMS:
             raise AgentConfigError(f"{len(ids)} placements; at most {MAX_STREAMS}")
+        if self.seal_acked_bytes < 1:
+            raise AgentConfigError(f"seal_acked_bytes {self.seal_acked_bytes} is below 1")
 
 
 @dataclass
@@ -365,7 +371,20 @@ class Agent:
         write_atomic(self.config.spool_dir / HEADS_FILE, msgspec.json.encode(heads))
 
     def collect_garbage(self, acked: SpoolPosition) -> int:
-        """Kafka mode: save the heads, then delete segments wholly before ``acked``."""
+        """Kafka mode: save the heads, then delete segments wholly before ``acked``.
+
+        When ``acked`` is the spool's end (everything spooled is acknowledged) and the
+        segment being written holds at least ``seal_acked_bytes``, that segment is sealed
+        first (a new empty one started), so it is deleted too: a spool keeps less than
+        ``seal_acked_bytes`` of acknowledged records, not up to a whole segment. A
+        shipper's recorded position in a deleted segment reads on from the next one.
+        """
+        spool = self._spool
+        if acked == spool.end_position() and (
+            spool.current_segment_bytes >= self.config.seal_acked_bytes
+        ):
+            spool.seal()
+            acked = spool.end_position()
         if acked.segment <= min(list_segments(self.config.spool_dir), default=acked.segment):
             return 0
         self.save_heads()

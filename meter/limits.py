@@ -26,6 +26,13 @@ MAX_EVENTS_PER_TICK: Final = 10_000
 """Events one tick may emit in total (catching up a long simulated jump): the rest waits
 for the next tick, so one tick's batch and its memory stay bounded."""
 
+SPOOL_SEAL_ACKED_BYTES: Final = 256 * 1024
+"""In Kafka mode, once everything spooled is acknowledged and the segment being written
+holds at least this many bytes, the agent seals it so it is garbage-collected with the
+others: acknowledged bytes a spool keeps stay below this bound, not below a whole segment
+(``transport.limits.DEFAULT_SEGMENT_MAX_BYTES``, 16 MiB), which a node with few placements
+never fills in weeks."""
+
 MAX_STREAMS: Final = 4096
 """(node, placement) streams one agent meters at once (placements whose terms it holds)."""
 

@@ -191,3 +191,33 @@ def test_a_placement_without_accepted_terms_is_skipped_and_named(
     out = capsys.readouterr().out
     assert "OK: exported 2 placement(s)" in out
     assert "SKIPPED: bad: placement 'bad' has no accepted terms" in out
+
+
+def test_compact_exports_hold_the_same_rows_verify_and_take_less_disk(tmp_path: Path) -> None:
+    """Issue 15: a default export takes at least one 256 KiB block per table with rows,
+    whatever the placement's size; a compact one (DuckDB 1.2 storage, 16 KiB blocks) holds
+    the same rows, verifies the same, and is far smaller (EXPORT.md "Readers")."""
+    scenario, db = _ledger(tmp_path)
+    copy = tmp_path / "copy.duckdb"
+    shutil.copyfile(db, copy)
+    plain = export_all(db, tmp_path / "plain", key=scenario.cast.ledger)
+    compact = export_all(db, tmp_path / "compact", key=scenario.cast.ledger, compact=True)
+    assert compact.written == plain.written
+    pid = scenario.placement_ids[0]
+    one = tmp_path / "one" / f"{pid}.duckdb"
+    assert export_placement(copy, pid, one, key=scenario.cast.ledger, compact=True)
+    assert _tables(one) == _tables(tmp_path / "plain" / f"{pid}.duckdb")
+    for pid in scenario.placement_ids:
+        small, big = tmp_path / "compact" / f"{pid}.duckdb", tmp_path / "plain" / f"{pid}.duckdb"
+        assert _tables(small) == _tables(big)
+        result = verify_export(small, scenario.cast.trust())
+        assert result.ok and result.final, result.error
+        assert small.stat().st_size * 4 < big.stat().st_size
+        with duckdb.connect(str(small), read_only=True) as con:
+            size = con.execute("PRAGMA database_size").fetchone()
+            tags = con.execute(
+                "SELECT tags FROM duckdb_databases() WHERE database_name = ?", [small.stem]
+            ).fetchone()
+        assert size is not None and size[2] == 16 * 1024  # block size
+        assert tags is not None and tags[0]["storage_version"].startswith("v1.2.0")
+    assert not list((tmp_path / "compact").glob(".*")), "temporary files left behind"

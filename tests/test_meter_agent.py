@@ -318,6 +318,58 @@ def test_spool_full_raises_and_advances_nothing(tmp_path: Path) -> None:
     check_streams(emitted + more, _scenario()[1])
 
 
+def test_an_acknowledged_segment_being_written_is_sealed_and_collected(tmp_path: Path) -> None:
+    """Issue 15: with everything acknowledged, the segment being written goes too once it
+    holds seal_acked_bytes (before: a node kept up to a whole 16 MiB segment of
+    acknowledged events for ever). The spool keeps none of them, a restarted agent
+    continues every stream from HEADS, and a shipper's recorded position in the deleted
+    segment reads on from the new one: exactly the events spooled after it."""
+    spool = tmp_path / "spool"
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock, seal_acked_bytes=2048)
+    emitted: list[bytes] = []
+    for _ in range(10):
+        clock.advance(MINUTE_MS)
+        emitted += agent.tick()
+    assert list_segments(spool) == [0]  # one segment, never rotated (16 MiB default)
+    acked = agent.spool.end_position()
+    assert agent.spool.current_segment_bytes >= 2048
+    freed = agent.collect_garbage(acked)
+    assert freed == acked.offset  # the whole acknowledged segment
+    assert list_segments(spool) == [1] and agent.spool.bytes_used == 0
+    assert list(read_spool(spool)) == []
+    heads = agent.heads
+    agent.close()
+    agent = _agent(tmp_path, clock, seal_acked_bytes=2048)
+    assert agent.heads == heads
+    clock.advance(MINUTE_MS)
+    more = agent.tick()
+    assert more and [e.data for e in read_spool(spool, acked)] == more
+    agent.close()
+    check_streams(emitted + more, _scenario()[1])
+
+
+def test_an_acknowledged_segment_below_the_seal_bound_is_kept(tmp_path: Path) -> None:
+    """Below seal_acked_bytes, or with records not yet acknowledged, nothing is sealed."""
+    spool = tmp_path / "spool"
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock, seal_acked_bytes=1 << 20)
+    for _ in range(3):
+        clock.advance(MINUTE_MS)
+        agent.tick()
+    end = agent.spool.end_position()
+    assert agent.collect_garbage(end) == 0 and list_segments(spool) == [0]
+    agent.close()
+    agent = _agent(tmp_path, clock, seal_acked_bytes=1)
+    first = next(iter(read_spool(spool)))
+    assert agent.collect_garbage(first.next_position) == 0  # not all acknowledged
+    assert list_segments(spool) == [0] and agent.spool.bytes_used == end.offset
+    assert agent.collect_garbage(end) == end.offset and list_segments(spool) == [1]
+    agent.close()
+    with pytest.raises(AgentConfigError, match="seal_acked_bytes"):
+        _agent(tmp_path, clock, seal_acked_bytes=0)
+
+
 def test_recovery_after_garbage_collection_uses_heads(tmp_path: Path) -> None:
     clock = SimClock(T0)
     agent = _agent(tmp_path, clock, segment_max_bytes=4096)

@@ -17,6 +17,7 @@ from transport.positions import SpoolPosition
 from transport.spool import (
     FRAME_HEADER_BYTES,
     SpoolCorrupt,
+    SpoolError,
     SpoolFull,
     SpoolLocked,
     SpoolWriter,
@@ -276,6 +277,32 @@ def test_delete_segments_before(tmp_path: Path) -> None:
     assert _datas(directory, SpoolPosition(1, 0))[-1] == b"still-writing"
     with SpoolWriter(directory, segment_max_bytes=SMALL_SEGMENT) as writer:
         assert writer.end_position() == end
+
+
+def test_seal_starts_an_empty_durable_segment_and_the_sealed_one_can_go(tmp_path: Path) -> None:
+    """Issue 15: a sealed segment lies wholly before the end and is deleted with the
+    others; the new empty segment keeps the numbering across a restart, so a reader's
+    position in the deleted segment reads on from the new one."""
+    directory = tmp_path / "s"
+    with SpoolWriter(directory) as writer:
+        assert writer.seal() is False  # nothing written yet: nothing to seal
+        writer.append([b"one", b"two"])
+        acked = writer.end_position()
+        assert writer.current_segment_bytes == acked.offset
+        assert writer.seal() is True
+        assert writer.current_segment_bytes == 0 and writer.end_position() == SpoolPosition(1, 0)
+        assert writer.seal() is False  # the new segment is empty
+        assert writer.delete_segments_before(writer.end_position()) == acked.offset
+        assert sorted(int(p.stem) for p in directory.glob("*.seg")) == [1]
+        assert writer.bytes_used == 0
+    with SpoolWriter(directory) as writer:  # restarted: continues at segment 1
+        assert writer.end_position() == SpoolPosition(1, 0)
+        writer.append([b"three"])
+    assert _datas(directory, acked) == [b"three"]
+    writer = SpoolWriter(directory)
+    writer.close()
+    with pytest.raises(SpoolError, match="closed"):
+        writer.seal()
 
 
 def test_append_after_failed_write_leaves_no_partial_frame(

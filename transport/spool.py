@@ -456,6 +456,24 @@ class SpoolWriter:
         self._bytes_used += total
         return positions
 
+    @property
+    def current_segment_bytes(self) -> int:
+        """Bytes of the segment being written (0: none yet, or just sealed)."""
+        return self._sizes.get(self._segment, 0)
+
+    def seal(self) -> bool:
+        """Start a new, empty segment after the one being written (created durably now, so
+        a restarted writer continues the numbering). The sealed segment then lies wholly
+        before ``end_position()`` and ``delete_segments_before`` may delete it. False (and
+        nothing done) when the segment being written is empty."""
+        if self._lock_fd is None:
+            raise SpoolError("the spool writer is closed")
+        if self.current_segment_bytes == 0:
+            return False
+        self._rotate()
+        self._open_current()
+        return True
+
     def delete_segments_before(self, position: SpoolPosition) -> int:
         """Delete whole segments numbered below ``position.segment``; return bytes freed.
 
