@@ -21,6 +21,8 @@ import msgspec
 import pytest
 from test_resale_rules import MIN, PID, T0, Case, case, findings, fold
 
+from billview.render import to_html
+from billview.units import iso_utc
 from devtools import builders
 from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
 from ledger import decide as ledger_decide
@@ -31,6 +33,8 @@ from proto.keys import SigningKey
 from proto.limits import MAX_ATTESTATION_VALIDITY_MS, MAX_EVIDENCE_AGE_MS
 from proto.records import PlacementTerms
 from transport.local import node_source, publisher_source
+from verifier.report import render_export
+from verifier.verify import verify_export
 
 HOUR = 60 * MIN
 DAY = 24 * HOUR
@@ -211,6 +215,14 @@ def test_the_verifier_agrees_with_an_honest_ledger_that_refuses_expired_usage(
     assert findings(honest) == set()
     [attested] = honest.report.attestations
     assert attested["iat"] == IAT // 1000 and attested["gpus"] == ["GPU-n1-0", "GPU-n1-1"]
+    # The report line and the statement page show the expiry beside the iat.
+    [line] = [x for x in render_export(honest.report) if "attested: node n1" in x]
+    assert f"iat {IAT // 1000}, expires {EXPIRY}," in line, line
+    with_bill = verify_export(tmp_path / "export.duckdb", c.cast.trust(), bill=True)
+    assert with_bill.bill is not None
+    page = to_html(with_bill.bill.doc(with_bill), "buyer")
+    assert "<th>expires</th>" in page
+    assert f"<td>{iso_utc(IAT)}</td><td>{iso_utc(EXPIRY)}</td>" in page
 
 
 def test_the_verifier_catches_a_ledger_that_bills_an_expired_attestation(
