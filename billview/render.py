@@ -17,6 +17,7 @@ from billview.doc import BillDoc, Line, encode
 from billview.facts import PARTY_ROLES
 from billview.timeline import COLORS, STATE_LABELS, STATES, timeline_svg
 from billview.units import duration, format_minor, iso_utc
+from proto.limits import MAX_ATTESTATION_VALIDITY_MS
 
 CSV_COLUMNS: Final = (
     "placement_id",
@@ -351,20 +352,23 @@ def _verification(doc: BillDoc) -> str:
 
 
 def _attested(doc: BillDoc) -> str:
-    """SPEC §6.9: which GPUs were attested, by whom, when."""
+    """SPEC §6.9: which GPUs were attested, by whom, when, until when."""
     if not doc.attested:
         return ""
     rows = "".join(
         f"<tr><td>{_e(a.node_id)}</td><td>{_e(a.key_id)}</td><td>{_e(', '.join(a.gpus))}</td>"
         f"<td>{_e(a.attester or 'not checked (no attestation root)')}</td><td>{_e(a.iss)}</td>"
-        f"<td>{_e(iso_utc(a.iat_s * 1000))}</td><td>{a.chain_index}</td></tr>"
+        f"<td>{_e(iso_utc(a.iat_s * 1000))}</td>"
+        f"<td>{_e(iso_utc(a.iat_s * 1000 + MAX_ATTESTATION_VALIDITY_MS))}</td>"
+        f"<td>{a.chain_index}</td></tr>"
         for a in doc.attested
     )
     return (
         "<h2>Hardware evidence</h2><table class=attested><tr><th>node</th><th>key id</th>"
         "<th>GPUs attested</th><th>attested by</th><th>issuer</th><th>issued</th>"
-        f"<th>record</th></tr>{rows}</table><p class=muted>Attestation tokens carried by "
-        "the node key bindings (SPEC §6.9).</p>"
+        f"<th>expires</th><th>record</th></tr>{rows}</table><p class=muted>Attestation "
+        "tokens carried by the node key bindings; each attests usage up to its expiry, "
+        "24 h after it was issued (SPEC §6.9).</p>"
     )
 
 

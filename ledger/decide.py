@@ -636,6 +636,17 @@ class _Run:
                         f"key {signature.keyid} has no accepted evidence for GPU {sample.uuid}",
                         takes,
                     )
+                # §6.9 Expiry: judged by the event's end, the whole event
+                expires_ms = attestation.iat * 1000 + limits.MAX_ATTESTATION_VALIDITY_MS
+                if event.end_ms > expires_ms:
+                    raise _Reject(
+                        Reason.NOT_ATTESTED,
+                        f"the attestation of key {signature.keyid} (iat {attestation.iat}) "
+                        f"expired at {expires_ms} (iat + MAX_ATTESTATION_VALIDITY_MS); the "
+                        f"event ends at {event.end_ms}; the operator re-attests with a "
+                        "binding that only attests (SPEC §6.9)",
+                        takes,
+                    )
             if health.counts(sample, event.seq == 0, stream.retired):
                 delivered += spec.share_milli * overlap_ms(
                     event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms

@@ -77,3 +77,7 @@ MAX_ATTESTATION_ROOTS: Final = 64
 # SPEC §6.9 (6): a token's ``iat`` (seconds) x 1000 lies in [a - MAX_EVIDENCE_AGE_MS,
 # a + MAX_CLOCK_SKEW_MS], ``a`` the binding's arrival (its issued_at_ms when untimed).
 MAX_EVIDENCE_AGE_MS: Final = 86_400_000
+# SPEC §6.9 Expiry: under attestation_required a sample is attested only when its event
+# ends at or before iat x 1000 + MAX_ATTESTATION_VALIDITY_MS (the same span as the age
+# bound: no token speaks for a GPU more than 24 h after it was measured).
+MAX_ATTESTATION_VALIDITY_MS: Final = 86_400_000

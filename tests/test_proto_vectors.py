@@ -384,3 +384,26 @@ def test_evidence_age_is_reproduced_by_the_fold() -> None:
     fold = Fold(vectorgen._cast().ledger, attestation_roots=roots)
     reasons = _replay_timed(fold, "evidence-age", data["steps"])
     assert reasons == [None, "EVIDENCE_INVALID", None, None, "EVIDENCE_INVALID", None]
+
+
+def test_attestation_expiry_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.9 Expiry: usage ending exactly at iat + MAX_ATTESTATION_VALIDITY_MS is
+    attested, 1 ms later NOT_ATTESTED; a renewal (attest-only binding) restores billing."""
+    from proto.attestation import AttestationRoot
+    from proto.limits import MAX_ATTESTATION_VALIDITY_MS
+
+    data = load("attestation_expiry.json")
+    assert data["max_attestation_validity_ms"] == MAX_ATTESTATION_VALIDITY_MS == 24 * 3_600_000
+    roots = tuple(
+        AttestationRoot(r["id"], r["alg"], base64.b64decode(r["key"]))
+        for r in data["attestation_roots"]
+    )
+    fold = Fold(vectorgen._cast().ledger, attestation_roots=roots)
+    reasons = _replay_timed(fold, "attestation-expiry", data["steps"])
+    assert reasons == [None, None, None, None, "NOT_ATTESTED", None, None]
+    state = fold.state("pl-attestation-expiry")
+    assert (
+        state is not None
+        and state.totals.delivered_mgms
+        == (data["expiry_ms"] - data["steps"][0]["arrived_ms"] + 10 * 60_000) * 1000
+    )

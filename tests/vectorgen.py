@@ -1487,7 +1487,75 @@ def evidence_age_vectors() -> Any:
     }
 
 
+def attestation_expiry_vectors() -> Any:
+    """SPEC §6.9 Expiry: under attestation_required an event is attested only when it ends
+    at or before iat x 1000 + MAX_ATTESTATION_VALIDITY_MS. The token is 23 h 30 min old
+    when bound, so it expires at minute 30: node-a's event ending exactly then is billed,
+    its renewal (a fresh binding that only attests) lets the next event past the old
+    expiry be billed; node-b, not renewed, is NOT_ATTESTED for an event ending 1 ms past it.
+    """
+    from ledger.fold import Fold
+    from proto.attestation import AttestationRoot, claims_for, issue_evidence
+    from proto.limits import MAX_ATTESTATION_VALIDITY_MS
+
+    cast = _cast()
+    pid = "pl-attestation-expiry"
+    service = SigningKey.from_seed_text("attest", "vectors/attestation-service")
+    roots = (AttestationRoot("vector-attestation", "EdDSA", service.public_key),)
+    gpus = [b.gpu(n, 0, model="H100-80GB") for n in ("node-a", "node-b")]
+    terms = b.make_terms(cast, pid, gpus, WS, WS + HOUR, attestation_required=True)
+    iat = WS + 30 * MINUTE - MAX_ATTESTATION_VALIDITY_MS  # whole seconds
+    expiry = iat + MAX_ATTESTATION_VALIDITY_MS
+
+    def attest(node: str, iat_ms: int, arrived: int) -> bytes:
+        key = cast.node_key(node)
+        models = {g.uuid: g.model for g in gpus if g.node_id == node}
+        claims = claims_for(pid, node, key.public_key, models, iat=iat_ms // 1000)
+        evidence = issue_evidence(claims, kid="vector-1", ed25519=service)
+        return b.key_binding(
+            cast, pid, node, key, 0, 2**53 - 1, arrived, signers=[cast.operator], evidence=evidence
+        )
+
+    writers = {n: b.StreamWriter(cast.node_key(n), pid, n) for n in ("node-a", "node-b")}
+
+    def usage(node: str, start: int, end: int) -> bytes:
+        return writers[node].event(start, end, [b.sample(g) for g in gpus if g.node_id == node])
+
+    renew = expiry - 5 * MINUTE
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms with attestation_required", b.signed_terms(cast, terms), WS),
+        ("node-a attested, expiring at minute 30", attest("node-a", iat, WS), WS),
+        ("node-b attested, expiring at minute 30", attest("node-b", iat, WS), WS),
+        ("node-a usage ending exactly at the expiry", usage("node-a", WS, expiry), expiry),
+        (
+            "node-b usage ending 1 ms past the expiry: NOT_ATTESTED",
+            usage("node-b", WS, expiry + 1),
+            expiry + 1,
+        ),
+        (
+            "node-a renewed: a fresh binding that only attests",
+            attest("node-a", renew, renew),
+            renew,
+        ),
+        (
+            "node-a usage past the old expiry: attested by the renewal",
+            usage("node-a", expiry, expiry + 10 * MINUTE),
+            expiry + 10 * MINUTE,
+        ),
+    ]
+    fold = Fold(cast.ledger, attestation_roots=roots)
+    steps = _timed_steps(fold, "attestation-expiry", steps_in)
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "attestation_roots": [{"id": r.id, "alg": r.alg, "key": _b64(r.key)} for r in roots],
+        "max_attestation_validity_ms": MAX_ATTESTATION_VALIDITY_MS,
+        "expiry_ms": expiry,
+        "steps": steps,
+    }
+
+
 GENERATORS: dict[str, Callable[[], Any]] = {
+    "attestation_expiry.json": attestation_expiry_vectors,
     "resale_keys.json": resale_keys_vectors,
     "evidence_age.json": evidence_age_vectors,
     "attestation.json": attestation_vectors,

@@ -584,6 +584,9 @@ class Referee:
         for sample in event.samples:
             if attestation is None or sample.uuid not in attestation.gpus:
                 return Reason.NOT_ATTESTED
+            # Expiry: the whole event is judged by its end
+            if event.end_ms > attestation.iat * 1000 + proto_limits.MAX_ATTESTATION_VALIDITY_MS:
+                return Reason.NOT_ATTESTED
         return None
 
     def _reclaim(self, opened: OpenResult, notice: ReclaimNotice, terms: PlacementTerms) -> Verdict:

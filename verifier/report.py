@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from proto.limits import MAX_ATTESTATION_VALIDITY_MS
 from verifier.capacity import check_capacity
 from verifier.findings import Findings
 from verifier.reconcile import format_minor, reconcile, render
@@ -184,6 +185,11 @@ __all__ = [
 ]
 
 
+def _expiry_ms(iat: object) -> object:
+    """SPEC §6.9 Expiry: iat x 1000 + MAX_ATTESTATION_VALIDITY_MS (ms)."""
+    return iat * 1000 + MAX_ATTESTATION_VALIDITY_MS if isinstance(iat, int) else "?"
+
+
 def _attestation_line(a: dict[str, object]) -> str:
     """SPEC §6.9: which GPUs of a node key were attested, by whom, when."""
     gpus = a["gpus"]
@@ -191,5 +197,6 @@ def _attestation_line(a: dict[str, object]) -> str:
     attester = a["attester"] or "an attestation service (signature not checked: no root pinned)"
     return (
         f"  attested: node {a['node_id']} key {a['key_id']}: {names} by {attester} "
-        f"(iss {a['iss']}, iat {a['iat']}, record {a['record_index']})"
+        f"(iss {a['iss']}, iat {a['iat']}, expires {_expiry_ms(a['iat'])}, "
+        f"record {a['record_index']})"
     )
