@@ -473,6 +473,12 @@ class KafkaBroker:
     def _data_dir(self) -> Path:
         return self._workdir_path() / "data"
 
+    @property
+    def log_dir(self) -> Path:
+        """The broker's ``log.dirs``: one directory per topic partition (for tests that
+        look at what the broker stored)."""
+        return self._data_dir()
+
     def _formatted(self) -> bool:
         return (self._data_dir() / "meta.properties").is_file()
 

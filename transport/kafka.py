@@ -146,17 +146,27 @@ def client_kwargs(settings: KafkaSettings) -> dict[str, Any]:
     return kwargs
 
 
+# Record batches are gzip-compressed by the producer (Python's own zlib: no extra package):
+# a batch of signed envelopes shrinks to about a fifth (740 -> 166 bytes per usage event
+# measured by bench/disk_per_event.py), and the topic keeps everything forever at its
+# replication factor. The broker stores batches as produced (compression.type=producer);
+# consumers decompress transparently; log-append time stays per batch, as the ledger reads it.
+PRODUCER_COMPRESSION: Final = "gzip"
+
+
 def make_producer(settings: KafkaSettings, **extra: Any) -> Any:
-    """An idempotent producer (acks=all) for ``settings``; the caller starts and stops it."""
+    """An idempotent, gzip-compressing producer (acks=all) for ``settings``; the caller
+    starts and stops it. ``extra`` overrides (``compression_type=None`` sends uncompressed)."""
     from aiokafka import AIOKafkaProducer
 
-    return AIOKafkaProducer(
-        **client_kwargs(settings),
-        enable_idempotence=True,
-        acks="all",
-        client_id="gridledger-publisher",
+    options: dict[str, Any] = {
+        "enable_idempotence": True,
+        "acks": "all",
+        "client_id": "gridledger-publisher",
+        "compression_type": PRODUCER_COMPRESSION,
         **extra,
-    )
+    }
+    return AIOKafkaProducer(**client_kwargs(settings), **options)
 
 
 def make_consumer(settings: KafkaSettings, **extra: Any) -> Any:
