@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ledger_throughput.py [--events 50000] [--placements 200]
         [--partitions 2] [--batch 5000] [--bootstrap HOST:PORT]
-        [--brokers 1|3|both]
+        [--brokers 1|3|both] [--shards N]
 
 Pre-generates N signed usage events over many placements, publishes them (and the
 terms) to a fresh topic, then runs one ledger shard over a fresh DuckDB file until it
@@ -15,6 +15,15 @@ with replication factor 3 and ``min.insync.replicas=2``, the producer ``acks=all
 always, so every acknowledged record is on two brokers); ``--brokers both`` runs the
 single broker and then the cluster with the same signed events, one after the other, and
 measures the limit before and after.
+
+``--shards N`` (single broker or ``--bootstrap``; use ``--partitions`` >= N, e.g. 4 for
+2 shards): the same published inputs are folded from offset 0 by one ledger process, then
+by N shard processes at once, each ``shard = i, shards = N`` with its own store — what
+``gridledger ledger supervise --shards N`` runs, started here at a barrier after each has
+connected and assigned its partitions (``bench/shard_scaleout.py``), so process start-up
+is not counted. The aggregate is all inputs over the wall time from the common start to
+the last shard caught up. Beside it: Ed25519 verify on one core and in two processes,
+measured in the same run before and after, and the ratios to both.
 """
 
 from __future__ import annotations
@@ -159,6 +168,76 @@ def measure(
     return rate
 
 
+def measure_shards(args: argparse.Namespace) -> int:
+    """``--shards N``: one process, then N shard processes, over the same published inputs."""
+    import multiprocessing
+
+    from bench.shard_scaleout import limits, run_shards
+
+    if not 1 <= args.shards <= args.partitions:
+        print(f"--shards {args.shards}: need 1..--partitions ({args.partitions})")
+        return 2
+    t = time.perf_counter()
+    cast, items = generate(args.events, args.placements)
+    generate_s = time.perf_counter() - t
+    print(
+        f"inputs                  {len(items)} ({args.placements} placements, "
+        f"{args.partitions} partitions, batch {args.batch}, {args.shards} shards); "
+        f"cores {multiprocessing.cpu_count()}"
+    )
+    print(f"generate (sign)         {generate_s:.2f} s")
+    one_before, two_before = limits(2.0)
+    print(f"limit before  verify 1 core {one_before:,.0f}/s, 2 processes {two_before:,.0f}/s")
+
+    def fold(
+        bootstrap: str,
+    ) -> tuple[float, float, float, list[tuple[int, float, int, float, float]]]:
+        topic = f"bench.{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, args.partitions)
+        t = time.perf_counter()
+        asyncio.run(publish(bootstrap, topic, items))
+        publish_s = time.perf_counter() - t
+        print(
+            f"publish to Kafka        {publish_s:.2f} s ({len(items) / publish_s:,.0f}/s, acks=all)"
+        )
+        with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
+            cpu = time.process_time()
+            one_s, one_n = asyncio.run(
+                run_ledger(bootstrap, topic, cast, Path(tmp) / "one.duckdb", args.batch, len(items))
+            )
+            one_cpu = time.process_time() - cpu  # this process: the ledger, no broker
+            n_s, n_n, per = run_shards(bootstrap, topic, args.shards, args.batch, Path(tmp))
+        if one_n != len(items) or n_n != len(items):
+            print(f"WARNING: folded {one_n} / {n_n} of {len(items)} inputs")
+        return one_n / one_s, one_cpu / max(one_n, 1), n_n / n_s, per
+
+    if args.bootstrap is not None:
+        one_rate, one_cpu, n_rate, per = fold(args.bootstrap)
+    else:
+        with KafkaBroker() as broker:
+            one_rate, one_cpu, n_rate, per = fold(broker.bootstrap)
+    one_after, two_after = limits(2.0)
+    print(f"limit after   verify 1 core {one_after:,.0f}/s, 2 processes {two_after:,.0f}/s")
+    limit_one = (one_before + one_after) / 2
+    limit_two = (two_before + two_after) / 2
+    print(
+        f"1 ledger process        {one_rate:,.0f} inputs/s, CPU {one_cpu * 1e6:.0f} us/input "
+        "(all its threads)"
+    )
+    print(f"{args.shards} shard processes      {n_rate:,.0f} inputs/s (aggregate)")
+    for shard, secs, n, peak, cpu_s in per:
+        print(
+            f"    shard {shard}: {n} inputs in {secs:.2f} s, peak RSS {peak:.0f} MiB, "
+            f"CPU {cpu_s / max(n, 1) * 1e6:.0f} us/input"
+        )
+    print(f"ratio 1 process / verify 1 core       {one_rate / limit_one:.2f}")
+    print(f"ratio {args.shards} shards / verify 1 core        {n_rate / limit_one:.2f}")
+    print(f"ratio {args.shards} shards / verify 2 processes   {n_rate / limit_two:.2f}")
+    print(f"speed-up {args.shards} shards / 1 process         {n_rate / one_rate:.2f}")
+    print(f"limit's speed-up 2 processes / 1 core {limit_two / limit_one:.2f}")
+    return 0
+
+
 def main() -> int:
     """Run the benchmark and print the numbers."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -170,7 +249,16 @@ def main() -> int:
     parser.add_argument(
         "--brokers", choices=("1", "3", "both"), default="1", help="single broker, cluster, or both"
     )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also fold with N shard processes at once (single broker); ratios to both limits",
+    )
     args = parser.parse_args()
+    if args.shards is not None:
+        return measure_shards(args)
 
     t = time.perf_counter()
     cast, items = generate(args.events, args.placements)

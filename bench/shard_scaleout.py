@@ -67,7 +67,7 @@ def _shard_worker(
 
     key = make_cast(seed_text).ledger
 
-    async def go() -> tuple[float, float, int]:
+    async def go() -> tuple[float, float, int, float]:
         store = Store(Path(db), ledger_public_key=key.public_key)
         kafka = KafkaConfig(
             settings=KafkaSettings(bootstrap=bootstrap, topic=topic), shard=shard, shards=shards
@@ -79,6 +79,7 @@ def _shard_worker(
         try:
             await asyncio.to_thread(barrier.wait, 120)
             started = time.time()
+            cpu_started = time.process_time()  # every thread of this process
             consumed = 0
             deadline = time.monotonic() + 3600
             while time.monotonic() < deadline:
@@ -87,20 +88,21 @@ def _shard_worker(
                     consumed += report.inputs
                 elif await service.source.caught_up():
                     break
-            return started, time.time(), consumed
+            return started, time.time(), consumed, time.process_time() - cpu_started
         finally:
             await service.stop()
             service.close()
 
-    started, ended, consumed = asyncio.run(go())
+    started, ended, consumed, cpu_s = asyncio.run(go())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    results.put((shard, started, ended, consumed, peak))
+    results.put((shard, started, ended, consumed, peak, cpu_s))
 
 
 def run_shards(
     bootstrap: str, topic: str, shards: int, batch: int, tmp: Path
-) -> tuple[float, int, list[tuple[int, float, int, float]]]:
-    """Fold the topic with `shards` processes at once: (wall s, inputs, per shard)."""
+) -> tuple[float, int, list[tuple[int, float, int, float, float]]]:
+    """Fold the topic with `shards` processes at once: (wall s, inputs, per shard: shard,
+    seconds, inputs, peak RSS MiB, CPU seconds of all its threads)."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(shards)
     results = ctx.Queue()
@@ -128,7 +130,7 @@ def run_shards(
         proc.join(timeout=60)
     start = min(r[1] for r in rows)
     end = max(r[2] for r in rows)
-    per = [(r[0], r[2] - r[1], r[3], r[4]) for r in sorted(rows)]
+    per = [(r[0], r[2] - r[1], r[3], r[4], r[5]) for r in sorted(rows)]
     return end - start, sum(r[3] for r in rows), per
 
 
@@ -183,11 +185,17 @@ def main() -> int:
     limit_one = (one_before + one_after) / 2
     limit_two = (two_before + two_after) / 2
     print(f"1 shard process   {one_n} inputs in {one_s:.2f} s = {one_rate:,.0f} inputs/s")
-    for shard, secs, n, peak in one_per:
-        print(f"    shard {shard}: {n} inputs in {secs:.2f} s, peak RSS {peak:.0f} MiB")
+    for shard, secs, n, peak, cpu in one_per:
+        print(
+            f"    shard {shard}: {n} inputs in {secs:.2f} s, peak RSS {peak:.0f} MiB, "
+            f"CPU {cpu / max(n, 1) * 1e6:.0f} us/input"
+        )
     print(f"2 shard processes {two_n} inputs in {two_s:.2f} s = {two_rate:,.0f} inputs/s")
-    for shard, secs, n, peak in two_per:
-        print(f"    shard {shard}: {n} inputs in {secs:.2f} s, peak RSS {peak:.0f} MiB")
+    for shard, secs, n, peak, cpu in two_per:
+        print(
+            f"    shard {shard}: {n} inputs in {secs:.2f} s, peak RSS {peak:.0f} MiB, "
+            f"CPU {cpu / max(n, 1) * 1e6:.0f} us/input"
+        )
     print(f"ratio 1 shard / verify 1 core        {one_rate / limit_one:.2f}")
     print(f"ratio 2 shards / verify 2 processes  {two_rate / limit_two:.2f}")
     print(f"speed-up 2 shards / 1 shard          {two_rate / one_rate:.2f}")

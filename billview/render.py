@@ -91,6 +91,8 @@ def to_text(doc: BillDoc) -> str:
         f"status            {doc.verdict.level} ({doc.verdict.by})",
     ]
     rows += [f"  {reason}" for reason in doc.verdict.reasons]
+    # One column of amounts: as wide as the longest label (a resale's names run long).
+    width = max([44, *(min(len(line.label), 72) for line in doc.lines)])
     section = ""
     for line in doc.lines:
         if line.section != section:
@@ -101,7 +103,7 @@ def to_text(doc: BillDoc) -> str:
             if line.amount_minor is not None
             else f"{line.quantity} {line.unit}".rstrip()
         )
-        rows.append(f"{line.label:<44} {value:>16}")
+        rows.append(f"{line.label:<{width}} {value:>16}")
         if line.derivation:
             rows.append(f"    {line.derivation}")
         if line.signers:
@@ -252,10 +254,18 @@ def _summary(doc: BillDoc, party: str) -> str:
     for role in order:
         total, verb = _PARTY_AMOUNT[role]
         you = role == party
+        amount, name = doc.totals[total], total
+        if role == "desk" and doc.desk_total_minor is not None:
+            # SPEC §7.10: the desk's fee on the original terms and its resale fees, in all.
+            fee = format_minor(doc.totals[total], doc.currency_scale)
+            fees = format_minor(doc.desk_total_minor - doc.totals[total], doc.currency_scale)
+            plural = "s" if len(doc.resale) > 1 else ""
+            verb = f"receives in all ({fee} fee + {fees} resale fee{plural})"
+            amount, name = doc.desk_total_minor, "desk_total"
         cards.append(
             f'<div class="card{" you" if you else ""}"><div class="muted">'
-            f"{'You, the ' if you else 'The '}{_e(role)} ({_e(doc.parties[role])}), {verb}"
-            f'</div><div class="amount">{_money(doc, doc.totals[total], total)}</div></div>'
+            f"{'You, the ' if you else 'The '}{_e(role)} ({_e(doc.parties[role])}), {_e(verb)}"
+            f'</div><div class="amount">{_money(doc, amount, name)}</div></div>'
         )
     if party in PARTY_ROLES:
         cards += _resale_cards(doc, party)
@@ -265,6 +275,14 @@ def _summary(doc: BillDoc, party: str) -> str:
 def parties_of(doc: BillDoc) -> list[str]:
     """Whose statement pages the bill has: the three roles, then each new buyer (§7.10)."""
     return [*PARTY_ROLES, *dict.fromkeys(r.new_buyer for r in doc.resale)]
+
+
+def page_of(doc: BillDoc, party: str) -> str | None:
+    """The page ``party`` asks for: a role, a new buyer's id, or a party's id as the terms
+    name it (``gridx-desk`` is the desk's page); None when the bill has no such party."""
+    if party in parties_of(doc):
+        return party
+    return next((role for role in PARTY_ROLES if doc.parties.get(role) == party), None)
 
 
 def _gpu_table(doc: BillDoc) -> str:
@@ -364,7 +382,14 @@ def _periods(doc: BillDoc) -> str:
         "<table><tr><th>period</th><th>through record</th><th class=num>buyer owes</th>"
         "<th class=num>operator receives</th><th class=num>desk receives</th></tr>"
         f"{rows}</table><p class=muted>Periods after the close hold late adjustments; "
-        "totals are cumulative (SPEC §8).</p>"
+        "totals are cumulative (SPEC §8)."
+        + (
+            " These are the original terms' figures; the resale's (what the new buyer owes, "
+            "the desk's resale fee) are in the line items (SPEC §7.10)."
+            if doc.resale
+            else ""
+        )
+        + "</p>"
     )
 
 
@@ -374,8 +399,10 @@ def to_html(doc: BillDoc, party: str, links: Sequence[tuple[str, str]] = ()) -> 
     ``links``: (label, href) of the other forms (CSV, JSON, the other parties' pages).
     """
     parties = parties_of(doc)
-    if party not in parties:
+    page = page_of(doc, party)
+    if page is None:
         raise ValueError(f"party must be one of {', '.join(parties)}, not {party!r}")
+    party = page
     who = doc.parties[party] if party in PARTY_ROLES else "new buyer by resale"
     rows = [g for g in doc.gpus if g.segments]
     picture = (

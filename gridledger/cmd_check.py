@@ -2,15 +2,22 @@
 
 Each file is recognised by what it holds (``node_id``: a meter.toml; ``ledger_id``: a
 ledger.toml; ``placement_id`` or a signed envelope: terms; ``gridledger-trust/v1``: a
-trust file) and checked alone (it parses, its key file loads, its directories exist, its
-terms are valid and fully signed), then against the others:
+trust file; a signed assignment: a resale) and checked alone (it parses, its key file
+loads, its directories exist, its terms are valid and fully signed), then against the
+others:
 
 * every terms file names the ledger's key as ``ledger_key`` (else the ledger rejects the
   terms TERMS_INVALID);
 * a meter's node is in each of its terms, with the key its key file holds;
 * meters and the ledger share one ``local_dir`` (local transport) or one Kafka bootstrap
   and topic;
-* a trust file pins the parties of the terms under the ids the terms use, and the ledger.
+* a trust file pins the parties of the terms under the ids the terms use, and the ledger;
+* an assignment (SPEC §6.8) carries every signature it needs, and each trust file pins its
+  new buyer as a buyer under the id it names (else ``verify`` reports
+  ASSIGNMENT_KEY_NOT_PINNED);
+* terms with ``attestation_required`` meet a ledger with ``[[attestation_roots]]`` and a
+  trust file with ``attestation`` keys (else a ``warning:`` line: nothing is wrong yet, but
+  no usage would fold, SPEC §6.9).
 
 Every problem is one ``FAIL:`` line naming the file. Exit codes: 0 everything agrees;
 1 at least one problem; 2 a file that cannot be read or recognised.
@@ -26,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proto.errors import KeyFileError
+from proto.envelope import Opened, open_envelope
+from proto.errors import KeyFileError, ProtoError
 from proto.keys import key_id, load_signing_key
-from proto.records import PlacementTerms
+from proto.records import Assignment, PlacementTerms
 from proto.terms import TermsError, check_terms_signatures, load_terms_file, validate_terms
 from proto.trust import TRUST_FORMAT, TrustError, TrustFile, load_trust
 
@@ -39,10 +47,12 @@ class _Found:
 
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     terms: dict[Path, PlacementTerms] = field(default_factory=dict)
     meters: list[tuple[Path, Any, bytes | None]] = field(default_factory=list)
     ledgers: list[tuple[Path, Any, bytes | None]] = field(default_factory=list)
     trusts: list[tuple[Path, TrustFile]] = field(default_factory=list)
+    assignments: list[tuple[Path, Opened, Assignment]] = field(default_factory=list)
     unusable: bool = False
 
 
@@ -76,7 +86,13 @@ def _kind(path: Path) -> str | None:
             return None
         if isinstance(data, dict) and data.get("format") == TRUST_FORMAT:
             return "trust"
-        return "terms" if isinstance(data, dict) and "payload" in data else None
+        if not (isinstance(data, dict) and "payload" in data):
+            return None
+        try:
+            kind = open_envelope(raw.strip()).kind
+        except ProtoError:
+            return "terms"  # loading it as terms says what is wrong
+        return "assignment" if kind == "assignment" else "terms"
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):
@@ -153,6 +169,10 @@ def _load(files: list[Path], found: _Found) -> None:
                 found.problems.append(f"{path}: local_dir {ledger.local_dir} does not exist")
         elif kind == "terms":
             _terms(path, found)
+        elif kind == "assignment":
+            opened = open_envelope(path.read_bytes().strip())
+            if isinstance(opened.record, Assignment):
+                found.assignments.append((path, opened, opened.record))
         else:
             try:
                 found.trusts.append((path, load_trust(path)))
@@ -160,7 +180,71 @@ def _load(files: list[Path], found: _Found) -> None:
                 found.problems.append(str(exc))
 
 
+def _attestation(found: _Found) -> None:
+    """SPEC §6.9: terms that require attestation fold usage only from keys whose evidence
+    a root verifies; a ledger (or a trust file) with no root can attest none of them."""
+    required = [(p, t) for p, t in found.terms.items() if t.attestation_required]
+    for tpath, terms in required:
+        for lpath, ledger, _ in found.ledgers:
+            if not ledger.attestation_roots:
+                found.warnings.append(
+                    f"{tpath}: attestation_required = true, but {lpath} has no "
+                    "[[attestation_roots]]: the ledger would reject every usage event of "
+                    f"{terms.placement_id} NOT_ATTESTED"
+                )
+        for trust_path, trust in found.trusts:
+            if not trust.attestation_roots():
+                found.warnings.append(
+                    f"{tpath}: attestation_required = true, but {trust_path} pins no "
+                    "attestation key: the verifier cannot check who signed the GPUs' evidence "
+                    "(gridledger trust init --attestation ID=FILE)"
+                )
+
+
+def _resales(found: _Found) -> None:
+    """SPEC §6.8, §9: an assignment of one of the placements given is fully signed, and
+    every trust file given pins its new buyer as a buyer under the id it names."""
+    from gridledger.cmd_records import Refused, missing_signers
+
+    for apath, opened, assigned in found.assignments:
+        terms = next(
+            (t for t in found.terms.values() if t.placement_id == assigned.placement_id), None
+        )
+        if terms is None:
+            found.notes.append(
+                f"{apath}: resale of {assigned.placement_id}, whose terms are not among the "
+                "files given: its signatures are not checked"
+            )
+        else:
+            try:
+                missing = missing_signers(terms, opened.envelope, assigned)
+            except Refused as exc:
+                found.problems.append(f"{apath}: {exc}")
+                missing = ()
+            if missing:
+                found.problems.append(
+                    f"{apath}: not fully signed: missing {', '.join(missing)} (gridledger "
+                    f"cosign {apath} --terms TERMS --key THEIR.key)"
+                )
+        buyer = assigned.new_buyer
+        for trust_path, trust in found.trusts:
+            pinned = trust.party_of(buyer.key, "buyer")
+            if pinned is None:
+                found.problems.append(
+                    f"{trust_path}: does not pin the new buyer {buyer.id} of {apath} "
+                    "(ASSIGNMENT_KEY_NOT_PINNED; gridledger trust init ... --new-buyer "
+                    f"{buyer.id}=FILE.pub)"
+                )
+            elif pinned != buyer.id:
+                found.problems.append(
+                    f"{trust_path}: pins the new buyer of {apath} as {pinned!r}, the assignment "
+                    f"names {buyer.id!r} (PARTY_ID_MISMATCH)"
+                )
+
+
 def _cross(found: _Found) -> None:
+    _attestation(found)
+    _resales(found)
     for lpath, ledger, lkey in found.ledgers:
         if lkey is None:
             continue
@@ -234,6 +318,8 @@ def _check(args: argparse.Namespace) -> int:
     _cross(found)
     for note in found.notes:
         print(f"note: {note}")
+    for warning in found.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     for problem in found.problems:
         print(f"FAIL: {problem}", file=sys.stderr)
     if found.unusable:
@@ -243,6 +329,7 @@ def _check(args: argparse.Namespace) -> int:
     kinds = (
         f"{len(found.meters)} meter, {len(found.ledgers)} ledger, {len(found.terms)} terms, "
         f"{len(found.trusts)} trust"
+        + (f", {len(found.assignments)} assignment" if found.assignments else "")
     )
     print(f"OK: {kinds} file(s) agree")
     return 0

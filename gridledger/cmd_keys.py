@@ -25,7 +25,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _new(args: argparse.Namespace) -> int:
     name: str = args.id
     if not name or not name[0].isalnum() or set(name) - _ID_CHARS or len(name) > 128:
-        print(f"FAIL: id {name!r} must be 1-128 characters of [A-Za-z0-9._:-]", file=sys.stderr)
+        print(
+            f"FAIL: --id {name!r}: must be 1-128 characters of [A-Za-z0-9._:-], starting with a "
+            "letter or digit",
+            file=sys.stderr,
+        )
         return 2
     key = SigningKey.generate(name)
     try:

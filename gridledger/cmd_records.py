@@ -30,7 +30,10 @@ scale.
 Exit codes: 0 done (signed and written; published when asked; a dry run the ledger
 would accept); 1 refused (a key that may not sign this record, signatures missing for
 publishing, a dry run the ledger would reject); 2 unusable input (a file, a time, an
-amount, an export); 75 Kafka did not acknowledge (nothing was published; try again).
+amount, an export) or a record the ledger will refuse, known from the terms before
+signing (a party's, the ledger's or a node's key where it may not be; stale or
+future-dated evidence, SPEC §6.3, §6.8, §6.9); 75 Kafka did not acknowledge (nothing was
+published; try again).
 """
 
 from __future__ import annotations
@@ -38,14 +41,23 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import decimal
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, Literal
 
+from billview.units import iso_utc
 from gridledger.publishing import PublishError, add_target_arguments, publish, target_of
-from proto.attestation import EvidenceError, evidence_nonce, node_key_hash, parse_evidence
+from proto.attestation import (
+    Evidence,
+    EvidenceError,
+    attested_by,
+    evidence_nonce,
+    node_key_hash,
+    parse_evidence,
+)
 from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import (
     Envelope,
@@ -59,7 +71,13 @@ from proto.envelope import (
 from proto.errors import KeyFileError, ProtoError
 from proto.files import read_at_most
 from proto.keys import SigningKey, key_id, load_public_key, load_signing_key
-from proto.limits import MAX_ENVELOPE_BYTES, MAX_EVIDENCE_CHARS, MAX_SAFE_INTEGER
+from proto.limits import (
+    MAX_CLOCK_SKEW_MS,
+    MAX_ENVELOPE_BYTES,
+    MAX_EVIDENCE_AGE_MS,
+    MAX_EVIDENCE_CHARS,
+    MAX_SAFE_INTEGER,
+)
 from proto.records import (
     Adjustment,
     Assignment,
@@ -69,7 +87,14 @@ from proto.records import (
     PlacementTerms,
     ReclaimNotice,
 )
-from proto.terms import MIN_PLAUSIBLE_MS, TermsError, check_terms_signatures, load_terms_file
+from proto.terms import (
+    MIN_PLAUSIBLE_MS,
+    TermsError,
+    check_terms_signatures,
+    in_words,
+    load_terms_file,
+)
+from proto.trust import TrustError, load_trust
 
 EX_OK: Final = 0
 EX_REFUSED: Final = 1
@@ -114,22 +139,23 @@ def parse_time_ms(text: str, what: str) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def parse_amount_minor(text: str, terms: PlacementTerms) -> int:
-    """``12.50`` in the terms' currency -> minor units at its scale, exactly."""
+def parse_amount_minor(text: str, terms: PlacementTerms, what: str = "amount") -> int:
+    """``12.50`` in the terms' currency -> minor units at its scale, exactly. ``what``
+    names the option the user gave (``--rate``) in every message."""
     try:
         amount = decimal.Decimal(text.strip())
     except decimal.InvalidOperation as exc:
-        raise UsageError(f"amount {text!r} is not a decimal number") from exc
+        raise UsageError(f"{what} {text!r} is not a decimal number (e.g. 12.50)") from exc
     if not amount.is_finite() or amount <= 0:
-        raise UsageError(f"amount {text!r} must be a positive number")
+        raise UsageError(f"{what} {text!r} must be a positive number")
     minor = amount.scaleb(terms.currency_scale)
     if minor != minor.to_integral_value():
         raise UsageError(
-            f"amount {text} has more than {terms.currency_scale} decimals ({terms.currency} "
+            f"{what} {text} has more than {terms.currency_scale} decimals ({terms.currency} "
             f"at scale {terms.currency_scale})"
         )
     if int(minor) > MAX_SAFE_INTEGER:
-        raise UsageError(f"amount {text} is too large")
+        raise UsageError(f"{what} {text} is too large")
     return int(minor)
 
 
@@ -232,13 +258,18 @@ def _check_signers(
     for key in keys:
         if key.key_id not in allowed:
             who = _role_of(terms, key.key_id, record)
-            roles = " and ".join(required) + (
-                f" (the {' and '.join(permitted)} may also sign)" if permitted else ""
+            roles = " and ".join(_in_words(required)) + (
+                f" (the {' and '.join(_in_words(permitted))} may also sign)" if permitted else ""
             )
             raise Refused(
                 f"{who} ({key.name}, key id {key.key_id}) may not sign {what}: SPEC §4.0 "
                 f"asks the {roles}"
             )
+
+
+def _in_words(roles: Sequence[str]) -> list[str]:
+    """Roles as a person says them: ``new_buyer`` is the new buyer."""
+    return [r.replace("_", " ") for r in roles]
 
 
 def missing_signers(terms: PlacementTerms, envelope: Envelope, record: _RECORD) -> tuple[str, ...]:
@@ -293,16 +324,18 @@ def _describe(record: _RECORD, terms: PlacementTerms) -> str:
             f"adjustment {record.adjustment_id} of {record.placement_id}: {record.direction} "
             f"{amount} {terms.currency} ({record.reason})"
         )
+    start = _iso(record.valid_from_ms) if record.valid_from_ms else "start"
     return (
         f"key binding of {record.placement_id}: node {record.node_id} signs with key "
-        f"{key_id(record.key)} for [{_iso(record.valid_from_ms)}, {_iso(record.valid_until_ms)})"
+        f"{key_id(record.key)} for [{start}, {_iso(record.valid_until_ms)})"
     )
 
 
 def _iso(ms: int) -> str:
+    """ISO-8601 UTC to the second (``.123`` only when there are milliseconds)."""
     if ms >= 253_402_300_800_000:  # past 9999-12-31: "for ever"
         return "forever"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat().replace("+00:00", "Z")
+    return iso_utc(ms)
 
 
 def _write(out: Path, envelope: Envelope) -> None:
@@ -332,14 +365,15 @@ def _finish(
         print(f"OK: signed -> {out}")
     target = target_of(args)
     if missing:
+        named = out or getattr(args, "record", None) or "FILE"
         print(
-            f"missing: {', '.join(missing)} (each runs: gridledger cosign {out or 'FILE'} "
+            f"missing: {', '.join(missing)} (each runs: gridledger cosign {named} "
             f"--terms TERMS --key THEIR.key)"
         )
         if target is not None:
             raise Refused(
                 f"not published: the {' and '.join(missing)} must sign first; then "
-                f"gridledger publish {out or 'FILE'} --terms TERMS and the same target"
+                f"gridledger publish {named} --terms TERMS and the same target"
             )
         return EX_OK
     print("OK: every required signature is there")
@@ -368,6 +402,12 @@ def _dry_run(
         raise UsageError(str(exc)) from exc
     arrives = parse_time_ms(args.arrives_at, "--arrives-at")
     print(f"as if it reaches the log at {_iso(arrives)} (a notice counts from there)")
+    logged = current.state.arrived_ms
+    if logged is not None and logged > arrives:  # SPEC §6.6: arrivals are monotone
+        print(
+            f"  the log is already at {_iso(logged)} (an arrival never goes back, SPEC §6.6): "
+            "the ledger times it from there"
+        )
     result = dryrun.dry_run(current, raw, missing, arrives_at_ms=arrives)
     for line in dryrun.render(result, terms, missing):
         print(line)
@@ -414,6 +454,110 @@ def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace)
         return exc.code
 
 
+# ---- pre-checks: what the ledger will refuse, known from the terms (SPEC §6.3, §6.8, §6.9) --
+#
+# Each refuses before anything is signed, in one line naming the option (exit 2). What the
+# command cannot know from the files it is given (bindings or assignments the ledger accepted
+# since the terms) it leaves to the ledger: a dry run against an export says it.
+
+
+def _key_holder(terms: PlacementTerms, key: bytes) -> str | None:
+    """Whose key ``key`` is in the terms: a party (with its id), the ledger, or a node."""
+    for role in ("operator", "buyer", "desk"):
+        party: Party = getattr(terms, role)
+        if key == party.key:
+            return f"the {role}'s key ({party.id})"
+    if key == terms.ledger_key:
+        return "the ledger's key"
+    for node in terms.nodes:
+        if key == node.key:
+            return f"the key of node {node.node_id} in the terms (a meter of this placement)"
+    return None
+
+
+def _precheck_new_buyer(
+    terms: PlacementTerms, new_buyer: str, key: bytes, id_said: str, key_said: str
+) -> None:
+    """SPEC §6.8 (3): the new buyer is no party of the terms, its key no party's, not the
+    ledger's, not a node key of the terms (keys bound since: the ledger decides).
+    ``id_said``, ``key_said``: how the message names them (the option, or the file)."""
+    for role in ("operator", "buyer", "desk"):
+        if new_buyer == getattr(terms, role).id:
+            raise UsageError(
+                f"{id_said} {new_buyer!r} is a party of the terms (the {role}'s id); a resale "
+                "goes to someone else (SPEC §6.8: ASSIGNMENT_INVALID)"
+            )
+    holder = _key_holder(terms, key)
+    if holder is not None:
+        raise UsageError(
+            f"{key_said} is {holder}: a new buyer signs with its own key, never "
+            "a party's, the ledger's or a node's (SPEC §6.8: ASSIGNMENT_INVALID)"
+        )
+
+
+def _precheck_node_key(terms: PlacementTerms, node_id: str, key: bytes, key_said: str) -> None:
+    """SPEC §6.3 keybinding: a node key is nobody's party key (the operator's, buyer's,
+    desk's, ledger's). A binding that only shortens one the terms make stays allowed (no
+    party key is a node key of the terms); an accepted new buyer's key: the ledger decides."""
+    if key in {n.key for n in terms.nodes if n.node_id == node_id}:
+        return
+    holder = _key_holder(terms, key)
+    if holder is not None:
+        raise UsageError(
+            f"{key_said} is {holder}: a node key is nobody's party key, so one key "
+            "never both meters usage and signs for money (SPEC §6.3: BINDING_INVALID)"
+        )
+
+
+def _span(ms: int) -> str:
+    """A duration as a person says it: 61 s, 24 h, 25.5 h, 365 days (to a tenth)."""
+    for unit_ms, below, name in ((1000, 120_000, "s"), (60_000, 7_200_000, "min")):
+        if ms < below:
+            return f"{round(ms / unit_ms, 1):g} {name}"
+    if ms < 172_800_000:
+        return f"{round(ms / 3_600_000, 1):g} h"
+    return f"{round(ms / 86_400_000, 1):.15g} days"
+
+
+def _precheck_fresh(token: str, issued_ms: int, what: str, given: str, hint: str = "") -> None:
+    """SPEC §6.9 (6): ``iat`` within [issued - MAX_EVIDENCE_AGE_MS, issued +
+    MAX_CLOCK_SKEW_MS] of the binding's issued time (the ledger judges against the
+    record's arrival, or its issued time when untimed). ``what`` names the token (the
+    option and file), ``given`` the issued time."""
+    iat_ms = parse_evidence(token).claims.iat * 1000
+    if iat_ms < issued_ms - MAX_EVIDENCE_AGE_MS:
+        raise UsageError(
+            f"{what}: issued at {_iso(iat_ms)} (iat), {_span(issued_ms - iat_ms)} before "
+            f"{given} {_iso(issued_ms)}: older than MAX_EVIDENCE_AGE_MS "
+            f"({_span(MAX_EVIDENCE_AGE_MS)}); the ledger refuses stale evidence (SPEC §6.9: "
+            "EVIDENCE_INVALID); attest the node again for a fresh token"
+        )
+    if iat_ms > issued_ms + MAX_CLOCK_SKEW_MS:
+        raise UsageError(
+            f"{what}: issued at {_iso(iat_ms)} (iat), {_span(iat_ms - issued_ms)} after "
+            f"{given} {_iso(issued_ms)}: more than MAX_CLOCK_SKEW_MS "
+            f"({_span(MAX_CLOCK_SKEW_MS)}) in its future; the ledger refuses evidence from "
+            f"the future (SPEC §6.9: EVIDENCE_INVALID); check the clocks{hint}"
+        )
+
+
+def _precheck_opened(terms: PlacementTerms, record: _RECORD, path: Path) -> None:
+    """The same pre-checks for a signed record file given to cosign or publish."""
+    if isinstance(record, Assignment):
+        new_buyer = record.new_buyer
+        said = f"{path}: the new buyer"
+        _precheck_new_buyer(terms, new_buyer.id, new_buyer.key, said, f"{said}'s key")
+    if isinstance(record, NodeKeyBinding):
+        _precheck_node_key(terms, record.node_id, record.key, f"{path}: the node key")
+        if record.evidence:
+            try:
+                parse_evidence(record.evidence)
+            except EvidenceError:
+                return  # not a token at all: the ledger's EVIDENCE_INVALID (the dry run says)
+            what = f"{path}: its evidence"
+            _precheck_fresh(record.evidence, record.issued_at_ms, what, "its issued_at_ms")
+
+
 # ---- the commands -------------------------------------------------------------------------
 
 
@@ -440,7 +584,12 @@ def _release(args: argparse.Namespace) -> int:
     issued = parse_time_ms(args.issued_at, "--issued-at")
     effective = parse_time_ms(args.effective_at, "--effective-at")
     if effective < issued:
-        raise UsageError("--effective-at is before --issued-at (SPEC §6.7: RELEASE_INVALID)")
+        given = "--issued-at" if args.issued_at != "now" else "--issued-at (default: now)"
+        hint = "" if args.issued_at != "now" else "; give --issued-at, when the buyer issues it"
+        raise UsageError(
+            f"--effective-at {_iso(effective)} is before {given} {_iso(issued)}: a release "
+            f"cannot end the placement before it is issued (SPEC §6.7: RELEASE_INVALID){hint}"
+        )
     if not terms.window_start_ms <= effective < terms.window_end_ms:
         raise UsageError(
             f"--effective-at {_iso(effective)} is outside the window [{_iso(terms.window_start_ms)}"
@@ -462,7 +611,7 @@ def _release(args: argparse.Namespace) -> int:
 def _adjust(args: argparse.Namespace) -> int:
     terms = _load_terms(args.terms)
     direction: Literal["credit", "charge"] = "credit" if args.credit is not None else "charge"
-    amount = parse_amount_minor(args.credit or args.charge, terms)
+    amount = parse_amount_minor(args.credit or args.charge, terms, f"--{direction}")
     issued = parse_time_ms(args.issued_at, "--issued-at")
     record = Adjustment(
         placement_id=terms.placement_id,
@@ -487,29 +636,36 @@ def _bind_key(args: argparse.Namespace) -> int:
     try:
         public = load_public_key(args.node_key).key
     except KeyFileError as exc:
-        raise UsageError(str(exc)) from exc
+        raise UsageError(f"--node-key: {exc}") from exc
     until = (
         MAX_SAFE_INTEGER
         if args.valid_until == "forever"
         else parse_time_ms(args.valid_until, "--valid-until")
     )
+    start = 0 if args.valid_from == "start" else parse_time_ms(args.valid_from, "--valid-from")
+    issued = parse_time_ms(args.issued_at, "--issued-at")
+    if start >= until:
+        raise UsageError("--valid-from must be before --valid-until")
+    _precheck_node_key(terms, args.node, public, f"--node-key {args.node_key}")  # §6.3
+    evidence = ""
+    if args.evidence is not None:
+        evidence = _evidence(args, terms, args.node, public)
+        given = "--issued-at" + (" (default: now)" if args.issued_at == "now" else "")
+        what = f"--evidence {args.evidence}"
+        _precheck_fresh(evidence, issued, what, given, ", or give --issued-at")  # §6.9 (6)
     record = NodeKeyBinding(
         placement_id=terms.placement_id,
         node_id=args.node,
         key=public,
-        valid_from_ms=0
-        if args.valid_from == "start"
-        else parse_time_ms(args.valid_from, "--valid-from"),
+        valid_from_ms=start,
         valid_until_ms=until,
-        issued_at_ms=parse_time_ms(args.issued_at, "--issued-at"),
-        evidence=""
-        if args.evidence is None
-        else _evidence(args.evidence, terms, args.node, public),
+        issued_at_ms=issued,
+        evidence=evidence,
     )
-    if record.valid_from_ms >= record.valid_until_ms:
-        raise UsageError("--valid-from must be before --valid-until")
     _check_record(record)
     envelope = _sign_new(args, terms, record)
+    if record.evidence:  # once the record is whole: a warning, never beside a refusal
+        _warn_unrooted(args.evidence, parse_evidence(record.evidence), args.trust)
     out = (
         None
         if args.dry_run
@@ -523,7 +679,7 @@ def _assign(args: argparse.Namespace) -> int:
     try:
         public = load_public_key(args.new_buyer_key).key
     except KeyFileError as exc:
-        raise UsageError(str(exc)) from exc
+        raise UsageError(f"--new-buyer-key: {exc}") from exc
     held = [g.uuid for g in terms.gpus]
     gpus = held if args.gpus is None else [u.strip() for u in args.gpus.split(",") if u.strip()]
     unknown = [u for u in gpus if u not in held]
@@ -534,12 +690,8 @@ def _assign(args: argparse.Namespace) -> int:
         )
     if not gpus or len(set(gpus)) != len(gpus):
         raise UsageError("--gpus lists each GPU of the terms at most once, at least one")
-    parties = (terms.operator, terms.buyer, terms.desk)
-    if args.new_buyer in {p.id for p in parties} or public in {p.key for p in parties}:
-        raise UsageError(
-            f"the new buyer {args.new_buyer!r} is a party of the terms; a resale goes to "
-            "someone else (SPEC §6.8)"
-        )
+    key_said = f"--new-buyer-key {args.new_buyer_key}"
+    _precheck_new_buyer(terms, args.new_buyer, public, "--new-buyer", key_said)  # §6.8 (3)
     handover = parse_time_ms(args.handover_at, "--handover-at")
     if not terms.window_start_ms <= handover < terms.window_end_ms:
         raise UsageError(
@@ -553,7 +705,7 @@ def _assign(args: argparse.Namespace) -> int:
         new_buyer=Party(id=args.new_buyer, key=public),
         handover_at_ms=handover,
         gpus=gpus,
-        rate_per_gpu_hour_minor=parse_amount_minor(args.rate, terms),
+        rate_per_gpu_hour_minor=parse_amount_minor(args.rate, terms, "--rate"),
         issued_at_ms=issued,
     )
     _check_record(record)
@@ -562,9 +714,51 @@ def _assign(args: argparse.Namespace) -> int:
     return _finish(args, terms, record, envelope, out)
 
 
-def _evidence(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> str:
-    """SPEC §6.9: the compact JWS in ``path``, checked as the ledger will (all but the
-    signature, which needs the ledger's roots); a one-line UsageError otherwise."""
+def _evidence(args: argparse.Namespace, terms: PlacementTerms, node_id: str, key: bytes) -> str:
+    """SPEC §6.9: the compact JWS of ``--evidence``, checked as the ledger will; a one-line
+    UsageError otherwise. Its signature is checked against the attestation roots of
+    ``--trust`` when given; one the command cannot tie to a root is a one-line warning
+    naming the issuer, and proceeds: the ledger decides with its own roots."""
+    token = _evidence_token(args.evidence, terms, node_id, key)
+    if args.trust is not None:
+        try:
+            load_trust(args.trust)
+        except TrustError as exc:
+            raise UsageError(f"--trust: {exc}") from exc
+    return token
+
+
+def _warn_unrooted(path: Path, evidence: Evidence, trust_path: Path | None) -> None:
+    issuer = f"issuer {evidence.claims.iss!r} (kid {evidence.header.kid!r})"
+    after = (
+        "proceeding: the ledger decides with its own [[attestation_roots]] (a key no root "
+        "attests is NOT_ATTESTED where the terms require attestation, SPEC §6.9)"
+    )
+    if trust_path is None:
+        print(
+            f"warning: --evidence {path}: the signature of {issuer} is not checked here (no "
+            f"--trust FILE with attestation keys); {after}",
+            file=sys.stderr,
+        )
+        return
+    try:
+        roots = load_trust(trust_path).attestation_roots()
+    except TrustError as exc:
+        raise UsageError(f"--trust: {exc}") from exc
+    root = attested_by(evidence, roots)
+    if root is None:
+        pinned = ", ".join(r.id for r in roots) or "none"
+        print(
+            f"warning: --evidence {path}: {issuer} is signed by no attestation key pinned in "
+            f"{trust_path} (pinned: {pinned}); {after}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"evidence: signed by the attestation key {root!r} of {trust_path} ({issuer})")
+
+
+def _evidence_token(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> str:
+    """The token of ``path``, checked as the ledger will (all but the signature)."""
     try:
         raw = read_at_most(path, MAX_EVIDENCE_CHARS + 2)
     except OSError as exc:
@@ -593,11 +787,56 @@ def _evidence(path: Path, terms: PlacementTerms, node_id: str, key: bytes) -> st
     return token
 
 
+# A record's field -> the option the user gave it with (messages use the user's words).
+_OPTION_OF: Final = {
+    "reclaim_id": "--id",
+    "release_id": "--id",
+    "adjustment_id": "--id",
+    "assignment_id": "--id",
+    "new_buyer.id": "--new-buyer",
+    "new_buyer.key": "--new-buyer-key",
+    "reason": "--reason",
+    "reference": "--reference",
+    "gpus": "--gpus",
+    "rate_per_gpu_hour_minor": "--rate",
+    "amount_minor": "the amount",
+    "issued_at_ms": "--issued-at",
+    "effective_at_ms": "--effective-at",
+    "handover_at_ms": "--handover-at",
+    "valid_from_ms": "--valid-from",
+    "valid_until_ms": "--valid-until",
+    "node_id": "--node",
+    "key": "--node-key",
+    "evidence": "--evidence",
+    "placement_id": "the terms' placement_id",
+}
+_AT: Final = re.compile(r"^(?:\w+: )?(?P<message>.*) - at `\$\.(?P<path>[\w.\[\]]+)`$", re.S)
+
+
+def _field_value(record: _RECORD, path: str) -> object:
+    value: object = record
+    for part in re.findall(r"\w+|\[\d+\]", path):
+        if part.startswith("["):
+            value = value[int(part[1:-1])] if isinstance(value, list) else None
+        else:
+            value = getattr(value, part, None)
+    return value
+
+
 def _check_record(record: _RECORD) -> None:
+    """The wire's checks (identifiers, text, bounds), reported by the option given."""
     try:
-        decode_payload(signed_bytes(record))  # the wire's checks: identifiers, text, bounds
+        decode_payload(signed_bytes(record))
     except ProtoError as exc:
-        raise UsageError(f"the record is not valid: {exc}") from exc
+        found = _AT.match(exc.detail)
+        path = "" if found is None else found["path"]
+        option = _OPTION_OF.get(path) or _OPTION_OF.get(re.sub(r"\[\d+\]$", "", path))
+        if found is None or option is None:
+            raise UsageError(f"the record is not valid: {exc}") from exc
+        if option == "the amount" and isinstance(record, Adjustment):
+            option = f"--{record.direction}"
+        words = in_words(option, _field_value(record, path), found["message"], sep=" ")
+        raise UsageError(words) from exc
 
 
 def _open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, _RECORD]:
@@ -627,8 +866,14 @@ def _open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, _RECORD]:
 def _cosign(args: argparse.Namespace) -> int:
     terms = _load_terms(args.terms)
     opened, record = _open_record(args.record, terms)
+    _precheck_opened(terms, record, args.record)
     keys = _load_keys(args.key)
     _check_signers(terms, record, keys, _what(record))
+    signed = {s.keyid for s in opened.envelope.signatures}
+    for key in keys:
+        if key.key_id in signed:
+            who = _role_of(terms, key.key_id, record)
+            print(f"note: the {who} ({key.name}) had signed already; its signature is renewed")
     envelope = add_signatures(opened.envelope, keys)
     out = args.out or args.record
     return _finish(args, terms, record, envelope, None if args.dry_run else out)
@@ -637,6 +882,7 @@ def _cosign(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     terms = _load_terms(args.terms)
     opened, record = _open_record(args.record, terms)
+    _precheck_opened(terms, record, args.record)
     if target_of(args) is None and not args.dry_run:
         raise UsageError("publish needs --kafka HOST:PORT or --local-dir DIR (or --dry-run)")
     return _finish(args, terms, record, opened.envelope, None)
@@ -785,6 +1031,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="hardware evidence for the key (SPEC §6.9): the attestation service's compact "
         "JWS; with the key's current window, the operator alone signs",
     )
+    bind.add_argument(
+        "--trust",
+        type=Path,
+        metavar="FILE",
+        help="with --evidence: check the token's signature against the attestation keys "
+        "pinned in this trust file (a token none of them signed is a warning)",
+    )
     _issued(bind)
     _common(bind, keys=True, out=True, target_required=False)
     bind.set_defaults(handler=lambda a: _run(_bind_key, a))
@@ -818,12 +1071,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _common(assign, keys=True, out=True, target_required=False)
     assign.set_defaults(handler=lambda a: _run(_assign, a))
 
-    cosign = parser("cosign", "add your signature to a signed reclaim, adjustment or binding")
+    cosign = parser(
+        "cosign",
+        "add your signature to a signed record (reclaim, release, adjustment, key binding, "
+        "assignment)",
+    )
     cosign.add_argument("record", type=Path, metavar="RECORD", help="the signed record file")
     _common(cosign, keys=True, out=True, target_required=False)
     cosign.set_defaults(handler=lambda a: _run(_cosign, a))
 
-    pub = parser("publish", "publish a fully signed reclaim, adjustment or binding")
+    pub = parser(
+        "publish",
+        "publish a fully signed record (reclaim, release, adjustment, key binding, assignment)",
+    )
     pub.add_argument("record", type=Path, metavar="RECORD", help="the signed record file")
     _common(pub, keys=False, out=False, target_required=False)
     pub.set_defaults(handler=lambda a: _run(_publish, a))

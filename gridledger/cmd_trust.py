@@ -1,11 +1,14 @@
 """`gridledger trust init`: the trust file a party pins (SPEC §9), from .pub files.
 
     gridledger trust init --operator keys/acme-gpu-cloud.pub --buyer keys/inferco-batch.pub \\
-        --desk keys/gridx-desk.pub --ledger keys/gridledger-ledger-1.pub [--out trust.json]
+        --desk keys/gridx-desk.pub --ledger keys/gridledger-ledger-1.pub \\
+        [--new-buyer keys/finetune-labs.pub] [--out trust.json]
 
 Each key is ``FILE.pub`` (the party id is the id written in the file) or ``ID=FILE.pub``
 (the id you pin; the terms must name the party by that id, else the verifier reports
-PARTY_ID_MISMATCH). ``--witness ID=FILE.pub`` pins an independent witness;
+PARTY_ID_MISMATCH). ``--new-buyer [ID=]FILE.pub`` pins a resale's new buyer (SPEC §6.8,
+§9: a buyer key under the id the assignment names; repeatable). A key pinned twice, or
+one id pinned with two keys, is refused. ``--witness ID=FILE.pub`` pins an independent witness;
 ``--attestation ID=FILE`` an attestation service (SPEC §6.9; FILE: a PEM public key,
 P-384 for ES384 or Ed25519 for EdDSA, a JWK of either, or a gridledger .pub file);
 ``--cosigners`` sets the witness policy (default: operator and buyer). With ``--terms``
@@ -57,6 +60,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             help=f"the {role}'s public key file (its id: the one in the file, or ID=)",
         )
     init.add_argument(
+        "--new-buyer",
+        action="append",
+        default=[],
+        metavar="[ID=]FILE.pub",
+        help="a resale's new buyer (SPEC §6.8), pinned as a buyer under the id the "
+        "assignment names (repeatable)",
+    )
+    init.add_argument(
         "--witness",
         action="append",
         default=[],
@@ -87,17 +98,41 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     init.set_defaults(handler=_init)
 
 
-def _key(spec: str, role: str) -> TrustedKey:
+def _key(spec: str, role: str, option: str | None = None) -> TrustedKey:
+    option = option or f"--{role}"
     name, sep, file = spec.partition("=")
     path = Path(file if sep else spec)
     try:
         public = load_public_key(path)
     except KeyFileError as exc:
-        raise _Bad(f"--{role}: {exc}", 2) from exc
+        raise _Bad(f"{option}: {exc}", 2) from exc
     pinned = name if sep else public.id
     if not pinned or not pinned[0].isalnum() or set(pinned) - _ID_CHARS or len(pinned) > 128:
-        raise _Bad(f"--{role}: id {pinned!r} must be 1-128 characters of [A-Za-z0-9._:-]", 2)
+        raise _Bad(f"{option}: id {pinned!r} must be 1-128 characters of [A-Za-z0-9._:-]", 2)
     return TrustedKey(id=pinned, role=role, key=public.key)  # type: ignore[arg-type]
+
+
+def _duplicate(keys: list[tuple[str, TrustedKey]]) -> str | None:
+    """A key pinned twice, or one id pinned with two keys (SPEC §9: an id names one
+    party, a key belongs to one): what to say, naming both options; None when none."""
+    by_key: dict[bytes, tuple[str, TrustedKey]] = {}
+    by_id: dict[str, tuple[str, TrustedKey]] = {}
+    for option, k in keys:
+        if k.key in by_key:
+            first, other = by_key[k.key]
+            return (
+                f"{option}: the key of {k.id!r} is already pinned by {first} (as {other.id!r}); "
+                "pin each key once"
+            )
+        if k.id in by_id:
+            first, other = by_id[k.id]
+            return (
+                f"{option}: the id {k.id!r} is already pinned by {first} with another key; "
+                "one id, one key (give ID=FILE.pub to pin it under another id)"
+            )
+        by_key[k.key] = (option, k)
+        by_id[k.id] = (option, k)
+    return None
 
 
 def _root(spec: str) -> TrustedKey:
@@ -116,7 +151,9 @@ def _root(spec: str) -> TrustedKey:
 
 def _against_terms(keys: list[TrustedKey], terms: PlacementTerms, path: Path) -> list[str]:
     problems: list[str] = []
-    by_role = {k.role: k for k in keys}
+    by_role: dict[str, TrustedKey] = {}
+    for k in keys:  # the first buyer is the terms' buyer; the others are new buyers
+        by_role.setdefault(k.role, k)
     for role in ("operator", "buyer", "desk"):
         party = getattr(terms, role)
         pinned = by_role[role]
@@ -134,13 +171,17 @@ def _against_terms(keys: list[TrustedKey], terms: PlacementTerms, path: Path) ->
 
 def _init(args: argparse.Namespace) -> int:
     try:
-        keys = [_key(getattr(args, role), role) for role in _ROLES]
+        pins = [(f"--{role}", _key(getattr(args, role), role)) for role in _ROLES]
+        pins += [("--new-buyer", _key(spec, "buyer", "--new-buyer")) for spec in args.new_buyer]
         for spec in args.witness:
             if "=" not in spec:
                 raise _Bad(f"--witness {spec!r}: give ID=FILE.pub", 2)
-            keys.append(_key(spec, "witness"))
-        for spec in args.attestation:
-            keys.append(_root(spec))
+            pins.append(("--witness", _key(spec, "witness")))
+        pins += [("--attestation", _root(spec)) for spec in args.attestation]
+        duplicate = _duplicate(pins)
+        if duplicate is not None:
+            raise _Bad(duplicate, 2)
+        keys = [k for _, k in pins]
         cosigners = None
         if args.cosigners is not None:
             cosigners = [c.strip() for c in args.cosigners.split(",") if c.strip()]
@@ -175,8 +216,10 @@ def _init(args: argparse.Namespace) -> int:
     except _Bad as exc:
         print(f"FAIL: {exc}", file=sys.stderr)
         return exc.code
+    new_buyers = {id(k) for option, k in pins if option == "--new-buyer"}
     for k in keys:
-        print(f"   {k.role:<8} {k.id}" + (f" ({k.alg})" if k.alg else ""))
+        role = "new buyer" if id(k) in new_buyers else k.role
+        print(f"   {role:<9} {k.id}" + (f" ({k.alg})" if k.alg else ""))
     policy = "operator, buyer (default)" if cosigners is None else ", ".join(cosigners) or "none"
     print(f"OK: {out} pins {len(keys)} keys; a final verdict needs cosignatures of: {policy}")
     return 0

@@ -21,10 +21,18 @@ from typing import Final
 
 import duckdb
 
+from billview.units import iso_utc
 from ledger.cache import PlacementCache
-from ledger.decide import NOT_LOOKED_UP, AcceptedEvent, NotLookedUp, decide, usage_lookup
+from ledger.decide import (
+    NOT_LOOKED_UP,
+    AcceptedEvent,
+    NotLookedUp,
+    decide,
+    resale_of,
+    usage_lookup,
+)
 from ledger.export import INPUT_TABLES
-from ledger.pricing import price, reclaim_credit_minor, release_charge_minor
+from ledger.pricing import price, reclaim_credit_minor, release_charge_minor, resale_entry
 from ledger.state import PlacementState
 from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
@@ -36,6 +44,7 @@ from proto.records import (
     LedgerRecord,
     PlacementTerms,
     ReclaimNotice,
+    ResaleTotals,
     Totals,
 )
 
@@ -88,15 +97,46 @@ class DryRun:
     # SPEC §6.8: an accepted assignment's effective handover (the later of its handover
     # and its arrival), from which its new buyer is billed.
     handover_ms: int | None = None
+    # SPEC §7.10: the resale figures (one per accepted assignment) before and after; and
+    # for an assignment the fold accepts, what its new buyer owes if every GPU it buys
+    # delivers from the handover to the effective end (``resale_end_ms``).
+    resale_before: tuple[ResaleTotals, ...] = ()
+    resale_after: tuple[ResaleTotals, ...] = ()
+    resale_full: ResaleTotals | None = None
+    resale_end_ms: int = 0
+    resale_gpus: int = 0
+
+
+def _first_line(exc: BaseException) -> str:
+    """DuckDB's messages run over several lines (hints, a caret under the SQL)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _check_duckdb_file(export: Path, what: str = "--export") -> None:
+    """One line for what is not an export at all: missing, a directory, not DuckDB."""
+    try:
+        with export.open("rb") as f:
+            head = f.read(12)
+    except IsADirectoryError as exc:
+        raise DryRunError(f"{what} {export} is a directory; give an export FILE.duckdb") from exc
+    except OSError as exc:
+        raise DryRunError(f"cannot read {what} {export}: {exc.strerror or exc}") from exc
+    # A DuckDB file has the magic "DUCK" at byte 8 (as verifier/source.py checks).
+    if len(head) < 12 or head[8:12] != b"DUCK":
+        raise DryRunError(
+            f"{what} {export} is not a DuckDB file; give an export written by "
+            "gridledger ledger export (or --ledger URL)"
+        )
 
 
 def _input_rows(
-    export: Path,
+    export: Path, what: str = "--export"
 ) -> tuple[list[tuple[int, str, bytes]], bytes, int, tuple[int, ...], dict[int, int]]:
+    _check_duckdb_file(export, what)
     try:
         con = duckdb.connect(str(export), read_only=True)
     except duckdb.Error as exc:
-        raise DryRunError(f"cannot open export {export}: {exc}") from exc
+        raise DryRunError(f"cannot open export {export}: {_first_line(exc)}") from exc
     try:
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         present = {str(name) for (name,) in con.execute("SHOW TABLES").fetchall()}
@@ -115,7 +155,9 @@ def _input_rows(
         ).fetchone()
         arrivals = _arrivals(con.execute("SELECT chain_index, envelope FROM ledger_records"))
     except duckdb.Error as exc:
-        raise DryRunError(f"{export} is not a gridledger export: {exc}") from exc
+        raise DryRunError(
+            f"{export} is a DuckDB file but not a gridledger export: {_first_line(exc)}"
+        ) from exc
     finally:
         con.close()
     import base64
@@ -143,7 +185,8 @@ def _arrivals(cursor: duckdb.DuckDBPyConnection) -> dict[int, int]:
 
 def current_from_export(export: Path, placement_id: str, source: str | None = None) -> Current:
     """Refold every input of ``export``; check the result against its last record."""
-    rows, ledger_key, records, expected, arrivals = _input_rows(export)
+    what = "--export" if source is None else f"the export {source} served"
+    rows, ledger_key, records, expected, arrivals = _input_rows(export, what)
     cache = PlacementCache()
     state = cache.get(placement_id)
     for index, position, raw in rows:
@@ -225,10 +268,17 @@ def dry_run(
         )
         once_signed = _priced_once_signed(state.terms, state, opened.record, arrived)
     handover = None
+    full = None
     if status == "accepted" and len(new.assignments) > len(state.assignments):
         handover = new.assignments[-1].handover_ms
+        full = _resale_in_full(new)
     return DryRun(
         handover_ms=handover,
+        resale_before=tuple(resale_of(state, state.assignments)),
+        resale_after=tuple(resale_of(new, new.assignments)),
+        resale_full=full,
+        resale_end_ms=new.effective_end_ms,
+        resale_gpus=len(new.assignments[-1].gpus) if full is not None else 0,
         status=status,
         reason=reason,
         detail=verdict.detail,
@@ -238,6 +288,25 @@ def dry_run(
         source=current.source,
         once_signed=once_signed,
     )
+
+
+def _resale_in_full(state: PlacementState) -> ResaleTotals | None:
+    """SPEC §7.10 for the last accepted assignment as if each of its GPUs delivered its
+    whole share from the handover ``h`` to the effective end: what its new buyer owes
+    at most (less when a GPU delivers less, or a reclaim or release ends it earlier)."""
+    terms = state.terms
+    if terms is None or not state.assignments:
+        return None
+    last = state.assignments[-1]
+    span = max(0, state.effective_end_ms - last.handover_ms)
+    shares = sum(state.gpus[u].share_milli for u in last.gpus if u in state.gpus)
+    return resale_entry(
+        terms, last.assignment_id, last.new_buyer.id, last.rate_per_gpu_hour_minor, shares * span
+    )
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
 def _priced_once_signed(
@@ -291,12 +360,11 @@ def render(result: DryRun, terms: PlacementTerms, missing: tuple[str, ...]) -> l
         label_after = "once signed"
         lines.append(f"         (missing signature of {', '.join(missing)}; shown as once signed)")
     if result.handover_ms is not None:
-        from datetime import UTC, datetime
-
-        when = datetime.fromtimestamp(result.handover_ms / 1000, UTC).isoformat()
+        when = iso_utc(result.handover_ms)
         lines.append(
-            f"resale: the new buyer is billed from {when.replace('+00:00', 'Z')} at the resale "
-            "rate (SPEC §7.10); the totals below stay the original terms'"
+            f"resale: the new buyer is billed from {when} at the resale "
+            "rate (SPEC §7.10); the totals below stay the original terms', the obligations "
+            "after them are both sides'"
         )
     lines.append(f"  {'':<19}{'now':>14}{label_after:>14}{'change':>14}")
     for field, label, unit in LINES:
@@ -310,6 +378,59 @@ def render(result: DryRun, terms: PlacementTerms, missing: tuple[str, ...]) -> l
 
         change = show(new - old, signed=True) if new != old else ""
         lines.append(f"  {label:<19}{show(old):>14}{show(new):>14}{change:>14}")
+    if result.resale_after or result.resale_before:
+        lines += _obligations(result, result.before, after, terms)
+    return lines
+
+
+def _obligations(result: DryRun, before: Totals, after: Totals, terms: PlacementTerms) -> list[str]:
+    """SPEC §7.10: with a resale, what each new buyer owes (via the desk), the original
+    buyer's net (what it owes less what the resale brings it) and the desk's total."""
+    scale, currency = terms.currency_scale, terms.currency
+
+    def money(value: int | None, signed: bool = False) -> str:
+        if value is None:
+            return "-"
+        sign = "+" if signed and value > 0 else ""
+        return sign + format_minor(value, scale) + f" {currency}"
+
+    def row(label: str, old: int | None, new: int | None) -> str:
+        change = "" if new is None or new == (old or 0) else money(new - (old or 0), signed=True)
+        first = 14 - max(0, len(label) - 19)  # a longer label: the columns stay aligned
+        return f"  {label:<19}{money(old):>{first}}{money(new):>14}{change:>14}"
+
+    def net(totals: Totals, resale: tuple[ResaleTotals, ...]) -> int:
+        return totals.buyer_owes_minor - sum(e.gross_minor - e.fee_minor for e in resale)
+
+    def desk(totals: Totals, resale: tuple[ResaleTotals, ...]) -> int:
+        return totals.desk_receives_minor + sum(e.fee_minor for e in resale)
+
+    old = {e.assignment_id: e for e in result.resale_before}
+    lines = ["obligations (SPEC §7.10):"]
+    for entry in result.resale_after:
+        was = old.get(entry.assignment_id)
+        label = f"{entry.new_buyer} owes"
+        lines.append(row(label, None if was is None else was.gross_minor, entry.gross_minor))
+    lines.append(
+        row(
+            "original buyer's net",
+            net(before, result.resale_before),
+            net(after, result.resale_after),
+        )
+    )
+    lines.append(
+        row("desk in all", desk(before, result.resale_before), desk(after, result.resale_after))
+    )
+    full = result.resale_full
+    if full is not None and result.handover_ms is not None:
+        lines.append(
+            f"  {full.new_buyer} owes from {iso_utc(result.handover_ms)}: up to "
+            f"{money(full.gross_minor)} if the {_gpus(result.resale_gpus)} it buys "
+            f"deliver{'s' if result.resale_gpus == 1 else ''} until "
+            f"{iso_utc(result.resale_end_ms)} ({full.assignment_id}, paid to the desk); the "
+            f"original buyer's net falls by up to {money(full.gross_minor - full.fee_minor)} "
+            f"(after the desk's resale fee {money(full.fee_minor)})"
+        )
     return lines
 
 

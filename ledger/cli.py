@@ -3,7 +3,8 @@
 Parties cosign checkpoints with ``gridledger witness run`` (SPEC §8.3), never through
 the ledger's own tools.
 
-    gridledger ledger run --config ledger.toml
+    gridledger ledger run --config ledger.toml [--shard I/N]
+    gridledger ledger supervise --shards N [--config ledger.toml]
     gridledger ledger statement PLACEMENT [--json] [--config ledger.toml]
     gridledger ledger list [--json] [--config ledger.toml]
     gridledger ledger export PLACEMENT --out FILE.duckdb [--parquet DIR] [--config ledger.toml]
@@ -14,6 +15,11 @@ The keys of ledger.toml are documented in ``ledger.config`` and
 ledger when there is one (the DB has one writer) and open the DB directly otherwise;
 ``export --all`` writes DIR/<placement>.duckdb for every placement in one pass over the
 DB and needs the ledger stopped.
+
+``supervise --shards N`` runs ``run --shard I/N`` for I in 0..N-1 and keeps them running
+(``ledger.supervise``). ``--shard I/N`` on run/statement/list/export means shard I of N
+of that ledger.toml (``ledger.config.shard_config``): store ``<db stem>-s<I>of<N><suffix>``
+(``ledger.duckdb`` -> ``ledger-s1of2.duckdb``), HTTP port = the configured port + I.
 Exit codes: 0 done, 1 the request failed (unknown placement; for ``export --all``: some
 placement could not be exported, each named on a SKIPPED line, the others written), 2
 unusable input (config, key file, store).
@@ -45,11 +51,18 @@ from ledger.client import (
     get_placements,
     get_statement,
 )
-from ledger.config import ConfigError, LedgerConfig, load_config
+from ledger.config import ConfigError, LedgerConfig, load_config, parse_shard, shard_config
 from ledger.consume import SourceError, SourceUnavailable
 from ledger.export import export_all, export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer
-from ledger.limits import START_ATTEMPTS, START_BACKOFF_INITIAL_S, START_BACKOFF_MAX_S
+from ledger.limits import (
+    START_ATTEMPTS,
+    START_BACKOFF_INITIAL_S,
+    START_BACKOFF_MAX_S,
+    SUPERVISE_BACKOFF_INITIAL_S,
+    SUPERVISE_MAX_RESTARTS,
+    SUPERVISE_RESTART_WINDOW_S,
+)
 from ledger.listing import placement_list, render_table
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.statements import statement_json
@@ -70,6 +83,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", type=Path, default=Path("ledger.toml"), help="ledger.toml")
+        p.add_argument(
+            "--shard",
+            metavar="I/N",
+            default=None,
+            help="shard I of N of this config (as run by supervise): its store and port",
+        )
 
     run = sub.add_parser("run", help="consume, fold, store; serve the HTTP API")
     with_config(run)
@@ -106,6 +125,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     with_config(listing)
     listing.set_defaults(handler=cmd_list)
 
+    supervise = sub.add_parser(
+        "supervise", help="run N shard processes over disjoint partitions, restart the dead"
+    )
+    supervise.add_argument("--shards", type=int, required=True, metavar="N", help="processes")
+    supervise.add_argument("--config", type=Path, default=Path("ledger.toml"), help="ledger.toml")
+    supervise.add_argument(
+        "--max-restarts",
+        type=int,
+        default=SUPERVISE_MAX_RESTARTS,
+        metavar="K",
+        help=f"restarts of one shard within the window before giving up ({SUPERVISE_MAX_RESTARTS})",
+    )
+    supervise.add_argument(
+        "--restart-window",
+        type=float,
+        default=SUPERVISE_RESTART_WINDOW_S,
+        metavar="S",
+        help=f"the window in seconds ({SUPERVISE_RESTART_WINDOW_S:g})",
+    )
+    supervise.add_argument(
+        "--backoff",
+        type=float,
+        default=SUPERVISE_BACKOFF_INITIAL_S,
+        metavar="S",
+        help=f"first restart delay, doubled per restart ({SUPERVISE_BACKOFF_INITIAL_S:g})",
+    )
+    supervise.set_defaults(handler=cmd_supervise)
+
     ledger.set_defaults(handler=lambda args: _usage(ledger))
 
 
@@ -119,9 +166,20 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _load(path: Path) -> tuple[LedgerConfig, SigningKey]:
-    config = load_config(path)
+def _load(path: Path, shard: str | None = None) -> tuple[LedgerConfig, SigningKey]:
+    config = _config(path, shard)
     return config, load_signing_key(config.key_file)
+
+
+def _config(path: Path, shard: str | None) -> LedgerConfig:
+    """ledger.toml, or shard I/N of it (``--shard I/N``)."""
+    config = load_config(path)
+    if shard is None:
+        return config
+    try:
+        return shard_config(config, *parse_shard(shard))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
 
 
 # ---- run ----------------------------------------------------------------------------------------
@@ -130,7 +188,7 @@ def _load(path: Path) -> tuple[LedgerConfig, SigningKey]:
 def cmd_run(args: argparse.Namespace) -> int:
     """``ledger run``: the daemon, until SIGTERM or SIGINT."""
     try:
-        config = load_config(args.config)
+        config = _config(args.config, args.shard)
         if config.transport == "local" and not (config.local_dir and config.local_dir.is_dir()):
             raise ConfigError(
                 f"{args.config}: local_dir {config.local_dir} does not exist; create it or "
@@ -234,7 +292,7 @@ def _require_store(config: LedgerConfig, config_path: Path) -> None:
 def cmd_statement(args: argparse.Namespace) -> int:
     """``ledger statement``: through the API if the ledger runs, else from the DB."""
     try:
-        config, key = _load(args.config)
+        config, key = _load(args.config, args.shard)
         base = find_running(config)
         bill: bytes | None = None
         if base is not None:
@@ -261,7 +319,7 @@ def cmd_statement(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     """``ledger list``: through the API if the ledger runs, else from the DB."""
     try:
-        config, key = _load(args.config)
+        config, key = _load(args.config, args.shard)
         base = find_running(config)
         if base is not None:
             placements = get_placements(base)
@@ -291,7 +349,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.placement is None or args.out is None:
         return _fail("export needs PLACEMENT --out FILE.duckdb, or --all DIR", 2)
     try:
-        config, key = _load(args.config)
+        config, key = _load(args.config, args.shard)
         base = find_running(config)
         if base is not None:
             download_export(base, args.placement, args.out)
@@ -312,7 +370,7 @@ def _export_all(args: argparse.Namespace) -> int:
     if args.placement is not None or args.out is not None or args.parquet is not None:
         return _fail("--all DIR takes no PLACEMENT, --out or --parquet", 2)
     try:
-        config, key = _load(args.config)
+        config, key = _load(args.config, args.shard)
         if find_running(config) is not None:
             return _fail(
                 "the ledger is running: export --all reads its store directly; stop it, "
@@ -331,3 +389,35 @@ def _export_all(args: argparse.Namespace) -> int:
     for placement_id, why in sorted(done.skipped.items()):
         print(f"SKIPPED: {placement_id}: {why}")
     return 0 if not done.skipped else 1
+
+
+# ---- supervise ---------------------------------------------------------------------------------
+
+
+def cmd_supervise(args: argparse.Namespace) -> int:
+    """``ledger supervise``: N shard processes of one ledger.toml (``ledger.supervise``)."""
+    from ledger.supervise import RestartPolicy, SuperviseError, check_shards, supervise
+
+    if args.max_restarts < 0 or args.restart_window <= 0 or args.backoff < 0:
+        return _fail("--max-restarts >= 0, --restart-window > 0 and --backoff >= 0 please", 2)
+    try:
+        config, _key = _load(args.config)
+        configs = check_shards(config, args.shards, args.config)
+    except (ConfigError, KeyFileError, SuperviseError) as exc:
+        return _fail(str(exc), 2)
+    passthrough: list[str] = []
+    for option, value in (
+        ("--log-format", getattr(args, "log_format", None)),
+        ("--log-level", getattr(args, "log_level", None)),
+    ):
+        if value is not None:
+            passthrough += [option, value]
+    policy = RestartPolicy(
+        max_restarts=args.max_restarts,
+        window_s=args.restart_window,
+        backoff_initial_s=args.backoff,
+    )
+    code, line = supervise(args.config, configs, policy, passthrough)
+    if line is not None:
+        return _fail(line, code)
+    return code

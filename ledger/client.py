@@ -27,7 +27,10 @@ class ApiError(Exception):
     """The running ledger answered with an error; ``status`` is the HTTP status."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"ledger API: HTTP {status}: {message}")
+        # status 0: no HTTP answer at all (refused, unreachable, timed out)
+        super().__init__(
+            f"ledger API: HTTP {status}: {message}" if status else f"ledger API: {message}"
+        )
         self.status = status
         self.message = message
 
@@ -87,9 +90,16 @@ def _request(url: str, data: bytes | None = None) -> bytes:
             message = raw.decode(errors="replace")
         raise ApiError(exc.code, message) from exc
     except (OSError, urllib.error.URLError) as exc:  # TimeoutError is an OSError
-        raise ApiError(
-            0, f"the running ledger did not answer {url} within {HTTP_CLIENT_TIMEOUT_S:g} s: {exc}"
-        ) from exc
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if isinstance(reason, TimeoutError):  # the wait ran out: say how long it was
+            message = (
+                f"the running ledger did not answer {url} within {HTTP_CLIENT_TIMEOUT_S:g} s: "
+                f"{reason}"
+            )
+        else:  # refused or unreachable at once: no wait to speak of
+            why = reason.strerror if isinstance(reason, OSError) and reason.strerror else reason
+            message = f"cannot reach the ledger at {url}: {why}"
+        raise ApiError(0, message) from exc
 
 
 def get_statement(base: str, placement_id: str) -> dict[str, Any]:

@@ -29,7 +29,10 @@ Keys (relative paths are relative to the directory of the config file)::
     topic = "gridledger.records"      # created beforehand with a fixed partition count
     # partitions = [0, 1]             # the partitions this shard owns, or:
     shard = 0                         # this shard owns partitions p with p % shards == shard
-    shards = 1
+    shards = 1                        # (leave shard/shards out for `ledger supervise
+                                      # --shards N`, which runs shard i of N itself with
+                                      # store <db stem>-s<i>of<N><suffix> and HTTP port
+                                      # + i: see ``shard_config``)
     security_protocol = "PLAINTEXT"   # or SSL, SASL_PLAINTEXT, SASL_SSL
     # sasl_mechanism = "SCRAM-SHA-512"
     # sasl_username = "ledger"
@@ -43,11 +46,11 @@ import base64
 import binascii
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from ledger.limits import DEFAULT_BATCH_MAX_RECORDS, MAX_BATCH_RECORDS
+from ledger.limits import DEFAULT_BATCH_MAX_RECORDS, MAX_BATCH_RECORDS, MAX_SHARDS
 from proto.attestation import AttestationRoot, root_key_ok
 from proto.limits import MAX_ATTESTATION_ROOTS
 from transport.kafka import DEFAULT_TOPIC, KafkaSettings
@@ -140,6 +143,57 @@ class LedgerConfig:
     def port_file(self) -> Path:
         """Where a running ledger writes its HTTP address (next to the DB)."""
         return port_file_for(self.db)
+
+
+def shard_store(db: Path, shard: int, shards: int) -> Path:
+    """The store of shard ``shard`` of ``shards`` run by ``ledger supervise`` (or ``ledger
+    run --shard I/N``): ``data/ledger.duckdb`` -> ``data/ledger-s0of2.duckdb``. Its port
+    file is ``<that store>.http.json``."""
+    return db.with_name(f"{db.stem}-s{shard}of{shards}{db.suffix}")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """ "I/N" -> (I, N) with 0 <= I < N; ConfigError otherwise."""
+    head, sep, tail = text.partition("/")
+    if not sep or not head.isdigit() or not tail.isdigit():
+        raise ConfigError(f"--shard {text!r}: expected I/N, e.g. 0/2")
+    shard, shards = int(head), int(tail)
+    if not 0 <= shard < shards <= MAX_SHARDS:
+        raise ConfigError(f"--shard {text!r}: need 0 <= I < N <= {MAX_SHARDS}")
+    return shard, shards
+
+
+def shard_config(config: LedgerConfig, shard: int, shards: int) -> LedgerConfig:
+    """The configuration of shard ``shard`` of ``shards`` derived from one ledger.toml.
+
+    The shard owns the partitions p with p % shards == shard, keeps its own store
+    (``shard_store``) and serves its HTTP API on the configured port + shard (port 0: any
+    free port each, written to each store's own port file). A config that already names
+    its partitions or a shard of several is refused: it describes one shard already."""
+    if config.transport != "kafka" or config.kafka is None:
+        raise ConfigError("shards need transport = 'kafka' (partitions are what they split)")
+    if config.kafka.partitions is not None:
+        raise ConfigError(
+            "[kafka] partitions is set: that config is one shard already; remove it to shard"
+        )
+    if config.kafka.shards != 1:
+        raise ConfigError(
+            f"[kafka] shard/shards is set ({config.kafka.shard}/{config.kafka.shards}): that "
+            "config is one shard already; remove shard and shards to shard it here"
+        )
+    http = config.http
+    if http is not None and http[1] != 0:
+        if http[1] + shards - 1 > 65535:
+            raise ConfigError(
+                f"http port {http[1]} + {shards - 1} shards passes 65535; choose a lower port"
+            )
+        http = (http[0], http[1] + shard)
+    return replace(
+        config,
+        db=shard_store(config.db, shard, shards),
+        http=http,
+        kafka=replace(config.kafka, shard=shard, shards=shards),
+    )
 
 
 def port_file_for(db: Path) -> Path:

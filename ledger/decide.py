@@ -815,9 +815,17 @@ def _key_binding(
         raise _Reject(Reason.NODE_UNKNOWN, f"node {binding.node_id!r} is not in the terms")
     if binding.valid_from_ms >= binding.valid_until_ms:
         raise _Reject(Reason.BINDING_INVALID, "valid_from_ms is not before valid_until_ms")
+    if not shortens:
+        # §6.3: a node key is nobody's party key — not the terms' operator, buyer, desk or
+        # ledger key, nor an accepted new buyer's (§6.8): a meter never signs for money.
+        party = _party_of_key(state, terms, binding.key)
+        if party is not None:
+            raise _Reject(Reason.BINDING_INVALID, f"the key is the {party}'s key")
+    # §6.9 (6): evidence is judged fresh against the arrival (untimed: the issued time).
+    at = binding.issued_at_ms if arrived is None else arrived
     if attests_only:
         # §6.9: the binding stays as it is; only the evidence is judged.
-        return {"attested": _evidence(state, terms, binding, roots)}
+        return {"attested": _evidence(state, terms, binding, roots, at)}
     revoked = dict(state.revoked)
     if shortens and current is not None:
         # §6.3, §6.6: a revocation keeps the start and applies from its arrival on.
@@ -842,10 +850,27 @@ def _key_binding(
                 del revoked[binding.node_id]
     attested = state.attested
     if binding.evidence:  # §6.9, after the checks of §6.3
-        attested = _evidence(state, terms, binding, roots)
+        attested = _evidence(state, terms, binding, roots, at)
     bindings = dict(state.bindings)
     bindings[binding.node_id] = {**keys, binding.key: window}
     return {"bindings": bindings, "revoked": revoked, "attested": attested}
+
+
+def _party_of_key(state: PlacementState, terms: PlacementTerms, key: bytes) -> str | None:
+    """§6.3 keybinding: which party ``key`` belongs to (None: none)."""
+    named = (
+        ("operator", terms.operator.key),
+        ("buyer", terms.buyer.key),
+        ("desk", terms.desk.key),
+        ("ledger", terms.ledger_key),
+    )
+    for party, party_key in named:
+        if key == party_key:
+            return party
+    for accepted in state.assignments:
+        if key == accepted.new_buyer.key:
+            return f"new buyer {accepted.new_buyer.id!r} (assignment {accepted.assignment_id})"
+    return None
 
 
 # §6.9: the checks of a binding's hardware evidence, in order; the attestations after it.
@@ -854,6 +879,7 @@ def _evidence(
     terms: PlacementTerms,
     binding: NodeKeyBinding,
     roots: tuple[AttestationRoot, ...] | None,
+    at: int,
 ) -> Attested:
     try:  # (1)
         evidence = parse_evidence(binding.evidence)
@@ -891,6 +917,20 @@ def _evidence(
                 f"{evidence.header.kid!r})",
             )
         attester = found
+    # (6) fresh: issued at most MAX_EVIDENCE_AGE_MS before the arrival, not in its future
+    issued_ms = claims.iat * 1000
+    if issued_ms < at - limits.MAX_EVIDENCE_AGE_MS:
+        raise _Reject(
+            Reason.EVIDENCE_INVALID,
+            f"iat {claims.iat} is more than MAX_EVIDENCE_AGE_MS "
+            f"({limits.MAX_EVIDENCE_AGE_MS} ms) before the binding's arrival {at}",
+        )
+    if issued_ms > at + limits.MAX_CLOCK_SKEW_MS:
+        raise _Reject(
+            Reason.EVIDENCE_INVALID,
+            f"iat {claims.iat} is more than MAX_CLOCK_SKEW_MS "
+            f"({limits.MAX_CLOCK_SKEW_MS} ms) after the binding's arrival {at}",
+        )
     attestation = Attestation(
         tuple(sorted(uuids)), attester, claims.iss, claims.iat, state.next_index
     )
@@ -1044,6 +1084,11 @@ def _assignment(
     taken_keys = {p.key for p in parties} | {terms.ledger_key} | {n.key for n in terms.nodes}
     if new_buyer.key in taken_keys:
         raise _Reject(Reason.ASSIGNMENT_INVALID, "the new buyer's key is another party's")
+    for node_id, keys in sorted(state.bindings.items()):
+        if new_buyer.key in keys:  # §6.8 (3): bound since the terms, revoked or not
+            raise _Reject(
+                Reason.ASSIGNMENT_INVALID, f"the new buyer's key is a node key of {node_id}"
+            )
     for earlier in state.assignments:
         if (earlier.new_buyer.id == new_buyer.id) != (earlier.new_buyer.key == new_buyer.key):
             raise _Reject(

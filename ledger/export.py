@@ -208,6 +208,7 @@ def _copy_rows(
                 ("ledger_key", meta["ledger_key"]),
                 ("records", str(counts["ledger_records"])),
                 ("dropped_duplicates", meta["dropped_duplicates"]),
+                ("arrival", meta.get("arrival", "log")),
             ]
             con.execute(
                 f"INSERT INTO {alias}.meta VALUES " + ", ".join(["(?, ?)"] * len(pairs)),
@@ -288,6 +289,7 @@ def _export(
     meta = {
         "ledger_key": b64(key.public_key),
         "dropped_duplicates": str(store.dropped_count(placement_id)),
+        "arrival": store.arrival(),
     }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -343,6 +345,7 @@ def _export_all(
     ranges = store.commit_ranges()
     dropped = store.dropped_counts()
     ledger_key = b64(key.public_key)
+    arrival = store.arrival()
     directory.mkdir(parents=True, exist_ok=True)
     template = directory / f".template-{os.getpid()}.duckdb"
     _make_template(template)
@@ -354,7 +357,11 @@ def _export_all(
         con = store.cursor()
         try:
             for pid in part:
-                meta = {"ledger_key": ledger_key, "dropped_duplicates": str(dropped.get(pid, 0))}
+                meta = {
+                    "ledger_key": ledger_key,
+                    "dropped_duplicates": str(dropped.get(pid, 0)),
+                    "arrival": arrival,
+                }
                 done[pid] = _write_export(
                     con,
                     pid,

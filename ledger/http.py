@@ -7,6 +7,7 @@ A running ledger owns its DuckDB file, so parties reach it here::
     GET  /placements                           every placement: parties, window, status (JSON)
     GET  /placements/<id>/statement            statement through the current head (JSON)
     GET  /placements/<id>/statement.html?party=buyer|operator|desk   the bill a person reads
+         (party: also a party's id, or a new buyer's id, SPEC §7.10)
     GET  /placements/<id>/statement.csv|.json  its line items (``ledger/bill.py``, ``billview``)
     GET  /placements/<id>/export               the export DuckDB file (bytes)
     GET  /placements/<id>/checkpoint           checkpoint note (text), cosignatures included
@@ -97,8 +98,14 @@ class LedgerApi:
         if form == "json":
             return "application/json", render.to_json(doc)
         parties = render.parties_of(doc)  # the roles, then each new buyer (SPEC §7.10)
-        if party not in parties:
-            raise _HttpError(HTTPStatus.BAD_REQUEST, f"party is one of {', '.join(parties)}")
+        page = render.page_of(doc, party)  # also a party's id: ?party=gridx-desk
+        if page is None:
+            ids = ", ".join(doc.parties[role] for role in ("buyer", "operator", "desk"))
+            raise _HttpError(
+                HTTPStatus.BAD_REQUEST,
+                f"party is one of {', '.join(parties)}, or a party's id ({ids})",
+            )
+        party = page
         links = [("CSV", "statement.csv"), ("JSON", "statement.json")] + [
             (f"{p}'s page", f"statement.html?party={quote(p)}") for p in parties
         ]

@@ -53,3 +53,19 @@ STORE_MEMORY_LIMIT: Final = "512MB"
 START_ATTEMPTS: Final = 10
 START_BACKOFF_INITIAL_S: Final = 0.5
 START_BACKOFF_MAX_S: Final = 10.0
+
+# `ledger supervise --shards N`: at most this many shard processes (and never more than
+# the topic's partitions).
+MAX_SHARDS: Final = 64
+
+# `ledger supervise`: a shard process that dies is restarted after a backoff doubling from
+# the initial delay up to the maximum; more than SUPERVISE_MAX_RESTARTS restarts of one
+# shard within SUPERVISE_RESTART_WINDOW_S and the supervisor stops every shard and exits 1.
+SUPERVISE_MAX_RESTARTS: Final = 5
+SUPERVISE_RESTART_WINDOW_S: Final = 300.0
+SUPERVISE_BACKOFF_INITIAL_S: Final = 0.5
+SUPERVISE_BACKOFF_MAX_S: Final = 30.0
+# How long a stopping supervisor waits for its shards after SIGTERM before SIGKILL.
+SUPERVISE_STOP_TIMEOUT_S: Final = 60.0
+# How long `supervise` waits for the topic's metadata (its partition count) at start.
+SUPERVISE_METADATA_TIMEOUT_S: Final = 10.0

@@ -1,6 +1,7 @@
 """The placements a ledger holds, one line each (``ledger list``, ``GET /placements``).
 
-For each placement: its id, parties and window (from its accepted terms), how many
+For each placement: its id, parties (and the new buyers of accepted resales, SPEC §6.8)
+and window (from its accepted terms), how many
 records its chain has and the hash of the last, and its status:
 
 * ``open``: accepted terms, not closed yet;
@@ -11,16 +12,16 @@ records its chain has and the hash of the last, and its status:
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
+from billview.units import iso_utc
 from ledger.store import Store
 from proto.envelope import open_envelope
-from proto.records import PlacementTerms
+from proto.records import Assignment, PlacementTerms
 
 
 def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat().replace("+00:00", "Z")
+    return iso_utc(ms)
 
 
 def placement_list(store: Store) -> list[dict[str, Any]]:
@@ -38,6 +39,10 @@ def placement_list(store: Store) -> list[dict[str, Any]]:
             "SELECT placement_id, envelope FROM inputs WHERE kind = 'terms' "
             "AND status = 'accepted' ORDER BY placement_id, chain_index"
         )
+        assignments = store.query(
+            "SELECT placement_id, envelope FROM inputs WHERE kind = 'assignment' "
+            "AND status = 'accepted' ORDER BY placement_id, chain_index"
+        )
         waiting = [
             str(r[0])
             for r in store.query(
@@ -51,6 +56,13 @@ def placement_list(store: Store) -> list[dict[str, Any]]:
         record = open_envelope(bytes(envelope)).record
         if isinstance(record, PlacementTerms):
             terms[str(pid)] = record  # the last accepted: an amendment replaces the first
+    new_buyers: dict[str, list[str]] = {}  # SPEC §6.8: whom each placement was resold to
+    for pid, envelope in assignments:
+        record = open_envelope(bytes(envelope)).record
+        if isinstance(record, Assignment):
+            names = new_buyers.setdefault(str(pid), [])
+            if record.new_buyer.id not in names:
+                names.append(record.new_buyer.id)
     out: list[dict[str, Any]] = []
     for pid in sorted(set(heads) | {p for p, h in held.items() if h is not None}):
         t = terms.get(pid)
@@ -69,6 +81,7 @@ def placement_list(store: Store) -> list[dict[str, Any]]:
                 "operator": None if t is None else t.operator.id,
                 "buyer": None if t is None else t.buyer.id,
                 "desk": None if t is None else t.desk.id,
+                "new_buyers": new_buyers.get(pid, []),
                 "window_start": None if t is None else _iso(t.window_start_ms),
                 "window_end": None if t is None else _iso(t.window_end_ms),
                 "records": 0 if head is None else head[0] + 1,
@@ -90,6 +103,8 @@ def render_table(placements: list[dict[str, Any]]) -> list[str]:
     for p in placements:
         window = "-" if p["window_start"] is None else f"{p['window_start']} .. {p['window_end']}"
         parties = "-" if p["operator"] is None else f"{p['operator']} / {p['buyer']} / {p['desk']}"
+        if p.get("new_buyers"):
+            parties += f" (resold to {', '.join(p['new_buyers'])})"
         status = p["status"] + (f" ({p['held']} held)" if p["held"] else "")
         lines.append(
             f"{p['placement_id']:<24} {status:<17} {p['records']:>7}  {window:<41} {parties}"

@@ -53,7 +53,7 @@ from ledger.limits import (
     POLL_TIMEOUT_MS,
 )
 from ledger.metrics import LedgerMetrics
-from ledger.store import Store
+from ledger.store import Store, StoreError
 from proto.attestation import AttestationRoot
 from proto.envelope import open_envelope, seal
 from proto.invariant import of_type
@@ -163,6 +163,11 @@ class _ServiceCore:
     ) -> None:
         self.store = store
         self.arrival = arrival
+        try:
+            store.note_arrival(arrival)
+        except StoreError:
+            store.close()  # the refusing ledger leaves the store as it found it
+            raise
         if attestation_roots is None:
             log.info(
                 "attestation_unchecked",

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 import duckdb
+import numpy
 
 from ledger import snapshot
 from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES, STORE_MEMORY_LIMIT
@@ -387,6 +388,11 @@ def _quarantine_row(row: QuarantineRow) -> tuple[Any, ...]:
     )
 
 
+# The wide tables every chained input writes a row to: inserted as columns
+# (``Store._insert_columns``), the others through DuckDB's appender.
+_COLUMN_TABLES: Final = frozenset({"records", "inputs"})
+
+
 # ---- the store ------------------------------------------------------------------------------
 
 
@@ -396,6 +402,7 @@ class Store:
     def __init__(self, path: Path | str, *, ledger_public_key: bytes | None = None) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        self._columns: dict[str, tuple[tuple[str, str], ...]] = {}
         try:
             # Bounded memory: DuckDB's buffer pool would otherwise grow towards 80 % of RAM
             # as the store grows; past the limit it spills to the file, never fails.
@@ -455,6 +462,29 @@ class Store:
         except BaseException:
             con.execute("ROLLBACK")
             raise
+
+    def note_arrival(self, arrival: str) -> None:
+        """Record where this store's arrival times come from (SPEC §6.6: ``log`` or
+        ``sender``), or refuse a ledger configured otherwise than the one that wrote it:
+        one chain never mixes log times with times its senders stated. A store written
+        before the mode was recorded takes the first mode it is opened with."""
+        with self._lock:
+            row = self._con.execute("SELECT value FROM meta WHERE key = 'arrival'").fetchone()
+            if row is None:
+                self._con.execute("INSERT INTO meta VALUES ('arrival', ?)", [arrival])
+        if row is not None and str(row[0]) != arrival:
+            raise StoreError(
+                f"{self.path} was written with arrival = {str(row[0])!r}; this ledger is "
+                f"configured with arrival = {arrival!r}: refusing to mix arrival times of "
+                "two kinds in one chain (SPEC 6.6)"
+            )
+
+    def arrival(self) -> str:
+        """Where the arrival times of this store's records come from: ``log`` (also for a
+        store that never recorded it) or ``sender`` (a simulation)."""
+        with self._lock:
+            row = self._con.execute("SELECT value FROM meta WHERE key = 'arrival'").fetchone()
+        return "log" if row is None else str(row[0])
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -524,8 +554,71 @@ class Store:
             if touched:
                 self._commit_no = commit_no
 
+    def _insert_columns(self, table: str, rows: Sequence[tuple[Any, ...]]) -> None:
+        """INSERT ``rows`` (every column of ``table``, in order) as columns: one NumPy array
+        per column, scanned by DuckDB in one statement. The same rows as ``_append``, at a
+        fraction of its cost per row for the two wide tables every input writes.
+
+        BIGINT columns travel as int64 arrays (a nullable one with a mask beside it): an
+        array of Python objects would let DuckDB guess a narrower type from a sample of
+        the values and fail on a larger one further down."""
+        if not rows:
+            return
+        data: dict[str, Any] = {}
+        select: list[str] = []
+        for (name, kind), values in zip(
+            self._column_kinds(table), zip(*rows, strict=True), strict=True
+        ):
+            if kind == "bigint":
+                data[name] = numpy.array(values, dtype=numpy.int64)
+                select.append(f'"{name}"')
+            elif kind == "nullable_bigint":
+                objects = numpy.array(values, dtype=object)
+                missing = numpy.array([v is None for v in values], dtype=numpy.bool_)
+                objects[missing] = 0
+                data[name] = objects.astype(numpy.int64)
+                data[f"{name}__null"] = missing
+                select.append(f'CASE WHEN "{name}__null" THEN NULL ELSE "{name}" END')
+            else:
+                data[name] = numpy.array(values, dtype=object)
+                select.append(f'"{name}"')
+        view = f"_batch_{table}"
+        self._con.register(view, data)
+        try:
+            self._con.execute(
+                f"INSERT INTO {table} SELECT {', '.join(select)} FROM {view}"
+            ).fetchall()
+        finally:
+            self._con.unregister(view)
+
+    def _column_kinds(self, table: str) -> tuple[tuple[str, str], ...]:
+        """``table``'s columns in order, each with how it travels: "bigint" (NOT NULL),
+        "nullable_bigint", or "object" (strings, blobs: Python objects, NULLs included)."""
+        cached = self._columns.get(table)
+        if cached is None:
+            found = self._con.execute(
+                "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
+                "WHERE table_catalog = current_database() AND table_schema = current_schema() "
+                "AND table_name = ? ORDER BY ordinal_position",
+                [table],
+            ).fetchall()
+            cached = tuple(
+                (
+                    str(name),
+                    "object"
+                    if data_type != "BIGINT"
+                    else ("bigint" if nullable == "NO" else "nullable_bigint"),
+                )
+                for name, data_type, nullable in found
+            )
+            self._columns[table] = cached
+        return cached
+
     def _append(self, table: str, rows: Sequence[tuple[Any, ...]], *, upsert: bool = False) -> None:
         if not rows:
+            return
+        if not upsert and table in _COLUMN_TABLES:
+            self._insert_columns(table, rows)
             return
         appender = self._con.appender(table, action="upsert" if upsert else "insert")
         appender.append_rows(rows)

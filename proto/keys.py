@@ -193,6 +193,18 @@ def _is_public_key_file(raw: bytes) -> bool:
     return parsed.format == PUBLIC_FORMAT
 
 
+def _is_private_key_file(raw: bytes) -> bool:
+    """A gridledger private key file or a PEM private key (PKCS#8 or traditional)."""
+    head = raw.lstrip()[:64]
+    if head.startswith(b"-----BEGIN") and b"PRIVATE KEY-----" in head:
+        return True
+    try:
+        parsed = msgspec.json.decode(raw, type=_PrivateFile)
+    except msgspec.MsgspecError:
+        return False
+    return parsed.format == PRIVATE_FORMAT
+
+
 def _load_pem(path: Path, raw: bytes) -> SigningKey:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -210,11 +222,20 @@ def _load_pem(path: Path, raw: bytes) -> SigningKey:
 
 
 def load_public_key(path: Path) -> PublicKeyFile:
-    """Read an ``ID.pub`` file."""
+    """Read an ``ID.pub`` file; a private key file given instead is refused as such (and
+    never echoed: its message names the file, not what it holds)."""
     try:
-        parsed = msgspec.json.decode(path.read_bytes(), type=PublicKeyFile)
+        raw = path.read_bytes()
     except OSError as exc:
         raise KeyFileError(f"cannot read public key {path}: {exc.strerror}") from exc
+    if _is_private_key_file(raw):
+        public = path.with_suffix(".pub")
+        raise KeyFileError(
+            f"{path} is a private key file; give the public key"
+            + (f" ({public})" if public != path and public.exists() else " (ID.pub)")
+        )
+    try:
+        parsed = msgspec.json.decode(raw, type=PublicKeyFile)
     except msgspec.MsgspecError as exc:
         raise KeyFileError(f"public key file {path} is malformed: {exc}") from exc
     if len(parsed.key) != 32 or parsed.keyid != key_id(parsed.key):

@@ -74,3 +74,6 @@ ARRIVAL_REQUIRED_FROM_MS: Final = 1_796_083_200_000
 MAX_EVIDENCE_CHARS: Final = 32_768
 MAX_EVIDENCE_GPUS: Final = MAX_GPUS
 MAX_ATTESTATION_ROOTS: Final = 64
+# SPEC §6.9 (6): a token's ``iat`` (seconds) x 1000 lies in [a - MAX_EVIDENCE_AGE_MS,
+# a + MAX_CLOCK_SKEW_MS], ``a`` the binding's arrival (its issued_at_ms when untimed).
+MAX_EVIDENCE_AGE_MS: Final = 86_400_000

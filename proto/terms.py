@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Final, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
 import msgspec
 
@@ -260,8 +260,26 @@ def _no_location(where: Where) -> str:
     return "terms"
 
 
-def _in_words(name: str, value: Any, message: str) -> str:
-    """msgspec's validation message as a person reads it."""
+def _in_words(name: str, value: Any, message: str, tp: Any = None) -> str:
+    """msgspec's validation message as a person reads it (``tp``: the field's type, for
+    the allowed values of an enumeration)."""
+    return in_words(name, value, message, allowed=_allowed(tp))
+
+
+def _allowed(tp: Any) -> tuple[str, ...]:
+    """The values of a ``Literal`` field (also inside Optional), else ()."""
+    if get_origin(tp) in (Union, UnionType):
+        return tuple(v for arg in get_args(tp) for v in _allowed(arg))
+    if get_origin(tp) is Literal:
+        return tuple(str(v) for v in get_args(tp))
+    return ()
+
+
+def in_words(
+    name: str, value: Any, message: str, *, allowed: tuple[str, ...] = (), sep: str = " = "
+) -> str:
+    """msgspec's validation message for ``name`` (a terms key, or a CLI option with
+    ``sep=" "``) as a person reads it; ``allowed``: the values an enumeration takes."""
     shown = repr(value) if not isinstance(value, bytes) else f"{len(value)} bytes"
     if len(shown) > 60:
         shown = shown[:57] + "..."
@@ -279,18 +297,18 @@ def _in_words(name: str, value: Any, message: str) -> str:
     }
     if got and expected:
         want = kinds.get(expected.group(1), expected.group(1))
-        return f"{name} = {shown}: must be {want}, not {kinds.get(got.group(1), got.group(1))}"
+        return f"{name}{sep}{shown}: must be {want}, not {kinds.get(got.group(1), got.group(1))}"
     bound = re.search(r"Expected `\w+` (<=|>=|<|>) (-?\d+)", message)
     if bound:
         words = {"<=": "at most", ">=": "at least", "<": "below", ">": "above"}[bound.group(1)]
-        return f"{name} = {shown}: must be {words} {bound.group(2)}"
+        return f"{name}{sep}{shown}: must be {words} {bound.group(2)}"
     if "matching regex '^[A-Z]{3}$" in message:
-        return f"{name} = {shown}: must be a three-letter currency code such as USD"
+        return f"{name}{sep}{shown}: must be a three-letter currency code such as USD"
     if "matching regex '^[0-9a-f]{64}$" in message:
-        return f"{name} = {shown}: must be 64 lowercase hex characters"
+        return f"{name}{sep}{shown}: must be 64 lowercase hex characters"
     if "matching regex" in message:
         return (
-            f"{name} = {shown}: must be 1-128 characters of A-Z a-z 0-9 . _ : -, "
+            f"{name}{sep}{shown}: must be 1-128 characters of A-Z a-z 0-9 . _ : -, "
             "starting with a letter or digit"
         )
     length = re.search(r"Expected `(\w+)` of length (<=|>=) (\d+)", message)
@@ -302,8 +320,9 @@ def _in_words(name: str, value: Any, message: str) -> str:
         return f"{name}: must have {words} {length.group(3)} {unit}"
     enum = re.match(r"Invalid enum value (.*)", message)
     if enum:
-        return f"{name} = {enum.group(1)}: not one of the allowed values"
-    return f"{name} = {shown}: {message}"
+        values = f" ({', '.join(allowed)})" if allowed else ""
+        return f"{name}{sep}{enum.group(1)}: not one of the allowed values{values}"
+    return f"{name}{sep}{shown}: {message}"
 
 
 def _struct_of(tp: Any) -> tuple[type[msgspec.Struct] | None, bool, Any]:
@@ -365,7 +384,7 @@ def _schema_problems(
             try:
                 msgspec.convert(value, f.type)
             except msgspec.ValidationError as exc:
-                problems.append((here, _in_words(name, value, str(exc))))
+                problems.append((here, _in_words(name, value, str(exc), f.type)))
                 continue
         if f.name in _TIME_FIELDS and isinstance(value, int) and 0 < value < MIN_PLAUSIBLE_MS:
             problems.append(
@@ -519,7 +538,8 @@ def load_terms_file(path: Path) -> tuple[PlacementTerms, Envelope | None]:
         except ProtoError as exc:
             raise TermsError([f"{path}: {exc}"]) from exc
         if not isinstance(opened.record, PlacementTerms):
-            raise TermsError([f"{path} holds a {opened.kind} record, not terms"])
+            article = "an" if opened.kind[0] in "aeiou" else "a"
+            raise TermsError([f"{path} holds {article} {opened.kind} record, not terms"])
         return opened.record, opened.envelope
     return _terms_from_toml_bytes(raw, path), None
 

@@ -15,7 +15,7 @@ from msgspec import Meta, Struct
 
 from proto.attestation import Alg, AttestationRoot, root_key_ok
 from proto.files import read_at_most
-from proto.keys import key_id
+from proto.keys import PRIVATE_FORMAT, PUBLIC_FORMAT, key_id
 from proto.limits import MAX_ATTESTATION_ROOTS
 from proto.records import Identifier
 
@@ -94,6 +94,11 @@ def load_trust(path: Path) -> TrustFile:
     try:
         trust = msgspec.json.decode(raw, type=TrustFile)
     except msgspec.MsgspecError as exc:
+        what = _what_else(raw)
+        if what is not None:
+            raise TrustError(
+                f"{path} is {what}, not a trust file (gridledger trust init writes one)"
+            ) from exc
         raise TrustError(f"trust file {path} is malformed: {exc}") from exc
     if trust.format != TRUST_FORMAT:
         raise TrustError(f"trust file {path}: format {trust.format!r}, want {TRUST_FORMAT!r}")
@@ -101,6 +106,18 @@ def load_trust(path: Path) -> TrustFile:
     if problem is not None:
         raise TrustError(f"trust file {path}: {problem}")
     return trust
+
+
+def _what_else(raw: bytes) -> str | None:
+    """What a file given as a trust file holds instead, when it is one of ours."""
+    try:
+        data = msgspec.json.decode(raw, type=dict[str, object])
+    except msgspec.MsgspecError:
+        return None
+    if "payload" in data and "signatures" in data:
+        return "a signed record (terms, or a record signed after them)"
+    kinds = {PUBLIC_FORMAT: "a public key file", PRIVATE_FORMAT: "a private key file"}
+    return kinds.get(str(data.get("format")))
 
 
 def key_problem(trust: TrustFile) -> str | None:

@@ -362,7 +362,9 @@ def test_es384_evidence_verifies_and_a_flipped_bit_does_not() -> None:
     p384 = ec.generate_private_key(ec.SECP384R1())
     roots = (AttestationRoot("nras-test", "ES384", p384_public_bytes(p384)),)
     key = cast.node_key("node-a").public_key
-    claims = claims_for(terms.placement_id, "node-a", key, {g.uuid: g.model for g in terms.gpus})
+    models = {g.uuid: g.model for g in terms.gpus}
+    # iat: issued when the binding is (SPEC §6.9 (6): fresh against its issued time)
+    claims = claims_for(terms.placement_id, "node-a", key, models, iat=T0 // 1000)
     token = issue_evidence(claims, kid="nras-1", p384=p384)
     assert parse_evidence(token).header.alg == "ES384"
     head, body, sig = token.split(".")
@@ -555,7 +557,7 @@ def test_evidence_of_max_gpus_is_accepted_one_more_is_evidence_invalid() -> None
     full = _token(terms, key)
     assert len(full) <= MAX_EVIDENCE_CHARS
     models = {g.uuid: g.model for g in gpus}
-    claims = claims_for(terms.placement_id, "node-a", key, models)
+    claims = claims_for(terms.placement_id, "node-a", key, models, iat=T0 // 1000)
     submods = dict(claims["submods"])  # type: ignore[call-overload]
     submods["GPU-extra"] = {"ueid": gpus[0].uuid, "hwmodel": gpus[0].model}
     claims["submods"] = submods

@@ -80,10 +80,11 @@ def test_assign_signed_apart_dry_run_publish_and_the_ledger_bills_the_new_buyer(
     assert [e.new_buyer for e in ledger_record.resale] == ["buyer-new"]
 
 
-def test_assign_dry_run_says_what_the_ledger_would_reject(
+def test_assign_to_a_node_key_of_the_terms_is_refused_before_signing(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A "new buyer" holding a node's key: another party's key (SPEC §6.8), exit 1.
+    # A "new buyer" holding a node's key of the terms (SPEC §6.8): refused before signing,
+    # one line naming the option, exit 2 (tests/test_cli_prechecks.py: keys bound since).
     node = world.terms.nodes[0].node_id
     node_key = world.scenario.cast.node_key(node)
     private, public = write_key_pair(node_key, world.tmp / "nodekeys")
@@ -94,8 +95,9 @@ def test_assign_dry_run_says_what_the_ledger_would_reject(
          world.key("desk"), "--dry-run", "--export", str(world.export),
          "--arrives-at", _iso(T0_MS + 20 * 60_000)]
     )  # fmt: skip
-    assert code == 1
-    assert "rejected ASSIGNMENT_INVALID" in capsys.readouterr().out
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--new-buyer-key" in err and f"node {node}" in err and "ASSIGNMENT_INVALID" in err
 
 
 @pytest.mark.parametrize(

@@ -283,6 +283,7 @@ def test_placements_listed_by_the_api_and_by_ledger_list(
         "operator": cast.operator.name,
         "buyer": cast.buyer.name,
         "desk": cast.desk.name,
+        "new_buyers": [],
         "window_start": "2026-01-01T00:00:00Z",
         "window_end": "2026-01-01T01:00:00Z",
         "records": head.chain_index + 1,

@@ -127,3 +127,48 @@ def test_usage_lookup_answers_from_committed_rows(tmp_path: Path) -> None:
     assert rows == [found]
     assert service.store.lookup_usage(pid, node, 99) is None
     service.close()
+
+
+def test_wide_rows_inserted_as_columns_equal_the_appenders_at_the_integer_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """records/inputs go in as NumPy columns (``Store._insert_columns``): the stored rows
+    equal what DuckDB's appender stores, NULLs and 2^53 - 1 included, wherever they sit
+    (an object column would have DuckDB guess a narrower type from a sample and fail)."""
+    import ledger.store as store_module
+
+    top = 2**53 - 1
+    n = 4000
+
+    def nullable(i: int, small: int) -> int | None:
+        return top if i == n - 7 else (None if i % 3 else small)
+
+    rows = [
+        (
+            f"p-{i % 5}",
+            i,
+            f"kafka:t:0:{i}",
+            f"ih{i}",
+            f"ph{i}",
+            bytes([i % 256]) * (i % 9),
+            "usage",
+            "accepted" if i % 2 else "rejected",
+            "" if i % 2 else "SEQ_GAP",
+            None if i % 4 == 0 else f"node-{i}",
+            *(nullable(i, i % 100) for _ in range(7)),
+            None if i % 5 else ("credit" if i % 2 else "charge"),
+            nullable(i, 1),
+            nullable(i, 2),
+            top if i == n - 1 else i,
+        )
+        for i in range(n)
+    ]
+    stored: list[list[tuple[object, ...]]] = []
+    for name, tables in (("columns", frozenset({"inputs"})), ("appender", frozenset())):
+        monkeypatch.setattr(store_module, "_COLUMN_TABLES", tables)
+        with Store(tmp_path / f"{name}.duckdb") as store:
+            store._append("inputs", rows)
+            stored.append(
+                [tuple(r) for r in store.query("SELECT * FROM inputs ORDER BY chain_index")]
+            )
+    assert stored[0] == stored[1] == [tuple(r) for r in rows]

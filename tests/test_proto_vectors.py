@@ -334,3 +334,53 @@ def test_attestation_is_reproduced_by_the_fold() -> None:
         reasons += [o["reason"] for o in got]
     assert reasons.count("EVIDENCE_INVALID") == 6
     assert reasons.count("NOT_ATTESTED") == 2
+
+
+def _replay_timed(fold: Fold, prefix: str, steps: list[Any]) -> list[str | None]:
+    """Apply every step at its arrival; assert its outcomes; the reasons in order."""
+    reasons: list[str | None] = []
+    for i, step in enumerate(steps):
+        outcomes = fold.apply(
+            base64.b64decode(step["envelope_b64"]), f"{prefix}:{i}", None, step["arrived_ms"]
+        )
+        got = [
+            {
+                "decision": o.decision,
+                "status": o.status,
+                "reason": None if o.reason is None else o.reason.value,
+                "record_hash": o.record_hash,
+            }
+            for o in outcomes
+        ]
+        assert got == step["outcomes"], f"step {i}: {step['note']}"
+        reasons += [o["reason"] for o in got]
+    return reasons
+
+
+def test_resale_keys_are_reproduced_by_the_fold() -> None:
+    """SPEC §6.3 keybinding, §6.8 (3): a node key (of the terms or bound since, revoked
+    too) is never a new buyer's key, and no binding binds a party's or new buyer's key."""
+    data = load("resale_keys.json")
+    fold = Fold(vectorgen._cast().ledger)
+    reasons = _replay_timed(fold, "resale-keys", data["steps"])
+    assert reasons.count("ASSIGNMENT_INVALID") == 2
+    assert reasons.count("BINDING_INVALID") == 4
+    assert reasons.count("NODE_KEY_UNKNOWN") == 1
+    assert fold.head("pl-vector") == (data["records"], data["head"])
+
+
+def test_evidence_age_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.9 (6): both freshness bounds are inclusive; one second past each is
+    EVIDENCE_INVALID; the fresh evidence attests the key for usage."""
+    from proto.attestation import AttestationRoot
+    from proto.limits import MAX_EVIDENCE_AGE_MS
+
+    data = load("evidence_age.json")
+    assert data["max_evidence_age_ms"] == MAX_EVIDENCE_AGE_MS == 24 * 3_600_000
+    roots = tuple(
+        AttestationRoot(r["id"], r["alg"], base64.b64decode(r["key"]))
+        for r in data["attestation_roots"]
+    )
+    fold = Fold(vectorgen._cast().ledger, attestation_roots=roots)
+    reasons = _replay_timed(fold, "evidence-age", data["steps"])
+    assert reasons == [None, "EVIDENCE_INVALID", None, None, "EVIDENCE_INVALID", None]

@@ -545,7 +545,7 @@ def test_cli_release_dry_run_prices_from_arrival_then_the_ledger_agrees(
             ["--issued-at", "2026-01-01T00:30:00Z", "--effective-at", "2026-01-01T00:20:00Z"],
             "before --issued-at",
         ),
-        (["--effective-at", "2026-01-01T00:30:00Z", "--id", "bad id"], "not valid"),
+        (["--effective-at", "2026-01-01T00:30:00Z", "--id", "bad id"], "--id 'bad id': must be"),
         (["--effective-at", "2026-01-01T00:30:00Z", "--dry-run"], "needs the current state"),
     ],
 )

@@ -1337,7 +1337,159 @@ def attestation_vectors() -> Any:
     }
 
 
+def _timed_steps(
+    fold: Any, prefix: str, steps_in: list[tuple[str, bytes, int]]
+) -> list[dict[str, Any]]:
+    """Apply (note, envelope, arrived_ms) in order; each step with its outcomes."""
+    steps = []
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"{prefix}:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    return steps
+
+
+def resale_keys_vectors() -> Any:
+    """SPEC §6.3 keybinding, §6.8 (3): one key never both meters usage and is billed as a
+    party. A new buyer key that is (or was) bound to a node is ASSIGNMENT_INVALID; a later
+    binding of a party's key or of an accepted new buyer's key is BINDING_INVALID."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    terms = _terms(cast)
+    pid = terms.placement_id
+    op = cast.operator
+    b2 = SigningKey.from_seed_text("buyer-2", "vectors/buyer-2")
+    k2 = SigningKey.from_seed_text("meter-2", "vectors/node-a-second-key")
+    node_a = cast.node_key("node-a")
+    m = [WS + i * MINUTE for i in range(4)]
+
+    def assign(aid: str, buyer: SigningKey, gpus: list[str]) -> bytes:
+        return b.assignment(cast, terms, aid, buyer, m[2], gpus, 400)
+
+    def bind(node: str, key: SigningKey, at: int, **kw: Any) -> bytes:
+        return b.key_binding(cast, pid, node, key, WS, WS + HOUR, at, **kw)
+
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms", b.signed_terms(cast, terms), m[0]),
+        ("operator and buyer bind a second key to node a", bind("node-a", k2, m[0]), m[0]),
+        (
+            "the operator revokes it",
+            b.key_binding(cast, pid, "node-a", k2, WS, WS + 30 * MINUTE, m[1], signers=[op]),
+            m[1],
+        ),
+        (
+            "a resale to node a's key in the terms: ASSIGNMENT_INVALID",
+            assign("as-1", node_a, ["GPU-node-b-0"]),
+            m[2],
+        ),
+        (
+            "a resale to the key a binding bound (revoked since): ASSIGNMENT_INVALID",
+            assign("as-2", k2, ["GPU-node-b-0"]),
+            m[2],
+        ),
+        ("a resale of node b's GPU to buyer-2", assign("as-3", b2, ["GPU-node-b-0"]), m[2]),
+        ("buyer-2's key bound to node b: BINDING_INVALID", bind("node-b", b2, m[3]), m[3]),
+        (
+            "the buyer's key bound to node a: BINDING_INVALID",
+            bind("node-a", cast.buyer, m[3]),
+            m[3],
+        ),
+        ("the desk's key bound to node a: BINDING_INVALID", bind("node-a", cast.desk, m[3]), m[3]),
+        (
+            "the ledger key bound to node b: BINDING_INVALID",
+            bind("node-b", cast.ledger, m[3]),
+            m[3],
+        ),
+        (
+            "node b usage signed with buyer-2's key: NODE_KEY_UNKNOWN",
+            b.StreamWriter(b2, pid, "node-b").event(
+                m[2], m[3], [b.sample(g) for g in terms.gpus if g.node_id == "node-b"]
+            ),
+            m[3],
+        ),
+        (
+            "the close",
+            b.closed(cast, pid, WS + HOUR + terms.late_grace_ms),
+            WS + HOUR + terms.late_grace_ms,
+        ),
+    ]
+    fold = Fold(cast.ledger)
+    steps = _timed_steps(fold, "resale-keys", steps_in)
+    head = fold.head(pid)
+    assert head is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+    }
+
+
+def evidence_age_vectors() -> Any:
+    """SPEC §6.9 (6): a token's iat x 1000 lies in [a - MAX_EVIDENCE_AGE_MS, a +
+    MAX_CLOCK_SKEW_MS], a the binding's arrival: both bounds exact and one second past."""
+    from ledger.fold import Fold
+    from proto.attestation import AttestationRoot, claims_for, issue_evidence
+    from proto.limits import MAX_CLOCK_SKEW_MS, MAX_EVIDENCE_AGE_MS
+
+    cast = _cast()
+    pid = "pl-evidence-age"
+    service = SigningKey.from_seed_text("attest", "vectors/attestation-service")
+    roots = (AttestationRoot("vector-attestation", "EdDSA", service.public_key),)
+    gpus = [b.gpu("node-a", i, model="H100-80GB") for i in range(2)]
+    terms = b.make_terms(cast, pid, gpus, WS, WS + HOUR, attestation_required=True)
+    key = cast.node_key("node-a")
+    models = {g.uuid: g.model for g in gpus}
+    a = WS + 10 * MINUTE  # every binding reaches the log at minute 10
+
+    def attest(iat_ms: int) -> bytes:
+        claims = claims_for(pid, "node-a", key.public_key, models, iat=iat_ms // 1000)
+        evidence = issue_evidence(claims, kid="vector-1", ed25519=service)
+        return b.key_binding(
+            cast, pid, "node-a", key, 0, 2**53 - 1, a, signers=[cast.operator], evidence=evidence
+        )
+
+    oldest, newest = a - MAX_EVIDENCE_AGE_MS, a + MAX_CLOCK_SKEW_MS
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms with attestation_required", b.signed_terms(cast, terms), WS),
+        ("iat 1 s older than MAX_EVIDENCE_AGE_MS: EVIDENCE_INVALID", attest(oldest - 1000), a),
+        ("iat exactly MAX_EVIDENCE_AGE_MS before the arrival", attest(oldest), a),
+        ("iat exactly MAX_CLOCK_SKEW_MS after the arrival", attest(newest), a),
+        ("iat 1 s later than that: EVIDENCE_INVALID", attest(newest + 1000), a),
+        (
+            "node a usage: attested",
+            b.StreamWriter(key, pid, "node-a").event(a, a + MINUTE, [b.sample(g) for g in gpus]),
+            a + MINUTE,
+        ),
+    ]
+    fold = Fold(cast.ledger, attestation_roots=roots)
+    steps = _timed_steps(fold, "evidence-age", steps_in)
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "attestation_roots": [{"id": r.id, "alg": r.alg, "key": _b64(r.key)} for r in roots],
+        "max_evidence_age_ms": MAX_EVIDENCE_AGE_MS,
+        "steps": steps,
+    }
+
+
 GENERATORS: dict[str, Callable[[], Any]] = {
+    "resale_keys.json": resale_keys_vectors,
+    "evidence_age.json": evidence_age_vectors,
     "attestation.json": attestation_vectors,
     "residency.json": residency_vectors,
     "health.json": health_vectors,

@@ -161,8 +161,8 @@ def _load_trust(args: argparse.Namespace) -> TrustFile:
         return load_trust(args.trust)
     except OSError as exc:
         raise UnusableInput(str(args.trust), exc.strerror or "unreadable") from exc
-    except TrustError as exc:
-        raise UnusableInput(str(args.trust), str(exc)) from exc
+    except TrustError as exc:  # its message names the file: the option, not the path again
+        raise UnusableInput("--trust", str(exc)) from exc
 
 
 def export_paths(operands: list[str]) -> list[Path]:

@@ -397,6 +397,10 @@ class Referee:
             return _reject(Reason.NODE_UNKNOWN)
         if binding.valid_from_ms >= binding.valid_until_ms:
             return _reject(Reason.BINDING_INVALID)
+        # §6.3: a binding that does more than shorten never binds a party's key (the
+        # terms' operator, buyer, desk, ledger key, or an accepted new buyer's).
+        if not revocation and binding.key in self._party_keys():
+            return _reject(Reason.BINDING_INVALID)
         keys = self.bindings[binding.node_id]
         if attests:
             return self._evidence(binding)
@@ -432,8 +436,15 @@ class Referee:
         keys[binding.key] = window
         return _OK
 
+    def _party_keys(self) -> set[bytes]:
+        """The keys no node may sign with (§6.3 keybinding)."""
+        terms = self.terms
+        assert terms is not None
+        keys = {terms.operator.key, terms.buyer.key, terms.desk.key, terms.ledger_key}
+        return keys | {a.new_buyer.key for a in self.assignments}
+
     def _evidence(self, binding: NodeKeyBinding) -> Verdict:
-        """SPEC §6.9 (1)-(5) for a binding that passed §6.3; records the attestation."""
+        """SPEC §6.9 (1)-(6) for a binding that passed §6.3; records the attestation."""
         try:
             evidence = parse_evidence(binding.evidence)
         except EvidenceError:
@@ -459,6 +470,14 @@ class Referee:
             if found is None:
                 return _reject(Reason.EVIDENCE_INVALID)
             attester = found
+        # (6) fresh against the arrival (an untimed record: the binding's issued time)
+        at_ms = binding.issued_at_ms if self._arrived is None else self._arrived
+        if not (
+            at_ms - proto_limits.MAX_EVIDENCE_AGE_MS
+            <= claims.iat * 1000
+            <= at_ms + proto_limits.MAX_CLOCK_SKEW_MS
+        ):
+            return _reject(Reason.EVIDENCE_INVALID)
         attestation = KeyAttestation(
             binding.node_id,
             binding.key,
@@ -642,6 +661,8 @@ class Referee:
         buyer = assignment.new_buyer
         parties = (terms.operator, terms.buyer, terms.desk)
         others = {p.key for p in parties} | {terms.ledger_key} | {n.key for n in terms.nodes}
+        # §6.8 (3): every key bound to a node since the terms (revoked or expired too)
+        others |= {k for keys in self.bindings.values() for k in keys}
         arrived = self._arrived
         h_ms = (
             assignment.handover_at_ms

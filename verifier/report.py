@@ -71,6 +71,7 @@ def export_json(report: ExportReport) -> dict[str, Any]:
         "periods": report.periods,
         "attestations": report.attestations,
         "attestation_checked": report.attestation_checked,
+        "arrival": report.arrival,
         "elapsed_s": round(report.elapsed_s, 3),
         "findings": findings_json(report.findings),
     }
@@ -99,14 +100,21 @@ def render_export(report: ExportReport) -> list[str]:
     if report.ok and report.totals is not None:
         t, scale = report.totals, report.currency_scale
         money = report.currency
+        desk = f"desk receives {format_minor(t['desk_receives_minor'], scale)} {money}"
+        if report.resale:  # SPEC §7.10: the desk once, in all, as the statement's desk card
+            fees = sum(e["fee_minor"] for e in report.resale)
+            plural = "s" if len(report.resale) > 1 else ""
+            desk = (
+                f"desk receives {format_minor(t['desk_receives_minor'] + fees, scale)} {money} "
+                f"in all ({format_minor(t['desk_receives_minor'], scale)} fee + "
+                f"{format_minor(fees, scale)} resale fee{plural})"
+            )
         amounts = (
             f"buyer owes {format_minor(t['buyer_owes_minor'], scale)} {money}, operator "
-            f"receives {format_minor(t['operator_receives_minor'], scale)} {money}, desk "
-            f"receives {format_minor(t['desk_receives_minor'], scale)} {money}"
+            f"receives {format_minor(t['operator_receives_minor'], scale)} {money}, {desk}"
         )
         if report.resale:  # SPEC §7.10: the second obligation, and the seller's net
             sold = sum(e["gross_minor"] - e["fee_minor"] for e in report.resale)
-            fees = sum(e["fee_minor"] for e in report.resale)
             amounts += "; resale: " + ", ".join(
                 f"{e['new_buyer']} owes {format_minor(e['gross_minor'], scale)} {money} "
                 f"({e['assignment_id']}, via the desk)"
@@ -114,8 +122,7 @@ def render_export(report: ExportReport) -> list[str]:
             )
             amounts += (
                 f"; original buyer's net {format_minor(t['buyer_owes_minor'] - sold, scale)} "
-                f"{money}, desk receives {format_minor(t['desk_receives_minor'] + fees, scale)} "
-                f"{money} in all"
+                f"{money}"
             )
         records = f"{report.counts.get('records', 0)} records through index {report.head_index}"
         periods = [
@@ -126,6 +133,11 @@ def render_export(report: ExportReport) -> list[str]:
             if len(report.periods) > 1
         ]
         periods += [_attestation_line(a) for a in report.attestations]  # SPEC §6.9
+        if report.arrival == "sender":  # SPEC §6.6: stated by the ledger, not checkable
+            periods.append(
+                "  arrival times were stated by the senders (arrival = sender): a simulation "
+                "on a simulated clock, not a production settlement"
+            )
         if report.is_final:
             witnesses = ", ".join(report.witnessed_by) or "no witness required by the trust file"
             return [

@@ -148,7 +148,8 @@ def check_resale(run: Verification, trust: TrustFile) -> None:
                 where,
                 "the new buyer's key pinned as a buyer",
                 f"{buyer.id} key {key_id(buyer.key)} not pinned as buyer",
-                "SPEC §9: an assignment moves money to a new buyer the user must have pinned",
+                "SPEC §9: an assignment moves money to a new buyer the user must have pinned "
+                f"(gridledger trust init ... --new-buyer {buyer.id}=FILE.pub)",
             )
         elif pinned != [buyer.id]:
             run.add(

@@ -68,6 +68,9 @@ class ExportReport:
     # the trust file pins attestation roots (signatures judged).
     attestations: list[dict[str, object]] = field(default_factory=list)
     attestation_checked: bool = False
+    # SPEC §6.6: where the export says its arrival times come from (meta ``arrival``):
+    # ``log`` (also when absent) or ``sender`` (a simulation). Stated, not checkable.
+    arrival: str = "log"
     # ``verify --html``: what the bill shows, as this verification recomputed it
     # (verifier/bill.py); ``bill_error`` when it could not be gathered (never a finding).
     bill: BillParts | None = None

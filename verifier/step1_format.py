@@ -8,6 +8,9 @@ from verifier.errors import UnusableInput
 from verifier.findings import Findings, Step
 from verifier.source import EXPORT_FORMAT, EXPORT_FORMAT_VERSION, ExportSource
 
+# SPEC §6.6, EXPORT.md meta ``arrival``: the log's time, or the senders' (simulations).
+ARRIVAL_MODES = ("log", "sender")
+
 SMALL_TABLES = ("terms", "key_bindings", "statements", "checkpoints", "held")
 
 
@@ -24,6 +27,11 @@ def check_format(source: ExportSource) -> None:
             str(source.path),
             f"meta.format_version is {meta.get('format_version')!r}, "
             f"this verifier reads {EXPORT_FORMAT_VERSION!r}",
+        )
+    if meta.get("arrival", "log") not in ARRIVAL_MODES:
+        raise UnusableInput(
+            str(source.path),
+            f"meta.arrival is {meta.get('arrival')!r}, want one of {', '.join(ARRIVAL_MODES)}",
         )
 
 

@@ -151,6 +151,7 @@ def run_checklist(
     Returns the run's state (None when no terms could be read)."""
     findings = report.findings
     step1_format.check_format(source)
+    report.arrival = source.meta.get("arrival", "log")
     step1_format.check_sizes(source, findings)
     step2_trust.check_trust(trust, findings)
     terms = step3_terms.check_terms(source, trust, report)
