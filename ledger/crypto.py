@@ -5,7 +5,9 @@ the main thread. ``preverify`` checks each usage event's signature with the key 
 to its node when the batch starts, in chunks, and hands back one pending check per
 input; the fold resolves an input's check just before ``decide`` and passes the result
 in as data (a key bound inside the batch is simply checked inline by ``decide``).
-``sign`` signs the chained records' bytes after the fold, in order.
+Records are not signed (SPEC §8, issue 15: the ledger signs checkpoints, tree heads,
+not leaves): ``seal_record`` wraps their bytes; ``sign`` (version 1 envelopes) is kept for
+tools that write signed records.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from concurrent.futures import Executor, Future
 from typing import Final
 
 from ledger.decide import CheckedSignature
-from proto.envelope import Opened, encode_envelope, sign_payload
+from proto.envelope import Envelope, Opened, encode_envelope, sign_payload
 from proto.errors import ProtoError
 from proto.keys import SigningKey, verify
 from proto.records import UsageEvent
@@ -65,8 +67,14 @@ def preverify(
     return pending
 
 
+def seal_record(payload: bytes) -> bytes:
+    """A LedgerRecord envelope over its signed bytes, with no signature (SPEC §8: the
+    checkpoint covering the record and the prev chain authenticate it)."""
+    return encode_envelope(Envelope(payload=payload, signatures=[]))
+
+
 def sign_record(key: SigningKey, payload: bytes) -> bytes:
-    """The ledger's envelope over a record's signed bytes."""
+    """The ledger's signed envelope over a record's signed bytes (export version 1)."""
     return encode_envelope(sign_payload(payload, [key]))
 
 
