@@ -4,8 +4,9 @@
 
 1. Builds (once; cached under ~/.cache/gridledger/bench/) an honest export of one
    placement: 100 nodes x 1 GPU, one-minute usage events, chain-ordered minute by minute,
-   each event and each LedgerRecord Ed25519-signed (signing spread over processes), then
-   a close, statements and checkpoints. Written to a temporary file and renamed.
+   each event Ed25519-signed (signing spread over processes), each LedgerRecord unsigned
+   (export format version 2, SPEC §8; ``--format-version 1``: signed too), then a close,
+   statements and checkpoints (one at the head). Written to a temporary file and renamed.
 2. Measures, in the same run, the machine's Ed25519 verification rate with pynacl: one
    process, and two processes (the limit the verifier is compared with).
 3. Runs ``python -m verifier FILE --trust TRUST --json --pool P`` in a child process for
@@ -15,9 +16,10 @@
    its two signature checks take (their quotient is the ratio the run would reach with
    both cores its own), the load average, and the child's peak RSS.
 
-Every usage event needs two signature checks (the node's, and the ledger's on its
-LedgerRecord), so events/s is at most half the signature rate; the ratio is therefore
-given for signatures/s. No asserts: this prints numbers.
+In a version-2 export every usage event needs one signature check (the node's; its
+LedgerRecord is covered by the checkpoint), in version 1 two (also the ledger's on the
+record), so events/s is at most the signature rate over the checks per event; the ratio
+is given for signatures/s and for events/s. No asserts: this prints numbers.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ from test_verifier_exports import DDL, Pricer, write_trust  # noqa: E402
 from devtools.builders import closed, gpu, make_cast, make_terms, sample, signed_terms  # noqa: E402
 from proto.canonical import signed_bytes  # noqa: E402
 from proto.cosign import cosign  # noqa: E402
-from proto.envelope import encode_envelope, open_envelope, sha256_hex, sign_payload  # noqa: E402
+from proto.envelope import (  # noqa: E402
+    Envelope,
+    encode_envelope,
+    open_envelope,
+    sha256_hex,
+    sign_payload,
+)
 from proto.keys import SigningKey, verify  # noqa: E402
 from proto.merkle import leaf_hash  # noqa: E402
 from proto.note import checkpoint_body, checkpoint_origin, sign_note  # noqa: E402
@@ -85,8 +93,9 @@ def _split(items: Sequence[Any], parts: int) -> list[Sequence[Any]]:
 # ---- the export --------------------------------------------------------------------------
 
 
-def build_export(events: int, out: Path, trust_out: Path) -> None:
-    """Write an honest export with ``events`` usage events to ``out`` (via a temp file)."""
+def build_export(events: int, out: Path, trust_out: Path, format_version: str = "2") -> None:
+    """Write an honest export with ``events`` usage events to ``out`` (via a temp file);
+    LedgerRecords signed only in ``format_version`` 1."""
     minutes = -(-events // NODES)
     cast = make_cast(SEED)
     gpus = [gpu(f"n{n:03d}", 0) for n in range(NODES)]
@@ -162,6 +171,11 @@ def build_export(events: int, out: Path, trust_out: Path) -> None:
         record_app.append_rows(rows)
         record_app.flush()
 
+    def seal_records(pool: ProcessPoolExecutor, todo: list[tuple[str, bytes]]) -> list[bytes]:
+        if format_version != "1":  # SPEC §8: unsigned, covered by the checkpoints
+            return [encode_envelope(Envelope(payload=p, signatures=[])) for _, p in todo]
+        return [e for part in pool.map(_sign, _split(todo, 4)) for e in part]
+
     def input_row(table: str, i: int, raw: bytes, extra: Sequence[Any]) -> None:
         marks = ", ".join("?" for _ in range(6 + len(extra)))
         con.execute(
@@ -174,7 +188,7 @@ def build_export(events: int, out: Path, trust_out: Path) -> None:
         terms_raw = signed_terms(cast, terms)
         pending: list[tuple[str, bytes]] = []
         made = chain([terms_raw], pending)
-        write_records(made, [e for part in pool.map(_sign, _split(pending, 2)) for e in part])
+        write_records(made, seal_records(pool, pending))
         input_row("terms", 0, terms_raw, [])
         produced = 0
         for chunk_start in range(0, events, CHUNK):
@@ -217,8 +231,7 @@ def build_export(events: int, out: Path, trust_out: Path) -> None:
             ]
             usage_app.append_rows(rows)
             usage_app.flush()
-            envelopes = [e for part in pool.map(_sign, _split(records_todo, 4)) for e in part]
-            write_records(made, envelopes)
+            write_records(made, seal_records(pool, records_todo))
             produced += len(raws)
             rate = produced / (time.monotonic() - started)
             print(
@@ -230,7 +243,7 @@ def build_export(events: int, out: Path, trust_out: Path) -> None:
         close_raw = closed(cast, "p-bench", terms.window_end_ms + terms.late_grace_ms)
         pending = []
         made = chain([close_raw], pending)
-        write_records(made, _sign_inline(cast.ledger, pending))
+        write_records(made, seal_records(pool, pending))
         input_row("closes", index - 1, close_raw, [terms.window_end_ms + terms.late_grace_ms])
     print(file=sys.stderr)
     for through, (head, record) in sorted(heads.items()):
@@ -270,7 +283,7 @@ def build_export(events: int, out: Path, trust_out: Path) -> None:
 
     meta_rows = {
         "format": "gridledger-export",
-        "format_version": "1",
+        "format_version": format_version,
         "placement_id": "p-bench",
         "ledger_key": base64.b64encode(cast.ledger.public_key).decode(),
         "records": str(index),
@@ -282,10 +295,6 @@ def build_export(events: int, out: Path, trust_out: Path) -> None:
     os.replace(tmp, out)
     write_trust(cast, trust_out)
     print(f"built {out} in {time.monotonic() - started:.0f} s", file=sys.stderr)
-
-
-def _sign_inline(key: SigningKey, items: list[tuple[str, bytes]]) -> list[bytes]:
-    return [encode_envelope(sign_payload(payload, [key])) for _, payload in items]
 
 
 # ---- the machine's limit -------------------------------------------------------------------
@@ -430,13 +439,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--pools", default="thread,process")
     parser.add_argument("--rebuild", action="store_true")
+    parser.add_argument("--format-version", choices=("1", "2"), default="2")
     args = parser.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
-    # v2: statements with periods, checkpoints witnessed by operator and buyer.
-    export = CACHE / f"verifier-{args.events}-v2.duckdb"
-    trust = CACHE / f"verifier-{args.events}-v2-trust.json"
+    # v2: statements with periods, checkpoints witnessed by operator and buyer; "-unsigned":
+    # export format version 2 (records unsigned, SPEC §8).
+    name = f"verifier-{args.events}-v2" + ("" if args.format_version == "1" else "-unsigned")
+    export = CACHE / f"{name}.duckdb"
+    trust = CACHE / f"{name}-trust.json"
     if args.rebuild or not (export.exists() and trust.exists()):
-        build_export(args.events, export, trust)
+        build_export(args.events, export, trust, args.format_version)
     one = verify_rate(1)
     verify_us = verify_cpu_us()
     print(
@@ -455,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         sigs = counts.get("signatures", 0)
         wall = result["wall_s"]
         cpu_us = result["cpu_s"] / max(usage, 1) * 1e6
+        checks = sigs / max(usage, 1)  # signature checks per usage event (2 in v1, 1 in v2)
         print(
             f"verifier pool={pool}: exit {result['exit_code']} ({report['verdict']}), "
             f"{wall:.1f} s wall ({report['elapsed_s']:.1f} s in verify_export); "
@@ -462,10 +475,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{sigs:,} signatures -> {sigs / wall:,.0f} sig/s; 2-process limit "
             f"{before:,.0f}/s before, {after:,.0f}/s after -> "
             f"{sigs / wall / limit:.2f}x the limit in signatures "
-            f"({usage / wall / limit:.2f}x in events; each event needs 2 checks); "
+            f"({usage / wall / limit:.2f}x in events; {checks:.2f} checks per event, "
+            f"format_version {args.format_version}); "
             f"CPU {result['cpu_s']:.1f} s = {cpu_us:.0f} us/event (verifier and workers; "
-            f"its 2 verifications alone {2 * verify_us:.0f} us -> CPU-bound ratio "
-            f"{2 * verify_us / cpu_us:.2f}x); load {os.getloadavg()[0]:.1f}; "
+            f"its {checks:.2f} verifications alone {checks * verify_us:.0f} us -> CPU-bound "
+            f"ratio {checks * verify_us / cpu_us:.2f}x); load {os.getloadavg()[0]:.1f}; "
             f"peak RSS {result['peak_rss_mib']:.0f} MiB"
             + (
                 f" + workers {result['workers_peak_rss_mib']:.0f} MiB"

@@ -45,7 +45,15 @@ def _head(store: Store, placement_id: str) -> ChainHead:
 
 
 def issue_statement(store: Store, key: SigningKey, placement_id: str) -> bytes:
-    """The signed statement through the placement's current head (stored once issued)."""
+    """The signed statement through the placement's current head (stored once issued),
+    and a checkpoint at that head or later (SPEC §8: records are unsigned; the checkpoint
+    is what authenticates the records the statement's head chains back to)."""
+    envelope = _issue_statement(store, key, placement_id)
+    issue_checkpoint(store, key, placement_id)
+    return envelope
+
+
+def _issue_statement(store: Store, key: SigningKey, placement_id: str) -> bytes:
     head = _head(store, placement_id)
     existing = store.statement(placement_id, head.chain_index)
     if existing is not None:

@@ -1,11 +1,12 @@
-"""The crypto pool beside the fold: usage signatures checked ahead, records signed after.
+"""The crypto pool beside the fold: usage signatures checked ahead of it.
 
 libsodium releases the GIL, so Ed25519 work on a few threads runs beside the fold on
 the main thread. ``preverify`` checks each usage event's signature with the key bound
 to its node when the batch starts, in chunks, and hands back one pending check per
 input; the fold resolves an input's check just before ``decide`` and passes the result
 in as data (a key bound inside the batch is simply checked inline by ``decide``).
-``sign`` signs the chained records' bytes after the fold, in order.
+Records are not signed (SPEC §8, issue 15: the ledger signs checkpoints, tree heads,
+not leaves): ``seal_record`` wraps their bytes in an envelope with no signature.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from concurrent.futures import Executor, Future
 from typing import Final
 
 from ledger.decide import CheckedSignature
-from proto.envelope import Opened, encode_envelope, sign_payload
+from proto.envelope import Envelope, Opened, encode_envelope
 from proto.errors import ProtoError
-from proto.keys import SigningKey, verify
+from proto.keys import verify
 from proto.records import UsageEvent
 
-# Signatures checked or made per job handed to an executor thread.
+# Signatures checked per job handed to an executor thread.
 CRYPTO_CHUNK: Final = 256
 
 # (placement_id, node_id, key id) -> the public key bound to that node now, if known.
@@ -65,21 +66,11 @@ def preverify(
     return pending
 
 
-def sign_record(key: SigningKey, payload: bytes) -> bytes:
-    """The ledger's envelope over a record's signed bytes."""
-    return encode_envelope(sign_payload(payload, [key]))
-
-
-def sign(executor: Executor, key: SigningKey, payloads: Sequence[bytes]) -> list[bytes]:
-    """``sign_record`` of each payload, in order, on the executor's threads."""
-    chunks = [payloads[s : s + CRYPTO_CHUNK] for s in range(0, len(payloads), CRYPTO_CHUNK)]
-    futures = [executor.submit(_sign_chunk, key, chunk) for chunk in chunks]
-    return [envelope for future in futures for envelope in future.result()]
+def seal_record(payload: bytes) -> bytes:
+    """A LedgerRecord envelope over its signed bytes, with no signature (SPEC §8: the
+    checkpoint covering the record and the prev chain authenticate it)."""
+    return encode_envelope(Envelope(payload=payload, signatures=[]))
 
 
 def _verify_chunk(jobs: Sequence[tuple[bytes, bytes, bytes]]) -> list[bool]:
     return [verify(public_key, payload, sig) for public_key, payload, sig in jobs]
-
-
-def _sign_chunk(key: SigningKey, payloads: Sequence[bytes]) -> list[bytes]:
-    return [sign_record(key, payload) for payload in payloads]

@@ -33,7 +33,7 @@ from ledger.store import PLACEMENT_ROWS, Store
 from proto.keys import SigningKey, b64
 
 EXPORT_FORMAT: Final = "gridledger-export"
-EXPORT_FORMAT_VERSION: Final = "1"
+EXPORT_FORMAT_VERSION: Final = "2"  # records unsigned, covered by checkpoints (SPEC §8)
 # The DuckDB storage format of export files: readable by DuckDB 1.0 and every later version.
 STORAGE_VERSION: Final = "v1.0.0"
 # Compact exports (``compact=True``, EXPORT.md "Readers"): DuckDB 1.2's storage format

@@ -10,7 +10,7 @@ with the Ed25519 work on a thread pool. For each input:
    earlier is reloaded from the store) and look up what ``decide`` needs from the past
    (the accepted usage event at an old seq, ``usage_lookup``);
 3. ``decide(state, opened, ...)`` -> verdict, new state; the cache keeps the new state;
-4. sign the chained records (ledger/crypto.py) -> ``Outcome``.
+4. seal the chained records, unsigned (SPEC §8; ledger/crypto.py) -> ``Outcome``.
 
 Capacity (SPEC §6.5): the fold keeps the GPU claims of accepted terms per ordered
 stream (``ledger/capacity.py``), hands a terms input the claims of its stream, and
@@ -130,7 +130,7 @@ class Fold:
         return [outcome(v, self._sign(v.record_payload)) for v in verdicts]
 
     def _sign(self, payload: bytes | None) -> bytes | None:
-        return None if payload is None else crypto.sign_record(self.ledger_key, payload)
+        return None if payload is None else crypto.seal_record(payload)
 
     def apply_batch(
         self,
@@ -140,8 +140,8 @@ class Fold:
         """``apply`` each input in order and return all outcomes, flattened.
 
         With an executor, the Ed25519 work runs on its threads: usage signatures are
-        checked ahead of the fold with the keys bound when the batch starts, and record
-        signatures are made after it. The outcomes are the same as ``apply`` one input
+        checked ahead of the fold with the keys bound when the batch starts (records are
+        not signed, SPEC §8). The outcomes are the same as ``apply`` one input
         at a time.
         """
         if executor is None:
@@ -153,9 +153,11 @@ class Fold:
             for (raw, position, key, at), op, check in zip(items, opened, checks, strict=True)
             for v in self._verdicts(raw, op, position, key, check, at)
         ]
-        payloads = [v.record_payload for v in verdicts if v.record_payload is not None]
-        envelopes = iter(crypto.sign(executor, self.ledger_key, payloads))
-        return [outcome(v, None if v.record_payload is None else next(envelopes)) for v in verdicts]
+        seal = crypto.seal_record  # records unsigned (SPEC §8): nothing left for the threads
+        return [
+            outcome(v, None if v.record_payload is None else seal(v.record_payload))
+            for v in verdicts
+        ]
 
     def _verdicts(
         self,

@@ -133,9 +133,14 @@ class LedgerApi:
         return lo, hi
 
     def records(self, placement_id: str, start: int, stop: int | None) -> str:
-        """Record envelopes [start, stop), base64, one per line (at most a page)."""
+        """Record envelopes [start, stop), base64, one per line (at most a page), never past
+        the latest checkpoint: records are unsigned (SPEC §8, §8.4), so one past every
+        checkpoint is covered by a checkpoint issued for it first."""
         start, stop = self._span(placement_id, start, stop)
         stop = min(stop, start + MAX_RECORDS_PER_REQUEST)
+        covered = max((size for size, _ in self.store.checkpoints(placement_id)), default=0)
+        if stop > covered:
+            issue_checkpoint(self.store, self.key, placement_id)  # the head: >= stop
         envelopes = self.store.record_envelopes(placement_id, stop - 1)[start:stop]
         return "".join(base64.b64encode(e).decode() + "\n" for e in envelopes)
 

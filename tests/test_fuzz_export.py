@@ -203,9 +203,9 @@ REFUSED: dict[str, tuple[int, list[str]]] = {
         EXIT_UNUSABLE,
         ['ALTER TABLE closes RENAME closed_at_ms TO "closed_at_ms; DROP TABLE meta; --"'],
     ),
-    "format_version 2": (
+    "format_version 3": (
         EXIT_UNUSABLE,
-        ["UPDATE meta SET value = '2' WHERE key = 'format_version'"],
+        ["UPDATE meta SET value = '3' WHERE key = 'format_version'"],
     ),
     "format of another tool": (
         EXIT_UNUSABLE,

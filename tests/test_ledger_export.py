@@ -46,7 +46,15 @@ def test_export_tables_follow_the_format(tmp_path: Path) -> None:
         assert tables == set(TABLES)
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         assert meta["format"] == "gridledger-export"
-        assert meta["format_version"] == "1"
+        assert meta["format_version"] == "2"  # records unsigned (SPEC §8)
+        envelopes = [
+            bytes(e) for (e,) in con.execute("SELECT envelope FROM ledger_records").fetchall()
+        ]
+        assert len(envelopes) == n
+        assert all(decode_envelope(e).signatures == [] for e in envelopes)
+        # ...and every one covered by the checkpoint at the head
+        sizes = [s for (s,) in con.execute("SELECT size FROM checkpoints").fetchall()]
+        assert max(sizes) == n
         assert meta["placement_id"] == pid
         assert meta["records"] == str(n)
         assert meta["dropped_duplicates"] == "0"

@@ -28,8 +28,9 @@ from ledger.config import load_config
 from ledger.http import LedgerApi, LedgerHttpServer
 from proto import merkle
 from proto.cosign import cosign, cosignature_of
+from proto.envelope import decode_envelope
 from proto.keys import SigningKey, write_key_pair
-from proto.note import LEDGER_NOTE_NAME, parse_note
+from proto.note import LEDGER_NOTE_NAME, parse_checkpoint_body, parse_note
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -187,3 +188,31 @@ def test_http_api_and_cli(
     assert "Buyer owes" in out  # the bill, line by line, each with its derivation
     assert "Gross" in out and "SPEC §7.2" in out
     assert gridledger_main(["ledger", "statement", "nope", "--config", str(config_path)]) == 1
+
+
+def test_records_are_served_only_under_a_checkpoint(tmp_path: Path, quiet_logs: None) -> None:
+    """SPEC §8.4: records are unsigned, so ``/records`` never serves one that no checkpoint
+    covers: past the latest checkpoint, the ledger issues one for the head first."""
+    scenario = build_scenario("http-cover", placements=1, nodes=1, events=3)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    try:
+        service.run_until_idle()
+        pid = scenario.placement_ids[0]
+        store = service.store
+        size = store.heads()[pid][0] + 1
+        assert store.checkpoints(pid) == []  # folding alone issues none
+        api = LedgerApi(store, service.key, service.metrics)
+        lines = api.records(pid, 0, 2).splitlines()
+        assert len(lines) == 2
+        assert all(decode_envelope(base64.b64decode(x)).signatures == [] for x in lines)
+        sizes = [s for s, _ in store.checkpoints(pid)]
+        assert sizes == [size]  # issued for the head before the records went out
+        payloads = store.record_payloads(pid, size - 1)
+        note = parse_note(store.checkpoints(pid)[0][1])
+        assert note.signed_by(LEDGER_NOTE_NAME, service.key.public_key)
+        assert parse_checkpoint_body(note.body).root == merkle.root(payloads)
+        api.records(pid, 0, None)  # covered already: no second checkpoint
+        assert [s for s, _ in store.checkpoints(pid)] == [size]
+    finally:
+        service.close()

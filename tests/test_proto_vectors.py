@@ -53,6 +53,12 @@ def test_records() -> None:
         assert opened.record_hash == v["record_hash"]
         assert opened.input_hash == v["input_hash"]
         assert [s.keyid for s in opened.envelope.signatures] == v["signers"]
+    # SPEC §8: a LedgerRecord is unsigned from export format version 2; with or without
+    # the ledger's signature it is one payload, so one record hash (prev, Merkle leaf).
+    versions = {v["export_format_version"]: v for v in data["records"] if v["kind"] == "record"}
+    assert versions["2"]["signers"] == [] and len(versions["1"]["signers"]) == 1
+    assert versions["1"]["record_hash"] == versions["2"]["record_hash"]
+    assert versions["1"]["input_hash"] != versions["2"]["input_hash"]
 
 
 def test_rejections() -> None:

@@ -87,14 +87,14 @@ def test_not_duckdb_is_exit_2(
 def test_wrong_format_version_is_exit_2(
     full: Scenario, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    v2 = tmp_path / "v2.duckdb"
-    shutil.copyfile(full.path, v2)
-    with duckdb.connect(str(v2)) as con:
-        con.execute("UPDATE meta SET value = '2' WHERE key = 'format_version'")
-    code, out = run(capsys, str(v2), "--trust", str(full.trust_path), "--json")
+    v3 = tmp_path / "v3.duckdb"  # versions 1 and 2 are read (SPEC §8), 3 is not
+    shutil.copyfile(full.path, v3)
+    with duckdb.connect(str(v3)) as con:
+        con.execute("UPDATE meta SET value = '3' WHERE key = 'format_version'")
+    code, out = run(capsys, str(v3), "--trust", str(full.trust_path), "--json")
     assert code == 2
     export = json.loads(out)["exports"][0]
-    assert export["verdict"] == "unusable" and "format_version is '2'" in export["error"]
+    assert export["verdict"] == "unusable" and "format_version is '3'" in export["error"]
 
 
 def test_missing_table_is_exit_2(

@@ -253,12 +253,15 @@ class ExportBuilder:
     terms: PlacementTerms
     items: list[Chained] = field(default_factory=list)
     statements_at: list[int] = field(default_factory=list)
-    checkpoints_at: list[int] = field(default_factory=list)
+    # None: one checkpoint at the head, as the ledger writes every export (SPEC §8).
+    checkpoints_at: list[int] | None = None
     # Witnesses on every checkpoint (SPEC §8.2); None: the operator's and the buyer's,
     # what a trust file without a policy requires for a FINAL verdict (SPEC §9).
     cosigners: list[tuple[str, SigningKey]] | None = None
     dropped_duplicates: int = 0
     trust_the_flag: bool = False  # price like a ledger that ignores §7.1.1
+    # EXPORT.md format_version: "2" records unsigned (SPEC §8); "1" each signed by the ledger.
+    format_version: str = "2"
 
     def add(
         self, raw: bytes, status: str = "accepted", reason: str = "", arrived_ms: int | None = None
@@ -269,7 +272,7 @@ class ExportBuilder:
         return len(self.items) - 1
 
     def chain(self) -> list[Chained]:
-        """Sign a LedgerRecord per input (prices through ``Pricer``)."""
+        """Seal a LedgerRecord per input (prices through ``Pricer``); signed in version 1."""
         pricer = Pricer(self.terms, trust_the_flag=self.trust_the_flag)
         prev = ZERO_HASH
         for index, item in enumerate(self.items):
@@ -290,7 +293,8 @@ class ExportBuilder:
                 arrived_ms=item.arrived_ms,
             )
             item.record = record
-            item.record_envelope = seal(record, [self.cast.ledger])
+            signers = [self.cast.ledger] if self.format_version == "1" else []
+            item.record_envelope = seal(record, signers)
             prev = sha256_hex(signed_bytes(record))
         return self.items
 
@@ -304,7 +308,7 @@ class ExportBuilder:
             con.execute(ddl)
         meta = {
             "format": "gridledger-export",
-            "format_version": "1",
+            "format_version": self.format_version,
             "placement_id": self.terms.placement_id,
             "ledger_key": base64.b64encode(self.terms.ledger_key).decode(),
             "records": str(len(items)),
@@ -361,7 +365,7 @@ class ExportBuilder:
                     t.desk_receives_minor,
                 ],
             )
-        for size in self.checkpoints_at:
+        for size in [len(items)] if self.checkpoints_at is None else self.checkpoints_at:
             con.execute("INSERT INTO checkpoints VALUES (?, ?)", [size, self.checkpoint(size)])
         con.close()
         return path
@@ -412,7 +416,11 @@ class ExportBuilder:
         note = sign_note(body, "gridledger-ledger", self.cast.ledger)
         cosigners = self.cosigners
         if cosigners is None:
-            cosigners = [(k.name, k) for k in (self.cast.operator, self.cast.buyer)]
+            # under the parties' ids in the terms (SPEC §8.2)
+            cosigners = [
+                (self.terms.operator.id, self.cast.operator),
+                (self.terms.buyer.id, self.cast.buyer),
+            ]
         for name, key in cosigners:
             note = cosign(note, name, key, COSIGNED_AT_S)
         return note.text()

@@ -8,6 +8,7 @@ The attacks here need no key: an export edited at rest, or two exports side by s
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -52,6 +53,14 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
     return full_scenario(tmp_path_factory.mktemp("final-full"))
 
 
+@pytest.fixture(scope="module")
+def full_v1(tmp_path_factory: pytest.TempPathFactory, full: Scenario) -> Path:
+    """The same export in format version 1: every record signed by the ledger."""
+    items = [dataclasses.replace(i) for i in full.builder.items]
+    b = dataclasses.replace(full.builder, items=items, format_version="1")
+    return b.write(tmp_path_factory.mktemp("final-v1") / "p-full.duckdb")
+
+
 def test_honest_final_export_exits_0_and_names_its_witnesses(
     full: Scenario, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -61,13 +70,18 @@ def test_honest_final_export_exits_0_and_names_its_witnesses(
 
 
 def test_export_cut_before_the_close_is_provisional_never_ok(
-    full: Scenario, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    full: Scenario, full_v1: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cut = cut_after(full.path, tmp_path / "cut.duckdb", 20)
+    # Version 1: the records past the last checkpoint are signed, so: provisional.
+    cut = cut_after(full_v1, tmp_path / "cut.duckdb", 20)
     code, out = run(capsys, str(cut), "--trust", str(full.trust_path))
     assert code == 3, out
     assert out.startswith("PROVISIONAL:") and "open: the log holds no accepted close" in out
     assert "OK:" not in out
+    # Version 2 (SPEC §8): nothing signs them, so they are a finding.
+    cut = cut_after(full.path, tmp_path / "cut2.duckdb", 20)
+    code, out = run(capsys, str(cut), "--trust", str(full.trust_path))
+    assert code == 1 and "RECORD_UNCOVERED" in out and "OK:" not in out, out
 
 
 def test_export_cut_after_the_close_without_its_final_statement_fails(
@@ -109,6 +123,9 @@ def test_two_copies_count_once_and_an_older_view_is_superseded(
     shutil.copyfile(s.path, exports / "a.duckdb")
     shutil.copyfile(s.path, exports / "b.duckdb")
     cut_after(s.path, exports / "c-old.duckdb", 2)
+    with duckdb.connect(str(exports / "c-old.duckdb")) as con:
+        # As the ledger exported it then: a checkpoint at its head (SPEC §8, version 2).
+        con.execute("INSERT INTO checkpoints VALUES (3, ?)", [s.builder.checkpoint(3)])
     code, out = run(capsys, str(exports), "--trust", str(s.trust_path), "--json")
     data = msgspec.json.decode(out)
     assert code == 3  # the older view is provisional on its own
@@ -138,7 +155,7 @@ def test_two_diverging_views_of_one_placement_are_equivocation(
 
 
 def test_export_must_extend_a_kept_checkpoint(
-    full: Scenario, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    full: Scenario, full_v1: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with duckdb.connect(str(full.path), read_only=True) as con:
         (note,) = con.execute("SELECT note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
@@ -148,7 +165,7 @@ def test_export_must_extend_a_kept_checkpoint(
         capsys, str(full.path), "--trust", str(full.trust_path), "--checkpoint", str(kept)
     )
     assert code == 0 and "extends the kept checkpoint" in out, out
-    cut = cut_after(full.path, tmp_path / "cut.duckdb", 20)
+    cut = cut_after(full_v1, tmp_path / "cut.duckdb", 20)  # v1: the cut alone verifies
     code, out = run(capsys, str(cut), "--trust", str(full.trust_path), "--checkpoint", str(kept))
     assert code == 1 and "TRUNCATED" in out, out
     other = small_scenario(_dir(tmp_path, "other"), name="p-full", seed="verifier-full")

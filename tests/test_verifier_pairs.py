@@ -18,6 +18,7 @@ import duckdb
 import pytest
 from test_verifier_exports import Scenario, explain, full_scenario, verify
 
+from proto.envelope import add_signatures, decode_envelope, encode_envelope
 from proto.keys import key_id
 from verifier import limits, walk
 from verifier.pairs import ONE, PAIR, FastPair, PairContext, SlowPair, open_jobs
@@ -158,7 +159,9 @@ def test_workers_return_a_fast_row_only_when_every_stateless_check_passes(
     row = next(r for r in batch.inputs if r.chain_index == i)
     keys = {honest.terms.ledger_key, *(n.key for n in honest.terms.nodes)}
     ring = {key_id(k): [k] for k in keys}
-    context = PairContext(ring, honest.terms.placement_id, required_of([honest.terms.ledger_key]))
+    ledger = required_of([honest.terms.ledger_key])
+    # Export format version 2 (SPEC §8): no record signature required, the ledger's allowed.
+    context = PairContext(ring, honest.terms.placement_id, {}, ledger)
 
     def job(**change: Any) -> tuple[Any, ...]:
         fields = {
@@ -199,8 +202,15 @@ def test_workers_return_a_fast_row_only_when_every_stateless_check_passes(
     assert [type(r) for r in results[1:7]] == [SlowPair] * 6
     assert results[7].tag == 7 and results[7].input_hash == row.input_hash
     # without the ledger key in the ring its signature does not verify: not fast either
-    blind = PairContext({}, context.placement_id, context.ledger_required)
-    assert type(open_jobs([job()], blind)[0]) is SlowPair
+    # version 1 requires the ledger's signature on the record: the unsigned one is not fast
+    v1 = PairContext(ring, context.placement_id, ledger)
+    assert type(open_jobs([job()], v1)[0]) is SlowPair
+    # a signature present is checked: without the ledger key in the ring it does not verify
+    signed = add_signatures(decode_envelope(record.envelope), [honest.cast.ledger])
+    with_sig = job(rec=encode_envelope(signed))
+    assert type(open_jobs([with_sig], context)[0]) is FastPair
+    blind = PairContext({}, context.placement_id, context.ledger_required, ledger)
+    assert type(open_jobs([with_sig], blind)[0]) is SlowPair
 
 
 def test_first_per_index_keeps_the_lowest_rowid_of_each_index_in_chain_order() -> None:

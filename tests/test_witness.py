@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,7 +66,7 @@ class Scene:
     def chain(
         self, inputs: list[tuple[bytes, str, str]], arrived: dict[int, int | None] | None = None
     ) -> list[bytes]:
-        """LedgerRecord envelopes for (input, status, reason), signed by the ledger key;
+        """LedgerRecord envelopes for (input, status, reason), unsigned (SPEC §8);
         record i arrived at WS + i minutes (the events right when delivered) unless
         ``arrived`` says otherwise."""
         out, prev = [], ZERO_HASH
@@ -84,7 +85,7 @@ class Scene:
                 arrived_ms=(arrived or {}).get(index, WS + index * MIN),
             )
             prev = sha256_hex(signed_bytes(record))
-            out.append(seal(record, [self.cast.ledger]))
+            out.append(seal(record, []))
         return out
 
     def honest(self, arrived: dict[int, int | None] | None = None) -> list[bytes]:
@@ -219,13 +220,31 @@ def test_checkpoint_signed_by_another_key_is_refused() -> None:
     refused(s.run(fresh(), records, s.note(records, key=s.cast.desk)), "W_SIGNATURE")
 
 
-def test_record_not_signed_by_the_ledger_is_refused() -> None:
+def test_record_forged_without_the_ledger_key_is_refused() -> None:
+    # SPEC §8: records are unsigned; a record changed after the ledger signed the
+    # checkpoint over it no longer gives the signed root.
     s = Scene()
     records = s.honest()
-    forged = open_envelope(records[3]).record
-    records[3] = seal(forged, [s.cast.desk])
-    detail = refused(s.run(fresh(), records), "W_RECORD")
-    assert "record 3" in detail
+    note = s.note(records)
+    record = open_envelope(records[3]).record
+    assert isinstance(record, LedgerRecord)
+    records[3] = seal(msgspec.structs.replace(record, status="rejected", reason="SEQ_GAP"), [])
+    refused(s.run(fresh(), records, note), "W_INCONSISTENT")
+
+
+def test_record_signatures_are_not_what_the_witness_relies_on() -> None:
+    # Records of a version-1 store carry the ledger's signature, or anyone's: the witness
+    # cosigns the root over the records' bytes, which no envelope signature changes.
+    s = Scene()
+    records = s.honest()
+    note = s.note(records)
+    for i, key in ((2, s.cast.ledger), (3, s.cast.desk)):
+        records[i] = seal(open_envelope(records[i]).record, [key])
+    assert isinstance(s.run(fresh(), records, note), Cosigned)
+    # ...but a record's bytes are checked: one at the wrong index is refused.
+    wrong = s.chain([(s.terms_raw, "accepted", ""), (s.events[0], "accepted", "")])
+    detail = refused(s.run(fresh(), [wrong[0], wrong[0]]), "W_RECORD")
+    assert "record at 1" in detail
 
 
 def test_state_round_trips_and_rejects_a_damaged_frontier(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from proto.errors import ProtoError
 from proto.frontier import Frontier
 from proto.keys import SigningKey, key_id
 from proto.note import checkpoint_body, checkpoint_origin, sign_note
-from proto.records import ZERO_HASH, Checkpoint, PlacementTerms
+from proto.records import ZERO_HASH, Checkpoint, LedgerRecord, PlacementTerms
 
 VECTORS_DIR = Path(__file__).resolve().parent.parent / "proto" / "vectors"
 WS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -67,7 +67,8 @@ def _terms(cast: b.Cast, **overrides: Any) -> PlacementTerms:
 
 
 def records_vectors() -> Any:
-    """One signed envelope per input kind, with bytes and hashes."""
+    """One signed envelope per input kind, with bytes and hashes; a LedgerRecord unsigned
+    (export format version 2) and signed (version 1)."""
     cast = _cast()
     terms = _terms(cast)
     writer = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a")
@@ -88,6 +89,37 @@ def records_vectors() -> Any:
         out.append(
             {
                 "kind": kind,
+                "signed_bytes_utf8": opened.payload.decode(),
+                "record_hash": opened.record_hash,
+                "envelope_utf8": raw.decode(),
+                "input_hash": opened.input_hash,
+                "signers": [s.keyid for s in opened.envelope.signatures],
+            }
+        )
+    # SPEC §8: the LedgerRecord chaining the terms, as export format version 2 writes it
+    # (no signature) and as version 1 did (the ledger's): one payload, so one record hash.
+    from ledger.pricing import ZERO_TOTALS
+
+    terms_input = open_envelope(envelopes["terms"])
+    record = LedgerRecord(
+        placement_id="pl-vector",
+        index=0,
+        prev=ZERO_HASH,
+        kind="terms",
+        source=terms_input.input_hash,
+        status="accepted",
+        reason="",
+        delivered_mgms=0,
+        totals=ZERO_TOTALS,
+        arrived_ms=WS,
+    )
+    for version, signers in (("2", []), ("1", [cast.ledger])):
+        raw = seal(record, signers)
+        opened = open_envelope(raw)
+        out.append(
+            {
+                "kind": "record",
+                "export_format_version": version,
                 "signed_bytes_utf8": opened.payload.decode(),
                 "record_hash": opened.record_hash,
                 "envelope_utf8": raw.decode(),

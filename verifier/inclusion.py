@@ -9,12 +9,13 @@ A bundle is three files:
 * the checkpoint: the C2SP signed note of size n (SPEC §8).
 
 ``verify_inclusion_bundle`` checks, offline and against the trust file only: the record
-is a canonical LedgerRecord signed by a pinned ledger key and nobody else; the proof
-names the record's placement and index; the note is signed by the same ledger key under
-``gridledger-ledger``, names the placement's log and the proof's size; and the path
-leads from the record's payload to the note's root. ``make_inclusion_bundle`` produces
-such a bundle from an export; ``proof_from_leaves`` is the pure core a ledger can call on
-its own records (e.g. behind its HTTP API).
+is a canonical LedgerRecord, unsigned (SPEC §8) or signed by a pinned ledger key and
+nobody else; the proof names the record's placement and index; the note is signed under
+``gridledger-ledger`` by a pinned ledger key (the record's, when it is signed), names
+the placement's log and the proof's size; and the path leads from the record's payload
+to the note's root. ``make_inclusion_bundle`` produces such a bundle from an export;
+``proof_from_leaves`` is the pure core a ledger can call on its own records (e.g. behind
+its HTTP API).
 """
 
 from __future__ import annotations
@@ -172,16 +173,19 @@ def verify_inclusion_bundle(
         )
         return findings, None
     signers = [s for s in opened.sigs if s.outcome == SIG_VALID and s.keyid in ledger_keys]
-    if len(signers) != 1 or len(opened.sigs) != 1:
+    # SPEC §8: a record need not be signed (the checkpoint authenticates it); a signature
+    # that is present must be one pinned ledger key's, and valid.
+    if opened.sigs and (len(signers) != 1 or len(opened.sigs) != 1):
         findings.add(
             Step.CHAIN,
             "CHAIN_SIGNATURE",
             where,
-            "signed by one pinned ledger key only",
+            "unsigned, or signed by one pinned ledger key only",
             f"{len(signers)} valid pinned of {len(opened.sigs)} signatures",
-            "the record counts only under a pinned ledger key",
+            "a record signature counts only under a pinned ledger key",
         )
     ledger_key = signers[0].key if signers else b""
+    record_signed = bool(opened.sigs)
     if (record.placement_id, record.index) != (proof.placement_id, proof.index):
         findings.add(
             Step.MERKLE,
@@ -204,12 +208,16 @@ def verify_inclusion_bundle(
             exc.detail,
         )
         return findings, record
+    if not record_signed:  # an unsigned record: the note names which pinned key it is
+        ledger_key = next(
+            (k for k in ledger_keys.values() if note.signed_by(LEDGER_NOTE_NAME, k)), b""
+        )
     if not ledger_key or not note.signed_by(LEDGER_NOTE_NAME, ledger_key):
         findings.add(
             Step.MERKLE,
             "CHECKPOINT_SIGNATURE",
             "checkpoint",
-            f"signed by {LEDGER_NOTE_NAME} with the record's ledger key",
+            f"signed by {LEDGER_NOTE_NAME} with a pinned ledger key (the record's, if signed)",
             "no valid signature",
             "a checkpoint counts only under the ledger's signature",
         )

@@ -10,6 +10,7 @@ columns and input_hash equal its envelope, and the record's source, kind, status
 reason match the input. When ALL of that holds it returns a ``FastPair``: what the main
 thread still needs for the sequential checks (prev link, arrival order, the leaf for (8),
 the SPEC §6 decision with the decoded event, the ``w_records`` row) and nothing more.
+A record of an export of version 2 may be unsigned (SPEC §8): ``ledger_permitted``.
 
 When ANY of it fails it returns a ``SlowPair`` with both ``OpenResult``s, and the main
 thread runs the ordinary per-index checks (``verifier/walk.py``), which name every
@@ -49,7 +50,8 @@ class PairContext(NamedTuple):
 
     keyring: Keyring
     placement_id: str
-    ledger_required: dict[str, bytes]
+    ledger_required: dict[str, bytes]  # who must sign a record (none in version 2)
+    ledger_permitted: dict[str, bytes] | None = None  # who may (SPEC §8: the ledger key)
 
 
 class FastPair(NamedTuple):
@@ -102,7 +104,7 @@ def _pair(job: Job, context: PairContext) -> FastPair | SlowPair:
         or record.index != index
         or record.placement_id != context.placement_id
         or record.resale
-        or signer_failure(rec.sigs, context.ledger_required) is not None
+        or signer_failure(rec.sigs, context.ledger_required, context.ledger_permitted) is not None
         # (5) its columns, the input's columns, (4) the input_hash column
         or record_column_values(rec.record_hash, record, columns) != columns
         or _USAGE_EXTRAS(event) != extras

@@ -23,7 +23,9 @@ from verifier import limits
 from verifier.errors import UnusableInput
 
 EXPORT_FORMAT: Final = "gridledger-export"
-EXPORT_FORMAT_VERSION: Final = "1"
+EXPORT_FORMAT_VERSION: Final = "2"
+# Versions this verifier reads: 1 (ledger records signed), 2 (unsigned, SPEC §8).
+EXPORT_FORMAT_VERSIONS: Final = ("1", "2")
 ALIAS: Final = "x"
 
 _COMMON: Final = (

@@ -129,6 +129,14 @@ class Verification:
         self.pending_claims: dict[int, tuple[Claim, str]] = {}  # adjustments decided later
         # (8) the roots of the checkpoints' tree sizes, kept while the pass streams leaves
         self.roots = CheckpointRoots()
+        # (6) SPEC §8: who signs a LedgerRecord envelope. Version 1: the ledger key, always.
+        # Version 2: nobody (a covering checkpoint authenticates it, step 8); a signature
+        # that is present must still be the ledger key's and verify.
+        self.format_version = source.meta.get("format_version", "1")
+        ledger = self.referee.ledger_required
+        self.unsigned_records = self.format_version != "1"
+        self.record_required: dict[str, bytes] = {} if self.unsigned_records else ledger
+        self.record_permitted: dict[str, bytes] = ledger
 
     def add(
         self, step: Step, rule: str, where: str, expected: object, actual: object, msg: str

@@ -1,4 +1,4 @@
-"""(1) format: meta.format is gridledger-export and meta.format_version is 1, else the input
+"""(1) format: meta.format is gridledger-export and meta.format_version is 1 or 2, else the input
 is unusable (exit 2); the tables read whole must fit their bound."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from verifier import limits
 from verifier.errors import UnusableInput
 from verifier.findings import Findings, Step
-from verifier.source import EXPORT_FORMAT, EXPORT_FORMAT_VERSION, ExportSource
+from verifier.source import EXPORT_FORMAT, EXPORT_FORMAT_VERSIONS, ExportSource
 
 # SPEC §6.6, EXPORT.md meta ``arrival``: the log's time, or the senders' (simulations).
 ARRIVAL_MODES = ("log", "sender")
@@ -22,11 +22,11 @@ def check_format(source: ExportSource) -> None:
             str(source.path),
             f"meta.format is {meta.get('format')!r}, want {EXPORT_FORMAT!r}",
         )
-    if meta.get("format_version") != EXPORT_FORMAT_VERSION:
+    if meta.get("format_version") not in EXPORT_FORMAT_VERSIONS:
         raise UnusableInput(
             str(source.path),
             f"meta.format_version is {meta.get('format_version')!r}, "
-            f"this verifier reads {EXPORT_FORMAT_VERSION!r}",
+            f"this verifier reads {' or '.join(map(repr, EXPORT_FORMAT_VERSIONS))}",
         )
     if meta.get("arrival", "log") not in ARRIVAL_MODES:
         raise UnusableInput(

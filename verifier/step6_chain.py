@@ -143,17 +143,22 @@ def ledger_record(run: Verification, row: RecordRow, opened: OpenResult) -> Ledg
 def check_record(
     run: Verification, index: int, row: RecordRow, opened: OpenResult, record: LedgerRecord
 ) -> None:
-    """Ledger signature, own index, placement and prev link of the record at ``index``."""
+    """Ledger signature (SPEC §8: required in version 1, checked when present in version
+    2), own index, placement and prev link of the record at ``index``."""
     where = row.where
-    failure = signer_failure(opened.sigs, run.referee.ledger_required)
+    failure = signer_failure(opened.sigs, run.record_required, run.record_permitted)
     if failure is not None:
         run.add(
             Step.CHAIN,
             "CHAIN_SIGNATURE",
             where,
-            "signed by the trusted ledger key only",
+            "unsigned, or signed by the trusted ledger key only"
+            if run.unsigned_records
+            else "signed by the trusted ledger key only",
             failure.value,
-            "a record must carry exactly the ledger's valid signature",
+            "a record signature must be the ledger's and valid"
+            if run.unsigned_records
+            else "a version-1 record must carry exactly the ledger's valid signature",
         )
     if record.index != index:
         run.add(

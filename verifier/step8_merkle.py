@@ -1,5 +1,6 @@
 """(8) merkle: each checkpoint's origin, size and RFC 9162 root of the record payloads,
-signed by the ledger key; the parties' cosignatures checked.
+signed by the ledger key; the parties' cosignatures checked; in a version-2 export (records
+unsigned, SPEC §8) every record covered by a valid checkpoint.
 
 All of step 8 is here, in three moments of one run: ``read_sizes`` (before the pass: which
 tree sizes the checkpoints name), ``CheckpointRoots.leaf`` (during the pass: each record's
@@ -72,8 +73,10 @@ def check_checkpoints(run: Verification) -> None:
     """After the pass: each checkpoint's note, origin, size, root and cosignatures."""
     terms = run.terms
     parties = {p.id: p.key for p in (terms.operator, terms.buyer, terms.desk)}
+    covered = 0  # the largest valid checkpoint: ledger-signed, this log, root matching
     for size_column, note_text in run.source.small_table("checkpoints", "size, note", "size"):
         run.bump("checkpoints")
+        valid = True
         where = f"checkpoints size {size_column}"
         try:
             note = parse_note(str(note_text))
@@ -112,7 +115,9 @@ def check_checkpoints(run: Verification) -> None:
                 body.origin,
                 "a checkpoint of another log",
             )
+            valid = False
         if not note.signed_by(LEDGER_NOTE_NAME, run.ledger_key):
+            valid = False
             run.add(
                 Step.MERKLE,
                 "CHECKPOINT_SIGNATURE",
@@ -122,6 +127,7 @@ def check_checkpoints(run: Verification) -> None:
                 "a checkpoint counts only under the ledger's signature",
             )
         if body.size > run.record_count:
+            valid = False
             run.add(
                 Step.MERKLE,
                 "CHECKPOINT_SIZE",
@@ -133,6 +139,7 @@ def check_checkpoints(run: Verification) -> None:
         else:
             root = run.roots.roots.get(body.size)
             if root != body.root:
+                valid = False
                 run.add(
                     Step.MERKLE,
                     "CHECKPOINT_ROOT",
@@ -141,6 +148,8 @@ def check_checkpoints(run: Verification) -> None:
                     base64.b64encode(body.root).decode(),
                     "the RFC 9162 root of the record payloads differs",
                 )
+        if valid:
+            covered = max(covered, body.size)
         for sig in note.signatures:
             if sig.name == LEDGER_NOTE_NAME:
                 continue
@@ -171,3 +180,19 @@ def check_checkpoints(run: Verification) -> None:
                         "invalid",
                         "a party's cosignature does not verify with its terms key (SPEC §8.2)",
                     )
+    check_coverage(run, covered)
+
+
+def check_coverage(run: Verification, covered: int) -> None:
+    """SPEC §8: in a version-2 export no record carries a signature of its own, so every
+    record must lie inside a valid checkpoint; records past the largest are not trusted.
+    (Version 1: they are signed, and step (10) reports an uncovered tail as provisional.)"""
+    if run.unsigned_records and covered < run.record_count:
+        run.add(
+            Step.MERKLE,
+            "RECORD_UNCOVERED",
+            f"ledger_records {covered}..{run.record_count - 1}",
+            f"a valid ledger-signed checkpoint of size {run.record_count}",
+            f"largest valid checkpoint covers {covered}",
+            "records no checkpoint signature covers are not authenticated (SPEC §8)",
+        )

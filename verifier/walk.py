@@ -53,7 +53,7 @@ def walk(run: Verification) -> None:
     run.progress.start(run.source.path.name, run.record_count)
     done = 0
     context = PairContext(
-        step4_envelopes.keyring(run), run.placement_id, run.referee.ledger_required
+        step4_envelopes.keyring(run), run.placement_id, run.record_required, run.record_permitted
     )
     jobs = run.pool.run_jobs(open_jobs, _batch_jobs(run.source), context)
     with fewer_collections():
