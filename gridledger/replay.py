@@ -61,6 +61,7 @@ from gridledger.placement_plan import Placement, Plan, plan_placements
 from gridledger.replay_cluster import ReplayCluster
 from gridledger.replay_limits import (
     DEFAULT_INTERVAL_S,
+    EXPORT_CHUNK,
     LEDGER_IDLE_POLL_MS,
     LEDGER_STEP_DEADLINE_S,
     MAX_VERIFY_IN_FLIGHT,
@@ -80,7 +81,7 @@ from gridledger.replay_terms import (
 )
 from gridledger.trace import Task, TraceUsage, read_trace, trace_usage
 from ledger.config import KafkaConfig
-from ledger.export import export_placement
+from ledger.export import export_all
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
 from meter.durable import write_atomic
@@ -660,7 +661,8 @@ class _ReplayRun:
 
     # 5-6: exports, verifier, report
     def finish(self, plan: Plan, store: Store) -> None:
-        """Export every placement and verify each export in worker processes meanwhile."""
+        """Export the closed placements, EXPORT_CHUNK at a time with ``export_all``, and
+        verify each export in worker processes while the next chunk is written."""
         exports = self.workdir / "exports"
         if exports.exists():
             shutil.rmtree(exports)
@@ -670,19 +672,43 @@ class _ReplayRun:
         self.report.inputs_rejected = int(
             store.query("SELECT count(*) FROM records WHERE status = 'rejected'")[0][0]
         )
+        closed = {
+            str(row[0])
+            for row in store.query(
+                "SELECT DISTINCT placement_id FROM records "
+                "WHERE kind = 'closed' AND status = 'accepted'"
+            )
+        }
+        to_export: list[Placement] = []
+        for placement in plan.placements:
+            if placement.placement_id in closed:
+                to_export.append(placement)
+            else:
+                self.report.failed.append((placement.placement_id, "never closed"))
+        del closed
         trust = dump_trust(self.cast.trust())
         started = time.perf_counter()
         context = multiprocessing.get_context("spawn")  # never fork a process holding DuckDB
         pending: deque[tuple[Placement, Future[VerifySummary]]] = deque()
         with ProcessPoolExecutor(VERIFY_WORKERS, mp_context=context) as pool:
-            for placement in plan.placements:
-                if store.close_index(placement.placement_id) is None:
-                    self.report.failed.append((placement.placement_id, "never closed"))
-                    continue
-                out = exports / f"{placement.placement_id}.duckdb"
+            for at in range(0, len(to_export), EXPORT_CHUNK):
+                chunk = to_export[at : at + EXPORT_CHUNK]
                 with _Timer(self.seconds, "export"):
-                    export_placement(store, placement.placement_id, out, key=self.cast.ledger)
-                pending.append((placement, pool.submit(verify_one, str(out), trust)))
+                    done = export_all(
+                        store,
+                        exports,
+                        key=self.cast.ledger,
+                        placement_ids=[p.placement_id for p in chunk],
+                    )
+                for placement in chunk:
+                    pid = placement.placement_id
+                    if pid not in done.written:
+                        why = done.skipped.get(pid, "not exported")
+                        self.report.failed.append((pid, f"not exported: {why}"))
+                        continue
+                    out = exports / f"{pid}.duckdb"
+                    pending.append((placement, pool.submit(verify_one, str(out), trust)))
+                # The verifier may lag the exports by at most MAX_VERIFY_IN_FLIGHT.
                 while len(pending) > MAX_VERIFY_IN_FLIGHT:
                     self.count_verdict(*_result(pending.popleft()))
             while pending:

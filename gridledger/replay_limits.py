@@ -51,8 +51,13 @@ UNPLACEABLE_SHOWN: Final = 20
 VERIFY_WORKERS: Final = 2
 """Processes verifying exports while the replay writes the next ones (one per core)."""
 
-MAX_VERIFY_IN_FLIGHT: Final = 16
-"""Exports handed to the verifier workers and not yet reported back."""
+EXPORT_CHUNK: Final = 64
+"""Placements exported by one ``export_all`` call at the end of a replay: statements and
+checkpoints issued set-wise, two writer threads; the replay holds one chunk's results."""
+
+MAX_VERIFY_IN_FLIGHT: Final = 2 * EXPORT_CHUNK
+"""Exports handed to the verifier workers and not yet reported back: the verifier may lag
+the exports by up to two chunks, so the writers rarely wait for it."""
 
 PROGRESS_EVERY_S: Final = 5.0
 """Wall seconds between two progress lines of a replay (each also after the last step)."""
