@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -51,6 +52,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
 
@@ -63,7 +65,10 @@ from gridledger.replay_limits import (
     DEFAULT_INTERVAL_S,
     EXPORT_CHUNK,
     LEDGER_IDLE_POLL_MS,
+    LEDGER_PROCESS_EXIT_S,
     LEDGER_STEP_DEADLINE_S,
+    MAX_LEDGER_LAG_EVENTS,
+    MAX_LEDGER_STEPS_AHEAD,
     MAX_VERIFY_IN_FLIGHT,
     PROGRESS_EVERY_S,
     SEND_WINDOW_RECORDS,
@@ -98,6 +103,7 @@ __all__ = [
     "ReplayOptions",
     "ReplayReport",
     "planned_events",
+    "prefix_budgets",
     "register",
     "run_replay",
     "select_tasks",
@@ -130,6 +136,8 @@ class ReplayOptions:
     seed: str = DEFAULT_SEED
     buyers: int = DEFAULT_BUYERS
     step_ms: int = STEP_MS
+    ledger_process: bool = True
+    """Kafka: the ledger in a process of its own (False: in the replay's process)."""
     progress: Callable[[str], None] | None = None
     """Where progress lines go (the CLI: stderr), at most one per PROGRESS_EVERY_S."""
 
@@ -355,6 +363,21 @@ def select_tasks(
     return tuple(chosen)
 
 
+def prefix_budgets(
+    tasks: Sequence[Task], percents: Sequence[int], interval_ms: int
+) -> list[int | None]:
+    """The ``max_events`` of prefixes holding ``percents`` of the trace's usage events
+    (``select_tasks`` then takes the longest prefix in scheduled order within each);
+    100 is the whole trace (None: no bound)."""
+    total = planned_events(tasks, interval_ms)
+    out: list[int | None] = []
+    for percent in percents:
+        if not 0 < percent <= 100:
+            raise ValueError(f"a prefix is a percentage in 1..100, got {percent}")
+        out.append(None if percent == 100 else max(1, total * percent // 100))
+    return out
+
+
 def planned_events(tasks: Sequence[Task], interval_ms: int) -> int:
     """Usage events the replay's agents sign for ``tasks`` (one per interval of each
     task's window, the last one clipped), so a run's size is known before it starts."""
@@ -574,20 +597,52 @@ class _ReplayRun:
             exist_ok=True,
             config=SIMULATION_TOPIC_CONFIG,
         )
-        store = Store(self.workdir / "ledger.duckdb", ledger_public_key=self.cast.ledger.public_key)
-        now = _ClockHolder()
-        service = KafkaLedgerService(
-            store,
-            self.cast.ledger,
-            KafkaConfig(settings=settings),
-            clock=now.read,
-            arrival="sender",
-        )
+        steps = self.steps(plan)
+        db = self.workdir / "ledger.duckdb"
+        ledger: _InProcessLedger | _LedgerProcess
+        if self.options.ledger_process:
+            ledger = _LedgerProcess(
+                _LedgerJob(
+                    db=str(db),
+                    seed=self.options.seed,
+                    buyers=self.options.buyers,
+                    bootstrap=bootstrap,
+                    topic=self.options.topic,
+                    max_commands=len(steps) + 1,
+                ),
+                self.seconds,
+            )
+        else:
+            ledger = _InProcessLedger(
+                Store(db, ledger_public_key=self.cast.ledger.public_key),
+                self.cast,
+                settings,
+                self.seconds,
+            )
+        try:
+            await self.kafka_steps(plan, steps, settings, ledger)
+            await ledger.stop()
+        finally:
+            await ledger.close()
+        store = Store(db, ledger_public_key=self.cast.ledger.public_key)
+        try:
+            self.finish(plan, store)
+        finally:
+            store.close()
+
+    async def kafka_steps(
+        self,
+        plan: Plan,
+        steps: Sequence[int],
+        settings: KafkaSettings,
+        ledger: _InProcessLedger | _LedgerProcess,
+    ) -> None:
+        """Step 4 over Kafka: terms, agents, shippers; the ledger told each step's end."""
         cluster = self.cluster(plan, self.workdir / "spools")
         producer = make_producer(settings, linger_ms=5)
         try:
             await producer.start()
-            await service.start()
+            await ledger.start()
             # One shipper per node spool, the meter's own (one producer shared by all):
             # it starts from the spool's acknowledged position, so events spooled by an
             # earlier run but never acknowledged are sent again first.
@@ -610,7 +665,6 @@ class _ReplayRun:
                 log.info("resent_unacked", events=resent)
             shipping += time.perf_counter() - started
             previous: int | None = None
-            steps = self.steps(plan)
             progress = self.start_progress(plan, steps)
             for day, until in enumerate(steps, 1):
                 starting = [
@@ -632,32 +686,20 @@ class _ReplayRun:
                         self.report.events_generated += len(envelopes)
                         touched[node.node_id] = shippers[node.node_id]
                 started = time.perf_counter()
-                await _ship(list(touched.values()))
+                shipped = await _ship(list(touched.values()))
                 shipping += time.perf_counter() - started
-                now.value = until
-                with _Timer(self.seconds, "ledger"):
-                    await service.run_until(
-                        deadline_s=LEDGER_STEP_DEADLINE_S, idle_poll_ms=LEDGER_IDLE_POLL_MS
-                    )
+                # Everything of this step is acknowledged: the ledger may fold it and
+                # close, at the step's end, what is due.
+                await ledger.step(until, resent + shipped + len(starting))
+                resent = 0
                 previous = until
                 progress.step(self.report.events_generated, day, len(steps))
+            await ledger.drain()
             progress.step(self.report.events_generated, len(steps), len(steps), final=True)
             self.seconds["ship"] = shipping
-        except BaseException:
-            service.close()
-            raise
         finally:
-            # Stopped before the exports: their work would block the event loop while the
-            # consumer's fetches wait for it, and time out.
             cluster.close()
-            try:
-                await service.stop()
-            finally:
-                await producer.stop()
-        try:
-            self.finish(plan, store)
-        finally:
-            service.close()
+            await producer.stop()
 
     # 5-6: exports, verifier, report
     def finish(self, plan: Plan, store: Store) -> None:
@@ -792,6 +834,183 @@ async def _ship(shippers: Sequence[Shipper]) -> int:
     """Ship what each spool holds, the spools side by side; return how many records."""
     counts = await asyncio.gather(*(shipper.ship_available() for shipper in shippers))
     return sum(counts)
+
+
+class _InProcessLedger:
+    """The ledger of a Kafka replay in the replay's own process, one step at a time."""
+
+    def __init__(
+        self, store: Store, cast: ReplayCast, settings: KafkaSettings, seconds: dict[str, float]
+    ) -> None:
+        self.now = _ClockHolder()
+        self.seconds = seconds
+        self.service = KafkaLedgerService(
+            store,
+            cast.ledger,
+            KafkaConfig(settings=settings),
+            clock=self.now.read,
+            arrival="sender",
+        )
+        self.started = False
+
+    async def start(self) -> None:
+        await self.service.start()
+        self.started = True
+
+    async def step(self, until_ms: int, records: int) -> None:
+        del records  # folded before the next step starts: nothing in flight
+        self.now.value = until_ms
+        with _Timer(self.seconds, "ledger"):
+            await self.service.run_until(
+                deadline_s=LEDGER_STEP_DEADLINE_S, idle_poll_ms=LEDGER_IDLE_POLL_MS
+            )
+
+    async def drain(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        """Stop the consumer and close the store (the exports reopen it)."""
+        try:
+            if self.started:
+                await self.service.stop()
+        finally:
+            self.service.close()
+
+
+@dataclass(frozen=True)
+class _LedgerJob:
+    """What the ledger process of a Kafka replay needs (picklable)."""
+
+    db: str
+    seed: str
+    buyers: int
+    bootstrap: str
+    topic: str
+    max_commands: int
+
+
+class _LedgerProcess:
+    """The ledger of a Kafka replay in a process of its own (``ledger_main``): the agents
+    and shippers and the ledger on separate cores, Kafka the queue between them.
+
+    The replay tells it each step's end once the step's records are acknowledged; the
+    ledger sets its clock there, folds until caught up and closes what is due, then says
+    so. The replay runs ahead by at most MAX_LEDGER_STEPS_AHEAD steps and, beyond one
+    step, MAX_LEDGER_LAG_EVENTS records: the lag is bounded in events.
+    """
+
+    def __init__(self, job: _LedgerJob, seconds: dict[str, float]) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process holding DuckDB
+        self.conn, child = context.Pipe()
+        self.seconds = seconds
+        self.outstanding: deque[int] = deque()
+        self.process = context.Process(
+            target=ledger_main, args=(child, job), name="replay-ledger", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.stopped = False
+
+    async def start(self) -> None:
+        self._expect("ready")
+
+    def lag_records(self) -> int:
+        """Records acknowledged by Kafka whose step the ledger has not finished yet."""
+        return sum(self.outstanding)
+
+    async def step(self, until_ms: int, records: int) -> None:
+        self.conn.send(("step", until_ms))
+        self.outstanding.append(records)
+        with _Timer(self.seconds, "ledger_wait"):
+            while len(self.outstanding) > MAX_LEDGER_STEPS_AHEAD or (
+                len(self.outstanding) > 1 and self.lag_records() > MAX_LEDGER_LAG_EVENTS
+            ):
+                self._wait_one()
+
+    async def drain(self) -> None:
+        with _Timer(self.seconds, "ledger_wait"):
+            while self.outstanding:
+                self._wait_one()
+
+    async def stop(self) -> None:
+        """Drain, then let the ledger close its store and end."""
+        await self.drain()
+        self.conn.send(("stop", 0))
+        self._expect("stopped")
+        self.process.join(LEDGER_PROCESS_EXIT_S)
+        self.stopped = True
+        if self.process.exitcode != 0:
+            raise RuntimeError(f"the ledger process ended with exit code {self.process.exitcode}")
+
+    async def close(self) -> None:
+        """After ``stop``: nothing left; else (an error) end the process, then wait."""
+        if not self.stopped and self.process.is_alive():
+            self.process.terminate()
+        self.process.join(LEDGER_PROCESS_EXIT_S)
+        self.conn.close()
+
+    def _wait_one(self) -> None:
+        reply = self._expect("done")
+        self.outstanding.popleft()
+        self.seconds["ledger"] = self.seconds.get("ledger", 0.0) + float(reply[2])
+
+    def _expect(self, kind: str) -> tuple[str, Any, float]:
+        if not self.conn.poll(LEDGER_STEP_DEADLINE_S):
+            raise TimeoutError(f"the ledger process said nothing in {LEDGER_STEP_DEADLINE_S} s")
+        try:
+            reply: tuple[str, Any, float] = self.conn.recv()
+        except EOFError:
+            self.process.join(LEDGER_PROCESS_EXIT_S)
+            raise RuntimeError(
+                f"the ledger process ended (exit code {self.process.exitcode})"
+            ) from None
+        if reply[0] == "error":
+            raise RuntimeError(f"the ledger process failed: {reply[1]}")
+        if reply[0] != kind:
+            raise RuntimeError(f"the ledger process said {reply[0]!r}, expected {kind!r}")
+        return reply
+
+
+def ledger_main(conn: Connection, job: _LedgerJob) -> None:
+    """The ledger process of a Kafka replay (``_LedgerProcess``): the ledger service on
+    the replay's topic with arrival = "sender", its clock set to each step's end."""
+    quiet_logs()
+    try:
+        asyncio.run(_ledger_loop(conn, job))
+    except EOFError:
+        return  # the replay is gone: the store is the ledger's own, kill-safe as ever
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"{type(exc).__name__}: {exc}", 0.0))
+        raise SystemExit(1) from None
+
+
+async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
+    cast = make_replay_cast(job.seed, job.buyers)
+    settings = KafkaSettings(bootstrap=job.bootstrap, topic=job.topic)
+    ledger = _InProcessLedger(
+        Store(Path(job.db), ledger_public_key=cast.ledger.public_key), cast, settings, {}
+    )
+    try:
+        await ledger.start()
+        conn.send(("ready", 0, 0.0))
+        for _ in range(job.max_commands):
+            if not conn.poll(LEDGER_STEP_DEADLINE_S):
+                raise TimeoutError(f"no word from the replay in {LEDGER_STEP_DEADLINE_S} s")
+            command, until_ms = conn.recv()
+            if command == "stop":
+                break
+            started = time.perf_counter()
+            await ledger.step(int(until_ms), 0)
+            conn.send(("done", until_ms, time.perf_counter() - started))
+        else:
+            raise RuntimeError(f"more than {job.max_commands} commands")
+    finally:
+        await ledger.close()
+    conn.send(("stopped", 0, 0.0))
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:
