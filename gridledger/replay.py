@@ -207,6 +207,8 @@ class ReplayReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     peak_rss_mib: float = 0.0
+    peak_rss_mib_by_process: dict[str, float] = field(default_factory=dict)
+    """The replay process's own peak and, over Kafka, its ledger process's."""
 
     @property
     def delivered_equals_trace(self) -> bool:
@@ -269,6 +271,9 @@ class ReplayReport:
                 "agents": round(self.rate("agents"), 1),
             },
             "peak_rss_mib": round(self.peak_rss_mib, 1),
+            "peak_rss_mib_by_process": {
+                k: round(v, 1) for k, v in sorted(self.peak_rss_mib_by_process.items())
+            },
             "ok": self.ok,
         }
 
@@ -315,7 +320,13 @@ class ReplayReport:
             lines.append(f"  FAIL {placement}: {why}")
         lines.append(f"delivered_equals_trace: {str(self.delivered_equals_trace).lower()}")
         timing = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
-        lines.append(f"time: {timing}; peak RSS {self.peak_rss_mib:.0f} MiB")
+        by_process = ", ".join(
+            f"{k} {v:.0f} MiB" for k, v in sorted(self.peak_rss_mib_by_process.items())
+        )
+        lines.append(
+            f"time: {timing}; peak RSS {self.peak_rss_mib:.0f} MiB"
+            + (f" ({by_process})" if by_process else "")
+        )
         lines.append(
             ("OK: " if self.ok else "FAIL: ")
             + "replay "
@@ -399,7 +410,10 @@ class _Progress:
         self.started = time.monotonic()
         self.last = self.started
 
-    def step(self, events: int, day: int, days: int, *, final: bool = False) -> None:
+    def step(
+        self, events: int, day: int, days: int, *, final: bool = False, lag: int | None = None
+    ) -> None:
+        """``lag``: records the ledger process has yet to fold (Kafka), shown when given."""
         if self.emit is None:
             return
         now = time.monotonic()
@@ -416,7 +430,9 @@ class _Progress:
         )
         self.emit(
             f"replay: day {day} of {days} · {events:,} of {self.total:,} events · "
-            f"{rate:,.0f} events/s · {_duration(elapsed)} elapsed · {eta}"
+            f"{rate:,.0f} events/s · "
+            + ("" if lag is None else f"ledger {lag:,} records behind · ")
+            + f"{_duration(elapsed)} elapsed · {eta}"
         )
 
 
@@ -434,6 +450,11 @@ def peak_rss_mib() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return max(own, children) / 1024  # Linux reports KiB
+
+
+def own_peak_rss_mib() -> float:
+    """Peak resident memory of this process alone, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class _Timer:
@@ -624,6 +645,8 @@ class _ReplayRun:
             await ledger.stop()
         finally:
             await ledger.close()
+        if isinstance(ledger, _LedgerProcess):
+            self.report.peak_rss_mib_by_process["ledger"] = ledger.peak_rss_mib
         store = Store(db, ledger_public_key=self.cast.ledger.public_key)
         try:
             self.finish(plan, store)
@@ -693,7 +716,9 @@ class _ReplayRun:
                 await ledger.step(until, resent + shipped + len(starting))
                 resent = 0
                 previous = until
-                progress.step(self.report.events_generated, day, len(steps))
+                progress.step(
+                    self.report.events_generated, day, len(steps), lag=ledger.lag_records()
+                )
             await ledger.drain()
             progress.step(self.report.events_generated, len(steps), len(steps), final=True)
             self.seconds["ship"] = shipping
@@ -865,6 +890,10 @@ class _InProcessLedger:
                 deadline_s=LEDGER_STEP_DEADLINE_S, idle_poll_ms=LEDGER_IDLE_POLL_MS
             )
 
+    def lag_records(self) -> int | None:
+        """Nothing in flight once ``step`` returns: no lag to show."""
+        return None
+
     async def drain(self) -> None:
         return None
 
@@ -907,6 +936,7 @@ class _LedgerProcess:
         self.conn, child = context.Pipe()
         self.seconds = seconds
         self.outstanding: deque[int] = deque()
+        self.peak_rss_mib = 0.0
         self.process = context.Process(
             target=ledger_main, args=(child, job), name="replay-ledger", daemon=True
         )
@@ -939,7 +969,7 @@ class _LedgerProcess:
         """Drain, then let the ledger close its store and end."""
         await self.drain()
         self.conn.send(("stop", 0))
-        self._expect("stopped")
+        self.peak_rss_mib = float(self._expect("stopped")[2])
         self.process.join(LEDGER_PROCESS_EXIT_S)
         self.stopped = True
         if self.process.exitcode != 0:
@@ -1010,7 +1040,7 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
             raise RuntimeError(f"more than {job.max_commands} commands")
     finally:
         await ledger.close()
-    conn.send(("stopped", 0, 0.0))
+    conn.send(("stopped", 0, own_peak_rss_mib()))
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:
@@ -1024,6 +1054,7 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
         run.run_local(plan)
     run.seconds["total"] = time.perf_counter() - started
     run.report.peak_rss_mib = peak_rss_mib()
+    run.report.peak_rss_mib_by_process["replay"] = own_peak_rss_mib()
     return run.report
 
 
