@@ -490,6 +490,7 @@ class _ReplayRun:
         self.cast: ReplayCast = make_replay_cast(options.seed, options.buyers)
         self.prices: PriceTable = load_price_table(options.prices)
         self.terms: dict[str, PlacementTerms] = {}
+        # Signed terms not yet published: each is dropped once published (memory).
         self.terms_envelopes: dict[str, bytes] = {}
         self.by_qos: Counter[str] = Counter()
         self.by_model: Counter[str] = Counter()
@@ -585,7 +586,7 @@ class _ReplayRun:
                     publish_local(
                         local_dir,
                         publisher_source(PUBLISHER),
-                        [self.terms_envelopes[p.placement_id] for p in starting],
+                        [self.terms_envelopes.pop(p.placement_id) for p in starting],
                     )
                 with _Timer(self.seconds, "agents"):
                     for _, envelopes in cluster.tick_to(previous or 0, until):
@@ -691,7 +692,7 @@ class _ReplayRun:
             progress = self.start_progress(plan, steps)
             for day, until in enumerate(steps, 1):
                 starting = [
-                    (p.placement_id, self.terms_envelopes[p.placement_id])
+                    (p.placement_id, self.terms_envelopes.pop(p.placement_id))
                     for p in self.starting(plan, previous, until)
                 ]
                 if starting:
