@@ -208,7 +208,8 @@ class ReplayReport:
     seconds: dict[str, float] = field(default_factory=dict)
     peak_rss_mib: float = 0.0
     peak_rss_mib_by_process: dict[str, float] = field(default_factory=dict)
-    """The replay process's own peak and, over Kafka, its ledger process's."""
+    """The replay process's own peak and, over Kafka, its ledger process's; and
+    ``ledger_duckdb``: the most DuckDB memory the ledger's store held after a step."""
 
     @property
     def delivered_equals_trace(self) -> bool:
@@ -648,6 +649,9 @@ class _ReplayRun:
             await ledger.close()
         if isinstance(ledger, _LedgerProcess):
             self.report.peak_rss_mib_by_process["ledger"] = ledger.peak_rss_mib
+        # Not a process: the part of the ledger's RSS that is its store's DuckDB memory
+        # (the buffer pool grows with the store up to ledger.limits.STORE_MEMORY_LIMIT).
+        self.report.peak_rss_mib_by_process["ledger_duckdb"] = ledger.duckdb_peak_mib
         store = Store(db, ledger_public_key=self.cast.ledger.public_key)
         try:
             self.finish(plan, store)
@@ -877,11 +881,19 @@ class _InProcessLedger:
             clock=self.now.read,
             arrival="sender",
         )
+        self.store = store
         self.started = False
+        self.duckdb_peak_mib = 0.0
 
     async def start(self) -> None:
         await self.service.start()
         self.started = True
+
+    def sample_duckdb(self) -> None:
+        """Note the store's DuckDB memory now (its buffer pool, capped by the store)."""
+        rows = self.store.query("SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
+        used = int(rows[0][0] or 0) if rows else 0
+        self.duckdb_peak_mib = max(self.duckdb_peak_mib, used / 2**20)
 
     async def step(self, until_ms: int, records: int) -> None:
         del records  # folded before the next step starts: nothing in flight
@@ -890,6 +902,7 @@ class _InProcessLedger:
             await self.service.run_until(
                 deadline_s=LEDGER_STEP_DEADLINE_S, idle_poll_ms=LEDGER_IDLE_POLL_MS
             )
+        self.sample_duckdb()
 
     def lag_records(self) -> int | None:
         """Nothing in flight once ``step`` returns: no lag to show."""
@@ -938,6 +951,7 @@ class _LedgerProcess:
         self.seconds = seconds
         self.outstanding: deque[int] = deque()
         self.peak_rss_mib = 0.0
+        self.duckdb_peak_mib = 0.0
         self.process = context.Process(
             target=ledger_main, args=(child, job), name="replay-ledger", daemon=True
         )
@@ -970,7 +984,9 @@ class _LedgerProcess:
         """Drain, then let the ledger close its store and end."""
         await self.drain()
         self.conn.send(("stop", 0))
-        self.peak_rss_mib = float(self._expect("stopped")[2])
+        _, duckdb_mib, rss_mib = self._expect("stopped")
+        self.peak_rss_mib = float(rss_mib)
+        self.duckdb_peak_mib = float(duckdb_mib)
         self.process.join(LEDGER_PROCESS_EXIT_S)
         self.stopped = True
         if self.process.exitcode != 0:
@@ -1041,7 +1057,7 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
             raise RuntimeError(f"more than {job.max_commands} commands")
     finally:
         await ledger.close()
-    conn.send(("stopped", 0, own_peak_rss_mib()))
+    conn.send(("stopped", ledger.duckdb_peak_mib, own_peak_rss_mib()))
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:

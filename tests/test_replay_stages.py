@@ -126,6 +126,7 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     assert not process.is_alive() and process.exitcode == 0  # ended cleanly, told to
     assert split.seconds["ledger"] > 0 and "ledger_wait" in split.seconds
     assert split.peak_rss_mib_by_process["ledger"] > 0  # its own peak, reported on stop
+    assert 0 < split.peak_rss_mib_by_process["ledger_duckdb"] < 512  # its store's pool
     inline = _kafka_run(tmp_path / "inline", kafka_bootstrap, ledger_process=False)
     assert len(started) == 1  # no process for the ledger in the replay's own process
     assert split.ok and inline.ok
