@@ -100,6 +100,7 @@ from transport.local import publish_local, publisher_source
 
 __all__ = [
     "REPORT_FORMAT",
+    "LedgerProcessError",
     "ReplayOptions",
     "ReplayReport",
     "planned_events",
@@ -923,6 +924,10 @@ class _InProcessLedger:
             self.service.close()
 
 
+class LedgerProcessError(RuntimeError):
+    """The replay's ledger process failed, ended or fell silent (one line, for the CLI)."""
+
+
 @dataclass(frozen=True)
 class _LedgerJob:
     """What the ledger process of a Kafka replay needs (picklable)."""
@@ -958,6 +963,7 @@ class _LedgerProcess:
         self.process.start()
         child.close()
         self.stopped = False
+        self.reported_failure = False
 
     async def start(self) -> None:
         self._expect("ready")
@@ -990,11 +996,14 @@ class _LedgerProcess:
         self.process.join(LEDGER_PROCESS_EXIT_S)
         self.stopped = True
         if self.process.exitcode != 0:
-            raise RuntimeError(f"the ledger process ended with exit code {self.process.exitcode}")
+            raise LedgerProcessError(
+                f"the ledger process ended with exit code {self.process.exitcode}"
+            )
 
     async def close(self) -> None:
-        """After ``stop``: nothing left; else (an error) end the process, then wait."""
-        if not self.stopped and self.process.is_alive():
+        """After ``stop``, or after the process reported its own failure (it exits by
+        itself): wait for it; else (the replay failed) end it, then wait."""
+        if not (self.stopped or self.reported_failure) and self.process.is_alive():
             self.process.terminate()
         self.process.join(LEDGER_PROCESS_EXIT_S)
         self.conn.close()
@@ -1006,18 +1015,21 @@ class _LedgerProcess:
 
     def _expect(self, kind: str) -> tuple[str, Any, float]:
         if not self.conn.poll(LEDGER_STEP_DEADLINE_S):
-            raise TimeoutError(f"the ledger process said nothing in {LEDGER_STEP_DEADLINE_S} s")
+            raise LedgerProcessError(
+                f"the ledger process said nothing in {LEDGER_STEP_DEADLINE_S} s"
+            )
         try:
             reply: tuple[str, Any, float] = self.conn.recv()
         except EOFError:
             self.process.join(LEDGER_PROCESS_EXIT_S)
-            raise RuntimeError(
+            raise LedgerProcessError(
                 f"the ledger process ended (exit code {self.process.exitcode})"
             ) from None
         if reply[0] == "error":
-            raise RuntimeError(f"the ledger process failed: {reply[1]}")
+            self.reported_failure = True
+            raise LedgerProcessError(f"the ledger process failed: {reply[1]}")
         if reply[0] != kind:
-            raise RuntimeError(f"the ledger process said {reply[0]!r}, expected {kind!r}")
+            raise LedgerProcessError(f"the ledger process said {reply[0]!r}, expected {kind!r}")
         return reply
 
 
@@ -1167,7 +1179,7 @@ def _handle(args: argparse.Namespace) -> int:
     )
     try:
         report = run_replay(options)
-    except (TraceError, PriceTableError, ValueError) as exc:
+    except (TraceError, PriceTableError, ValueError, LedgerProcessError) as exc:
         print(f"FAIL: {exc}", file=sys.stderr)
         return 2
     emit: Callable[[str], None] = print

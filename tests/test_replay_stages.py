@@ -5,6 +5,7 @@ the ledger in the replay's process; the process ends cleanly)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 from pathlib import Path
@@ -139,3 +140,24 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     heads = _heads(tmp_path / "split")
     assert len(heads) == 10
     assert heads == _heads(tmp_path / "inline")
+
+
+def test_a_ledger_process_that_fails_is_one_named_error_and_ends(tmp_path: Path) -> None:
+    """A ledger process that cannot open its store says why and exits; the replay raises
+    LedgerProcessError (one line for the CLI), never waits for it."""
+    not_a_store = tmp_path / "ledger.duckdb"
+    not_a_store.mkdir()  # a directory where the store file should be
+    job = replay._LedgerJob(
+        db=str(not_a_store),
+        seed="openb",
+        buyers=4,
+        bootstrap="127.0.0.1:9",  # never reached: the store fails first
+        topic="unused",
+        max_commands=2,
+    )
+    seconds: dict[str, float] = {}
+    ledger = replay._LedgerProcess(job, seconds)
+    with pytest.raises(replay.LedgerProcessError, match="the ledger process failed: "):
+        asyncio.run(ledger.start())
+    asyncio.run(ledger.close())
+    assert not ledger.process.is_alive() and ledger.process.exitcode == 1
