@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -51,6 +52,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
 
@@ -61,8 +63,12 @@ from gridledger.placement_plan import Placement, Plan, plan_placements
 from gridledger.replay_cluster import ReplayCluster
 from gridledger.replay_limits import (
     DEFAULT_INTERVAL_S,
+    EXPORT_CHUNK,
     LEDGER_IDLE_POLL_MS,
+    LEDGER_PROCESS_EXIT_S,
     LEDGER_STEP_DEADLINE_S,
+    MAX_LEDGER_LAG_EVENTS,
+    MAX_LEDGER_STEPS_AHEAD,
     MAX_VERIFY_IN_FLIGHT,
     PROGRESS_EVERY_S,
     SEND_WINDOW_RECORDS,
@@ -80,7 +86,7 @@ from gridledger.replay_terms import (
 )
 from gridledger.trace import Task, TraceUsage, read_trace, trace_usage
 from ledger.config import KafkaConfig
-from ledger.export import export_placement
+from ledger.export import export_all
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
 from meter.durable import write_atomic
@@ -94,9 +100,11 @@ from transport.local import publish_local, publisher_source
 
 __all__ = [
     "REPORT_FORMAT",
+    "LedgerProcessError",
     "ReplayOptions",
     "ReplayReport",
     "planned_events",
+    "prefix_budgets",
     "register",
     "run_replay",
     "select_tasks",
@@ -129,6 +137,8 @@ class ReplayOptions:
     seed: str = DEFAULT_SEED
     buyers: int = DEFAULT_BUYERS
     step_ms: int = STEP_MS
+    ledger_process: bool = True
+    """Kafka: the ledger in a process of its own (False: in the replay's process)."""
     progress: Callable[[str], None] | None = None
     """Where progress lines go (the CLI: stderr), at most one per PROGRESS_EVERY_S."""
 
@@ -198,6 +208,9 @@ class ReplayReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     peak_rss_mib: float = 0.0
+    peak_rss_mib_by_process: dict[str, float] = field(default_factory=dict)
+    """The replay process's own peak and, over Kafka, its ledger process's; and
+    ``ledger_duckdb``: the most DuckDB memory the ledger's store held after a step."""
 
     @property
     def delivered_equals_trace(self) -> bool:
@@ -260,6 +273,9 @@ class ReplayReport:
                 "agents": round(self.rate("agents"), 1),
             },
             "peak_rss_mib": round(self.peak_rss_mib, 1),
+            "peak_rss_mib_by_process": {
+                k: round(v, 1) for k, v in sorted(self.peak_rss_mib_by_process.items())
+            },
             "ok": self.ok,
         }
 
@@ -306,7 +322,13 @@ class ReplayReport:
             lines.append(f"  FAIL {placement}: {why}")
         lines.append(f"delivered_equals_trace: {str(self.delivered_equals_trace).lower()}")
         timing = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
-        lines.append(f"time: {timing}; peak RSS {self.peak_rss_mib:.0f} MiB")
+        by_process = ", ".join(
+            f"{k} {v:.0f} MiB" for k, v in sorted(self.peak_rss_mib_by_process.items())
+        )
+        lines.append(
+            f"time: {timing}; peak RSS {self.peak_rss_mib:.0f} MiB"
+            + (f" ({by_process})" if by_process else "")
+        )
         lines.append(
             ("OK: " if self.ok else "FAIL: ")
             + "replay "
@@ -354,6 +376,21 @@ def select_tasks(
     return tuple(chosen)
 
 
+def prefix_budgets(
+    tasks: Sequence[Task], percents: Sequence[int], interval_ms: int
+) -> list[int | None]:
+    """The ``max_events`` of prefixes holding ``percents`` of the trace's usage events
+    (``select_tasks`` then takes the longest prefix in scheduled order within each);
+    100 is the whole trace (None: no bound)."""
+    total = planned_events(tasks, interval_ms)
+    out: list[int | None] = []
+    for percent in percents:
+        if not 0 < percent <= 100:
+            raise ValueError(f"a prefix is a percentage in 1..100, got {percent}")
+        out.append(None if percent == 100 else max(1, total * percent // 100))
+    return out
+
+
 def planned_events(tasks: Sequence[Task], interval_ms: int) -> int:
     """Usage events the replay's agents sign for ``tasks`` (one per interval of each
     task's window, the last one clipped), so a run's size is known before it starts."""
@@ -375,7 +412,10 @@ class _Progress:
         self.started = time.monotonic()
         self.last = self.started
 
-    def step(self, events: int, day: int, days: int, *, final: bool = False) -> None:
+    def step(
+        self, events: int, day: int, days: int, *, final: bool = False, lag: int | None = None
+    ) -> None:
+        """``lag``: records the ledger process has yet to fold (Kafka), shown when given."""
         if self.emit is None:
             return
         now = time.monotonic()
@@ -392,7 +432,9 @@ class _Progress:
         )
         self.emit(
             f"replay: day {day} of {days} · {events:,} of {self.total:,} events · "
-            f"{rate:,.0f} events/s · {_duration(elapsed)} elapsed · {eta}"
+            f"{rate:,.0f} events/s · "
+            + ("" if lag is None else f"ledger {lag:,} records behind · ")
+            + f"{_duration(elapsed)} elapsed · {eta}"
         )
 
 
@@ -410,6 +452,11 @@ def peak_rss_mib() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return max(own, children) / 1024  # Linux reports KiB
+
+
+def own_peak_rss_mib() -> float:
+    """Peak resident memory of this process alone, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class _Timer:
@@ -445,6 +492,7 @@ class _ReplayRun:
         self.cast: ReplayCast = make_replay_cast(options.seed, options.buyers)
         self.prices: PriceTable = load_price_table(options.prices)
         self.terms: dict[str, PlacementTerms] = {}
+        # Signed terms not yet published: each is dropped once published (memory).
         self.terms_envelopes: dict[str, bytes] = {}
         self.by_qos: Counter[str] = Counter()
         self.by_model: Counter[str] = Counter()
@@ -540,7 +588,7 @@ class _ReplayRun:
                     publish_local(
                         local_dir,
                         publisher_source(PUBLISHER),
-                        [self.terms_envelopes[p.placement_id] for p in starting],
+                        [self.terms_envelopes.pop(p.placement_id) for p in starting],
                     )
                 with _Timer(self.seconds, "agents"):
                     for _, envelopes in cluster.tick_to(previous or 0, until):
@@ -573,20 +621,57 @@ class _ReplayRun:
             exist_ok=True,
             config=SIMULATION_TOPIC_CONFIG,
         )
-        store = Store(self.workdir / "ledger.duckdb", ledger_public_key=self.cast.ledger.public_key)
-        now = _ClockHolder()
-        service = KafkaLedgerService(
-            store,
-            self.cast.ledger,
-            KafkaConfig(settings=settings),
-            clock=now.read,
-            arrival="sender",
-        )
+        steps = self.steps(plan)
+        db = self.workdir / "ledger.duckdb"
+        ledger: _InProcessLedger | _LedgerProcess
+        if self.options.ledger_process:
+            ledger = _LedgerProcess(
+                _LedgerJob(
+                    db=str(db),
+                    seed=self.options.seed,
+                    buyers=self.options.buyers,
+                    bootstrap=bootstrap,
+                    topic=self.options.topic,
+                    max_commands=len(steps) + 1,
+                ),
+                self.seconds,
+            )
+        else:
+            ledger = _InProcessLedger(
+                Store(db, ledger_public_key=self.cast.ledger.public_key),
+                self.cast,
+                settings,
+                self.seconds,
+            )
+        try:
+            await self.kafka_steps(plan, steps, settings, ledger)
+            await ledger.stop()
+        finally:
+            await ledger.close()
+        if isinstance(ledger, _LedgerProcess):
+            self.report.peak_rss_mib_by_process["ledger"] = ledger.peak_rss_mib
+        # Not a process: the part of the ledger's RSS that is its store's DuckDB memory
+        # (the buffer pool grows with the store up to ledger.limits.STORE_MEMORY_LIMIT).
+        self.report.peak_rss_mib_by_process["ledger_duckdb"] = ledger.duckdb_peak_mib
+        store = Store(db, ledger_public_key=self.cast.ledger.public_key)
+        try:
+            self.finish(plan, store)
+        finally:
+            store.close()
+
+    async def kafka_steps(
+        self,
+        plan: Plan,
+        steps: Sequence[int],
+        settings: KafkaSettings,
+        ledger: _InProcessLedger | _LedgerProcess,
+    ) -> None:
+        """Step 4 over Kafka: terms, agents, shippers; the ledger told each step's end."""
         cluster = self.cluster(plan, self.workdir / "spools")
         producer = make_producer(settings, linger_ms=5)
         try:
             await producer.start()
-            await service.start()
+            await ledger.start()
             # One shipper per node spool, the meter's own (one producer shared by all):
             # it starts from the spool's acknowledged position, so events spooled by an
             # earlier run but never acknowledged are sent again first.
@@ -609,11 +694,10 @@ class _ReplayRun:
                 log.info("resent_unacked", events=resent)
             shipping += time.perf_counter() - started
             previous: int | None = None
-            steps = self.steps(plan)
             progress = self.start_progress(plan, steps)
             for day, until in enumerate(steps, 1):
                 starting = [
-                    (p.placement_id, self.terms_envelopes[p.placement_id])
+                    (p.placement_id, self.terms_envelopes.pop(p.placement_id))
                     for p in self.starting(plan, previous, until)
                 ]
                 if starting:
@@ -631,36 +715,27 @@ class _ReplayRun:
                         self.report.events_generated += len(envelopes)
                         touched[node.node_id] = shippers[node.node_id]
                 started = time.perf_counter()
-                await _ship(list(touched.values()))
+                shipped = await _ship(list(touched.values()))
                 shipping += time.perf_counter() - started
-                now.value = until
-                with _Timer(self.seconds, "ledger"):
-                    await service.run_until(
-                        deadline_s=LEDGER_STEP_DEADLINE_S, idle_poll_ms=LEDGER_IDLE_POLL_MS
-                    )
+                # Everything of this step is acknowledged: the ledger may fold it and
+                # close, at the step's end, what is due.
+                await ledger.step(until, resent + shipped + len(starting))
+                resent = 0
                 previous = until
-                progress.step(self.report.events_generated, day, len(steps))
+                progress.step(
+                    self.report.events_generated, day, len(steps), lag=ledger.lag_records()
+                )
+            await ledger.drain()
             progress.step(self.report.events_generated, len(steps), len(steps), final=True)
             self.seconds["ship"] = shipping
-        except BaseException:
-            service.close()
-            raise
         finally:
-            # Stopped before the exports: their work would block the event loop while the
-            # consumer's fetches wait for it, and time out.
             cluster.close()
-            try:
-                await service.stop()
-            finally:
-                await producer.stop()
-        try:
-            self.finish(plan, store)
-        finally:
-            service.close()
+            await producer.stop()
 
     # 5-6: exports, verifier, report
     def finish(self, plan: Plan, store: Store) -> None:
-        """Export every placement and verify each export in worker processes meanwhile."""
+        """Export the closed placements, EXPORT_CHUNK at a time with ``export_all``, and
+        verify each export in worker processes while the next chunk is written."""
         exports = self.workdir / "exports"
         if exports.exists():
             shutil.rmtree(exports)
@@ -670,19 +745,43 @@ class _ReplayRun:
         self.report.inputs_rejected = int(
             store.query("SELECT count(*) FROM records WHERE status = 'rejected'")[0][0]
         )
+        closed = {
+            str(row[0])
+            for row in store.query(
+                "SELECT DISTINCT placement_id FROM records "
+                "WHERE kind = 'closed' AND status = 'accepted'"
+            )
+        }
+        to_export: list[Placement] = []
+        for placement in plan.placements:
+            if placement.placement_id in closed:
+                to_export.append(placement)
+            else:
+                self.report.failed.append((placement.placement_id, "never closed"))
+        del closed
         trust = dump_trust(self.cast.trust())
         started = time.perf_counter()
         context = multiprocessing.get_context("spawn")  # never fork a process holding DuckDB
         pending: deque[tuple[Placement, Future[VerifySummary]]] = deque()
         with ProcessPoolExecutor(VERIFY_WORKERS, mp_context=context) as pool:
-            for placement in plan.placements:
-                if store.close_index(placement.placement_id) is None:
-                    self.report.failed.append((placement.placement_id, "never closed"))
-                    continue
-                out = exports / f"{placement.placement_id}.duckdb"
+            for at in range(0, len(to_export), EXPORT_CHUNK):
+                chunk = to_export[at : at + EXPORT_CHUNK]
                 with _Timer(self.seconds, "export"):
-                    export_placement(store, placement.placement_id, out, key=self.cast.ledger)
-                pending.append((placement, pool.submit(verify_one, str(out), trust)))
+                    done = export_all(
+                        store,
+                        exports,
+                        key=self.cast.ledger,
+                        placement_ids=[p.placement_id for p in chunk],
+                    )
+                for placement in chunk:
+                    pid = placement.placement_id
+                    if pid not in done.written:
+                        why = done.skipped.get(pid, "not exported")
+                        self.report.failed.append((pid, f"not exported: {why}"))
+                        continue
+                    out = exports / f"{pid}.duckdb"
+                    pending.append((placement, pool.submit(verify_one, str(out), trust)))
+                # The verifier may lag the exports by at most MAX_VERIFY_IN_FLIGHT.
                 while len(pending) > MAX_VERIFY_IN_FLIGHT:
                     self.count_verdict(*_result(pending.popleft()))
             while pending:
@@ -768,6 +867,211 @@ async def _ship(shippers: Sequence[Shipper]) -> int:
     return sum(counts)
 
 
+class _InProcessLedger:
+    """The ledger of a Kafka replay in the replay's own process, one step at a time."""
+
+    def __init__(
+        self, store: Store, cast: ReplayCast, settings: KafkaSettings, seconds: dict[str, float]
+    ) -> None:
+        self.now = _ClockHolder()
+        self.seconds = seconds
+        self.service = KafkaLedgerService(
+            store,
+            cast.ledger,
+            KafkaConfig(settings=settings),
+            clock=self.now.read,
+            arrival="sender",
+        )
+        self.store = store
+        self.started = False
+        self.duckdb_peak_mib = 0.0
+
+    async def start(self) -> None:
+        await self.service.start()
+        self.started = True
+
+    def sample_duckdb(self) -> None:
+        """Note the store's DuckDB memory now (its buffer pool, capped by the store)."""
+        rows = self.store.query("SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
+        used = int(rows[0][0] or 0) if rows else 0
+        self.duckdb_peak_mib = max(self.duckdb_peak_mib, used / 2**20)
+
+    async def step(self, until_ms: int, records: int) -> None:
+        del records  # folded before the next step starts: nothing in flight
+        self.now.value = until_ms
+        with _Timer(self.seconds, "ledger"):
+            await self.service.run_until(
+                deadline_s=LEDGER_STEP_DEADLINE_S, idle_poll_ms=LEDGER_IDLE_POLL_MS
+            )
+        self.sample_duckdb()
+
+    def lag_records(self) -> int | None:
+        """Nothing in flight once ``step`` returns: no lag to show."""
+        return None
+
+    async def drain(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        """Stop the consumer and close the store (the exports reopen it)."""
+        try:
+            if self.started:
+                await self.service.stop()
+        finally:
+            self.service.close()
+
+
+class LedgerProcessError(RuntimeError):
+    """The replay's ledger process failed, ended or fell silent (one line, for the CLI)."""
+
+
+@dataclass(frozen=True)
+class _LedgerJob:
+    """What the ledger process of a Kafka replay needs (picklable)."""
+
+    db: str
+    seed: str
+    buyers: int
+    bootstrap: str
+    topic: str
+    max_commands: int
+
+
+class _LedgerProcess:
+    """The ledger of a Kafka replay in a process of its own (``ledger_main``): the agents
+    and shippers and the ledger on separate cores, Kafka the queue between them.
+
+    The replay tells it each step's end once the step's records are acknowledged; the
+    ledger sets its clock there, folds until caught up and closes what is due, then says
+    so. The replay runs ahead by at most MAX_LEDGER_STEPS_AHEAD steps and, beyond one
+    step, MAX_LEDGER_LAG_EVENTS records: the lag is bounded in events.
+    """
+
+    def __init__(self, job: _LedgerJob, seconds: dict[str, float]) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process holding DuckDB
+        self.conn, child = context.Pipe()
+        self.seconds = seconds
+        self.outstanding: deque[int] = deque()
+        self.peak_rss_mib = 0.0
+        self.duckdb_peak_mib = 0.0
+        self.process = context.Process(
+            target=ledger_main, args=(child, job), name="replay-ledger", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.stopped = False
+        self.reported_failure = False
+
+    async def start(self) -> None:
+        self._expect("ready")
+
+    def lag_records(self) -> int:
+        """Records acknowledged by Kafka whose step the ledger has not finished yet."""
+        return sum(self.outstanding)
+
+    async def step(self, until_ms: int, records: int) -> None:
+        self.conn.send(("step", until_ms))
+        self.outstanding.append(records)
+        with _Timer(self.seconds, "ledger_wait"):
+            while len(self.outstanding) > MAX_LEDGER_STEPS_AHEAD or (
+                len(self.outstanding) > 1 and self.lag_records() > MAX_LEDGER_LAG_EVENTS
+            ):
+                self._wait_one()
+
+    async def drain(self) -> None:
+        with _Timer(self.seconds, "ledger_wait"):
+            while self.outstanding:
+                self._wait_one()
+
+    async def stop(self) -> None:
+        """Drain, then let the ledger close its store and end."""
+        await self.drain()
+        self.conn.send(("stop", 0))
+        _, duckdb_mib, rss_mib = self._expect("stopped")
+        self.peak_rss_mib = float(rss_mib)
+        self.duckdb_peak_mib = float(duckdb_mib)
+        self.process.join(LEDGER_PROCESS_EXIT_S)
+        self.stopped = True
+        if self.process.exitcode != 0:
+            raise LedgerProcessError(
+                f"the ledger process ended with exit code {self.process.exitcode}"
+            )
+
+    async def close(self) -> None:
+        """After ``stop``, or after the process reported its own failure (it exits by
+        itself): wait for it; else (the replay failed) end it, then wait."""
+        if not (self.stopped or self.reported_failure) and self.process.is_alive():
+            self.process.terminate()
+        self.process.join(LEDGER_PROCESS_EXIT_S)
+        self.conn.close()
+
+    def _wait_one(self) -> None:
+        reply = self._expect("done")
+        self.outstanding.popleft()
+        self.seconds["ledger"] = self.seconds.get("ledger", 0.0) + float(reply[2])
+
+    def _expect(self, kind: str) -> tuple[str, Any, float]:
+        if not self.conn.poll(LEDGER_STEP_DEADLINE_S):
+            raise LedgerProcessError(
+                f"the ledger process said nothing in {LEDGER_STEP_DEADLINE_S} s"
+            )
+        try:
+            reply: tuple[str, Any, float] = self.conn.recv()
+        except EOFError:
+            self.process.join(LEDGER_PROCESS_EXIT_S)
+            raise LedgerProcessError(
+                f"the ledger process ended (exit code {self.process.exitcode})"
+            ) from None
+        if reply[0] == "error":
+            self.reported_failure = True
+            raise LedgerProcessError(f"the ledger process failed: {reply[1]}")
+        if reply[0] != kind:
+            raise LedgerProcessError(f"the ledger process said {reply[0]!r}, expected {kind!r}")
+        return reply
+
+
+def ledger_main(conn: Connection, job: _LedgerJob) -> None:
+    """The ledger process of a Kafka replay (``_LedgerProcess``): the ledger service on
+    the replay's topic with arrival = "sender", its clock set to each step's end."""
+    quiet_logs()
+    try:
+        asyncio.run(_ledger_loop(conn, job))
+    except EOFError:
+        return  # the replay is gone: the store is the ledger's own, kill-safe as ever
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"{type(exc).__name__}: {exc}", 0.0))
+        raise SystemExit(1) from None
+
+
+async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
+    cast = make_replay_cast(job.seed, job.buyers)
+    settings = KafkaSettings(bootstrap=job.bootstrap, topic=job.topic)
+    ledger = _InProcessLedger(
+        Store(Path(job.db), ledger_public_key=cast.ledger.public_key), cast, settings, {}
+    )
+    try:
+        await ledger.start()
+        conn.send(("ready", 0, 0.0))
+        for _ in range(job.max_commands):
+            if not conn.poll(LEDGER_STEP_DEADLINE_S):
+                raise TimeoutError(f"no word from the replay in {LEDGER_STEP_DEADLINE_S} s")
+            command, until_ms = conn.recv()
+            if command == "stop":
+                break
+            started = time.perf_counter()
+            await ledger.step(int(until_ms), 0)
+            conn.send(("done", until_ms, time.perf_counter() - started))
+        else:
+            raise RuntimeError(f"more than {job.max_commands} commands")
+    finally:
+        await ledger.close()
+    conn.send(("stopped", ledger.duckdb_peak_mib, own_peak_rss_mib()))
+
+
 def run_replay(options: ReplayOptions) -> ReplayReport:
     """Run a whole replay (module docstring) and return its report. Never exits."""
     started = time.perf_counter()
@@ -779,6 +1083,7 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
         run.run_local(plan)
     run.seconds["total"] = time.perf_counter() - started
     run.report.peak_rss_mib = peak_rss_mib()
+    run.report.peak_rss_mib_by_process["replay"] = own_peak_rss_mib()
     return run.report
 
 
@@ -874,7 +1179,7 @@ def _handle(args: argparse.Namespace) -> int:
     )
     try:
         report = run_replay(options)
-    except (TraceError, PriceTableError, ValueError) as exc:
+    except (TraceError, PriceTableError, ValueError, LedgerProcessError) as exc:
         print(f"FAIL: {exc}", file=sys.stderr)
         return 2
     emit: Callable[[str], None] = print

@@ -45,14 +45,30 @@ LEDGER_IDLE_POLL_MS: Final = 20
 LEDGER_STEP_DEADLINE_S: Final = 1_800.0
 """Longest the ledger may take to catch up with one step's records through Kafka."""
 
+MAX_LEDGER_STEPS_AHEAD: Final = 2
+"""Steps a Kafka replay's agents may be ahead of its ledger process (acknowledged by
+Kafka, not yet folded): the agents of step k+1 run while the ledger folds step k."""
+
+MAX_LEDGER_LAG_EVENTS: Final = 200_000
+"""Records a Kafka replay's agents may be ahead of its ledger process, beyond one step
+(~2.5 OpenB peak days at 60 s intervals): the lag is bounded in events, not only steps."""
+
+LEDGER_PROCESS_EXIT_S: Final = 60.0
+"""Longest wait for a replay's ledger process to end once told to stop (or terminated)."""
+
 UNPLACEABLE_SHOWN: Final = 20
 """Unplaceable task ids printed in the human report (the JSON report lists them all)."""
 
 VERIFY_WORKERS: Final = 2
 """Processes verifying exports while the replay writes the next ones (one per core)."""
 
-MAX_VERIFY_IN_FLIGHT: Final = 16
-"""Exports handed to the verifier workers and not yet reported back."""
+EXPORT_CHUNK: Final = 64
+"""Placements exported by one ``export_all`` call at the end of a replay: statements and
+checkpoints issued set-wise, two writer threads; the replay holds one chunk's results."""
+
+MAX_VERIFY_IN_FLIGHT: Final = 2 * EXPORT_CHUNK
+"""Exports handed to the verifier workers and not yet reported back: the verifier may lag
+the exports by up to two chunks, so the writers rarely wait for it."""
 
 PROGRESS_EVERY_S: Final = 5.0
 """Wall seconds between two progress lines of a replay (each also after the last step)."""

@@ -1,0 +1,163 @@
+"""The replay's stages of issue 15: prefixes by fraction of the events, the export stage
+through ``export_all`` in chunks (the same files and verdicts as one placement at a time),
+and over Kafka the ledger in a process of its own (the same heads, totals and verdicts as
+the ledger in the replay's process; the process ends cleanly)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+import gridledger.replay as replay
+from gridledger.replay import (
+    ReplayOptions,
+    ReplayReport,
+    planned_events,
+    prefix_budgets,
+    run_replay,
+    select_tasks,
+)
+from gridledger.replay_terms import make_replay_cast
+from gridledger.trace import read_trace
+from ledger.export import TABLES, export_placement
+from ledger.store import Store
+
+EXCERPT = Path(__file__).parent / "data" / "openb_excerpt"
+DAY_MS = 86_400_000
+
+
+def _tables(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in TABLES}
+
+
+def _heads(workdir: Path) -> dict[str, tuple[int, str]]:
+    """placement -> (head chain index, head record hash) of the replay's ledger store."""
+    cast = make_replay_cast("openb", 4)
+    with Store(workdir / "ledger.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+        out: dict[str, tuple[int, str]] = {}
+        for pid in store.placements():
+            head = store.head(pid)
+            assert head is not None
+            out[pid] = (head.chain_index, head.record_hash)
+        return out
+
+
+def test_prefix_budgets_take_growing_prefixes_by_fraction_of_the_events() -> None:
+    tasks = read_trace(EXCERPT).tasks
+    interval_ms = 3_600_000
+    total = planned_events(tasks, interval_ms)
+    budgets = prefix_budgets(tasks, [10, 80, 90, 100], interval_ms)
+    assert budgets == [total * 10 // 100, total * 80 // 100, total * 90 // 100, None]
+    chosen = [select_tasks(tasks, None, max_events=b, interval_ms=interval_ms) for b in budgets]
+    sizes = [planned_events(c, interval_ms) for c in chosen]
+    # The excerpt's first task runs for months (78 % of its events): 10 % holds no task.
+    assert chosen[0] == () and len(chosen[1]) == 1
+    for size, budget in zip(sizes, budgets, strict=True):
+        assert size <= (budget if budget is not None else total)
+    assert sizes[1] < sizes[2] < sizes[3] == total
+    for shorter, longer in itertools.pairwise(chosen[:3]):
+        assert longer[: len(shorter)] == shorter  # each a prefix of the next
+    assert set(chosen[2]) < set(chosen[3])  # 100 %: every task (in trace order)
+    for bad in (0, 101, -5):
+        with pytest.raises(ValueError, match=r"percentage in 1\.\.100"):
+            prefix_budgets(tasks, [bad], interval_ms)
+
+
+def test_export_stage_in_chunks_writes_what_one_at_a_time_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replay, "EXPORT_CHUNK", 3)  # several chunks, the last one short
+    monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 2)
+    workdir = tmp_path / "run"
+    report = run_replay(
+        ReplayOptions(trace_dir=EXCERPT, workdir=workdir, interval_s=7200, limit=8, step_ms=DAY_MS)
+    )
+    assert report.ok and report.verified == report.placements == 8
+    assert report.placements % 3 != 0
+    exports = sorted((workdir / "exports").glob("*.duckdb"))
+    assert len(exports) == 8
+    assert not list((workdir / "exports").glob(".*")), "temporary files left behind"
+    cast = make_replay_cast("openb", 4)
+    with Store(workdir / "ledger.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+        for path in exports:
+            one = tmp_path / "one" / path.name
+            export_placement(store, path.stem, one, key=cast.ledger)
+            assert _tables(one) == _tables(path), path.stem
+
+
+def _kafka_run(workdir: Path, bootstrap: str, *, ledger_process: bool) -> ReplayReport:
+    return run_replay(
+        ReplayOptions(
+            trace_dir=EXCERPT,
+            workdir=workdir,
+            kafka=bootstrap,
+            topic=f"replay-{uuid.uuid4().hex[:12]}",
+            partitions=2,
+            interval_s=7200,
+            limit=10,
+            step_ms=7 * DAY_MS,  # fewer Kafka rounds: the first task runs for months
+            ledger_process=ledger_process,
+        )
+    )
+
+
+def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_process(
+    tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agents may run ahead by one step only when a step is over the lag bound.
+    monkeypatch.setattr(replay, "MAX_LEDGER_LAG_EVENTS", 1)
+    started: list[Any] = []
+    real = replay._LedgerProcess.__init__
+
+    def spy(self: Any, *args: Any) -> None:
+        real(self, *args)
+        started.append(self.process)
+
+    monkeypatch.setattr(replay._LedgerProcess, "__init__", spy)
+    split = _kafka_run(tmp_path / "split", kafka_bootstrap, ledger_process=True)
+    assert len(started) == 1
+    (process,) = started
+    assert not process.is_alive() and process.exitcode == 0  # ended cleanly, told to
+    assert split.seconds["ledger"] > 0 and "ledger_wait" in split.seconds
+    assert split.peak_rss_mib_by_process["ledger"] > 0  # its own peak, reported on stop
+    assert 0 < split.peak_rss_mib_by_process["ledger_duckdb"] < 512  # its store's pool
+    inline = _kafka_run(tmp_path / "inline", kafka_bootstrap, ledger_process=False)
+    assert len(started) == 1  # no process for the ledger in the replay's own process
+    assert split.ok and inline.ok
+    assert split.verified == inline.verified == 10
+    assert split.events_accepted == inline.events_accepted > 0
+    assert split.delivered_mgms == inline.delivered_mgms == split.trace.weighted_mgms  # type: ignore[union-attr]
+    assert {k: m.to_json() for k, m in split.money.items()} == {
+        k: m.to_json() for k, m in inline.money.items()
+    }
+    heads = _heads(tmp_path / "split")
+    assert len(heads) == 10
+    assert heads == _heads(tmp_path / "inline")
+
+
+def test_a_ledger_process_that_fails_is_one_named_error_and_ends(tmp_path: Path) -> None:
+    """A ledger process that cannot open its store says why and exits; the replay raises
+    LedgerProcessError (one line for the CLI), never waits for it."""
+    not_a_store = tmp_path / "ledger.duckdb"
+    not_a_store.mkdir()  # a directory where the store file should be
+    job = replay._LedgerJob(
+        db=str(not_a_store),
+        seed="openb",
+        buyers=4,
+        bootstrap="127.0.0.1:9",  # never reached: the store fails first
+        topic="unused",
+        max_commands=2,
+    )
+    seconds: dict[str, float] = {}
+    ledger = replay._LedgerProcess(job, seconds)
+    with pytest.raises(replay.LedgerProcessError, match="the ledger process failed: "):
+        asyncio.run(ledger.start())
+    asyncio.run(ledger.close())
+    assert not ledger.process.is_alive() and ledger.process.exitcode == 1
