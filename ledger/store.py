@@ -409,6 +409,9 @@ class Store:
             self._con = duckdb.connect(
                 str(self.path), config={"memory_limit": STORE_MEMORY_LIMIT, "threads": 2}
             )
+            # No progress bar: DuckDB would draw it on stdout during a long query, into
+            # the middle of a command's output (`--json` included). Cursors inherit it.
+            self._con.execute("SET enable_progress_bar = false")
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 raise StoreLocked(

@@ -172,3 +172,15 @@ def test_wide_rows_inserted_as_columns_equal_the_appenders_at_the_integer_bounds
                 [tuple(r) for r in store.query("SELECT * FROM inputs ORDER BY chain_index")]
             )
     assert stored[0] == stored[1] == [tuple(r) for r in rows]
+
+
+def test_store_connections_never_draw_a_progress_bar(tmp_path: Path) -> None:
+    """DuckDB draws a progress bar on stdout during long queries unless told not to: a
+    store's connection and its reader cursors have it off (a `--json` output stays JSON)."""
+    with Store(tmp_path / "bar.duckdb") as store:
+        cursor = store.cursor()
+        try:
+            row = cursor.execute("SELECT current_setting('enable_progress_bar')").fetchone()
+            assert row is not None and row[0] is False
+        finally:
+            cursor.close()

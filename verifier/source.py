@@ -206,6 +206,7 @@ class ExportSource:
             shutil.rmtree(self._scratch, ignore_errors=True)
             raise
         try:
+            self.con.execute("SET enable_progress_bar = false")  # never into stdout
             self.con.execute(f"SET memory_limit = '{limits.DUCKDB_MEMORY_LIMIT}'")
             self.con.execute(f"SET temp_directory = '{self._scratch}/spill'")
             quoted = str(path).replace("'", "''")
