@@ -13,6 +13,9 @@
   at the end of the session; after each test every node runs and every replica is in
   sync again. Tests using it carry the `kafka` and `cluster` markers.
 
+A SIGTERM to the test run (a CI timeout, `kill`) ends it as Ctrl-C does: pytest tears the
+session down, so the brokers and clusters it started are stopped, not orphaned.
+
 Option `--run-slow`: also run the tests marked `slow` (skipped by default, each says
 why it is long; e.g. the cluster's clean rolling restart).
 """
@@ -22,8 +25,10 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import signal
 import uuid
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 import pytest
 
@@ -35,6 +40,15 @@ from transport.kafka import create_topic
 _EXTERNAL = "GRIDLEDGER_KAFKA"
 _KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "kafka_broker", "tmp_topic", "kafka_cluster"})
 _RUN_SLOW = "--run-slow"
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM ends the run like Ctrl-C: fixtures tear down and stop their brokers."""
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
