@@ -12,6 +12,7 @@ from typing import Any
 from test_ledger_scenario import build_scenario
 
 from devtools.kafka_broker import KafkaBroker
+from ledger.consume import LOG_APPEND_TIME
 from transport.kafka import (
     EVENT_SOURCED_TOPIC_CONFIG,
     KafkaSettings,
@@ -22,7 +23,6 @@ from transport.kafka import (
 )
 
 TIMEOUT_S = 60.0
-LOG_APPEND_TIME = 1  # Kafka's timestamp type of a record stamped by the broker
 
 
 def _stored_bytes(broker: KafkaBroker, topic: str) -> int:
