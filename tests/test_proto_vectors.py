@@ -327,19 +327,24 @@ def test_attestation_is_reproduced_by_the_fold() -> None:
     reasons = []
     for i, step in enumerate(data["steps"]):
         outcomes = fold.apply(base64.b64decode(step["envelope_b64"]), f"a:{i}", None)
-        got = [
-            {
-                "decision": o.decision,
-                "status": o.status,
-                "reason": None if o.reason is None else o.reason.value,
-                "record_hash": o.record_hash,
-            }
-            for o in outcomes
-        ]
+        got = _outcome_rows(outcomes)
         assert got == step["outcomes"], step["name"]
         reasons += [o["reason"] for o in got]
     assert reasons.count("EVIDENCE_INVALID") == 6
     assert reasons.count("NOT_ATTESTED") == 2
+
+
+def _outcome_rows(outcomes: Any) -> list[dict[str, Any]]:
+    """A fold's outcomes as the vectors write them."""
+    return [
+        {
+            "decision": o.decision,
+            "status": o.status,
+            "reason": None if o.reason is None else o.reason.value,
+            "record_hash": o.record_hash,
+        }
+        for o in outcomes
+    ]
 
 
 def _replay_timed(fold: Fold, prefix: str, steps: list[Any]) -> list[str | None]:
@@ -349,15 +354,7 @@ def _replay_timed(fold: Fold, prefix: str, steps: list[Any]) -> list[str | None]
         outcomes = fold.apply(
             base64.b64decode(step["envelope_b64"]), f"{prefix}:{i}", None, step["arrived_ms"]
         )
-        got = [
-            {
-                "decision": o.decision,
-                "status": o.status,
-                "reason": None if o.reason is None else o.reason.value,
-                "record_hash": o.record_hash,
-            }
-            for o in outcomes
-        ]
+        got = _outcome_rows(outcomes)
         assert got == step["outcomes"], f"step {i}: {step['note']}"
         reasons += [o["reason"] for o in got]
     return reasons
