@@ -37,19 +37,22 @@ T0_MS = 1_767_225_600_000
 INTERVAL_MS = 60_000
 BATCH = 5000
 
+# (raw input, log position, transport key, arrival at the log in ms)
+Item = tuple[bytes, str, str | None, int | None]
 
-def generate(events: int, placements: int) -> tuple[Cast, list[tuple[bytes, str, str | None]]]:
+
+def generate(events: int, placements: int) -> tuple[Cast, list[Item]]:
     """Terms for every placement, then usage events round-robin over placements."""
     cast = make_cast("bench")
     per = -(-events // placements)
     window_ms = (per + 2) * INTERVAL_MS
-    items: list[tuple[bytes, str, str | None]] = []
+    items: list[Item] = []
     writers = []
     for i in range(placements):
         pid = f"bench-{i:05d}"
         g = gpu(f"{pid}-n0", 0)
         terms = make_terms(cast, pid, [g], T0_MS, T0_MS + window_ms)
-        items.append((signed_terms(cast, terms), f"t:{i}", pid))
+        items.append((signed_terms(cast, terms), f"t:{i}", pid, T0_MS))
         writers.append((pid, StreamWriter(cast.node_key(g.node_id), pid, g.node_id), g))
     produced = 0
     for e in range(per):
@@ -58,24 +61,24 @@ def generate(events: int, placements: int) -> tuple[Cast, list[tuple[bytes, str,
                 break
             start = T0_MS + e * INTERVAL_MS
             raw = writer.event(start, start + INTERVAL_MS, [sample(g)])
-            items.append((raw, f"e:{produced}", pid))
+            items.append((raw, f"e:{produced}", pid, start + INTERVAL_MS))
             produced += 1
     return cast, items
 
 
-def blocked(events: int) -> tuple[Cast, list[tuple[bytes, str, str | None]]]:
+def blocked(events: int) -> tuple[Cast, list[Item]]:
     """One placement whose stream skips seq 0: every event is rejected (SEQ_GAP)."""
     cast = make_cast("bench-blocked")
     pid = "bench-blocked"
     g = gpu(f"{pid}-n0", 0)
     terms = make_terms(cast, pid, [g], T0_MS, T0_MS + (events + 2) * INTERVAL_MS)
-    items: list[tuple[bytes, str, str | None]] = [(signed_terms(cast, terms), "t:0", pid)]
+    items: list[Item] = [(signed_terms(cast, terms), "t:0", pid, T0_MS)]
     writer = StreamWriter(cast.node_key(g.node_id), pid, g.node_id)
     writer.event(T0_MS, T0_MS + INTERVAL_MS, [sample(g)])  # seq 0, never delivered
     for e in range(1, events + 1):
         start = T0_MS + e * INTERVAL_MS
         raw = writer.event(start, start + INTERVAL_MS, [sample(g)])
-        items.append((raw, f"e:{e}", pid))
+        items.append((raw, f"e:{e}", pid, start + INTERVAL_MS))
     return cast, items
 
 
@@ -108,8 +111,8 @@ def main() -> int:
 
     def inline() -> int:
         fold = Fold(cast.ledger)
-        for raw, position, key in items:
-            fold.apply(raw, position, key)
+        for raw, position, key, at in items:
+            fold.apply(raw, position, key, at)
         return len(items)
 
     def rejections() -> int:
