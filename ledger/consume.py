@@ -31,7 +31,7 @@ from aiokafka.structs import TopicPartition
 from ledger.config import Arrival, KafkaConfig
 from ledger.inputs import Item
 from transport.intake import INTAKE_SOURCE, IntakeEntry, IntakeLog
-from transport.kafka import make_consumer
+from transport.kafka import LOG_APPEND_TIME, make_consumer, topic_partition_ids
 from transport.local import ledger_source, publisher_source
 from transport.positions import (
     PositionError,
@@ -49,8 +49,6 @@ from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked, read_spool
 
 log = structlog.get_logger("ledger.consume")
 
-# aiokafka ConsumerRecord.timestamp_type of a log-append timestamp (0 is CreateTime).
-LOG_APPEND_TIME: Final = 1
 _METADATA_TIMEOUT_S: Final = 30.0
 
 
@@ -317,13 +315,11 @@ class KafkaSource:
         self._consumer = consumer
         try:
             async with asyncio.timeout(_METADATA_TIMEOUT_S):
-                # consumer.topics() discards the partition lists; the cluster it reads has them.
-                cluster = await consumer._client.fetch_all_metadata()
-            if topic not in cluster.topics():
+                available = await topic_partition_ids(consumer, topic)
+            if available is None:
                 raise SourceError(
                     f"topic {topic!r} does not exist; create it with its fixed partition count"
                 )
-            available = sorted(cluster.partitions_for_topic(topic) or ())
             owned = [p for p in available if self.config.owns(p)]
             if self.config.partitions is not None:
                 missing = sorted(set(self.config.partitions) - set(available))

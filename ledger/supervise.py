@@ -58,7 +58,7 @@ from ledger.limits import (
     SUPERVISE_STOP_TIMEOUT_S,
 )
 from proto.invariant import present
-from transport.kafka import KafkaSettings, make_consumer
+from transport.kafka import KafkaSettings, make_consumer, topic_partition_ids
 
 log = structlog.get_logger("ledger.supervise")
 
@@ -140,8 +140,7 @@ def topic_partitions(settings: KafkaSettings, timeout_s: float) -> int | None:
         try:
             async with asyncio.timeout(timeout_s):
                 await consumer.start()
-                cluster = await consumer._client.fetch_all_metadata()
-                return len(cluster.partitions_for_topic(settings.topic) or ())
+                return len(await topic_partition_ids(consumer, settings.topic) or ())
         except Exception:  # unreachable, refused, timed out: not knowable
             return None
         finally:

@@ -44,7 +44,7 @@ from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.records import UsageEvent
-from transport.kafka import KafkaSettings, make_producer, placement_of
+from transport.kafka import LOG_APPEND_TIME, KafkaSettings, make_producer, placement_of
 from transport.limits import SHIP_ATTEMPT_TIMEOUT_S
 from transport.positions import SpoolPosition, decode_shipped, encode_shipped
 from transport.spool import read_spool
@@ -282,12 +282,9 @@ class Shipper:
             await self._discard_producer()
 
 
-_LOG_APPEND_TIME: Final = 1  # Kafka's timestamp type of a broker-stamped record
-
-
 def _log_append_ms(ack: Any) -> int | None:
     """The broker's append time from a produce acknowledgement, if the topic stamps one."""
-    if getattr(ack, "timestamp_type", None) == _LOG_APPEND_TIME:
+    if getattr(ack, "timestamp_type", None) == LOG_APPEND_TIME:
         stamp = getattr(ack, "timestamp", None)
         if isinstance(stamp, int) and stamp >= 0:
             return stamp

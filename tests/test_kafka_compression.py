@@ -12,9 +12,9 @@ from typing import Any
 from test_ledger_scenario import build_scenario
 
 from devtools.kafka_broker import KafkaBroker
-from ledger.consume import LOG_APPEND_TIME
 from transport.kafka import (
     EVENT_SOURCED_TOPIC_CONFIG,
+    LOG_APPEND_TIME,
     KafkaSettings,
     create_topic,
     make_consumer,

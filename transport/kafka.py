@@ -27,6 +27,7 @@ from transport.limits import SHIP_ATTEMPT_TIMEOUT_S
 __all__ = [
     "DEFAULT_TOPIC",
     "EVENT_SOURCED_TOPIC_CONFIG",
+    "LOG_APPEND_TIME",
     "MIN_INSYNC_REPLICAS",
     "REPLICATION_FACTOR",
     "SIMULATION_TOPIC_CONFIG",
@@ -41,6 +42,7 @@ __all__ = [
     "publish_kafka",
     "replicated_topic_config",
     "run_sync",
+    "topic_partition_ids",
 ]
 
 DEFAULT_TOPIC: Final = "gridledger.records"
@@ -152,6 +154,21 @@ def client_kwargs(settings: KafkaSettings) -> dict[str, Any]:
 # replication factor. The broker stores batches as produced (compression.type=producer);
 # consumers decompress transparently; log-append time stays per batch, as the ledger reads it.
 PRODUCER_COMPRESSION: Final = "gzip"
+
+
+# ConsumerRecord.timestamp_type / produce acknowledgement timestamp_type of a timestamp the
+# broker stamped at append (message.timestamp.type=LogAppendTime); 0 is CreateTime.
+LOG_APPEND_TIME: Final = 1
+
+
+async def topic_partition_ids(client_owner: Any, topic: str) -> list[int] | None:
+    """The sorted partition ids of ``topic`` (None: no such topic) from the cluster metadata
+    of a started consumer or admin client. ``consumer.topics()`` discards the partition
+    lists; the cluster metadata it reads keeps them."""
+    cluster = await client_owner._client.fetch_all_metadata()
+    if topic not in cluster.topics():
+        return None
+    return sorted(cluster.partitions_for_topic(topic) or ())
 
 
 def make_producer(settings: KafkaSettings, **extra: Any) -> Any:
