@@ -16,7 +16,10 @@
    clock, SPEC §6.6), then let the ledger consume everything and close, at the step's end,
    each placement whose ``window_end + late_grace`` has passed.
 5. Export every placement to ``DIR/exports/<placement>.duckdb`` and verify each export
-   with the verifier against ``DIR/trust.json``.
+   with the verifier against ``DIR/trust.json``; a verified export is then removed unless
+   ``keep_exports`` (``--keep-exports``): the store holds everything and writes any
+   placement's export again on demand (``gridledger ledger export``), and a failed one
+   is kept for inspection.
 6. Report: placements, events, delivered GPU-hours (total, by QoS, by GPU model), gross,
    fees and what each side owes or receives, the verdicts — and the trace's own GPU-hours
    computed from the CSV, which the delivered total must equal exactly.
@@ -139,6 +142,10 @@ class ReplayOptions:
     step_ms: int = STEP_MS
     ledger_process: bool = True
     """Kafka: the ledger in a process of its own (False: in the replay's process)."""
+    keep_exports: bool = False
+    """Keep every export in DIR/exports (False: an export that verified is removed once
+    its verdict is counted; one that failed is kept for inspection). The store keeps
+    everything; ``gridledger ledger export`` writes any placement's export again."""
     progress: Callable[[str], None] | None = None
     """Where progress lines go (the CLI: stderr), at most one per PROGRESS_EVERY_S."""
 
@@ -206,6 +213,8 @@ class ReplayReport:
     money: dict[str, Money] = field(default_factory=dict)
     verified: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
+    exports_kept: int = 0
+    """Export files left in DIR/exports (all with keep_exports, else the failed ones)."""
     seconds: dict[str, float] = field(default_factory=dict)
     peak_rss_mib: float = 0.0
     peak_rss_mib_by_process: dict[str, float] = field(default_factory=dict)
@@ -265,6 +274,7 @@ class ReplayReport:
             "delivered_equals_trace": self.delivered_equals_trace,
             "money": [m.to_json() for _, m in sorted(self.money.items())],
             "verdicts": {"verified": self.verified, "failed": len(self.failed)},
+            "exports_kept": self.exports_kept,
             "failed": [{"placement": p, "why": w} for p, w in self.failed],
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
             "events_per_s": {
@@ -317,7 +327,11 @@ class ReplayReport:
                 f"operator receives {format_minor(m.operator_receives_minor, m.scale)}, "
                 f"desk receives {format_minor(m.desk_receives_minor, m.scale)}"
             )
-        lines.append(f"verdicts: {self.verified} verified, {len(self.failed)} failed")
+        lines.append(
+            f"verdicts: {self.verified} verified, {len(self.failed)} failed; "
+            f"{self.exports_kept} export(s) kept in exports/"
+            + ("" if self.exports_kept == self.placements else " (--keep-exports keeps all)")
+        )
         for placement, why in self.failed[:UNPLACEABLE_SHOWN]:
             lines.append(f"  FAIL {placement}: {why}")
         lines.append(f"delivered_equals_trace: {str(self.delivered_equals_trace).lower()}")
@@ -783,12 +797,22 @@ class _ReplayRun:
                     pending.append((placement, pool.submit(verify_one, str(out), trust)))
                 # The verifier may lag the exports by at most MAX_VERIFY_IN_FLIGHT.
                 while len(pending) > MAX_VERIFY_IN_FLIGHT:
-                    self.count_verdict(*_result(pending.popleft()))
+                    self.settle_export(exports, *_result(pending.popleft()))
             while pending:
-                self.count_verdict(*_result(pending.popleft()))
+                self.settle_export(exports, *_result(pending.popleft()))
         self.seconds["export_and_verify"] = time.perf_counter() - started
         self.report.delivered_by_qos_mgms = dict(sorted(self.by_qos.items()))
         self.report.delivered_by_model_mgms = dict(sorted(self.by_model.items()))
+
+    def settle_export(self, exports: Path, placement: Placement, summary: VerifySummary) -> None:
+        """Count one export's verdict, then keep its file or (verified, and exports not
+        kept) remove it: the disk holds the store, not a second copy of every placement."""
+        self.count_verdict(placement, summary)
+        path = exports / f"{placement.placement_id}.duckdb"
+        if self.options.keep_exports or summary.why or summary.totals is None:
+            self.report.exports_kept += int(path.exists())
+        else:
+            path.unlink(missing_ok=True)
 
     def count_verdict(self, placement: Placement, summary: VerifySummary) -> None:
         """Add one export's verdict and, when verified, its recomputed totals."""
@@ -1137,6 +1161,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--quiet", action="store_true", help="no progress lines on stderr (the report only)"
     )
+    parser.add_argument(
+        "--keep-exports",
+        action="store_true",
+        help="keep every export in DIR/exports (default: an export that verified is "
+        "removed; one that failed is kept; `gridledger ledger export` writes any again)",
+    )
     parser.add_argument("--prices", type=Path, metavar="FILE", help="price table (TOML)")
     parser.add_argument("--seed", default=DEFAULT_SEED, help="seed text of every key")
     parser.add_argument(
@@ -1176,6 +1206,7 @@ def _handle(args: argparse.Namespace) -> int:
         seed=args.seed,
         buyers=args.buyers,
         progress=None if args.quiet else _stderr_line,
+        keep_exports=args.keep_exports,
     )
     try:
         report = run_replay(options)

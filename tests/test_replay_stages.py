@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import duckdb
@@ -77,9 +78,16 @@ def test_export_stage_in_chunks_writes_what_one_at_a_time_writes(
     monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 2)
     workdir = tmp_path / "run"
     report = run_replay(
-        ReplayOptions(trace_dir=EXCERPT, workdir=workdir, interval_s=7200, limit=8, step_ms=DAY_MS)
+        ReplayOptions(
+            trace_dir=EXCERPT,
+            workdir=workdir,
+            interval_s=7200,
+            limit=8,
+            step_ms=DAY_MS,
+            keep_exports=True,
+        )
     )
-    assert report.ok and report.verified == report.placements == 8
+    assert report.ok and report.verified == report.placements == report.exports_kept == 8
     assert report.placements % 3 != 0
     exports = sorted((workdir / "exports").glob("*.duckdb"))
     assert len(exports) == 8
@@ -161,3 +169,40 @@ def test_a_ledger_process_that_fails_is_one_named_error_and_ends(tmp_path: Path)
         asyncio.run(ledger.start())
     asyncio.run(ledger.close())
     assert not ledger.process.is_alive() and ledger.process.exitcode == 1
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_verified_export_is_removed_unless_kept_and_a_failed_one_is_kept(
+    tmp_path: Path, keep: bool
+) -> None:
+    exports = tmp_path / "run" / "exports"
+    exports.mkdir(parents=True)
+    run = replay._ReplayRun(
+        ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run", keep_exports=keep)
+    )
+    good, bad = (
+        SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
+        for p in ("pl-good", "pl-bad")
+    )
+    for p in (good, bad):
+        (exports / f"{p.placement_id}.duckdb").write_bytes(b"export")
+    totals = dict.fromkeys(
+        (
+            "delivered_mgms",
+            "gross_minor",
+            "credits_minor",
+            "net_minor",
+            "fee_minor",
+            "buyer_owes_minor",
+            "operator_receives_minor",
+            "desk_receives_minor",
+        ),
+        7,
+    )
+    run.settle_export(exports, good, replay.VerifySummary("", totals, "EUR", 2, 0.1))  # type: ignore[arg-type]
+    run.settle_export(exports, bad, replay.VerifySummary("CHAIN_BROKEN", None, "", 0, 0.1))  # type: ignore[arg-type]
+    assert (exports / "pl-good.duckdb").exists() is keep
+    assert (exports / "pl-bad.duckdb").exists()
+    assert run.report.exports_kept == (2 if keep else 1)
+    assert run.report.verified == 1 and run.report.failed == [("pl-bad", "CHAIN_BROKEN")]
+    assert run.report.delivered_mgms == 7
