@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import resource
 import sys
 import tempfile
@@ -113,9 +114,17 @@ def verify_rate(seconds: float = 2.0) -> float:
 
 
 async def run_ledger(
-    bootstrap: str, topic: str, cast: object, db: Path, batch: int, total: int
+    bootstrap: str,
+    topic: str,
+    cast: object,
+    db: Path,
+    batch: int,
+    total: int,
+    profile: Path | None = None,
 ) -> tuple[float, int]:
-    """Fold every message of the topic into a fresh store; (seconds, inputs)."""
+    """Fold every message of the topic into a fresh store; (seconds, inputs).
+
+    ``profile``: run the consume loop under cProfile and write its stats there."""
     key = cast.ledger  # type: ignore[attr-defined]
     store = Store(db, ledger_public_key=key.public_key)
     kafka = KafkaConfig(settings=KafkaSettings(bootstrap=bootstrap, topic=topic))
@@ -125,15 +134,21 @@ async def run_ledger(
     )
     await service.start()
     consumed = 0
+    profiler = None if profile is None else cProfile.Profile()
     try:
         started = time.perf_counter()
         deadline = time.monotonic() + 3600
+        if profiler is not None:
+            profiler.enable()
         while consumed < total and time.monotonic() < deadline:
             report = await service.step(200)
             if report is not None:
                 consumed += report.inputs
         seconds = time.perf_counter() - started
     finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
         await service.stop()
         service.close()
     return seconds, consumed
@@ -156,14 +171,20 @@ def measure(
     publish_s = time.perf_counter() - t
     with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
         db = Path(tmp) / "bench.duckdb"
+        cpu = time.process_time()
         seconds, consumed = asyncio.run(
-            run_ledger(bootstrap, topic, cast, db, args.batch, len(items))
+            run_ledger(bootstrap, topic, cast, db, args.batch, len(items), args.profile)
         )
+        cpu_s = time.process_time() - cpu  # this process: the ledger, no broker
         db_bytes = db.stat().st_size
     rate = consumed / seconds
     print(f"--- {label}: topic RF {replication}, {args.partitions} partitions")
     print(f"publish to Kafka        {publish_s:.2f} s ({len(items) / publish_s:,.0f}/s, acks=all)")
     print(f"ledger end to end       {seconds:.2f} s = {rate:,.0f} inputs/s ({consumed} inputs)")
+    print(
+        f"ledger CPU              {cpu_s / max(consumed, 1) * 1e6:.0f} us/input "
+        "(this process, all its threads; start and stop included)"
+    )
     print(f"store size              {db_bytes / 2**20:.1f} MiB")
     return rate
 
@@ -255,6 +276,13 @@ def main() -> int:
         default=None,
         metavar="N",
         help="also fold with N shard processes at once (single broker); ratios to both limits",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="run the ledger's consume loop under cProfile and write the stats to FILE",
     )
     args = parser.parse_args()
     if args.shards is not None:
