@@ -180,9 +180,8 @@ class Fold:
             else cache.accepted_at(state.placement_id, wanted[0], wanted[1])
         )
         record = opened.record
-        scope = scope_of(position)
         claims = (
-            self._capacity.claims_for(scope, record)
+            self._capacity.claims_for(scope_of(position), record)
             if isinstance(record, PlacementTerms) and state.terms is None
             else None
         )
@@ -203,7 +202,7 @@ class Fold:
                 continue
             done = v.opened.record
             if isinstance(done, PlacementTerms):
-                self._capacity.accept_terms(scope, done)
+                self._capacity.accept_terms(scope_of(position), done)
             elif isinstance(done, ReclaimNotice):
                 self._capacity.accept_reclaim(done.placement_id, done.gpus, done.effective_at_ms)
             elif isinstance(done, BuyerRelease) and new.release_end_ms is not None:
