@@ -31,7 +31,7 @@ from proto.records import LedgerRecord, UsageEvent
 from verifier.opener import Keyring, OpenResult, open_one
 from verifier.pricing import TOTAL_FIELDS
 from verifier.signers import signer_failure
-from verifier.source import TABLE_OF_KIND
+from verifier.source import TABLE_OF_KIND, InputTable
 from verifier.step5_columns import record_column_values
 
 # Job kinds: (PAIR, index, record envelope, record columns, input envelope, input_hash
@@ -45,6 +45,17 @@ Job = tuple[Any, ...]
 _USAGE_EXTRAS: Final = attrgetter(*(name for name, _ in TABLE_OF_KIND["usage"].extras))
 
 
+class ExportFile(NamedTuple):
+    """Where a worker process reads the rows of a chain-index range itself
+    (``verifier/walk.py``, process pool): the file, its identity when the run began, and
+    what the main process learnt of its schema."""
+
+    path: str
+    identity: tuple[int, int, int]  # (st_dev, st_ino, st_mtime_ns)
+    placement_column: bool  # ledger_records has placement_id (ExportSource)
+    tables: tuple[InputTable, ...]  # the input tables the export has
+
+
 class PairContext(NamedTuple):
     """What every pair check needs besides the rows: the same for the whole export."""
 
@@ -52,6 +63,7 @@ class PairContext(NamedTuple):
     placement_id: str
     ledger_required: dict[str, bytes]  # who must sign a record (none in version 2)
     ledger_permitted: dict[str, bytes] | None = None  # who may (SPEC §8: the ledger key)
+    export: ExportFile | None = None  # set when workers read their ranges themselves
 
 
 class FastPair(NamedTuple):
