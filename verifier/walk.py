@@ -47,9 +47,12 @@ from verifier.pairs import (
     ExportFile,
     FastPair,
     Job,
+    PackedPair,
     PairContext,
     SlowPair,
     open_jobs,
+    pack,
+    unpack,
 )
 from verifier.source import (
     TABLE_OF_KIND,
@@ -98,8 +101,10 @@ def walk(run: Verification) -> None:
 # With a process pool the main process instead sends (lo, hi) ranges: the worker reads the
 # rows of its range from the export itself (read-only, its own connection), plans and opens
 # them exactly as ``_batch_jobs`` and ``open_jobs`` do, and returns per chain index either
-# a ``FastPair`` (the rows stay in the worker; ``_check_fast`` reads them again only in the
-# rare case that it must name a finding) or the rows with their results (``Entry``).
+# a ``FastPair`` (packed, ``pairs.pack``: pickling decoded Structs cost the worker more than
+# the JSON body costs the main process to decode; the rows stay in the worker, and
+# ``_check_fast`` reads them again only in the rare case that it must name a finding) or
+# the rows with their results (``Entry``).
 
 # One chain index a worker could not settle: (index, record row, input rows, results, pair)
 Entry = tuple[int, RecordRow | None, list[InputRow] | None, list[Any], bool]
@@ -184,8 +189,9 @@ def forget_exports(close: bool) -> None:
 
 
 def open_ranges(ranges: Sequence[tuple[int, int]], context: PairContext) -> list[list[Any]]:
-    """Worker side: per (lo, hi) range, in chain order, a ``FastPair`` or an ``Entry`` per
-    chain index present (pure but for the cached connection: inline, thread or process)."""
+    """Worker side: per (lo, hi) range, in chain order, a ``PackedPair`` (a ``FastPair``,
+    compact) or an ``Entry`` per chain index present (pure but for the cached connection:
+    inline, thread or process)."""
     export = context.export
     if export is None:
         raise InvariantError("open_ranges without an export file")
@@ -203,7 +209,7 @@ def open_ranges(ranges: Sequence[tuple[int, int]], context: PairContext) -> list
             if pair:
                 result = results[at]
                 if type(result) is FastPair:
-                    entries.append(result)
+                    entries.append(pack(result))
                 else:
                     entries.append((index, record, rows, [result], True))
                 continue
@@ -220,9 +226,9 @@ def _check_entries(run: Verification, entries: list[Any], keyring: Keyring) -> i
     results: list[Any] = []
     records = 0
     for entry in entries:
-        if type(entry) is FastPair:
+        if type(entry) is PackedPair:
             plan.append((entry.chain_index, None, None, len(results), True))
-            results.append(entry)
+            results.append(unpack(entry))
             records += 1
             continue
         index, record, rows, opened, pair = entry
