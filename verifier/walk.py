@@ -55,10 +55,12 @@ from verifier.pairs import (
     unpack,
 )
 from verifier.source import (
+    ALIAS,
     TABLE_OF_KIND,
     Batch,
     ExportSource,
     InputRow,
+    InputTable,
     RecordRow,
     read_input_rows,
     read_record_rows,
@@ -122,6 +124,7 @@ def _walk_ranges(run: Verification, context: PairContext) -> None:
             (stat.st_dev, stat.st_ino, stat.st_mtime_ns),
             source.record_placement_id,
             source.input_tables,
+            tuple(_span(source, table) for table in source.input_tables),
         )
     )
     done = 0
@@ -138,6 +141,15 @@ def _walk_ranges(run: Verification, context: PairContext) -> None:
             forget_exports(close=True)
     run.progress.finish()
     run.work.flush()
+
+
+def _span(source: ExportSource, table: InputTable) -> tuple[int, int] | None:
+    """The least and the greatest chain_index of a table, None when it has none."""
+    rows = source.con.execute(
+        f"SELECT min(chain_index), max(chain_index) FROM {ALIAS}.{table.name}"
+    ).fetchall()
+    low, high = rows[0] if rows else (None, None)
+    return None if low is None or high is None else (int(low), int(high))
 
 
 def _range_jobs(source: ExportSource) -> Iterator[tuple[int, list[tuple[int, int]]]]:
@@ -200,8 +212,9 @@ def open_ranges(ranges: Sequence[tuple[int, int]], context: PairContext) -> list
     for lo, hi in ranges:
         records = read_record_rows(con, "", export.placement_column, lo, hi)
         inputs: list[InputRow] = []
-        for table in export.tables:
-            inputs.extend(read_input_rows(con, "", table, lo, hi))
+        for table, span in zip(export.tables, export.spans, strict=True):
+            if span is not None and span[0] < hi and lo <= span[1]:
+                inputs.extend(read_input_rows(con, "", table, lo, hi))
         plan, jobs = _plan(records, inputs)
         results = open_jobs(jobs, context)
         entries: list[Any] = []
