@@ -9,6 +9,7 @@ to read ranges); one runs it in real worker processes.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,12 @@ from test_verifier_pairs import MUTATIONS, _mutated, _usage_index, _whole
 
 from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import Envelope, decode_envelope, encode_envelope, sha256_hex
+from proto.keys import key_id
 from proto.records import LedgerRecord
 from verifier import walk
+from verifier.pairs import FastPair, PairContext, open_jobs, pack, unpack
+from verifier.signers import required_of
+from verifier.source import ExportSource
 from verifier.state import ExportReport
 from verifier.verify import verify_export
 from verifier.workers import OpenPool
@@ -105,3 +110,24 @@ def test_worker_processes_reading_ranges_give_the_inline_report(
             pooled = verify_export(export, honest.trust, pool=pool)
         assert _whole(pooled) == _whole(verify(export, honest.trust))
     assert not pooled.ok
+
+
+def test_a_packed_pair_unpacks_to_the_fast_pair_the_worker_made(honest: Scenario) -> None:
+    i = _usage_index(honest, 0)
+    with ExportSource(honest.path) as source:
+        batch = next(iter(source.batches()))
+    plan, jobs = walk._plan(batch.records, batch.inputs)
+    keys = {honest.terms.ledger_key, *(n.key for n in honest.terms.nodes)}
+    context = PairContext(
+        {key_id(k): [k] for k in keys},
+        honest.terms.placement_id,
+        {},
+        required_of([honest.terms.ledger_key]),
+    )
+    results = open_jobs(jobs, context)
+    at = next(entry[3] for entry in plan if entry[0] == i)
+    fast = results[at]
+    assert type(fast) is FastPair
+    packed = pickle.loads(pickle.dumps(pack(fast)))
+    assert unpack(packed) == fast
+    assert unpack(packed).opened.record == fast.opened.record
