@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import resource
 import sys
 import tempfile
@@ -46,6 +47,7 @@ from devtools.kafka_cluster import KafkaCluster  # noqa: E402
 from ledger.config import KafkaConfig  # noqa: E402
 from ledger.service import KafkaLedgerService, fixed_clock  # noqa: E402
 from ledger.store import Store  # noqa: E402
+from proto.envelope import decode_envelope  # noqa: E402
 from proto.keys import SigningKey, verify  # noqa: E402
 from transport.kafka import (  # noqa: E402
     REPLICATION_FACTOR,
@@ -96,26 +98,46 @@ async def publish(bootstrap: str, topic: str, items: list[tuple[str, bytes]]) ->
         await producer.stop()
 
 
+# CPU seconds per Ed25519 verification, as last measured by ``verify_rate``.
+VERIFY_CPU_S: list[float] = []
+
+
 def verify_rate(seconds: float = 2.0) -> float:
-    """Ed25519 verifications per second on one core (pynacl), ~400-byte messages."""
+    """Ed25519 verifications per second on one core (pynacl), ~400-byte messages; the
+    CPU time per verification is kept in ``VERIFY_CPU_S``."""
     key = SigningKey.from_seed_text("bench", "verify")
     message = b"x" * 400
     signature = key.sign(message)
     public = key.public_key
     count = 0
     started = time.perf_counter()
+    started_cpu = time.thread_time()
     deadline = started + seconds
     while time.perf_counter() < deadline:
         for _ in range(500):
             verify(public, message, signature)
         count += 500
+    VERIFY_CPU_S.append((time.thread_time() - started_cpu) / count)
     return count / (time.perf_counter() - started)
 
 
+def signatures_of(items: list[tuple[str, bytes]]) -> int:
+    """How many signatures the ledger verifies to fold ``items`` (each one once)."""
+    return sum(len(decode_envelope(envelope).signatures) for _, envelope in items)
+
+
 async def run_ledger(
-    bootstrap: str, topic: str, cast: object, db: Path, batch: int, total: int
+    bootstrap: str,
+    topic: str,
+    cast: object,
+    db: Path,
+    batch: int,
+    total: int,
+    profile: Path | None = None,
 ) -> tuple[float, int]:
-    """Fold every message of the topic into a fresh store; (seconds, inputs)."""
+    """Fold every message of the topic into a fresh store; (seconds, inputs).
+
+    ``profile``: run the consume loop under cProfile and write its stats there."""
     key = cast.ledger  # type: ignore[attr-defined]
     store = Store(db, ledger_public_key=key.public_key)
     kafka = KafkaConfig(settings=KafkaSettings(bootstrap=bootstrap, topic=topic))
@@ -125,15 +147,21 @@ async def run_ledger(
     )
     await service.start()
     consumed = 0
+    profiler = None if profile is None else cProfile.Profile()
     try:
         started = time.perf_counter()
         deadline = time.monotonic() + 3600
+        if profiler is not None:
+            profiler.enable()
         while consumed < total and time.monotonic() < deadline:
             report = await service.step(200)
             if report is not None:
                 consumed += report.inputs
         seconds = time.perf_counter() - started
     finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
         await service.stop()
         service.close()
     return seconds, consumed
@@ -156,14 +184,27 @@ def measure(
     publish_s = time.perf_counter() - t
     with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
         db = Path(tmp) / "bench.duckdb"
+        cpu = time.process_time()
         seconds, consumed = asyncio.run(
-            run_ledger(bootstrap, topic, cast, db, args.batch, len(items))
+            run_ledger(bootstrap, topic, cast, db, args.batch, len(items), args.profile)
         )
+        cpu_s = time.process_time() - cpu  # this process: the ledger, no broker
         db_bytes = db.stat().st_size
     rate = consumed / seconds
+    verify_cpu = sum(VERIFY_CPU_S) / max(len(VERIFY_CPU_S), 1)
+    signature_cpu = signatures_of(items) * verify_cpu
     print(f"--- {label}: topic RF {replication}, {args.partitions} partitions")
     print(f"publish to Kafka        {publish_s:.2f} s ({len(items) / publish_s:,.0f}/s, acks=all)")
     print(f"ledger end to end       {seconds:.2f} s = {rate:,.0f} inputs/s ({consumed} inputs)")
+    print(
+        f"ledger CPU              {cpu_s / max(consumed, 1) * 1e6:.0f} us/input "
+        "(this process, all its threads; start and stop included)"
+    )
+    print(
+        f"  of which signatures    {signature_cpu / max(consumed, 1) * 1e6:.0f} us/input "
+        f"(signatures x {verify_cpu * 1e6:.1f} us CPU per verify, measured before); the rest "
+        f"{(cpu_s - signature_cpu) / max(consumed, 1) * 1e6:.0f} us/input"
+    )
     print(f"store size              {db_bytes / 2**20:.1f} MiB")
     return rate
 
@@ -255,6 +296,13 @@ def main() -> int:
         default=None,
         metavar="N",
         help="also fold with N shard processes at once (single broker); ratios to both limits",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="run the ledger's consume loop under cProfile and write the stats to FILE",
     )
     args = parser.parse_args()
     if args.shards is not None:

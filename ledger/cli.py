@@ -226,7 +226,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             service.run_forever(stop)
         else:
             try:
-                asyncio.run(_run_kafka(service))
+                kafka = config.kafka
+                assert kafka is not None  # transport = "kafka" needs [kafka] (config_from_mapping)
+                asyncio.run(
+                    _run_kafka(service, kafka.start_backoff_initial_s, kafka.start_backoff_max_s)
+                )
             except SourceUnavailable as exc:
                 return _fail(f"{exc} (gave up after {START_ATTEMPTS} attempts)", EX_TEMPFAIL)
             except SourceError as exc:
@@ -238,12 +242,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_kafka(service: KafkaLedgerService) -> None:
+async def _run_kafka(
+    service: KafkaLedgerService,
+    backoff_initial_s: float = START_BACKOFF_INITIAL_S,
+    backoff_max_s: float = START_BACKOFF_MAX_S,
+) -> None:
+    """Start (START_ATTEMPTS tries, waits doubling from ``backoff_initial_s`` up to
+    ``backoff_max_s``: [kafka] start_backoff_*), then run until SIGTERM/SIGINT."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    delay_s = START_BACKOFF_INITIAL_S
+    delay_s = backoff_initial_s
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             await service.start()
@@ -257,7 +267,7 @@ async def _run_kafka(service: KafkaLedgerService) -> None:
                 await asyncio.wait_for(stop.wait(), delay_s)
             if stop.is_set():
                 return
-            delay_s = min(delay_s * 2, START_BACKOFF_MAX_S)
+            delay_s = min(delay_s * 2, backoff_max_s)
     try:
         log.info(
             "ledger_running",

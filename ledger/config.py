@@ -38,6 +38,11 @@ Keys (relative paths are relative to the directory of the config file)::
     # sasl_username = "ledger"
     # sasl_password_file = "secrets/kafka-password"   # never the password itself
     # ssl_cafile = "certs/ca.pem"
+    start_backoff_initial_s = 0.5     # Kafka unreachable at start: wait this long before the
+    start_backoff_max_s = 10.0        # next of START_ATTEMPTS (10) attempts, doubling up to
+                                      # the max; then exit 75. Both in 0.01..600 s, initial
+                                      # <= max (defaults: ledger.limits START_BACKOFF_*;
+                                      # max left out: 10 s, or the initial if larger)
 """
 
 from __future__ import annotations
@@ -50,7 +55,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from ledger.limits import DEFAULT_BATCH_MAX_RECORDS, MAX_BATCH_RECORDS, MAX_SHARDS
+from ledger.limits import (
+    DEFAULT_BATCH_MAX_RECORDS,
+    MAX_BATCH_RECORDS,
+    MAX_SHARDS,
+    START_BACKOFF_INITIAL_S,
+    START_BACKOFF_MAX_S,
+)
 from proto.attestation import AttestationRoot, root_key_ok
 from proto.limits import MAX_ATTESTATION_ROOTS
 from transport.kafka import DEFAULT_TOPIC, KafkaSettings
@@ -85,8 +96,12 @@ _KAFKA_KEYS: Final = frozenset(
         "sasl_username",
         "sasl_password_file",
         "ssl_cafile",
+        "start_backoff_initial_s",
+        "start_backoff_max_s",
     }
 )
+# [kafka] start_backoff_initial_s / start_backoff_max_s: each in this range (seconds).
+START_BACKOFF_RANGE_S: Final = (0.01, 600.0)
 
 
 Arrival = Literal["log", "sender"]
@@ -108,6 +123,10 @@ class KafkaConfig:
     partitions: tuple[int, ...] | None = None
     shard: int = 0
     shards: int = 1
+    # `ledger run` with the broker unreachable: the first wait between start attempts,
+    # doubled per attempt up to the max (ledger.limits START_BACKOFF_*, START_ATTEMPTS).
+    start_backoff_initial_s: float = START_BACKOFF_INITIAL_S
+    start_backoff_max_s: float = START_BACKOFF_MAX_S
 
     @property
     def topic(self) -> str:
@@ -224,6 +243,12 @@ def _int(value: Any, key: str, lo: int, hi: int) -> int:
     return value
 
 
+def _seconds(value: Any, key: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise ConfigError(f"{key} must be a number of seconds in {lo:g}..{hi:g}, got {value!r}")
+    return float(value)
+
+
 def _kafka(data: Any, base: Path) -> KafkaConfig:
     if not isinstance(data, dict):
         raise ConfigError("[kafka] must be a table")
@@ -266,7 +291,27 @@ def _kafka(data: Any, base: Path) -> KafkaConfig:
         )
     except ValueError as exc:
         raise ConfigError(f"[kafka]: {exc}") from exc
-    return KafkaConfig(settings=settings, partitions=partitions, shard=shard, shards=shards)
+    lo, hi = START_BACKOFF_RANGE_S
+    initial_s = _seconds(
+        data.get("start_backoff_initial_s", START_BACKOFF_INITIAL_S),
+        "[kafka] start_backoff_initial_s",
+        lo,
+        hi,
+    )
+    max_s = _seconds(
+        data.get("start_backoff_max_s", max(START_BACKOFF_MAX_S, initial_s)),
+        "[kafka] start_backoff_max_s",
+        initial_s,
+        hi,
+    )
+    return KafkaConfig(
+        settings=settings,
+        partitions=partitions,
+        shard=shard,
+        shards=shards,
+        start_backoff_initial_s=initial_s,
+        start_backoff_max_s=max_s,
+    )
 
 
 def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:

@@ -50,6 +50,14 @@ from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked, read_spool
 log = structlog.get_logger("ledger.consume")
 
 _METADATA_TIMEOUT_S: Final = 30.0
+# Bytes fetched per partition per request, per input a poll may return: a fetch of the
+# client's default (1 MiB, ~1,300 inputs of ~760 bytes) made polls of a 5,000-input batch
+# return a few hundred to a thousand, and every batch pays a commit and a snapshot per
+# touched placement. At least the default; the caller's consumer_kwargs win.
+_FETCH_BYTES_PER_INPUT: Final = 2048
+_MIN_PARTITION_FETCH_BYTES: Final = 1 << 20
+# Polls without waiting that top a batch up with what the client already fetched.
+_TOP_UP_POLLS: Final = 8
 
 
 class SourceError(Exception):
@@ -285,7 +293,12 @@ class KafkaSource:
         self.arrival = arrival
         self._offsets = dict(offsets)
         self._max_poll_records = max_poll_records
-        self._extra = dict(consumer_kwargs or {})
+        self._extra = {
+            "max_partition_fetch_bytes": max(
+                _MIN_PARTITION_FETCH_BYTES, max_poll_records * _FETCH_BYTES_PER_INPUT
+            ),
+            **(consumer_kwargs or {}),
+        }
         self._consumer: Any = None
         self._partitions: list[TopicPartition] = []
         self._next: dict[int, int] = {}
@@ -355,6 +368,18 @@ class KafkaSource:
         batches = await consumer.getmany(
             *self._partitions, timeout_ms=timeout_ms, max_records=max_records
         )
+        got = sum(len(records) for records in batches.values())
+        for _ in range(_TOP_UP_POLLS):  # top up from what is already fetched, never wait
+            if got == 0 or got >= max_records:
+                break
+            more = await consumer.getmany(
+                *self._partitions, timeout_ms=0, max_records=max_records - got
+            )
+            if not more:
+                break
+            for tp, records in more.items():  # each partition's records stay in order
+                batches.setdefault(tp, []).extend(records)
+                got += len(records)
         topic = self.config.topic
         items: list[Item] = []
         for tp in sorted(batches, key=lambda t: t.partition):

@@ -11,12 +11,13 @@ not leaves): ``seal_record`` wraps their bytes in an envelope with no signature.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from typing import Final
 
 from ledger.decide import CheckedSignature
-from proto.envelope import Envelope, Opened, encode_envelope
+from proto.envelope import Opened
 from proto.errors import ProtoError
 from proto.keys import verify
 from proto.records import UsageEvent
@@ -68,8 +69,16 @@ def preverify(
 
 def seal_record(payload: bytes) -> bytes:
     """A LedgerRecord envelope over its signed bytes, with no signature (SPEC §8: the
-    checkpoint covering the record and the prev chain authenticate it)."""
-    return encode_envelope(Envelope(payload=payload, signatures=[]))
+    checkpoint covering the record and the prev chain authenticate it).
+
+    The canonical bytes of ``Envelope(payload, [])`` (``encode_envelope``), written
+    directly: sorted keys, standard padded base64, no whitespace."""
+    return _SEALED_HEAD + base64.b64encode(payload) + _SEALED_TAIL
+
+
+# The canonical envelope with no signature around the base64 of its payload.
+_SEALED_HEAD: Final = b'{"payload":"'
+_SEALED_TAIL: Final = b'","signatures":[]}'
 
 
 def _verify_chunk(jobs: Sequence[tuple[bytes, bytes, bytes]]) -> list[bool]:

@@ -612,9 +612,10 @@ class _Run:
                 Reason.FUTURE_DATED, f"ends at {event.end_ms}, arrived at {arrived}", takes
             )
         # (6) the samples; §7.1 delivered
-        uuids = [s.uuid for s in event.samples]
-        if len(set(uuids)) != len(uuids):
-            raise _Reject(Reason.SAMPLE_DUPLICATE_GPU, "a GPU is sampled twice", takes)
+        if len(event.samples) > 1:
+            uuids = [s.uuid for s in event.samples]
+            if len(set(uuids)) != len(uuids):
+                raise _Reject(Reason.SAMPLE_DUPLICATE_GPU, "a GPU is sampled twice", takes)
         delivered = 0
         resold = [0] * len(state.assignments)
         for sample in event.samples:
@@ -680,8 +681,15 @@ class _Run:
                 for a, extra in zip(state.assignments, resold, strict=True)
             )
         if delivered:
-            changes["totals"] = _reprice(
-                terms, state.totals, delivered_mgms=state.totals.delivered_mgms + delivered
+            current = state.totals  # _reprice(delivered_mgms=...), without its dicts
+            changes["totals"] = price(
+                terms,
+                delivered_mgms=current.delivered_mgms + delivered,
+                reclaim_credit=current.reclaim_credit_minor,
+                sla_credit=current.sla_credit_minor,
+                adjustment_credit=current.adjustment_credit_minor,
+                adjustment_charge=current.adjustment_charge_minor,
+                release_charge=current.release_charge_minor,
             )
         return changes, delivered
 

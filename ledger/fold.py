@@ -45,7 +45,7 @@ from ledger.state import PlacementState
 from proto.attestation import AttestationRoot
 from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
-from proto.keys import SigningKey
+from proto.keys import SigningKey, key_id
 from proto.reasons import Reason
 from proto.records import (
     BuyerRelease,
@@ -147,7 +147,7 @@ class Fold:
         if executor is None:
             return [o for raw, pos, key, at in items for o in self.apply(raw, pos, key, at)]
         opened = [_open(raw) for raw, _, _, _ in items]
-        checks = crypto.preverify(executor, opened, self._bound_key)
+        checks = crypto.preverify(executor, opened, self._key_finder(opened))
         verdicts = [
             v
             for (raw, position, key, at), op, check in zip(items, opened, checks, strict=True)
@@ -180,9 +180,8 @@ class Fold:
             else cache.accepted_at(state.placement_id, wanted[0], wanted[1])
         )
         record = opened.record
-        scope = scope_of(position)
         claims = (
-            self._capacity.claims_for(scope, record)
+            self._capacity.claims_for(scope_of(position), record)
             if isinstance(record, PlacementTerms) and state.terms is None
             else None
         )
@@ -203,7 +202,7 @@ class Fold:
                 continue
             done = v.opened.record
             if isinstance(done, PlacementTerms):
-                self._capacity.accept_terms(scope, done)
+                self._capacity.accept_terms(scope_of(position), done)
             elif isinstance(done, ReclaimNotice):
                 self._capacity.accept_reclaim(done.placement_id, done.gpus, done.effective_at_ms)
             elif isinstance(done, BuyerRelease) and new.release_end_ms is not None:
@@ -218,6 +217,29 @@ class Fold:
     def _bound_key(self, placement_id: str, node_id: str, keyid: str) -> bytes | None:
         state = self._cache.peek(placement_id)
         return None if state is None else state.key_for(node_id, keyid)
+
+    def _key_finder(self, opened: Sequence[Opened | ProtoError]) -> crypto.KeyFinder:
+        """The key to check a usage signature with ahead of the fold: the key bound now,
+        else a node key named by terms in this batch (a placement whose terms and first
+        events arrive together). Only a guess: ``decide`` uses a check made with the key
+        actually bound when it gets there, and verifies inline otherwise."""
+        named: dict[tuple[str, str], list[bytes]] = {}
+        for op in opened:
+            if isinstance(op, Opened) and isinstance(op.record, PlacementTerms):
+                for node in op.record.nodes:
+                    named.setdefault((op.record.placement_id, node.node_id), []).append(node.key)
+        if not named:
+            return self._bound_key
+
+        def key_for(placement_id: str, node_id: str, keyid: str) -> bytes | None:
+            found = self._bound_key(placement_id, node_id, keyid)
+            if found is None:
+                for public_key in named.get((placement_id, node_id), ()):
+                    if key_id(public_key) == keyid:
+                        return public_key
+            return found
+
+        return key_for
 
     # ---- state in memory and in the store -------------------------------------------------
 

@@ -40,9 +40,11 @@ def counts(sample: GpuSample, first_event: bool, retired_before: Mapping[str, in
 def retired_after(retired_before: Mapping[str, int], samples: list[GpuSample]) -> Mapping[str, int]:
     """The stream's highest retired-page count per GPU after an accepted event (non-zero
     counts only); ``retired_before`` itself when nothing grew."""
-    grown = {
-        s.uuid: s.retired_pages for s in samples if s.retired_pages > retired_before.get(s.uuid, 0)
-    }
-    if not grown:
-        return retired_before
-    return {**retired_before, **grown}
+    after: dict[str, int] | None = None
+    for s in samples:
+        pages = s.retired_pages
+        if pages and pages > retired_before.get(s.uuid, 0):  # 0 never grows a count
+            if after is None:
+                after = dict(retired_before)
+            after[s.uuid] = pages
+    return retired_before if after is None else after

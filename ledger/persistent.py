@@ -35,7 +35,10 @@ class PSet(Generic[H]):
         return new
 
     def __contains__(self, item: object) -> bool:
-        return any(item in layer for layer in self._layers)
+        for layer in self._layers:  # noqa: SIM110 (not any(genexpr): this runs per input)
+            if item in layer:
+                return True
+        return False
 
     def add(self, item: H) -> PSet[H]:
         """This set with ``item`` (``self`` when it is already in)."""

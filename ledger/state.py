@@ -41,6 +41,20 @@ class StreamState(msgspec.Struct, frozen=True):
 
 NEW_STREAM: Final = StreamState()
 
+# Key ids of bound public keys (a SHA-256 each; ``key_for`` asks for them per usage event).
+_KEY_IDS: dict[bytes, str] = {}
+_KEY_IDS_MAX: Final = 1 << 16
+
+
+def _key_id(public_key: bytes) -> str:
+    found = _KEY_IDS.get(public_key)
+    if found is None:
+        found = key_id(public_key)
+        if len(_KEY_IDS) >= _KEY_IDS_MAX:
+            _KEY_IDS.clear()
+        _KEY_IDS[public_key] = found
+    return found
+
 
 class AssignmentState(msgspec.Struct, frozen=True):
     """An accepted assignment (SPEC §6.8): who bought which GPUs from when, at what rate,
@@ -124,7 +138,7 @@ class PlacementState(msgspec.Struct, frozen=True):
     def key_for(self, node_id: str, keyid: str) -> bytes | None:
         """The public key with this key id bound to the node (any validity), if any."""
         for public_key in self.bindings.get(node_id, ()):
-            if key_id(public_key) == keyid:
+            if _key_id(public_key) == keyid:
                 return public_key
         return None
 

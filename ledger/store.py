@@ -461,6 +461,12 @@ class Store:
                         )
             row = con.execute("SELECT max(last_commit) FROM placement_commits").fetchone()
             self._commit_no = 0 if row is None or row[0] is None else int(row[0])
+            # The placements with a stored snapshot: ``load_state`` of any other (a
+            # placement seen for the first time) answers None without a query.
+            self._stated: set[str] = {
+                str(pid)
+                for (pid,) in con.execute("SELECT placement_id FROM placement_state").fetchall()
+            }
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -554,6 +560,7 @@ class Store:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
+            self._stated.update(s.placement_id for s in batch.states)
             if touched:
                 self._commit_no = commit_no
 
@@ -655,6 +662,8 @@ class Store:
 
     def load_state(self, placement_id: str) -> bytes | None:
         """The stored snapshot of one placement (restores an evicted placement)."""
+        if placement_id not in self._stated:
+            return None  # never stored (this store is its only writer): no query
         rows = self._rows(
             "SELECT snapshot FROM placement_state WHERE placement_id = ?", [placement_id]
         )

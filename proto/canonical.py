@@ -33,10 +33,17 @@ def canonical_json(obj: Any) -> bytes:
     return _ENCODER.encode(obj)
 
 
+# The prefix of each record type, to skip the tag lookup per record (``signed_bytes``).
+_TYPE_PREFIXES: Final = {t: _PREFIXES[kind] for kind, t in KIND_TO_TYPE.items()}
+
+
 def signed_bytes(record: Record) -> bytes:
     """The exact bytes that are signed and hashed for ``record``."""
-    kind = of_type(record.__struct_config__.tag, str, "wire tag of a record")
-    return _PREFIXES[kind] + _ENCODER.encode(record)
+    prefix = _TYPE_PREFIXES.get(type(record))
+    if prefix is None:
+        kind = of_type(record.__struct_config__.tag, str, "wire tag of a record")
+        prefix = _PREFIXES[kind]
+    return prefix + _ENCODER.encode(record)
 
 
 def split_prefix(payload: bytes) -> tuple[str, bytes]:
@@ -58,6 +65,12 @@ def split_prefix(payload: bytes) -> tuple[str, bytes]:
 
 def decode_payload(payload: bytes) -> Record:
     """Decode signed bytes into their record, strictly; raise ProtoError with the reason."""
+    return decode_kind_payload(payload)[1]
+
+
+def decode_kind_payload(payload: bytes) -> tuple[str, Record]:
+    """``decode_payload`` with the record's kind (its prefix, which its wire tag equals:
+    the kind's decoder accepts no other ``type``)."""
     kind, body = split_prefix(payload)
     try:
         record: Record = _DECODERS[kind].decode(body)
@@ -67,7 +80,7 @@ def decode_payload(payload: bytes) -> Record:
         raise ProtoError(Reason.MALFORMED, f"{kind}: {exc}") from exc
     if _ENCODER.encode(record) != body:
         raise ProtoError(*_diagnose_non_canonical(kind, body))
-    return record
+    return kind, record
 
 
 def _classify_validation(message: str) -> Reason:

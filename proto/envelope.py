@@ -19,9 +19,8 @@ import msgspec
 from msgspec import Meta, Struct
 
 from proto import limits
-from proto.canonical import canonical_json, decode_payload, signed_bytes
+from proto.canonical import canonical_json, decode_kind_payload, signed_bytes
 from proto.errors import ProtoError
-from proto.invariant import of_type
 from proto.keys import SigningKey, verify
 from proto.reasons import Reason
 from proto.records import Record
@@ -49,13 +48,13 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class Opened:
+class Opened(Struct, frozen=True):
     """An envelope that decoded and whose payload is canonical. Signatures not yet checked.
 
     ``input_hash`` identifies the input (SHA-256 of the envelope bytes as received);
     ``record_hash`` identifies the record (SHA-256 of the signed payload bytes) and is
-    what ``prev`` links point to.
+    what ``prev`` links point to. (A frozen Struct, not a frozen dataclass: one is built
+    per input, and a frozen dataclass sets each field through ``object.__setattr__``.)
     """
 
     raw: bytes
@@ -116,10 +115,14 @@ def decode_envelope(raw: bytes) -> Envelope:
         raise ProtoError(Reason.MALFORMED, f"envelope: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise ProtoError(Reason.MALFORMED, f"envelope: {exc}") from exc
-    keyids = [s.keyid for s in envelope.signatures]
-    if len(set(keyids)) != len(keyids):
-        raise ProtoError(Reason.SIG_DUPLICATE, "envelope: a key id signs twice")
-    if canonical_json(envelope) != raw or keyids != sorted(keyids):
+    signatures = envelope.signatures
+    if len(signatures) > 1:
+        keyids = [s.keyid for s in signatures]
+        if len(set(keyids)) != len(keyids):
+            raise ProtoError(Reason.SIG_DUPLICATE, "envelope: a key id signs twice")
+        if keyids != sorted(keyids):
+            raise ProtoError(Reason.NON_CANONICAL, "envelope: bytes differ from canonical form")
+    if canonical_json(envelope) != raw:
         raise ProtoError(Reason.NON_CANONICAL, "envelope: bytes differ from canonical form")
     return envelope
 
@@ -127,16 +130,10 @@ def decode_envelope(raw: bytes) -> Envelope:
 def open_envelope(raw: bytes) -> Opened:
     """Decode an envelope and its payload. Raises ProtoError; signatures are not checked."""
     envelope = decode_envelope(raw)
-    record = decode_payload(envelope.payload)
-    kind = of_type(record.__struct_config__.tag, str, "wire tag of a record")
-    return Opened(
-        raw=raw,
-        envelope=envelope,
-        record=record,
-        kind=kind,
-        input_hash=sha256_hex(raw),
-        record_hash=sha256_hex(envelope.payload),
-    )
+    payload = envelope.payload
+    kind, record = decode_kind_payload(payload)
+    sha256 = hashlib.sha256
+    return Opened(raw, envelope, record, kind, sha256(raw).hexdigest(), sha256(payload).hexdigest())
 
 
 @dataclass(slots=True)

@@ -334,27 +334,41 @@ def _closed_port() -> int:
     return port
 
 
-def test_ledger_run_waits_or_fails_cleanly_without_a_broker(tmp_path: Path) -> None:
-    """Kafka never answers: START_ATTEMPTS tries, each logged, then exit 75 with one FAIL
-    line naming the broker. A process still running after the whole backoff is a hang."""
+# The no-broker run waits a few hundredths of a second between attempts instead of the
+# default backoff (about a minute in all); the attempts, their log lines, the exit and the
+# FAIL line are the same. The default itself is checked by reading the config below.
+SHORT_BACKOFF_S = (0.01, 0.04)
+
+
+def _no_broker_config(tmp_path: Path, bootstrap: str, **kafka: object) -> Path:
     from devtools.builders import make_cast
-    from ledger.limits import START_ATTEMPTS, START_BACKOFF_INITIAL_S, START_BACKOFF_MAX_S
     from proto.keys import write_key_pair
 
     key_file, _ = write_key_pair(make_cast("no-broker").ledger, tmp_path / "keys")
-    bootstrap = f"127.0.0.1:{_closed_port()}"
-    config = ledger_toml(
+    return ledger_toml(
         tmp_path / "ledger.toml",
         key_file,
         ledger_id="x",
         db="l.duckdb",
         transport="kafka",
-        kafka={"bootstrap": bootstrap, "topic": "t"},
+        kafka={"bootstrap": bootstrap, "topic": "t", **kafka},
         http="off",
     )
-    backoff_s = sum(
-        min(START_BACKOFF_INITIAL_S * 2**i, START_BACKOFF_MAX_S) for i in range(START_ATTEMPTS - 1)
+
+
+def test_ledger_run_waits_or_fails_cleanly_without_a_broker(tmp_path: Path) -> None:
+    """Kafka never answers: START_ATTEMPTS tries, each logged, then exit 75 with one FAIL
+    line naming the broker. A process still running after the whole backoff is a hang.
+    The run uses a short ``[kafka] start_backoff_*``; the default's total is checked in
+    ``test_default_start_backoff_is_the_documented_one``."""
+    from ledger.limits import START_ATTEMPTS
+
+    initial_s, max_s = SHORT_BACKOFF_S
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+    config = _no_broker_config(
+        tmp_path, bootstrap, start_backoff_initial_s=initial_s, start_backoff_max_s=max_s
     )
+    backoff_s = sum(min(initial_s * 2**i, max_s) for i in range(START_ATTEMPTS - 1))
     process = subprocess.Popen(
         [sys.executable, "-m", "gridledger", "ledger", "run", "--config", str(config)],
         stdout=subprocess.PIPE,
@@ -373,6 +387,84 @@ def test_ledger_run_waits_or_fails_cleanly_without_a_broker(tmp_path: Path) -> N
     assert output.count("kafka_unavailable") == START_ATTEMPTS, output[-2000:]
     fails = [line for line in output.splitlines() if line.startswith("FAIL")]
     assert len(fails) == 1 and bootstrap in fails[0], output[-2000:]
+
+
+def test_default_start_backoff_is_the_documented_one(tmp_path: Path) -> None:
+    """A ledger.toml without ``start_backoff_*`` waits as BOUNDS.md states: 0.5 s first,
+    doubling, at most 10 s, START_ATTEMPTS (10) attempts: about a minute in all."""
+    from ledger.config import load_config
+    from ledger.limits import START_ATTEMPTS
+
+    config = load_config(_no_broker_config(tmp_path, "127.0.0.1:9"))
+    assert config.kafka is not None
+    initial_s, max_s = config.kafka.start_backoff_initial_s, config.kafka.start_backoff_max_s
+    assert (initial_s, max_s, START_ATTEMPTS) == (0.5, 10.0, 10)
+    bounds = (Path(__file__).resolve().parents[1] / "BOUNDS.md").read_text(encoding="utf-8")
+    assert "| `START_BACKOFF_INITIAL_S` | `ledger/limits.py` | 0.5 s |" in bounds
+    assert "| `START_BACKOFF_MAX_S` | `ledger/limits.py` | 10 s |" in bounds
+    assert "| `START_ATTEMPTS` | `ledger/limits.py` | 10 |" in bounds
+    waits = [min(initial_s * 2**i, max_s) for i in range(START_ATTEMPTS - 1)]
+    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0, 10.0]
+    assert 50 <= sum(waits) <= 70  # "10 attempts take about a minute"
+
+
+@pytest.mark.parametrize(
+    ("kafka", "named"),
+    [
+        ({"start_backoff_initial_s": 0}, "start_backoff_initial_s"),
+        ({"start_backoff_initial_s": 601}, "start_backoff_initial_s"),
+        ({"start_backoff_initial_s": "fast"}, "start_backoff_initial_s"),
+        ({"start_backoff_initial_s": True}, "start_backoff_initial_s"),
+        ({"start_backoff_max_s": 0.005}, "start_backoff_max_s"),
+        ({"start_backoff_initial_s": 2, "start_backoff_max_s": 1}, "start_backoff_max_s"),
+        ({"start_backoff_max_s": 600.5}, "start_backoff_max_s"),
+    ],
+)
+def test_start_backoff_out_of_bounds_is_refused_in_one_line(
+    tmp_path: Path, kafka: dict[str, object], named: str
+) -> None:
+    """Each start_backoff_* in 0.01..600 s, the initial wait at most the ceiling; anything
+    else is refused when the config is read, naming the key and the range."""
+    from ledger.config import ConfigError, load_config
+
+    config = _no_broker_config(tmp_path, "127.0.0.1:9", **kafka)
+    with pytest.raises(ConfigError, match=rf"\[kafka\] {named} must be a number of seconds"):
+        load_config(config)
+
+
+def test_start_backoff_bounds_are_inclusive(tmp_path: Path) -> None:
+    from ledger.config import load_config
+
+    for i, (initial_s, max_s) in enumerate([(0.01, 0.01), (600, 600), (1, 600), (0.01, 1)]):
+        config = load_config(
+            _no_broker_config(
+                tmp_path / str(i),
+                "127.0.0.1:9",
+                start_backoff_initial_s=initial_s,
+                start_backoff_max_s=max_s,
+            )
+        )
+        assert config.kafka is not None
+        assert (config.kafka.start_backoff_initial_s, config.kafka.start_backoff_max_s) == (
+            initial_s,
+            max_s,
+        )
+
+
+def test_ledger_run_refuses_a_bad_start_backoff_in_one_line(tmp_path: Path) -> None:
+    config = _no_broker_config(tmp_path, "127.0.0.1:9", start_backoff_initial_s=-1)
+    done = subprocess.run(
+        [sys.executable, "-m", "gridledger", "ledger", "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("FAIL:"), done.stderr
+    assert "start_backoff_initial_s" in lines[0] and "0.01..600" in lines[0], lines[0]
 
 
 def test_store_lost_on_the_embedded_transport_rebuilds_the_reference_identically(

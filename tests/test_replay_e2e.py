@@ -9,6 +9,8 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from gridledger.cli import main
 from gridledger.placement_plan import plan_placements
 from gridledger.replay import (
@@ -102,20 +104,44 @@ def test_excerpt_replays_through_kafka(tmp_path: Path, kafka_bootstrap: str) -> 
     assert spools and all((s / SHIPPED_FILE).is_file() for s in spools)
 
 
-def test_a_rerun_over_the_same_workdir_counts_nothing_twice(tmp_path: Path) -> None:
-    """What a restart after a crash does: derive, resend, let the ledger drop repeats."""
-    limit, interval_s = 40, 3600
+# One local replay of the excerpt's first tasks, bounded by --max-events, shared by the
+# rerun test (which replays it again over its workdir) and the --max-events test (which
+# checks the bound held): one run of those tasks instead of three.
+PREFIX_TASKS = 40
+PREFIX_INTERVAL_S = 3600
+
+
+@pytest.fixture(scope="module")
+def prefix_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[ReplayOptions, ReplayReport, int]:
+    """(options, the first run's report, how many tasks it replayed)."""
+    trace = read_trace(EXCERPT)
+    interval_ms = PREFIX_INTERVAL_S * 1000
+    every = select_tasks(trace.tasks, None, max_events=10**12, interval_ms=interval_ms)
+    budget = planned_events(every[:PREFIX_TASKS], interval_ms) + 1
     options = ReplayOptions(
         trace_dir=EXCERPT,
-        workdir=tmp_path / "run",
-        interval_s=interval_s,
-        limit=limit,
+        workdir=tmp_path_factory.mktemp("prefix") / "run",
+        interval_s=PREFIX_INTERVAL_S,
+        max_events=budget,
         step_ms=DAY_MS,
     )
-    first = run_replay(options)
-    _check(first, interval_s, limit)
+    report = run_replay(options)
+    tasks = len(select_tasks(trace.tasks, None, max_events=budget, interval_ms=interval_ms))
+    return options, report, tasks
+
+
+def test_a_rerun_over_the_same_workdir_counts_nothing_twice(
+    prefix_run: tuple[ReplayOptions, ReplayReport, int],
+) -> None:
+    """What a restart after a crash does: derive, resend, let the ledger drop repeats.
+    The first run is ``prefix_run``'s (the first tasks of the excerpt, bounded by
+    --max-events); this test runs it again over the same workdir."""
+    options, first, tasks = prefix_run
+    _check(first, PREFIX_INTERVAL_S, tasks)
     second = run_replay(options)
-    _check(second, interval_s, limit)
+    _check(second, PREFIX_INTERVAL_S, tasks)
     assert second.events_generated == 0  # the agents recovered their heads from the spools
     assert second.delivered_mgms == first.delivered_mgms
     assert second.money["USD/4"].gross_minor == first.money["USD/4"].gross_minor
@@ -151,10 +177,12 @@ def test_cli_json_report(tmp_path: Path, capsys: object) -> None:
     assert data["placements"] == 12 and data["unplaceable"] == []
 
 
-def test_max_events_bounds_the_work_by_events_not_by_task_count(tmp_path: Path) -> None:
+def test_max_events_bounds_the_work_by_events_not_by_task_count(
+    prefix_run: tuple[ReplayOptions, ReplayReport, int],
+) -> None:
     """--limit counts tasks, whose cost is their duration; --max-events bounds the work."""
     trace = read_trace(EXCERPT)
-    interval_ms = 3_600_000
+    interval_ms = PREFIX_INTERVAL_S * 1000
     every = select_tasks(trace.tasks, None, max_events=10**12, interval_ms=interval_ms)
     half = len(every) // 2
     budget = planned_events(every[:half], interval_ms) + 1
@@ -165,17 +193,17 @@ def test_max_events_bounds_the_work_by_events_not_by_task_count(tmp_path: Path) 
     assert planned_events(every[: len(chosen) + 1], interval_ms) > budget  # the longest one
     # --limit and --max-events combine: the tighter of the two wins.
     assert select_tasks(trace.tasks, 2, max_events=budget, interval_ms=interval_ms) == every[:2]
-    report = run_replay(
-        ReplayOptions(
-            trace_dir=EXCERPT,
-            workdir=tmp_path / "run",
-            interval_s=3600,
-            max_events=budget,
-            step_ms=DAY_MS,
-        )
+    # The replay itself, bounded by events (the shared run: its budget is the first
+    # PREFIX_TASKS tasks' events + 1, so it stops at a task boundary by events alone).
+    options, report, tasks = prefix_run
+    assert options.limit is None and options.max_events is not None
+    replayed = select_tasks(
+        trace.tasks, None, max_events=options.max_events, interval_ms=interval_ms
     )
-    assert report.placements == len(chosen)
-    assert report.events_accepted == planned_events(chosen, interval_ms) <= budget
+    assert len(replayed) == tasks >= PREFIX_TASKS and replayed == every[:tasks]
+    assert planned_events(every[: tasks + 1], interval_ms) > options.max_events
+    assert report.placements == len(replayed)
+    assert report.events_accepted == planned_events(replayed, interval_ms) <= options.max_events
     assert report.delivered_equals_trace and report.ok
 
 

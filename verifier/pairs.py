@@ -27,11 +27,13 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any, Final, NamedTuple
 
+import msgspec
+
 from proto.records import LedgerRecord, UsageEvent
-from verifier.opener import Keyring, OpenResult, open_one
+from verifier.opener import Keyring, OpenResult, SigResult, open_one
 from verifier.pricing import TOTAL_FIELDS
 from verifier.signers import signer_failure
-from verifier.source import TABLE_OF_KIND
+from verifier.source import TABLE_OF_KIND, InputTable
 from verifier.step5_columns import record_column_values
 
 # Job kinds: (PAIR, index, record envelope, record columns, input envelope, input_hash
@@ -45,6 +47,20 @@ Job = tuple[Any, ...]
 _USAGE_EXTRAS: Final = attrgetter(*(name for name, _ in TABLE_OF_KIND["usage"].extras))
 
 
+class ExportFile(NamedTuple):
+    """Where a worker process reads the rows of a chain-index range itself
+    (``verifier/walk.py``, process pool): the file, its identity when the run began, and
+    what the main process learnt of its schema."""
+
+    path: str
+    identity: tuple[int, int, int]  # (st_dev, st_ino, st_mtime_ns)
+    placement_column: bool  # ledger_records has placement_id (ExportSource)
+    tables: tuple[InputTable, ...]  # the input tables the export has
+    # per table, (min, max) of its chain_index, None when it has none: a range outside
+    # costs no query (most tables are small, and each query ~0.4 ms however empty)
+    spans: tuple[tuple[int, int] | None, ...]
+
+
 class PairContext(NamedTuple):
     """What every pair check needs besides the rows: the same for the whole export."""
 
@@ -52,6 +68,7 @@ class PairContext(NamedTuple):
     placement_id: str
     ledger_required: dict[str, bytes]  # who must sign a record (none in version 2)
     ledger_permitted: dict[str, bytes] | None = None  # who may (SPEC §8: the ledger key)
+    export: ExportFile | None = None  # set when workers read their ranges themselves
 
 
 class FastPair(NamedTuple):
@@ -67,6 +84,62 @@ class FastPair(NamedTuple):
     record_sigs: int
     record_row: tuple[Any, ...]  # the w_records row (step9_obligation.collect_record)
     opened: OpenResult  # the usage event, as open_one returned it
+
+
+class PackedPair(NamedTuple):
+    """A ``FastPair`` as a worker process sends it (``pack``, ``verifier/walk.py``): the
+    usage event as its canonical JSON body and the signatures as plain tuples, which
+    pickle and load several times faster than the decoded Structs. ``unpack`` restores
+    the ``FastPair`` exactly: the body decodes to the event the worker checked."""
+
+    chain_index: int
+    record_hash: str
+    leaf: bytes
+    prev: str
+    arrived_ms: int | None
+    status: str
+    reason: str
+    record_sigs: int
+    record_row: tuple[Any, ...]
+    input_hash: str
+    event_hash: str
+    event_leaf: bytes
+    event_body: bytes
+    sigs: tuple[tuple[str, int, bytes], ...]
+
+
+_BODY_ENCODER: Final = msgspec.json.Encoder(order="sorted")
+_EVENT_DECODER: Final = msgspec.json.Decoder(UsageEvent)
+
+
+def pack(pair: FastPair) -> PackedPair:
+    """The compact form of a FastPair (its opened record is a UsageEvent)."""
+    opened = pair.opened
+    return PackedPair(
+        *pair[:9],
+        opened.input_hash,
+        opened.record_hash,
+        opened.leaf,
+        _BODY_ENCODER.encode(opened.record),
+        tuple((s.keyid, s.outcome, s.key) for s in opened.sigs),
+    )
+
+
+def unpack(packed: PackedPair) -> FastPair:
+    """The FastPair ``pack`` was given (as ``open_one`` had opened its usage event)."""
+    event = _EVENT_DECODER.decode(packed.event_body)
+    opened = OpenResult(
+        1,
+        "",
+        "",
+        "usage",
+        packed.input_hash,
+        packed.event_hash,
+        packed.event_leaf,
+        event,
+        tuple(SigResult(*s) for s in packed.sigs),
+    )
+    return FastPair(*packed[:9], opened)
 
 
 class SlowPair(NamedTuple):

@@ -172,6 +172,39 @@ class RecordRow:
         return f"ledger_records[{self.chain_index}]"
 
 
+def read_input_rows(con: Any, prefix: str, table: InputTable, lo: int, hi: int) -> list[InputRow]:
+    """The first row (by storage order) of each chain index in [lo, hi) of an input table;
+    ``prefix`` is how the export's tables are named on ``con`` (``x.`` when attached, ``''``
+    on a connection to the export itself, as a worker process has: ``verifier/walk.py``)."""
+    names = ", ".join(c for c, _ in table.columns)
+    # No window function or ORDER BY in SQL: sorting 2048 rows there costs more than
+    # checking their order here (first_per_index).
+    rows = con.execute(
+        f"SELECT rowid, {names} FROM {prefix}{table.name} "
+        "WHERE chain_index >= ? AND chain_index < ?",
+        [lo, hi],
+    ).fetchall()
+    return [
+        InputRow(table.kind, r[1], r[2], r[3], blob(r[4]), r[5], r[6], r[7:])
+        for r in first_per_index(rows)
+    ]
+
+
+def read_record_rows(
+    con: Any, prefix: str, placement_column: bool, lo: int, hi: int
+) -> list[RecordRow]:
+    """The first ledger_records row of each chain index in [lo, hi) (``read_input_rows``)."""
+    names = ", ".join(c for c, _ in RECORD_COLUMNS)
+    if placement_column:
+        names += f", {RECORD_PLACEMENT_COLUMN}"
+    rows = con.execute(
+        f"SELECT rowid, {names} FROM {prefix}ledger_records "
+        "WHERE chain_index >= ? AND chain_index < ?",
+        [lo, hi],
+    ).fetchall()
+    return [RecordRow(r[1], blob(r[2]), r[3:]) for r in first_per_index(rows)]
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     """Rows of every chained table whose chain_index lies in [lo, hi)."""
@@ -320,30 +353,11 @@ class ExportSource:
 
     def input_rows(self, table: InputTable, lo: int, hi: int) -> list[InputRow]:
         """The first row (by storage order) of each chain index in [lo, hi) of a table."""
-        names = ", ".join(c for c, _ in table.columns)
-        # No window function or ORDER BY in SQL: sorting 2048 rows there costs more than
-        # checking their order here (first_per_index).
-        rows = self.con.execute(
-            f"SELECT rowid, {names} FROM {ALIAS}.{table.name} "
-            "WHERE chain_index >= ? AND chain_index < ?",
-            [lo, hi],
-        ).fetchall()
-        return [
-            InputRow(table.kind, r[1], r[2], r[3], blob(r[4]), r[5], r[6], r[7:])
-            for r in first_per_index(rows)
-        ]
+        return read_input_rows(self.con, f"{ALIAS}.", table, lo, hi)
 
     def record_rows(self, lo: int, hi: int) -> list[RecordRow]:
         """The first ledger_records row of each chain index in [lo, hi)."""
-        names = ", ".join(c for c, _ in RECORD_COLUMNS)
-        if self.record_placement_id:
-            names += f", {RECORD_PLACEMENT_COLUMN}"
-        rows = self.con.execute(
-            f"SELECT rowid, {names} FROM {ALIAS}.ledger_records "
-            "WHERE chain_index >= ? AND chain_index < ?",
-            [lo, hi],
-        ).fetchall()
-        return [RecordRow(r[1], blob(r[2]), r[3:]) for r in first_per_index(rows)]
+        return read_record_rows(self.con, f"{ALIAS}.", self.record_placement_id, lo, hi)
 
     def all_indices_sql(self) -> str:
         """SQL: every chain_index of ledger_records and the input tables (with repeats)."""

@@ -32,7 +32,7 @@ from verifier.decisions import (
 from verifier.findings import Step
 from verifier.invariant import InvariantError
 from verifier.opener import OpenResult, open_one
-from verifier.pricing import totals_after
+from verifier.pricing import CRITICAL_XID_SET, totals_after
 from verifier.source import ALIAS, InputRow, blob
 from verifier.step4_envelopes import check_input_hash
 
@@ -134,7 +134,7 @@ def work_usage(run: Verification, index: int, record: UsageEvent, record_hash: s
             s.allocated,
             s.healthy,
             s.power_mw,
-            list(s.xids),
+            not CRITICAL_XID_SET.isdisjoint(s.xids),  # any of CRITICAL_XIDS (SPEC §7.1)
             s.ecc_uncorrectable,
             s.retired_pages,
             s.present,

@@ -22,11 +22,16 @@ per-index checks below, so each finding is named exactly as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
+
+import duckdb
 
 from proto.records import ZERO_HASH, LedgerRecord, UsageEvent
 from verifier import (
+    limits,
     step4_envelopes,
     step5_columns,
     step6_chain,
@@ -36,8 +41,30 @@ from verifier import (
 from verifier.decisions import ACCEPTED, PENDING, Claim
 from verifier.invariant import InvariantError
 from verifier.opener import Keyring, OpenResult, open_one
-from verifier.pairs import ONE, PAIR, FastPair, Job, PairContext, SlowPair, open_jobs
-from verifier.source import Batch, ExportSource, InputRow, RecordRow
+from verifier.pairs import (
+    ONE,
+    PAIR,
+    ExportFile,
+    FastPair,
+    Job,
+    PackedPair,
+    PairContext,
+    SlowPair,
+    open_jobs,
+    pack,
+    unpack,
+)
+from verifier.source import (
+    ALIAS,
+    TABLE_OF_KIND,
+    Batch,
+    ExportSource,
+    InputRow,
+    InputTable,
+    RecordRow,
+    read_input_rows,
+    read_record_rows,
+)
 from verifier.state import Verification
 from verifier.step8_merkle import MISSING_LEAF
 from verifier.workers import fewer_collections
@@ -55,6 +82,9 @@ def walk(run: Verification) -> None:
     context = PairContext(
         step4_envelopes.keyring(run), run.placement_id, run.record_required, run.record_permitted
     )
+    if run.pool.reads_ranges:
+        _walk_ranges(run, context)
+        return
     jobs = run.pool.run_jobs(open_jobs, _batch_jobs(run.source), context)
     with fewer_collections():
         for (batch, plan), results in jobs:
@@ -66,40 +96,202 @@ def walk(run: Verification) -> None:
     run.work.flush()
 
 
+# ---- process pool: each worker reads its own chain-index ranges ---------------------------
+#
+# Handing every envelope from the main process to a worker costs the main process a DuckDB
+# read, a Python object per row and the pickling (the main process is the pass's busiest).
+# With a process pool the main process instead sends (lo, hi) ranges: the worker reads the
+# rows of its range from the export itself (read-only, its own connection), plans and opens
+# them exactly as ``_batch_jobs`` and ``open_jobs`` do, and returns per chain index either
+# a ``FastPair`` (packed, ``pairs.pack``: pickling decoded Structs cost the worker more than
+# the JSON body costs the main process to decode; the rows stay in the worker, and
+# ``_check_fast`` reads them again only in the rare case that it must name a finding) or
+# the rows with their results (``Entry``).
+
+# One chain index a worker could not settle: (index, record row, input rows, results, pair)
+Entry = tuple[int, RecordRow | None, list[InputRow] | None, list[Any], bool]
+
+# The worker's connection to the export it reads, by ((pid, thread), path, identity).
+_EXPORT: dict[tuple[tuple[int, int], str, tuple[int, int, int]], Any] = {}
+
+
+def _walk_ranges(run: Verification, context: PairContext) -> None:
+    source = run.source
+    stat = source.path.stat()
+    context = context._replace(
+        export=ExportFile(
+            str(source.path.resolve()),
+            (stat.st_dev, stat.st_ino, stat.st_mtime_ns),
+            source.record_placement_id,
+            source.input_tables,
+            tuple(_span(source, table) for table in source.input_tables),
+        )
+    )
+    done = 0
+    jobs = run.pool.run_jobs(open_ranges, _range_jobs(source), context, chunk=1)
+    try:
+        with fewer_collections():
+            for _, ranges in jobs:
+                for entries in ranges:
+                    done += _check_entries(run, entries, context.keyring)
+                run.work.flush()
+                run.progress.update(done)
+    finally:
+        if run.pool.kind != "process":  # the pass read ranges in this process
+            forget_exports(close=True)
+    run.progress.finish()
+    run.work.flush()
+
+
+def _span(source: ExportSource, table: InputTable) -> tuple[int, int] | None:
+    """The least and the greatest chain_index of a table, None when it has none."""
+    rows = source.con.execute(
+        f"SELECT min(chain_index), max(chain_index) FROM {ALIAS}.{table.name}"
+    ).fetchall()
+    low, high = rows[0] if rows else (None, None)
+    return None if low is None or high is None else (int(low), int(high))
+
+
+def _range_jobs(source: ExportSource) -> Iterator[tuple[int, list[tuple[int, int]]]]:
+    """Per batch of CHAIN_BATCH_INDICES: its ranges of OPEN_CHUNK_ROWS chain indices (as
+    ``ExportSource.batches``: empty stretches skipped)."""
+    lo = source.next_index(0)
+    while lo is not None:
+        hi = lo + limits.CHAIN_BATCH_INDICES
+        step = limits.OPEN_CHUNK_ROWS
+        yield lo, [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+        lo = source.next_index(hi)
+
+
+def _export_connection(export: ExportFile) -> Any:
+    """This worker's read-only connection to ``export``: one kept per process and thread
+    (a DuckDB connection is not shared between threads, nor used across a fork)."""
+    owner = (os.getpid(), threading.get_ident())
+    key = (owner, export.path, export.identity)
+    con = _EXPORT.get(key)
+    if con is None:
+        stale = [k for k in _EXPORT if k[0] == owner]
+        for old in stale:
+            _EXPORT.pop(old).close()
+        stat = os.stat(export.path)
+        if (stat.st_dev, stat.st_ino, stat.st_mtime_ns) != export.identity:
+            raise InvariantError(f"{export.path} changed during the verification")
+        con = duckdb.connect(
+            export.path,
+            read_only=True,
+            config={
+                "threads": 1,
+                "memory_limit": limits.WORKER_DUCKDB_MEMORY_LIMIT,
+                "enable_external_access": False,
+            },
+        )
+        con.execute("SET lock_configuration = true")
+        _EXPORT[key] = con
+    return con
+
+
+def forget_exports(close: bool) -> None:
+    """Drop the cached export connections: closed (the pass ended in this process), or
+    just forgotten (a forked worker inherited its parent's, which it must not touch)."""
+    mine = os.getpid()
+    for key in list(_EXPORT):
+        con = _EXPORT.pop(key)
+        if close and key[0][0] == mine:
+            con.close()
+
+
+def open_ranges(ranges: Sequence[tuple[int, int]], context: PairContext) -> list[list[Any]]:
+    """Worker side: per (lo, hi) range, in chain order, a ``PackedPair`` (a ``FastPair``,
+    compact) or an ``Entry`` per chain index present (pure but for the cached connection:
+    inline, thread or process)."""
+    export = context.export
+    if export is None:
+        raise InvariantError("open_ranges without an export file")
+    con = _export_connection(export)
+    out: list[list[Any]] = []
+    for lo, hi in ranges:
+        records = read_record_rows(con, "", export.placement_column, lo, hi)
+        inputs: list[InputRow] = []
+        for table, span in zip(export.tables, export.spans, strict=True):
+            if span is not None and span[0] < hi and lo <= span[1]:
+                inputs.extend(read_input_rows(con, "", table, lo, hi))
+        plan, jobs = _plan(records, inputs)
+        results = open_jobs(jobs, context)
+        entries: list[Any] = []
+        for index, record, rows, at, pair in plan:
+            if pair:
+                result = results[at]
+                if type(result) is FastPair:
+                    entries.append(pack(result))
+                else:
+                    entries.append((index, record, rows, [result], True))
+                continue
+            n = (record is not None) + len(rows or ())
+            entries.append((index, record, rows, results[at : at + n], False))
+        out.append(entries)
+    return out
+
+
+def _check_entries(run: Verification, entries: list[Any], keyring: Keyring) -> int:
+    """Main side of ``open_ranges``: every chain index of one range, in order, as
+    ``_check_planned`` checks a batch; returns how many records the range held."""
+    plan: Plan = []
+    results: list[Any] = []
+    records = 0
+    for entry in entries:
+        if type(entry) is PackedPair:
+            plan.append((entry.chain_index, None, None, len(results), True))
+            results.append(unpack(entry))
+            records += 1
+            continue
+        index, record, rows, opened, pair = entry
+        plan.append((index, record, rows, len(results), pair))
+        results.extend(opened)
+        records += record is not None
+    _check_planned(run, plan, results, keyring)
+    return records
+
+
 def _batch_jobs(source: ExportSource) -> Iterator[tuple[tuple[Batch, Plan], list[Job]]]:
     """Per batch: its plan (one entry per chain index, in order) and the workers' jobs."""
     for batch in source.batches():
-        records = {row.chain_index: row for row in batch.records}
-        inputs: dict[int, list[InputRow]] = {}
-        for row in batch.inputs:
-            inputs.setdefault(row.chain_index, []).append(row)
-        plan: Plan = []
-        jobs: list[Job] = []
-        for index in sorted(records.keys() | inputs.keys()):
-            record = records.get(index)
-            rows = inputs.get(index)
-            pair = pairable(record, rows)
-            plan.append((index, record, rows, len(jobs), pair))
-            if pair and record is not None and rows is not None:
-                row = rows[0]
-                jobs.append(
-                    (
-                        PAIR,
-                        index,
-                        record.envelope,
-                        record.columns,
-                        row.envelope,
-                        row.input_hash,
-                        row.status,
-                        row.reason,
-                        row.extras,
-                    )
-                )
-                continue
-            if record is not None:
-                jobs.append((ONE, 0, record.envelope))
-            jobs.extend((ONE, 0, r.envelope) for r in rows or ())
+        plan, jobs = _plan(batch.records, batch.inputs)
         yield (batch, plan), jobs
+
+
+def _plan(records_in: list[RecordRow], inputs_in: list[InputRow]) -> tuple[Plan, list[Job]]:
+    """The plan of a batch's rows (one entry per chain index, in order) and its jobs."""
+    records = {row.chain_index: row for row in records_in}
+    inputs: dict[int, list[InputRow]] = {}
+    for row in inputs_in:
+        inputs.setdefault(row.chain_index, []).append(row)
+    plan: Plan = []
+    jobs: list[Job] = []
+    for index in sorted(records.keys() | inputs.keys()):
+        record = records.get(index)
+        rows = inputs.get(index)
+        pair = pairable(record, rows)
+        plan.append((index, record, rows, len(jobs), pair))
+        if pair and record is not None and rows is not None:
+            row = rows[0]
+            jobs.append(
+                (
+                    PAIR,
+                    index,
+                    record.envelope,
+                    record.columns,
+                    row.envelope,
+                    row.input_hash,
+                    row.status,
+                    row.reason,
+                    row.extras,
+                )
+            )
+            continue
+        if record is not None:
+            jobs.append((ONE, 0, record.envelope))
+        jobs.extend((ONE, 0, r.envelope) for r in rows or ())
+    return plan, jobs
 
 
 def pairable(record: RecordRow | None, rows: list[InputRow] | None) -> bool:
@@ -115,14 +307,14 @@ def _check_planned(run: Verification, plan: Plan, results: list[Any], keyring: K
     decided: dict[str, int] = {}
     for index, record, rows, at, pair in plan:
         result = results[at]
+        if pair and type(result) is FastPair:
+            outcome = _check_fast(run, result, record, rows[0] if rows else None, keyring)
+            if outcome:
+                fast += 1
+                signatures += result.record_sigs + len(result.opened.sigs)
+                decided[outcome] = decided.get(outcome, 0) + 1
+            continue
         if pair and record is not None and rows is not None:
-            if type(result) is FastPair:
-                outcome = _check_fast(run, result, record, rows[0], keyring)
-                if outcome:
-                    fast += 1
-                    signatures += result.record_sigs + len(result.opened.sigs)
-                    decided[outcome] = decided.get(outcome, 0) + 1
-                continue
             slow = cast(SlowPair, result)
             _check_index(run, index, (record, slow.record), [(rows[0], slow.input)])
             continue
@@ -140,10 +332,15 @@ def _check_planned(run: Verification, plan: Plan, results: list[Any], keyring: K
 
 
 def _check_fast(
-    run: Verification, pair: FastPair, record: RecordRow, row: InputRow, keyring: Keyring
+    run: Verification,
+    pair: FastPair,
+    record: RecordRow | None,
+    row: InputRow | None,
+    keyring: Keyring,
 ) -> str:
     """The sequential checks of a FastPair; returns the decision's outcome, or '' when the
-    pair went through the ordinary checks instead (which counted it themselves)."""
+    pair went through the ordinary checks instead (which counted it themselves). Its rows
+    are None when a worker read them (``open_ranges``): read again here when needed."""
     index = pair.chain_index
     arrived = pair.arrived_ms
     last = run.last_arrived
@@ -155,6 +352,7 @@ def _check_fast(
         or (index == 0 and prev != ZERO_HASH)
         or (index > 0 and run.prev_index == index - 1 and prev != run.prev_hash)
     ):  # something to report: the ordinary checks name it
+        record, row = _rows_of(run, index, record, row)
         opened = open_one(0, record.envelope, keyring)
         _check_index(run, index, (record, opened), [(row, pair.opened)])
         return ""
@@ -176,11 +374,24 @@ def _check_fast(
     if outcome == PENDING:
         raise InvariantError(f"a pending usage at {index}: only adjustments wait")
     if outcome != pair.status or verdict.reason != pair.reason:
+        record, row = _rows_of(run, index, record, row)
         step7_decisions.mismatch(run, row.where, verdict, Claim(pair.status, pair.reason))
     if outcome == ACCEPTED:
         event = cast(UsageEvent, opened.record)
         step7_decisions.work_usage(run, index, event, opened.record_hash)
     return outcome
+
+
+def _rows_of(
+    run: Verification, index: int, record: RecordRow | None, row: InputRow | None
+) -> tuple[RecordRow, InputRow]:
+    """The rows of a FastPair's chain index: as given, or read again from the export (the
+    same first-per-index rows the worker read)."""
+    if record is None:
+        record = run.source.record_rows(index, index + 1)[0]
+    if row is None:
+        row = run.source.input_rows(TABLE_OF_KIND["usage"], index, index + 1)[0]
+    return record, row
 
 
 def _check_index(

@@ -48,7 +48,11 @@ def fewer_collections() -> Iterator[None]:
 
 
 def _worker_started() -> None:
-    """A pool process only runs the pass: it keeps the pass's collection threshold."""
+    """A pool process only runs the pass: it keeps the pass's collection threshold. A
+    forked one drops the export connections it inherited (``verifier/walk.py``)."""
+    from verifier.walk import forget_exports
+
+    forget_exports(close=False)
     old = gc.get_threshold()
     gc.set_threshold(max(old[0], limits.GC_GEN0_THRESHOLD), *old[1:])
 
@@ -58,6 +62,9 @@ class OpenPool(Generic[T]):
 
     def __init__(self, kind: PoolKind = "thread", workers: int | None = None) -> None:
         self.kind = kind
+        # Workers read their chain-index ranges from the export themselves
+        # (``verifier/walk.py``): worth it where every row would otherwise be pickled.
+        self.reads_ranges = kind == "process"
         self.workers = workers or default_workers()
         self._executor: Executor | None = None
         if kind == "thread":
@@ -88,9 +95,11 @@ class OpenPool(Generic[T]):
         fn: Callable[[Sequence[Any], Any], list[Any]],
         batches: Iterable[tuple[T, Sequence[Any]]],
         context: Any,
+        chunk: int = limits.OPEN_CHUNK_ROWS,
     ) -> Iterator[tuple[T, list[Any]]]:
         """``run`` with any pure, picklable ``fn(jobs, context) -> one result per job``
-        (``verifier/pairs.py``): chunked, bounded and in order the same way."""
+        (``verifier/pairs.py``): chunked (``chunk`` jobs per task), bounded and in order
+        the same way."""
         executor = self._executor
         if executor is None:
             for batch, rows in batches:
@@ -99,8 +108,8 @@ class OpenPool(Generic[T]):
         pending: deque[tuple[T, list[Future[list[Any]]]]] = deque()
         for batch, rows in batches:
             futures = [
-                executor.submit(fn, rows[i : i + limits.OPEN_CHUNK_ROWS], context)
-                for i in range(0, len(rows), limits.OPEN_CHUNK_ROWS)
+                executor.submit(fn, rows[i : i + chunk], context)
+                for i in range(0, len(rows), chunk)
             ]
             pending.append((batch, futures))
             if len(pending) >= limits.MAX_BATCHES_IN_FLIGHT:

@@ -1,0 +1,133 @@
+"""Workers that read their own chain-index ranges (``verifier/walk.py``, ``open_ranges``):
+the process pool's pass must give exactly the report of the ordinary pass, on honest and
+tampered exports alike, including the fast pairs that ``_check_fast`` hands back to the
+ordinary checks (it then reads their rows again from the export).
+
+``open_ranges`` is a pure function, so most of these run it inline (an inline pool told
+to read ranges); one runs it in real worker processes.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from test_verifier_exports import Scenario, explain, full_scenario, verify
+from test_verifier_pairs import MUTATIONS, _mutated, _usage_index, _whole
+
+from proto.canonical import decode_payload, signed_bytes
+from proto.envelope import Envelope, decode_envelope, encode_envelope, sha256_hex
+from proto.keys import key_id
+from proto.records import LedgerRecord
+from verifier import walk
+from verifier.pairs import FastPair, PairContext, open_jobs, pack, unpack
+from verifier.signers import required_of
+from verifier.source import ExportSource
+from verifier.state import ExportReport
+from verifier.verify import verify_export
+from verifier.workers import OpenPool
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return full_scenario(tmp_path_factory.mktemp("ranges"))
+
+
+def _ranged(path: Path, s: Scenario) -> ExportReport:
+    with OpenPool[Any]("inline") as pool:
+        pool.reads_ranges = True
+        return verify_export(path, s.trust, pool=pool)
+
+
+@pytest.mark.parametrize("name", list(MUTATIONS))
+def test_ranges_read_by_workers_give_the_ordinary_report(
+    honest: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    sql, rule = MUTATIONS[name]
+    i, j = _usage_index(honest, 1), _usage_index(honest, 3)
+    path = _mutated(honest, tmp_path, *(s.format(i=i, j=j) for s in sql))
+    ranges = 0
+    open_ranges = walk.open_ranges
+
+    def counting(*args: Any) -> list[list[Any]]:
+        nonlocal ranges
+        ranges += 1
+        return open_ranges(*args)
+
+    monkeypatch.setattr(walk, "open_ranges", counting)
+    ranged = _ranged(path, honest)
+    assert ranges > 0, "the pass did not read by ranges"
+    if rule:
+        assert rule in ranged.findings.rules(), explain(ranged)
+    else:
+        assert ranged.ok, explain(ranged)
+    monkeypatch.setattr(walk, "pairable", lambda record, rows: False)
+    assert _whole(ranged) == _whole(verify(path, honest.trust))
+
+
+def _relinked(s: Scenario, tmp: Path, index: int) -> Path:
+    """A copy whose record at ``index`` links to a wrong prev, its columns kept consistent
+    (records are unsigned in format version 2): a fast pair that only the main process's
+    sequential check can catch."""
+    path = _mutated(s, tmp)
+    with duckdb.connect(str(path)) as con:
+        (raw,) = con.execute(
+            "SELECT envelope FROM ledger_records WHERE chain_index = ?", [index]
+        ).fetchall()[0]
+        envelope = decode_envelope(bytes(raw))
+        record = decode_payload(envelope.payload)
+        assert isinstance(record, LedgerRecord)
+        payload = signed_bytes(LedgerRecord(**{**_fields(record), "prev": "ab" * 32}))
+        forged = encode_envelope(Envelope(payload=payload, signatures=[]))
+        con.execute(
+            "UPDATE ledger_records SET envelope = ?, record_hash = ? WHERE chain_index = ?",
+            [forged, sha256_hex(payload), index],
+        )
+    return path
+
+
+def _fields(record: LedgerRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in record.__struct_fields__}
+
+
+def test_a_broken_prev_link_is_named_from_rows_read_again(honest: Scenario, tmp_path: Path) -> None:
+    path = _relinked(honest, tmp_path, _usage_index(honest, 2))
+    ranged = _ranged(path, honest)
+    assert "CHAIN_PREV" in ranged.findings.rules(), explain(ranged)
+    assert _whole(ranged) == _whole(verify(path, honest.trust))
+
+
+def test_worker_processes_reading_ranges_give_the_inline_report(
+    honest: Scenario, tmp_path: Path
+) -> None:
+    path = _relinked(honest, tmp_path, _usage_index(honest, 2))
+    for export in (honest.path, path):
+        with OpenPool[Any]("process", 2) as pool:
+            assert pool.reads_ranges
+            pooled = verify_export(export, honest.trust, pool=pool)
+        assert _whole(pooled) == _whole(verify(export, honest.trust))
+    assert not pooled.ok
+
+
+def test_a_packed_pair_unpacks_to_the_fast_pair_the_worker_made(honest: Scenario) -> None:
+    i = _usage_index(honest, 0)
+    with ExportSource(honest.path) as source:
+        batch = next(iter(source.batches()))
+    plan, jobs = walk._plan(batch.records, batch.inputs)
+    keys = {honest.terms.ledger_key, *(n.key for n in honest.terms.nodes)}
+    context = PairContext(
+        {key_id(k): [k] for k in keys},
+        honest.terms.placement_id,
+        {},
+        required_of([honest.terms.ledger_key]),
+    )
+    results = open_jobs(jobs, context)
+    at = next(entry[3] for entry in plan if entry[0] == i)
+    fast = results[at]
+    assert type(fast) is FastPair
+    packed = pickle.loads(pickle.dumps(pack(fast)))
+    assert unpack(packed) == fast
+    assert unpack(packed).opened.record == fast.opened.record
