@@ -212,9 +212,9 @@ class StoreLocked(StoreError):
 # ---- what one batch writes ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ChainedRow:
-    """One chained input and the LedgerRecord it produced."""
+class ChainedRow(msgspec.Struct, frozen=True):
+    """One chained input and the LedgerRecord it produced. (A frozen Struct: one is built
+    per input, and a frozen dataclass sets each field through ``object.__setattr__``.)"""
 
     record: LedgerRecord
     record_envelope: bytes
