@@ -29,19 +29,35 @@ CRYPTO_CHUNK: Final = 256
 KeyFinder = Callable[[str, str, str], bytes | None]
 
 
+class _Chunk:
+    """The checks of one chunk, waited for once (not once per signature of it)."""
+
+    __slots__ = ("_future", "_results")
+
+    def __init__(self, future: Future[list[bool]]) -> None:
+        self._future = future
+        self._results: list[bool] | None = None
+
+    def results(self) -> list[bool]:
+        results = self._results
+        if results is None:
+            results = self._results = self._future.result()
+        return results
+
+
 class PendingCheck:
     """One signature of a chunk being checked on a thread."""
 
-    __slots__ = ("_future", "_index", "_public_key")
+    __slots__ = ("_chunk", "_index", "_public_key")
 
-    def __init__(self, public_key: bytes, future: Future[list[bool]], index: int) -> None:
+    def __init__(self, public_key: bytes, chunk: _Chunk, index: int) -> None:
         self._public_key = public_key
-        self._future = future
+        self._chunk = chunk
         self._index = index
 
     def result(self) -> CheckedSignature:
         """Wait for the chunk; the check of this signature."""
-        return CheckedSignature(self._public_key, self._future.result()[self._index])
+        return CheckedSignature(self._public_key, self._chunk.results()[self._index])
 
 
 def preverify(
@@ -61,9 +77,9 @@ def preverify(
             jobs.append((i, public_key, op.payload, signatures[0].sig))
     for start in range(0, len(jobs), CRYPTO_CHUNK):
         chunk = jobs[start : start + CRYPTO_CHUNK]
-        future = executor.submit(_verify_chunk, [(k, p, s) for _, k, p, s in chunk])
+        checks = _Chunk(executor.submit(_verify_chunk, [(k, p, s) for _, k, p, s in chunk]))
         for j, (i, public_key, _, _) in enumerate(chunk):
-            pending[i] = PendingCheck(public_key, future, j)
+            pending[i] = PendingCheck(public_key, checks, j)
     return pending
 
 

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 import duckdb
+import msgspec
 import numpy
 
 from ledger import snapshot
@@ -64,6 +65,7 @@ _MIGRATES_FROM: Final = ("1",)
 # default (SPEC §7.9 release_charge_minor) live in the signed record only, so the store's
 # schema (and stores written before them) stay as they are.
 TOTALS_FIELDS: Final[tuple[str, ...]] = tuple(Totals.__struct_fields__)[:13]
+_N_TOTALS: Final = len(TOTALS_FIELDS)
 
 # The rows of one placement in records/inputs; parameters: placement_id and its commit
 # range (``Store.commit_range``). See the module docstring.
@@ -210,9 +212,9 @@ class StoreLocked(StoreError):
 # ---- what one batch writes ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ChainedRow:
-    """One chained input and the LedgerRecord it produced."""
+class ChainedRow(msgspec.Struct, frozen=True):
+    """One chained input and the LedgerRecord it produced. (A frozen Struct: one is built
+    per input, and a frozen dataclass sets each field through ``object.__setattr__``.)"""
 
     record: LedgerRecord
     record_envelope: bytes
@@ -352,7 +354,7 @@ def _record_row(row: ChainedRow, commit_no: int) -> tuple[Any, ...]:
         r.status,
         r.reason,
         r.delivered_mgms,
-        *(getattr(totals, name) for name in TOTALS_FIELDS),
+        *msgspec.structs.astuple(totals)[:_N_TOTALS],  # TOTALS_FIELDS, in field order
         commit_no,
     )
 

@@ -14,11 +14,8 @@ ledgers take arrival from it (``arrival = "sender"``, SPEC §6.6 simulations).
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +29,7 @@ from test_ledger_scenario import (
     ledger_key_file,
 )
 
+from devtools.faults.launch import launch
 from ledger.attest import issue_statement
 from ledger.store import Store
 from transport.kafka import SIMULATION_TOPIC_CONFIG, create_topic
@@ -69,14 +67,9 @@ def _config(tmp: Path, key_file: Path, bootstrap: str, topic: str, clock_ms: int
 
 def _start_and_kill(config: Path, log_path: Path, rng: random.Random) -> str:
     """Start a ledger, SIGKILL it at a random moment; say when it was killed."""
-    log_file = log_path.open("ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gridledger", "ledger", "run", "--config", str(config)],
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    # Forked from the harness's fork server (the package imported once): the start-up
+    # kills land in the ledger's own start-up, not in Python's imports.
+    process = launch(["ledger", "run", "--config", str(config)], log_path)
     try:
         if rng.random() < 0.2:
             time.sleep(rng.uniform(0.0, 0.8))  # somewhere in start-up
@@ -99,9 +92,8 @@ def _start_and_kill(config: Path, log_path: Path, rng: random.Random) -> str:
         return when
     finally:
         if process.poll() is None:
-            process.kill()
+            process.send_signal(signal.SIGKILL)
             process.wait(timeout=30)
-        log_file.close()
 
 
 def test_kill_nine_at_random_points_equals_uninterrupted_run(

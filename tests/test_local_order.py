@@ -35,6 +35,7 @@ from test_ledger_scenario import (
     publish_scenario_local,
 )
 
+from devtools.faults.launch import launch
 from ledger.attest import issue_statement
 from ledger.config import load_config
 from ledger.service import LedgerService, fixed_clock
@@ -244,15 +245,10 @@ def test_rebuild_is_identical_whatever_the_spool_directory_names(tmp_path: Path)
 
 def _start_and_kill(config: Path, log_path: Path, db: Path, rng: random.Random) -> tuple[str, int]:
     """Start ``ledger run``, SIGKILL it at a random moment; (when, records stored)."""
-    log_file = log_path.open("ab")
     start = log_path.stat().st_size
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gridledger", "ledger", "run", "--config", str(config)],
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    # Forked from the harness's fork server (the package imported once): the start-up
+    # kills land in the ledger's own start-up, not in Python's imports.
+    process = launch(["ledger", "run", "--config", str(config)], log_path)
     try:
         if rng.random() < 0.2:
             time.sleep(rng.uniform(0.0, 0.8))  # a random kill point during start-up
@@ -272,9 +268,8 @@ def _start_and_kill(config: Path, log_path: Path, db: Path, rng: random.Random) 
         assert process.returncode == -signal.SIGKILL
     finally:
         if process.poll() is None:
-            process.kill()
+            process.send_signal(signal.SIGKILL)
             process.wait(timeout=30)
-        log_file.close()
     records = 0
     if db.exists():
         with Store(db) as store:

@@ -131,3 +131,33 @@ def test_a_packed_pair_unpacks_to_the_fast_pair_the_worker_made(honest: Scenario
     packed = pickle.loads(pickle.dumps(pack(fast)))
     assert unpack(packed) == fast
     assert unpack(packed).opened.record == fast.opened.record
+
+
+# Chain indices that are no usage pair, read by a worker: inputs in two tables at one
+# index, a usage row twice, a usage row without its record.
+ODD_INDICES = {
+    "inputs in two tables": (
+        "INSERT INTO closes SELECT chain_index, position, input_hash, envelope, status, "
+        "reason, 0 FROM usage_events WHERE chain_index = {i}",
+        "CHAIN_INPUT_DUPLICATE",
+    ),
+    "usage row twice": (
+        "INSERT INTO usage_events SELECT * FROM usage_events WHERE chain_index = {i}",
+        "CHAIN_INPUT_DUPLICATE",
+    ),
+    "usage without record": (
+        "DELETE FROM ledger_records WHERE chain_index = {i}",
+        "CHAIN_RECORD_MISSING",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ODD_INDICES))
+def test_odd_chain_indices_read_by_workers_give_the_ordinary_report(
+    honest: Scenario, tmp_path: Path, name: str
+) -> None:
+    sql, rule = ODD_INDICES[name]
+    path = _mutated(honest, tmp_path, sql.format(i=_usage_index(honest, 2)))
+    ranged = _ranged(path, honest)
+    assert rule in ranged.findings.rules(), explain(ranged)
+    assert _whole(ranged) == _whole(verify(path, honest.trust))

@@ -40,7 +40,7 @@ DUCKDB_MEMORY_LIMIT: Final = "512MB"
 
 # Memory each worker process's own read-only connection to the export may use (process
 # pool: the workers read their chain-index ranges themselves, ``verifier/walk.py``).
-WORKER_DUCKDB_MEMORY_LIMIT: Final = "128MB"
+WORKER_DUCKDB_MEMORY_LIMIT: Final = "64MB"
 
 # Rows fetched at once from small tables (terms, bindings, statements, checkpoints).
 SMALL_TABLE_FETCH_ROWS: Final = 1024

@@ -176,6 +176,13 @@ def read_input_rows(con: Any, prefix: str, table: InputTable, lo: int, hi: int) 
     """The first row (by storage order) of each chain index in [lo, hi) of an input table;
     ``prefix`` is how the export's tables are named on ``con`` (``x.`` when attached, ``''``
     on a connection to the export itself, as a worker process has: ``verifier/walk.py``)."""
+    return [input_row(table, r) for r in raw_input_rows(con, prefix, table, lo, hi)]
+
+
+def raw_input_rows(
+    con: Any, prefix: str, table: InputTable, lo: int, hi: int
+) -> list[tuple[Any, ...]]:
+    """``read_input_rows`` as the tuples (rowid, chain_index, columns...) DuckDB returned."""
     names = ", ".join(c for c, _ in table.columns)
     # No window function or ORDER BY in SQL: sorting 2048 rows there costs more than
     # checking their order here (first_per_index).
@@ -184,16 +191,25 @@ def read_input_rows(con: Any, prefix: str, table: InputTable, lo: int, hi: int) 
         "WHERE chain_index >= ? AND chain_index < ?",
         [lo, hi],
     ).fetchall()
-    return [
-        InputRow(table.kind, r[1], r[2], r[3], blob(r[4]), r[5], r[6], r[7:])
-        for r in first_per_index(rows)
-    ]
+    return first_per_index(rows)
+
+
+def input_row(table: InputTable, r: tuple[Any, ...]) -> InputRow:
+    """An ``InputRow`` of ``table`` from its tuple (rowid, chain_index, columns...)."""
+    return InputRow(table.kind, r[1], r[2], r[3], blob(r[4]), r[5], r[6], r[7:])
 
 
 def read_record_rows(
     con: Any, prefix: str, placement_column: bool, lo: int, hi: int
 ) -> list[RecordRow]:
     """The first ledger_records row of each chain index in [lo, hi) (``read_input_rows``)."""
+    return [record_row(r) for r in raw_record_rows(con, prefix, placement_column, lo, hi)]
+
+
+def raw_record_rows(
+    con: Any, prefix: str, placement_column: bool, lo: int, hi: int
+) -> list[tuple[Any, ...]]:
+    """``read_record_rows`` as the tuples (rowid, chain_index, columns...) DuckDB returned."""
     names = ", ".join(c for c, _ in RECORD_COLUMNS)
     if placement_column:
         names += f", {RECORD_PLACEMENT_COLUMN}"
@@ -202,7 +218,12 @@ def read_record_rows(
         "WHERE chain_index >= ? AND chain_index < ?",
         [lo, hi],
     ).fetchall()
-    return [RecordRow(r[1], blob(r[2]), r[3:]) for r in first_per_index(rows)]
+    return first_per_index(rows)
+
+
+def record_row(r: tuple[Any, ...]) -> RecordRow:
+    """A ``RecordRow`` from its tuple (rowid, chain_index, columns...)."""
+    return RecordRow(r[1], blob(r[2]), r[3:])
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import duckdb
 
@@ -56,14 +56,19 @@ from verifier.pairs import (
 )
 from verifier.source import (
     ALIAS,
+    INPUT_TABLES,
     TABLE_OF_KIND,
     Batch,
     ExportSource,
     InputRow,
     InputTable,
     RecordRow,
+    blob,
+    input_row,
+    raw_input_rows,
+    raw_record_rows,
     read_input_rows,
-    read_record_rows,
+    record_row,
 )
 from verifier.state import Verification
 from verifier.step8_merkle import MISSING_LEAF
@@ -153,13 +158,13 @@ def _span(source: ExportSource, table: InputTable) -> tuple[int, int] | None:
 
 
 def _range_jobs(source: ExportSource) -> Iterator[tuple[int, list[tuple[int, int]]]]:
-    """Per batch of CHAIN_BATCH_INDICES: its ranges of OPEN_CHUNK_ROWS chain indices (as
-    ``ExportSource.batches``: empty stretches skipped)."""
+    """Per batch of CHAIN_BATCH_INDICES chain indices (as ``ExportSource.batches``: empty
+    stretches skipped), one range: DuckDB decodes a column 2048 rows at a time, so smaller
+    ranges decoded the same vectors again (a read cost 40 % more per row at 512)."""
     lo = source.next_index(0)
     while lo is not None:
         hi = lo + limits.CHAIN_BATCH_INDICES
-        step = limits.OPEN_CHUNK_ROWS
-        yield lo, [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+        yield lo, [(lo, hi)]
         lo = source.next_index(hi)
 
 
@@ -210,12 +215,7 @@ def open_ranges(ranges: Sequence[tuple[int, int]], context: PairContext) -> list
     con = _export_connection(export)
     out: list[list[Any]] = []
     for lo, hi in ranges:
-        records = read_record_rows(con, "", export.placement_column, lo, hi)
-        inputs: list[InputRow] = []
-        for table, span in zip(export.tables, export.spans, strict=True):
-            if span is not None and span[0] < hi and lo <= span[1]:
-                inputs.extend(read_input_rows(con, "", table, lo, hi))
-        plan, jobs = _plan(records, inputs)
+        plan, jobs, raw = _read_range(con, export, lo, hi)
         results = open_jobs(jobs, context)
         entries: list[Any] = []
         for index, record, rows, at, pair in plan:
@@ -223,13 +223,66 @@ def open_ranges(ranges: Sequence[tuple[int, int]], context: PairContext) -> list
                 result = results[at]
                 if type(result) is FastPair:
                     entries.append(pack(result))
-                else:
-                    entries.append((index, record, rows, [result], True))
+                else:  # the rows, for the ordinary checks
+                    rec, usage = raw[index]
+                    rows = [input_row(_USAGE, usage)]
+                    entries.append((index, record_row(rec), rows, [result], True))
                 continue
             n = (record is not None) + len(rows or ())
             entries.append((index, record, rows, results[at : at + n], False))
         out.append(entries)
     return out
+
+
+_USAGE: Final = TABLE_OF_KIND["usage"]
+
+
+def _read_range(
+    con: Any, export: ExportFile, lo: int, hi: int
+) -> tuple[Plan, list[Job], dict[int, tuple[tuple[Any, ...], tuple[Any, ...]]]]:
+    """``_plan`` of the range's rows, read on the worker's connection; a usage pair's rows
+    stay DuckDB's tuples (returned by chain index: a ``SlowPair`` needs them as rows), as
+    building row objects for every pair cost a third of the read."""
+    records = {r[1]: r for r in raw_record_rows(con, "", export.placement_column, lo, hi)}
+    usage: dict[int, tuple[Any, ...]] = {}
+    others: dict[int, list[InputRow]] = {}
+    for table, span in zip(export.tables, export.spans, strict=True):
+        if span is None or not (span[0] < hi and lo <= span[1]):
+            continue
+        if table.kind == "usage":
+            usage = {r[1]: r for r in raw_input_rows(con, "", table, lo, hi)}
+            continue
+        for row in read_input_rows(con, "", table, lo, hi):
+            others.setdefault(row.chain_index, []).append(row)
+    plan: Plan = []
+    jobs: list[Job] = []
+    raw: dict[int, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+    for index in sorted(records.keys() | usage.keys() | others.keys()):
+        rec = records.get(index)
+        use = usage.get(index)
+        if rec is not None and use is not None and index not in others:  # ``pairable``
+            raw[index] = (rec, use)
+            plan.append((index, None, None, len(jobs), True))
+            jobs.append(
+                (PAIR, index, blob(rec[2]), rec[3:], blob(use[4]), use[3], use[5], use[6], use[7:])
+            )
+            continue
+        record = None if rec is None else record_row(rec)
+        rows = [input_row(t, r) for t, r in ((_USAGE, use),) if r is not None]
+        # The ordinary path's input order: the tables' order (``ExportSource.batches``).
+        rows = sorted(rows + others.get(index, []), key=_table_rank)
+        plan.append((index, record, rows or None, len(jobs), False))
+        if record is not None:
+            jobs.append((ONE, 0, record.envelope))
+        jobs.extend((ONE, 0, r.envelope) for r in rows)
+    return plan, jobs, raw
+
+
+_TABLE_RANK: Final = {t.kind: rank for rank, t in enumerate(INPUT_TABLES)}
+
+
+def _table_rank(row: InputRow) -> int:
+    return _TABLE_RANK[row.kind]
 
 
 def _check_entries(run: Verification, entries: list[Any], keyring: Keyring) -> int:

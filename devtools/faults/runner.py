@@ -2,8 +2,10 @@
 
 For a seed, ``generate_scenario`` (``scenario.py``) draws a small scenario and
 ``make_schedule`` (``schedule.py``) a fault schedule. ``run_seed`` then runs it for
-real: ``gridledger meter run`` subprocesses (one per node) ship to a Kafka topic, a
-``gridledger ledger run`` subprocess folds it, and the faults land while they work:
+real: ``gridledger meter run`` processes (one per node) ship to a Kafka topic, a
+``gridledger ledger run`` process folds it, and the faults land while they work (each
+process forked from a fork server that imported the package once, ``launch.py``, so a
+restart costs no imports; ``GRIDLEDGER_FAULT_LAUNCH=exec`` runs ``python -m gridledger``):
 
 * ``meter_kill`` — SIGKILL of a node agent at a seeded moment (during start-up and
   recovery, or once it made progress), then a restart that resumes from its spool;
@@ -47,7 +49,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -61,6 +62,7 @@ import tomli_w
 
 from devtools import builders
 from devtools.faults.checks import check_spool, check_store, compare_final
+from devtools.faults.launch import Launched, launch
 from devtools.faults.reference import (
     Reference,
     build_reference,
@@ -230,7 +232,7 @@ class FaultReport:
 class _Process:
     name: str
     log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
+    popen: Launched | None = None
     started_at: float = 0.0
     log_offset: int = 0
     not_before: float = 0.0
@@ -238,18 +240,12 @@ class _Process:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
-    def start(self, cmd: list[str]) -> None:
+    def start(self, argv: list[str]) -> None:
+        """``gridledger ARGV`` (``launch``: forked from the fork server by default)."""
         assert not self.alive()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log:
-            self.popen = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        self.popen = launch(argv, self.log_path)
         self.started_at = time.monotonic()
 
     def kill9(self) -> int:
@@ -401,9 +397,6 @@ class _SeedRun:
         meter.start_shipped = load_shipped(meter.spool) if meter.spool.exists() else None
         meter.process.start(
             [
-                sys.executable,
-                "-m",
-                "gridledger",
                 "meter",
                 "run",
                 "--config",
@@ -418,9 +411,6 @@ class _SeedRun:
     def _start_ledger(self) -> None:
         self.ledger.start(
             [
-                sys.executable,
-                "-m",
-                "gridledger",
                 "ledger",
                 "run",
                 "--config",
@@ -438,7 +428,7 @@ class _SeedRun:
         for meter in self.meters.values():
             process = meter.process
             if process.popen is not None and process.popen.poll() is not None:
-                code = process.popen.returncode
+                code = process.popen.wait()  # it has exited: returns at once
                 process.popen = None
                 if code == 0:
                     meter.segment += 1
@@ -448,7 +438,7 @@ class _SeedRun:
             if process.popen is None and self._meter_due(meter) and now >= process.not_before:
                 self._start_meter(meter)
         if self.ledger.popen is not None and self.ledger.popen.poll() is not None:
-            code = self.ledger.popen.returncode
+            code = self.ledger.popen.wait()  # it has exited: returns at once
             self.ledger.popen = None
             self._unexpected(self.ledger, code)
             self._check_ledger()
