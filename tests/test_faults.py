@@ -8,6 +8,9 @@
   agents and ledger, a broker outage and duplicate deliveries; every invariant holds.
   ``GRIDLEDGER_FAULT_SEEDS=N`` runs N seeds, ``GRIDLEDGER_FAULT_CYCLES=N`` N cycles per
   seed, and ``GRIDLEDGER_FAULT_SEED=S pytest tests/test_faults.py -k replay`` replays one.
+  The agents and the ledger are forked from a fork server with the package imported
+  (``devtools.faults.launch``); ``GRIDLEDGER_FAULT_LAUNCH=exec`` runs ``python -m
+  gridledger`` for each instead (about a second more per process start).
 """
 
 from __future__ import annotations

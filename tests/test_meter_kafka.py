@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from devtools import builders
+from devtools.faults.launch import launch
 from devtools.kafka_broker import KafkaBroker
 from devtools.scenario import write_meter_setup
 from meter.agent import HEADS_FILE, Agent, AgentConfig
@@ -171,14 +172,12 @@ def test_kill_minus_9_cycles_leave_one_whole_stream_per_placement(
     until_ms = T0 + intervals * MINUTE_MS
     rng = random.Random(20261130)
     cycles = 20
+    agent_log = tmp_path / "agent.log"
     for cycle in range(cycles):
         before = load_shipped(spool)
-        proc = subprocess.Popen(
-            _agent_cmd(config, "seed=9,pace_ms=20", until_ms),
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        # Forked from the harness's fork server (the package imported once): the kills
+        # "anywhere" land in the agent's own start-up or run, not in Python's imports.
+        proc = launch(_agent_cmd(config, "seed=9,pace_ms=20", until_ms)[3:], agent_log)
         try:
             if cycle % 2:
                 # Every other run is killed only once it has shipped something (however

@@ -18,6 +18,10 @@ the chain's order — the prev link, the leaf, arrival order and the decision. A
 ``FastPair`` cannot settle without a finding (a broken prev link, an arrival out of
 order or missing, an AFTER_CLOSE claim) and every ``SlowPair`` goes through the ordinary
 per-index checks below, so each finding is named exactly as before.
+
+With a process pool the workers also read the rows themselves (``open_ranges``): the
+main process sends chain-index ranges and gets back packed FastPairs, and the rows only
+of what the ordinary checks must see.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 pynacl releases the GIL while it verifies, so two threads reach about twice the
 single-core rate (LIMITS.md); a process pool also parallelises the JSON decoding but
-pays for pickling. ``bench/verifier_1m.py`` measures both on the same export; threads are
-the default (see the bench's report for the numbers that chose it). ``inline`` runs in
-the caller, for small exports and for debugging.
+pays for pickling, so its workers read their own chain-index ranges from the export and
+send back compact rows (``reads_ranges``, ``verifier/walk.py``). ``bench/verifier_1m.py``
+measures both on the same export; threads are the default (see the bench's report for
+the numbers that chose it). ``inline`` runs in the caller, for small exports and for
+debugging.
 
 ``OpenPool.run`` keeps at most MAX_BATCHES_IN_FLIGHT batches in the pool and yields
 results in submission order, so memory is bounded and the fold sees chain order.
