@@ -1,6 +1,7 @@
 """Benchmark: verify a 1M-usage-event export offline, next to the machine's verify limit.
 
     .venv/bin/python bench/verifier_1m.py [--events 1000000] [--pools thread,process]
+    .venv/bin/python bench/verifier_1m.py --events 50000 --pools process --against DIR
 
 1. Builds (once; cached under ~/.cache/gridledger/bench/) an honest export of one
    placement: 100 nodes x 1 GPU, one-minute usage events, chain-ordered minute by minute,
@@ -371,7 +372,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def run_verifier(export: Path, trust: Path, pool: str) -> dict[str, Any]:
+def run_verifier(export: Path, trust: Path, pool: str, root: Path = ROOT) -> dict[str, Any]:
     """Run the verifier CLI in a child; wall time, its JSON report, peak RSS.
 
     Peak RSS is polled from /proc (VmHWM) because ru_maxrss survives exec on Linux and
@@ -391,7 +392,7 @@ def run_verifier(export: Path, trust: Path, pool: str) -> dict[str, Any]:
             pool,
         ],
         stdout=subprocess.PIPE,
-        cwd=ROOT,
+        cwd=root,  # ``python -m verifier`` imports the verifier of this checkout
     )
     assert child.stdout is not None
     chunks: list[bytes] = []
@@ -432,6 +433,43 @@ def run_verifier(export: Path, trust: Path, pool: str) -> dict[str, Any]:
     }
 
 
+def compare(export: Path, trust: Path, pools: list[str], against: Path) -> int:
+    """Both verifiers at once on one export, per pool: CPU per usage event (the child
+    and its reaped workers) of each, and their quotient."""
+    import threading
+
+    for pool in pools:
+        results: dict[str, dict[str, Any]] = {}
+
+        def one(name: str, root: Path) -> None:
+            results[name] = run_verifier(export, trust, pool, root)  # noqa: B023
+
+        threads = [
+            threading.Thread(target=one, args=("this", ROOT)),
+            threading.Thread(target=one, args=("against", against)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        cpu: dict[str, float] = {}
+        for name, result in results.items():
+            usage = result["report"]["counts"].get("inputs.usage", 0)
+            cpu[name] = result["cpu_s"] / max(usage, 1) * 1e6
+            print(
+                f"{name} ({ROOT if name == 'this' else against}) pool={pool}: exit "
+                f"{result['exit_code']} ({result['report']['verdict']}), "
+                f"{result['wall_s']:.1f} s wall, CPU {cpu[name]:.0f} us/event, peak RSS "
+                f"{result['peak_rss_mib']:.0f} MiB + workers "
+                f"{result['workers_peak_rss_mib']:.0f} MiB"
+            )
+        print(
+            f"pool={pool}: CPU per event this/against = {cpu['this'] / cpu['against']:.3f} "
+            f"(run at the same time; load {os.getloadavg()[0]:.1f})"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -440,6 +478,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pools", default="thread,process")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--format-version", choices=("1", "2"), default="2")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout (e.g. `git archive BASE | tar -x -C DIR`): run its verifier "
+        "at the same time as this one's on the same export and compare CPU per event "
+        "(on a shared machine, runs one after the other differ by more than a change)",
+    )
     args = parser.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
     # v2: statements with periods, checkpoints witnessed by operator and buyer; "-unsigned":
@@ -449,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     trust = CACHE / f"{name}-trust.json"
     if args.rebuild or not (export.exists() and trust.exists()):
         build_export(args.events, export, trust, args.format_version)
+    if args.against is not None:
+        return compare(export, trust, args.pools.split(","), args.against.resolve())
     one = verify_rate(1)
     verify_us = verify_cpu_us()
     print(
