@@ -69,6 +69,7 @@ from ledger.service import KafkaLedgerService, LedgerService
 from ledger.statements import statement_json
 from ledger.store import Store, StoreError
 from proto.errors import KeyFileError
+from proto.invariant import present
 from proto.keys import SigningKey, load_signing_key
 
 # Exit code when Kafka stayed unreachable: try again later (sysexits EX_TEMPFAIL).
@@ -226,8 +227,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             service.run_forever(stop)
         else:
             try:
-                kafka = config.kafka
-                assert kafka is not None  # transport = "kafka" needs [kafka] (config_from_mapping)
+                # transport = "kafka" needs [kafka] (config_from_mapping)
+                kafka = present(config.kafka, "the [kafka] table of a Kafka ledger")
                 asyncio.run(
                     _run_kafka(service, kafka.start_backoff_initial_s, kafka.start_backoff_max_s)
                 )

@@ -23,7 +23,7 @@ from proto.envelope import Envelope, decode_envelope, encode_envelope, sha256_he
 from proto.keys import key_id
 from proto.records import LedgerRecord
 from verifier import walk
-from verifier.pairs import FastPair, PairContext, open_jobs, pack, unpack
+from verifier.pairs import ExportFile, FastPair, PairContext, open_jobs, pack, unpack
 from verifier.signers import required_of
 from verifier.source import ExportSource
 from verifier.state import ExportReport
@@ -161,3 +161,21 @@ def test_odd_chain_indices_read_by_workers_give_the_ordinary_report(
     ranged = _ranged(path, honest)
     assert rule in ranged.findings.rules(), explain(ranged)
     assert _whole(ranged) == _whole(verify(path, honest.trust))
+
+
+def test_a_worker_reads_the_export_read_only_with_its_memory_bounded(honest: Scenario) -> None:
+    stat = honest.path.stat()
+    export = ExportFile(
+        str(honest.path), (stat.st_dev, stat.st_ino, stat.st_mtime_ns), True, (), ()
+    )
+    con = walk._export_connection(export)
+    try:
+        (limit,) = con.execute("SELECT current_setting('memory_limit')").fetchone()
+        assert limit == "61.0 MiB"  # WORKER_DUCKDB_MEMORY_LIMIT "64MB" as DuckDB states it
+        with pytest.raises(duckdb.Error, match="read-only"):
+            con.execute("CREATE TABLE w (x INTEGER)")
+        with pytest.raises(duckdb.Error, match=r"lock_configuration|locked"):
+            con.execute("SET memory_limit = '1GB'")
+    finally:
+        walk._EXPORT.clear()
+        con.close()
