@@ -256,3 +256,70 @@ def _answers_v2(db: Path) -> dict[str, list[tuple[Any, ...]]]:
             t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
             for t in ("records", "inputs")
         }
+
+
+# The last commit whose ledger writes store version 2 (envelopes as bytes).
+VERSION_2_COMMIT = "6923b3c"
+
+_WRITE_WITH_THAT_CODE = """
+import sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], str(Path(sys.argv[1]) / "tests")]
+from test_ledger_scenario import build_scenario, local_service, publish_scenario_local
+from devtools.builders import adjustment
+import ledger.store
+assert ledger.store.STORE_VERSION == "2" and ledger.store.__file__.startswith(sys.argv[1])
+tmp = Path(sys.argv[2])
+scenario = build_scenario("envelopes", placements=3, nodes=2, events=4)
+pid = scenario.placement_ids[0]
+extra = [(pid, "publish-desk", adjustment(scenario.cast, pid, "adj-1", "credit", 9, 0))]
+publish_scenario_local(tmp / "spool", scenario.inputs + extra)
+service = local_service(tmp, scenario)
+service.run_until_idle()
+service.close()
+"""
+
+
+def test_a_store_written_by_the_version_2_code_migrates_to_the_same_answers(
+    tmp_path: Path,
+) -> None:
+    """The ledger of VERSION_2_COMMIT (taken from git) writes the scenario's store; this
+    code opens it (migrating) and answers and exports exactly as a store it wrote."""
+    root = Path(__file__).resolve().parent.parent
+    found = subprocess.run(
+        ["git", "-C", str(root), "cat-file", "-e", f"{VERSION_2_COMMIT}^{{commit}}"],
+        capture_output=True,
+        check=False,
+    )
+    if found.returncode != 0:
+        pytest.skip(f"no git history with commit {VERSION_2_COMMIT} here")
+    code = tmp_path / "v2-code"
+    code.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", VERSION_2_COMMIT],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    subprocess.run(["tar", "-x", "-C", str(code)], input=archive.stdout, check=True, timeout=60)
+    old = tmp_path / "old"
+    old.mkdir()
+    subprocess.run(
+        [sys.executable, "-c", _WRITE_WITH_THAT_CODE, str(code), str(old)],
+        cwd=code,
+        env={**os.environ, "PYTHONPATH": str(code)},
+        capture_output=True,
+        check=True,
+        timeout=300,
+    )
+    assert _layout(old / "ledger.duckdb") == (
+        "2",
+        {"records": "BASE TABLE", "inputs": "BASE TABLE"},
+    )
+    (tmp_path / "new-store").mkdir()
+    scenario, db, _ = _ledger(tmp_path / "new-store")
+    assert _answers(old / "ledger.duckdb", scenario) == _answers(db, scenario)
+    assert _layout(old / "ledger.duckdb")[0] == STORE_VERSION
+    assert _export_tables(old / "ledger.duckdb", tmp_path / "old-x", scenario) == (
+        _export_tables(db, tmp_path / "new-x", scenario)
+    )
