@@ -451,6 +451,9 @@ def _signature_columns(raw: bytes, envelope: Envelope) -> _SignatureColumns:
 def _record_row(row: ChainedRow, commit_no: int) -> tuple[Any, ...]:
     r = row.record
     totals = r.totals
+    payload_b64 = 4 * ((len(row.record_payload) + 2) // 3)
+    if len(row.record_envelope) != _ENVELOPE_FRAME + payload_b64 + len("[]"):
+        raise StoreError("a record's envelope is not the unsigned envelope of its payload")
     return (
         r.placement_id,
         r.index,

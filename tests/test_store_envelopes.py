@@ -323,3 +323,23 @@ def test_a_store_written_by_the_version_2_code_migrates_to_the_same_answers(
     assert _export_tables(old / "ledger.duckdb", tmp_path / "old-x", scenario) == (
         _export_tables(db, tmp_path / "new-x", scenario)
     )
+
+
+def test_the_write_path_refuses_an_envelope_its_columns_would_not_rebuild(
+    tmp_path: Path,
+) -> None:
+    """Rows reach the store opened (canonical), so this never happens; if it did, the
+    batch is refused rather than stored as bytes the views would rebuild differently."""
+    from ledger.store import _signature_columns  # the helper itself: no other way in
+
+    _, db, _ = _ledger(tmp_path)
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute(
+            "SELECT envelope FROM inputs WHERE kind IN ('usage', 'terms') ORDER BY kind"
+        ).fetchall()
+    for (envelope,) in rows:
+        raw = bytes(envelope)
+        keyid, sig, text = _signature_columns(raw, decode_envelope(raw))
+        assert (text is None) == (sig is not None) == (keyid is not None)
+        with pytest.raises(StoreError, match="not the canonical form"):
+            _signature_columns(raw[:-1] + b" }", decode_envelope(raw))
