@@ -517,8 +517,12 @@ def measure(
                 column_breakdown(
                     [db],
                     [
+                        # The tables of a store of version <= 2, and those of version 3
+                        # (payload + signatures; records/inputs are views over them).
                         "records",
                         "inputs",
+                        "record_rows",
+                        "input_rows",
                         "placement_state",
                         "statements",
                         "checkpoints",

@@ -26,11 +26,9 @@ ATTEST_CHUNK: Final = 256
 
 # The RFC 9162 leaf hash (proto.merkle.leaf_hash) of a stored LedgerRecord's payload,
 # computed by DuckDB beside the scan: SHA-256(0x00 || payload), the payload being the
-# base64 "payload" member of the canonical envelope JSON (proto.envelope). A test pins it
-# to leaf_hash(decode_envelope(envelope).payload).
-LEAF_HASH_SQL: Final = (
-    "sha256('\\x00'::BLOB || from_base64(json_extract_string(decode(envelope), '$.payload')))"
-)
+# signed bytes the store keeps (``records.payload``, ledger.store). A test pins it to
+# leaf_hash(decode_envelope(envelope).payload).
+LEAF_HASH_SQL: Final = "sha256('\\x00'::BLOB || payload)"
 
 
 class UnknownPlacement(LookupError):

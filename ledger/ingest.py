@@ -201,6 +201,7 @@ class Ingestor:
                 record is None
                 or opened is None
                 or outcome.record_envelope is None
+                or outcome.record_payload is None
                 or outcome.record_hash is None
             ):
                 raise AssertionError(f"chained outcome at {outcome.position} lacks its record")
@@ -213,6 +214,8 @@ class Ingestor:
                 input_hash=outcome.input_hash,
                 payload_hash=opened.record_hash,
                 input_record=opened.record,
+                record_payload=outcome.record_payload,
+                input_envelope=opened.envelope,
             )
             batch.chained.append(row)
             if record.kind == "terms" and record.status == "rejected":

@@ -41,7 +41,8 @@ import numpy
 
 from ledger import snapshot
 from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES, STORE_MEMORY_LIMIT
-from proto.envelope import decode_envelope, open_envelope, sha256_hex
+from proto.canonical import canonical_json
+from proto.envelope import Envelope, open_envelope, sha256_hex
 from proto.invariant import present
 from proto.keys import b64
 from proto.records import (
@@ -57,9 +58,9 @@ from proto.records import (
 )
 
 STORE_FORMAT: Final = "gridledger-ledger-store"
-STORE_VERSION: Final = "2"
+STORE_VERSION: Final = "3"
 # Store versions this code opens; older ones are migrated in place on open (_migrate).
-_MIGRATES_FROM: Final = ("1",)
+_MIGRATES_FROM: Final = ("1", "2")
 
 # The totals the store keeps as columns: those of version 1. Totals appended later with a
 # default (SPEC §7.9 release_charge_minor) live in the signed record only, so the store's
@@ -76,12 +77,29 @@ PLACEMENT_ROWS: Final = "placement_id = ? AND commit_no BETWEEN ? AND ?"
 TOTALS_COLUMNS: Final[tuple[str, ...]] = tuple(f"total_{name}" for name in TOTALS_FIELDS)
 _TOTALS_COLUMNS: Final = ",\n    ".join(f"{name} BIGINT NOT NULL" for name in TOTALS_COLUMNS)
 
+# How ``record_rows`` and ``input_rows`` keep an envelope (issue 15, disk): its payload as
+# bytes, not base64 inside JSON (which DuckDB compresses poorly), and its signatures: the
+# one signature as (keyid, sig), else ``signatures``, the canonical JSON text of the list
+# (``[]`` for a LedgerRecord, SPEC §8; several for terms). Only canonical envelopes are
+# kept so (every row was opened by ``open_envelope``, which requires canonical bytes), so
+# ENVELOPE_SQL rebuilds each byte for byte: the canonical JSON of ``Envelope(payload,
+# signatures)`` (proto.envelope), sorted keys, standard padded base64, no whitespace.
+# Tables whose rows may be non-canonical (quarantine) keep the raw bytes.
+_ENVELOPE_COLUMNS: Final = (
+    "payload BLOB NOT NULL,\n    keyid VARCHAR,\n    sig BLOB,\n    signatures VARCHAR"
+)
+ENVELOPE_SQL: Final = (
+    """encode('{"payload":"' || to_base64(payload) || '","signatures":' || """
+    """CASE WHEN sig IS NULL THEN signatures """
+    """ELSE '[{"keyid":"' || keyid || '","sig":"' || to_base64(sig) || '"}]' END || '}')"""
+)
+
 SCHEMA: Final = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
-CREATE TABLE IF NOT EXISTS records (
+CREATE TABLE IF NOT EXISTS record_rows (
     placement_id VARCHAR NOT NULL,
     chain_index BIGINT NOT NULL,
-    envelope BLOB NOT NULL,
+    {_ENVELOPE_COLUMNS},
     record_hash VARCHAR NOT NULL,
     kind VARCHAR NOT NULL,
     status VARCHAR NOT NULL,
@@ -90,13 +108,13 @@ CREATE TABLE IF NOT EXISTS records (
     {_TOTALS_COLUMNS},
     commit_no BIGINT NOT NULL DEFAULT 0
 );
-CREATE TABLE IF NOT EXISTS inputs (
+CREATE TABLE IF NOT EXISTS input_rows (
     placement_id VARCHAR NOT NULL,
     chain_index BIGINT NOT NULL,
     position VARCHAR NOT NULL,
     input_hash VARCHAR NOT NULL,
     payload_hash VARCHAR NOT NULL,
-    envelope BLOB NOT NULL,
+    {_ENVELOPE_COLUMNS},
     kind VARCHAR NOT NULL,
     status VARCHAR NOT NULL,
     reason VARCHAR NOT NULL,
@@ -176,13 +194,62 @@ CREATE TABLE IF NOT EXISTS capacity_claims (
 );
 """
 
+# ``records`` and ``inputs``: views with the columns (and column order) of the tables of
+# store version 2, ``envelope`` rebuilt by ENVELOPE_SQL, then ``payload``. Every reader
+# selects from them; the batch writes the tables below them.
+_RECORD_VIEW_COLUMNS: Final = (
+    "placement_id",
+    "chain_index",
+    f"{ENVELOPE_SQL} AS envelope",
+    "record_hash",
+    "kind",
+    "status",
+    "reason",
+    "delivered_mgms",
+    *TOTALS_COLUMNS,
+    "commit_no",
+    "payload",
+)
+_INPUT_VIEW_COLUMNS: Final = (
+    "placement_id",
+    "chain_index",
+    "position",
+    "input_hash",
+    "payload_hash",
+    f"{ENVELOPE_SQL} AS envelope",
+    "kind",
+    "status",
+    "reason",
+    "node_id",
+    "seq",
+    "start_ms",
+    "end_ms",
+    "valid_from_ms",
+    "valid_until_ms",
+    "issued_at_ms",
+    "effective_at_ms",
+    "direction",
+    "amount_minor",
+    "closed_at_ms",
+    "commit_no",
+    "payload",
+)
+VIEWS: Final = f"""
+CREATE VIEW IF NOT EXISTS records AS SELECT {", ".join(_RECORD_VIEW_COLUMNS)} FROM record_rows;
+CREATE VIEW IF NOT EXISTS inputs AS SELECT {", ".join(_INPUT_VIEW_COLUMNS)} FROM input_rows;
+"""
+
+# The columns of ``input_rows``, in order.
 INPUT_COLUMNS: Final[tuple[str, ...]] = (
     "placement_id",
     "chain_index",
     "position",
     "input_hash",
     "payload_hash",
-    "envelope",
+    "payload",
+    "keyid",
+    "sig",
+    "signatures",
     "kind",
     "status",
     "reason",
@@ -224,6 +291,11 @@ class ChainedRow(msgspec.Struct, frozen=True):
     input_hash: str
     payload_hash: str
     input_record: object
+    # What the store keeps of the two envelopes (ENVELOPE_SQL rebuilds them): the
+    # record's signed bytes (``record_envelope`` is ``crypto.seal_record`` of them) and
+    # the input's decoded envelope (``raw`` is its canonical form: it was opened).
+    record_payload: bytes
+    input_envelope: Envelope
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,13 +414,51 @@ def _input_columns(record: object) -> tuple[Any, ...]:
             return none11
 
 
+# A LedgerRecord is unsigned (SPEC §8): its envelope's signature columns.
+_UNSIGNED: Final = (None, None, "[]")
+# The canonical JSON of a one-signature list, less its 16-character keyid and the 88
+# characters of its signature's base64: ``[{"keyid":"…","sig":"…"}]``.
+_ONE_SIGNATURE_FRAME: Final = len(b'[{"keyid":"","sig":""}]')
+# The canonical envelope, less its payload's base64 and its signatures' JSON.
+_ENVELOPE_FRAME: Final = len(b'{"payload":"","signatures":}')
+
+
+_SignatureColumns = tuple[str | None, bytes | None, str | None]
+
+
+def _signature_columns(raw: bytes, envelope: Envelope) -> _SignatureColumns:
+    """(keyid, sig, signatures) of an input's canonical envelope ``raw`` (module SCHEMA).
+
+    ``raw`` is canonical (it was opened), so ENVELOPE_SQL rebuilds it from these columns
+    and the payload; its length is checked against theirs all the same, at the cost of
+    some additions: a row that would not rebuild to its length is refused, never stored.
+    """
+    signatures = envelope.signatures
+    payload_b64 = 4 * ((len(envelope.payload) + 2) // 3)
+    if len(signatures) == 1:
+        one = signatures[0]
+        columns: _SignatureColumns = (one.keyid, one.sig, None)
+        sigs_len = _ONE_SIGNATURE_FRAME + len(one.keyid) + 4 * ((len(one.sig) + 2) // 3)
+    else:
+        text = canonical_json(signatures).decode()
+        columns = (None, None, text)
+        sigs_len = len(text)
+    if len(raw) != _ENVELOPE_FRAME + payload_b64 + sigs_len:
+        raise StoreError("an input's envelope is not the canonical form of its contents")
+    return columns
+
+
 def _record_row(row: ChainedRow, commit_no: int) -> tuple[Any, ...]:
     r = row.record
     totals = r.totals
+    payload_b64 = 4 * ((len(row.record_payload) + 2) // 3)
+    if len(row.record_envelope) != _ENVELOPE_FRAME + payload_b64 + len("[]"):
+        raise StoreError("a record's envelope is not the unsigned envelope of its payload")
     return (
         r.placement_id,
         r.index,
-        row.record_envelope,
+        row.record_payload,
+        *_UNSIGNED,
         row.record_hash,
         r.kind,
         r.status,
@@ -367,7 +477,8 @@ def _input_row(row: ChainedRow, commit_no: int) -> tuple[Any, ...]:
         row.position,
         row.input_hash,
         row.payload_hash,
-        row.raw,
+        row.input_envelope.payload,
+        *_signature_columns(row.raw, row.input_envelope),
         r.kind,
         r.status,
         r.reason,
@@ -392,7 +503,7 @@ def _quarantine_row(row: QuarantineRow) -> tuple[Any, ...]:
 
 # The wide tables every chained input writes a row to: inserted as columns
 # (``Store._insert_columns``), the others through DuckDB's appender.
-_COLUMN_TABLES: Final = frozenset({"records", "inputs"})
+_COLUMN_TABLES: Final = frozenset({"record_rows", "input_rows"})
 
 
 # ---- the store ------------------------------------------------------------------------------
@@ -444,7 +555,14 @@ class Store:
                 if meta.get("format") != STORE_FORMAT:
                     raise StoreError(f"{self.path} is not a ledger store ({meta.get('format')!r})")
                 if meta.get("store_version") in _MIGRATES_FROM:
-                    _migrate(con, str(meta["store_version"]))
+                    try:
+                        _migrate(con, str(meta["store_version"]))
+                    except duckdb.Error as exc:
+                        raise StoreError(
+                            f"{self.path}: cannot migrate store version "
+                            f"{meta['store_version']!r} to {STORE_VERSION!r} (left as it "
+                            f"was): {exc}"
+                        ) from exc
                 elif meta.get("store_version") != STORE_VERSION:
                     raise StoreError(
                         f"{self.path}: store version {meta.get('store_version')!r}, "
@@ -461,6 +579,7 @@ class Store:
                             f"{self.path} belongs to another ledger key ({stored_key}); "
                             "refusing to mix chains signed by two keys"
                         )
+            con.execute(VIEWS)
             row = con.execute("SELECT max(last_commit) FROM placement_commits").fetchone()
             self._commit_no = 0 if row is None or row[0] is None else int(row[0])
             # The placements with a stored snapshot: ``load_state`` of any other (a
@@ -535,8 +654,8 @@ class Store:
             con = self._con
             con.execute("BEGIN")
             try:
-                self._append("records", record_rows)
-                self._append("inputs", input_rows)
+                self._append("record_rows", record_rows)
+                self._append("input_rows", input_rows)
                 if touched:
                     con.execute(
                         "INSERT INTO placement_commits SELECT unnest(?), ?, ? ON CONFLICT "
@@ -765,10 +884,17 @@ class Store:
 
     def record_payloads(self, placement_id: str, through_index: int | None = None) -> list[bytes]:
         """The signed bytes of each LedgerRecord in index order: the Merkle leaves."""
-        return [
-            decode_envelope(env).payload
-            for env in self.record_envelopes(placement_id, through_index)
-        ]
+        limit = -1 if through_index is None else through_index
+        rows = self.placement_query(
+            "SELECT chain_index, payload FROM records WHERE {rows} "
+            "AND (? < 0 OR chain_index <= ?) ORDER BY chain_index",
+            placement_id,
+            [limit, limit],
+        )
+        for expected, (index, _) in enumerate(rows):
+            if index != expected:
+                raise StoreError(f"chain of {placement_id} has a hole at index {expected}")
+        return [bytes(payload) for _, payload in rows]
 
     def terms(self, placement_id: str) -> PlacementTerms | None:
         """The placement's terms in force: the last accepted (an amendment replaces the
@@ -1017,11 +1143,17 @@ class Store:
 
 
 def _migrate(con: duckdb.DuckDBPyConnection, version: str) -> None:
-    """Bring a store of ``version`` to STORE_VERSION inside the caller's transaction.
+    """Bring a store of ``version`` to STORE_VERSION inside the caller's transaction (a
+    crash before its COMMIT leaves the store as it was; the next open migrates again).
 
     1 -> 2: ``commit_no`` on records and inputs (0 for every existing row) and
     ``placement_commits`` with the range 0..0 for every placement already stored (so a
     read of an old placement scans the rows written before the migration, as before).
+
+    2 -> 3: the tables ``records`` and ``inputs`` become ``record_rows`` and
+    ``input_rows``, each envelope kept as its payload and signatures (SCHEMA), under views
+    of the old names (VIEWS). Every envelope must rebuild byte for byte (ENVELOPE_SQL),
+    else nothing is migrated (duckdb.Error, the transaction rolls back).
     """
     if version == "1":
         for table in ("records", "inputs"):
@@ -1031,7 +1163,50 @@ def _migrate(con: duckdb.DuckDBPyConnection, version: str) -> None:
             "(SELECT placement_id FROM records UNION SELECT placement_id FROM inputs) "
             "ON CONFLICT DO NOTHING"
         )
+        version = "2"
+    if version == "2":
+        for old, new in (("records", "record_rows"), ("inputs", "input_rows")):
+            split = _split_envelopes(old)
+            row = con.execute(
+                f"SELECT count(*), count(*) FILTER ({ENVELOPE_SQL} IS DISTINCT FROM envelope), "
+                f"(SELECT count(*) FROM {old}) FROM {split}"
+            ).fetchone()
+            if row is None or row[1] or row[0] != row[2]:
+                bad = "?" if row is None else row[1] + row[2] - row[0]
+                raise duckdb.ConstraintException(
+                    f"{bad} envelope(s) of {old} are not canonical: not rebuilt byte for byte"
+                )
+            columns = [
+                str(r[0])
+                for r in con.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE "
+                    "table_catalog = current_database() AND table_schema = current_schema() "
+                    "AND table_name = ? ORDER BY ordinal_position",
+                    [new],
+                ).fetchall()
+            ]
+            con.execute(f"INSERT INTO {new} SELECT {', '.join(columns)} FROM {split}")
+            con.execute(f"DROP TABLE {old}")
     con.execute("UPDATE meta SET value = ? WHERE key = 'store_version'", [STORE_VERSION])
+
+
+def _split_envelopes(table: str) -> str:
+    """A subquery: ``table``'s rows with their canonical envelope split into the columns
+    of SCHEMA (payload, keyid, sig, signatures). For a non-canonical envelope the columns
+    are whatever the split finds; ENVELOPE_SQL over them then differs from it."""
+    text = f"(SELECT *, decode(envelope) AS _text FROM {table})"
+    at = f'(SELECT *, strpos(_text, \'","signatures":\') AS _at FROM {text})'
+    parts = (
+        "(SELECT *, substr(_text, 13, _at - 13) AS _b64, "
+        f"substr(_text, _at + 15, length(_text) - _at - 15) AS _sigs FROM {at})"
+    )
+    one = "json_array_length(_sigs) = 1"
+    return (
+        f"(SELECT *, from_base64(_b64) AS payload, "
+        f"CASE WHEN {one} THEN json_extract_string(_sigs, '$[0].keyid') END AS keyid, "
+        f"CASE WHEN {one} THEN from_base64(json_extract_string(_sigs, '$[0].sig')) END AS sig, "
+        f"CASE WHEN {one} THEN NULL ELSE _sigs END AS signatures FROM {parts})"
+    )
 
 
 def _utc(ms: int) -> str:

@@ -15,6 +15,7 @@ from test_ledger_scenario import (
     local_service,
     publish_scenario_local,
 )
+from test_store_envelopes import to_version_2
 
 from devtools.builders import adjustment, gpu, make_terms, signed_terms
 from gridledger.cli import main as gridledger_main
@@ -117,6 +118,7 @@ def test_the_sql_leaf_hash_is_the_rfc9162_leaf_of_the_payload(tmp_path: Path) ->
 
 def _downgrade_to_v1(db: Path) -> None:
     """What a store written before commit ranges looks like (STORE_VERSION 1)."""
+    to_version_2(db)
     with duckdb.connect(str(db)) as con:
         con.execute("DROP TABLE placement_commits")
         con.execute("ALTER TABLE records DROP COLUMN commit_no")

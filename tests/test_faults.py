@@ -229,11 +229,11 @@ def test_check_store_passes_the_reference_and_catches_damage(
     assert problems == [] and state is not None
     assert state.heads == reference.ledger.heads
     damages = {
-        "a record lost": "DELETE FROM records WHERE chain_index = 3 AND placement_id = "
+        "a record lost": "DELETE FROM record_rows WHERE chain_index = 3 AND placement_id = "
         "(SELECT min(placement_id) FROM records)",
-        "an input chained twice": "INSERT INTO inputs SELECT * REPLACE (chain_index + 1000 AS "
-        "chain_index) FROM inputs WHERE chain_index = 2",
-        "a decision changed": "UPDATE inputs SET reason = 'SEQ_GAP', status = 'rejected' "
+        "an input chained twice": "INSERT INTO input_rows SELECT * REPLACE (chain_index + 1000 AS "
+        "chain_index) FROM input_rows WHERE chain_index = 2",
+        "a decision changed": "UPDATE input_rows SET reason = 'SEQ_GAP', status = 'rejected' "
         "WHERE chain_index = 4",
     }
     for what, sql in damages.items():
@@ -288,7 +288,7 @@ def test_compare_final_passes_the_reference_and_catches_differences(
     db = _copy_db(rich, tmp_path)
     with duckdb.connect(str(db)) as con:
         con.execute(
-            "DELETE FROM records WHERE (placement_id, chain_index) IN "
+            "DELETE FROM record_rows WHERE (placement_id, chain_index) IN "
             "(SELECT placement_id, max(chain_index) FROM records GROUP BY 1)"
         )
     shorter = read_ledger_state(db)

@@ -38,7 +38,7 @@ def test_crash_between_fold_and_commit_writes_nothing(
     monkeypatch.setattr(Store, "_append", failing_append)
     with pytest.raises(OSError, match="simulated crash"):
         service.step()
-    assert {"records", "inputs", "placement_state", "offsets"} <= set(calls)
+    assert {"record_rows", "input_rows", "placement_state", "offsets"} <= set(calls)
     # The fold ran ahead of the store: this ingestor refuses to go on.
     with pytest.raises(IngestBroken):
         service.step()
@@ -132,7 +132,7 @@ def test_usage_lookup_answers_from_committed_rows(tmp_path: Path) -> None:
 def test_wide_rows_inserted_as_columns_equal_the_appenders_at_the_integer_bounds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """records/inputs go in as NumPy columns (``Store._insert_columns``): the stored rows
+    """record_rows/input_rows go in as NumPy columns (``Store._insert_columns``): the stored rows
     equal what DuckDB's appender stores, NULLs and 2^53 - 1 included, wherever they sit
     (an object column would have DuckDB guess a narrower type from a sample and fail)."""
     import ledger.store as store_module
@@ -150,7 +150,10 @@ def test_wide_rows_inserted_as_columns_equal_the_appenders_at_the_integer_bounds
             f"kafka:t:0:{i}",
             f"ih{i}",
             f"ph{i}",
-            bytes([i % 256]) * (i % 9),
+            bytes([i % 256]) * (1 + i % 9),
+            None if i % 7 else f"{i:016x}",
+            None if i % 7 else bytes([i % 256]) * 64,
+            f"[{i}]" if i % 7 else None,
             "usage",
             "accepted" if i % 2 else "rejected",
             "" if i % 2 else "SEQ_GAP",
@@ -164,12 +167,12 @@ def test_wide_rows_inserted_as_columns_equal_the_appenders_at_the_integer_bounds
         for i in range(n)
     ]
     stored: list[list[tuple[object, ...]]] = []
-    for name, tables in (("columns", frozenset({"inputs"})), ("appender", frozenset())):
+    for name, tables in (("columns", frozenset({"input_rows"})), ("appender", frozenset())):
         monkeypatch.setattr(store_module, "_COLUMN_TABLES", tables)
         with Store(tmp_path / f"{name}.duckdb") as store:
-            store._append("inputs", rows)
+            store._append("input_rows", rows)
             stored.append(
-                [tuple(r) for r in store.query("SELECT * FROM inputs ORDER BY chain_index")]
+                [tuple(r) for r in store.query("SELECT * FROM input_rows ORDER BY chain_index")]
             )
     assert stored[0] == stored[1] == [tuple(r) for r in rows]
 
