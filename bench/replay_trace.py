@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 limit=args.limit,
                 max_events=args.max_events,
                 progress=_stderr_line if args.progress else None,
+                # the second verification below reads the exports the replay wrote
+                keep_exports=not args.no_reverify,
             )
         )
         if args.no_reverify:
