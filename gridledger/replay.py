@@ -150,6 +150,18 @@ class ReplayOptions:
     """Where progress lines go (the CLI: stderr), at most one per PROGRESS_EVERY_S."""
 
 
+# The money fields of a placement's final totals that a replay adds up (minor units).
+MONEY_FIELDS: Final = (
+    "gross_minor",
+    "credits_minor",
+    "net_minor",
+    "fee_minor",
+    "buyer_owes_minor",
+    "operator_receives_minor",
+    "desk_receives_minor",
+)
+
+
 @dataclass
 class Money:
     """Sums of one currency at one scale, in minor units."""
@@ -166,26 +178,13 @@ class Money:
 
     def add(self, totals: dict[str, int]) -> None:
         """Add one placement's final totals."""
-        self.gross_minor += totals["gross_minor"]
-        self.credits_minor += totals["credits_minor"]
-        self.net_minor += totals["net_minor"]
-        self.fee_minor += totals["fee_minor"]
-        self.buyer_owes_minor += totals["buyer_owes_minor"]
-        self.operator_receives_minor += totals["operator_receives_minor"]
-        self.desk_receives_minor += totals["desk_receives_minor"]
+        for name in MONEY_FIELDS:
+            setattr(self, name, getattr(self, name) + totals[name])
 
     def to_json(self) -> dict[str, Any]:
         """Exact integers and their decimal rendering."""
         out: dict[str, Any] = {"currency": self.currency, "currency_scale": self.scale}
-        for name in (
-            "gross_minor",
-            "credits_minor",
-            "net_minor",
-            "fee_minor",
-            "buyer_owes_minor",
-            "operator_receives_minor",
-            "desk_receives_minor",
-        ):
+        for name in MONEY_FIELDS:
             value = getattr(self, name)
             out[name] = value
             out[name.removesuffix("_minor")] = format_minor(value, self.scale)

@@ -322,14 +322,7 @@ class KafkaSource:
             max_poll_records=self._max_poll_records,
             **self._extra,
         )
-        try:
-            await consumer.start()
-        except (KafkaError, OSError) as exc:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
-            raise SourceUnavailable(
-                f"Kafka at {self.config.settings.bootstrap} did not answer: {exc!r}"
-            ) from exc
+        await self._start_client(consumer)
         self._consumer = consumer
         try:
             async with asyncio.timeout(_METADATA_TIMEOUT_S):
@@ -363,19 +356,23 @@ class KafkaSource:
                     consumer.seek(tp, offset)
                     self._next[tp.partition] = offset
             offsets_client = make_consumer(self.config.settings)
-            try:
-                await offsets_client.start()
-            except (KafkaError, OSError) as exc:
-                with contextlib.suppress(Exception):
-                    await offsets_client.stop()
-                raise SourceUnavailable(
-                    f"Kafka at {self.config.settings.bootstrap} did not answer: {exc!r}"
-                ) from exc
+            await self._start_client(offsets_client)
             self._offsets_client = offsets_client
             log.info("kafka_assigned", topic=topic, partitions=self.partitions)
         except BaseException:
             await self.stop()
             raise
+
+    async def _start_client(self, client: Any) -> None:
+        """Start an aiokafka client, or stop it and raise SourceUnavailable naming the broker."""
+        try:
+            await client.start()
+        except (KafkaError, OSError) as exc:
+            with contextlib.suppress(Exception):
+                await client.stop()
+            raise SourceUnavailable(
+                f"Kafka at {self.config.settings.bootstrap} did not answer: {exc!r}"
+            ) from exc
 
     async def poll(self, max_records: int, timeout_ms: int) -> list[Item]:
         """Up to ``max_records`` inputs; waits at most ``timeout_ms`` when none are ready."""

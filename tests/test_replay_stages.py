@@ -186,19 +186,7 @@ def test_a_verified_export_is_removed_unless_kept_and_a_failed_one_is_kept(
     )
     for p in (good, bad):
         (exports / f"{p.placement_id}.duckdb").write_bytes(b"export")
-    totals = dict.fromkeys(
-        (
-            "delivered_mgms",
-            "gross_minor",
-            "credits_minor",
-            "net_minor",
-            "fee_minor",
-            "buyer_owes_minor",
-            "operator_receives_minor",
-            "desk_receives_minor",
-        ),
-        7,
-    )
+    totals = dict.fromkeys(("delivered_mgms", *replay.MONEY_FIELDS), 7)
     run.settle_export(exports, good, replay.VerifySummary("", totals, "EUR", 2, 0.1))  # type: ignore[arg-type]
     run.settle_export(exports, bad, replay.VerifySummary("CHAIN_BROKEN", None, "", 0, 0.1))  # type: ignore[arg-type]
     assert (exports / "pl-good.duckdb").exists() is keep
