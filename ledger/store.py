@@ -210,35 +210,6 @@ _RECORD_VIEW_COLUMNS: Final = (
     "commit_no",
     "payload",
 )
-_INPUT_VIEW_COLUMNS: Final = (
-    "placement_id",
-    "chain_index",
-    "position",
-    "input_hash",
-    "payload_hash",
-    f"{ENVELOPE_SQL} AS envelope",
-    "kind",
-    "status",
-    "reason",
-    "node_id",
-    "seq",
-    "start_ms",
-    "end_ms",
-    "valid_from_ms",
-    "valid_until_ms",
-    "issued_at_ms",
-    "effective_at_ms",
-    "direction",
-    "amount_minor",
-    "closed_at_ms",
-    "commit_no",
-    "payload",
-)
-VIEWS: Final = f"""
-CREATE VIEW IF NOT EXISTS records AS SELECT {", ".join(_RECORD_VIEW_COLUMNS)} FROM record_rows;
-CREATE VIEW IF NOT EXISTS inputs AS SELECT {", ".join(_INPUT_VIEW_COLUMNS)} FROM input_rows;
-"""
-
 # The columns of ``input_rows``, in order.
 INPUT_COLUMNS: Final[tuple[str, ...]] = (
     "placement_id",
@@ -266,6 +237,20 @@ INPUT_COLUMNS: Final[tuple[str, ...]] = (
     "closed_at_ms",
     "commit_no",
 )
+# The view's columns from the table's: the stored envelope's columns become ``envelope``
+# where the version-2 table had it, ``payload`` follows at the end.
+_INPUT_VIEW_COLUMNS: Final = (
+    *(
+        f"{ENVELOPE_SQL} AS envelope" if column == "payload" else column
+        for column in INPUT_COLUMNS
+        if column not in ("keyid", "sig", "signatures")
+    ),
+    "payload",
+)
+VIEWS: Final = f"""
+CREATE VIEW IF NOT EXISTS records AS SELECT {", ".join(_RECORD_VIEW_COLUMNS)} FROM record_rows;
+CREATE VIEW IF NOT EXISTS inputs AS SELECT {", ".join(_INPUT_VIEW_COLUMNS)} FROM input_rows;
+"""
 
 
 class StoreError(Exception):
