@@ -1,0 +1,147 @@
+"""proto.keys.verify calls libsodium's crypto_sign_open directly (reusable buffers): it must
+agree with pynacl's VerifyKey.verify, the path it replaced, on every kind of signature."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import nacl.exceptions
+import nacl.signing
+import pytest
+
+from proto.keys import SigningKey, verify
+
+# The order of the Ed25519 group (S must be below it: RFC 8032 §5.1.7).
+L = 2**252 + 27742317777372353535851937790883648493
+# Encodings of points of small order (the identity, and order 2, 4 and 8 points).
+SMALL_ORDER = [
+    bytes([1]) + bytes(31),  # identity
+    bytes([0xEC]) + bytes([0xFF]) * 30 + bytes([0x7F]),  # order 2: y = -1
+    bytes(32),  # order 4: y = 0
+    bytes.fromhex("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"),  # order 8
+    bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05"),  # order 8
+]
+
+
+def nacl_says(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    """What pynacl's VerifyKey.verify concludes (a wrong-length signature: False, as
+    proto.keys.verify has always answered without asking)."""
+    if len(signature) != 64:
+        return False
+    try:
+        nacl.signing.VerifyKey(public_key).verify(message, signature)
+    except nacl.exceptions.BadSignatureError:
+        return False
+    return True
+
+
+def both(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    ours = verify(public_key, message, signature)
+    assert ours is nacl_says(public_key, message, signature), (public_key, message, signature)
+    return ours
+
+
+KEY = SigningKey.from_seed_text("k", "test-keys-verify")
+OTHER = SigningKey.from_seed_text("o", "test-keys-verify-other")
+MESSAGES = [b"", b"x", b"gridledger/usage/v1\n{}", bytes(range(256)) * 40]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: f"len{len(m)}")
+def test_valid_and_flipped_bits(message: bytes) -> None:
+    signature = KEY.sign(message)
+    assert both(KEY.public_key, message, signature) is True
+    for bit in (0, 7, 255, 256, 300, 511):  # in R, then in S
+        flipped = bytearray(signature)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        assert both(KEY.public_key, message, bytes(flipped)) is False
+    if message:
+        for at in (0, len(message) // 2, len(message) - 1):
+            changed = bytearray(message)
+            changed[at] ^= 0x01
+            assert both(KEY.public_key, bytes(changed), signature) is False
+    key = bytearray(KEY.public_key)
+    key[3] ^= 0x10
+    assert both(bytes(key), message, signature) is False
+
+
+def test_wrong_key() -> None:
+    message = b"signed by KEY"
+    assert both(OTHER.public_key, message, KEY.sign(message)) is False
+    assert both(KEY.public_key, message, OTHER.sign(message)) is False
+
+
+@pytest.mark.parametrize("length", [0, 1, 32, 63, 65, 128])
+def test_wrong_length_signature(length: int) -> None:
+    message = b"m"
+    signature = (KEY.sign(message) * 3)[:length]
+    assert verify(KEY.public_key, message, signature) is False
+    assert both(KEY.public_key, message, signature) is False
+
+
+def test_non_canonical_s() -> None:
+    """S + L verifies the same equation; libsodium rejects it (S >= L), and so do we."""
+    message = b"malleable?"
+    signature = KEY.sign(message)
+    s = int.from_bytes(signature[32:], "little")
+    for bigger in (s + L, s + 2 * L):
+        if bigger < 2**256:
+            forged = signature[:32] + bigger.to_bytes(32, "little")
+            assert both(KEY.public_key, message, forged) is False
+    forged = signature[:32] + bytes([0xFF]) * 32
+    assert both(KEY.public_key, message, forged) is False
+
+
+@pytest.mark.parametrize("point", SMALL_ORDER, ids=lambda p: p[:4].hex())
+def test_small_order_key_and_r(point: bytes) -> None:
+    """A small-order public key or R: libsodium refuses them, for any message."""
+    for message in (b"", b"anything"):
+        # R = the point, S = 0: valid for the identity key under the bare equation
+        assert both(point, message, point + bytes(32)) is False
+        assert both(point, message, KEY.sign(message)) is False
+        assert both(KEY.public_key, message, point + KEY.sign(message)[32:]) is False
+
+
+def test_random_signatures_agree() -> None:
+    """A spread of deterministic garbage signatures and keys: the same answers."""
+    for i in range(300):
+        seed = hashlib.sha512(i.to_bytes(4, "big")).digest()
+        key = hashlib.sha256(seed).digest()
+        assert both(key, seed[: i % 50], seed) is False
+    message = b"the real one"
+    assert both(KEY.public_key, message, KEY.sign(message)) is True
+
+
+def test_arguments_that_are_not_bytes_behave_as_before() -> None:
+    message = b"m"
+    signature = KEY.sign(message)
+    assert verify(KEY.public_key, bytearray(message), signature) is True  # fallback path
+    with pytest.raises(TypeError):
+        verify(KEY.public_key, message, bytearray(signature))
+    for bad_key in (KEY.public_key[:31], KEY.public_key + b"\0"):
+        with pytest.raises(ValueError):
+            verify(bad_key, message, signature)
+
+
+def test_threads_share_nothing() -> None:
+    """Verifying on several threads at once (the thread pool's case): each answer right."""
+    message = bytes(5000)
+    good = KEY.sign(message)
+    bad = good[:-1] + bytes([good[-1] ^ 1])
+    errors: list[str] = []
+
+    def work(n: int) -> None:
+        for k in range(200):
+            big = bytes([n]) * (100 + 97 * k)  # grows this thread's buffer as it goes
+            if verify(KEY.public_key, big, KEY.sign(big)) is not True:
+                errors.append(f"thread {n}: valid rejected")
+            if verify(KEY.public_key, message, bad if k % 2 else good) is not (k % 2 == 0):
+                errors.append(f"thread {n}: wrong answer at {k}")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
