@@ -26,6 +26,7 @@ of what the ordinary checks must see.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -84,7 +85,23 @@ Plan = list[tuple[int, RecordRow | None, list[InputRow] | None, int, bool]]
 
 
 def walk(run: Verification) -> None:
-    """Stream every chain index in order through the pool and the per-index checks."""
+    """Stream every chain index in order through the pool and the per-index checks.
+
+    The work tables are written in ONE transaction: committing each batch's appends
+    wrote them to the scratch database's write-ahead log first, and the checkpoint wrote
+    them again (an uncommitted append of a full row group goes to the file directly)."""
+    con = run.con
+    con.execute("BEGIN TRANSACTION")
+    try:
+        _walk(run)
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):  # the pass's own error is the one to see
+            con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def _walk(run: Verification) -> None:
     run.duplicates = step7_decisions.duplicate_indices(run)
     run.progress.start(run.source.path.name, run.record_count)
     done = 0
