@@ -82,15 +82,23 @@ def open_one(tag: int, raw: bytes, keyring: Keyring) -> OpenResult:
     extra = _terms_keys(opened.record)
     sigs: list[SigResult] = []
     for signature in opened.envelope.signatures:
-        candidates = [*keyring.get(signature.keyid, ()), *extra.get(signature.keyid, ())]
+        keyid = signature.keyid
+        candidates = keyring.get(keyid, ())
+        if extra:  # a terms or assignment envelope: the keys it names come after
+            candidates = [*candidates, *extra.get(keyid, ())]
         if not candidates:
-            sigs.append(SigResult(signature.keyid, SIG_UNKNOWN_KEY, b""))
+            sigs.append(SigResult(keyid, SIG_UNKNOWN_KEY, b""))
             continue
-        good = next((k for k in candidates if verify(k, payload, signature.sig)), None)
+        good = None
+        sig = signature.sig
+        for key in candidates:  # the first that verifies
+            if verify(key, payload, sig):
+                good = key
+                break
         if good is None:
-            sigs.append(SigResult(signature.keyid, SIG_INVALID, b""))
+            sigs.append(SigResult(keyid, SIG_INVALID, b""))
         else:
-            sigs.append(SigResult(signature.keyid, SIG_VALID, good))
+            sigs.append(SigResult(keyid, SIG_VALID, good))
     return OpenResult(
         tag,
         "",

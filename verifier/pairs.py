@@ -137,7 +137,7 @@ def unpack(packed: PackedPair) -> FastPair:
         packed.event_hash,
         packed.event_leaf,
         event,
-        tuple(SigResult(*s) for s in packed.sigs),
+        tuple([SigResult(*s) for s in packed.sigs]),
     )
     return FastPair(*packed[:9], opened)
 
