@@ -45,6 +45,8 @@ Job = tuple[Any, ...]
 
 # The usage_events extra columns, read from the event (step5_columns.check_input_columns).
 _USAGE_EXTRAS: Final = attrgetter(*(name for name, _ in TABLE_OF_KIND["usage"].extras))
+# A record's totals in TOTAL_FIELDS order (the w_records row), in one call.
+_TOTALS: Final = attrgetter(*TOTAL_FIELDS)
 
 
 class ExportFile(NamedTuple):
@@ -202,7 +204,7 @@ def _pair(job: Job, context: PairContext) -> FastPair | SlowPair:
             index,
             rec.record_hash,
             record.delivered_mgms,
-            *[getattr(totals, name) for name in TOTAL_FIELDS],
+            *_TOTALS(totals),
         ),
         inp,
     )
