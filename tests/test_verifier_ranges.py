@@ -131,6 +131,11 @@ def test_a_packed_pair_unpacks_to_the_fast_pair_the_worker_made(honest: Scenario
     packed = pickle.loads(pickle.dumps(pack(fast)))
     assert unpack(packed) == fast
     assert unpack(packed).opened.record == fast.opened.record
+    # as a worker process sends it: the fields as a plain tuple
+    plain = pickle.loads(pickle.dumps(tuple(pack(fast))))
+    assert type(plain) is tuple
+    assert unpack(plain) == fast
+    assert unpack(plain).opened.record == fast.opened.record
 
 
 # Chain indices that are no usage pair, read by a worker: inputs in two tables at one

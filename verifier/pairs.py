@@ -127,21 +127,23 @@ def pack(pair: FastPair) -> PackedPair:
     )
 
 
-def unpack(packed: PackedPair) -> FastPair:
-    """The FastPair ``pack`` was given (as ``open_one`` had opened its usage event)."""
-    event = _EVENT_DECODER.decode(packed.event_body)
+def unpack(packed: PackedPair | tuple[Any, ...]) -> FastPair:
+    """The FastPair ``pack`` was given (as ``open_one`` had opened its usage event), from
+    the PackedPair or a plain tuple of its fields (as a worker process sends it)."""
+    event = _EVENT_DECODER.decode(packed[12])  # event_body
     opened = OpenResult(
         1,
         "",
         "",
         "usage",
-        packed.input_hash,
-        packed.event_hash,
-        packed.event_leaf,
+        packed[9],  # input_hash
+        packed[10],  # event_hash
+        packed[11],  # event_leaf
         event,
-        tuple([SigResult(*s) for s in packed.sigs]),
+        tuple([SigResult(*s) for s in packed[13]]),  # sigs
     )
-    return FastPair(*packed[:9], opened)
+    p = packed
+    return FastPair(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], opened)
 
 
 class SlowPair(NamedTuple):
