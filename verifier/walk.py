@@ -128,8 +128,8 @@ def _walk(run: Verification) -> None:
 # With a process pool the main process instead sends (lo, hi) ranges: the worker reads the
 # rows of its range from the export itself (read-only, its own connection), plans and opens
 # them exactly as ``_batch_jobs`` and ``open_jobs`` do, and returns per chain index either
-# a ``FastPair`` (packed, ``pairs.pack``: pickling decoded Structs cost the worker more than
-# the JSON body costs the main process to decode; the rows stay in the worker, and
+# a ``FastPair`` (packed, ``pairs.pack``: flat tuples and the decoded event, which the main
+# process loads without decoding JSON again; the rows stay in the worker, and
 # ``_check_fast`` reads them again only in the rare case that it must name a finding) or
 # the rows with their results (``Entry``). A packed pair crosses as a plain tuple: a named
 # tuple pickles through a Python call on each side (2.5 of 6 us per pair).
