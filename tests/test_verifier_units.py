@@ -91,6 +91,12 @@ def test_signer_rules(sigs: list[SigResult], reason: Reason | None) -> None:
     assert signer_failure(sigs, {ID_A: KEY_A}) == reason
 
 
+@pytest.mark.parametrize("permitted", [None, {}, {ID_B: KEY_B}])
+def test_no_signature_fails_only_when_one_is_required(permitted: dict[str, bytes] | None) -> None:
+    assert signer_failure([], {ID_A: KEY_A}, permitted) is Reason.SIG_MISSING
+    assert signer_failure((), {}, permitted) is None
+
+
 def test_invariant_holds_under_python_dash_o() -> None:
     """Unlike ``assert``, ``invariant()`` still raises when Python runs with -O."""
     import subprocess

@@ -25,6 +25,8 @@ def signer_failure(
 ) -> Reason | None:
     """The SPEC §3 reason why ``sigs`` are not the required signers (plus, optionally, the
     ``permitted`` ones: SPEC §4.0 "MAY also sign"), or None."""
+    if not sigs:  # no signature (a version-2 record): only a missing one can fail
+        return Reason.SIG_MISSING if required else None
     allowed = {**(permitted or {}), **required}
     for sig in sigs:
         wanted = allowed.get(sig.keyid)
