@@ -113,10 +113,12 @@ class Ingestor:
         held = 0
         closes: dict[str, ChainedRow] = {}
         inputs = [(item.data, item.position, item.stream_key, item.arrived_ms) for item in items]
-        arrived = {item.position: item.arrived_ms for item in items}
+        arrived: dict[str, int | None] | None = None  # built for the first held input only
         for outcome in self.fold.apply_batch(inputs, self._crypto):
             if outcome.decision == "held":
                 held += 1
+                if arrived is None:
+                    arrived = {item.position: item.arrived_ms for item in items}
                 batch.held.append(
                     HeldRow(
                         present(outcome.placement_id, "placement of a held input"),
@@ -126,9 +128,11 @@ class Ingestor:
                 )
             else:
                 self._collect(batch, outcome, closes)
-        for item in items:
-            batch.offsets[item.source] = item.next_position
-            batch.offsets.update(item.fed_by)
+        offsets = batch.offsets
+        for item in items:  # in order: the last input of each source wins
+            offsets[item.source] = item.next_position
+            if item.fed_by:
+                offsets.update(item.fed_by)
         for placement_id in sorted(self.fold.dirty()):
             batch.states.append(
                 StateRow(
