@@ -236,14 +236,12 @@ class Ingestor:
             if (
                 record is None
                 or opened is None
-                or outcome.record_envelope is None
                 or outcome.record_payload is None
                 or outcome.record_hash is None
             ):
                 raise AssertionError(f"chained outcome at {outcome.position} lacks its record")
             row = ChainedRow(
                 record=record,
-                record_envelope=outcome.record_envelope,
                 record_hash=outcome.record_hash,
                 position=outcome.position,
                 raw=outcome.raw,
