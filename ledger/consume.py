@@ -393,26 +393,33 @@ class KafkaSource:
                 batches.setdefault(tp, []).extend(records)
                 got += len(records)
         topic = self.config.topic
+        log_time = self.arrival == "log"
         items: list[Item] = []
+        append = items.append
         for tp in sorted(batches, key=lambda t: t.partition):
             source = kafka_source(topic, tp.partition)
+            # kafka_position(topic, partition, offset) is this prefix and the offset: built
+            # once per partition, not once per message (tests/test_kafka_poll_positions.py).
+            prefix = kafka_position(topic, tp.partition, 0)[:-1]
             for message in batches[tp]:
                 key: bytes | None = message.key
-                if message.timestamp_type != LOG_APPEND_TIME and self.arrival == "log":
+                offset: int = message.offset
+                if log_time and message.timestamp_type != LOG_APPEND_TIME:
                     # SPEC §6.6: arrival time comes from the log, never from the producer
                     # (arrival = "sender", simulations only, takes the producer's).
                     raise SourceError(
-                        f"{topic}[{tp.partition}]@{message.offset} carries a CreateTime "
+                        f"{topic}[{tp.partition}]@{offset} carries a CreateTime "
                         "timestamp: the topic needs message.timestamp.type=LogAppendTime"
                     )
-                items.append(
+                value: bytes | None = message.value
+                append(
                     Item(
-                        data=message.value if message.value is not None else b"",
-                        position=kafka_position(topic, tp.partition, message.offset),
+                        data=b"" if value is None else value,
+                        position=prefix + str(offset),
                         # Undecodable keys cannot equal a placement id: PLACEMENT_MISMATCH.
                         stream_key=None if key is None else key.decode("utf-8", "replace"),
                         source=source,
-                        next_position=str(message.offset + 1),
+                        next_position=str(offset + 1),
                         arrived_ms=int(message.timestamp),
                     )
                 )
@@ -420,8 +427,10 @@ class KafkaSource:
 
     def advance(self, items: list[Item]) -> None:
         """Move past ``items`` (after their batch is committed)."""
-        for item in items:
-            self._next[partition_of_source(item.source)] = kafka_offset(item.next_position)
+        # The last item of each source wins, as if each were applied in order.
+        last = {item.source: item.next_position for item in items}
+        for source, next_position in last.items():
+            self._next[partition_of_source(source)] = kafka_offset(next_position)
 
     async def lag(self) -> list[PartitionLag]:
         """Per partition: the next offset to read and the log end offset now."""

@@ -60,7 +60,8 @@ __all__ = ["INPUT_KINDS", "Decision", "Fold", "Outcome", "StateLoader", "UsageLo
 
 
 class Outcome(msgspec.Struct, frozen=True):
-    """What became of one input: its verdict, and for a chained one the signed record."""
+    """What became of one input: its verdict, and for a chained one the ledger's record
+    (``record_payload``, its signed bytes; ``record_envelope``, its envelope)."""
 
     decision: Decision
     position: str
@@ -72,14 +73,23 @@ class Outcome(msgspec.Struct, frozen=True):
     status: Status | None = None
     reason: Reason | None = None
     record: LedgerRecord | None = None
-    record_envelope: bytes | None = None
     record_hash: str | None = None
     detail: str = ""
     record_payload: bytes | None = None
 
+    @property
+    def record_envelope(self) -> bytes | None:
+        """The chained record's envelope, with no signature (SPEC §8), made when asked.
 
-def outcome(verdict: Verdict, record_envelope: bytes | None) -> Outcome:
-    """The outcome of a verdict (``record_envelope``: the ledger's signed record, if chained)."""
+        Not made per input on the fold's path: the store keeps the payload and rebuilds
+        the envelope in SQL (``ledger.store``), so ~1 KB of base64 per input was made
+        there for nothing but a length check (issue 15)."""
+        payload = self.record_payload
+        return None if payload is None else crypto.seal_record(payload)
+
+
+def outcome(verdict: Verdict) -> Outcome:
+    """The outcome of a verdict."""
     return Outcome(
         verdict.decision,
         verdict.position,
@@ -91,7 +101,6 @@ def outcome(verdict: Verdict, record_envelope: bytes | None) -> Outcome:
         verdict.status,
         verdict.reason,
         verdict.record,
-        record_envelope,
         verdict.record_hash,
         verdict.detail,
         verdict.record_payload,
@@ -127,10 +136,7 @@ class Fold:
         """Process one input received at ``position`` under transport key ``stream_key``,
         which reached the log at ``arrived_ms`` (SPEC §6.6; None: untimed)."""
         verdicts = self._verdicts(raw, _open(raw), position, stream_key, None, arrived_ms)
-        return [outcome(v, self._sign(v.record_payload)) for v in verdicts]
-
-    def _sign(self, payload: bytes | None) -> bytes | None:
-        return None if payload is None else crypto.seal_record(payload)
+        return [outcome(v) for v in verdicts]
 
     def apply_batch(
         self,
@@ -153,11 +159,8 @@ class Fold:
             for (raw, position, key, at), op, check in zip(items, opened, checks, strict=True)
             for v in self._verdicts(raw, op, position, key, check, at)
         ]
-        seal = crypto.seal_record  # records unsigned (SPEC §8): nothing left for the threads
-        return [
-            outcome(v, None if v.record_payload is None else seal(v.record_payload))
-            for v in verdicts
-        ]
+        # Records are unsigned (SPEC §8): nothing left for the threads.
+        return [outcome(v) for v in verdicts]
 
     def _verdicts(
         self,

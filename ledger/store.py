@@ -269,7 +269,6 @@ class ChainedRow(msgspec.Struct, frozen=True):
     per input, and a frozen dataclass sets each field through ``object.__setattr__``.)"""
 
     record: LedgerRecord
-    record_envelope: bytes
     record_hash: str
     position: str
     raw: bytes
@@ -277,8 +276,9 @@ class ChainedRow(msgspec.Struct, frozen=True):
     payload_hash: str
     input_record: object
     # What the store keeps of the two envelopes (ENVELOPE_SQL rebuilds them): the
-    # record's signed bytes (``record_envelope`` is ``crypto.seal_record`` of them) and
-    # the input's decoded envelope (``raw`` is its canonical form: it was opened).
+    # record's signed bytes (its envelope is ``crypto.seal_record`` of them: a record is
+    # unsigned, SPEC §8) and the input's decoded envelope (``raw`` is its canonical form:
+    # it was opened).
     record_payload: bytes
     input_envelope: Envelope
 
@@ -436,9 +436,6 @@ def _signature_columns(raw: bytes, envelope: Envelope) -> _SignatureColumns:
 def _record_row(row: ChainedRow, commit_no: int) -> tuple[Any, ...]:
     r = row.record
     totals = r.totals
-    payload_b64 = 4 * ((len(row.record_payload) + 2) // 3)
-    if len(row.record_envelope) != _ENVELOPE_FRAME + payload_b64 + len("[]"):
-        raise StoreError("a record's envelope is not the unsigned envelope of its payload")
     return (
         r.placement_id,
         r.index,
