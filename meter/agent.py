@@ -201,6 +201,7 @@ class Agent:
         # A pure source is asked only for the GPUs of the streams due in an interval; the
         # others are read whole, once per interval (NVML: counters since the last read).
         self._pure_source = source if isinstance(source, PureGpuSource) else None
+        self._key_id = config.signing_key.key_id
         self._clock = clock
         self.metrics = metrics if metrics is not None else MeterMetrics()
         self._streams: list[_Stream] = []
@@ -341,7 +342,7 @@ class Agent:
             event = build_event(
                 stream.key, head, start, end, samples_for(stream.gpus, readings[(start, end)])
             )
-            item = seal_event(event, self.config.signing_key)
+            item = seal_event(event, self.config.signing_key, self._key_id)
             heads[stream.key] = head.after(event, item.record_hash)
             sealed.append((stream, item))
         envelopes = [item.envelope for _, item in sealed]

@@ -15,8 +15,8 @@ from meter.agent import HEADS_FILE, Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock, SkewedClock
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
 from meter.sources import GpuReading
-from meter.stream import node_gpus
-from proto.envelope import open_envelope, require_signatures
+from meter.stream import node_gpus, seal_event
+from proto.envelope import open_envelope, require_signatures, seal
 from proto.keys import key_id
 from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
 from transport.positions import SpoolPosition
@@ -539,3 +539,20 @@ def test_a_pure_source_is_asked_for_the_gpus_due_only(tmp_path: Path) -> None:
         else:
             assert uuids == {"GPU-n1-2"}, (start, end)  # p2
     assert all("GPU-n1-3" not in u for _, _, u in pure.asked)
+
+
+def test_a_sealed_event_is_the_same_with_a_known_key_id(tmp_path: Path) -> None:
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock)
+    clock.advance(5 * MINUTE_MS)
+    envelopes = agent.tick()
+    agent.close()
+    key = _scenario()[0].node_key("n1")
+    for envelope in envelopes:
+        event = open_envelope(envelope).record
+        assert isinstance(event, UsageEvent)
+        fast = seal_event(event, key, key.key_id)
+        assert fast == seal_event(event, key)
+        assert fast.envelope == envelope == seal(event, [key])
+    wrong = seal_event(event, key, "0" * 16)  # the id is taken as given: callers pass the key's
+    assert open_envelope(wrong.envelope).envelope.signatures[0].keyid == "0" * 16
