@@ -43,7 +43,7 @@ from meter.shipper import Shipper
 from meter.sim import SimDevice, Simulator, parse_sim_spec
 from proto.canonical import signed_bytes
 from proto.envelope import open_envelope
-from transport.kafka import KafkaSettings
+from transport.kafka import KafkaSettings, create_topic
 
 T0 = 1_700_000_000_000
 
@@ -74,7 +74,7 @@ def replay_main(args: argparse.Namespace) -> None:
     )
     from gridledger.trace import read_trace
     from meter.shipper import simulated_send_ms
-    from transport.kafka import SIMULATION_TOPIC_CONFIG, create_topic, make_producer
+    from transport.kafka import SIMULATION_TOPIC_CONFIG, make_producer
 
     interval_ms = round(args.interval_s * 1000)
     trace = read_trace(openb_trace())
@@ -179,6 +179,8 @@ def main() -> None:
     if args.replay_events is not None:
         replay_main(args)
         return
+    if args.kafka:  # topics are never auto-created (devtools.kafka_broker)
+        create_topic(args.kafka, args.topic, 8, exist_ok=True)
 
     cast = builders.make_cast("bench")
     interval_ms = round(args.interval_s * 1000)
