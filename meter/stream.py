@@ -142,7 +142,7 @@ def samples_for(gpus: Sequence[GpuSpec], readings: Mapping[str, GpuReading]) -> 
                 energy_mj=_bounded(reading.energy_mj),
                 xid_errors=_bounded(reading.xid_errors),
                 ecc_errors=_bounded(reading.ecc_errors),
-                xids=list(bounded_xids(_bounded(x) for x in reading.xids)),
+                xids=list(bounded_xids(_bounded(x) for x in reading.xids)) if reading.xids else [],
                 ecc_uncorrectable=_bounded(reading.ecc_uncorrectable),
                 retired_pages=_bounded(reading.retired_pages),
             )
