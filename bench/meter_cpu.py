@@ -9,6 +9,13 @@ interval). No assertions: it is a benchmark.
 
     python bench/meter_cpu.py [--placements 8] [--gpus 1] [--intervals 600]
                               [--kafka HOST:PORT --topic T]
+
+``--replay-events N``: instead, the trace replay's own workload (``gridledger replay``):
+the OpenB trace's first GPU tasks within N usage events, planned onto their nodes, one
+real agent per node on one simulated clock (``gridledger.replay_cluster``), ticked one
+replay step at a time; with ``--kafka`` every node's spool is shipped after each step by
+its own Shipper, all sharing one producer, as the Kafka replay does. Reports the CPU per
+event of the agents and of the shipping separately.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from meter.shipper import Shipper
 from meter.sim import SimDevice, Simulator, parse_sim_spec
 from proto.canonical import signed_bytes
 from proto.envelope import open_envelope
-from transport.kafka import KafkaSettings
+from transport.kafka import KafkaSettings, create_topic
 
 T0 = 1_700_000_000_000
 
@@ -53,6 +60,109 @@ def sign_rate(payload: bytes, seconds: float = 1.0) -> float:
     return count / (time.perf_counter() - start)
 
 
+def replay_main(args: argparse.Namespace) -> None:
+    """The ``--replay-events`` mode (module docstring)."""
+    from devtools.openb import openb_trace
+    from gridledger.placement_plan import plan_placements
+    from gridledger.replay import planned_events, select_tasks
+    from gridledger.replay_cluster import ReplayCluster
+    from gridledger.replay_limits import SEND_WINDOW_RECORDS, STEP_MS, TRACE_EPOCH_MS
+    from gridledger.replay_terms import (
+        load_price_table,
+        make_replay_cast,
+        signed_placement_terms,
+    )
+    from gridledger.trace import read_trace
+    from meter.shipper import simulated_send_ms
+    from transport.kafka import SIMULATION_TOPIC_CONFIG, make_producer
+
+    interval_ms = round(args.interval_s * 1000)
+    trace = read_trace(openb_trace())
+    # The trace's first tasks run for months: take the GPU tasks that ran, in scheduled
+    # order, each at most a twentieth of the budget, until the budget is spent.
+    tasks, budget = [], args.replay_events
+    for task in select_tasks(trace.tasks, None, max_events=None, interval_ms=interval_ms):
+        cost = planned_events((task,), interval_ms)
+        if task.ran and 0 < cost <= args.replay_events // 20 and cost <= budget:
+            tasks.append(task)
+            budget -= cost
+    plan = plan_placements(trace.nodes, tasks, epoch_ms=TRACE_EPOCH_MS, buyers=4)
+    cast, prices = make_replay_cast("openb", 4), load_price_table(None)
+    terms = {p.placement_id: signed_placement_terms(p, cast, prices)[0] for p in plan.placements}
+    start = min(p.window_start_ms for p in plan.placements)
+    end = max(p.window_end_ms for p in plan.placements)
+    steps = [start + (k + 1) * STEP_MS for k in range(-(-(end - start) // STEP_MS))]
+    settings = KafkaSettings(args.kafka, args.topic) if args.kafka else None
+    if settings is not None:
+        create_topic(args.kafka, args.topic, 8, config=SIMULATION_TOPIC_CONFIG, exist_ok=True)
+    cpu = {"agents": 0.0, "ship": 0.0}
+    wall = {"agents": 0.0, "ship": 0.0}
+    with tempfile.TemporaryDirectory(prefix="meter-bench-") as tmp:
+        cluster = ReplayCluster(
+            plan, terms, cast, prices, Path(tmp), interval_ms=interval_ms, start_ms=start
+        )
+
+        async def drive() -> int:
+            events = 0
+            producer = make_producer(settings, linger_ms=5) if settings is not None else None
+            if producer is not None:
+                await producer.start()
+            try:
+                shippers = (
+                    {
+                        node.node_id: Shipper(
+                            node.spool_dir,
+                            settings,
+                            producer=producer,
+                            collect_garbage=node.agent.collect_garbage,
+                            now_ms=cluster.clock.now_ms,
+                            batch_max_records=SEND_WINDOW_RECORDS,
+                            stamp=simulated_send_ms,
+                        )
+                        for node in cluster.nodes()
+                    }
+                    if settings is not None
+                    else {}
+                )
+                previous = 0
+                for until in steps:
+                    touched: dict[str, Shipper] = {}
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    for node, envelopes in cluster.tick_to(previous, until):
+                        events += len(envelopes)
+                        if shippers:
+                            touched[node.node_id] = shippers[node.node_id]
+                    c1, w1 = time.process_time(), time.perf_counter()
+                    await asyncio.gather(*(s.ship_available() for s in touched.values()))
+                    cpu["agents"] += c1 - c0
+                    wall["agents"] += w1 - w0
+                    cpu["ship"] += time.process_time() - c1
+                    wall["ship"] += time.perf_counter() - w1
+                    previous = until
+            finally:
+                if producer is not None:
+                    await producer.stop()
+            return events
+
+        try:
+            events = asyncio.run(drive())
+        finally:
+            cluster.close()
+    result = {
+        "mode": "replay",
+        "events": events,
+        "placements": len(plan.placements),
+        "nodes": len(plan.nodes_used),
+        "shipped_to_kafka": settings is not None,
+        "agents_cpu_us_per_event": round(cpu["agents"] / events * 1e6, 1),
+        "agents_wall_us_per_event": round(wall["agents"] / events * 1e6, 1),
+        "ship_cpu_us_per_event": round(cpu["ship"] / events * 1e6, 1),
+        "ship_wall_us_per_event": round(wall["ship"] / events * 1e6, 1),
+        "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    print(json.dumps(result, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--placements", type=int, default=8, help="streams on the node")
@@ -61,8 +171,16 @@ def main() -> None:
     parser.add_argument("--interval-s", type=float, default=60.0, help="production interval")
     parser.add_argument("--kafka", help="HOST:PORT: also ship every event (real shipper)")
     parser.add_argument("--topic", default="gridledger.bench.meter")
+    parser.add_argument(
+        "--replay-events", type=int, metavar="N", help="the replay's workload (docstring)"
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if args.replay_events is not None:
+        replay_main(args)
+        return
+    if args.kafka:  # topics are never auto-created (devtools.kafka_broker)
+        create_topic(args.kafka, args.topic, 8, exist_ok=True)
 
     cast = builders.make_cast("bench")
     interval_ms = round(args.interval_s * 1000)

@@ -40,7 +40,7 @@ from meter.limits import (
     SPOOL_SEAL_ACKED_BYTES,
 )
 from meter.metrics import MeterMetrics
-from meter.sources import GpuReading, GpuSource
+from meter.sources import GpuReading, GpuSource, PureGpuSource
 from meter.stream import (
     SealedEvent,
     StreamHead,
@@ -198,6 +198,10 @@ class Agent:
     ) -> None:
         self.config = config
         self._source = source
+        # A pure source is asked only for the GPUs of the streams due in an interval; the
+        # others are read whole, once per interval (NVML: counters since the last read).
+        self._pure_source = source if isinstance(source, PureGpuSource) else None
+        self._key_id = config.signing_key.key_id
         self._clock = clock
         self.metrics = metrics if metrics is not None else MeterMetrics()
         self._streams: list[_Stream] = []
@@ -322,16 +326,23 @@ class Agent:
         if not jobs:
             return []
         readings: dict[tuple[int, int], Mapping[str, GpuReading]] = {}
+        wanted: dict[tuple[int, int], set[str]] | None = None
+        if self._pure_source is not None:
+            wanted = {}
+            for stream, start, end in jobs:
+                wanted.setdefault((start, end), set()).update(g.uuid for g in stream.gpus)
         heads = {s.key: s.head for s in self._streams}
         sealed: list[tuple[_Stream, SealedEvent]] = []
         for stream, start, end in jobs:
             if (start, end) not in readings:
-                readings[(start, end)] = self._read_source(start, end)
+                readings[(start, end)] = self._read_source(
+                    start, end, None if wanted is None else wanted[(start, end)]
+                )
             head = heads[stream.key]
             event = build_event(
                 stream.key, head, start, end, samples_for(stream.gpus, readings[(start, end)])
             )
-            item = seal_event(event, self.config.signing_key)
+            item = seal_event(event, self.config.signing_key, self._key_id)
             heads[stream.key] = head.after(event, item.record_hash)
             sealed.append((stream, item))
         envelopes = [item.envelope for _, item in sealed]
@@ -349,10 +360,15 @@ class Agent:
         self.metrics.spool_bytes.set(self._spool.bytes_used)
         return envelopes
 
-    def _read_source(self, start_ms: int, end_ms: int) -> Mapping[str, GpuReading]:
-        """The source's readings; a failing source is counted and every GPU of the interval
-        reported unhealthy (it could not be seen), never a crash of the agent."""
+    def _read_source(
+        self, start_ms: int, end_ms: int, uuids: set[str] | None = None
+    ) -> Mapping[str, GpuReading]:
+        """The source's readings (with ``uuids``, from a pure source, of those GPUs only);
+        a failing source is counted and every GPU of the interval reported unhealthy (it
+        could not be seen), never a crash of the agent."""
         try:
+            if uuids is not None and self._pure_source is not None:
+                return self._pure_source.read_only(start_ms, end_ms, uuids)
             return self._source.read(start_ms, end_ms)
         except Exception as exc:
             self.metrics.source_errors.inc()

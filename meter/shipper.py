@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,14 +41,15 @@ from meter.limits import (
     SHIP_IDLE_POLL_S,
 )
 from meter.metrics import MeterMetrics
-from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
-from proto.envelope import open_envelope
+from proto.delivery import DELIVERY_LOG_FILE, Delivered, append_delivered
+from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
+from proto.reasons import Reason
 from proto.records import UsageEvent
-from transport.kafka import LOG_APPEND_TIME, KafkaSettings, make_producer, placement_of
+from transport.kafka import LOG_APPEND_TIME, KafkaSettings, make_producer
 from transport.limits import SHIP_ATTEMPT_TIMEOUT_S
 from transport.positions import SpoolPosition, decode_shipped, encode_shipped
-from transport.spool import read_spool
+from transport.spool import SpoolEntry, read_spool
 
 __all__ = ["SHIPPED_FILE", "Shipper", "load_shipped", "simulated_send_ms", "store_shipped"]
 
@@ -71,12 +73,53 @@ def simulated_send_ms(envelope: bytes, skew_ms: int = 0) -> int | None:
     ahead of the true time (negative: behind). None for anything but a usage event.
     """
     try:
-        record = open_envelope(envelope).record
+        record = _open(envelope).record
     except ProtoError:
         return None
     if not isinstance(record, UsageEvent):
         return None
     return max(0, record.end_ms - skew_ms)
+
+
+_last_opened: list[tuple[bytes, Opened]] = []
+
+
+def _open(envelope: bytes) -> Opened:
+    """``open_envelope``, remembering the last envelope opened: the shipper opens each
+    record once for its key and delivery line, and a ``stamp`` function
+    (``simulated_send_ms``) asked next about the same bytes object gets it again."""
+    if _last_opened and _last_opened[0][0] is envelope:
+        return _last_opened[0][1]
+    opened = open_envelope(envelope)
+    _last_opened[:] = [(envelope, opened)]
+    return opened
+
+
+def _placement_id(opened: Opened) -> str:
+    """``transport.kafka.placement_of`` of an opened envelope."""
+    placement_id = getattr(opened.record, "placement_id", None)
+    if not isinstance(placement_id, str):
+        raise ProtoError(
+            Reason.KIND_MISMATCH, f"a {type(opened.record).__name__} has no placement_id"
+        )
+    return placement_id
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """A record handed to the producer: its stated time, the index of its acknowledgement,
+    and for a usage event its delivery line's fields (input hash, node, placement, seq)."""
+
+    stamp: int | None
+    ack: int
+    usage: tuple[str, str, str, int] | None
+
+
+def _usage_line(opened: Opened) -> tuple[str, str, str, int] | None:
+    record = opened.record
+    if not isinstance(record, UsageEvent):
+        return None
+    return (opened.input_hash, record.node_id, record.placement_id, record.seq)
 
 
 def store_shipped(spool_dir: Path, position: SpoolPosition) -> None:
@@ -177,60 +220,85 @@ class Shipper:
                 return shipped
             producer = await self._ensure_producer()
             async with asyncio.timeout(self._attempt_timeout_s):
-                futures = []
-                sent: list[bytes] = []
-                stamps: list[int | None] = []
-                for entry in entries:
-                    try:
-                        key = placement_of(entry.data)
-                    except ProtoError as exc:
-                        # Not attributable to a placement: it cannot be keyed. Counted and
-                        # logged; it stays in the spool as evidence.
-                        self.metrics.records_skipped.labels(reason=exc.reason.value).inc()
-                        _log.error(
-                            "spool_record_unshippable",
-                            position=str(entry.position),
-                            reason=exc.reason.value,
-                        )
-                        continue
-                    stamp = None if self._stamp is None else self._stamp(entry.data)
-                    futures.append(
-                        await producer.send(
-                            self._settings.topic,
-                            value=entry.data,
-                            key=key.encode(),
-                            timestamp_ms=stamp,
-                        )
-                    )
-                    sent.append(entry.data)
-                    stamps.append(stamp)
-                acks = await asyncio.gather(*futures)
+                sent, acks = await self._send(producer, entries)
             # Acknowledged: the delivery log (for the operator's witness) first, then the
             # position. A crash between the two re-sends and logs again; readers dedupe.
-            self._log_delivered(
-                sent,
-                [
-                    stated if (logged := _log_append_ms(ack)) is None else logged
-                    for ack, stated in zip(acks, stamps, strict=True)
-                ],
-            )
+            self._log_delivered(sent, acks)
             self._acked = entries[-1].next_position
             store_shipped(self._spool_dir, self._acked)
-            shipped += len(futures)
-            self.metrics.events_shipped.inc(len(futures))
+            shipped += len(sent)
+            self.metrics.events_shipped.inc(len(sent))
             if self._collect_garbage is not None:
                 self._collect_garbage(self._acked)
 
-    def _log_delivered(self, sent: list[bytes], log_times: list[int | None]) -> None:
+    async def _send(
+        self, producer: Any, entries: list[SpoolEntry]
+    ) -> tuple[list[_Sent], list[Any]]:
+        """Send ``entries`` in spool order and await every acknowledgement: (what was sent,
+        its acknowledgements, one per record sent).
+
+        Each envelope is opened once (key, stated time, delivery line). The partition is
+        the producer's default partitioner's (murmur2 of the key, what ``send`` would
+        choose itself), computed once per key and batch of entries, not once per record.
+        """
+        from aiokafka.partitioner import DefaultPartitioner
+
+        partitioner = DefaultPartitioner()
+        topic = self._settings.topic
+        partitions = sorted(await producer.partitions_for(topic))
+        partition_of: dict[bytes, int] = {}
+        futures: list[Any] = []
+        sent: list[_Sent] = []
+        for entry in entries:
+            try:
+                opened = _open(entry.data)
+                placement_id = _placement_id(opened)
+            except ProtoError as exc:
+                # Not attributable to a placement: it cannot be keyed. Counted and logged;
+                # it stays in the spool as evidence.
+                self.metrics.records_skipped.labels(reason=exc.reason.value).inc()
+                _log.error(
+                    "spool_record_unshippable",
+                    position=str(entry.position),
+                    reason=exc.reason.value,
+                )
+                continue
+            key = placement_id.encode()
+            stamp = None if self._stamp is None else self._stamp(entry.data)
+            partition = partition_of.get(key)
+            if partition is None:
+                partition = partition_of[key] = partitioner(key, partitions, partitions)
+            futures.append(
+                await producer.send(
+                    topic, value=entry.data, key=key, partition=partition, timestamp_ms=stamp
+                )
+            )
+            sent.append(_Sent(stamp, len(futures) - 1, _usage_line(opened)))
+        acks = list(await asyncio.gather(*futures))
+        return sent, acks
+
+    def _log_delivered(self, sent: list[_Sent], acks: list[Any]) -> None:
         now_ms = self._now_ms()
         lines = []
-        for data, log_ms in zip(sent, log_times, strict=True):
-            try:
-                # The broker's log-append time when the topic keeps one (SPEC §8.3: time
-                # from the log); the time a simulation stated; else the agent's clock.
-                lines.append(delivered_usage(data, now_ms if log_ms is None else log_ms))
-            except (ProtoError, ValueError):
+        for item in sent:
+            if item.usage is None:
                 continue  # not a usage event: nothing a node witness tracks
+            input_hash, node_id, placement_id, seq = item.usage
+            # The broker's log-append time when the topic keeps one (SPEC §8.3: time from
+            # the log); the time a simulation stated; else the agent's clock. (The line
+            # ``proto.delivery.delivered_usage`` makes, from the envelope opened once.)
+            logged = _log_append_ms(acks[item.ack])
+            stated = item.stamp if logged is None else logged
+            lines.append(
+                Delivered(
+                    delivered_at_ms=now_ms if stated is None else stated,
+                    input_hash=input_hash,
+                    kind="usage",
+                    node_id=node_id,
+                    placement_id=placement_id,
+                    seq=seq,
+                )
+            )
         append_delivered(self._spool_dir / DELIVERY_LOG_FILE, lines)
 
     async def run(self, stop: asyncio.Event, *, drain_timeout_s: float) -> bool:

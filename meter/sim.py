@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -79,6 +79,9 @@ class _Evidence:
     retired_pages: int  # cumulative: every retire fault at or before the interval
     retired_now: bool  # a page was retired during the interval
     no_power: bool
+
+
+_NO_EVIDENCE: Final = _Evidence((), 0, 0, False, False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +231,13 @@ class Simulator:
                 )
         self._spec = spec
         self._epoch_ms = epoch_ms
+        # Without any fault every device is present and healthy and its evidence empty:
+        # the hot path of long simulations (the trace replay) skips the fault scans.
+        self._faulty = bool(
+            spec.unhealthy or spec.vanish or spec.xid or spec.ecc or spec.retire or spec.nopower
+        )
+        # A device's typical load: fixed per (seed, device), drawn once.
+        self._base: dict[str, int] = {}
 
     @property
     def devices(self) -> tuple[SimDevice, ...]:
@@ -236,16 +246,27 @@ class Simulator:
 
     def read(self, start_ms: int, end_ms: int) -> Mapping[str, GpuReading]:
         """Readings over [start_ms, end_ms): a pure function of seed, device and interval."""
+        return self.read_only(start_ms, end_ms, None)
+
+    def read_only(
+        self, start_ms: int, end_ms: int, uuids: Collection[str] | None
+    ) -> Mapping[str, GpuReading]:
+        """``read`` for the devices in ``uuids`` only (None: every device). Each reading is
+        a pure function of (seed, device, interval), so a device's reading is the same
+        whether or not the others are read with it."""
         rel_start, rel_end = start_ms - self._epoch_ms, end_ms - self._epoch_ms
         readings: dict[str, GpuReading] = {}
+        spec = self._spec
         for device in self._devices:
-            if any(
-                f.uuid == device.uuid and f.overlaps(rel_start, rel_end) for f in self._spec.vanish
-            ):
+            if uuids is not None and device.uuid not in uuids:
+                continue
+            if not self._faulty:
+                readings[device.uuid] = self._reading(device, start_ms, end_ms, sick=False)
+                continue
+            if any(f.uuid == device.uuid and f.overlaps(rel_start, rel_end) for f in spec.vanish):
                 continue
             sick = any(
-                f.uuid == device.uuid and f.overlaps(rel_start, rel_end)
-                for f in self._spec.unhealthy
+                f.uuid == device.uuid and f.overlaps(rel_start, rel_end) for f in spec.unhealthy
             )
             readings[device.uuid] = self._reading(device, start_ms, end_ms, sick=sick)
         return readings
@@ -273,10 +294,17 @@ class Simulator:
     def _reading(self, device: SimDevice, start_ms: int, end_ms: int, *, sick: bool) -> GpuReading:
         # The device's character (its typical load) is fixed per seed; each interval draws
         # its own variation from a generator of its own.
-        base = random.Random(f"{self._spec.seed}/{device.uuid}").randint(35, 95)
+        base = self._base.get(device.uuid)
+        if base is None:
+            base = random.Random(f"{self._spec.seed}/{device.uuid}").randint(35, 95)
+            self._base[device.uuid] = base
         rng = random.Random(f"{self._spec.seed}/{device.uuid}/{start_ms}/{end_ms}")
         utilisation = min(100, max(0, base + rng.randint(-10, 10)))
-        evidence = self._evidence(device.uuid, start_ms - self._epoch_ms, end_ms - self._epoch_ms)
+        evidence = (
+            self._evidence(device.uuid, start_ms - self._epoch_ms, end_ms - self._epoch_ms)
+            if self._faulty
+            else _NO_EVIDENCE
+        )
         if sick or evidence.no_power:
             utilisation = 0
         power_mw = IDLE_POWER_MW + POWER_PER_PCT_MW * utilisation + rng.randint(0, 5_000)

@@ -8,13 +8,13 @@ placements: the agent picks the GPUs the signed terms give to each placement, ma
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
 from proto import limits as proto_limits
 
-__all__ = ["CRITICAL_XIDS", "GpuReading", "GpuSource", "bounded_xids"]
+__all__ = ["CRITICAL_XIDS", "GpuReading", "GpuSource", "PureGpuSource", "bounded_xids"]
 
 # SPEC §7.1.1: the XIDs that make a sample unhealthy whatever its flag.
 CRITICAL_XIDS: Final = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
@@ -70,4 +70,17 @@ class GpuSource(Protocol):
 
     def close(self) -> None:
         """Release the device library."""
+        ...
+
+
+@runtime_checkable
+class PureGpuSource(GpuSource, Protocol):
+    """A source whose every reading is a pure function of (device, interval) (the
+    simulator; not NVML, whose counters are deltas since the previous read): it can be
+    asked for some devices only, and the agent asks for the GPUs its streams need."""
+
+    def read_only(
+        self, start_ms: int, end_ms: int, uuids: Collection[str] | None
+    ) -> Mapping[str, GpuReading]:
+        """``read`` for the devices in ``uuids`` only (None: every device)."""
         ...

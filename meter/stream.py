@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from meter.sources import GpuReading, bounded_xids
 from proto import limits as proto_limits
 from proto.canonical import signed_bytes
-from proto.envelope import encode_envelope, sha256_hex, sign_payload
+from proto.envelope import Envelope, Signature, encode_envelope, sha256_hex, sign_payload
 from proto.keys import SigningKey
 from proto.records import ZERO_HASH, GpuSample, GpuSpec, PlacementTerms, UsageEvent
 
@@ -142,7 +142,7 @@ def samples_for(gpus: Sequence[GpuSpec], readings: Mapping[str, GpuReading]) -> 
                 energy_mj=_bounded(reading.energy_mj),
                 xid_errors=_bounded(reading.xid_errors),
                 ecc_errors=_bounded(reading.ecc_errors),
-                xids=list(bounded_xids(_bounded(x) for x in reading.xids)),
+                xids=list(bounded_xids(_bounded(x) for x in reading.xids)) if reading.xids else [],
                 ecc_uncorrectable=_bounded(reading.ecc_uncorrectable),
                 retired_pages=_bounded(reading.retired_pages),
             )
@@ -169,8 +169,17 @@ def build_event(
     )
 
 
-def seal_event(event: UsageEvent, key: SigningKey) -> SealedEvent:
-    """Sign the event with the node key: envelope bytes and record hash."""
+def seal_event(event: UsageEvent, key: SigningKey, key_id: str | None = None) -> SealedEvent:
+    """Sign the event with the node key: envelope bytes and record hash.
+
+    ``key_id``: the key's id (``key.key_id``) when the caller knows it: the agent signs
+    every event with the same key, and deriving the id takes a public key and a hash.
+    The envelope is ``sign_payload(payload, [key])``'s: one signature, by that key.
+    """
     payload = signed_bytes(event)
-    envelope = encode_envelope(sign_payload(payload, [key]))
+    if key_id is None:
+        envelope = encode_envelope(sign_payload(payload, [key]))
+    else:
+        signature = Signature(keyid=key_id, sig=key.sign(payload))
+        envelope = encode_envelope(Envelope(payload=payload, signatures=[signature]))
     return SealedEvent(event, envelope, sha256_hex(payload))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,8 +14,9 @@ from devtools import builders
 from meter.agent import HEADS_FILE, Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock, SkewedClock
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
-from meter.stream import node_gpus
-from proto.envelope import open_envelope, require_signatures
+from meter.sources import GpuReading
+from meter.stream import node_gpus, seal_event
+from proto.envelope import open_envelope, require_signatures, seal
 from proto.keys import key_id
 from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
 from transport.positions import SpoolPosition
@@ -447,3 +448,111 @@ def test_a_failing_source_is_counted_not_fatal(tmp_path: Path) -> None:
     agent.close()
     assert all(not s.healthy for e in events["p1"] for s in e.samples)
     assert agent.metrics.snapshot()["meter_source_errors_total"] == 2
+
+
+# ---- reading only the GPUs due ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "seed=5",
+        "seed=5,gpus=4,unhealthy=GPU-a@60000-180000,vanish=GPU-b@120000,xid=79/GPU-a@0-60000,"
+        "ecc=GPU-b@0-60000,retire=GPU-a@30000,nopower=GPU-c@60000-120000",
+    ],
+)
+def test_simulator_reads_some_devices_as_it_reads_all(spec: str) -> None:
+    devices = [SimDevice(f"GPU-{c}", "A100", 81920) for c in "abc"]
+    simulator = Simulator(parse_sim_spec(spec), devices, T0)
+    for i in range(6):
+        start, end = T0 + i * MINUTE_MS, T0 + (i + 1) * MINUTE_MS
+        whole = simulator.read(start, end)
+        assert simulator.read_only(start, end, None) == whole
+        for uuid in ("GPU-a", "GPU-b", "GPU-c"):
+            assert simulator.read_only(start, end, {uuid}) == (
+                {uuid: whole[uuid]} if uuid in whole else {}
+            )
+    # A fresh simulator asked in another order, and device by device, agrees (no state).
+    other = Simulator(parse_sim_spec(spec), devices, T0)
+    late = other.read_only(T0 + 5 * MINUTE_MS, T0 + 6 * MINUTE_MS, {"GPU-c"})
+    assert late == {
+        k: v
+        for k, v in simulator.read(T0 + 5 * MINUTE_MS, T0 + 6 * MINUTE_MS).items()
+        if k == "GPU-c"
+    }
+
+
+class _Plain:
+    """A source with ``read`` only: the agent reads every device."""
+
+    def __init__(self, inner: Simulator) -> None:
+        self.inner = inner
+        self.calls: list[tuple[int, int]] = []
+
+    def read(self, start_ms: int, end_ms: int) -> Mapping[str, GpuReading]:
+        self.calls.append((start_ms, end_ms))
+        return self.inner.read(start_ms, end_ms)
+
+    def close(self) -> None:
+        pass
+
+
+class _Pure(_Plain):
+    """A pure source: the agent asks for the GPUs due."""
+
+    def __init__(self, inner: Simulator) -> None:
+        super().__init__(inner)
+        self.asked: list[tuple[int, int, frozenset[str]]] = []
+
+    def read_only(
+        self, start_ms: int, end_ms: int, uuids: Collection[str] | None
+    ) -> Mapping[str, GpuReading]:
+        assert uuids is not None
+        self.asked.append((start_ms, end_ms, frozenset(uuids)))
+        return self.inner.read_only(start_ms, end_ms, uuids)
+
+
+def test_a_pure_source_is_asked_for_the_gpus_due_only(tmp_path: Path) -> None:
+    cast, terms = _scenario()
+    devices = [SimDevice(f"GPU-n1-{i}", "A100", 81920) for i in range(4)]  # GPU-n1-3: unused
+    spec = parse_sim_spec("seed=9,unhealthy=GPU-n1-2@300000-600000")
+    runs = []
+    sources = (_Plain(Simulator(spec, devices, T0)), _Pure(Simulator(spec, devices, T0)))
+    for name, source in zip(("plain", "pure"), sources, strict=True):
+        clock = SimClock(T0)
+        config = AgentConfig("n1", cast.node_key("n1"), tuple(terms), tmp_path / name)
+        agent = Agent(config, source, clock)
+        clock.advance(HOUR_MS)
+        runs.append(agent.tick())
+        agent.close()
+    plain, pure = sources
+    assert isinstance(pure, _Pure)
+    # The same signed bytes either way.
+    assert runs[0] == runs[1] and len(runs[0]) == 80
+    assert pure.calls == []  # never a whole read
+    # One read per interval either way: p1's 60, p2's 20 (its grid is 30 s off p1's).
+    assert sorted(plain.calls) == sorted((s, e) for s, e, _ in pure.asked)
+    assert len(pure.asked) == 80
+    for start, end, uuids in pure.asked:
+        if (start - T0) % MINUTE_MS == 0:
+            assert uuids == {"GPU-n1-0", "GPU-n1-1"}, (start, end)  # p1 on this node
+        else:
+            assert uuids == {"GPU-n1-2"}, (start, end)  # p2
+    assert all("GPU-n1-3" not in u for _, _, u in pure.asked)
+
+
+def test_a_sealed_event_is_the_same_with_a_known_key_id(tmp_path: Path) -> None:
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock)
+    clock.advance(5 * MINUTE_MS)
+    envelopes = agent.tick()
+    agent.close()
+    key = _scenario()[0].node_key("n1")
+    for envelope in envelopes:
+        event = open_envelope(envelope).record
+        assert isinstance(event, UsageEvent)
+        fast = seal_event(event, key, key.key_id)
+        assert fast == seal_event(event, key)
+        assert fast.envelope == envelope == seal(event, [key])
+    wrong = seal_event(event, key, "0" * 16)  # the id is taken as given: callers pass the key's
+    assert open_envelope(wrong.envelope).envelope.signatures[0].keyid == "0" * 16

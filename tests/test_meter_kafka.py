@@ -23,13 +23,22 @@ from devtools.kafka_broker import KafkaBroker
 from devtools.scenario import write_meter_setup
 from meter.agent import HEADS_FILE, Agent, AgentConfig
 from meter.clock import SimClock
-from meter.shipper import Shipper, load_shipped
+from meter.shipper import Shipper, load_shipped, simulated_send_ms
 from meter.sim import SimDevice, Simulator, parse_sim_spec
+from proto.delivery import DELIVERY_LOG_FILE, delivered_usage, read_delivered
 from proto.envelope import open_envelope, require_signatures
 from proto.errors import ProtoError
 from proto.keys import key_id
 from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
-from transport.kafka import KafkaSettings, publish_kafka
+from transport.kafka import (
+    LOG_APPEND_TIME,
+    SIMULATION_TOPIC_CONFIG,
+    KafkaSettings,
+    create_topic,
+    make_producer,
+    placement_of,
+    publish_kafka,
+)
 from transport.local import publish_local
 from transport.spool import list_segments, read_spool
 
@@ -395,3 +404,96 @@ def test_publish_kafka_and_local(
     assert len(positions) == 2
     with pytest.raises(ValueError):
         publish_local(tmp_path, "../escape", envelopes)
+
+
+async def _consume_placed(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes, int, int]]:
+    """Every (partition, key, value, timestamp, timestamp type) of the topic."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
+        end = await consumer.end_offsets(tps)
+        out: list[tuple[int, bytes, bytes, int, int]] = []
+        async with asyncio.timeout(CONSUME_TIMEOUT_S):
+            while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+                batches = await consumer.getmany(timeout_ms=500)
+                for tp, records in batches.items():
+                    out.extend(
+                        (tp.partition, r.key, r.value, r.timestamp, r.timestamp_type)
+                        for r in records
+                    )
+        return out
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.parametrize("simulated", [False, True])
+def test_shipper_partitions_and_delivery_lines_are_the_producers_own(
+    tmp_path: Path, kafka_bootstrap: str, tmp_topic: Callable[..., str], simulated: bool
+) -> None:
+    """The shipper opens each envelope once and picks the partition itself: every record
+    lands where the producer's own ``send`` puts its key, in spool order per partition,
+    and each delivery line is ``delivered_usage`` of the envelope at the time the log
+    keeps (LogAppendTime topic) or the time the simulation stated (CreateTime topic)."""
+    cast = builders.make_cast("meter-kafka")
+    terms = [
+        builders.make_terms(cast, f"kq{i}", [builders.gpu("n1", i)], T0, T0 + 30 * MINUTE_MS)
+        for i in range(8)
+    ]
+    if simulated:
+        topic = tmp_topic(create=False)
+        create_topic(kafka_bootstrap, topic, PARTITIONS, config=SIMULATION_TOPIC_CONFIG)
+    else:
+        topic = tmp_topic(PARTITIONS)
+    clock = SimClock(T0)
+    agent = _in_process_agent(tmp_path, clock, terms)
+    clock.advance(30 * MINUTE_MS)
+    envelopes = agent.tick()
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=topic)
+    stamp = simulated_send_ms if simulated else None
+
+    async def ship_and_probe() -> tuple[int, dict[bytes, int]]:
+        shipper = Shipper(tmp_path / "spool", settings, now_ms=clock.now_ms, stamp=stamp)
+        producer = make_producer(settings)
+        await producer.start()
+        try:
+            shipped = await shipper.ship_available()
+            probe = tmp_topic(PARTITIONS)  # where the producer itself puts each key
+            placed = {}
+            for t in terms:
+                key = t.placement_id.encode()
+                ack = await (await producer.send(probe, value=b"x", key=key))
+                placed[key] = ack.partition
+            return shipped, placed
+        finally:
+            await shipper.close()
+            await producer.stop()
+
+    shipped, placed = asyncio.run(ship_and_probe())
+    agent.close()
+    assert shipped == len(envelopes) == 8 * 30
+    assert len(set(placed.values())) > 1  # the keys spread: the check below can fail
+    records = asyncio.run(_consume_placed(kafka_bootstrap, topic))
+    assert sorted(r[2] for r in records) == sorted(envelopes)
+    for partition, key, value, _, _ in records:
+        assert partition == placed[key]
+        assert placement_of(value) == key.decode()
+    spool_order = {e: i for i, e in enumerate(envelopes)}
+    for p in range(PARTITIONS):
+        order = [spool_order[r[2]] for r in records if r[0] == p]
+        assert order == sorted(order)
+    log_time = {r[2]: r[3] for r in records}
+    expected = [
+        delivered_usage(e, simulated_send_ms(e) if simulated else log_time[e]) for e in envelopes
+    ]
+    if simulated:
+        assert all(r[4] == 0 for r in records)  # CreateTime: what the shipper stated
+        assert all(log_time[e] == simulated_send_ms(e) for e in envelopes)
+    else:
+        assert all(r[4] == LOG_APPEND_TIME for r in records)
+    assert list(read_delivered(tmp_path / "spool" / DELIVERY_LOG_FILE)) == expected
