@@ -124,12 +124,38 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     started: list[Any] = []
     real = replay._LedgerProcess.__init__
 
-    def spy(self: Any, *args: Any) -> None:
-        real(self, *args)
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
         started.append(self.process)
 
+    # Overlap: exports are handed to the verifier while steps still run (before the
+    # ledger is told to stop), and the replay process never opens the store itself.
+    events: list[str] = []
+    real_submit, real_step = replay._Verdicts.submit, replay._LedgerProcess.step
+
+    def submit(self: Any, placement: Any) -> None:
+        events.append("submit")
+        real_submit(self, placement)
+
+    async def step(self: Any, until_ms: int, records: int) -> None:
+        events.append("step")
+        await real_step(self, until_ms, records)
+
+    def no_store(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the replay process opened the store")
+
     monkeypatch.setattr(replay._LedgerProcess, "__init__", spy)
-    split = _kafka_run(tmp_path / "split", kafka_bootstrap, ledger_process=True)
+    monkeypatch.setattr(replay._Verdicts, "submit", submit)
+    monkeypatch.setattr(replay._LedgerProcess, "step", step)
+    with monkeypatch.context() as inside:
+        inside.setattr(replay, "Store", no_store)
+        split = _kafka_run(tmp_path / "split", kafka_bootstrap, ledger_process=True)
+    assert events.count("submit") == 10
+    # The excerpt's first task runs for months: the others close, are exported by the
+    # ledger process and handed to the verifier before the replay sends the last step.
+    last_step = len(events) - 1 - events[::-1].index("step")
+    assert events[:last_step].count("submit") >= 5, events
+    assert split.seconds["export"] > 0
     assert len(started) == 1
     (process,) = started
     assert not process.is_alive() and process.exitcode == 0  # ended cleanly, told to
