@@ -19,7 +19,11 @@
    with the verifier against ``DIR/trust.json``; a verified export is then removed unless
    ``keep_exports`` (``--keep-exports``): the store holds everything and writes any
    placement's export again on demand (``gridledger ledger export``), and a failed one
-   is kept for inspection.
+   is kept for inspection. Over Kafka with the ledger in a process of its own (the
+   default), this runs beside the steps: the ledger process exports each placement
+   right after the step that closed it, the replay hands the export to the verifier's
+   workers at once and counts the verdict when it comes; the replay process never opens
+   the store.
 6. Report: placements, events, delivered GPU-hours (total, by QoS, by GPU model), gross,
    fees and what each side owes or receives, the verdicts — and the trace's own GPU-hours
    computed from the CSV, which the delivered total must equal exactly.
