@@ -220,3 +220,37 @@ def test_a_verified_export_is_removed_unless_kept_and_a_failed_one_is_kept(
     assert run.report.exports_kept == (2 if keep else 1)
     assert run.report.verified == 1 and run.report.failed == [("pl-bad", "CHAIN_BROKEN")]
     assert run.report.delivered_mgms == 7
+
+
+def test_the_verifier_queue_counts_what_the_ledger_process_exported_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the ledger process names after a step: an export not written is a named
+    failure, an unknown or repeated placement is ignored, a written one is verified
+    (here a file that is no export: a failed verdict, kept), at most
+    MAX_VERIFY_IN_FLIGHT out at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 1)
+    exports = tmp_path / "run" / "exports"
+    exports.mkdir(parents=True)
+    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
+    placements = [
+        SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
+        for p in ("pl-a", "pl-b", "pl-c")
+    ]
+    for p in placements[1:]:
+        (exports / f"{p.placement_id}.duckdb").write_bytes(b"not an export")
+    with ThreadPoolExecutor(1) as pool:
+        verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
+        verdicts.exported([("pl-a", "no accepted terms"), ("pl-zz", ""), ("pl-b", "")])
+        assert len(verdicts.pending) <= 1
+        verdicts.exported([("pl-a", ""), ("pl-b", ""), ("pl-c", "")])  # pl-a, pl-b again
+        assert len(verdicts.pending) <= 1
+        verdicts.drain()
+    assert verdicts.handed == {"pl-a", "pl-b", "pl-c"}
+    failed = dict(run.report.failed)
+    assert failed.keys() == {"pl-a", "pl-b", "pl-c"}
+    assert failed["pl-a"] == "not exported: no accepted terms"
+    assert failed["pl-b"] and failed["pl-c"]  # the verifier's reason, named
+    assert run.report.verified == 0 and run.report.exports_kept == 2
