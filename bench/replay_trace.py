@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         "verifier_events_per_s": round(verifier_rate),
         "verifier_vs_two_core_limit": round(verifier_rate / limit_two, 3),
         "peak_rss_mib": round(report.peak_rss_mib),
+        "peak_rss_mib_by_process": {
+            k: round(v) for k, v in sorted(report.peak_rss_mib_by_process.items())
+        },
         "seconds": {k: round(v, 1) for k, v in report.seconds.items()},
         "stage_events_per_s": stage_rates(report.events_accepted, report.seconds),
         "report": report.to_json(),
@@ -254,6 +257,7 @@ def run_prefixes(args: argparse.Namespace) -> int:
                 "placements": result["placements"],
                 "wall_s": round(wall, 1),
                 "peak_rss_mib": result["peak_rss_mib"],
+                "peak_rss_mib_by_process": result.get("peak_rss_mib_by_process", {}),
                 "stage_events_per_s": result["stage_events_per_s"],
                 "seconds": result["seconds"],
                 "ok": done.returncode == 0,
@@ -261,7 +265,10 @@ def run_prefixes(args: argparse.Namespace) -> int:
             rows.append(row)
             print(
                 f"prefix {percent:3d}%: {row['events']:,} events, {row['placements']:,} "
-                f"placements, {wall:,.1f} s wall, peak RSS {row['peak_rss_mib']} MiB, "
+                f"placements, {wall:,.1f} s wall, peak RSS {row['peak_rss_mib']} MiB "
+                + "("
+                + ", ".join(f"{k} {v}" for k, v in row["peak_rss_mib_by_process"].items())
+                + "), "
                 + ", ".join(f"{k} {v:,.0f}/s" for k, v in row["stage_events_per_s"].items())
                 + ("" if row["ok"] else " FAIL"),
                 file=sys.stderr if args.json else sys.stdout,
@@ -290,8 +297,13 @@ def plot_prefixes(rows: list[dict[str, Any]], out: Path, interval_s: int) -> Non
     wall.plot(events, [r["wall_s"] for r in rows], marker="o")
     wall.set_title("wall time")
     wall.set_ylabel("s")
-    rss.plot(events, [r["peak_rss_mib"] for r in rows], marker="o", color="tab:red")
-    rss.set_title("peak RSS (replay and its children)")
+    rss.plot(events, [r["peak_rss_mib"] for r in rows], marker="o", color="tab:red", label="all")
+    for name in ("replay", "ledger"):
+        values = [r.get("peak_rss_mib_by_process", {}).get(name) for r in rows]
+        if all(v is not None for v in values):
+            rss.plot(events, values, marker="o", label=name)
+    rss.legend()
+    rss.set_title("peak RSS (replay and its children; each process)")
     rss.set_ylabel("MiB")
     rss.set_ylim(bottom=0)
     for stage in STAGES:

@@ -19,7 +19,11 @@
    with the verifier against ``DIR/trust.json``; a verified export is then removed unless
    ``keep_exports`` (``--keep-exports``): the store holds everything and writes any
    placement's export again on demand (``gridledger ledger export``), and a failed one
-   is kept for inspection.
+   is kept for inspection. Over Kafka with the ledger in a process of its own (the
+   default), this runs beside the steps: the ledger process exports each placement
+   right after the step that closed it, the replay hands the export to the verifier's
+   workers at once and counts the verdict when it comes; the replay process never opens
+   the store.
 6. Report: placements, events, delivered GPU-hours (total, by QoS, by GPU model), gross,
    fees and what each side owes or receives, the verdicts — and the trace's own GPU-hours
    computed from the CSV, which the delivered total must equal exactly.
@@ -95,6 +99,7 @@ from ledger.store import Store
 from meter.durable import write_atomic
 from meter.shipper import Shipper, simulated_send_ms
 from proto.invariant import present
+from proto.keys import SigningKey
 from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms
 from proto.trust import TrustFile, dump_trust
@@ -636,33 +641,20 @@ class _ReplayRun:
         )
         steps = self.steps(plan)
         db = self.workdir / "ledger.duckdb"
-        ledger: _InProcessLedger | _LedgerProcess
         if self.options.ledger_process:
-            ledger = _LedgerProcess(
-                _LedgerJob(
-                    db=str(db),
-                    seed=self.options.seed,
-                    buyers=self.options.buyers,
-                    bootstrap=bootstrap,
-                    topic=self.options.topic,
-                    max_commands=len(steps) + 1,
-                ),
-                self.seconds,
-            )
-        else:
-            ledger = _InProcessLedger(
-                Store(db, ledger_public_key=self.cast.ledger.public_key),
-                self.cast,
-                settings,
-                self.seconds,
-            )
+            await self.kafka_with_ledger_process(plan, steps, settings)
+            return
+        ledger = _InProcessLedger(
+            Store(db, ledger_public_key=self.cast.ledger.public_key),
+            self.cast,
+            settings,
+            self.seconds,
+        )
         try:
             await self.kafka_steps(plan, steps, settings, ledger)
             await ledger.stop()
         finally:
             await ledger.close()
-        if isinstance(ledger, _LedgerProcess):
-            self.report.peak_rss_mib_by_process["ledger"] = ledger.peak_rss_mib
         # Not a process: the part of the ledger's RSS that is its store's DuckDB memory
         # (the buffer pool grows with the store up to ledger.limits.STORE_MEMORY_LIMIT).
         self.report.peak_rss_mib_by_process["ledger_duckdb"] = ledger.duckdb_peak_mib
@@ -672,14 +664,54 @@ class _ReplayRun:
         finally:
             store.close()
 
+    async def kafka_with_ledger_process(
+        self, plan: Plan, steps: Sequence[int], settings: KafkaSettings
+    ) -> None:
+        """Steps 4-6 over Kafka with the ledger in a process of its own, overlapped: the
+        ledger process exports each placement closed by a step right after that step,
+        and the replay hands the export to the verifier's workers at once (at most
+        MAX_VERIFY_IN_FLIGHT out) and counts verdicts as they come in, while the agents,
+        shippers and ledger go on with the next steps. The replay process never opens
+        the store (DuckDB): its memory does not grow with the store."""
+        exports = self.reset_exports()
+        job = _LedgerJob(
+            db=str(self.workdir / "ledger.duckdb"),
+            seed=self.options.seed,
+            buyers=self.options.buyers,
+            bootstrap=settings.bootstrap,
+            topic=self.options.topic,
+            max_commands=len(steps) + 1,
+            exports=str(exports),
+        )
+        with self.verify_pool() as pool:
+            verdicts = _Verdicts(self, exports, pool, plan.placements)
+            ledger = _LedgerProcess(job, self.seconds, on_exported=verdicts.exported)
+            try:
+                await self.kafka_steps(plan, steps, settings, ledger, verdicts)
+                await ledger.stop()
+            finally:
+                await ledger.close()
+            self.report.peak_rss_mib_by_process["ledger"] = ledger.peak_rss_mib
+            self.report.peak_rss_mib_by_process["ledger_duckdb"] = ledger.duckdb_peak_mib
+            self.report.events_accepted, self.report.inputs_rejected = ledger.counts
+            started = time.perf_counter()  # what is left after the last step
+            verdicts.drain()
+            self.seconds["export_and_verify"] = time.perf_counter() - started
+        for placement in plan.placements:
+            if placement.placement_id not in verdicts.handed:
+                self.report.failed.append((placement.placement_id, "never closed"))
+        self.sum_up()
+
     async def kafka_steps(
         self,
         plan: Plan,
         steps: Sequence[int],
         settings: KafkaSettings,
         ledger: _InProcessLedger | _LedgerProcess,
+        verdicts: _Verdicts | None = None,
     ) -> None:
-        """Step 4 over Kafka: terms, agents, shippers; the ledger told each step's end."""
+        """Step 4 over Kafka: terms, agents, shippers; the ledger told each step's end
+        (``verdicts``: the verifier's queue the ledger process's exports go to)."""
         cluster = self.cluster(plan, self.workdir / "spools")
         producer = make_producer(settings, linger_ms=5)
         try:
@@ -735,6 +767,8 @@ class _ReplayRun:
                 await ledger.step(until, resent + shipped + len(starting))
                 resent = 0
                 previous = until
+                if verdicts is not None:
+                    verdicts.settle_ready()
                 progress.step(
                     self.report.events_generated, day, len(steps), lag=ledger.lag_records()
                 )
@@ -749,22 +783,9 @@ class _ReplayRun:
     def finish(self, plan: Plan, store: Store) -> None:
         """Export the closed placements, EXPORT_CHUNK at a time with ``export_all``, and
         verify each export in worker processes while the next chunk is written."""
-        exports = self.workdir / "exports"
-        if exports.exists():
-            shutil.rmtree(exports)
-        exports.mkdir(parents=True)
-        counts = store.query("SELECT status, count(*) FROM records WHERE kind = 'usage' GROUP BY 1")
-        self.report.events_accepted = {str(s): int(n) for s, n in counts}.get("accepted", 0)
-        self.report.inputs_rejected = int(
-            store.query("SELECT count(*) FROM records WHERE status = 'rejected'")[0][0]
-        )
-        closed = {
-            str(row[0])
-            for row in store.query(
-                "SELECT DISTINCT placement_id FROM records "
-                "WHERE kind = 'closed' AND status = 'accepted'"
-            )
-        }
+        exports = self.reset_exports()
+        self.report.events_accepted, self.report.inputs_rejected = store_counts(store)
+        closed = closed_placements(store)
         to_export: list[Placement] = []
         for placement in plan.placements:
             if placement.placement_id in closed:
@@ -772,11 +793,9 @@ class _ReplayRun:
             else:
                 self.report.failed.append((placement.placement_id, "never closed"))
         del closed
-        trust = dump_trust(self.cast.trust())
         started = time.perf_counter()
-        context = multiprocessing.get_context("spawn")  # never fork a process holding DuckDB
-        pending: deque[tuple[Placement, Future[VerifySummary]]] = deque()
-        with ProcessPoolExecutor(VERIFY_WORKERS, mp_context=context) as pool:
+        with self.verify_pool() as pool:
+            verdicts = _Verdicts(self, exports, pool)
             for at in range(0, len(to_export), EXPORT_CHUNK):
                 chunk = to_export[at : at + EXPORT_CHUNK]
                 with _Timer(self.seconds, "export"):
@@ -792,16 +811,28 @@ class _ReplayRun:
                         why = done.skipped.get(pid, "not exported")
                         self.report.failed.append((pid, f"not exported: {why}"))
                         continue
-                    out = exports / f"{pid}.duckdb"
-                    pending.append((placement, pool.submit(verify_one, str(out), trust)))
-                # The verifier may lag the exports by at most MAX_VERIFY_IN_FLIGHT.
-                while len(pending) > MAX_VERIFY_IN_FLIGHT:
-                    self.settle_export(exports, *_result(pending.popleft()))
-            while pending:
-                self.settle_export(exports, *_result(pending.popleft()))
+                    verdicts.submit(placement)
+            verdicts.drain()
         self.seconds["export_and_verify"] = time.perf_counter() - started
+        self.sum_up()
+
+    def sum_up(self) -> None:
+        """The report's delivered totals by QoS and by model, once every verdict is in."""
         self.report.delivered_by_qos_mgms = dict(sorted(self.by_qos.items()))
         self.report.delivered_by_model_mgms = dict(sorted(self.by_model.items()))
+
+    def verify_pool(self) -> ProcessPoolExecutor:
+        """The verifier's worker processes (spawned: never fork a process holding DuckDB)."""
+        context = multiprocessing.get_context("spawn")
+        return ProcessPoolExecutor(VERIFY_WORKERS, mp_context=context)
+
+    def reset_exports(self) -> Path:
+        """An empty DIR/exports (a rerun writes every export again)."""
+        exports = self.workdir / "exports"
+        if exports.exists():
+            shutil.rmtree(exports)
+        exports.mkdir(parents=True)
+        return exports
 
     def settle_export(self, exports: Path, placement: Placement, summary: VerifySummary) -> None:
         """Count one export's verdict, then keep its file or (verified, and exports not
@@ -869,9 +900,100 @@ def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
     return VerifySummary("", result.totals, result.currency, result.currency_scale, elapsed)
 
 
-def _result(item: tuple[Placement, Future[VerifySummary]]) -> tuple[Placement, VerifySummary]:
-    placement, future = item
-    return placement, future.result()
+class _Verdicts:
+    """Exports handed to the verifier's workers as they are written, their verdicts
+    counted in the order handed (``_ReplayRun.settle_export``): at most
+    MAX_VERIFY_IN_FLIGHT in flight, the caller waits for the oldest beyond that."""
+
+    def __init__(
+        self,
+        run: _ReplayRun,
+        exports: Path,
+        pool: ProcessPoolExecutor,
+        placements: Sequence[Placement] = (),
+    ) -> None:
+        self.run = run
+        self.exports = exports
+        self.pool = pool
+        self.trust = dump_trust(run.cast.trust())
+        self.pending: deque[tuple[Placement, Future[VerifySummary]]] = deque()
+        self.handed: set[str] = set()
+        self.placements = {p.placement_id: p for p in placements}
+
+    def submit(self, placement: Placement) -> None:
+        """Verify the export of ``placement`` (written to DIR/exports)."""
+        self.handed.add(placement.placement_id)
+        out = self.exports / f"{placement.placement_id}.duckdb"
+        self.pending.append((placement, self.pool.submit(verify_one, str(out), self.trust)))
+        # The verifier may lag the exports by at most MAX_VERIFY_IN_FLIGHT.
+        while len(self.pending) > MAX_VERIFY_IN_FLIGHT:
+            self._settle_oldest()
+
+    def exported(self, written: Sequence[tuple[str, str]]) -> None:
+        """What the ledger process exported after a step: (placement, why not) each, an
+        empty why for a file written. Submitted, then every verdict already in counted."""
+        for pid, why in written:
+            placement = self.placements.get(pid)
+            if placement is None or pid in self.handed:
+                continue  # not a placement of this plan, or handed already
+            if why:
+                self.handed.add(pid)
+                self.run.report.failed.append((pid, f"not exported: {why}"))
+            else:
+                self.submit(placement)
+        self.settle_ready()
+
+    def settle_ready(self) -> None:
+        """Count the verdicts already in, oldest first, without waiting."""
+        while self.pending and self.pending[0][1].done():
+            self._settle_oldest()
+
+    def drain(self) -> None:
+        """Wait for and count every verdict still out."""
+        while self.pending:
+            self._settle_oldest()
+
+    def _settle_oldest(self) -> None:
+        placement, future = self.pending.popleft()
+        self.run.settle_export(self.exports, placement, future.result())
+
+
+def store_counts(store: Store) -> tuple[int, int]:
+    """(usage events accepted, inputs rejected) of a replay's store."""
+    counts = store.query("SELECT status, count(*) FROM records WHERE kind = 'usage' GROUP BY 1")
+    accepted = {str(s): int(n) for s, n in counts}.get("accepted", 0)
+    rejected = int(store.query("SELECT count(*) FROM records WHERE status = 'rejected'")[0][0])
+    return accepted, rejected
+
+
+def closed_placements(store: Store) -> set[str]:
+    """Placements the store holds an accepted close of."""
+    return {
+        str(row[0])
+        for row in store.query(
+            "SELECT DISTINCT placement_id FROM records "
+            "WHERE kind = 'closed' AND status = 'accepted'"
+        )
+    }
+
+
+def export_closed(
+    store: Store, key: SigningKey, exports: Path, exported: set[str]
+) -> tuple[list[tuple[str, str]], float]:
+    """Export the placements closed in ``store`` and not in ``exported`` yet, EXPORT_CHUNK
+    at a time with ``export_all``, and add them to ``exported``; return (placement, why
+    not) for each (an empty why: written to ``exports/<placement>.duckdb``) and the
+    seconds it took. A closed placement is final: its export is its settled chain."""
+    started = time.perf_counter()
+    fresh = sorted(closed_placements(store) - exported)
+    out: list[tuple[str, str]] = []
+    for at in range(0, len(fresh), EXPORT_CHUNK):
+        chunk = fresh[at : at + EXPORT_CHUNK]
+        done = export_all(store, exports, key=key, placement_ids=chunk)
+        for pid in chunk:
+            exported.add(pid)
+            out.append((pid, "" if pid in done.written else done.skipped.get(pid, "not exported")))
+    return out, time.perf_counter() - started
 
 
 class _ClockHolder:
@@ -961,6 +1083,9 @@ class _LedgerJob:
     bootstrap: str
     topic: str
     max_commands: int
+    exports: str = ""
+    """Where the ledger process exports each placement once closed, after the step that
+    closed it (empty: it does not export; the replay exports at the end)."""
 
 
 class _LedgerProcess:
@@ -971,9 +1096,19 @@ class _LedgerProcess:
     ledger sets its clock there, folds until caught up and closes what is due, then says
     so. The replay runs ahead by at most MAX_LEDGER_STEPS_AHEAD steps and, beyond one
     step, MAX_LEDGER_LAG_EVENTS records: the lag is bounded in events.
+
+    With ``job.exports`` the ledger process (the store's one writer) also exports every
+    placement closed by a step right after it and names them in its answer, which the
+    replay hands to ``on_exported`` (the verifier's queue): exports and verification run
+    while later steps do, not after the last one.
     """
 
-    def __init__(self, job: _LedgerJob, seconds: dict[str, float]) -> None:
+    def __init__(
+        self,
+        job: _LedgerJob,
+        seconds: dict[str, float],
+        on_exported: Callable[[Sequence[tuple[str, str]]], None] | None = None,
+    ) -> None:
         context = multiprocessing.get_context("spawn")  # never fork a process holding DuckDB
         self.conn, child = context.Pipe()
         self.seconds = seconds
@@ -987,6 +1122,9 @@ class _LedgerProcess:
         child.close()
         self.stopped = False
         self.reported_failure = False
+        self.on_exported = on_exported
+        self.counts: tuple[int, int] = (0, 0)
+        """(usage events accepted, inputs rejected) of the store, reported on stop."""
 
     async def start(self) -> None:
         self._expect("ready")
@@ -1013,9 +1151,11 @@ class _LedgerProcess:
         """Drain, then let the ledger close its store and end."""
         await self.drain()
         self.conn.send(("stop", 0))
-        _, duckdb_mib, rss_mib = self._expect("stopped")
+        _, duckdb_mib, rss_mib, export_s, exported, counts = self._expect("stopped")
         self.peak_rss_mib = float(rss_mib)
         self.duckdb_peak_mib = float(duckdb_mib)
+        self.counts = (int(counts[0]), int(counts[1]))
+        self._exported(float(export_s), exported)
         self.process.join(LEDGER_PROCESS_EXIT_S)
         self.stopped = True
         if self.process.exitcode != 0:
@@ -1032,17 +1172,24 @@ class _LedgerProcess:
         self.conn.close()
 
     def _wait_one(self) -> None:
-        reply = self._expect("done")
+        _, _, ledger_s, export_s, exported = self._expect("done")
         self.outstanding.popleft()
-        self.seconds["ledger"] = self.seconds.get("ledger", 0.0) + float(reply[2])
+        self.seconds["ledger"] = self.seconds.get("ledger", 0.0) + float(ledger_s)
+        self._exported(float(export_s), exported)
 
-    def _expect(self, kind: str) -> tuple[str, Any, float]:
+    def _exported(self, export_s: float, exported: Sequence[tuple[str, str]]) -> None:
+        if export_s > 0:
+            self.seconds["export"] = self.seconds.get("export", 0.0) + export_s
+        if exported and self.on_exported is not None:
+            self.on_exported(exported)
+
+    def _expect(self, kind: str) -> tuple[Any, ...]:
         if not self.conn.poll(LEDGER_STEP_DEADLINE_S):
             raise LedgerProcessError(
                 f"the ledger process said nothing in {LEDGER_STEP_DEADLINE_S} s"
             )
         try:
-            reply: tuple[str, Any, float] = self.conn.recv()
+            reply: tuple[Any, ...] = self.conn.recv()
         except EOFError:
             self.process.join(LEDGER_PROCESS_EXIT_S)
             raise LedgerProcessError(
@@ -1076,6 +1223,16 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
     ledger = _InProcessLedger(
         Store(Path(job.db), ledger_public_key=cast.ledger.public_key), cast, settings, {}
     )
+    exports = Path(job.exports) if job.exports else None
+    exported: set[str] = set()
+
+    def export() -> tuple[list[tuple[str, str]], float]:
+        if exports is None:
+            return [], 0.0
+        written = export_closed(ledger.store, cast.ledger, exports, exported)
+        ledger.sample_duckdb()
+        return written
+
     try:
         await ledger.start()
         conn.send(("ready", 0, 0.0))
@@ -1087,12 +1244,16 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
                 break
             started = time.perf_counter()
             await ledger.step(int(until_ms), 0)
-            conn.send(("done", until_ms, time.perf_counter() - started))
+            ledger_s = time.perf_counter() - started
+            written, export_s = export()
+            conn.send(("done", until_ms, ledger_s, export_s, written))
         else:
             raise RuntimeError(f"more than {job.max_commands} commands")
+        written, export_s = export()  # every step's closes were exported after it
+        counts = store_counts(ledger.store)
     finally:
         await ledger.close()
-    conn.send(("stopped", ledger.duckdb_peak_mib, own_peak_rss_mib()))
+    conn.send(("stopped", ledger.duckdb_peak_mib, own_peak_rss_mib(), export_s, written, counts))
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:

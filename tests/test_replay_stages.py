@@ -124,12 +124,38 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     started: list[Any] = []
     real = replay._LedgerProcess.__init__
 
-    def spy(self: Any, *args: Any) -> None:
-        real(self, *args)
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
         started.append(self.process)
 
+    # Overlap: exports are handed to the verifier while steps still run (before the
+    # ledger is told to stop), and the replay process never opens the store itself.
+    events: list[str] = []
+    real_submit, real_step = replay._Verdicts.submit, replay._LedgerProcess.step
+
+    def submit(self: Any, placement: Any) -> None:
+        events.append("submit")
+        real_submit(self, placement)
+
+    async def step(self: Any, until_ms: int, records: int) -> None:
+        events.append("step")
+        await real_step(self, until_ms, records)
+
+    def no_store(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the replay process opened the store")
+
     monkeypatch.setattr(replay._LedgerProcess, "__init__", spy)
-    split = _kafka_run(tmp_path / "split", kafka_bootstrap, ledger_process=True)
+    monkeypatch.setattr(replay._Verdicts, "submit", submit)
+    monkeypatch.setattr(replay._LedgerProcess, "step", step)
+    with monkeypatch.context() as inside:
+        inside.setattr(replay, "Store", no_store)
+        split = _kafka_run(tmp_path / "split", kafka_bootstrap, ledger_process=True)
+    assert events.count("submit") == 10
+    # The excerpt's first task runs for months: the others close, are exported by the
+    # ledger process and handed to the verifier before the replay sends the last step.
+    last_step = len(events) - 1 - events[::-1].index("step")
+    assert events[:last_step].count("submit") >= 5, events
+    assert split.seconds["export"] > 0
     assert len(started) == 1
     (process,) = started
     assert not process.is_alive() and process.exitcode == 0  # ended cleanly, told to
@@ -194,3 +220,37 @@ def test_a_verified_export_is_removed_unless_kept_and_a_failed_one_is_kept(
     assert run.report.exports_kept == (2 if keep else 1)
     assert run.report.verified == 1 and run.report.failed == [("pl-bad", "CHAIN_BROKEN")]
     assert run.report.delivered_mgms == 7
+
+
+def test_the_verifier_queue_counts_what_the_ledger_process_exported_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the ledger process names after a step: an export not written is a named
+    failure, an unknown or repeated placement is ignored, a written one is verified
+    (here a file that is no export: a failed verdict, kept), at most
+    MAX_VERIFY_IN_FLIGHT out at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 1)
+    exports = tmp_path / "run" / "exports"
+    exports.mkdir(parents=True)
+    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
+    placements = [
+        SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
+        for p in ("pl-a", "pl-b", "pl-c")
+    ]
+    for p in placements[1:]:
+        (exports / f"{p.placement_id}.duckdb").write_bytes(b"not an export")
+    with ThreadPoolExecutor(1) as pool:
+        verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
+        verdicts.exported([("pl-a", "no accepted terms"), ("pl-zz", ""), ("pl-b", "")])
+        assert len(verdicts.pending) <= 1
+        verdicts.exported([("pl-a", ""), ("pl-b", ""), ("pl-c", "")])  # pl-a, pl-b again
+        assert len(verdicts.pending) <= 1
+        verdicts.drain()
+    assert verdicts.handed == {"pl-a", "pl-b", "pl-c"}
+    failed = dict(run.report.failed)
+    assert failed.keys() == {"pl-a", "pl-b", "pl-c"}
+    assert failed["pl-a"] == "not exported: no accepted terms"
+    assert failed["pl-b"] and failed["pl-c"]  # the verifier's reason, named
+    assert run.report.verified == 0 and run.report.exports_kept == 2
