@@ -1237,7 +1237,10 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
         await ledger.start()
         conn.send(("ready", 0, 0.0))
         for _ in range(job.max_commands):
-            if not conn.poll(LEDGER_STEP_DEADLINE_S):
+            # Waits and exports run on a thread: the event loop stays free for the Kafka
+            # consumer's fetches (a fetch left unanswered past its request timeout fails
+            # and is retried; a minutes-long export of a big placement did that).
+            if not await asyncio.to_thread(conn.poll, LEDGER_STEP_DEADLINE_S):
                 raise TimeoutError(f"no word from the replay in {LEDGER_STEP_DEADLINE_S} s")
             command, until_ms = conn.recv()
             if command == "stop":
@@ -1245,11 +1248,12 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
             started = time.perf_counter()
             await ledger.step(int(until_ms), 0)
             ledger_s = time.perf_counter() - started
-            written, export_s = export()
+            written, export_s = await asyncio.to_thread(export)
             conn.send(("done", until_ms, ledger_s, export_s, written))
         else:
             raise RuntimeError(f"more than {job.max_commands} commands")
-        written, export_s = export()  # every step's closes were exported after it
+        # every step's closes were exported after it
+        written, export_s = await asyncio.to_thread(export)
         counts = store_counts(ledger.store)
     finally:
         await ledger.close()

@@ -277,6 +277,25 @@ class PartitionLag:
     end_offset: int
 
 
+async def _stop_consumer(consumer: Any) -> None:
+    """Stop an aiokafka consumer, also when aiokafka's close trips over its own fetch task.
+
+    A fetch that failed (e.g. timed out while the process was busy: a long commit or
+    export on the event loop's thread) leaves aiokafka's fetch task asleep in its retry
+    backoff; ``close`` cancels that task and awaits it, and the CancelledError escapes
+    ``consumer.stop()`` (aiokafka 0.12), skipping the close of its broker connections. Such
+    an error is not a cancellation of the caller: it is logged, and the connections are
+    closed here. A cancellation of the caller itself still propagates."""
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("kafka_consumer_stop_interrupted", why="a fetch retry cancelled by close")
+        await consumer._client.close()
+
+
 class KafkaSource:
     """Consumes the shard's partitions of the topic (see the module docstring)."""
 
@@ -455,7 +474,7 @@ class KafkaSource:
         offsets_client, self._offsets_client = self._offsets_client, None
         try:
             if consumer is not None:
-                await consumer.stop()
+                await _stop_consumer(consumer)
         finally:
             if offsets_client is not None:
                 await offsets_client.stop()
