@@ -66,14 +66,13 @@ def replay_main(args: argparse.Namespace) -> None:
     from gridledger.placement_plan import plan_placements
     from gridledger.replay import planned_events, select_tasks
     from gridledger.replay_cluster import ReplayCluster
-    from gridledger.replay_limits import SEND_WINDOW_RECORDS, STEP_MS, TRACE_EPOCH_MS
+    from gridledger.replay_limits import STEP_MS, TRACE_EPOCH_MS
     from gridledger.replay_terms import (
         load_price_table,
         make_replay_cast,
         signed_placement_terms,
     )
     from gridledger.trace import read_trace
-    from meter.shipper import simulated_send_ms
     from transport.kafka import SIMULATION_TOPIC_CONFIG, make_producer
 
     interval_ms = round(args.interval_s * 1000)
@@ -108,22 +107,7 @@ def replay_main(args: argparse.Namespace) -> None:
             if producer is not None:
                 await producer.start()
             try:
-                shippers = (
-                    {
-                        node.node_id: Shipper(
-                            node.spool_dir,
-                            settings,
-                            producer=producer,
-                            collect_garbage=node.agent.collect_garbage,
-                            now_ms=cluster.clock.now_ms,
-                            batch_max_records=SEND_WINDOW_RECORDS,
-                            stamp=simulated_send_ms,
-                        )
-                        for node in cluster.nodes()
-                    }
-                    if settings is not None
-                    else {}
-                )
+                shippers = cluster.shippers(settings, producer) if settings is not None else {}
                 previous = 0
                 for until in steps:
                     touched: dict[str, Shipper] = {}

@@ -78,7 +78,6 @@ from gridledger.replay_limits import (
     MAX_LEDGER_STEPS_AHEAD,
     MAX_VERIFY_IN_FLIGHT,
     PROGRESS_EVERY_S,
-    SEND_WINDOW_RECORDS,
     STEP_MS,
     TRACE_EPOCH_MS,
     UNPLACEABLE_SHOWN,
@@ -97,7 +96,7 @@ from ledger.export import export_all
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store
 from meter.durable import write_atomic
-from meter.shipper import Shipper, simulated_send_ms
+from meter.shipper import Shipper
 from proto.invariant import present
 from proto.keys import SigningKey
 from proto.money import format_gpu_hours, format_minor
@@ -717,21 +716,8 @@ class _ReplayRun:
         try:
             await producer.start()
             await ledger.start()
-            # One shipper per node spool, the meter's own (one producer shared by all):
-            # it starts from the spool's acknowledged position, so events spooled by an
-            # earlier run but never acknowledged are sent again first.
-            shippers = {
-                node.node_id: Shipper(
-                    node.spool_dir,
-                    settings,
-                    producer=producer,
-                    collect_garbage=node.agent.collect_garbage,
-                    now_ms=cluster.clock.now_ms,
-                    batch_max_records=SEND_WINDOW_RECORDS,
-                    stamp=simulated_send_ms,
-                )
-                for node in cluster.nodes()
-            }
+            # One shipper per node spool, the meter's own (one producer shared by all).
+            shippers = cluster.shippers(settings, producer)
             shipping = 0.0
             started = time.perf_counter()
             resent = await _ship(list(shippers.values()))

@@ -27,14 +27,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gridledger.placement_plan import Placement, Plan
-from gridledger.replay_limits import MAX_AGENT_TICKS_PER_STEP
+from gridledger.replay_limits import MAX_AGENT_TICKS_PER_STEP, SEND_WINDOW_RECORDS
 from gridledger.replay_terms import PriceTable, ReplayCast
 from meter.agent import Agent, AgentConfig
 from meter.clock import SimClock
+from meter.shipper import Shipper, simulated_send_ms
 from meter.sim import SimDevice, Simulator, parse_sim_spec
 from proto.records import PlacementTerms
+from transport.kafka import KafkaSettings
 from transport.positions import SpoolPosition
 
 __all__ = ["NodeAgent", "ReplayCluster"]
@@ -134,6 +137,24 @@ class ReplayCluster:
     def nodes(self) -> Sequence[NodeAgent]:
         """The node agents, in node-list order."""
         return tuple(self.agents)
+
+    def shippers(self, settings: KafkaSettings, producer: Any) -> dict[str, Shipper]:
+        """One meter Shipper per node spool, all on ``producer``, stamping each record with
+        the simulated time it is sent at (``simulated_send_ms``). Each starts from its
+        spool's acknowledged position: events spooled by an earlier run but never
+        acknowledged are sent again first."""
+        return {
+            node.node_id: Shipper(
+                node.spool_dir,
+                settings,
+                producer=producer,
+                collect_garbage=node.agent.collect_garbage,
+                now_ms=self.clock.now_ms,
+                batch_max_records=SEND_WINDOW_RECORDS,
+                stamp=simulated_send_ms,
+            )
+            for node in self.nodes()
+        }
 
     def close(self) -> None:
         """Release every spool."""
