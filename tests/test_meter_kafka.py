@@ -54,25 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 async def _consume_all(bootstrap: str, topic: str) -> list[tuple[bytes, bytes]]:
     """Every (key, value) of the topic, from offset 0 to the end, partition by partition."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, 0)
-        end = await consumer.end_offsets(tps)
-        out: list[tuple[bytes, bytes]] = []
-        async with asyncio.timeout(CONSUME_TIMEOUT_S):
-            while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
-                batches = await consumer.getmany(timeout_ms=500)
-                for records in batches.values():
-                    out.extend((r.key, r.value) for r in records)
-        return out
-    finally:
-        await consumer.stop()
+    return [(key, value) for _, key, value, _, _ in await _consume_placed(bootstrap, topic)]
 
 
 def check_kafka_streams(
