@@ -56,7 +56,7 @@ import shutil
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -692,6 +692,8 @@ class _ReplayRun:
                 await ledger.close()
             self.report.peak_rss_mib_by_process["ledger"] = ledger.peak_rss_mib
             self.report.peak_rss_mib_by_process["ledger_duckdb"] = ledger.duckdb_peak_mib
+            for phase, mib in ledger.peak_by_phase.items():
+                self.report.peak_rss_mib_by_process[f"ledger_peak_in_{phase}"] = mib
             self.report.events_accepted, self.report.inputs_rejected = ledger.counts
             started = time.perf_counter()  # what is left after the last step
             verdicts.drain()
@@ -1101,6 +1103,8 @@ class _LedgerProcess:
         self.outstanding: deque[int] = deque()
         self.peak_rss_mib = 0.0
         self.duckdb_peak_mib = 0.0
+        # phase -> the peak RSS the ledger process reached during it (_PhasePeaks)
+        self.peak_by_phase: dict[str, float] = {}
         self.process = context.Process(
             target=ledger_main, args=(child, job), name="replay-ledger", daemon=True
         )
@@ -1137,8 +1141,9 @@ class _LedgerProcess:
         """Drain, then let the ledger close its store and end."""
         await self.drain()
         self.conn.send(("stop", 0))
-        _, duckdb_mib, rss_mib, export_s, exported, counts = self._expect("stopped")
+        _, duckdb_mib, rss_mib, export_s, exported, counts, reached = self._expect("stopped")
         self.peak_rss_mib = float(rss_mib)
+        self.peak_by_phase = {str(k): float(v) for k, v in reached.items()}
         self.duckdb_peak_mib = float(duckdb_mib)
         self.counts = (int(counts[0]), int(counts[1]))
         self._exported(float(export_s), exported)
@@ -1189,6 +1194,26 @@ class _LedgerProcess:
         return reply
 
 
+class _PhasePeaks:
+    """Which phase of the ledger process set its peak RSS: the high-water mark
+    (``ru_maxrss``) read before and after each phase; a phase during which it rose is
+    where it was reached (the process's transients, e.g. a big export, show up here where
+    a sample between phases would miss them)."""
+
+    def __init__(self) -> None:
+        self.reached: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        before = own_peak_rss_mib()
+        try:
+            yield
+        finally:
+            after = own_peak_rss_mib()
+            if after > before:
+                self.reached[name] = max(self.reached.get(name, 0.0), after)
+
+
 def ledger_main(conn: Connection, job: _LedgerJob) -> None:
     """The ledger process of a Kafka replay (``_LedgerProcess``): the ledger service on
     the replay's topic with arrival = "sender", its clock set to each step's end."""
@@ -1211,16 +1236,19 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
     )
     exports = Path(job.exports) if job.exports else None
     exported: set[str] = set()
+    peaks = _PhasePeaks()
 
     def export() -> tuple[list[tuple[str, str]], float]:
         if exports is None:
             return [], 0.0
-        written = export_closed(ledger.store, cast.ledger, exports, exported)
+        with peaks.phase("export"):
+            written = export_closed(ledger.store, cast.ledger, exports, exported)
         ledger.sample_duckdb()
         return written
 
     try:
-        await ledger.start()
+        with peaks.phase("start"):
+            await ledger.start()
         conn.send(("ready", 0, 0.0))
         for _ in range(job.max_commands):
             # Waits and exports run on a thread: the event loop stays free for the Kafka
@@ -1232,7 +1260,8 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
             if command == "stop":
                 break
             started = time.perf_counter()
-            await ledger.step(int(until_ms), 0)
+            with peaks.phase("fold"):
+                await ledger.step(int(until_ms), 0)
             ledger_s = time.perf_counter() - started
             written, export_s = await asyncio.to_thread(export)
             conn.send(("done", until_ms, ledger_s, export_s, written))
@@ -1242,8 +1271,19 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
         written, export_s = await asyncio.to_thread(export)
         counts = store_counts(ledger.store)
     finally:
-        await ledger.close()
-    conn.send(("stopped", ledger.duckdb_peak_mib, own_peak_rss_mib(), export_s, written, counts))
+        with peaks.phase("stop"):
+            await ledger.close()
+    conn.send(
+        (
+            "stopped",
+            ledger.duckdb_peak_mib,
+            own_peak_rss_mib(),
+            export_s,
+            written,
+            counts,
+            peaks.reached,
+        )
+    )
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:

@@ -162,6 +162,14 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     assert split.seconds["ledger"] > 0 and "ledger_wait" in split.seconds
     assert split.peak_rss_mib_by_process["ledger"] > 0  # its own peak, reported on stop
     assert 0 < split.peak_rss_mib_by_process["ledger_duckdb"] < 512  # its store's pool
+    # where the ledger process's peak was reached: some phase raised it, none above it
+    phases = {
+        k: v for k, v in split.peak_rss_mib_by_process.items() if k.startswith("ledger_peak_in_")
+    }
+    named = {f"ledger_peak_in_{p}" for p in ("start", "fold", "export", "stop")}
+    assert phases and set(phases) <= named, phases
+    assert max(phases.values()) <= split.peak_rss_mib_by_process["ledger"], phases
+    assert "ledger_peak_in_fold" in phases  # the fold of 10 placements raises it
     inline = _kafka_run(tmp_path / "inline", kafka_bootstrap, ledger_process=False)
     assert len(started) == 1  # no process for the ledger in the replay's own process
     assert split.ok and inline.ok
