@@ -251,16 +251,26 @@ class ExportSource:
         # A DuckDB file has the magic "DUCK" at byte 8; anything else is not an export.
         if len(head) < 12 or head[8:12] != b"DUCK":
             raise UnusableInput(str(path), "not a DuckDB file")
-        # The work tables live in a scratch file, not in memory, so DuckDB can page them out
-        # under memory_limit: a million-event export costs bounded RAM.
+        # The work tables of a big export live in a scratch file, so DuckDB can page them
+        # out under memory_limit: a million-event export costs bounded RAM. A small one's
+        # fit in memory (an in-memory database spills to temp_directory past memory_limit
+        # all the same); its scratch file cost more than its checklist: every CREATE and
+        # COMMIT went through the file's write-ahead log, the close through a checkpoint.
+        # Its SQL runs on one thread: on a few hundred rows DuckDB's task scheduling costs
+        # more than a second thread gives (bench/verify_small.py).
+        self.small = path.stat().st_size <= limits.SMALL_EXPORT_BYTES
         self._scratch = Path(tempfile.mkdtemp(prefix="gridledger-verify-"))
         try:
-            self.con: Any = duckdb.connect(str(self._scratch / "work.duckdb"))
+            self.con: Any = duckdb.connect(
+                ":memory:" if self.small else str(self._scratch / "work.duckdb")
+            )
         except duckdb.Error:
             shutil.rmtree(self._scratch, ignore_errors=True)
             raise
         try:
             self.con.execute("SET enable_progress_bar = false")  # never into stdout
+            if self.small:
+                self.con.execute("SET threads = 1")
             self.con.execute(f"SET memory_limit = '{limits.DUCKDB_MEMORY_LIMIT}'")
             self.con.execute(f"SET temp_directory = '{self._scratch}/spill'")
             quoted = str(path).replace("'", "''")
