@@ -274,7 +274,7 @@ class ExportSource:
         # this one (``verifier/warm.py``), when free (bench/verify_small.py).
         self.small = path.stat().st_size <= limits.SMALL_EXPORT_BYTES
         self._counts: dict[str, int] = {}
-        self._small: dict[tuple[str, str, str], list[tuple[Any, ...]]] = {}
+        self._small: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         self._present: frozenset[str] = frozenset()
         self._warm: warm.WarmDatabase | None = None
         self._link: Path | None = None
@@ -436,15 +436,27 @@ class ExportSource:
     def small_table(self, table: str, columns: str, order: str) -> list[tuple[Any, ...]]:
         """At most MAX_SMALL_TABLE_ROWS rows of a table that is small in an honest export
         (read once per export for each columns and order asked)."""
-        key = (table, columns, order)
+        names = [c.strip() for c in columns.split(",")]
+        have = [c for c, _ in SCHEMA.get(table, ())]
+        if not set(names) <= set(have):  # not plain columns of the table: as asked
+            return list(
+                self.con.execute(
+                    f"SELECT {columns} FROM {ALIAS}.{table} ORDER BY {order} "
+                    f"LIMIT {limits.MAX_SMALL_TABLE_ROWS}"
+                ).fetchall()
+            )
+        # Every column of the schema, once per table and order; the columns asked for
+        # are picked here (each statement costs more than such a table's rows).
+        key = (table, order)
         rows = self._small.get(key)
         if rows is None:
             rows = self.con.execute(
-                f"SELECT {columns} FROM {ALIAS}.{table} ORDER BY {order} "
+                f"SELECT {', '.join(have)} FROM {ALIAS}.{table} ORDER BY {order} "
                 f"LIMIT {limits.MAX_SMALL_TABLE_ROWS}"
             ).fetchall()
             self._small[key] = rows
-        return list(rows)
+        picks = [have.index(c) for c in names]
+        return [tuple(row[k] for k in picks) for row in rows]
 
     def input_rows(self, table: InputTable, lo: int, hi: int) -> list[InputRow]:
         """The first row (by storage order) of each chain index in [lo, hi) of a table."""

@@ -105,11 +105,11 @@ class WarmDatabase:
     def _clean(self) -> bool:
         """Only the default catalog is attached, and no table exists anywhere."""
         rows = self.con.execute(
-            "SELECT (SELECT list(database_name ORDER BY database_name) FROM duckdb_databases() "
-            "WHERE NOT internal), (SELECT count(*) FROM duckdb_tables()), "
-            "(SELECT count(*) FROM duckdb_views() WHERE NOT internal)"
+            "SELECT 'database ' || database_name FROM duckdb_databases() WHERE NOT internal "
+            "UNION ALL SELECT 'table ' || table_name FROM duckdb_tables() "
+            "UNION ALL SELECT 'view ' || view_name FROM duckdb_views() WHERE NOT internal"
         ).fetchall()
-        return bool(rows) and rows[0] == (["memory"], 0, 0)
+        return rows == [("database memory",)]
 
     def close(self) -> None:
         """Close the database and remove its directories."""
