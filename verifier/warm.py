@@ -109,7 +109,7 @@ class WarmDatabase:
             "UNION ALL SELECT 'table ' || table_name FROM duckdb_tables() "
             "UNION ALL SELECT 'view ' || view_name FROM duckdb_views() WHERE NOT internal"
         ).fetchall()
-        return rows == [("database memory",)]
+        return bool(rows == [("database memory",)])
 
     def close(self) -> None:
         """Close the database and remove its directories."""
