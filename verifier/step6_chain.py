@@ -31,7 +31,8 @@ def check_sets(run: Verification) -> None:
     x = ALIAS
     all_indices = run.source.all_indices_sql()
     tagged = " UNION ALL ".join(
-        f"SELECT chain_index, '{t.name}' AS tbl FROM {x}.{t.name}" for t in run.source.input_tables
+        f"SELECT chain_index, '{t.name}' AS tbl FROM {x}.{t.name}"
+        for t in run.source.filled_input_tables
     )
     checks: list[tuple[str, str, Describe]] = [
         (
