@@ -37,7 +37,10 @@ def make_run(rows: dict[str, list[tuple[int, bytes]]]) -> Any:
             f"INSERT INTO {ALIAS}.{table.name} VALUES (?, ?)",
             [[i, e] for i, e in rows[table.name]],
         )
-    return SimpleNamespace(con=con, source=SimpleNamespace(input_tables=tuple(tables)))
+    filled = tuple(t for t in tables if rows[t.name]) or tuple(tables[:1])
+    return SimpleNamespace(
+        con=con, source=SimpleNamespace(input_tables=tuple(tables), filled_input_tables=filled)
+    )
 
 
 def test_duplicates_within_and_across_tables() -> None:

@@ -42,6 +42,14 @@ DUCKDB_MEMORY_LIMIT: Final = "512MB"
 # pool: the workers read their chain-index ranges themselves, ``verifier/walk.py``).
 WORKER_DUCKDB_MEMORY_LIMIT: Final = "64MB"
 
+# Exports of at most this many bytes get their work tables in memory and their SQL on one
+# thread, on the process's warm database (``verifier/source.py``, ``verifier/warm.py``): a
+# placement of up to a few hundred records is a ~2.4 MB file (DuckDB gives each table its
+# own blocks), one of 50 000 usage events 57 MB (bench/verifier_1m.py), so this is a few
+# thousand events. A setting, not a bound: memory_limit and the spill directory bound
+# both kinds alike.
+SMALL_EXPORT_BYTES: Final = 8 * 1024 * 1024
+
 # Rows fetched at once from small tables (terms, bindings, statements, checkpoints).
 SMALL_TABLE_FETCH_ROWS: Final = 1024
 

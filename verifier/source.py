@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -19,14 +19,17 @@ from typing import Any, Final
 
 import duckdb
 
-from verifier import limits
+from verifier import limits, warm
 from verifier.errors import UnusableInput
 
 EXPORT_FORMAT: Final = "gridledger-export"
 EXPORT_FORMAT_VERSION: Final = "2"
 # Versions this verifier reads: 1 (ledger records signed), 2 (unsigned, SPEC §8).
 EXPORT_FORMAT_VERSIONS: Final = ("1", "2")
-ALIAS: Final = "x"
+ALIAS: Final = warm.EXPORT_ALIAS
+
+# Whether small exports use the process's warm database (tests switch it off to compare).
+_share_warm = True
 
 _COMMON: Final = (
     ("chain_index", "BIGINT"),
@@ -236,10 +239,20 @@ class Batch:
     inputs: list[InputRow]
 
 
+def count_sql(tables: Iterable[str]) -> str:
+    """SQL: (table, its row count) for each export table named. A UNION ALL: one statement
+    costs less than one per table, and scalar subqueries side by side would cost more than
+    both (DuckDB plans them as a cross product and orders its joins)."""
+    return " UNION ALL ".join(
+        f"SELECT '{table}', count(*) FROM {ALIAS}.{table}" for table in sorted(tables)
+    )
+
+
 class ExportSource:
     """An export attached read-only, with the schema checked. Close it when done."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, share: bool = True) -> None:
+        """``share``: a small export may use the process's warm database."""
         self.path = path
         self.record_placement_id = False
         # The input tables this export has (OPTIONAL_TABLES may be absent).
@@ -251,16 +264,61 @@ class ExportSource:
         # A DuckDB file has the magic "DUCK" at byte 8; anything else is not an export.
         if len(head) < 12 or head[8:12] != b"DUCK":
             raise UnusableInput(str(path), "not a DuckDB file")
-        # The work tables live in a scratch file, not in memory, so DuckDB can page them out
-        # under memory_limit: a million-event export costs bounded RAM.
+        # The work tables of a big export live in a scratch file, so DuckDB can page them
+        # out under memory_limit: a million-event export costs bounded RAM. A small one's
+        # fit in memory (an in-memory database spills to temp_directory past memory_limit
+        # all the same); its scratch file cost more than its checklist: every CREATE and
+        # COMMIT went through the file's write-ahead log, the close through a checkpoint.
+        # Its SQL runs on one thread: on a few hundred rows DuckDB's task scheduling costs
+        # more than a second thread gives; and on the process's warm database, locked as
+        # this one (``verifier/warm.py``), when free (bench/verify_small.py).
+        self.small = path.stat().st_size <= limits.SMALL_EXPORT_BYTES
+        self._counts: dict[str, int] = {}
+        self._small: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+        self._present: frozenset[str] = frozenset()
+        self._warm: warm.WarmDatabase | None = None
+        self._link: Path | None = None
+        self._scratch: Path | None = None
+        if self.small and share and _share_warm:
+            self._open_warm()
+        if self._warm is None:
+            self._open_own()
+        try:
+            self._check_schema()
+            self.meta = self._read_meta()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_warm(self) -> None:
+        """Attach to the process's warm database; on any failure leave it (``_open_own``
+        then says what is wrong in its own words)."""
+        shared = warm.acquire()
+        if shared is None:
+            return
+        try:
+            self._link = shared.attach(self.path)
+        except (duckdb.Error, OSError):
+            warm.release(shared, clean=False)
+            return
+        self._warm = shared
+        self.con: Any = shared.con
+
+    def _open_own(self) -> None:
+        """A DuckDB database of this source's own, in a scratch directory."""
+        path = self.path
         self._scratch = Path(tempfile.mkdtemp(prefix="gridledger-verify-"))
         try:
-            self.con: Any = duckdb.connect(str(self._scratch / "work.duckdb"))
+            self.con = duckdb.connect(
+                ":memory:" if self.small else str(self._scratch / "work.duckdb")
+            )
         except duckdb.Error:
             shutil.rmtree(self._scratch, ignore_errors=True)
             raise
         try:
             self.con.execute("SET enable_progress_bar = false")  # never into stdout
+            if self.small:
+                self.con.execute("SET threads = 1")
             self.con.execute(f"SET memory_limit = '{limits.DUCKDB_MEMORY_LIMIT}'")
             self.con.execute(f"SET temp_directory = '{self._scratch}/spill'")
             quoted = str(path).replace("'", "''")
@@ -272,19 +330,23 @@ class ExportSource:
         except duckdb.Error as exc:
             self.close()
             raise UnusableInput(str(path), f"DuckDB cannot open it: {exc}") from exc
-        try:
-            self._check_schema()
-            self.meta = self._read_meta()
-        except BaseException:
-            self.close()
-            raise
+
+    @property
+    def warm(self) -> bool:
+        """True when on the process's warm database (``verifier/warm.py``)."""
+        return self._warm is not None
 
     def close(self) -> None:
-        """Detach the export and delete the work tables with their scratch directory."""
+        """Detach the export and delete the work tables (with their scratch directory)."""
+        shared, self._warm = self._warm, None
+        if shared is not None and self._link is not None:
+            warm.release(shared, clean=shared.detach(self._link))
+            return
         try:
             self.con.close()
         finally:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self) -> ExportSource:
         return self
@@ -327,6 +389,7 @@ class ExportSource:
         self.input_tables = tuple(
             t for t in INPUT_TABLES if t.name in have or t.name not in OPTIONAL_TABLES
         )
+        self._present = frozenset(t for t in SCHEMA if t in have and t in tables)
         for table, columns in SCHEMA.items():
             if table not in have and table in OPTIONAL_TABLES:
                 continue
@@ -360,17 +423,40 @@ class ExportSource:
         return None if row is None else row[0]
 
     def count(self, table: str) -> int:
-        """Rows in an export table."""
-        return int(self.scalar(f"SELECT count(*) FROM {ALIAS}.{table}"))
+        """Rows in an export table (the export is read-only: each is counted once, every
+        table of the schema in one statement)."""
+        if not self._counts:
+            self._counts = {
+                table: int(n) for table, n in self.con.execute(count_sql(self._present)).fetchall()
+            }
+        if table not in self._counts:
+            self._counts[table] = int(self.scalar(f"SELECT count(*) FROM {ALIAS}.{table}"))
+        return self._counts[table]
 
     def small_table(self, table: str, columns: str, order: str) -> list[tuple[Any, ...]]:
-        """At most MAX_SMALL_TABLE_ROWS rows of a table that is small in an honest export."""
-        return list(
-            self.con.execute(
-                f"SELECT {columns} FROM {ALIAS}.{table} ORDER BY {order} "
+        """At most MAX_SMALL_TABLE_ROWS rows of a table that is small in an honest export
+        (read once per export for each columns and order asked)."""
+        names = [c.strip() for c in columns.split(",")]
+        have = [c for c, _ in SCHEMA.get(table, ())]
+        if not set(names) <= set(have):  # not plain columns of the table: as asked
+            return list(
+                self.con.execute(
+                    f"SELECT {columns} FROM {ALIAS}.{table} ORDER BY {order} "
+                    f"LIMIT {limits.MAX_SMALL_TABLE_ROWS}"
+                ).fetchall()
+            )
+        # Every column of the schema, once per table and order; the columns asked for
+        # are picked here (each statement costs more than such a table's rows).
+        key = (table, order)
+        rows = self._small.get(key)
+        if rows is None:
+            rows = self.con.execute(
+                f"SELECT {', '.join(have)} FROM {ALIAS}.{table} ORDER BY {order} "
                 f"LIMIT {limits.MAX_SMALL_TABLE_ROWS}"
             ).fetchall()
-        )
+            self._small[key] = rows
+        picks = [have.index(c) for c in names]
+        return [tuple(row[k] for k in picks) for row in rows]
 
     def input_rows(self, table: InputTable, lo: int, hi: int) -> list[InputRow]:
         """The first row (by storage order) of each chain index in [lo, hi) of a table."""
@@ -380,31 +466,44 @@ class ExportSource:
         """The first ledger_records row of each chain index in [lo, hi)."""
         return read_record_rows(self.con, f"{ALIAS}.", self.record_placement_id, lo, hi)
 
+    @property
+    def filled_input_tables(self) -> tuple[InputTable, ...]:
+        """The input tables holding a row (at least one table, for a UNION to be SQL): what
+        a query over every input table needs to read; most exports fill three of eight."""
+        filled = tuple(t for t in self.input_tables if self.count(t.name))
+        return filled or self.input_tables[:1]
+
     def all_indices_sql(self) -> str:
         """SQL: every chain_index of ledger_records and the input tables (with repeats)."""
         parts = [f"SELECT chain_index FROM {ALIAS}.ledger_records"]
-        parts += [f"SELECT chain_index FROM {ALIAS}.{t.name}" for t in self.input_tables]
+        parts += [f"SELECT chain_index FROM {ALIAS}.{t.name}" for t in self.filled_input_tables]
         return " UNION ALL ".join(parts)
 
     def next_index(self, at_least: int) -> int | None:
         """The smallest chain index >= ``at_least`` in any chained table."""
-        value = self.scalar(
-            f"SELECT min(chain_index) FROM ({self.all_indices_sql()}) WHERE chain_index >= ?",
+        return self.index_range(at_least)[0]
+
+    def index_range(self, at_least: int) -> tuple[int | None, int | None]:
+        """The smallest and the largest chain index >= ``at_least`` in any chained table."""
+        rows = self.con.execute(
+            f"SELECT min(chain_index), max(chain_index) FROM ({self.all_indices_sql()}) "
+            "WHERE chain_index >= ?",
             [at_least],
-        )
-        return None if value is None else int(value)
+        ).fetchall()
+        low, high = rows[0]  # an aggregate without GROUP BY: always one row
+        return (None, None) if low is None or high is None else (int(low), int(high))
 
     def batches(self, start: int = 0) -> Iterator[Batch]:
         """Batches covering every chain index >= ``start`` present anywhere, in order.
 
         Empty stretches are skipped (a forged huge index costs one query, not a loop).
         """
-        lo = self.next_index(start)
-        while lo is not None:
+        lo, last = self.index_range(start)
+        while lo is not None and last is not None:
             hi = lo + limits.CHAIN_BATCH_INDICES
             records = self.record_rows(lo, hi)
             inputs: list[InputRow] = []
-            for table in self.input_tables:
+            for table in self.filled_input_tables:
                 inputs.extend(self.input_rows(table, lo, hi))
             yield Batch(lo, hi, records, inputs)
-            lo = self.next_index(hi)
+            lo = self.next_index(hi) if last >= hi else None

@@ -1,0 +1,173 @@
+"""The process's warm database for small exports (``verifier/warm.py``): reused, and
+nothing of one export reaches another's report; every way of opening an export (warm,
+a small one's own in-memory database, a big one's scratch file) gives one report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from test_verifier_exports import full_scenario, small_scenario
+
+from verifier import limits, source, warm
+from verifier.report import export_json
+from verifier.source import ExportSource
+from verifier.verify import verify_export
+
+# (name, SQL) applied to a copy of an honest export: each makes it fail its own way.
+TAMPERING = (
+    ("column", "UPDATE ledger_records SET gross_minor = gross_minor + 1 WHERE chain_index = 4"),
+    ("deleted-input", "DELETE FROM usage_events WHERE chain_index = 3"),
+    (
+        "duplicated-record",
+        "INSERT INTO ledger_records SELECT * FROM ledger_records WHERE chain_index = 2",
+    ),
+    ("statement", "UPDATE statements SET buyer_owes_minor = buyer_owes_minor + 1"),
+    ("status", "UPDATE usage_events SET status = 'rejected' WHERE chain_index = 2"),
+)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
+    """name -> (export, trust): honest small and full exports, tampered copies."""
+    tmp = tmp_path_factory.mktemp("reuse")
+    small = small_scenario(tmp, minutes=11)
+    full = full_scenario(tmp)
+    out = {"small": (small.path, small.trust), "full": (full.path, full.trust)}
+    for name, sql in TAMPERING:
+        path = tmp / f"tampered-{name}.duckdb"
+        shutil.copyfile(small.path, path)
+        con = duckdb.connect(str(path))
+        con.execute(sql)
+        con.close()
+        out[name] = (path, small.trust)
+    return out
+
+
+def report_text(path: Path, trust: Any) -> str:
+    """The report of ``python -m verifier --json`` for one export, without its timing."""
+    body = export_json(verify_export(path, trust))
+    body.pop("elapsed_s")
+    return json.dumps(body, sort_keys=True)
+
+
+def alone(path: Path, trust: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The report with the warm database out of the game (a database of its own)."""
+    with monkeypatch.context() as m:
+        m.setattr(source, "_share_warm", False)
+        return report_text(path, trust)
+
+
+def test_the_warm_database_is_reused_and_left_holding_nothing(
+    exports: dict[str, tuple[Path, Any]],
+) -> None:
+    path, _ = exports["small"]
+    with ExportSource(path) as first:
+        assert first.warm
+        con = first.con
+    database = warm.acquire()
+    assert database is not None
+    try:
+        assert database.con is con  # the same database, not a new one per export
+        assert database._clean()
+        assert list(database.inbox.iterdir()) == []  # the export's link is gone
+    finally:
+        warm.release(database, clean=True)
+    with ExportSource(path) as second:
+        assert second.warm and second.con is con
+
+
+def test_a_tampered_export_after_an_honest_one_reports_what_it_reports_alone(
+    exports: dict[str, tuple[Path, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    honest_alone = alone(*exports["small"], monkeypatch)
+    assert json.loads(honest_alone)["verdict"] == "verified"
+    for name, _ in TAMPERING:
+        tampered_alone = alone(*exports[name], monkeypatch)
+        assert json.loads(tampered_alone)["verdict"] == "failed", name
+        # honest, tampered, honest on the one warm database
+        assert report_text(*exports["small"]) == honest_alone
+        assert report_text(*exports[name]) == tampered_alone, name
+        assert report_text(*exports["small"]) == honest_alone, name
+
+
+def test_small_and_large_ways_give_the_same_report(
+    exports: dict[str, tuple[Path, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("small", "full", "column", "duplicated-record"):
+        path, trust = exports[name]
+        warm_report = report_text(path, trust)
+        own_in_memory = alone(path, trust, monkeypatch)
+        with monkeypatch.context() as m:  # every export "large": a scratch file, all threads
+            m.setattr(limits, "SMALL_EXPORT_BYTES", 0)
+            with ExportSource(path) as opened:
+                assert not opened.small and not opened.warm
+            scratch_file = report_text(path, trust)
+        assert warm_report == own_in_memory == scratch_file, name
+
+
+def test_the_warm_database_reads_nothing_but_the_export_and_stays_locked(
+    exports: dict[str, tuple[Path, Any]],
+) -> None:
+    path, _ = exports["small"]
+    with ExportSource(path) as opened:
+        assert opened.warm
+        quoted = str(path).replace("'", "''")
+        # the export itself, by its own path: outside the one directory the database reads
+        with pytest.raises(duckdb.PermissionException):
+            opened.con.execute(f"SELECT count(*) FROM read_blob('{quoted}')").fetchall()
+        with pytest.raises(duckdb.PermissionException):
+            opened.con.execute(f"ATTACH '{quoted}' AS other (READ_ONLY)")
+        with pytest.raises(duckdb.InvalidInputException, match="locked"):
+            opened.con.execute("SET enable_external_access = true")
+
+
+def test_a_second_source_while_the_warm_one_is_open_gets_its_own(
+    exports: dict[str, tuple[Path, Any]],
+) -> None:
+    path, _ = exports["small"]
+    with ExportSource(path) as first, ExportSource(exports["full"][0]) as second:
+        assert first.warm and not second.warm
+        assert second.count("ledger_records") != first.count("ledger_records")
+    with ExportSource(path) as again:
+        assert again.warm
+
+
+def test_a_damaged_small_export_reads_as_with_a_database_of_its_own(
+    tmp_path: Path, exports: dict[str, tuple[Path, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, trust = exports["small"]
+    raw = path.read_bytes()
+    damaged = tmp_path / "damaged.duckdb"
+    errors: list[str] = []
+    # A block of garbage at each DuckDB block (256 KiB) past the file's headers: the
+    # catalog's (attach fails) and the tables' (a read fails in the middle of the checklist).
+    for offset in range(3 * 4096, len(raw), 256 * 1024):
+        damaged.write_bytes(raw[:offset] + b"\x5a" * 64 + raw[offset + 64 :])
+        expected = alone(damaged, trust, monkeypatch)
+        assert report_text(damaged, trust) == expected, offset
+        if json.loads(expected)["verdict"] == "unusable":
+            errors.append(json.loads(expected)["error"])
+    assert any(e.startswith("DuckDB cannot open it") for e in errors), errors
+    assert any(e.startswith("DuckDB cannot read it") for e in errors), errors
+    # and the warm database serves the next export as before
+    with ExportSource(path) as opened:
+        assert opened.warm
+    assert json.loads(report_text(path, trust))["verdict"] == "verified"
+
+
+def test_a_database_left_unclean_is_closed_and_replaced(
+    exports: dict[str, tuple[Path, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, trust = exports["small"]
+    with ExportSource(path) as opened:
+        before = opened.con
+        monkeypatch.setattr(warm.WarmDatabase, "_clean", lambda self: False)
+    monkeypatch.undo()
+    with ExportSource(path) as reopened:
+        assert reopened.warm and reopened.con is not before
+    assert json.loads(report_text(path, trust))["verdict"] == "verified"

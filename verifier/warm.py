@@ -1,0 +1,175 @@
+"""One DuckDB database per process for small exports, locked down once, reused (issue #15).
+
+Starting a DuckDB database costs ~14 ms of CPU (it registers the functions of its
+statically linked extensions), about as much as the whole checklist of a placement of a
+dozen records; the trace replay's workers verify thousands of them, one after another.
+So a process keeps one in-memory database for small exports (``SMALL_EXPORT_BYTES``),
+configured once as ``ExportSource`` configures its own — one thread, memory_limit, a
+spill directory, no external access, configuration locked — and gives each export:
+
+* a hard link to the export (a copy where no link can be made) in a directory of its
+  own, the only place the locked database may read (``allowed_directories``; DuckDB
+  resolves symlinks, so a link elsewhere does not widen it), attached READ_ONLY as
+  ``x`` and removed after: a VIEW hidden in the export can read that export and nothing
+  else, as with a database of its own;
+* a fresh in-memory database ``w`` for the work tables (``USE w``), detached after: the
+  tables of one export are gone before the next is attached.
+
+After each export the database must hold nothing of it (``_clean``: only its empty
+default catalog attached, no table anywhere); any failure there, or on the way, and the
+database is closed and forgotten, the next export gets a new one. A database in use (a
+second thread, nested sources) is not shared: the caller opens its own, as before. A
+forked child never touches its parent's database (``os.register_at_fork``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Final
+
+import duckdb
+
+from verifier import limits
+
+EXPORT_ALIAS: Final = "x"
+WORK_ALIAS: Final = "w"
+
+
+class WarmDatabase:
+    """The process's locked in-memory database and its private directories."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.busy = threading.Lock()
+        self.dir = Path(tempfile.mkdtemp(prefix="gridledger-verify-warm-"))
+        self.inbox = self.dir / "export"
+        self.inbox.mkdir()
+        self.serial = 0
+        try:
+            self.con: Any = duckdb.connect(":memory:")
+            for statement in (
+                "SET enable_progress_bar = false",  # never into stdout
+                "SET threads = 1",
+                f"SET memory_limit = '{limits.DUCKDB_MEMORY_LIMIT}'",
+                f"SET temp_directory = '{_quoted(self.dir / 'spill')}'",
+                f"SET allowed_directories = ['{_quoted(self.inbox)}/']",
+                # SQL touches nothing outside the export and the work tables: a VIEW
+                # hidden in an export cannot read local files or the network.
+                "SET enable_external_access = false",
+                "SET lock_configuration = true",
+            ):
+                self.con.execute(statement)
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+
+    def attach(self, path: Path) -> Path:
+        """Link ``path`` into the inbox and attach it as ``x``, a fresh ``w`` as the
+        default catalog. Returns the link (``detach`` removes it). Raises duckdb.Error
+        (the caller then opens the export on a database of its own)."""
+        self.serial += 1
+        link = self.inbox / f"{self.serial}.duckdb"
+        try:
+            os.link(path, link)
+        except OSError:  # another file system, or not ours to link: a private copy
+            shutil.copyfile(path, link)
+        try:
+            self.con.execute(f"ATTACH '{_quoted(link)}' AS {EXPORT_ALIAS} (READ_ONLY)")
+            self.con.execute(f"ATTACH ':memory:' AS {WORK_ALIAS}")
+            self.con.execute(f"USE {WORK_ALIAS}")
+        except BaseException:
+            self.detach(link)
+            raise
+        return link
+
+    def detach(self, link: Path) -> bool:
+        """Drop the export and its work tables; True when the database is clean again."""
+        try:
+            with contextlib.suppress(duckdb.Error):  # a transaction the checklist left open
+                self.con.execute("ROLLBACK")
+            self.con.execute("USE memory")
+            for alias in (WORK_ALIAS, EXPORT_ALIAS):
+                self.con.execute(f"DETACH DATABASE IF EXISTS {alias}")
+            return self._clean()
+        except duckdb.Error:
+            return False
+        finally:
+            link.unlink(missing_ok=True)
+
+    def _clean(self) -> bool:
+        """Only the default catalog is attached, and no table exists anywhere."""
+        rows = self.con.execute(
+            "SELECT 'database ' || database_name FROM duckdb_databases() WHERE NOT internal "
+            "UNION ALL SELECT 'table ' || table_name FROM duckdb_tables() "
+            "UNION ALL SELECT 'view ' || view_name FROM duckdb_views() WHERE NOT internal"
+        ).fetchall()
+        return bool(rows == [("database memory",)])
+
+    def close(self) -> None:
+        """Close the database and remove its directories."""
+        try:
+            self.con.close()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _quoted(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+_lock = threading.Lock()
+_warm: WarmDatabase | None = None
+
+
+def acquire() -> WarmDatabase | None:
+    """The process's database, now reserved for the caller (``release`` it), or None
+    when it is in use or cannot be made (the caller opens its own)."""
+    global _warm
+    with _lock:
+        if _warm is not None and _warm.pid != os.getpid():
+            _warm = None  # a forked child: the parent's database is not ours to touch
+        if _warm is None:
+            try:
+                _warm = WarmDatabase()
+            except (duckdb.Error, OSError):
+                return None
+        if not _warm.busy.acquire(blocking=False):
+            return None
+        return _warm
+
+
+def release(warm: WarmDatabase, clean: bool) -> None:
+    """Give the database back; one that is not clean is closed and forgotten."""
+    global _warm
+    if not clean:
+        with _lock:
+            if _warm is warm:
+                _warm = None
+        with contextlib.suppress(duckdb.Error):
+            warm.close()
+    warm.busy.release()
+
+
+def forget(*, close: bool) -> None:
+    """Drop the process's database (closing it when ``close``)."""
+    global _warm
+    warm, _warm = _warm, None
+    if warm is not None and close and warm.pid == os.getpid():
+        with contextlib.suppress(duckdb.Error):
+            warm.close()
+
+
+def _forget_in_child() -> None:
+    global _warm, _lock
+    _warm = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(forget, close=True)
