@@ -101,7 +101,8 @@ def build_store(db: Path, trace: Path, events: int) -> dict[str, Any]:
         s_ms, e_ms = T0_MS + start * 1000, T0_MS + end * 1000
         timeline.append((s_ms, 0, i, 0))
         for k in range(n):
-            timeline.append((s_ms + (e_ms - s_ms) * k // n, 1, i, k))
+            # An event arrives when its interval ends (SPEC §6.6: FUTURE_DATED otherwise).
+            timeline.append((s_ms + (e_ms - s_ms) * (k + 1) // n, 1, i, k))
         timeline.append((e_ms + GRACE_MS, 2, i, 0))
     timeline.sort()
     tmp = db.with_name(db.name + ".tmp")
@@ -126,8 +127,8 @@ def build_store(db: Path, trace: Path, events: int) -> dict[str, Any]:
         elif kind == 1:
             writer, g = writers[i]
             n = counts[i]
-            stop = s_ms + (e_ms - s_ms) * (k + 1) // n
-            data = writer.event(t_ms, stop, [sample(g)])
+            begin = s_ms + (e_ms - s_ms) * k // n
+            data = writer.event(begin, t_ms, [sample(g)])
         else:
             data = closed(cast, pid, t_ms)
             del writers[i]

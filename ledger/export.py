@@ -29,6 +29,7 @@ from typing import Any, Final
 import duckdb
 
 from ledger.attest import UnknownPlacement, attest_all, issue_checkpoint, issue_statement
+from ledger.limits import EXPORT_STAGE_PLACEMENTS, EXPORT_STAGE_RECORDS
 from ledger.store import PLACEMENT_ROWS, Store
 from proto.keys import SigningKey, b64
 
@@ -146,22 +147,49 @@ def _attach_options(compact: bool) -> str:
     return f"STORAGE_VERSION '{STORAGE_VERSION}'"
 
 
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """Where ``_copy_rows`` reads one placement's rows: a FROM .. WHERE clause per source
+    (``records``, ``inputs``, ``statements``, ``checkpoints``) and its parameters, which
+    start with the placement id."""
+
+    records: str
+    inputs: str
+    statements: str
+    checkpoints: str
+    params: tuple[Any, ...]
+    short: tuple[Any, ...]  # the parameters of ``statements`` and ``checkpoints``
+
+
+def _store_rows(placement_id: str, commits: tuple[int, int]) -> _Rows:
+    """The placement's rows in the store, read through its commit range."""
+    return _Rows(
+        records=f"FROM records WHERE {PLACEMENT_ROWS}",
+        inputs=f"FROM inputs WHERE {PLACEMENT_ROWS}",
+        statements="FROM statements WHERE placement_id = ?",
+        checkpoints="FROM checkpoints WHERE placement_id = ?",
+        params=(placement_id, *commits),
+        short=(placement_id,),
+    )
+
+
 def _copy_rows(
     con: duckdb.DuckDBPyConnection,
     path: Path,
     placement_id: str,
-    commits: tuple[int, int],
+    source: _Rows,
     meta: dict[str, str],
     kinds: Collection[str] | None,
     template: Path | None,
     compact: bool = False,
 ) -> dict[str, int]:
-    """Write the export file ``path`` of one placement from the store ``con`` reads.
+    """Write the export file ``path`` of one placement from the rows ``source`` names.
 
     The file is ATTACHed to ``con`` and filled by INSERT .. SELECT in one transaction;
-    DETACH checkpoints it into one self-contained file. ``template``: an empty export
-    file to start from (else the schema is created here). ``kinds``: the input kinds
-    the chain holds (None: look for every kind).
+    DETACH checkpoints it into one self-contained file. ``source``: the store itself
+    (``_store_rows``) or a chunk staged by ``_stage``. ``template``: an empty export file
+    to start from (else the schema is created here). ``kinds``: the input kinds the
+    chain holds (None: look for every kind).
     """
     alias = f"gridledger_export_{next(_ALIASES)}"
     if template is not None:
@@ -178,15 +206,14 @@ def _copy_rows(
         try:
             if template is None:
                 con.execute(_schema(f"{alias}."))
-            rows = [placement_id, *commits]
+            rows = list(source.params)
             counts = {"meta": len(meta) + 1}
             counts["ledger_records"] = _count(
                 con,
                 f"INSERT INTO {alias}.ledger_records SELECT chain_index, envelope, record_hash, "
                 "kind, status, reason, delivered_mgms, total_gross_minor, "
                 "total_buyer_owes_minor, total_operator_receives_minor, "
-                f"total_desk_receives_minor, placement_id FROM records WHERE {PLACEMENT_ROWS} "
-                "ORDER BY chain_index",
+                f"total_desk_receives_minor, placement_id {source.records} ORDER BY chain_index",
                 rows,
             )
             for table, (kind, extra) in INPUT_TABLES.items():
@@ -197,7 +224,7 @@ def _copy_rows(
                 counts[table] = _count(
                     con,
                     f"INSERT INTO {alias}.{table} SELECT chain_index, position, input_hash, "
-                    f"envelope, status, reason{columns} FROM inputs WHERE {PLACEMENT_ROWS} "
+                    f"envelope, status, reason{columns} {source.inputs} "
                     "AND kind = ? ORDER BY chain_index",
                     [*rows, kind],
                 )
@@ -205,14 +232,14 @@ def _copy_rows(
                 con,
                 f"INSERT INTO {alias}.statements SELECT through_index, envelope, final, "
                 "buyer_owes_minor, operator_receives_minor, desk_receives_minor "
-                "FROM statements WHERE placement_id = ? ORDER BY through_index",
-                [placement_id],
+                f"{source.statements} ORDER BY through_index",
+                list(source.short),
             )
             counts["checkpoints"] = _count(
                 con,
-                f"INSERT INTO {alias}.checkpoints SELECT size, note FROM checkpoints "
-                "WHERE placement_id = ? ORDER BY size",
-                [placement_id],
+                f"INSERT INTO {alias}.checkpoints SELECT size, note {source.checkpoints} "
+                "ORDER BY size",
+                list(source.short),
             )
             counts["held"] = 0
             pairs = [
@@ -241,7 +268,7 @@ def _copy_rows(
 def _write_export(
     con: duckdb.DuckDBPyConnection,
     placement_id: str,
-    commits: tuple[int, int],
+    source: _Rows,
     out: Path,
     meta: dict[str, str],
     *,
@@ -255,7 +282,7 @@ def _write_export(
     try:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        counts = _copy_rows(con, tmp, placement_id, commits, meta, kinds, template, compact)
+        counts = _copy_rows(con, tmp, placement_id, source, meta, kinds, template, compact)
         with contextlib.suppress(FileNotFoundError):  # a checkpointed file has no WAL left
             Path(str(tmp) + ".wal").unlink()
         _fsync_file(tmp)
@@ -317,7 +344,8 @@ def _export(
     out.parent.mkdir(parents=True, exist_ok=True)
     con = store.cursor()
     try:
-        counts = _write_export(con, placement_id, commits, out, meta, compact=compact)
+        source = _store_rows(placement_id, commits)
+        counts = _write_export(con, placement_id, source, out, meta, compact=compact)
     finally:
         con.close()
     if parquet_dir is not None:
@@ -374,13 +402,18 @@ def _export_all(
     template = directory / f".template-{os.getpid()}.duckdb"
     _make_template(template, compact)
     ordered = sorted(facts, key=lambda p: (ranges[p], p))
-    parts = [ordered[i :: max(1, threads)] for i in range(max(1, threads))]
+    chunks = _chunks(ordered, {p: facts[p].records for p in ordered}, threads)
 
-    def work(part: list[str]) -> dict[str, dict[str, int]]:
+    def work(chunk: list[str]) -> dict[str, dict[str, int]]:
         done: dict[str, dict[str, int]] = {}
         con = store.cursor()
         try:
-            for pid in part:
+            staged = len(chunk) > 1
+            if staged:
+                low = min(ranges[p][0] for p in chunk)
+                high = max(ranges[p][1] for p in chunk)
+                _stage(con, chunk, low, high)
+            for pid in chunk:
                 meta = {
                     "ledger_key": ledger_key,
                     "dropped_duplicates": str(dropped.get(pid, 0)),
@@ -389,7 +422,7 @@ def _export_all(
                 done[pid] = _write_export(
                     con,
                     pid,
-                    ranges[pid],
+                    _staged_rows(pid) if staged else _store_rows(pid, ranges[pid]),
                     directory / f"{pid}.duckdb",
                     meta,
                     kinds=facts[pid].kinds,
@@ -398,18 +431,79 @@ def _export_all(
                     compact=compact,
                 )
         finally:
-            con.close()
+            con.close()  # its temporary tables go with it
         return done
 
     try:
         results: dict[str, dict[str, int]] = {}
-        with ThreadPoolExecutor(len(parts), thread_name_prefix="ledger-export") as pool:
-            for done in pool.map(work, parts):
+        workers = max(1, min(threads, len(chunks)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="ledger-export") as pool:
+            for done in pool.map(work, chunks):
                 results.update(done)
         _fsync_dir(directory)
     finally:
         template.unlink(missing_ok=True)
     return ExportedAll(results, attested.skipped)
+
+
+def _chunks(ordered: Sequence[str], records: dict[str, int], threads: int) -> list[list[str]]:
+    """``ordered`` (in commit order) cut into runs ``_stage`` reads at once: at most
+    EXPORT_STAGE_PLACEMENTS placements and EXPORT_STAGE_RECORDS records a run (a larger
+    placement alone), and at least ``threads`` runs when there are as many placements."""
+    size = max(1, min(EXPORT_STAGE_PLACEMENTS, -(-len(ordered) // max(1, threads))))
+    chunks: list[list[str]] = []
+    chunk: list[str] = []
+    held = 0
+    for pid in ordered:
+        n = records[pid]
+        if chunk and (len(chunk) >= size or held + n > EXPORT_STAGE_RECORDS):
+            chunks.append(chunk)
+            chunk, held = [], 0
+        chunk.append(pid)
+        held += n
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
+# The temporary tables ``_stage`` fills on a store cursor (temporary tables belong to
+# their connection: each writer thread's cursor has its own).
+_STAGED: Final = {
+    "records": "gridledger_stage_records",
+    "inputs": "gridledger_stage_inputs",
+    "statements": "gridledger_stage_statements",
+    "checkpoints": "gridledger_stage_checkpoints",
+}
+
+
+def _stage(con: duckdb.DuckDBPyConnection, chunk: list[str], low: int, high: int) -> None:
+    """Read the rows of every placement of ``chunk`` from the store once, one query per
+    table over the chunk's commit range ``low``..``high`` (which holds each placement's
+    own range), into ``con``'s temporary tables ``_STAGED``; ``_staged_rows`` then reads
+    one placement's rows there instead of in the store's large tables."""
+    for source, table in _STAGED.items():
+        if source in ("records", "inputs"):
+            select = (
+                f"SELECT * EXCLUDE (payload, commit_no) FROM {source} "
+                "WHERE placement_id IN (SELECT unnest(?)) AND commit_no BETWEEN ? AND ?"
+            )
+            params: list[Any] = [chunk, low, high]
+        else:
+            select = f"SELECT * FROM {source} WHERE placement_id IN (SELECT unnest(?))"
+            params = [chunk]
+        con.execute(f"CREATE OR REPLACE TEMPORARY TABLE {table} AS {select}", params)
+
+
+def _staged_rows(placement_id: str) -> _Rows:
+    """The placement's rows in the tables ``_stage`` filled."""
+    return _Rows(
+        records=f"FROM {_STAGED['records']} WHERE placement_id = ?",
+        inputs=f"FROM {_STAGED['inputs']} WHERE placement_id = ?",
+        statements=f"FROM {_STAGED['statements']} WHERE placement_id = ?",
+        checkpoints=f"FROM {_STAGED['checkpoints']} WHERE placement_id = ?",
+        params=(placement_id,),
+        short=(placement_id,),
+    )
 
 
 def _make_template(path: Path, compact: bool = False) -> None:

@@ -69,3 +69,10 @@ SUPERVISE_BACKOFF_MAX_S: Final = 30.0
 SUPERVISE_STOP_TIMEOUT_S: Final = 60.0
 # How long `supervise` waits for the topic's metadata (its partition count) at start.
 SUPERVISE_METADATA_TIMEOUT_S: Final = 10.0
+
+# ``export_all`` reads the rows of up to this many placements (and this many records) from
+# the store with one query per table, then writes each placement's file from them; a
+# larger placement is read alone, straight from the store as ``export_placement`` does.
+# Bounds the rows a writer thread holds (~1-2 KB each, records and inputs together).
+EXPORT_STAGE_PLACEMENTS: Final = 64
+EXPORT_STAGE_RECORDS: Final = 20_000

@@ -19,8 +19,10 @@ from test_store_envelopes import to_version_2
 
 from devtools.builders import adjustment, gpu, make_terms, signed_terms
 from gridledger.cli import main as gridledger_main
+from ledger import export
 from ledger.attest import LEAF_HASH_SQL, UnknownPlacement, attest_all
 from ledger.export import TABLES, export_all, export_placement
+from ledger.limits import EXPORT_STAGE_PLACEMENTS, EXPORT_STAGE_RECORDS
 from ledger.store import STORE_VERSION, Store
 from proto import merkle
 from proto.envelope import decode_envelope
@@ -87,6 +89,64 @@ def test_export_all_writes_the_same_files_as_one_at_a_time(tmp_path: Path) -> No
     assert _tables(tmp_path / "again" / f"{pid}.duckdb") == _tables(
         tmp_path / "all" / f"{pid}.duckdb"
     )
+
+
+def _rows_as_stored(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table in the order its rows were written (no ORDER BY)."""
+    with duckdb.connect(str(path), read_only=True) as con:
+        return {t: con.execute(f"SELECT * FROM {t}").fetchall() for t in TABLES}
+
+
+def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seven placements in chunks of two read from the store at once, the last one alone
+    straight from the store: every file holds the rows of ``export_placement``'s, in the
+    same order."""
+    scenario, db = _ledger(tmp_path, placements=7)
+    copy = tmp_path / "copy.duckdb"
+    shutil.copyfile(db, copy)
+    monkeypatch.setattr(export, "EXPORT_STAGE_PLACEMENTS", 2)
+    staged: list[list[str]] = []
+    stage = export._stage
+
+    def spy(con: Any, chunk: list[str], *rest: Any) -> None:
+        staged.append(chunk)
+        stage(con, chunk, *rest)
+
+    monkeypatch.setattr(export, "_stage", spy)
+    done = export_all(db, tmp_path / "all", key=scenario.cast.ledger, threads=2)
+    assert sorted(done.written) == scenario.placement_ids
+    assert sorted(len(chunk) for chunk in staged) == [2, 2, 2]  # and one read alone
+    for pid in scenario.placement_ids:
+        one = tmp_path / "one" / f"{pid}.duckdb"
+        assert export_placement(copy, pid, one, key=scenario.cast.ledger) == done.written[pid]
+        assert _rows_as_stored(tmp_path / "all" / f"{pid}.duckdb") == _rows_as_stored(one), pid
+    assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
+
+
+def test_export_chunks_are_bounded_in_placements_and_records() -> None:
+    """_chunks keeps commit order, at most EXPORT_STAGE_PLACEMENTS placements and
+    EXPORT_STAGE_RECORDS records a chunk (a larger placement alone), and makes at least
+    one chunk per writer thread when there are enough placements."""
+    bound = EXPORT_STAGE_RECORDS
+    ids = [f"p{i:03}" for i in range(3 * EXPORT_STAGE_PLACEMENTS)]
+    records = dict.fromkeys(ids, 1)
+    records["p005"] = bound + 1  # over the bound: alone
+    records["p007"] = bound - 1  # fills a chunk
+    chunks = export._chunks(ids, records, threads=2)
+    assert [p for chunk in chunks for p in chunk] == ids
+    assert ["p005"] in chunks  # over the bound, alone
+    assert ["p006", "p007"] in chunks  # exactly at the bound
+    for chunk in chunks:
+        assert len(chunk) <= EXPORT_STAGE_PLACEMENTS
+        assert len(chunk) == 1 or sum(records[p] for p in chunk) <= bound
+    assert max(len(chunk) for chunk in chunks) == EXPORT_STAGE_PLACEMENTS
+    assert [len(c) for c in export._chunks(ids[:10], dict.fromkeys(ids[:10], 1), threads=2)] == [
+        5,
+        5,
+    ]
+    assert [len(c) for c in export._chunks(ids[:1], records, threads=2)] == [1]
 
 
 def test_export_all_refuses_an_unknown_placement_before_writing(tmp_path: Path) -> None:
