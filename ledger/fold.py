@@ -50,6 +50,7 @@ from proto.reasons import Reason
 from proto.records import (
     BuyerRelease,
     LedgerRecord,
+    NodeKeyBinding,
     PlacementTerms,
     ReclaimNotice,
     Status,
@@ -141,26 +142,51 @@ class Fold:
     def apply_batch(
         self,
         items: Sequence[tuple[bytes, str, str | None, int | None]],
-        executor: Executor | None = None,
+        executor: Executor | crypto.CryptoWorker | None = None,
+        opening: Opening | None = None,
     ) -> list[Outcome]:
         """``apply`` each input in order and return all outcomes, flattened.
 
-        With an executor, the Ed25519 work runs on its threads: usage signatures are
-        checked ahead of the fold with the keys bound when the batch starts (records are
-        not signed, SPEC §8). The outcomes are the same as ``apply`` one input
-        at a time.
+        With an executor, the Ed25519 work runs on its threads (or worker process): usage
+        signatures are checked ahead of the fold (``open_batch``) with the keys bound when
+        the batch is opened (records are not signed, SPEC §8). ``opening``: the batch
+        already opened by ``open_batch`` (its checks under way). The outcomes are the same
+        as ``apply`` one input at a time.
         """
-        if executor is None:
-            return [o for raw, pos, key, at in items for o in self.apply(raw, pos, key, at)]
-        opened = [_open(raw) for raw, _, _, _ in items]
-        checks = crypto.preverify(executor, opened, self._key_finder(opened))
+        if opening is None:
+            if executor is None:
+                return [o for raw, pos, key, at in items for o in self.apply(raw, pos, key, at)]
+            opening = self.open_batch(items, executor)
         verdicts = [
             v
-            for (raw, position, key, at), op, check in zip(items, opened, checks, strict=True)
+            for (raw, position, key, at), op, check in zip(
+                items, opening.opened, opening.checks, strict=True
+            )
             for v in self._verdicts(raw, op, position, key, check, at)
         ]
         # Records are unsigned (SPEC §8): nothing left for the threads.
         return [outcome(v) for v in verdicts]
+
+    def open_batch(
+        self,
+        items: Sequence[tuple[bytes, str, str | None, int | None]],
+        executor: Executor | crypto.CryptoWorker,
+        ahead_of: Opening | None = None,
+    ) -> Opening:
+        """Open a batch's envelopes and hand its usage signatures to ``executor``.
+
+        ``ahead_of``: the batch opened before this one and not folded yet (the Kafka
+        service opens batch N+1 while N folds): keys its terms and key bindings name are
+        guessed for this batch too. A guess is only a guess (``_key_finder``)."""
+        opened = [_open(raw) for raw, _, _, _ in items]
+        named = _named_keys(opened)
+        if ahead_of is not None and ahead_of.named:
+            merged = {k: list(v) for k, v in ahead_of.named.items()}
+            for k, v in named.items():
+                merged.setdefault(k, []).extend(v)
+            named = merged
+        checks = crypto.preverify(executor, opened, self._key_finder(named))
+        return Opening(opened, checks, named)
 
     def _verdicts(
         self,
@@ -221,16 +247,12 @@ class Fold:
         state = self._cache.peek(placement_id)
         return None if state is None else state.key_for(node_id, keyid)
 
-    def _key_finder(self, opened: Sequence[Opened | ProtoError]) -> crypto.KeyFinder:
+    def _key_finder(self, named: dict[tuple[str, str], list[bytes]]) -> crypto.KeyFinder:
         """The key to check a usage signature with ahead of the fold: the key bound now,
-        else a node key named by terms in this batch (a placement whose terms and first
-        events arrive together). Only a guess: ``decide`` uses a check made with the key
+        else a node key named by terms or a key binding not folded yet (``named``: a
+        placement whose terms and first events arrive together, a key bound just before
+        the events it signs). Only a guess: ``decide`` uses a check made with the key
         actually bound when it gets there, and verifies inline otherwise."""
-        named: dict[tuple[str, str], list[bytes]] = {}
-        for op in opened:
-            if isinstance(op, Opened) and isinstance(op.record, PlacementTerms):
-                for node in op.record.nodes:
-                    named.setdefault((op.record.placement_id, node.node_id), []).append(node.key)
         if not named:
             return self._bound_key
 
@@ -314,6 +336,39 @@ class Fold:
         """The accepted terms of a placement, if any."""
         state = self._cache.peek(placement_id)
         return None if state is None else state.terms
+
+
+class Opening:
+    """A batch opened ahead of its fold: each input's envelope (or why it does not
+    open), its pending signature check, and the node keys its terms and key bindings
+    name, by (placement, node)."""
+
+    __slots__ = ("checks", "named", "opened")
+
+    def __init__(
+        self,
+        opened: list[Opened | ProtoError],
+        checks: list[PendingCheck | None],
+        named: dict[tuple[str, str], list[bytes]],
+    ) -> None:
+        self.opened = opened
+        self.checks = checks
+        self.named = named
+
+
+def _named_keys(opened: Sequence[Opened | ProtoError]) -> dict[tuple[str, str], list[bytes]]:
+    """Node keys named by the terms and key bindings among ``opened``."""
+    named: dict[tuple[str, str], list[bytes]] = {}
+    for op in opened:
+        if not isinstance(op, Opened):
+            continue
+        record = op.record
+        if isinstance(record, PlacementTerms):
+            for node in record.nodes:
+                named.setdefault((record.placement_id, node.node_id), []).append(node.key)
+        elif isinstance(record, NodeKeyBinding):
+            named.setdefault((record.placement_id, record.node_id), []).append(record.key)
+    return named
 
 
 def _open(raw: bytes) -> Opened | ProtoError:

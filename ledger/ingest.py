@@ -9,12 +9,19 @@ from memory (the fold reloads one from the store if a late input arrives for it)
 
 If the commit fails, the fold's memory is ahead of the store: the Ingestor refuses any
 further batch, and the owner rebuilds it from the store (which is what a restart does).
+The same holds when the fold itself fails half way (e.g. the signature worker died).
+
+``Ingestor.prepare`` opens a batch and hands its signature checks to the crypto pool
+before the batch before it is folded (the Kafka service's pipeline, ``ledger.service``);
+``ingest`` then folds the prepared batch. With ``crypto_worker`` the checks run in one
+worker process (``ledger.crypto.CryptoWorker``) instead of threads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -24,7 +31,8 @@ from typing import Final
 
 import structlog
 
-from ledger.fold import Fold, Outcome
+from ledger.crypto import CryptoWorker
+from ledger.fold import Fold, Opening, Outcome
 from ledger.inputs import Item
 from ledger.limits import CRYPTO_THREADS
 from ledger.metrics import LedgerMetrics
@@ -94,6 +102,16 @@ class BatchReport:
     seconds: float
 
 
+class Prepared:
+    """A batch opened ahead of its fold, its signature checks under way (``prepare``)."""
+
+    __slots__ = ("items", "opening")
+
+    def __init__(self, items: Sequence[Item], opening: Opening) -> None:
+        self.items = items
+        self.opening = opening
+
+
 class Ingestor:
     """Folds batches of inputs into the store; see the module docstring."""
 
@@ -103,6 +121,8 @@ class Ingestor:
         key: SigningKey,
         metrics: LedgerMetrics | None = None,
         attestation_roots: tuple[AttestationRoot, ...] | None = None,
+        *,
+        crypto_worker: bool = False,
     ) -> None:
         self.store = store
         self.key = key
@@ -114,8 +134,16 @@ class Ingestor:
             load_state=store.load_state,
             attestation_roots=attestation_roots,
         )
-        # Ed25519 checks and record signatures run on these threads beside the fold.
-        self._crypto = ThreadPoolExecutor(CRYPTO_THREADS, thread_name_prefix="ledger-crypto")
+        # Ed25519 checks run on these threads beside the fold, or in a worker process.
+        if crypto_worker and multiprocessing.current_process().daemon:
+            # A daemonic process (a test harness's, the replay's) may not have children.
+            log.info("crypto_worker_unavailable", why="a daemonic process", using="threads")
+            crypto_worker = False
+        self._crypto: ThreadPoolExecutor | CryptoWorker = (
+            CryptoWorker()
+            if crypto_worker
+            else ThreadPoolExecutor(CRYPTO_THREADS, thread_name_prefix="ledger-crypto")
+        )
         self._broken = False
         restored = 0
         for placement_id, snapshot in store.open_states():
@@ -124,27 +152,62 @@ class Ingestor:
         self.fold.restore_capacity(store.capacity_claims())
         log.info("fold_restored", placements=restored)
 
-    def close(self) -> None:
-        """Stop the crypto threads (the store is the owner's to close)."""
-        self._crypto.shutdown(wait=True)
+    @property
+    def crypto_worker(self) -> CryptoWorker | None:
+        """The signature worker process, if this Ingestor checks signatures in one."""
+        return self._crypto if isinstance(self._crypto, CryptoWorker) else None
 
-    def ingest(self, items: Sequence[Item]) -> BatchReport:
-        """Fold ``items`` in order and commit the batch with the sources' next positions."""
+    def start(self) -> None:
+        """Start the crypto worker process now, if there is one (else on first use)."""
+        if isinstance(self._crypto, CryptoWorker):
+            self._crypto.start()
+
+    def close(self) -> None:
+        """Stop the crypto threads or worker (the store is the owner's to close)."""
+        if isinstance(self._crypto, CryptoWorker):
+            self._crypto.close()
+        else:
+            self._crypto.shutdown(wait=True)
+
+    def prepare(self, items: Sequence[Item], ahead_of: Prepared | None = None) -> Prepared:
+        """Open ``items`` and start their signature checks; ``ahead_of``: the prepared
+        batch before them, if it is not folded yet (``Fold.open_batch``)."""
         if self._broken:
-            raise IngestBroken("an earlier batch failed to commit; rebuild from the store")
+            raise IngestBroken("an earlier batch failed to fold or commit; rebuild from the store")
+        inputs = [(item.data, item.position, item.stream_key, item.arrived_ms) for item in items]
+        opening = self.fold.open_batch(
+            inputs, self._crypto, None if ahead_of is None else ahead_of.opening
+        )
+        return Prepared(items, opening)
+
+    def ingest(self, items: Sequence[Item] | Prepared) -> BatchReport:
+        """Fold ``items`` (or a batch ``prepare`` opened) in order and commit the batch
+        with the sources' next positions."""
+        if self._broken:
+            raise IngestBroken("an earlier batch failed to fold or commit; rebuild from the store")
         started = time.perf_counter()
         with collector_paused():
             report = self._ingest(items, started)
         self._log(report)
         return report
 
-    def _ingest(self, items: Sequence[Item], started: float) -> BatchReport:
+    def _ingest(self, prepared: Sequence[Item] | Prepared, started: float) -> BatchReport:
+        items, opening = (
+            (prepared.items, prepared.opening)
+            if isinstance(prepared, Prepared)
+            else (prepared, None)
+        )
         batch = Batch()
         held = 0
         closes: dict[str, ChainedRow] = {}
         inputs = [(item.data, item.position, item.stream_key, item.arrived_ms) for item in items]
+        try:
+            outcomes = self.fold.apply_batch(inputs, self._crypto, opening)
+        except BaseException:
+            self._broken = True  # the fold's memory is part way through the batch
+            raise
         arrived: dict[str, int | None] | None = None  # built for the first held input only
-        for outcome in self.fold.apply_batch(inputs, self._crypto):
+        for outcome in outcomes:
             if outcome.decision == "held":
                 held += 1
                 if arrived is None:

@@ -45,6 +45,19 @@ BATCH_LATENCY_BUCKETS_S: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 # releases the GIL, so two threads use both cores of the reference machine).
 CRYPTO_THREADS: Final = 2
 
+# The Kafka service's signature checks run in one spawned worker process instead
+# (ledger/crypto.py), the next batch's while this one folds and commits: signatures per
+# chunk sent to it (the fold of a batch not checked ahead waits for its first chunk only).
+CRYPTO_WORKER_CHUNK: Final = 1_000
+# Longest wait for one chunk's checks (~55 us per signature: a chunk takes ~0.1 s); past
+# it, or when the worker died, the batch fails with CryptoWorkerError, never hangs.
+CRYPTO_WAIT_S: Final = 60.0
+# Stopping the worker: how long the chunk it is running may take before it is killed.
+CRYPTO_STOP_S: Final = 10.0
+# The Kafka service polls the next batch before folding this one (its signatures then go
+# to the worker while this batch folds): the longest wait for it; the fold then goes on.
+POLL_AHEAD_MS: Final = 50
+
 # DuckDB memory of the store (buffer pool); the file grows, the process does not.
 STORE_MEMORY_LIMIT: Final = "512MB"
 

@@ -44,12 +44,13 @@ import structlog
 
 from ledger.config import Arrival, KafkaConfig, LedgerConfig
 from ledger.consume import KafkaSource, LocalSource
-from ledger.ingest import BatchReport, Ingestor
+from ledger.ingest import BatchReport, Ingestor, Prepared
 from ledger.limits import (
     CLOSE_PUBLISH_ATTEMPTS,
     CLOSE_PUBLISH_BACKOFF_S,
     DEFAULT_BATCH_MAX_RECORDS,
     MAX_IDLE_PASSES,
+    POLL_AHEAD_MS,
     POLL_TIMEOUT_MS,
 )
 from ledger.metrics import LedgerMetrics
@@ -160,6 +161,7 @@ class _ServiceCore:
         metrics: LedgerMetrics | None,
         arrival: Arrival,
         attestation_roots: tuple[AttestationRoot, ...] | None = None,
+        crypto_worker: bool = False,
     ) -> None:
         self.store = store
         self.arrival = arrival
@@ -184,7 +186,9 @@ class _ServiceCore:
         self.batch_max_records = batch_max_records
         self.close_enabled = close
         self.metrics = metrics or LedgerMetrics()
-        self.ingestor = Ingestor(store, key, self.metrics, attestation_roots)
+        self.ingestor = Ingestor(
+            store, key, self.metrics, attestation_roots, crypto_worker=crypto_worker
+        )
         self.closer = Closer(store, self.ingestor, key, clock)
 
     def close_stamps(self, pending: list[tuple[str, bytes]]) -> list[int] | None:
@@ -355,11 +359,20 @@ class KafkaLedgerService(_ServiceCore):
             metrics=metrics,
             arrival=arrival,
             attestation_roots=attestation_roots,
+            crypto_worker=True,
         )
         self.kafka = kafka
-        self.source = KafkaSource(
-            kafka, store.offsets(), max_poll_records=batch_max_records, arrival=arrival
-        )
+        try:
+            self.source = KafkaSource(
+                kafka, store.offsets(), max_poll_records=batch_max_records, arrival=arrival
+            )
+        except BaseException:
+            self.ingestor.close()
+            raise
+        # The next batch, polled and opened, its signatures being checked in the worker
+        # while the current one folds and commits; not committed, so not in the store's
+        # offsets: dropped on stop, read again after a restart.
+        self._ahead: Prepared | None = None
 
     @classmethod
     def from_config(cls, config: LedgerConfig, clock: Clock | None = None) -> KafkaLedgerService:
@@ -379,21 +392,39 @@ class KafkaLedgerService(_ServiceCore):
         )
 
     async def start(self) -> None:
-        """Connect the consumer (assign partitions, seek to stored offsets)."""
+        """Start the signature worker, connect the consumer (assign partitions, seek to
+        stored offsets)."""
+        self.ingestor.start()
         await self.source.start()
 
     async def stop(self) -> None:
-        """Disconnect the consumer."""
+        """Disconnect the consumer (a batch polled ahead is dropped: not committed)."""
+        self._ahead = None
         await self.source.stop()
 
     async def step(self, timeout_ms: int = POLL_TIMEOUT_MS) -> BatchReport | None:
-        """Poll once; fold and commit what arrived. None when nothing arrived in time."""
-        items = await self.source.poll(self.batch_max_records, timeout_ms)
-        if not items:
-            return None
-        report = self.ingestor.ingest(items)
-        self.source.advance(items)
+        """Fold and commit one batch: the one polled ahead by the last step, else one
+        polled now (None when nothing arrived in time).
+
+        Before it folds, the next batch is polled (waiting at most ``POLL_AHEAD_MS``)
+        and opened, and its signatures go to the worker process: they are checked while
+        this batch folds and commits. Only committed batches move the stored offsets."""
+        prepared, self._ahead = self._ahead, None
+        if prepared is None:
+            items = await self.source.poll(self.batch_max_records, timeout_ms)
+            if not items:
+                return None
+            prepared = self.ingestor.prepare(items)
+        ahead = await self.source.poll(self.batch_max_records, POLL_AHEAD_MS)
+        if ahead:
+            self._ahead = self.ingestor.prepare(ahead, ahead_of=prepared)
+        report = self.ingestor.ingest(prepared)
+        self.source.advance(list(prepared.items))
         return report
+
+    def pending_ahead(self) -> int:
+        """Inputs polled ahead of the next step (not folded, not committed)."""
+        return 0 if self._ahead is None else len(self._ahead.items)
 
     async def close_due(self) -> int:
         """Publish every due close into its placement's partition; return how many."""
