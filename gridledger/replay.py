@@ -472,7 +472,16 @@ def peak_rss_mib() -> float:
 
 
 def own_peak_rss_mib() -> float:
-    """Peak resident memory of this process alone, in MiB."""
+    """Peak resident memory of this process alone, in MiB: VmHWM of /proc/self/status
+    (``ru_maxrss`` survives exec on Linux, so a spawned child would report its parent's
+    peak until it passed it); ``ru_maxrss`` where /proc has no such line."""
+    with (
+        contextlib.suppress(OSError),
+        open("/proc/self/status", encoding="ascii", errors="replace") as status,
+    ):
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -1196,7 +1205,7 @@ class _LedgerProcess:
 
 class _PhasePeaks:
     """Which phase of the ledger process set its peak RSS: the high-water mark
-    (``ru_maxrss``) read before and after each phase; a phase during which it rose is
+    (``own_peak_rss_mib``) read before and after each phase; a phase during which it rose is
     where it was reached (the process's transients, e.g. a big export, show up here where
     a sample between phases would miss them)."""
 
