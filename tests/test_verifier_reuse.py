@@ -207,3 +207,25 @@ def test_a_forked_worker_gets_its_own_warm_database_and_removes_it(
     with ExportSource(path) as again:
         assert again.warm and again.con is parent_con
     assert json.loads(report_text(path, trust))["verdict"] == "verified"
+
+
+@pytest.mark.parametrize("left", ["open", "aborted"])
+def test_a_transaction_left_open_is_rolled_back_and_the_database_reused(
+    exports: dict[str, tuple[Path, Any]], left: str
+) -> None:
+    path, trust = exports["small"]
+    with ExportSource(path) as opened:
+        assert opened.warm
+        con = opened.con
+        con.execute("CREATE TABLE w_left(i INTEGER)")
+        con.execute("BEGIN TRANSACTION")
+        con.execute("INSERT INTO w_left VALUES (1)")
+        if left == "aborted":
+            with pytest.raises(duckdb.ConversionException):
+                con.execute("SELECT 1 / 'x'::INTEGER").fetchall()
+    with ExportSource(path) as again:
+        assert again.warm and again.con is con  # detached cleanly: not replaced
+        assert again.con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'w_left'"
+        ).fetchall() == [(0,)]
+    assert json.loads(report_text(path, trust))["verdict"] == "verified"

@@ -97,12 +97,16 @@ class WarmDatabase:
 
     def detach(self, link: Path) -> bool:
         """Drop the export and its work tables; True when the database is clean again."""
+        drop = (
+            f"USE memory; DETACH DATABASE IF EXISTS {WORK_ALIAS}; "
+            f"DETACH DATABASE IF EXISTS {EXPORT_ALIAS}"
+        )
         try:
-            with contextlib.suppress(duckdb.Error):  # a transaction the checklist left open
+            try:
+                self.con.execute(drop)
+            except duckdb.Error:  # a transaction the checklist left open (or aborted)
                 self.con.execute("ROLLBACK")
-            self.con.execute("USE memory")
-            for alias in (WORK_ALIAS, EXPORT_ALIAS):
-                self.con.execute(f"DETACH DATABASE IF EXISTS {alias}")
+                self.con.execute(drop)
             return self._clean()
         except duckdb.Error:
             return False
