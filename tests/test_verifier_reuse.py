@@ -5,7 +5,10 @@ a small one's own in-memory database, a big one's scratch file) gives one report
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import shutil
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -170,4 +173,59 @@ def test_a_database_left_unclean_is_closed_and_replaced(
     monkeypatch.undo()
     with ExportSource(path) as reopened:
         assert reopened.warm and reopened.con is not before
+    assert json.loads(report_text(path, trust))["verdict"] == "verified"
+
+
+def _verify_in_worker(path: str, trust: Any) -> tuple[str, str, str]:
+    """In a pool worker: the verdict, and the warm database's directory and pid."""
+    report = verify_export(Path(path), trust)
+    database = warm.acquire()
+    assert database is not None
+    try:
+        return report.verdict, str(database.dir), str(database.pid)
+    finally:
+        warm.release(database, clean=True)
+
+
+def test_a_forked_worker_gets_its_own_warm_database_and_removes_it(
+    exports: dict[str, tuple[Path, Any]],
+) -> None:
+    path, trust = exports["small"]
+    with ExportSource(path) as opened:  # the parent's warm database exists before the fork
+        assert opened.warm
+        parent_con = opened.con
+    database = warm.acquire()
+    assert database is not None
+    parent_dir = database.dir
+    warm.release(database, clean=True)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        verdict, child_dir, child_pid = pool.submit(_verify_in_worker, str(path), trust).result()
+    assert verdict == "verified"
+    assert Path(child_dir) != parent_dir and int(child_pid) != os.getpid()
+    assert not Path(child_dir).exists()  # the worker removed its own at exit
+    assert parent_dir.is_dir()  # and left the parent's alone
+    with ExportSource(path) as again:
+        assert again.warm and again.con is parent_con
+    assert json.loads(report_text(path, trust))["verdict"] == "verified"
+
+
+@pytest.mark.parametrize("left", ["open", "aborted"])
+def test_a_transaction_left_open_is_rolled_back_and_the_database_reused(
+    exports: dict[str, tuple[Path, Any]], left: str
+) -> None:
+    path, trust = exports["small"]
+    with ExportSource(path) as opened:
+        assert opened.warm
+        con = opened.con
+        con.execute("CREATE TABLE w_left(i INTEGER)")
+        con.execute("BEGIN TRANSACTION")
+        con.execute("INSERT INTO w_left VALUES (1)")
+        if left == "aborted":
+            with pytest.raises(duckdb.ConversionException):
+                con.execute("SELECT 1 / 'x'::INTEGER").fetchall()
+    with ExportSource(path) as again:
+        assert again.warm and again.con is con  # detached cleanly: not replaced
+        assert again.con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'w_left'"
+        ).fetchall() == [(0,)]
     assert json.loads(report_text(path, trust))["verdict"] == "verified"

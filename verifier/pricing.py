@@ -87,9 +87,9 @@ WORK_TABLES: Final = (
 
 
 def create_work_tables(con: Any) -> None:
-    """Create the (empty) work tables in the verifier's in-memory database."""
-    for ddl in WORK_TABLES:
-        con.execute(ddl)
+    """Create the (empty) work tables in the verifier's database (one call: a small
+    export's checklist pays per statement)."""
+    con.execute("; ".join(WORK_TABLES))
 
 
 def load_terms(con: Any, terms: PlacementTerms) -> None:

@@ -2,9 +2,12 @@
 
 The export is attached READ_ONLY to a scratch DuckDB (in a temporary directory, removed
 on close) that holds the verifier's own work tables, so verification never writes to the
-file it checks. Every big table is
+file it checks; a small export (``SMALL_EXPORT_BYTES``) to the process's warm database
+instead, with its work tables in a database of their own, both detached on close
+(``verifier/warm.py``). Every big table is
 read by chain-index range (``CHAIN_BATCH_INDICES`` at a time): memory stays bounded
-whatever the export's size, and the reader never trusts the export's row order.
+whatever the export's size, and the reader never trusts the export's row order. The
+export is read-only: what is read whole (row counts, small tables) is read once.
 """
 
 from __future__ import annotations

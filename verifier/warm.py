@@ -19,17 +19,18 @@ After each export the database must hold nothing of it (``_clean``: only its emp
 default catalog attached, no table anywhere); any failure there, or on the way, and the
 database is closed and forgotten, the next export gets a new one. A database in use (a
 second thread, nested sources) is not shared: the caller opens its own, as before. A
-forked child never touches its parent's database (``os.register_at_fork``).
+forked child never touches its parent's database (``os.register_at_fork``); the database
+is closed and its directory removed at exit, in pool workers too.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
 import tempfile
 import threading
+from multiprocessing.util import Finalize
 from pathlib import Path
 from typing import Any, Final
 
@@ -53,6 +54,12 @@ class WarmDatabase:
         self.serial = 0
         try:
             self.con: Any = duckdb.connect(":memory:")
+            # Closed and removed when dropped or at exit, also in a pool's worker process
+            # (multiprocessing ends those with os._exit: no atexit), never in a forked
+            # child that inherited this finalizer (the pid).
+            self._finalizer = Finalize(
+                self, _close, args=(self.con, self.dir, self.pid), exitpriority=0
+            )
             for statement in (
                 "SET enable_progress_bar = false",  # never into stdout
                 "SET threads = 1",
@@ -90,12 +97,16 @@ class WarmDatabase:
 
     def detach(self, link: Path) -> bool:
         """Drop the export and its work tables; True when the database is clean again."""
+        drop = (
+            f"USE memory; DETACH DATABASE IF EXISTS {WORK_ALIAS}; "
+            f"DETACH DATABASE IF EXISTS {EXPORT_ALIAS}"
+        )
         try:
-            with contextlib.suppress(duckdb.Error):  # a transaction the checklist left open
+            try:
+                self.con.execute(drop)
+            except duckdb.Error:  # a transaction the checklist left open (or aborted)
                 self.con.execute("ROLLBACK")
-            self.con.execute("USE memory")
-            for alias in (WORK_ALIAS, EXPORT_ALIAS):
-                self.con.execute(f"DETACH DATABASE IF EXISTS {alias}")
+                self.con.execute(drop)
             return self._clean()
         except duckdb.Error:
             return False
@@ -113,10 +124,17 @@ class WarmDatabase:
 
     def close(self) -> None:
         """Close the database and remove its directories."""
-        try:
-            self.con.close()
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        self._finalizer()
+
+
+def _close(con: Any, directory: Path, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child's copy: the parent's to close
+        return
+    try:
+        with contextlib.suppress(duckdb.Error):
+            con.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _quoted(path: Path) -> str:
@@ -133,7 +151,7 @@ def acquire() -> WarmDatabase | None:
     global _warm
     with _lock:
         if _warm is not None and _warm.pid != os.getpid():
-            _warm = None  # a forked child: the parent's database is not ours to touch
+            _forget_in_child()  # a fork the at-fork hook missed: not ours to touch
         if _warm is None:
             try:
                 _warm = WarmDatabase()
@@ -151,25 +169,21 @@ def release(warm: WarmDatabase, clean: bool) -> None:
         with _lock:
             if _warm is warm:
                 _warm = None
-        with contextlib.suppress(duckdb.Error):
-            warm.close()
+        warm.close()
     warm.busy.release()
 
 
-def forget(*, close: bool) -> None:
-    """Drop the process's database (closing it when ``close``)."""
-    global _warm
-    warm, _warm = _warm, None
-    if warm is not None and close and warm.pid == os.getpid():
-        with contextlib.suppress(duckdb.Error):
-            warm.close()
+# A forked child's copies of its parent's databases: kept, never closed nor destroyed
+# (DuckDB's state after a fork is not the child's to tear down).
+_inherited: list[WarmDatabase] = []
 
 
 def _forget_in_child() -> None:
     global _warm, _lock
+    if _warm is not None:
+        _inherited.append(_warm)
     _warm = None
     _lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
-atexit.register(forget, close=True)
