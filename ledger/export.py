@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import threading
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +30,11 @@ from typing import Any, Final
 import duckdb
 
 from ledger.attest import UnknownPlacement, attest_all, issue_checkpoint, issue_statement
-from ledger.limits import EXPORT_STAGE_PLACEMENTS, EXPORT_STAGE_RECORDS
+from ledger.limits import (
+    EXPORT_STAGE_PLACEMENTS,
+    EXPORT_STAGE_RECORDS,
+    EXPORT_WRITER_MEMORY_LIMIT,
+)
 from ledger.store import PLACEMENT_ROWS, Store
 from proto.keys import SigningKey, b64
 
@@ -404,6 +409,15 @@ def _export_all(
     ordered = sorted(facts, key=lambda p: (ranges[p], p))
     chunks = _chunks(ordered, {p: facts[p].records for p in ordered}, threads)
 
+    writers: dict[int, duckdb.DuckDBPyConnection] = {}
+
+    def writer() -> duckdb.DuckDBPyConnection:
+        """This thread's writer: a DuckDB of its own (one thread, not the store's)."""
+        thread = threading.get_ident()
+        if thread not in writers:
+            writers[thread] = duckdb.connect(":memory:", config=_WRITER_CONFIG)
+        return writers[thread]
+
     def work(chunk: list[str]) -> dict[str, dict[str, int]]:
         done: dict[str, dict[str, int]] = {}
         con = store.cursor()
@@ -412,7 +426,7 @@ def _export_all(
             if staged:
                 low = min(ranges[p][0] for p in chunk)
                 high = max(ranges[p][1] for p in chunk)
-                _stage(con, chunk, low, high)
+                _stage(con, writer(), chunk, low, high, directory)
             for pid in chunk:
                 meta = {
                     "ledger_key": ledger_key,
@@ -420,7 +434,7 @@ def _export_all(
                     "arrival": arrival,
                 }
                 done[pid] = _write_export(
-                    con,
+                    writer() if staged else con,
                     pid,
                     _staged_rows(pid) if staged else _store_rows(pid, ranges[pid]),
                     directory / f"{pid}.duckdb",
@@ -431,7 +445,7 @@ def _export_all(
                     compact=compact,
                 )
         finally:
-            con.close()  # its temporary tables go with it
+            con.close()
         return done
 
     try:
@@ -442,6 +456,8 @@ def _export_all(
                 results.update(done)
         _fsync_dir(directory)
     finally:
+        for con in writers.values():
+            con.close()
         template.unlink(missing_ok=True)
     return ExportedAll(results, attested.skipped)
 
@@ -466,21 +482,40 @@ def _chunks(ordered: Sequence[str], records: dict[str, int], threads: int) -> li
     return chunks
 
 
-# The temporary tables ``_stage`` fills on a store cursor (temporary tables belong to
-# their connection: each writer thread's cursor has its own).
+# The tables ``_stage`` fills in a writer's DuckDB, one per source in the store.
 _STAGED: Final = {
-    "records": "gridledger_stage_records",
-    "inputs": "gridledger_stage_inputs",
-    "statements": "gridledger_stage_statements",
-    "checkpoints": "gridledger_stage_checkpoints",
+    "records": "stage_records",
+    "inputs": "stage_inputs",
+    "statements": "stage_statements",
+    "checkpoints": "stage_checkpoints",
+}
+# A writer's DuckDB (``export_all``): one thread (its work is one small file at a time),
+# its memory bounded beside the store's, and columns stored uncompressed: DuckDB then
+# skips trying every compression method on every column at each file's checkpoint
+# (~a fifth of a small placement's export, bench/export_many.py), while the files hold
+# the same rows and keep their size within 1 % (most of an export is envelopes, which
+# no method compresses much, and a small table fills a block of its own either way).
+_WRITER_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
+    "threads": 1,
+    "memory_limit": EXPORT_WRITER_MEMORY_LIMIT,
+    "force_compression": "uncompressed",
 }
 
 
-def _stage(con: duckdb.DuckDBPyConnection, chunk: list[str], low: int, high: int) -> None:
-    """Read the rows of every placement of ``chunk`` from the store once, one query per
-    table over the chunk's commit range ``low``..``high`` (which holds each placement's
-    own range), into ``con``'s temporary tables ``_STAGED``; ``_staged_rows`` then reads
-    one placement's rows there instead of in the store's large tables."""
+def _stage(
+    con: duckdb.DuckDBPyConnection,
+    writer: duckdb.DuckDBPyConnection,
+    chunk: list[str],
+    low: int,
+    high: int,
+    directory: Path,
+) -> None:
+    """Read the rows of every placement of ``chunk`` from the store (``con``) once, one
+    query per table over the chunk's commit range ``low``..``high`` (which holds each
+    placement's own range), into ``writer``'s tables ``_STAGED``; ``_staged_rows`` then
+    reads one placement's rows there instead of in the store's large tables. The rows
+    pass from one DuckDB to the other through a Parquet file in ``directory`` (removed
+    at once; DuckDB's types survive the round trip)."""
     for source, table in _STAGED.items():
         if source in ("records", "inputs"):
             select = (
@@ -491,7 +526,18 @@ def _stage(con: duckdb.DuckDBPyConnection, chunk: list[str], low: int, high: int
         else:
             select = f"SELECT * FROM {source} WHERE placement_id IN (SELECT unnest(?))"
             params = [chunk]
-        con.execute(f"CREATE OR REPLACE TEMPORARY TABLE {table} AS {select}", params)
+        path = directory / f".stage-{os.getpid()}-{next(_ALIASES)}-{source}.parquet"
+        try:
+            con.execute(
+                f"COPY ({select}) TO '{_sql_string(path)}' "
+                "(FORMAT parquet, COMPRESSION uncompressed)",
+                params,
+            )
+            writer.execute(
+                f"CREATE OR REPLACE TABLE {table} AS FROM read_parquet('{_sql_string(path)}')"
+            )
+        finally:
+            path.unlink(missing_ok=True)
 
 
 def _staged_rows(placement_id: str) -> _Rows:

@@ -110,9 +110,9 @@ def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
     staged: list[list[str]] = []
     stage = export._stage
 
-    def spy(con: Any, chunk: list[str], *rest: Any) -> None:
+    def spy(con: Any, writer: Any, chunk: list[str], *rest: Any) -> None:
         staged.append(chunk)
-        stage(con, chunk, *rest)
+        stage(con, writer, chunk, *rest)
 
     monkeypatch.setattr(export, "_stage", spy)
     done = export_all(db, tmp_path / "all", key=scenario.cast.ledger, threads=2)
