@@ -493,11 +493,15 @@ _STAGE_PREFIX: Final = "stage_"
 # (~a fifth of a small placement's export, bench/export_many.py), while the files hold
 # the same rows and keep their size within 1 % (most of an export is envelopes, which
 # no method compresses much, and a small table fills a block of its own either way).
+# A checkpoint threshold of 0: each file's COMMIT checkpoints at once, so its rows are
+# not first copied into a WAL and synced there (the file is a temporary one until it
+# is synced and renamed; DETACH then has nothing left to write).
 _WRITER_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
     "threads": 1,
     "memory_limit": EXPORT_WRITER_MEMORY_LIMIT,
     "preserve_insertion_order": True,
     "force_compression": "uncompressed",
+    "checkpoint_threshold": "0b",
 }
 
 
