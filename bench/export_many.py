@@ -10,9 +10,11 @@
    window end + grace. Inputs go through the ledger's own fold and store (``Ingestor``) in
    batches of 5,000, so the store's rows are interleaved the way a real ledger writes
    them: at most a few dozen placements open at once, a few open for most of the trace.
-2. Measures the floor in the same run: one sequential read of every row of the store's
-   ``records`` and ``inputs`` tables (every column an export copies). Exporting every
-   placement cannot read less than that.
+2. Measures two floors in the same run: one sequential read of every row of the store's
+   ``records`` and ``inputs`` tables (every column an export copies; exporting every
+   placement cannot read less than that), and the cost of one export file to DuckDB
+   (``file_floor``: a file with one row in each table a small placement fills, written
+   the way ``export_all`` writes one; no export of a placement can cost less).
 3. Exports: ``each`` calls ``export_placement`` once per placement (what the HTTP API and
    ``ledger export PLACEMENT`` do); ``all`` runs ``export_all`` (``ledger export --all``,
    one pass). ``--sample N`` exports only N placements spread over the trace in ``each``
@@ -181,6 +183,55 @@ def full_read(db: Path) -> float:
         con.close()
 
 
+def file_floor(work: Path, files: int = 200) -> dict[str, float]:
+    """The per-file floor, measured in the same run: ``files`` export files, each with one
+    row in each of the 7 tables a small placement fills, written as ``export_all``
+    writes one (template copy, ATTACH to the writer's own DuckDB, INSERTs, COMMIT,
+    DETACH = checkpoint, fsync, rename), one thread: what one file costs DuckDB whatever
+    the store. ms per file, wall and CPU (this process, every thread)."""
+    import duckdb
+
+    from ledger import export
+
+    out = work / "floor"
+    out.mkdir()
+    template = out / ".template.duckdb"
+    export._make_template(template)
+    config = getattr(export, "_WRITER_CONFIG", {"threads": 1})
+    con = duckdb.connect(":memory:", config=config)
+    envelope = bytes(900)
+    rows = {
+        "ledger_records": "(0, ?, 'h', 'usage', 'accepted', '', 1, 2, 3, 4, 5, 'p')",
+        "terms": "(0, 'k:0', 'h', ?, 'accepted', '')",
+        "usage_events": "(1, 'k:1', 'h', ?, 'accepted', '', 'n', 0, 1, 2)",
+        "closes": "(2, 'k:2', 'h', ?, 'accepted', '', 3)",
+        "statements": "(2, ?, true, 1, 2, 3)",
+    }
+    try:
+        started, cpu = time.perf_counter(), _cpu()
+        for i in range(files):
+            tmp, final = out / f".f{i}.tmp", out / f"f{i}.duckdb"
+            shutil.copyfile(template, tmp)
+            con.execute(f"ATTACH '{tmp}' AS f")
+            con.execute("BEGIN")
+            for table, values in rows.items():
+                con.execute(f"INSERT INTO f.{table} VALUES {values}", [envelope])
+            con.execute("INSERT INTO f.checkpoints VALUES (3, 'note')")
+            con.execute("INSERT INTO f.meta VALUES ('format', 'gridledger-export')")
+            con.execute("COMMIT")
+            con.execute("DETACH f")
+            export._fsync_file(tmp)
+            os.replace(tmp, final)
+        seconds, cpu = time.perf_counter() - started, _cpu() - cpu
+    finally:
+        con.close()
+        shutil.rmtree(out, ignore_errors=True)
+    return {
+        "ms_per_file": round(seconds / files * 1000, 2),
+        "cpu_ms_per_file": round(cpu / files * 1000, 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build or reuse the store, time the full read and the exports, verify a sample."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -212,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copyfile(cached, db)  # exports issue statements/checkpoints: keep the cache clean
         report["store_mib"] = round(db.stat().st_size / 2**20)
         report["full_read_s"] = round(full_read(db), 2)
+        report["file_floor"] = file_floor(work)
+        print(json.dumps({"file_floor": report["file_floor"]}), flush=True)
         with Store(db, ledger_public_key=cast.ledger.public_key) as store:
             placements = store.placements()
             records = int(store.query("SELECT count(*) FROM records")[0][0])
@@ -255,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                 "all_placements_s": round(all_s, 1),
                 "exports_per_s": round(len(chosen) / seconds, 1),
                 "ratio_to_full_read": round(all_s / report["full_read_s"], 2),
+                "cpu_ratio_to_file_floor": round(
+                    cpu / len(chosen) * 1000 / report["file_floor"]["cpu_ms_per_file"], 2
+                ),
             }
             print(json.dumps({mode: report[mode]}), flush=True)
         if args.verify:

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import threading
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +30,11 @@ from typing import Any, Final
 import duckdb
 
 from ledger.attest import UnknownPlacement, attest_all, issue_checkpoint, issue_statement
-from ledger.limits import EXPORT_STAGE_PLACEMENTS, EXPORT_STAGE_RECORDS
+from ledger.limits import (
+    EXPORT_STAGE_PLACEMENTS,
+    EXPORT_STAGE_RECORDS,
+    EXPORT_WRITER_MEMORY_LIMIT,
+)
 from ledger.store import PLACEMENT_ROWS, Store
 from proto.keys import SigningKey, b64
 
@@ -147,30 +152,56 @@ def _attach_options(compact: bool) -> str:
     return f"STORAGE_VERSION '{STORAGE_VERSION}'"
 
 
+# The order of each export table's rows, and the column that orders them.
+_ORDER: Final = {
+    "ledger_records": "chain_index",
+    **dict.fromkeys(INPUT_TABLES, "chain_index"),
+    "statements": "through_index",
+    "checkpoints": "size",
+}
+
+
+# The columns of each export table that holds rows of the store, as read from
+# ``records``, ``inputs``, ``statements`` and ``checkpoints``, in the table's order.
+_COLUMNS: Final = {
+    "ledger_records": "chain_index, envelope, record_hash, kind, status, reason, "
+    "delivered_mgms, total_gross_minor, total_buyer_owes_minor, "
+    "total_operator_receives_minor, total_desk_receives_minor, placement_id",
+    **{
+        table: "chain_index, position, input_hash, envelope, status, reason"
+        + "".join(f", {name}" for name, _ in extra)
+        for table, (_, extra) in INPUT_TABLES.items()
+    },
+    "statements": "through_index, envelope, final, buyer_owes_minor, "
+    "operator_receives_minor, desk_receives_minor",
+    "checkpoints": "size, note",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class _Rows:
-    """Where ``_copy_rows`` reads one placement's rows: a FROM .. WHERE clause per source
-    (``records``, ``inputs``, ``statements``, ``checkpoints``) and its parameters, which
-    start with the placement id."""
+    """Where ``_copy_rows`` reads one placement's rows: in the store, through its commit
+    range (``commits``), or in the tables ``_stage`` filled (``commits`` None)."""
 
-    records: str
-    inputs: str
-    statements: str
-    checkpoints: str
-    params: tuple[Any, ...]
-    short: tuple[Any, ...]  # the parameters of ``statements`` and ``checkpoints``
+    placement_id: str
+    commits: tuple[int, int] | None
 
-
-def _store_rows(placement_id: str, commits: tuple[int, int]) -> _Rows:
-    """The placement's rows in the store, read through its commit range."""
-    return _Rows(
-        records=f"FROM records WHERE {PLACEMENT_ROWS}",
-        inputs=f"FROM inputs WHERE {PLACEMENT_ROWS}",
-        statements="FROM statements WHERE placement_id = ?",
-        checkpoints="FROM checkpoints WHERE placement_id = ?",
-        params=(placement_id, *commits),
-        short=(placement_id,),
-    )
+    def of(self, table: str) -> tuple[str, list[Any]]:
+        """The FROM .. clause (through ORDER BY) that reads the rows of export table
+        ``table`` in their order, and its parameters."""
+        if self.commits is None:
+            # Staged in this order, read in it (the writer preserves insertion order).
+            return f"FROM {_STAGE_PREFIX}{table} WHERE placement_id = ?", [self.placement_id]
+        order = f"ORDER BY {_ORDER[table]}"
+        if table in ("statements", "checkpoints"):
+            return f"FROM {table} WHERE placement_id = ? {order}", [self.placement_id]
+        rows = [self.placement_id, *self.commits]
+        if table == "ledger_records":
+            return f"FROM records WHERE {PLACEMENT_ROWS} {order}", rows
+        return f"FROM inputs WHERE {PLACEMENT_ROWS} AND kind = ? {order}", [
+            *rows,
+            INPUT_TABLES[table][0],
+        ]
 
 
 def _copy_rows(
@@ -187,9 +218,9 @@ def _copy_rows(
 
     The file is ATTACHed to ``con`` and filled by INSERT .. SELECT in one transaction;
     DETACH checkpoints it into one self-contained file. ``source``: the store itself
-    (``_store_rows``) or a chunk staged by ``_stage``. ``template``: an empty export file
-    to start from (else the schema is created here). ``kinds``: the input kinds the
-    chain holds (None: look for every kind).
+    (``_Rows`` with a commit range) or a chunk staged by ``_stage``. ``template``: an
+    empty export file to start from (else the schema is created here). ``kinds``: the
+    input kinds the chain holds (None: look for every kind).
     """
     alias = f"gridledger_export_{next(_ALIASES)}"
     if template is not None:
@@ -206,41 +237,16 @@ def _copy_rows(
         try:
             if template is None:
                 con.execute(_schema(f"{alias}."))
-            rows = list(source.params)
             counts = {"meta": len(meta) + 1}
-            counts["ledger_records"] = _count(
-                con,
-                f"INSERT INTO {alias}.ledger_records SELECT chain_index, envelope, record_hash, "
-                "kind, status, reason, delivered_mgms, total_gross_minor, "
-                "total_buyer_owes_minor, total_operator_receives_minor, "
-                f"total_desk_receives_minor, placement_id {source.records} ORDER BY chain_index",
-                rows,
-            )
-            for table, (kind, extra) in INPUT_TABLES.items():
-                if kinds is not None and kind not in kinds:
+            for table, columns in _COLUMNS.items():
+                kind = INPUT_TABLES[table][0] if table in INPUT_TABLES else None
+                if kind is not None and kinds is not None and kind not in kinds:
                     counts[table] = 0
                     continue
-                columns = "".join(f", {name}" for name, _ in extra)
+                clause, params = source.of(table)
                 counts[table] = _count(
-                    con,
-                    f"INSERT INTO {alias}.{table} SELECT chain_index, position, input_hash, "
-                    f"envelope, status, reason{columns} {source.inputs} "
-                    "AND kind = ? ORDER BY chain_index",
-                    [*rows, kind],
+                    con, f"INSERT INTO {alias}.{table} SELECT {columns} {clause}", params
                 )
-            counts["statements"] = _count(
-                con,
-                f"INSERT INTO {alias}.statements SELECT through_index, envelope, final, "
-                "buyer_owes_minor, operator_receives_minor, desk_receives_minor "
-                f"{source.statements} ORDER BY through_index",
-                list(source.short),
-            )
-            counts["checkpoints"] = _count(
-                con,
-                f"INSERT INTO {alias}.checkpoints SELECT size, note {source.checkpoints} "
-                "ORDER BY size",
-                list(source.short),
-            )
             counts["held"] = 0
             pairs = [
                 ("format", EXPORT_FORMAT),
@@ -344,7 +350,7 @@ def _export(
     out.parent.mkdir(parents=True, exist_ok=True)
     con = store.cursor()
     try:
-        source = _store_rows(placement_id, commits)
+        source = _Rows(placement_id, commits)
         counts = _write_export(con, placement_id, source, out, meta, compact=compact)
     finally:
         con.close()
@@ -404,6 +410,15 @@ def _export_all(
     ordered = sorted(facts, key=lambda p: (ranges[p], p))
     chunks = _chunks(ordered, {p: facts[p].records for p in ordered}, threads)
 
+    writers: dict[int, duckdb.DuckDBPyConnection] = {}
+
+    def writer() -> duckdb.DuckDBPyConnection:
+        """This thread's writer: a DuckDB of its own (one thread, not the store's)."""
+        thread = threading.get_ident()
+        if thread not in writers:
+            writers[thread] = duckdb.connect(":memory:", config=_WRITER_CONFIG)
+        return writers[thread]
+
     def work(chunk: list[str]) -> dict[str, dict[str, int]]:
         done: dict[str, dict[str, int]] = {}
         con = store.cursor()
@@ -412,7 +427,7 @@ def _export_all(
             if staged:
                 low = min(ranges[p][0] for p in chunk)
                 high = max(ranges[p][1] for p in chunk)
-                _stage(con, chunk, low, high)
+                _stage(con, writer(), chunk, low, high, directory)
             for pid in chunk:
                 meta = {
                     "ledger_key": ledger_key,
@@ -420,9 +435,9 @@ def _export_all(
                     "arrival": arrival,
                 }
                 done[pid] = _write_export(
-                    con,
+                    writer() if staged else con,
                     pid,
-                    _staged_rows(pid) if staged else _store_rows(pid, ranges[pid]),
+                    _Rows(pid, None if staged else ranges[pid]),
                     directory / f"{pid}.duckdb",
                     meta,
                     kinds=facts[pid].kinds,
@@ -431,7 +446,7 @@ def _export_all(
                     compact=compact,
                 )
         finally:
-            con.close()  # its temporary tables go with it
+            con.close()
         return done
 
     try:
@@ -442,6 +457,8 @@ def _export_all(
                 results.update(done)
         _fsync_dir(directory)
     finally:
+        for con in writers.values():
+            con.close()
         template.unlink(missing_ok=True)
     return ExportedAll(results, attested.skipped)
 
@@ -466,22 +483,44 @@ def _chunks(ordered: Sequence[str], records: dict[str, int], threads: int) -> li
     return chunks
 
 
-# The temporary tables ``_stage`` fills on a store cursor (temporary tables belong to
-# their connection: each writer thread's cursor has its own).
-_STAGED: Final = {
-    "records": "gridledger_stage_records",
-    "inputs": "gridledger_stage_inputs",
-    "statements": "gridledger_stage_statements",
-    "checkpoints": "gridledger_stage_checkpoints",
+# ``_stage`` fills, in a writer's DuckDB, one table per export table: this prefix and
+# the export table's name.
+_STAGE_PREFIX: Final = "stage_"
+# A writer's DuckDB (``export_all``): one thread (its work is one small file at a time),
+# its memory bounded beside the store's, insertion order preserved (a staged table is
+# written in its export's order and read in it), and columns stored uncompressed: DuckDB
+# then skips trying every compression method on every column at each file's checkpoint
+# (~a fifth of a small placement's export, bench/export_many.py), while the files hold
+# the same rows and keep their size within 1 % (most of an export is envelopes, which
+# no method compresses much, and a small table fills a block of its own either way).
+# A checkpoint threshold of 0: each file's COMMIT checkpoints at once, so its rows are
+# not first copied into a WAL and synced there (the file is a temporary one until it
+# is synced and renamed; DETACH then has nothing left to write).
+_WRITER_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
+    "threads": 1,
+    "memory_limit": EXPORT_WRITER_MEMORY_LIMIT,
+    "preserve_insertion_order": True,
+    "force_compression": "uncompressed",
+    "checkpoint_threshold": "0b",
 }
 
 
-def _stage(con: duckdb.DuckDBPyConnection, chunk: list[str], low: int, high: int) -> None:
-    """Read the rows of every placement of ``chunk`` from the store once, one query per
-    table over the chunk's commit range ``low``..``high`` (which holds each placement's
-    own range), into ``con``'s temporary tables ``_STAGED``; ``_staged_rows`` then reads
-    one placement's rows there instead of in the store's large tables."""
-    for source, table in _STAGED.items():
+def _stage(
+    con: duckdb.DuckDBPyConnection,
+    writer: duckdb.DuckDBPyConnection,
+    chunk: list[str],
+    low: int,
+    high: int,
+    directory: Path,
+) -> None:
+    """Read the rows of every placement of ``chunk`` from the store (``con``) once, one
+    query per store table over the chunk's commit range ``low``..``high`` (which holds
+    each placement's own range), into ``writer``'s tables ``stage_<export table>``,
+    sorted by placement and each table's order; ``_Rows(pid, None)`` then reads one
+    placement's rows there instead of in the store's large tables. The rows pass from
+    one DuckDB to the other through a Parquet file in ``directory`` (removed at once;
+    DuckDB's types survive the round trip)."""
+    for source in ("records", "inputs", "statements", "checkpoints"):
         if source in ("records", "inputs"):
             select = (
                 f"SELECT * EXCLUDE (payload, commit_no) FROM {source} "
@@ -491,19 +530,31 @@ def _stage(con: duckdb.DuckDBPyConnection, chunk: list[str], low: int, high: int
         else:
             select = f"SELECT * FROM {source} WHERE placement_id IN (SELECT unnest(?))"
             params = [chunk]
-        con.execute(f"CREATE OR REPLACE TEMPORARY TABLE {table} AS {select}", params)
-
-
-def _staged_rows(placement_id: str) -> _Rows:
-    """The placement's rows in the tables ``_stage`` filled."""
-    return _Rows(
-        records=f"FROM {_STAGED['records']} WHERE placement_id = ?",
-        inputs=f"FROM {_STAGED['inputs']} WHERE placement_id = ?",
-        statements=f"FROM {_STAGED['statements']} WHERE placement_id = ?",
-        checkpoints=f"FROM {_STAGED['checkpoints']} WHERE placement_id = ?",
-        params=(placement_id,),
-        short=(placement_id,),
-    )
+        path = directory / f".stage-{os.getpid()}-{next(_ALIASES)}-{source}.parquet"
+        try:
+            con.execute(
+                f"COPY ({select}) TO '{_sql_string(path)}' "
+                "(FORMAT parquet, COMPRESSION uncompressed)",
+                params,
+            )
+            rows = f"read_parquet('{_sql_string(path)}')"
+            if source == "inputs":
+                writer.execute(f"CREATE OR REPLACE TEMPORARY TABLE staged_inputs AS FROM {rows}")
+                for table, (kind, _) in INPUT_TABLES.items():
+                    writer.execute(
+                        f"CREATE OR REPLACE TABLE {_STAGE_PREFIX}{table} AS FROM staged_inputs "
+                        "WHERE kind = ? ORDER BY placement_id, chain_index",
+                        [kind],
+                    )
+                writer.execute("DROP TABLE staged_inputs")
+            else:
+                table = "ledger_records" if source == "records" else source
+                writer.execute(
+                    f"CREATE OR REPLACE TABLE {_STAGE_PREFIX}{table} AS FROM {rows} "
+                    f"ORDER BY placement_id, {_ORDER[table]}"
+                )
+        finally:
+            path.unlink(missing_ok=True)
 
 
 def _make_template(path: Path, compact: bool = False) -> None:

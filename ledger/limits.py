@@ -89,3 +89,7 @@ SUPERVISE_METADATA_TIMEOUT_S: Final = 10.0
 # Bounds the rows a writer thread holds (~1-2 KB each, records and inputs together).
 EXPORT_STAGE_PLACEMENTS: Final = 64
 EXPORT_STAGE_RECORDS: Final = 20_000
+
+# DuckDB memory of each export writer thread's own database (``export_all``), which holds
+# one chunk's rows and one export file at a time.
+EXPORT_WRITER_MEMORY_LIMIT: Final = "256MB"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +113,9 @@ def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
     staged: list[list[str]] = []
     stage = export._stage
 
-    def spy(con: Any, chunk: list[str], *rest: Any) -> None:
+    def spy(con: Any, writer: Any, chunk: list[str], *rest: Any) -> None:
         staged.append(chunk)
-        stage(con, chunk, *rest)
+        stage(con, writer, chunk, *rest)
 
     monkeypatch.setattr(export, "_stage", spy)
     done = export_all(db, tmp_path / "all", key=scenario.cast.ledger, threads=2)
@@ -123,6 +126,75 @@ def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
         assert export_placement(copy, pid, one, key=scenario.cast.ledger) == done.written[pid]
         assert _rows_as_stored(tmp_path / "all" / f"{pid}.duckdb") == _rows_as_stored(one), pid
     assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
+
+
+_KILLER = """
+import os, signal, sys
+from pathlib import Path
+from ledger import export
+from proto.keys import load_signing_key
+
+db, out, key, hook, at = sys.argv[1:6]
+calls = 0
+real = getattr(export, hook)
+
+def dying(*args, **kwargs):
+    global calls
+    calls += 1
+    if calls == int(at):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kwargs)
+
+setattr(export, hook, dying)
+export.EXPORT_STAGE_PLACEMENTS = 2
+export.export_all(Path(db), Path(out), key=load_signing_key(Path(key)), threads=2)
+"""
+
+
+@pytest.mark.parametrize(
+    ("hook", "at"),
+    [
+        ("_fsync_file", 3),  # a file written and synced, not yet renamed
+        ("_count", 9),  # inside a file's transaction
+        ("_stage", 2),  # reading a chunk from the store
+    ],
+)
+def test_export_all_killed_leaves_only_whole_exports_and_runs_again(
+    tmp_path: Path, hook: str, at: int
+) -> None:
+    """kill -9 in the middle of export_all: every file under a final name is a whole
+    export (export_placement's rows, verified), anything else is a dot file; export_all
+    run again writes every placement's export."""
+    scenario, db = _ledger(tmp_path, placements=7)
+    copy = tmp_path / "copy.duckdb"
+    shutil.copyfile(db, copy)
+    key = ledger_key_file(tmp_path / "keys", scenario.cast)
+    out = tmp_path / "out"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLER, str(db), str(out), str(key), hook, str(at)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    whole = sorted(p.stem for p in out.glob("*.duckdb") if not p.name.startswith("."))
+    assert set(whole) < set(scenario.placement_ids)
+    assert all(p.name.startswith(".") for p in out.iterdir() if p.stem not in whole)
+    for pid in scenario.placement_ids:
+        export_placement(copy, pid, tmp_path / "one" / f"{pid}.duckdb", key=scenario.cast.ledger)
+    for pid in whole:
+        assert _rows_as_stored(out / f"{pid}.duckdb") == _rows_as_stored(
+            tmp_path / "one" / f"{pid}.duckdb"
+        ), pid
+        result = verify_export(out / f"{pid}.duckdb", scenario.cast.trust())
+        assert result.ok and result.final, result.error
+    done = export_all(db, out, key=scenario.cast.ledger)
+    assert sorted(done.written) == scenario.placement_ids
+    for pid in scenario.placement_ids:
+        assert _rows_as_stored(out / f"{pid}.duckdb") == _rows_as_stored(
+            tmp_path / "one" / f"{pid}.duckdb"
+        ), pid
 
 
 def test_export_chunks_are_bounded_in_placements_and_records() -> None:
