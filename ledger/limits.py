@@ -58,6 +58,9 @@ CRYPTO_STOP_S: Final = 10.0
 # The Kafka service polls the next batch before folding this one (its signatures then go
 # to the worker while this batch folds): the longest wait for it; the fold then goes on.
 POLL_AHEAD_MS: Final = 50
+# Batches polled and opened ahead of the one folding (the next, and the one after it,
+# opened while this one commits): what the Kafka service holds beyond its batch.
+AHEAD_BATCHES: Final = 2
 
 # DuckDB memory of the store (buffer pool); the file grows, the process does not.
 STORE_MEMORY_LIMIT: Final = "512MB"

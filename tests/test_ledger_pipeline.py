@@ -123,7 +123,7 @@ def test_pipelined_batches_equal_one_by_one() -> None:
         items_n, items_n1 = _items(first, 0), _items(second, len(first))
         # Batch N+1 is opened (its checks sent) before batch N is folded.
         opening_n = piped.open_batch(items_n, worker)
-        opening_n1 = piped.open_batch(items_n1, worker, ahead_of=opening_n)
+        opening_n1 = piped.open_batch(items_n1, worker, ahead_of=[opening_n])
         got = piped.apply_batch(items_n, opening=opening_n)
         got += piped.apply_batch(items_n1, opening=opening_n1)
     finally:
