@@ -352,6 +352,7 @@ class KafkaLedgerService(_ServiceCore):
         metrics: LedgerMetrics | None = None,
         arrival: Arrival = "log",
         attestation_roots: tuple[AttestationRoot, ...] | None = None,
+        crypto_worker: bool = True,
     ) -> None:
         super().__init__(
             store,
@@ -362,7 +363,7 @@ class KafkaLedgerService(_ServiceCore):
             metrics=metrics,
             arrival=arrival,
             attestation_roots=attestation_roots,
-            crypto_worker=True,
+            crypto_worker=crypto_worker,
         )
         self.kafka = kafka
         try:
