@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -444,7 +444,7 @@ class KafkaSource:
                 )
         return items
 
-    def advance(self, items: list[Item]) -> None:
+    def advance(self, items: Sequence[Item]) -> None:
         """Move past ``items`` (after their batch is committed)."""
         # The last item of each source wins, as if each were applied in order.
         last = {item.source: item.next_position for item in items}

@@ -109,19 +109,29 @@ class CryptoWorker:
 
 
 class _Chunk:
-    """The checks of one chunk, waited for once (not once per signature of it)."""
+    """The checks of one chunk, waited for once (not once per signature of it).
 
-    __slots__ = ("_future", "_results")
+    A chunk still queued when the fold needs it (the worker is behind: a batch not
+    checked ahead, a busy machine) is taken back and checked by the fold itself rather
+    than waited for: the same pure function of the same bytes."""
 
-    def __init__(self, future: Future[list[bool]]) -> None:
+    __slots__ = ("_future", "_jobs", "_results")
+
+    def __init__(self, future: Future[list[bool]], jobs: list[Job]) -> None:
         self._future = future
+        self._jobs: list[Job] | None = jobs
         self._results: list[bool] | None = None
 
     def results(self) -> list[bool]:
         results = self._results
         if results is None:
+            future, jobs = self._future, self._jobs
+            self._jobs = None
+            if jobs is not None and not future.done() and future.cancel():
+                results = self._results = verify_chunk(jobs)
+                return results
             try:
-                results = self._results = self._future.result(timeout=CRYPTO_WAIT_S)
+                results = self._results = future.result(timeout=CRYPTO_WAIT_S)
             except BrokenExecutor as exc:
                 raise CryptoWorkerError(f"the signature worker process died: {exc}") from exc
             except TimeoutError as exc:
@@ -167,7 +177,8 @@ def preverify(
             jobs.append((i, public_key, op.payload, signatures[0].sig))
     for start in range(0, len(jobs), size):
         chunk = jobs[start : start + size]
-        checks = _Chunk(_submit(executor, [(k, p, s) for _, k, p, s in chunk]))
+        chunk_jobs = [(k, p, s) for _, k, p, s in chunk]
+        checks = _Chunk(_submit(executor, chunk_jobs), chunk_jobs)
         for j, (i, public_key, _, _) in enumerate(chunk):
             pending[i] = PendingCheck(public_key, checks, j)
     return pending

@@ -171,21 +171,22 @@ class Fold:
         self,
         items: Sequence[tuple[bytes, str, str | None, int | None]],
         executor: Executor | crypto.CryptoWorker,
-        ahead_of: Opening | None = None,
+        ahead_of: Sequence[Opening] = (),
     ) -> Opening:
         """Open a batch's envelopes and hand its usage signatures to ``executor``.
 
-        ``ahead_of``: the batch opened before this one and not folded yet (the Kafka
-        service opens batch N+1 while N folds): keys its terms and key bindings name are
-        guessed for this batch too. A guess is only a guess (``_key_finder``)."""
+        ``ahead_of``: the batches opened before this one and not folded yet (the Kafka
+        service opens batch N+1 while N folds): keys their terms and key bindings name
+        are guessed for this batch too. A guess is only a guess (``_key_finder``)."""
         opened = [_open(raw) for raw, _, _, _ in items]
         named = _named_keys(opened)
-        if ahead_of is not None and ahead_of.named:
-            merged = {k: list(v) for k, v in ahead_of.named.items()}
-            for k, v in named.items():
-                merged.setdefault(k, []).extend(v)
-            named = merged
-        checks = crypto.preverify(executor, opened, self._key_finder(named))
+        guesses = named
+        if any(o.named for o in ahead_of):
+            guesses = {}
+            for source in (*(o.named for o in ahead_of), named):
+                for k, v in source.items():
+                    guesses.setdefault(k, []).extend(v)
+        checks = crypto.preverify(executor, opened, self._key_finder(guesses))
         return Opening(opened, checks, named)
 
     def _verdicts(
@@ -340,8 +341,8 @@ class Fold:
 
 class Opening:
     """A batch opened ahead of its fold: each input's envelope (or why it does not
-    open), its pending signature check, and the node keys its terms and key bindings
-    name, by (placement, node)."""
+    open), its pending signature check, and the node keys its own terms and key
+    bindings name, by (placement, node)."""
 
     __slots__ = ("checks", "named", "opened")
 

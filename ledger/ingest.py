@@ -112,6 +112,18 @@ class Prepared:
         self.opening = opening
 
 
+@dataclass(slots=True)
+class Folded:
+    """A batch folded and not yet committed (``Ingestor.fold_batch``)."""
+
+    batch: Batch
+    inputs: int
+    held: int
+    closed: tuple[str, ...]
+    started: float
+    collector_was_enabled: bool
+
+
 class Ingestor:
     """Folds batches of inputs into the store; see the module docstring."""
 
@@ -169,29 +181,59 @@ class Ingestor:
         else:
             self._crypto.shutdown(wait=True)
 
-    def prepare(self, items: Sequence[Item], ahead_of: Prepared | None = None) -> Prepared:
+    def prepare(self, items: Sequence[Item], ahead_of: Sequence[Prepared] = ()) -> Prepared:
         """Open ``items`` and start their signature checks; ``ahead_of``: the prepared
-        batch before them, if it is not folded yet (``Fold.open_batch``)."""
+        batches before them not folded yet (``Fold.open_batch``)."""
         if self._broken:
             raise IngestBroken("an earlier batch failed to fold or commit; rebuild from the store")
         inputs = [(item.data, item.position, item.stream_key, item.arrived_ms) for item in items]
-        opening = self.fold.open_batch(
-            inputs, self._crypto, None if ahead_of is None else ahead_of.opening
-        )
+        opening = self.fold.open_batch(inputs, self._crypto, [p.opening for p in ahead_of])
         return Prepared(items, opening)
 
     def ingest(self, items: Sequence[Item] | Prepared) -> BatchReport:
         """Fold ``items`` (or a batch ``prepare`` opened) in order and commit the batch
         with the sources' next positions."""
+        folded = self.fold_batch(items)
+        self.commit(folded)
+        return self.finish(folded)
+
+    def fold_batch(self, items: Sequence[Item] | Prepared) -> Folded:
+        """The first half of ``ingest``: fold the batch and gather what to store. The
+        cyclic collector stays paused (``collector_paused``) until ``finish``."""
         if self._broken:
             raise IngestBroken("an earlier batch failed to fold or commit; rebuild from the store")
         started = time.perf_counter()
-        with collector_paused():
-            report = self._ingest(items, started)
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._fold(items, started, enabled)
+        except BaseException:
+            if enabled:
+                gc.enable()
+            raise
+
+    def commit(self, folded: Folded) -> None:
+        """Commit a folded batch to the store (may run on another thread while the caller
+        polls and opens the next batches: it touches the store only, never the fold)."""
+        try:
+            self.store.commit_batch(folded.batch)
+        except BaseException:
+            self._broken = True
+            if folded.collector_was_enabled:
+                gc.enable()
+            raise
+
+    def finish(self, folded: Folded) -> BatchReport:
+        """After ``commit``: the fold's state is saved; evict closed placements, report."""
+        try:
+            report = self._finish(folded)
+        finally:
+            if folded.collector_was_enabled:
+                gc.enable()
         self._log(report)
         return report
 
-    def _ingest(self, prepared: Sequence[Item] | Prepared, started: float) -> BatchReport:
+    def _fold(self, prepared: Sequence[Item] | Prepared, started: float, collector: bool) -> Folded:
         items, opening = (
             (prepared.items, prepared.opening)
             if isinstance(prepared, Prepared)
@@ -243,23 +285,22 @@ class Ingestor:
             batch.statements.append(
                 make_statement(row.record, row.record_hash, terms, True, self.key)
             )
-        try:
-            self.store.commit_batch(batch)
-        except BaseException:
-            self._broken = True
-            raise
+        return Folded(batch, len(items), held, tuple(sorted(closes)), started, collector)
+
+    def _finish(self, folded: Folded) -> BatchReport:
+        batch = folded.batch
         self.fold.clear_dirty()
         closed_now = tuple(sorted(s.placement_id for s in batch.states if s.closed))
         for placement_id in closed_now:
             self.fold.evict(placement_id)
-        seconds = time.perf_counter() - started
+        seconds = time.perf_counter() - folded.started
         report = BatchReport(
-            inputs=len(items),
+            inputs=folded.inputs,
             chained=len(batch.chained),
             quarantined=len(batch.quarantined),
             dropped=sum(batch.dropped.values()),
-            held=held,
-            closed=tuple(sorted(closes)),
+            held=folded.held,
+            closed=folded.closed,
             seconds=seconds,
         )
         self._count(batch, report)

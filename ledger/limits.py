@@ -47,8 +47,9 @@ CRYPTO_THREADS: Final = 2
 
 # The Kafka service's signature checks run in one spawned worker process instead
 # (ledger/crypto.py), the next batch's while this one folds and commits: signatures per
-# chunk sent to it (the fold of a batch not checked ahead waits for its first chunk only).
-CRYPTO_WORKER_CHUNK: Final = 1_000
+# chunk sent to it (the fold of a batch not checked ahead waits for its first chunk only,
+# and checks the chunks the worker has not started itself).
+CRYPTO_WORKER_CHUNK: Final = 500
 # Longest wait for one chunk's checks (~55 us per signature: a chunk takes ~0.1 s); past
 # it, or when the worker died, the batch fails with CryptoWorkerError, never hangs.
 CRYPTO_WAIT_S: Final = 60.0
@@ -57,6 +58,9 @@ CRYPTO_STOP_S: Final = 10.0
 # The Kafka service polls the next batch before folding this one (its signatures then go
 # to the worker while this batch folds): the longest wait for it; the fold then goes on.
 POLL_AHEAD_MS: Final = 50
+# Batches polled and opened ahead of the one folding (the next, and the one after it,
+# opened while this one commits): what the Kafka service holds beyond its batch.
+AHEAD_BATCHES: Final = 2
 
 # DuckDB memory of the store (buffer pool); the file grows, the process does not.
 STORE_MEMORY_LIMIT: Final = "512MB"

@@ -36,7 +36,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +48,7 @@ from ledger.config import Arrival, KafkaConfig, LedgerConfig
 from ledger.consume import KafkaSource, LocalSource
 from ledger.ingest import BatchReport, Ingestor, Prepared
 from ledger.limits import (
+    AHEAD_BATCHES,
     CLOSE_PUBLISH_ATTEMPTS,
     CLOSE_PUBLISH_BACKOFF_S,
     DEFAULT_BATCH_MAX_RECORDS,
@@ -349,6 +352,7 @@ class KafkaLedgerService(_ServiceCore):
         metrics: LedgerMetrics | None = None,
         arrival: Arrival = "log",
         attestation_roots: tuple[AttestationRoot, ...] | None = None,
+        crypto_worker: bool = True,
     ) -> None:
         super().__init__(
             store,
@@ -359,7 +363,7 @@ class KafkaLedgerService(_ServiceCore):
             metrics=metrics,
             arrival=arrival,
             attestation_roots=attestation_roots,
-            crypto_worker=True,
+            crypto_worker=crypto_worker,
         )
         self.kafka = kafka
         try:
@@ -369,10 +373,18 @@ class KafkaLedgerService(_ServiceCore):
         except BaseException:
             self.ingestor.close()
             raise
-        # The next batch, polled and opened, its signatures being checked in the worker
-        # while the current one folds and commits; not committed, so not in the store's
-        # offsets: dropped on stop, read again after a restart.
-        self._ahead: Prepared | None = None
+        # The next batches (at most two), polled and opened, their signatures being
+        # checked in the worker while the current one folds and commits; not committed,
+        # so not in the store's offsets: dropped on stop, read again after a restart.
+        self._ahead: deque[Prepared] = deque()
+        # A batch's store commit runs here (DuckDB releases the GIL) while the event loop
+        # polls and opens the batch after next; joined before the step returns.
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="ledger-commit")
+
+    def close(self) -> None:
+        """Stop the commit thread, the crypto worker; close the store (after ``stop``)."""
+        self._committer.shutdown(wait=True)
+        super().close()
 
     @classmethod
     def from_config(cls, config: LedgerConfig, clock: Clock | None = None) -> KafkaLedgerService:
@@ -398,33 +410,50 @@ class KafkaLedgerService(_ServiceCore):
         await self.source.start()
 
     async def stop(self) -> None:
-        """Disconnect the consumer (a batch polled ahead is dropped: not committed)."""
-        self._ahead = None
+        """Disconnect the consumer (batches polled ahead are dropped: not committed)."""
+        self._ahead.clear()
         await self.source.stop()
 
     async def step(self, timeout_ms: int = POLL_TIMEOUT_MS) -> BatchReport | None:
-        """Fold and commit one batch: the one polled ahead by the last step, else one
-        polled now (None when nothing arrived in time).
+        """Fold and commit one batch: the next one polled ahead by earlier steps, else
+        one polled now (None when nothing arrived in time).
 
-        Before it folds, the next batch is polled (waiting at most ``POLL_AHEAD_MS``)
+        Before it folds, the batch after it is polled (waiting at most ``POLL_AHEAD_MS``)
         and opened, and its signatures go to the worker process: they are checked while
-        this batch folds and commits. Only committed batches move the stored offsets."""
-        prepared, self._ahead = self._ahead, None
-        if prepared is None:
+        this batch folds and commits. While this batch's commit runs on the commit
+        thread, the batch after that is polled (without waiting) and opened. Only
+        committed batches move the stored offsets; the step returns once this one is."""
+        ahead = self._ahead
+        if ahead:
+            prepared = ahead.popleft()
+        else:
             items = await self.source.poll(self.batch_max_records, timeout_ms)
             if not items:
                 return None
             prepared = self.ingestor.prepare(items)
-        ahead = await self.source.poll(self.batch_max_records, POLL_AHEAD_MS)
-        if ahead:
-            self._ahead = self.ingestor.prepare(ahead, ahead_of=prepared)
-        report = self.ingestor.ingest(prepared)
-        self.source.advance(list(prepared.items))
+        if not ahead:
+            await self._poll_ahead([prepared], POLL_AHEAD_MS)
+        ingestor = self.ingestor
+        folded = ingestor.fold_batch(prepared)
+        commit = self._committer.submit(ingestor.commit, folded)
+        try:
+            if len(ahead) < AHEAD_BATCHES:
+                await self._poll_ahead(list(ahead), 0)
+        finally:
+            commit.result()  # never leave the store to the thread (also if cancelled)
+        report = ingestor.finish(folded)
+        self.source.advance(prepared.items)
         return report
+
+    async def _poll_ahead(self, unfolded: list[Prepared], timeout_ms: int) -> None:
+        """Poll a batch and open it (its checks to the worker) behind ``unfolded``."""
+        items = await self.source.poll(self.batch_max_records, timeout_ms)
+        if items:
+            self._ahead.append(self.ingestor.prepare(items, ahead_of=unfolded))
 
     def pending_ahead(self) -> int:
         """Inputs polled ahead of the next step (not folded, not committed)."""
-        return 0 if self._ahead is None else len(self._ahead.items)
+        return sum(len(p.items) for p in self._ahead)
 
     async def close_due(self) -> int:
         """Publish every due close into its placement's partition; return how many."""

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 from collections.abc import Callable
+from concurrent.futures import BrokenExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -121,7 +123,7 @@ def test_pipelined_batches_equal_one_by_one() -> None:
         items_n, items_n1 = _items(first, 0), _items(second, len(first))
         # Batch N+1 is opened (its checks sent) before batch N is folded.
         opening_n = piped.open_batch(items_n, worker)
-        opening_n1 = piped.open_batch(items_n1, worker, ahead_of=opening_n)
+        opening_n1 = piped.open_batch(items_n1, worker, ahead_of=[opening_n])
         got = piped.apply_batch(items_n, opening=opening_n)
         got += piped.apply_batch(items_n1, opening=opening_n1)
     finally:
@@ -178,10 +180,17 @@ def test_a_dead_worker_is_a_named_error_not_a_hang(tmp_path: Path) -> None:
             ingestor.ingest(_kafka_items(first, 0))
             heads = store.heads()
             os.kill(worker.pid(), signal.SIGKILL)
-            with pytest.raises(CryptoWorkerError, match="worker process"):
-                ingestor.ingest(ingestor.prepare(_kafka_items(second, len(first))))
+            # Once the pool has seen the death (a chunk queued before it would be checked
+            # by the fold itself, correctly, and the death found at the next batch):
+            with pytest.raises(BrokenExecutor):
+                worker._executor.submit(int).result(timeout=30)
+            items = _kafka_items(second, len(first))
+            with pytest.raises(CryptoWorkerError, match="worker process is gone"):
+                ingestor.prepare(items)  # nothing folded yet: the Ingestor is intact
+            with pytest.raises(CryptoWorkerError, match="worker process is gone"):
+                ingestor.ingest(items)
             with pytest.raises(IngestBroken):
-                ingestor.ingest(_kafka_items(second, len(first)))
+                ingestor.ingest(items)
         finally:
             ingestor.close()
         # Batch N is stored, nothing of the failed batch N+1.
@@ -199,9 +208,18 @@ def test_a_stopped_worker_times_out_and_is_killed_on_close(
     pid = worker.pid()
     os.kill(pid, signal.SIGSTOP)
     try:
-        fold = Fold(cast.ledger)
+        opened = open_envelope(first[1])
+        job = (cast.node_key("n1").public_key, opened.payload, opened.envelope.signatures[0].sig)
+        # A chunk the worker has (its future running) is waited for, never taken back;
+        # a stopped worker never answers: the named error after CRYPTO_WAIT_S.
+        chunk = crypto._Chunk(worker.submit([job]), [job])
+        for _ in range(1000):  # bounded: the pool hands the chunk to its process at once
+            if chunk._future.running():
+                break
+            threading.Event().wait(0.01)
+        assert chunk._future.running()
         with pytest.raises(CryptoWorkerError, match=r"did not finish within 0\.5 s"):
-            fold.apply_batch(_items(first, 0), worker)
+            chunk.results()
     finally:
         worker.close()  # kills the stopped process after CRYPTO_STOP_S
     with pytest.raises(ProcessLookupError):
@@ -276,3 +294,28 @@ def test_kafka_pipeline_commits_offsets_only_with_records(
     reference = asyncio.run(to_the_end(tmp_path / "reference.duckdb"))
     assert resumed == reference
     assert reference[PID][0] == len(raws) - 1
+
+
+def test_the_fold_checks_the_chunks_a_busy_worker_has_not_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cast, first, second = _two_batches()
+    one = Fold(cast.ledger)
+    expected = [o for i, raw in enumerate(first + second) for o in one.apply(raw, f"p:{i}", None)]
+    monkeypatch.setattr(crypto, "CRYPTO_CHUNK", 2)  # several chunks per batch
+    monkeypatch.setattr(crypto, "CRYPTO_WAIT_S", 5.0)  # a wait would fail, not hang
+    release = threading.Event()
+    with ThreadPoolExecutor(1) as busy:
+        # The pool's one thread is taken until the fold is done: no chunk starts there.
+        blocker = busy.submit(release.wait, 30.0)
+        try:
+            fold = Fold(cast.ledger)
+            items = _items(first + second, 0)
+            opening = fold.open_batch(items, busy)
+            got = fold.apply_batch(items, opening=opening)
+            assert not blocker.done()
+        finally:
+            release.set()
+    assert got == expected
+    taken = [c._chunk._future for c in opening.checks if c is not None]
+    assert len(taken) > 2 and all(f.cancelled() for f in taken)
