@@ -51,6 +51,15 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, A
     return out
 
 
+@pytest.fixture(autouse=True)
+def fresh_warm_database() -> None:
+    """Each test starts on a new warm database (one that has served no export yet: the
+    tests that count on reuse must not meet its WARM_DATABASE_MAX_EXPORTS-th export)."""
+    database = warm.acquire()
+    if database is not None:
+        warm.release(database, clean=False)
+
+
 def report_text(path: Path, trust: Any) -> str:
     """The report of ``python -m verifier --json`` for one export, without its timing."""
     body = export_json(verify_export(path, trust))
@@ -228,4 +237,21 @@ def test_a_transaction_left_open_is_rolled_back_and_the_database_reused(
         assert again.con.execute(
             "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'w_left'"
         ).fetchall() == [(0,)]
+    assert json.loads(report_text(path, trust))["verdict"] == "verified"
+
+
+def test_the_warm_database_is_replaced_after_max_exports(
+    exports: dict[str, tuple[Path, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, trust = exports["small"]
+    monkeypatch.setattr(limits, "WARM_DATABASE_MAX_EXPORTS", 3)
+    seen: list[Any] = []
+    for _ in range(7):
+        with ExportSource(path) as opened:
+            assert opened.warm
+            seen.append(opened.con)
+    # three exports per database: the first three on one, the next three on another
+    assert seen[0] is seen[1] is seen[2]
+    assert seen[3] is seen[4] is seen[5] and seen[3] is not seen[0]
+    assert seen[6] is not seen[3]
     assert json.loads(report_text(path, trust))["verdict"] == "verified"

@@ -163,9 +163,10 @@ def acquire() -> WarmDatabase | None:
 
 
 def release(warm: WarmDatabase, clean: bool) -> None:
-    """Give the database back; one that is not clean is closed and forgotten."""
+    """Give the database back; one that is not clean, or has served
+    WARM_DATABASE_MAX_EXPORTS exports, is closed and forgotten (the next is new)."""
     global _warm
-    if not clean:
+    if not clean or warm.serial >= limits.WARM_DATABASE_MAX_EXPORTS:
         with _lock:
             if _warm is warm:
                 _warm = None
