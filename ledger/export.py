@@ -10,8 +10,11 @@ Cost (issue 15): the rows are copied by DuckDB itself, store to file, with the n
 ATTACHed to a connection of the store (no row passes through Python), and they are read
 through the placement's commit range (``ledger.store``), so one export costs about its
 own rows. ``export_all`` exports many placements in one pass: statements and checkpoints
-issued set-wise (``attest_all``), every file started from one empty file with the schema,
-written by two threads (DuckDB releases the GIL).
+issued set-wise (``attest_all``); the rows read from the store once per chunk of
+placements in commit order (one query per table, not ~10 per placement), handed to a
+DuckDB of each writer thread's own and written from there; every file started from one
+empty file with the schema, by two threads (DuckDB releases the GIL). What is left per
+file is DuckDB's own cost of a file (``bench/export_many.py`` measures it beside).
 """
 
 from __future__ import annotations
@@ -217,10 +220,10 @@ def _copy_rows(
     """Write the export file ``path`` of one placement from the rows ``source`` names.
 
     The file is ATTACHed to ``con`` and filled by INSERT .. SELECT in one transaction;
-    DETACH checkpoints it into one self-contained file. ``source``: the store itself
-    (``_Rows`` with a commit range) or a chunk staged by ``_stage``. ``template``: an
-    empty export file to start from (else the schema is created here). ``kinds``: the
-    input kinds the chain holds (None: look for every kind).
+    COMMIT (``_WRITER_CONFIG``) or DETACH checkpoints it into one self-contained file.
+    ``source``: the store itself (``_Rows`` with a commit range) or a chunk staged by
+    ``_stage``. ``template``: an empty export file to start from (else the schema is
+    created here). ``kinds``: the input kinds the chain holds (None: every kind).
     """
     alias = f"gridledger_export_{next(_ALIASES)}"
     if template is not None:
@@ -490,9 +493,9 @@ _STAGE_PREFIX: Final = "stage_"
 # its memory bounded beside the store's, insertion order preserved (a staged table is
 # written in its export's order and read in it), and columns stored uncompressed: DuckDB
 # then skips trying every compression method on every column at each file's checkpoint
-# (~a fifth of a small placement's export, bench/export_many.py), while the files hold
-# the same rows and keep their size within 1 % (most of an export is envelopes, which
-# no method compresses much, and a small table fills a block of its own either way).
+# (measured: 3-8 of ~25 ms CPU a small placement's file), while the files hold the same
+# rows and keep their size within 1 % (most of an export is envelopes, which no method
+# compresses much, and a small table fills a block of its own either way).
 # A checkpoint threshold of 0: each file's COMMIT checkpoints at once, so its rows are
 # not first copied into a WAL and synced there (the file is a temporary one until it
 # is synced and renamed; DETACH then has nothing left to write).
