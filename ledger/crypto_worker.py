@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 from collections.abc import Sequence
 
@@ -24,7 +25,9 @@ def watch_parent() -> None:
 
     A worker waits on its job queue, which it holds both ends of: a ledger killed with
     SIGKILL would leave it waiting forever. The parent's sentinel becomes ready when the
-    parent exits, however it exits."""
+    parent exits, however it exits. Ctrl-C reaches the whole foreground process group:
+    the worker ignores it and the ledger stops it as it stops (no traceback from here)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is None:
         return

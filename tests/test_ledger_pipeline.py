@@ -319,3 +319,18 @@ def test_the_fold_checks_the_chunks_a_busy_worker_has_not_started(
     assert got == expected
     taken = [c._chunk._future for c in opening.checks if c is not None]
     assert len(taken) > 2 and all(f.cancelled() for f in taken)
+
+
+def test_ctrl_c_reaches_the_ledger_not_its_worker() -> None:
+    """Ctrl-C goes to the whole process group; the ledger stops its worker itself."""
+    cast, first, _ = _two_batches()
+    worker = CryptoWorker()
+    try:
+        os.kill(worker.pid(), signal.SIGINT)
+        fold = Fold(cast.ledger)
+        outcomes = fold.apply_batch(_items(first, 0), worker)
+        assert [o.status for o in outcomes][:7] == ["accepted"] * 7
+        # Still the same process, alive and answering.
+        assert worker.submit([]).result(timeout=30) == []
+    finally:
+        worker.close()
