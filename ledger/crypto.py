@@ -13,6 +13,7 @@ or ``CryptoWorker``, one spawned process that checks whole chunks without the GI
 fold, so the Kafka service's next batch is checked while this one folds and commits
 (``ledger.service``). A worker that dies or stops answering is ``CryptoWorkerError``
 after at most ``CRYPTO_WAIT_S``, never a hang.
+
 Records are not signed (SPEC §8, issue 15: the ledger signs checkpoints, tree heads,
 not leaves): ``seal_record`` wraps their bytes in an envelope with no signature.
 """
