@@ -21,7 +21,9 @@ DB and needs the ledger stopped.
 of that ledger.toml (``ledger.config.shard_config``): store ``<db stem>-s<I>of<N><suffix>``
 (``ledger.duckdb`` -> ``ledger-s1of2.duckdb``), HTTP port = the configured port + I.
 Exit codes: 0 done, 1 the request failed (unknown placement; for ``export --all``: some
-placement could not be exported, each named on a SKIPPED line, the others written), 2
+placement could not be exported, each named on a SKIPPED line, the others written; for
+``run``: it stopped on a failure it cannot go on from, its signature worker process gone
+or a batch that failed to fold or commit, nothing of that batch stored), 2
 unusable input (config, key file, store).
 """
 
@@ -53,8 +55,10 @@ from ledger.client import (
 )
 from ledger.config import ConfigError, LedgerConfig, load_config, parse_shard, shard_config
 from ledger.consume import SourceError, SourceUnavailable
+from ledger.crypto import CryptoWorkerError
 from ledger.export import export_all, export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer
+from ledger.ingest import IngestBroken
 from ledger.limits import (
     MAX_SHARDS,
     START_ATTEMPTS,
@@ -236,6 +240,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return _fail(f"{exc} (gave up after {START_ATTEMPTS} attempts)", EX_TEMPFAIL)
             except SourceError as exc:
                 return _fail(str(exc), 2)
+            except (CryptoWorkerError, IngestBroken) as exc:
+                # Nothing of the failed batch was stored; a restart resumes after the
+                # last committed one.
+                return _fail(f"{exc}; restart the ledger: it resumes after its last batch", 1)
     finally:
         if server is not None:
             server.stop()
