@@ -108,6 +108,10 @@ def outcome(verdict: Verdict) -> Outcome:
     )
 
 
+# One input as ``Fold.apply_batch`` takes it: (envelope, position, stream key, arrived_ms).
+FoldInput = tuple[bytes, str, str | None, int | None]
+
+
 class Fold:
     """Folds the inputs of many placements; see the module docstring."""
 
@@ -141,7 +145,7 @@ class Fold:
 
     def apply_batch(
         self,
-        items: Sequence[tuple[bytes, str, str | None, int | None]],
+        items: Sequence[FoldInput],
         executor: Executor | crypto.CryptoWorker | None = None,
         opening: Opening | None = None,
     ) -> list[Outcome]:
@@ -169,7 +173,7 @@ class Fold:
 
     def open_batch(
         self,
-        items: Sequence[tuple[bytes, str, str | None, int | None]],
+        items: Sequence[FoldInput],
         executor: Executor | crypto.CryptoWorker,
         ahead_of: Sequence[Opening] = (),
     ) -> Opening:

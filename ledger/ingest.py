@@ -19,12 +19,11 @@ worker process (``ledger.crypto.CryptoWorker``) instead of threads.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import multiprocessing
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
@@ -32,7 +31,7 @@ from typing import Final
 import structlog
 
 from ledger.crypto import CryptoWorker
-from ledger.fold import Fold, Opening, Outcome
+from ledger.fold import Fold, FoldInput, Opening, Outcome
 from ledger.inputs import Item
 from ledger.limits import CRYPTO_THREADS
 from ledger.metrics import LedgerMetrics
@@ -62,9 +61,9 @@ def tune_gc() -> None:
         gc.set_threshold(*GC_THRESHOLD)
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic collector off for the block, back to its previous state after it.
+def pause_collector() -> bool:
+    """Turn the cyclic collector off for a batch; return whether it was on (for
+    ``resume_collector``).
 
     A batch keeps every input's outcome, record and row alive until its commit, so a
     collection inside it (one per ~50,000 allocations even with ``GC_THRESHOLD``)
@@ -78,11 +77,13 @@ def collector_paused() -> Iterator[None]:
     """
     enabled = gc.isenabled()
     gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    return enabled
+
+
+def resume_collector(was_enabled: bool) -> None:
+    """Put the collector back as ``pause_collector`` found it."""
+    if was_enabled:
+        gc.enable()
 
 
 class IngestBroken(RuntimeError):
@@ -105,11 +106,16 @@ class BatchReport:
 class Prepared:
     """A batch opened ahead of its fold, its signature checks under way (``prepare``)."""
 
-    __slots__ = ("items", "opening")
+    __slots__ = ("inputs", "items", "opening")
 
-    def __init__(self, items: Sequence[Item], opening: Opening) -> None:
+    def __init__(self, items: Sequence[Item], inputs: list[FoldInput], opening: Opening) -> None:
         self.items = items
+        self.inputs = inputs  # ``items`` as the fold takes them (``_fold_inputs``)
         self.opening = opening
+
+
+def _fold_inputs(items: Sequence[Item]) -> list[FoldInput]:
+    return [(item.data, item.position, item.stream_key, item.arrived_ms) for item in items]
 
 
 @dataclass(slots=True)
@@ -186,9 +192,9 @@ class Ingestor:
         batches before them not folded yet (``Fold.open_batch``)."""
         if self._broken:
             raise IngestBroken("an earlier batch failed to fold or commit; rebuild from the store")
-        inputs = [(item.data, item.position, item.stream_key, item.arrived_ms) for item in items]
+        inputs = _fold_inputs(items)
         opening = self.fold.open_batch(inputs, self._crypto, [p.opening for p in ahead_of])
-        return Prepared(items, opening)
+        return Prepared(items, inputs, opening)
 
     def ingest(self, items: Sequence[Item] | Prepared) -> BatchReport:
         """Fold ``items`` (or a batch ``prepare`` opened) in order and commit the batch
@@ -199,17 +205,15 @@ class Ingestor:
 
     def fold_batch(self, items: Sequence[Item] | Prepared) -> Folded:
         """The first half of ``ingest``: fold the batch and gather what to store. The
-        cyclic collector stays paused (``collector_paused``) until ``finish``."""
+        cyclic collector stays paused (``pause_collector``) until ``finish``."""
         if self._broken:
             raise IngestBroken("an earlier batch failed to fold or commit; rebuild from the store")
         started = time.perf_counter()
-        enabled = gc.isenabled()
-        gc.disable()
+        enabled = pause_collector()
         try:
             return self._fold(items, started, enabled)
         except BaseException:
-            if enabled:
-                gc.enable()
+            resume_collector(enabled)
             raise
 
     def commit(self, folded: Folded) -> None:
@@ -219,8 +223,7 @@ class Ingestor:
             self.store.commit_batch(folded.batch)
         except BaseException:
             self._broken = True
-            if folded.collector_was_enabled:
-                gc.enable()
+            resume_collector(folded.collector_was_enabled)
             raise
 
     def finish(self, folded: Folded) -> BatchReport:
@@ -228,21 +231,18 @@ class Ingestor:
         try:
             report = self._finish(folded)
         finally:
-            if folded.collector_was_enabled:
-                gc.enable()
+            resume_collector(folded.collector_was_enabled)
         self._log(report)
         return report
 
     def _fold(self, prepared: Sequence[Item] | Prepared, started: float, collector: bool) -> Folded:
-        items, opening = (
-            (prepared.items, prepared.opening)
-            if isinstance(prepared, Prepared)
-            else (prepared, None)
-        )
+        if isinstance(prepared, Prepared):
+            items, inputs, opening = prepared.items, prepared.inputs, prepared.opening
+        else:
+            items, inputs, opening = prepared, _fold_inputs(prepared), None
         batch = Batch()
         held = 0
         closes: dict[str, ChainedRow] = {}
-        inputs = [(item.data, item.position, item.stream_key, item.arrived_ms) for item in items]
         try:
             outcomes = self.fold.apply_batch(inputs, self._crypto, opening)
         except BaseException:
