@@ -44,13 +44,17 @@ MAX_KILL_DELAY_S = 0.4
 STATED_MS = EARLY_CLOCK_MS
 
 
-def _simulation_topic(bootstrap: str, tmp_topic: Callable[..., str]) -> str:
+def simulation_topic(bootstrap: str, tmp_topic: Callable[..., str]) -> str:
+    """A fresh 2-partition topic keeping the publisher's times (arrival = "sender")."""
     topic = tmp_topic(2, create=False)
     create_topic(bootstrap, topic, 2, config=SIMULATION_TOPIC_CONFIG)
     return topic
 
 
-def _config(tmp: Path, key_file: Path, bootstrap: str, topic: str, clock_ms: int) -> Path:
+def kafka_ledger_config(
+    tmp: Path, key_file: Path, bootstrap: str, topic: str, clock_ms: int
+) -> Path:
+    """``tmp/ledger.toml`` of a Kafka ledger on ``topic``, store ``tmp/kill.duckdb``."""
     return ledger_toml(
         tmp / "ledger.toml",
         key_file,
@@ -108,7 +112,7 @@ def test_kill_nine_at_random_points_equals_uninterrupted_run(
     key_file = ledger_key_file(tmp_path / "keys", scenario.cast)
 
     # The uninterrupted reference, on its own topic.
-    reference_topic = _simulation_topic(kafka_bootstrap, tmp_topic)
+    reference_topic = simulation_topic(kafka_bootstrap, tmp_topic)
     publish(kafka_bootstrap, reference_topic, inputs, STATED_MS)
     reference_db = tmp_path / "reference.duckdb"
     run_ledger(
@@ -122,16 +126,16 @@ def test_kill_nine_at_random_points_equals_uninterrupted_run(
     reference_heads, reference_statements = heads_and_statements(reference_db)
     assert sorted(reference_statements) == scenario.placement_ids
 
-    topic = _simulation_topic(kafka_bootstrap, tmp_topic)
+    topic = simulation_topic(kafka_bootstrap, tmp_topic)
     log_path = tmp_path / "ledger.log"
     log_path.touch()
     chunk = -(-len(inputs) // CYCLES_BEFORE_CLOSE)
     kills: list[str] = []
-    early = _config(tmp_path, key_file, kafka_bootstrap, topic, EARLY_CLOCK_MS)
+    early = kafka_ledger_config(tmp_path, key_file, kafka_bootstrap, topic, EARLY_CLOCK_MS)
     for cycle in range(CYCLES_BEFORE_CLOSE):
         publish(kafka_bootstrap, topic, inputs[cycle * chunk : (cycle + 1) * chunk], STATED_MS)
         kills.append(_start_and_kill(early, log_path, rng))
-    late = _config(tmp_path, key_file, kafka_bootstrap, topic, LATE_CLOCK_MS)
+    late = kafka_ledger_config(tmp_path, key_file, kafka_bootstrap, topic, LATE_CLOCK_MS)
     for _ in range(CYCLES_WITH_CLOSE):
         kills.append(_start_and_kill(late, log_path, rng))
     assert len(kills) == 20 and "running" in kills

@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from support import ledger_toml
 from test_ledger_kafka import heads_and_statements, publish, run_ledger
+from test_ledger_kill import kafka_ledger_config, simulation_topic
 from test_ledger_scenario import EARLY_CLOCK_MS, build_scenario, ledger_key_file
 
 from ledger.store import Store
-from transport.kafka import SIMULATION_TOPIC_CONFIG, create_topic
 
 START_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 60.0
@@ -54,20 +53,8 @@ def test_a_killed_signature_worker_stops_the_ledger_in_one_line_and_a_restart_re
     scenario = build_scenario("wd", placements=3, nodes=2, events=20)
     inputs = scenario.keyed()
     key_file = ledger_key_file(tmp_path / "keys", scenario.cast)
-    topic = tmp_topic(2, create=False)
-    create_topic(kafka_bootstrap, topic, 2, config=SIMULATION_TOPIC_CONFIG)
-    config = ledger_toml(
-        tmp_path / "ledger.toml",
-        key_file,
-        ledger_id="wd",
-        db="wd.duckdb",
-        transport="kafka",
-        kafka={"bootstrap": kafka_bootstrap, "topic": topic},
-        batch_max_records=4,
-        http="off",
-        clock_ms=EARLY_CLOCK_MS,
-        arrival="sender",
-    )
+    topic = simulation_topic(kafka_bootstrap, tmp_topic)
+    config = kafka_ledger_config(tmp_path, key_file, kafka_bootstrap, topic, EARLY_CLOCK_MS)
     log = tmp_path / "ledger.log"
     with log.open("wb") as err:
         process = subprocess.Popen(
@@ -92,7 +79,7 @@ def test_a_killed_signature_worker_stops_the_ledger_in_one_line_and_a_restart_re
     assert len(fails) == 1 and "signature worker" in fails[0], text[-3000:]
 
     # Nothing half-stored: a restart folds everything, as a ledger that never lost it.
-    db = tmp_path / "wd.duckdb"
+    db = tmp_path / "kill.duckdb"  # kafka_ledger_config's store
     run_ledger(db, scenario, kafka_bootstrap, topic, batch_max_records=4, arrival="sender")
     fresh = tmp_path / "fresh.duckdb"
     run_ledger(fresh, scenario, kafka_bootstrap, topic, batch_max_records=64, arrival="sender")
