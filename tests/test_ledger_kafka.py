@@ -116,7 +116,8 @@ def heads_and_statements(db: Path) -> tuple[dict[str, tuple[int, str]], dict[str
 # ---- bad inputs -------------------------------------------------------------------------------
 
 
-def _resign_badly(envelope: bytes) -> bytes:
+def resign_badly(envelope: bytes) -> bytes:
+    """``envelope`` with one bit of its first signature flipped (a forged signature)."""
     env = decode_envelope(envelope)
     sig = env.signatures[0]
     broken = bytes([sig.sig[0] ^ 0x01]) + sig.sig[1:]
@@ -150,7 +151,7 @@ def test_each_bad_input_class_is_named_while_good_records_flow(
     ghost = StreamWriter(cast.node_key("ghost-node"), pid, "ghost-node").event(
         *at(2), [sample(ghost_terms_gpu)]
     )
-    bad_sig = _resign_badly(dataclasses.replace(writer).event(*at(2), [sample(g0)]))
+    bad_sig = resign_badly(dataclasses.replace(writer).event(*at(2), [sample(g0)]))
     gap = dataclasses.replace(writer, seq=writer.seq + 3).event(*at(2), [sample(g0)])
     equivocation = StreamWriter(cast.node_key("bad-x-n0"), pid, "bad-x-n0").event(
         *at(0), [sample(g1)]

@@ -25,6 +25,7 @@ from concurrent.futures import BrokenExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from test_ledger_kafka import resign_badly
 
 from devtools import builders
 from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
@@ -37,7 +38,7 @@ from ledger.ingest import IngestBroken, Ingestor
 from ledger.inputs import Item
 from ledger.service import KafkaLedgerService, fixed_clock
 from ledger.store import Store
-from proto.envelope import Envelope, Signature, decode_envelope, encode_envelope, open_envelope
+from proto.envelope import open_envelope
 from proto.keys import SigningKey
 from transport.kafka import KafkaSettings, publish_kafka
 
@@ -47,15 +48,6 @@ MIN = 60_000
 HOUR = 60 * MIN
 NEW_KEY = SigningKey.from_seed_text("pipe-new", "pipeline/new-node-key")
 ROGUE = SigningKey.from_seed_text("pipe-rogue", "pipeline/rogue-node-key")
-
-
-def _bad_signature(envelope: bytes) -> bytes:
-    env = decode_envelope(envelope)
-    sig = env.signatures[0]
-    broken = bytes([sig.sig[0] ^ 0x01]) + sig.sig[1:]
-    return encode_envelope(
-        Envelope(payload=env.payload, signatures=[Signature(keyid=sig.keyid, sig=broken)])
-    )
 
 
 def _two_batches() -> tuple[builders.Cast, list[bytes], list[bytes]]:
@@ -88,7 +80,7 @@ def _two_batches() -> tuple[builders.Cast, list[bytes], list[bytes]]:
     # At n1's next seq: a bad signature by the new key, one by the rogue key (both
     # rejected before the stream position), then the old key's event (accepted there).
     bad = StreamWriter(NEW_KEY, PID, "n1", seq=n1.seq, prev=n1.prev)
-    second.append(_bad_signature(bad.event(T0 + 5 * MIN, T0 + 6 * MIN, [sample(g1)])))
+    second.append(resign_badly(bad.event(T0 + 5 * MIN, T0 + 6 * MIN, [sample(g1)])))
     rogue = StreamWriter(ROGUE, PID, "n1", seq=n1.seq, prev=n1.prev)
     second.append(rogue.event(T0 + 5 * MIN, T0 + 6 * MIN, [sample(g1)]))
     second.append(n2.event(T0 + 3 * MIN, T0 + 4 * MIN, [sample(g2)]))
