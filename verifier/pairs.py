@@ -30,7 +30,7 @@ from typing import Any, Final, NamedTuple
 import msgspec
 
 from proto.records import LedgerRecord, UsageEvent
-from verifier.opener import Keyring, OpenResult, open_one
+from verifier.opener import Keyring, OpenResult, open_one, open_plain
 from verifier.pricing import TOTAL_FIELDS
 from verifier.signers import signer_failure
 from verifier.source import TABLE_OF_KIND, InputTable
@@ -128,8 +128,10 @@ def open_jobs(jobs: Sequence[Job], context: PairContext) -> list[Any]:
 
 def _pair(job: Job, context: PairContext) -> FastPair | SlowPair:
     _, index, rec_raw, columns, in_raw, in_hash, status, reason, extras = job
-    rec = open_one(0, rec_raw, context.keyring)
-    inp = open_one(1, in_raw, context.keyring)
+    keyring = context.keyring
+    # open_plain: open_one's result in one call for the usual bytes, else open_one
+    rec = open_plain(0, rec_raw, "record", keyring) or open_one(0, rec_raw, keyring)
+    inp = open_plain(1, in_raw, "usage", keyring) or open_one(1, in_raw, keyring)
     record = rec.record
     event = inp.record
     if (
