@@ -94,6 +94,11 @@ SUPERVISE_METADATA_TIMEOUT_S: Final = 10.0
 EXPORT_STAGE_PLACEMENTS: Final = 64
 EXPORT_STAGE_RECORDS: Final = 20_000
 
+# ``attest_all`` (statements and checkpoints before ``export_all``) holds the leaf hashes
+# (32 bytes each) of at most this many records of chains that need a checkpoint at once
+# (a larger chain alone); everything else of a chain it reads is summed up by DuckDB.
+ATTEST_LEAF_RECORDS: Final = 100_000
+
 # DuckDB memory of each export writer thread's own database (``export_all``), which holds
 # one chunk's rows and one export file at a time.
 EXPORT_WRITER_MEMORY_LIMIT: Final = "256MB"

@@ -22,8 +22,8 @@ from test_store_envelopes import to_version_2
 
 from devtools.builders import adjustment, gpu, make_terms, signed_terms
 from gridledger.cli import main as gridledger_main
-from ledger import export
-from ledger.attest import LEAF_HASH_SQL, UnknownPlacement, attest_all
+from ledger import attest, export
+from ledger.attest import LEAF_HASH_SQL, UnknownPlacement, attest_all, issue_statement
 from ledger.export import TABLES, export_all, export_placement
 from ledger.limits import EXPORT_STAGE_PLACEMENTS, EXPORT_STAGE_RECORDS
 from ledger.store import STORE_VERSION, Store
@@ -131,7 +131,7 @@ def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
 _KILLER = """
 import os, signal, sys
 from pathlib import Path
-from ledger import export
+from ledger import attest, export
 from proto.keys import load_signing_key
 
 db, out, key, hook, at = sys.argv[1:6]
@@ -195,6 +195,56 @@ def test_export_all_killed_leaves_only_whole_exports_and_runs_again(
         assert _rows_as_stored(out / f"{pid}.duckdb") == _rows_as_stored(
             tmp_path / "one" / f"{pid}.duckdb"
         ), pid
+
+
+def test_attest_all_issues_what_one_at_a_time_issues_leaves_read_in_bounded_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attest_all sums chains up in SQL and reads leaf hashes ATTEST_LEAF_RECORDS at a
+    time (3 here: every chain alone or with others, some larger than the bound): the same
+    statements (a later period's included: a late charge after the close) and checkpoints,
+    byte for byte, as issue_statement and issue_checkpoint one placement at a time."""
+    monkeypatch.setattr(attest, "ATTEST_LEAF_RECORDS", 3)
+    scenario = build_scenario("attest-late", placements=3, nodes=1, events=3)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    pid = scenario.placement_ids[0]
+    try:
+        service.run_until_idle()
+        close = service.store.close_index(pid)
+        assert close is not None
+        late = adjustment(
+            scenario.cast, pid, "late-1", "charge", 500, 0, signers=[scenario.cast.buyer]
+        )
+        publish_scenario_local(tmp_path / "spool", [(pid, "publish-buyer", late)])
+        service.run_until_idle()
+    finally:
+        service.close()
+    db = tmp_path / "ledger.duckdb"
+    copy = tmp_path / "copy.duckdb"
+    shutil.copyfile(db, copy)
+    key = scenario.cast.ledger
+    with Store(db) as store:
+        facts = attest_all(store, key, scenario.placement_ids)
+        together = _attestations(store)
+    with Store(copy) as store:
+        for p in scenario.placement_ids:
+            issue_statement(store, key, p)
+        alone = _attestations(store)
+        heads = store.heads()
+    assert together == alone
+    assert {p: f.records for p, f in facts.chains.items()} == {
+        p: index + 1 for p, (index, _) in heads.items()
+    }
+    assert heads[pid][0] > close  # the late charge is past the close: a period 1 statement
+    assert [s for s in together if s[0] == pid and s[1] > close]
+
+
+def _attestations(store: Store) -> list[tuple[Any, ...]]:
+    return store.query(
+        "SELECT placement_id, through_index, envelope, NULL FROM statements UNION ALL "
+        "SELECT placement_id, size, NULL, note FROM checkpoints ORDER BY ALL"
+    )
 
 
 def test_export_chunks_are_bounded_in_placements_and_records() -> None:
