@@ -128,6 +128,45 @@ def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
     assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
 
 
+def test_placements_read_from_the_store_in_pages_are_written_as_read_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every placement alone, straight from the store, in pages of 2 chain indexes (one
+    INSERT per page and table, each page through its own commit range, files in row
+    groups of EXPORT_ROW_GROUP_ROWS): the same rows in the same order as the staged
+    path's files, and they verify."""
+    scenario, db = _ledger(tmp_path, placements=3)
+    staged = tmp_path / "staged"
+    done = export_all(db, staged, key=scenario.cast.ledger)  # 3 placements: staged chunks
+    monkeypatch.setattr(export, "EXPORT_STAGE_RECORDS", 1)  # every placement alone
+    monkeypatch.setattr(export, "EXPORT_PAGE_RECORDS", 2)
+    with Store(db) as store:
+        ranges = store.commit_ranges()
+        con = store.cursor()
+        try:
+            for pid, (head, _) in store.heads().items():
+                pages = export._pages(con, pid, ranges[pid], head + 1)
+                assert len(pages) == (head + 2) // 2  # ceil(records / 2)
+                assert pages[0].first_index is None and pages[-1].end_index is None
+                assert [p.end_index for p in pages[:-1]] == [p.first_index for p in pages[1:]]
+                assert all(ranges[pid][0] <= p.first_commit <= p.last_commit for p in pages)
+                assert max(p.last_commit for p in pages) == ranges[pid][1]
+        finally:
+            con.close()
+    paged = tmp_path / "paged"
+    again = export_all(db, paged, key=scenario.cast.ledger)
+    assert again.written == done.written
+    for pid in scenario.placement_ids:
+        assert _rows_as_stored(paged / f"{pid}.duckdb") == _rows_as_stored(
+            staged / f"{pid}.duckdb"
+        ), pid
+        result = verify_export(paged / f"{pid}.duckdb", scenario.cast.trust())
+        assert result.ok and result.final, result.error
+        one = tmp_path / "one" / f"{pid}.duckdb"
+        assert export_placement(db, pid, one, key=scenario.cast.ledger) == done.written[pid]
+        assert _rows_as_stored(one) == _rows_as_stored(staged / f"{pid}.duckdb"), pid
+
+
 _KILLER = """
 import os, signal, sys
 from pathlib import Path
