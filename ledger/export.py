@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import shutil
 import threading
 from collections.abc import Collection, Sequence
@@ -132,6 +133,44 @@ _ALIASES = itertools.count()
 
 def _tmp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.tmp-{os.getpid()}")
+
+
+# The names of the files an export writes beside its exports before renaming or removing
+# them (``_tmp_path``, the template, ``_stage``'s Parquet, and their WAL), with the id of
+# the process that wrote each.
+_LEFTOVER: Final = re.compile(
+    r"^\.(?:template-(\d+)\.duckdb|stage-(\d+)-\d+-\w+\.parquet|.+\.tmp-(\d+))(?:\.wal)?$"
+)
+
+
+def _remove_leftovers(directory: Path) -> list[str]:
+    """Remove what an export killed in ``directory`` left behind (kill -9: its temporary
+    files, never under an export's name), and name it. Only the files of a process that
+    is gone: this process's own, or a live one's, may be in use."""
+    removed: list[str] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            match = _LEFTOVER.match(entry.name)
+            if match is None or not entry.is_file(follow_symlinks=False):
+                continue
+            pid = int(next(group for group in match.groups() if group is not None))
+            if pid == os.getpid() or _alive(pid):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (it may be another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -476,6 +515,7 @@ def _export_all(
     ledger_key = b64(key.public_key)
     arrival = store.arrival()
     directory.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(directory)
     template = directory / f".template-{os.getpid()}.duckdb"
     _make_template(template, compact)
     ordered = sorted(facts, key=lambda p: (ranges[p], p))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -228,12 +229,52 @@ def test_export_all_killed_leaves_only_whole_exports_and_runs_again(
         ), pid
         result = verify_export(out / f"{pid}.duckdb", scenario.cast.trust())
         assert result.ok and result.final, result.error
+    left = sorted(p.name for p in out.iterdir() if p.name.startswith("."))
+    assert left, "the kill left no temporary file: nothing to clean up"
     done = export_all(db, out, key=scenario.cast.ledger)
     assert sorted(done.written) == scenario.placement_ids
     for pid in scenario.placement_ids:
         assert _rows_as_stored(out / f"{pid}.duckdb") == _rows_as_stored(
             tmp_path / "one" / f"{pid}.duckdb"
         ), pid
+    # The killed run's temporary files (template, stage Parquet, .tmp exports) are gone.
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"{p}.duckdb" for p in scenario.placement_ids
+    ], left
+
+
+def test_only_the_temporary_files_of_a_dead_process_are_removed(tmp_path: Path) -> None:
+    """export_all's clean-up removes the template, staged Parquet and temporary exports
+    (and their WAL) of a process that is gone; a live process's (this one's: a call in
+    another thread) and every other file stay."""
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    gone, me = int(dead.stdout), os.getpid()
+    names = {
+        f".template-{gone}.duckdb": False,
+        f".template-{gone}.duckdb.wal": False,
+        f".stage-{gone}-17-records.parquet": False,
+        f".p-1.duckdb.tmp-{gone}": False,
+        f".p-1.duckdb.tmp-{gone}.wal": False,
+        f".template-{me}.duckdb": True,
+        f".p-2.duckdb.tmp-{me}": True,
+        f".stage-{me}-3-inputs.parquet": True,
+        "p-1.duckdb": True,
+        ".keep": True,
+        f"p-3.duckdb.tmp-{gone}": True,  # not a dot file: not ours
+    }
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    removed = export._remove_leftovers(tmp_path)
+    assert sorted(removed) == sorted(n for n, kept in names.items() if not kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        n for n, kept in names.items() if kept
+    )
 
 
 def test_attest_all_issues_what_one_at_a_time_issues_leaves_read_in_bounded_batches(
