@@ -406,6 +406,7 @@ class KafkaLedgerService(_ServiceCore):
             close=config.close,
             arrival=config.arrival,
             attestation_roots=config.attestation_roots,
+            crypto_worker=config.crypto_worker,
         )
 
     async def start(self) -> None:
