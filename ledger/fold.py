@@ -60,7 +60,7 @@ from proto.records import (
 __all__ = ["INPUT_KINDS", "Decision", "Fold", "Outcome", "StateLoader", "UsageLookup"]
 
 
-class Outcome(msgspec.Struct, frozen=True):
+class Outcome(msgspec.Struct, frozen=True, gc=False):
     """What became of one input: its verdict, and for a chained one the ledger's record
     (``record_payload``, its signed bytes; ``record_envelope``, its envelope)."""
 
