@@ -21,6 +21,7 @@ from test_verifier_exports import Scenario, explain, full_scenario, verify
 from proto.envelope import add_signatures, decode_envelope, encode_envelope
 from proto.keys import key_id
 from verifier import limits, walk
+from verifier.opener import SIG_INVALID, open_one, open_plain
 from verifier.pairs import ONE, PAIR, FastPair, PairContext, SlowPair, open_jobs
 from verifier.signers import required_of
 from verifier.source import ExportSource, first_per_index
@@ -238,3 +239,48 @@ def test_the_pass_collects_garbage_less_often_and_restores_the_threshold(
     assert during and all(t[0] >= limits.GC_GEN0_THRESHOLD for t in during), during
     assert all(t[1:] == before[1:] for t in during)
     assert gc.get_threshold() == before
+
+
+def test_open_plain_opens_exactly_as_open_one_or_leaves_it_to_it(honest: Scenario) -> None:
+    """``open_plain`` (the pair's one-call opener) returns what ``open_one`` returns, or
+    None: on every envelope of the export and on broken, resigned and swapped variants."""
+    with ExportSource(honest.path) as source:
+        batch = next(iter(source.batches()))
+    keys = {honest.terms.ledger_key, *(n.key for n in honest.terms.nodes)}
+    ring = {key_id(k): [k] for k in keys}
+    usage = [r.envelope for r in batch.inputs if r.kind == "usage"]
+    records = [r.envelope for r in batch.records]
+    others = [r.envelope for r in batch.inputs if r.kind != "usage"]
+    assert usage and records and others
+    signed = encode_envelope(add_signatures(decode_envelope(records[0]), [honest.cast.ledger]))
+    twice = encode_envelope(
+        add_signatures(decode_envelope(usage[0]), [honest.cast.ledger, honest.cast.operator])
+    )
+    broken = [
+        usage[0][:-2] + b"}}",  # not canonical
+        usage[0].replace(b'"payload":"', b'"payload": "', 1),  # whitespace
+        usage[0][:40],  # truncated
+        b"[]",
+        b"",
+        usage[0][:-10] + (b"B" if usage[0][-10:-9] == b"A" else b"A") + usage[0][-9:],  # a sig
+        usage[0] + b" ",
+        signed,  # a record signed by the ledger
+        twice,  # two signatures: left to open_one
+        b"x" * 300_000,  # over MAX_ENVELOPE_BYTES
+    ]
+    opened = 0
+    for kind in ("usage", "record"):
+        for raw in usage + records + others + broken:
+            for keyring in (ring, {}):
+                plain = open_plain(3, raw, kind, keyring)
+                if plain is not None:
+                    opened += 1
+                    assert plain == open_one(3, raw, keyring)
+                    assert plain.kind == kind and plain.record == open_one(3, raw, keyring).record
+    assert open_plain(0, twice, "usage", ring) is None
+    assert open_plain(0, signed, "record", ring) == open_one(0, signed, ring)
+    assert open_plain(0, usage[0], "record", ring) is None  # another kind
+    assert opened >= 2 * (len(usage) + len(records)) + 2
+    # a signature byte changed: opened, the signature invalid, as open_one says
+    bad = open_plain(0, broken[5], "usage", ring)
+    assert bad is not None and bad.sigs[0].outcome == SIG_INVALID
