@@ -186,6 +186,7 @@ def main() -> int:
             for start in range(0, len(items), BATCH):
                 fold.apply_batch(items[start : start + BATCH], pool)
                 fold.clear_dirty()
+                fold.forget_accepted()
         return len(items)
 
     def inline() -> int:
@@ -200,6 +201,7 @@ def main() -> int:
             for start in range(0, len(bitems), BATCH):
                 fold.apply_batch(bitems[start : start + BATCH], pool)
                 fold.clear_dirty()
+                fold.forget_accepted()
         return len(bitems)
 
     def ingest() -> int:

@@ -1098,6 +1098,14 @@ class _LedgerProcess:
     placement closed by a step right after it and names them in its answer, which the
     replay hands to ``on_exported`` (the verifier's queue): exports and verification run
     while later steps do, not after the last one.
+
+    The process is not daemonic, so the ledger service in it checks signatures in its
+    own worker process (``ledger.crypto.CryptoWorker``; a daemonic process may have no
+    children, and would keep them on threads). It never outlives the replay all the same:
+    ``close`` (always reached, in a ``finally``) ends it if it was not told to stop, with
+    SIGKILL after ``LEDGER_PROCESS_EXIT_S`` if SIGTERM did not; a replay killed outright
+    closes the pipe, and the ledger process ends at its next read (``ledger_main``); its
+    worker ends with it (``ledger.crypto_worker.watch_parent``).
     """
 
     def __init__(
@@ -1115,7 +1123,7 @@ class _LedgerProcess:
         # phase -> the peak RSS the ledger process reached during it (_PhasePeaks)
         self.peak_by_phase: dict[str, float] = {}
         self.process = context.Process(
-            target=ledger_main, args=(child, job), name="replay-ledger", daemon=True
+            target=ledger_main, args=(child, job), name="replay-ledger", daemon=False
         )
         self.process.start()
         child.close()
@@ -1124,6 +1132,8 @@ class _LedgerProcess:
         self.on_exported = on_exported
         self.counts: tuple[int, int] = (0, 0)
         """(usage events accepted, inputs rejected) of the store, reported on stop."""
+        self.crypto_worker = False
+        """Whether the ledger checked signatures in a worker process, reported on stop."""
 
     async def start(self) -> None:
         self._expect("ready")
@@ -1150,7 +1160,10 @@ class _LedgerProcess:
         """Drain, then let the ledger close its store and end."""
         await self.drain()
         self.conn.send(("stop", 0))
-        _, duckdb_mib, rss_mib, export_s, exported, counts, reached = self._expect("stopped")
+        _, duckdb_mib, rss_mib, export_s, exported, counts, reached, worker = self._expect(
+            "stopped"
+        )
+        self.crypto_worker = bool(worker)
         self.peak_rss_mib = float(rss_mib)
         self.peak_by_phase = {str(k): float(v) for k, v in reached.items()}
         self.duckdb_peak_mib = float(duckdb_mib)
@@ -1169,6 +1182,10 @@ class _LedgerProcess:
         if not (self.stopped or self.reported_failure) and self.process.is_alive():
             self.process.terminate()
         self.process.join(LEDGER_PROCESS_EXIT_S)
+        if self.process.is_alive():  # not daemonic: never leave it to the interpreter's exit
+            log.error("ledger_process_killed", pid=self.process.pid, waited_s=LEDGER_PROCESS_EXIT_S)
+            self.process.kill()
+            self.process.join(LEDGER_PROCESS_EXIT_S)
         self.conn.close()
 
     def _wait_one(self) -> None:
@@ -1291,6 +1308,7 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
             written,
             counts,
             peaks.reached,
+            ledger.service.ingestor.crypto_worker is not None,
         )
     )
 

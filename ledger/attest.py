@@ -7,11 +7,12 @@ so asking twice for the same head returns the same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from ledger.checkpoints import checkpoint_over_leaves, make_checkpoint, merge_cosignature
+from ledger.limits import ATTEST_LEAF_RECORDS
 from ledger.statements import ledger_record_of, make_statement, statement_period
 from ledger.store import ChainHead, StatementRow, Store, StoreError
 from proto.envelope import open_envelope
@@ -23,6 +24,8 @@ from proto.records import ZERO_HASH, PlacementTerms
 
 # Placements attested per store transaction by ``attest_all``.
 ATTEST_CHUNK: Final = 256
+# Rows ``attest_all`` fetches from DuckDB at a time (leaf hashes).
+_FETCH_ROWS: Final = 10_000
 
 # The RFC 9162 leaf hash (proto.merkle.leaf_hash) of a stored LedgerRecord's payload,
 # computed by DuckDB beside the scan: SHA-256(0x00 || payload), the payload being the
@@ -143,7 +146,14 @@ class Attested:
     skipped: dict[str, str]  # placement -> why (the UnknownPlacement text of issue_statement)
 
 
-_Chain = list[tuple[int, str, str, str, str]]  # (index, record hash, kind, status, leaf hex)
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """What ``attest_all`` reads of one chain in SQL: its record count, the kinds it
+    holds and the index of its first accepted close (SPEC §8 statement periods)."""
+
+    records: int
+    kinds: frozenset[str]
+    close_index: int | None
 
 
 def attest_all(store: Store, key: SigningKey, placement_ids: Sequence[str]) -> Attested:
@@ -155,6 +165,11 @@ def attest_all(store: Store, key: SigningKey, placement_ids: Sequence[str]) -> A
     one transaction per chunk. A placement ``issue_statement`` would refuse (no accepted
     terms) is skipped and named, as a placement ``export_placement`` would refuse.
     Raises UnknownPlacement (before issuing anything) for a placement without a chain.
+
+    Memory (issue 15): a chain is summed up by DuckDB (count, kinds, close index; its
+    indexes checked to be 0..n-1), never held in Python row by row; only the leaf hashes
+    of the chains that still need a checkpoint are, ATTEST_LEAF_RECORDS at a time (a
+    larger chain alone, 32 bytes a record).
     """
     ranges = store.commit_ranges()
     missing = [p for p in placement_ids if p not in ranges]
@@ -168,41 +183,97 @@ def attest_all(store: Store, key: SigningKey, placement_ids: Sequence[str]) -> A
         chunk = ordered[at : at + ATTEST_CHUNK]
         low = min(ranges[p][0] for p in chunk)
         high = max(ranges[p][1] for p in chunk)
-        chains: dict[str, _Chain] = {p: [] for p in chunk}
-        for pid, index, record_hash, kind, status, leaf in store.query(
-            f"SELECT placement_id, chain_index, record_hash, kind, status, {LEAF_HASH_SQL} "
-            "FROM records WHERE placement_id IN (SELECT unnest(?)) "
-            "AND commit_no BETWEEN ? AND ? ORDER BY placement_id, chain_index",
-            [chunk, low, high],
-        ):
-            chains[str(pid)].append(
-                (int(index), str(record_hash), str(kind), str(status), str(leaf))
-            )
-        for pid, rows in chains.items():
-            if [r[0] for r in rows] != list(range(len(rows))):
-                raise StoreError(f"chain of {pid} has a hole or is empty")
-        need = {p: len(rows) - 1 for p, rows in chains.items()}
+        chains = _summaries(store, chunk, low, high)
+        need = {p: c.records - 1 for p, c in chains.items()}
         need = {p: head for p, head in need.items() if (p, head) not in have_statements}
         statements, skipped = _statements(store, key, need, chains, low, high)
         done.skipped.update(skipped)
-        checkpoints: list[tuple[str, int, str]] = []
-        for pid, rows in chains.items():
+        sizes: dict[str, int] = {}
+        for pid, chain in chains.items():
             if pid in skipped:
                 continue
-            done.chains[pid] = ChainFacts(len(rows), frozenset(r[2] for r in rows))
-            if (pid, len(rows)) not in have_checkpoints:
-                leaves = [bytes.fromhex(r[4]) for r in rows]
-                note = checkpoint_over_leaves(pid, leaves, key)
-                checkpoints.append((pid, len(rows), note.text()))
+            done.chains[pid] = ChainFacts(chain.records, chain.kinds)
+            if (pid, chain.records) not in have_checkpoints:
+                sizes[pid] = chain.records
+        checkpoints = [
+            (pid, size, checkpoint_over_leaves(pid, leaves, key).text())
+            for pid, size, leaves in _leaves(store, sizes, ranges)
+        ]
         store.add_attestations(statements, checkpoints)
     return done
+
+
+def _summaries(store: Store, chunk: list[str], low: int, high: int) -> dict[str, _Summary]:
+    """The ``_Summary`` of every chain of ``chunk`` (commit range ``low``..``high``), in
+    ``chunk``'s order; StoreError when a chain's indexes are not exactly 0..n-1."""
+    found = {
+        str(pid): (int(n), int(distinct), lo, hi, kinds, close)
+        for pid, n, distinct, lo, hi, kinds, close in store.query(
+            "SELECT placement_id, count(*), count(DISTINCT chain_index), min(chain_index), "
+            "max(chain_index), list(DISTINCT kind), min(chain_index) FILTER "
+            "(WHERE kind = 'closed' AND status = 'accepted') FROM records "
+            "WHERE placement_id IN (SELECT unnest(?)) AND commit_no BETWEEN ? AND ? "
+            "GROUP BY placement_id",
+            [chunk, low, high],
+        )
+    }
+    chains: dict[str, _Summary] = {}
+    for pid in chunk:
+        if pid not in found:
+            raise StoreError(f"chain of {pid} has a hole or is empty")
+        n, distinct, lo, hi, kinds, close = found[pid]
+        if distinct != n or lo != 0 or hi != n - 1:
+            raise StoreError(f"chain of {pid} has a hole or is empty")
+        chains[pid] = _Summary(n, frozenset(str(k) for k in kinds), close)
+    return chains
+
+
+def _leaves(
+    store: Store, sizes: dict[str, int], ranges: dict[str, tuple[int, int]]
+) -> Iterator[tuple[str, int, list[bytes]]]:
+    """(placement, size, leaf hashes in index order) of every chain of ``sizes``
+    (placement -> records, indexes 0..size-1 as ``_summaries`` checked), read
+    ATTEST_LEAF_RECORDS at a time (a larger chain alone), unsorted: each leaf is put
+    at its index."""
+    batch: list[str] = []
+    held = 0
+    batches: list[list[str]] = []
+    for pid, size in sizes.items():
+        if batch and held + size > ATTEST_LEAF_RECORDS:
+            batches.append(batch)
+            batch, held = [], 0
+        batch.append(pid)
+        held += size
+    if batch:
+        batches.append(batch)
+    for pids in batches:
+        leaves = {p: [b""] * sizes[p] for p in pids}
+        con = store.cursor()
+        try:
+            con.execute(
+                f"SELECT placement_id, chain_index, unhex({LEAF_HASH_SQL}) FROM records "
+                "WHERE placement_id IN (SELECT unnest(?)) AND commit_no BETWEEN ? AND ?",
+                [pids, min(ranges[p][0] for p in pids), max(ranges[p][1] for p in pids)],
+            )
+            for _ in range(sum(sizes[p] for p in pids) // _FETCH_ROWS + 2):
+                rows = con.fetchmany(_FETCH_ROWS)
+                if not rows:
+                    break
+                for pid, index, leaf in rows:
+                    leaves[str(pid)][int(index)] = bytes(leaf)
+            else:
+                raise StoreError(f"more leaf hashes than records in chains of {pids}")
+        finally:
+            con.close()
+        for pid in pids:
+            yield pid, sizes[pid], leaves.pop(pid)
 
 
 def _statements(
     store: Store,
     key: SigningKey,
     heads: dict[str, int],
-    chains: dict[str, _Chain],
+    chains: dict[str, _Summary],
     low: int,
     high: int,
 ) -> tuple[list[StatementRow], dict[str, str]]:
@@ -211,16 +282,22 @@ def _statements(
     if not heads:
         return [], {}
     ids = sorted(heads)
-    envelopes = {
-        str(p): bytes(e)
-        for p, e in store.query(
-            "SELECT r.placement_id, r.envelope FROM records r "
-            "JOIN (SELECT unnest(?) AS p, unnest(?) AS i) h "
-            "ON r.placement_id = h.p AND r.chain_index = h.i "
-            "WHERE r.commit_no BETWEEN ? AND ?",
-            [ids, [heads[p] for p in ids], low, high],
-        )
-    }
+    # The head's envelope, and the record hash before it (SPEC §8 "Statement periods":
+    # the previous period's head, used when the head is past the close).
+    envelopes: dict[str, bytes] = {}
+    before: dict[str, str] = {}
+    for p, index, envelope, record_hash in store.query(
+        "SELECT r.placement_id, r.chain_index, CASE WHEN r.chain_index = h.i THEN "
+        "r.envelope END, r.record_hash FROM records r "
+        "JOIN (SELECT unnest(?) AS p, unnest(?) AS i) h "
+        "ON r.placement_id = h.p AND r.chain_index IN (h.i, h.i - 1) "
+        "WHERE r.commit_no BETWEEN ? AND ?",
+        [ids, [heads[p] for p in ids], low, high],
+    ):
+        if index == heads[str(p)]:
+            envelopes[str(p)] = bytes(envelope)
+        else:
+            before[str(p)] = str(record_hash)
     terms_of = {
         str(p): bytes(e)
         for p, e in store.query(
@@ -239,12 +316,10 @@ def _statements(
         terms = open_envelope(terms_of[pid]).record
         if not isinstance(terms, PlacementTerms):
             raise StoreError(f"stored terms of {pid} decode as {type(terms).__name__}")
-        chain = chains[pid]
-        closes = [r[0] for r in chain if r[2] == "closed" and r[3] == "accepted"]
-        close_index = min(closes) if closes else None
+        close_index = chains[pid].close_index
         head = heads[pid]
         previous = ZERO_HASH
         if statement_period(head, close_index) > 0:
-            previous = chain[head - 1][1]
+            previous = before[pid]
         rows.append(_statement(key, envelopes[pid], terms, close_index, previous))
     return rows, skipped

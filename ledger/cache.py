@@ -6,7 +6,8 @@
   marks the placement dirty (its snapshot must be stored with the batch);
 * ``accepted_at`` answers ``decide``'s one question about the past: the accepted usage
   event at an old seq — from the events accepted since the last commit, else the store;
-* after the batch commits, ``clear_dirty``; ``evict`` drops a saved placement from memory.
+* once the batch's snapshots are taken, ``clear_dirty``; after it commits,
+  ``forget_accepted``; ``evict`` drops a saved placement from memory.
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ class PlacementCache:
         return set(self._dirty)
 
     def clear_dirty(self) -> None:
-        """The dirty states are stored (with the events they accepted)."""
+        """The dirty states are taken into their batch (stored with it)."""
         self._dirty.clear()
+
+    def forget_accepted(self) -> None:
+        """The events accepted so far are in the store (``accepted_at`` asks it)."""
         self._recent.clear()
 
     def evict(self, placement_id: str) -> None:

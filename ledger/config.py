@@ -18,6 +18,9 @@ Keys (relative paths are relative to the directory of the config file)::
                                       # "sender": the time its sender stated (Kafka
                                       # CreateTime, stamped spool frames) -- ONLY for
                                       # simulations on a compressed simulated clock
+    crypto_worker = true              # kafka: usage signatures checked in one worker
+                                      # process beside the fold (false: on threads of
+                                      # the ledger process, which share its GIL)
 
     [[attestation_roots]]             # SPEC §6.9: attestation services whose signature
     id = "nras"                       # hardware evidence needs (none: not judged)
@@ -80,6 +83,7 @@ _TOP_KEYS: Final = frozenset(
         "http",
         "clock_ms",
         "arrival",
+        "crypto_worker",
         "kafka",
         "attestation_roots",
     }
@@ -154,6 +158,8 @@ class LedgerConfig:
     http: tuple[str, int] | None = ("127.0.0.1", 0)
     clock_ms: int | None = None
     arrival: Arrival = "log"
+    # transport = "kafka": signature checks in a worker process (False: on threads).
+    crypto_worker: bool = True
     kafka: KafkaConfig | None = None
     # SPEC §6.9: None when ledger.toml names no attestation root.
     attestation_roots: tuple[AttestationRoot, ...] | None = None
@@ -343,6 +349,9 @@ def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
         raise ConfigError(
             f"arrival must be 'log' (the default) or 'sender' (simulations only), got {arrival!r}"
         )
+    crypto_worker = data.get("crypto_worker", True)
+    if not isinstance(crypto_worker, bool):
+        raise ConfigError(f"crypto_worker must be true or false, got {crypto_worker!r}")
     return LedgerConfig(
         ledger_id=ledger_id,
         key_file=_path(base, data.get("key_file"), "key_file"),
@@ -359,6 +368,7 @@ def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
         http=parse_http(http_value),
         clock_ms=None if clock is None else _int(clock, "clock_ms", 0, 2**53 - 1),
         arrival=arrival,
+        crypto_worker=crypto_worker,
         kafka=kafka,
         attestation_roots=_roots(data["attestation_roots"])
         if "attestation_roots" in data

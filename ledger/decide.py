@@ -109,14 +109,14 @@ class NotLookedUp(Enum):
 NOT_LOOKED_UP: Final = NotLookedUp.NOT_LOOKED_UP
 
 
-class CheckedSignature(msgspec.Struct, frozen=True):
+class CheckedSignature(msgspec.Struct, frozen=True, gc=False):
     """A usage signature checked ahead of the fold: with this key, it verified or not."""
 
     public_key: bytes
     valid: bool
 
 
-class Verdict(msgspec.Struct, frozen=True):
+class Verdict(msgspec.Struct, frozen=True, gc=False):
     """What SPEC §6 decides for one input (and, for accepted terms, the inputs it released).
 
     A chained verdict carries its LedgerRecord, the record's signed bytes and their hash;

@@ -15,6 +15,11 @@ placements in commit order (one query per table, not ~10 per placement), handed 
 DuckDB of each writer thread's own and written from there; every file started from one
 empty file with the schema, by two threads (DuckDB releases the GIL). What is left per
 file is DuckDB's own cost of a file (``bench/export_many.py`` measures it beside).
+
+Memory (issue 15, ``bench/export_rss.py``): a placement above EXPORT_STAGE_RECORDS is read
+straight from the store page by page (``_pages``: DuckDB sorts EXPORT_PAGE_RECORDS rows at
+a time, not the whole placement) into a file of small row groups (EXPORT_ROW_GROUP_ROWS),
+so what an export needs of the store's buffer pool does not grow with the placement.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import shutil
 import threading
 from collections.abc import Collection, Sequence
@@ -34,6 +40,8 @@ import duckdb
 
 from ledger.attest import UnknownPlacement, attest_all, issue_checkpoint, issue_statement
 from ledger.limits import (
+    EXPORT_PAGE_RECORDS,
+    EXPORT_ROW_GROUP_ROWS,
     EXPORT_STAGE_PLACEMENTS,
     EXPORT_STAGE_RECORDS,
     EXPORT_WRITER_MEMORY_LIMIT,
@@ -127,6 +135,44 @@ def _tmp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.tmp-{os.getpid()}")
 
 
+# The names of the files an export writes beside its exports before renaming or removing
+# them (``_tmp_path``, the template, ``_stage``'s Parquet, and their WAL), with the id of
+# the process that wrote each.
+_LEFTOVER: Final = re.compile(
+    r"^\.(?:template-(\d+)\.duckdb|stage-(\d+)-\d+-\w+\.parquet|.+\.tmp-(\d+))(?:\.wal)?$"
+)
+
+
+def _remove_leftovers(directory: Path) -> list[str]:
+    """Remove what an export killed in ``directory`` left behind (kill -9: its temporary
+    files, never under an export's name), and name it. Only the files of a process that
+    is gone: this process's own, or a live one's, may be in use."""
+    removed: list[str] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            match = _LEFTOVER.match(entry.name)
+            if match is None or not entry.is_file(follow_symlinks=False):
+                continue
+            pid = int(next(group for group in match.groups() if group is not None))
+            if pid == os.getpid() or _alive(pid):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (it may be another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -183,28 +229,81 @@ _COLUMNS: Final = {
 
 @dataclass(frozen=True, slots=True)
 class _Rows:
-    """Where ``_copy_rows`` reads one placement's rows: in the store, through its commit
-    range (``commits``), or in the tables ``_stage`` filled (``commits`` None)."""
+    """Where ``_copy_rows`` reads one placement's rows: in the store, page by page
+    (``pages``, see ``_pages``), or in the tables ``_stage`` filled (``pages`` empty)."""
 
     placement_id: str
-    commits: tuple[int, int] | None
+    pages: tuple[_Page, ...] = ()
 
-    def of(self, table: str) -> tuple[str, list[Any]]:
-        """The FROM .. clause (through ORDER BY) that reads the rows of export table
-        ``table`` in their order, and its parameters."""
-        if self.commits is None:
+    def of(self, table: str) -> list[tuple[str, list[Any]]]:
+        """The FROM .. clauses (through ORDER BY) that read the rows of export table
+        ``table`` in their order, one after the other, and their parameters."""
+        if not self.pages:
             # Staged in this order, read in it (the writer preserves insertion order).
-            return f"FROM {_STAGE_PREFIX}{table} WHERE placement_id = ?", [self.placement_id]
+            return [(f"FROM {_STAGE_PREFIX}{table} WHERE placement_id = ?", [self.placement_id])]
         order = f"ORDER BY {_ORDER[table]}"
         if table in ("statements", "checkpoints"):
-            return f"FROM {table} WHERE placement_id = ? {order}", [self.placement_id]
-        rows = [self.placement_id, *self.commits]
-        if table == "ledger_records":
-            return f"FROM records WHERE {PLACEMENT_ROWS} {order}", rows
-        return f"FROM inputs WHERE {PLACEMENT_ROWS} AND kind = ? {order}", [
-            *rows,
-            INPUT_TABLES[table][0],
-        ]
+            return [(f"FROM {table} WHERE placement_id = ? {order}", [self.placement_id])]
+        source, kind = "records", []
+        if table != "ledger_records":
+            source, kind = "inputs", [INPUT_TABLES[table][0]]
+        clauses = []
+        for page in self.pages:
+            where = PLACEMENT_ROWS + (" AND kind = ?" if kind else "")
+            params = [self.placement_id, page.first_commit, page.last_commit, *kind]
+            if page.first_index is not None:
+                where += " AND chain_index >= ?"
+                params.append(page.first_index)
+            if page.end_index is not None:
+                where += " AND chain_index < ?"
+                params.append(page.end_index)
+            clauses.append((f"FROM {source} WHERE {where} {order}", params))
+        return clauses
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    """Chain indexes ``first_index``..``end_index`` (excluded; None: no bound) of one
+    placement, whose rows in ``records`` and ``inputs`` were all written by the batches
+    ``first_commit``..``last_commit``."""
+
+    first_index: int | None
+    end_index: int | None
+    first_commit: int
+    last_commit: int
+
+
+def _pages(
+    con: duckdb.DuckDBPyConnection, placement_id: str, commits: tuple[int, int], records: int
+) -> tuple[_Page, ...]:
+    """The pages ``_copy_rows`` reads a placement of ``records`` records through, written
+    by the batches ``commits``: EXPORT_PAGE_RECORDS chain indexes a page, each with the
+    commit range that holds its rows (one query: the placement's indexes and commit
+    numbers, grouped), so each page reads its own batches' row groups and DuckDB sorts at
+    most a page at a time, never the whole placement. Read one after the other, the pages
+    give the rows in chain order, whatever order the batches wrote them in."""
+    if records <= EXPORT_PAGE_RECORDS:
+        return (_Page(None, None, *commits),)
+    params = [placement_id, *commits]
+    found = con.execute(
+        "SELECT chain_index // ? AS page, min(commit_no), max(commit_no) FROM ("
+        f"SELECT chain_index, commit_no FROM record_rows WHERE {PLACEMENT_ROWS} UNION ALL "
+        f"SELECT chain_index, commit_no FROM input_rows WHERE {PLACEMENT_ROWS}"
+        ") GROUP BY page ORDER BY page",
+        [EXPORT_PAGE_RECORDS, *params, *params],
+    ).fetchall()
+    pages = []
+    for i, (page, first, last) in enumerate(found):
+        start = int(page) * EXPORT_PAGE_RECORDS
+        pages.append(
+            _Page(
+                None if i == 0 else start,
+                None if i == len(found) - 1 else start + EXPORT_PAGE_RECORDS,
+                int(first),
+                int(last),
+            )
+        )
+    return tuple(pages) or (_Page(None, None, *commits),)
 
 
 def _copy_rows(
@@ -226,15 +325,20 @@ def _copy_rows(
     created here). ``kinds``: the input kinds the chain holds (None: every kind).
     """
     alias = f"gridledger_export_{next(_ALIASES)}"
+    # Rows read straight from the store (``source.pages``) are written in row groups of
+    # EXPORT_ROW_GROUP_ROWS: the transaction buffers a few row groups at a time in the
+    # store's buffer pool, however large the placement (issue 15).
+    options = [f"ROW_GROUP_SIZE {EXPORT_ROW_GROUP_ROWS}"] if source.pages else []
     if template is not None:
         # Made in the storage format and block size wanted (_make_template); the file
         # header carries both.
         shutil.copyfile(template, path)
-        con.execute(f"ATTACH '{_sql_string(path)}' AS {alias}")
     else:
         # Written in the storage format of DuckDB 1.0 (EXPORT.md "Readers"), so every
         # DuckDB 1.x and later opens it, whatever version writes it.
-        con.execute(f"ATTACH '{_sql_string(path)}' AS {alias} ({_attach_options(compact)})")
+        options.insert(0, _attach_options(compact))
+    attach = f" ({', '.join(options)})" if options else ""
+    con.execute(f"ATTACH '{_sql_string(path)}' AS {alias}{attach}")
     try:
         con.execute("BEGIN")
         try:
@@ -246,9 +350,10 @@ def _copy_rows(
                 if kind is not None and kinds is not None and kind not in kinds:
                     counts[table] = 0
                     continue
-                clause, params = source.of(table)
-                counts[table] = _count(
-                    con, f"INSERT INTO {alias}.{table} SELECT {columns} {clause}", params
+                # One INSERT per page (``_pages``): each appends its rows in their order.
+                counts[table] = sum(
+                    _count(con, f"INSERT INTO {alias}.{table} SELECT {columns} {clause}", params)
+                    for clause, params in source.of(table)
                 )
             counts["held"] = 0
             pairs = [
@@ -353,7 +458,9 @@ def _export(
     out.parent.mkdir(parents=True, exist_ok=True)
     con = store.cursor()
     try:
-        source = _Rows(placement_id, commits)
+        head = store.head(placement_id)
+        records = 0 if head is None else head.chain_index + 1
+        source = _Rows(placement_id, _pages(con, placement_id, commits, records))
         counts = _write_export(con, placement_id, source, out, meta, compact=compact)
     finally:
         con.close()
@@ -408,6 +515,7 @@ def _export_all(
     ledger_key = b64(key.public_key)
     arrival = store.arrival()
     directory.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(directory)
     template = directory / f".template-{os.getpid()}.duckdb"
     _make_template(template, compact)
     ordered = sorted(facts, key=lambda p: (ranges[p], p))
@@ -440,7 +548,9 @@ def _export_all(
                 done[pid] = _write_export(
                     writer() if staged else con,
                     pid,
-                    _Rows(pid, None if staged else ranges[pid]),
+                    _Rows(pid)
+                    if staged
+                    else _Rows(pid, _pages(con, pid, ranges[pid], facts[pid].records)),
                     directory / f"{pid}.duckdb",
                     meta,
                     kinds=facts[pid].kinds,
@@ -519,7 +629,7 @@ def _stage(
     """Read the rows of every placement of ``chunk`` from the store (``con``) once, one
     query per store table over the chunk's commit range ``low``..``high`` (which holds
     each placement's own range), into ``writer``'s tables ``stage_<export table>``,
-    sorted by placement and each table's order; ``_Rows(pid, None)`` then reads one
+    sorted by placement and each table's order; ``_Rows(pid)`` then reads one
     placement's rows there instead of in the store's large tables. The rows pass from
     one DuckDB to the other through a Parquet file in ``directory`` (removed at once;
     DuckDB's types survive the round trip)."""

@@ -60,7 +60,7 @@ from proto.records import (
 __all__ = ["INPUT_KINDS", "Decision", "Fold", "Outcome", "StateLoader", "UsageLookup"]
 
 
-class Outcome(msgspec.Struct, frozen=True):
+class Outcome(msgspec.Struct, frozen=True, gc=False):
     """What became of one input: its verdict, and for a chained one the ledger's record
     (``record_payload``, its signed bytes; ``record_envelope``, its envelope)."""
 
@@ -278,9 +278,15 @@ class Fold:
         return self._cache.dirty()
 
     def clear_dirty(self) -> None:
-        """Forget which placements changed (after their snapshots were stored)."""
+        """Forget which placements changed (their snapshots and claims are in the batch
+        to store)."""
         self._cache.clear_dirty()
         self._capacity.clear_dirty()
+
+    def forget_accepted(self) -> None:
+        """The usage events accepted so far are stored: ``accepted_at`` asks the store for
+        them from now on (after the batch that accepted them committed)."""
+        self._cache.forget_accepted()
 
     def capacity_rows(self) -> list[ClaimRow]:
         """GPU claims changed since the last ``clear_dirty`` (SPEC §6.5), to store."""

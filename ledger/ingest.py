@@ -3,9 +3,9 @@
 ``Ingestor.ingest`` applies every input of a batch to the fold, gathers what the fold
 produced (records, quarantined inputs, duplicate counts, the state of every placement
 the batch touched, a final statement for each placement the batch closed) together with
-the sources' next positions, and commits it all in one store transaction. Only then is
-the fold told its state is saved (``clear_dirty``) and closed placements are evicted
-from memory (the fold reloads one from the store if a late input arrives for it).
+the sources' next positions, and commits it all in one store transaction. Only then are
+closed placements evicted from memory (the fold reloads one from the store if a late
+input arrives for it) and the usage events the batch accepted looked up in the store.
 
 If the commit fails, the fold's memory is ahead of the store: the Ingestor refuses any
 further batch, and the owner rebuilds it from the store (which is what a restart does).
@@ -15,6 +15,13 @@ The same holds when the fold itself fails half way (e.g. the signature worker di
 before the batch before it is folded (the Kafka service's pipeline, ``ledger.service``);
 ``ingest`` then folds the prepared batch. With ``crypto_worker`` the checks run in one
 worker process (``ledger.crypto.CryptoWorker``) instead of threads.
+
+The Kafka service also folds batch N+1 while batch N commits on another thread
+(``commit_on``): the fold's memory is then one batch ahead of the store. A fold reads the
+store only through ``_settled`` (a placement evicted earlier, an accepted usage event of
+an earlier batch), which first waits for the commit under way, so it reads what one batch
+at a time would read. Which placements changed is taken with the batch at the end of its
+fold (``Fold.clear_dirty``), before the next batch folds.
 """
 
 from __future__ import annotations
@@ -23,10 +30,10 @@ import gc
 import multiprocessing
 import time
 from collections import Counter
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, ParamSpec, TypeVar
 
 import structlog
 
@@ -86,6 +93,24 @@ def resume_collector(was_enabled: bool) -> None:
         gc.enable()
 
 
+def collect_if_due() -> None:
+    """While the collector stays paused across batches (the Kafka service folds one batch
+    while the one before it commits: no moment between batches), what it would do at its
+    next allocation if it were on: collect the oldest generation whose count passed its
+    threshold, at most one. Called once per batch (``Ingestor.finish``), so cyclic garbage
+    stays bounded by the thresholds as with the collector on. (CPython also defers a full
+    collection until a quarter of the long-lived objects are new; not visible from
+    Python: a full collection here follows the count thresholds alone.)"""
+    threshold = gc.get_threshold()
+    if threshold[0] == 0:  # thresholds of 0: the collector is off
+        return
+    count = gc.get_count()
+    for generation in (2, 1, 0):
+        if count[generation] > threshold[generation]:
+            gc.collect(generation)
+            return
+
+
 class IngestBroken(RuntimeError):
     """A batch failed to commit; this Ingestor's memory no longer matches the store."""
 
@@ -127,7 +152,10 @@ class Folded:
     held: int
     closed: tuple[str, ...]
     started: float
-    collector_was_enabled: bool
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class Ingestor:
@@ -146,10 +174,15 @@ class Ingestor:
         self.key = key
         self.metrics = metrics
         tune_gc()
+        # The commit running on another thread while the next batch folds (``commit_on``).
+        self._committing: Future[None] | None = None
+        # Batches folded and not finished, and the collector's state before the first.
+        self._in_flight = 0
+        self._collector_was_enabled = False
         self.fold = Fold(
             key,
-            lookup=store.lookup_usage,
-            load_state=store.load_state,
+            lookup=self._settled(store.lookup_usage),
+            load_state=self._settled(store.load_state),
             attestation_roots=attestation_roots,
         )
         # Ed25519 checks run on these threads beside the fold, or in a worker process.
@@ -205,37 +238,82 @@ class Ingestor:
 
     def fold_batch(self, items: Sequence[Item] | Prepared) -> Folded:
         """The first half of ``ingest``: fold the batch and gather what to store. The
-        cyclic collector stays paused (``pause_collector``) until ``finish``."""
+        cyclic collector stays paused (``pause_collector``) until ``finish`` — until the
+        last batch in flight finishes, when the next one folds while this one commits."""
         if self._broken:
             raise IngestBroken("an earlier batch failed to fold or commit; rebuild from the store")
         started = time.perf_counter()
-        enabled = pause_collector()
+        if self._in_flight == 0:
+            self._collector_was_enabled = pause_collector()
+        self._in_flight += 1
         try:
-            return self._fold(items, started, enabled)
+            return self._fold(items, started)
         except BaseException:
-            resume_collector(enabled)
+            self._fail()
             raise
 
     def commit(self, folded: Folded) -> None:
         """Commit a folded batch to the store (may run on another thread while the caller
-        polls and opens the next batches: it touches the store only, never the fold)."""
+        polls, opens and folds the next batches: it touches the store only, never the
+        fold)."""
         try:
             self.store.commit_batch(folded.batch)
         except BaseException:
-            self._broken = True
-            resume_collector(folded.collector_was_enabled)
+            self._fail()
             raise
 
+    def commit_on(self, executor: Executor, folded: Folded) -> Future[None]:
+        """``commit`` on ``executor``; until it is done, the fold's reads of the store
+        (``_settled``) wait for it. The caller waits for the future before ``finish``."""
+        committing = executor.submit(self.commit, folded)
+        self._committing = committing
+        return committing
+
     def finish(self, folded: Folded) -> BatchReport:
-        """After ``commit``: the fold's state is saved; evict closed placements, report."""
+        """After ``commit``: evict closed placements, report; the collector back as it was
+        before the first batch in flight (a due collection now if others still are)."""
+        if self._committing is not None and self._committing.done():
+            self._committing = None
         try:
             report = self._finish(folded)
         finally:
-            resume_collector(folded.collector_was_enabled)
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                resume_collector(self._collector_was_enabled)
+            elif self._collector_was_enabled:
+                collect_if_due()
         self._log(report)
         return report
 
-    def _fold(self, prepared: Sequence[Item] | Prepared, started: float, collector: bool) -> Folded:
+    def discard(self, folded: Folded) -> None:
+        """Drop a folded batch that will not be committed (the service stopping with one
+        folded ahead): the fold's memory is then ahead of the store, so this Ingestor
+        refuses further batches; the store resumes from its offsets, as after a kill."""
+        del folded
+        self._fail()
+
+    def _fail(self) -> None:
+        """A batch failed (or was dropped) part way: refuse further batches and put the
+        collector back as it was before the batches in flight."""
+        self._broken = True
+        self._committing = None
+        if self._in_flight:
+            self._in_flight = 0
+            resume_collector(self._collector_was_enabled)
+
+    def _settled(self, read: Callable[_P, _R]) -> Callable[_P, _R]:
+        """``read`` of the store once the commit under way (``commit_on``), if any, is
+        done: the fold of batch N+1 reads the store only as it is after batch N."""
+
+        def settled(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            committing = self._committing
+            if committing is not None:
+                committing.result()
+            return read(*args, **kwargs)
+
+        return settled
+
+    def _fold(self, prepared: Sequence[Item] | Prepared, started: float) -> Folded:
         if isinstance(prepared, Prepared):
             items, inputs, opening = prepared.items, prepared.inputs, prepared.opening
         else:
@@ -285,11 +363,17 @@ class Ingestor:
             batch.statements.append(
                 make_statement(row.record, row.record_hash, terms, True, self.key)
             )
-        return Folded(batch, len(items), held, tuple(sorted(closes)), started, collector)
+        # What changed is in the batch now: the next batch may fold before it commits.
+        self.fold.clear_dirty()
+        return Folded(batch, len(items), held, tuple(sorted(closes)), started)
 
     def _finish(self, folded: Folded) -> BatchReport:
         batch = folded.batch
-        self.fold.clear_dirty()
+        # The events accepted since the last commit: in the store now (and a batch folded
+        # since then, if any, finds its own in the store once its commit is done).
+        self.fold.forget_accepted()
+        # A closed placement leaves memory (reloaded, through ``_settled``, if a late
+        # input comes: also when the batch folded since then changed it).
         closed_now = tuple(sorted(s.placement_id for s in batch.states if s.closed))
         for placement_id in closed_now:
             self.fold.evict(placement_id)
@@ -384,7 +468,7 @@ class Ingestor:
     def _terms(self, placement_id: str) -> PlacementTerms:
         terms = self.fold.terms(placement_id)
         if terms is None:
-            terms = self.store.terms(placement_id)
+            terms = self._settled(self.store.terms)(placement_id)
         if terms is None:
             raise AssertionError(f"placement {placement_id} closed without accepted terms")
         return terms

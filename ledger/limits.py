@@ -93,6 +93,21 @@ SUPERVISE_METADATA_TIMEOUT_S: Final = 10.0
 # Bounds the rows a writer thread holds (~1-2 KB each, records and inputs together).
 EXPORT_STAGE_PLACEMENTS: Final = 64
 EXPORT_STAGE_RECORDS: Final = 20_000
+# A placement read straight from the store is read this many chain indexes at a time (one
+# query per page and table, each in chain order): DuckDB sorts a page, never a whole
+# large placement (~1-2 KB a row), in the store's buffer pool that the fold shares.
+EXPORT_PAGE_RECORDS: Final = 20_000
+# Rows per row group of an export file written straight from the store (DuckDB's default
+# is 122,880). DuckDB buffers the rows a transaction appends a few row groups at a time
+# before writing them to the file: with ~1 KB rows, a placement of ~200k records then
+# needs < 100 MB of the store's buffer pool, not ~250 MB (two at once ran the 512 MB pool
+# out of memory), and its files are the same size within 2 %.
+EXPORT_ROW_GROUP_ROWS: Final = 32_768
+
+# ``attest_all`` (statements and checkpoints before ``export_all``) holds the leaf hashes
+# (32 bytes each) of at most this many records of chains that need a checkpoint at once
+# (a larger chain alone); everything else of a chain it reads is summed up by DuckDB.
+ATTEST_LEAF_RECORDS: Final = 100_000
 
 # DuckDB memory of each export writer thread's own database (``export_all``), which holds
 # one chunk's rows and one export file at a time.

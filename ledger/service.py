@@ -37,7 +37,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +46,8 @@ import structlog
 
 from ledger.config import Arrival, KafkaConfig, LedgerConfig
 from ledger.consume import KafkaSource, LocalSource
-from ledger.ingest import BatchReport, Ingestor, Prepared
+from ledger.ingest import BatchReport, Folded, Ingestor, Prepared
+from ledger.inputs import Item
 from ledger.limits import (
     AHEAD_BATCHES,
     CLOSE_PUBLISH_ATTEMPTS,
@@ -377,8 +378,12 @@ class KafkaLedgerService(_ServiceCore):
         # checked in the worker while the current one folds and commits; not committed,
         # so not in the store's offsets: dropped on stop, read again after a restart.
         self._ahead: deque[Prepared] = deque()
+        # The next batch, folded while the step before committed (not committed either:
+        # the next step commits it; dropped on stop like the batches ahead).
+        self._folded: tuple[Folded, Sequence[Item]] | None = None
         # A batch's store commit runs here (DuckDB releases the GIL) while the event loop
-        # polls and opens the batch after next; joined before the step returns.
+        # polls and opens the batch after next and folds the next; joined before the step
+        # returns.
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="ledger-commit")
 
     def close(self) -> None:
@@ -401,6 +406,7 @@ class KafkaLedgerService(_ServiceCore):
             close=config.close,
             arrival=config.arrival,
             attestation_roots=config.attestation_roots,
+            crypto_worker=config.crypto_worker,
         )
 
     async def start(self) -> None:
@@ -410,39 +416,50 @@ class KafkaLedgerService(_ServiceCore):
         await self.source.start()
 
     async def stop(self) -> None:
-        """Disconnect the consumer (batches polled ahead are dropped: not committed)."""
+        """Disconnect the consumer (batches polled or folded ahead are dropped: not
+        committed; with one folded, the Ingestor refuses further batches)."""
         self._ahead.clear()
+        if self._folded is not None:
+            folded, self._folded = self._folded, None
+            self.ingestor.discard(folded[0])
         await self.source.stop()
 
     async def step(self, timeout_ms: int = POLL_TIMEOUT_MS) -> BatchReport | None:
-        """Fold and commit one batch: the next one polled ahead by earlier steps, else
-        one polled now (None when nothing arrived in time).
+        """Commit one batch: the one the step before folded ahead, else the next one
+        polled ahead by earlier steps, else one polled now (None when nothing arrived in
+        time), folded now.
 
-        Before it folds, the batch after it is polled (waiting at most ``POLL_AHEAD_MS``)
-        and opened, and its signatures go to the worker process: they are checked while
-        this batch folds and commits. While this batch's commit runs on the commit
-        thread, the batch after that is polled (without waiting) and opened. Only
-        committed batches move the stored offsets; the step returns once this one is."""
+        While this batch's commit runs on the commit thread, the batch after next is
+        polled (waiting at most ``POLL_AHEAD_MS`` when nothing is ahead) and opened, its
+        signatures sent to the worker process, and the next batch is folded (its reads
+        of the store wait for this commit: ``Ingestor._settled``). Only committed batches
+        move the stored offsets; the step returns once this one is."""
         ahead = self._ahead
-        if ahead:
-            prepared = ahead.popleft()
-        else:
-            items = await self.source.poll(self.batch_max_records, timeout_ms)
-            if not items:
-                return None
-            prepared = self.ingestor.prepare(items)
-        if not ahead:
-            await self._poll_ahead([prepared], POLL_AHEAD_MS)
         ingestor = self.ingestor
-        folded = ingestor.fold_batch(prepared)
-        commit = self._committer.submit(ingestor.commit, folded)
+        if self._folded is not None:
+            (folded, items), self._folded = self._folded, None
+        else:
+            if ahead:
+                prepared = ahead.popleft()
+            else:
+                polled = await self.source.poll(self.batch_max_records, timeout_ms)
+                if not polled:
+                    return None
+                prepared = ingestor.prepare(polled)
+            if not ahead:
+                await self._poll_ahead([prepared], POLL_AHEAD_MS)
+            folded, items = ingestor.fold_batch(prepared), prepared.items
+        commit = ingestor.commit_on(self._committer, folded)
         try:
             if len(ahead) < AHEAD_BATCHES:
-                await self._poll_ahead(list(ahead), 0)
+                await self._poll_ahead(list(ahead), POLL_AHEAD_MS if not ahead else 0)
+            if ahead:
+                following = ahead.popleft()
+                self._folded = (ingestor.fold_batch(following), following.items)
         finally:
             commit.result()  # never leave the store to the thread (also if cancelled)
         report = ingestor.finish(folded)
-        self.source.advance(prepared.items)
+        self.source.advance(items)
         return report
 
     async def _poll_ahead(self, unfolded: list[Prepared], timeout_ms: int) -> None:
@@ -452,8 +469,9 @@ class KafkaLedgerService(_ServiceCore):
             self._ahead.append(self.ingestor.prepare(items, ahead_of=unfolded))
 
     def pending_ahead(self) -> int:
-        """Inputs polled ahead of the next step (not folded, not committed)."""
-        return sum(len(p.items) for p in self._ahead)
+        """Inputs polled ahead of the next step (opened or folded, not committed)."""
+        folded = 0 if self._folded is None else len(self._folded[1])
+        return folded + sum(len(p.items) for p in self._ahead)
 
     async def close_due(self) -> int:
         """Publish every due close into its placement's partition; return how many."""

@@ -264,7 +264,7 @@ class StoreLocked(StoreError):
 # ---- what one batch writes ---------------------------------------------------------------
 
 
-class ChainedRow(msgspec.Struct, frozen=True):
+class ChainedRow(msgspec.Struct, frozen=True, gc=False):
     """One chained input and the LedgerRecord it produced. (A frozen Struct: one is built
     per input, and a frozen dataclass sets each field through ``object.__setattr__``.)"""
 

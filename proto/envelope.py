@@ -26,14 +26,14 @@ from proto.reasons import Reason
 from proto.records import Record
 
 
-class Signature(Struct, frozen=True, forbid_unknown_fields=True):
+class Signature(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One Ed25519 signature over the payload, with the key id of its signer."""
 
     keyid: Annotated[str, Meta(pattern=r"^[0-9a-f]{16}$(?!\n)")]
     sig: Annotated[bytes, Meta(min_length=64, max_length=64)]
 
 
-class Envelope(Struct, frozen=True, forbid_unknown_fields=True):
+class Envelope(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """The wire form of every signed record."""
 
     payload: Annotated[bytes, Meta(min_length=1, max_length=limits.MAX_PAYLOAD_BYTES)]
@@ -48,7 +48,7 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class Opened(Struct, frozen=True):
+class Opened(Struct, frozen=True, gc=False):
     """An envelope that decoded and whose payload is canonical. Signatures not yet checked.
 
     ``input_hash`` identifies the input (SHA-256 of the envelope bytes as received);

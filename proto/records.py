@@ -195,7 +195,7 @@ class NodeKeyBinding(
     evidence: EvidenceToken = ""
 
 
-class GpuSample(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class GpuSample(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """What the node saw of one GPU during the event's interval.
 
     The evidence fields after ``ecc_errors`` (SPEC §7.1 "Health from evidence") were
@@ -223,7 +223,9 @@ class GpuSample(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=T
     present: bool = True
 
 
-class UsageEvent(Struct, frozen=True, forbid_unknown_fields=True, tag="usage", tag_field="type"):
+class UsageEvent(
+    Struct, frozen=True, forbid_unknown_fields=True, tag="usage", tag_field="type", gc=False
+):
     """Node key: the ``seq``-th observation of the (node, placement) stream, over [start, end)."""
 
     placement_id: Identifier
@@ -322,7 +324,7 @@ class ResaleTotals(Struct, frozen=True, forbid_unknown_fields=True):
     fee_minor: NonNegInt
 
 
-class Totals(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class Totals(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """Cumulative amounts of a placement through one ledger record (SPEC.md, "Pricing").
 
     Fields appended after version 1 have a default and are omitted from the canonical
@@ -359,6 +361,7 @@ class LedgerRecord(
     omit_defaults=True,
     tag="record",
     tag_field="type",
+    gc=False,
 ):
     """Ledger: one entry of the placement's chain, for exactly one input.
 

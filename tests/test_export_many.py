@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -22,8 +23,8 @@ from test_store_envelopes import to_version_2
 
 from devtools.builders import adjustment, gpu, make_terms, signed_terms
 from gridledger.cli import main as gridledger_main
-from ledger import export
-from ledger.attest import LEAF_HASH_SQL, UnknownPlacement, attest_all
+from ledger import attest, export
+from ledger.attest import LEAF_HASH_SQL, UnknownPlacement, attest_all, issue_statement
 from ledger.export import TABLES, export_all, export_placement
 from ledger.limits import EXPORT_STAGE_PLACEMENTS, EXPORT_STAGE_RECORDS
 from ledger.store import STORE_VERSION, Store
@@ -128,10 +129,49 @@ def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
     assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
 
 
+def test_placements_read_from_the_store_in_pages_are_written_as_read_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every placement alone, straight from the store, in pages of 2 chain indexes (one
+    INSERT per page and table, each page through its own commit range, files in row
+    groups of EXPORT_ROW_GROUP_ROWS): the same rows in the same order as the staged
+    path's files, and they verify."""
+    scenario, db = _ledger(tmp_path, placements=3)
+    staged = tmp_path / "staged"
+    done = export_all(db, staged, key=scenario.cast.ledger)  # 3 placements: staged chunks
+    monkeypatch.setattr(export, "EXPORT_STAGE_RECORDS", 1)  # every placement alone
+    monkeypatch.setattr(export, "EXPORT_PAGE_RECORDS", 2)
+    with Store(db) as store:
+        ranges = store.commit_ranges()
+        con = store.cursor()
+        try:
+            for pid, (head, _) in store.heads().items():
+                pages = export._pages(con, pid, ranges[pid], head + 1)
+                assert len(pages) == (head + 2) // 2  # ceil(records / 2)
+                assert pages[0].first_index is None and pages[-1].end_index is None
+                assert [p.end_index for p in pages[:-1]] == [p.first_index for p in pages[1:]]
+                assert all(ranges[pid][0] <= p.first_commit <= p.last_commit for p in pages)
+                assert max(p.last_commit for p in pages) == ranges[pid][1]
+        finally:
+            con.close()
+    paged = tmp_path / "paged"
+    again = export_all(db, paged, key=scenario.cast.ledger)
+    assert again.written == done.written
+    for pid in scenario.placement_ids:
+        assert _rows_as_stored(paged / f"{pid}.duckdb") == _rows_as_stored(
+            staged / f"{pid}.duckdb"
+        ), pid
+        result = verify_export(paged / f"{pid}.duckdb", scenario.cast.trust())
+        assert result.ok and result.final, result.error
+        one = tmp_path / "one" / f"{pid}.duckdb"
+        assert export_placement(db, pid, one, key=scenario.cast.ledger) == done.written[pid]
+        assert _rows_as_stored(one) == _rows_as_stored(staged / f"{pid}.duckdb"), pid
+
+
 _KILLER = """
 import os, signal, sys
 from pathlib import Path
-from ledger import export
+from ledger import attest, export
 from proto.keys import load_signing_key
 
 db, out, key, hook, at = sys.argv[1:6]
@@ -189,12 +229,102 @@ def test_export_all_killed_leaves_only_whole_exports_and_runs_again(
         ), pid
         result = verify_export(out / f"{pid}.duckdb", scenario.cast.trust())
         assert result.ok and result.final, result.error
+    left = sorted(p.name for p in out.iterdir() if p.name.startswith("."))
+    assert left, "the kill left no temporary file: nothing to clean up"
     done = export_all(db, out, key=scenario.cast.ledger)
     assert sorted(done.written) == scenario.placement_ids
     for pid in scenario.placement_ids:
         assert _rows_as_stored(out / f"{pid}.duckdb") == _rows_as_stored(
             tmp_path / "one" / f"{pid}.duckdb"
         ), pid
+    # The killed run's temporary files (template, stage Parquet, .tmp exports) are gone.
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"{p}.duckdb" for p in scenario.placement_ids
+    ], left
+
+
+def test_only_the_temporary_files_of_a_dead_process_are_removed(tmp_path: Path) -> None:
+    """export_all's clean-up removes the template, staged Parquet and temporary exports
+    (and their WAL) of a process that is gone; a live process's (this one's: a call in
+    another thread) and every other file stay."""
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    gone, me = int(dead.stdout), os.getpid()
+    names = {
+        f".template-{gone}.duckdb": False,
+        f".template-{gone}.duckdb.wal": False,
+        f".stage-{gone}-17-records.parquet": False,
+        f".p-1.duckdb.tmp-{gone}": False,
+        f".p-1.duckdb.tmp-{gone}.wal": False,
+        f".template-{me}.duckdb": True,
+        f".p-2.duckdb.tmp-{me}": True,
+        f".stage-{me}-3-inputs.parquet": True,
+        "p-1.duckdb": True,
+        ".keep": True,
+        f"p-3.duckdb.tmp-{gone}": True,  # not a dot file: not ours
+    }
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    removed = export._remove_leftovers(tmp_path)
+    assert sorted(removed) == sorted(n for n, kept in names.items() if not kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        n for n, kept in names.items() if kept
+    )
+
+
+def test_attest_all_issues_what_one_at_a_time_issues_leaves_read_in_bounded_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attest_all sums chains up in SQL and reads leaf hashes ATTEST_LEAF_RECORDS at a
+    time (3 here: every chain alone or with others, some larger than the bound): the same
+    statements (a later period's included: a late charge after the close) and checkpoints,
+    byte for byte, as issue_statement and issue_checkpoint one placement at a time."""
+    monkeypatch.setattr(attest, "ATTEST_LEAF_RECORDS", 3)
+    scenario = build_scenario("attest-late", placements=3, nodes=1, events=3)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    pid = scenario.placement_ids[0]
+    try:
+        service.run_until_idle()
+        close = service.store.close_index(pid)
+        assert close is not None
+        late = adjustment(
+            scenario.cast, pid, "late-1", "charge", 500, 0, signers=[scenario.cast.buyer]
+        )
+        publish_scenario_local(tmp_path / "spool", [(pid, "publish-buyer", late)])
+        service.run_until_idle()
+    finally:
+        service.close()
+    db = tmp_path / "ledger.duckdb"
+    copy = tmp_path / "copy.duckdb"
+    shutil.copyfile(db, copy)
+    key = scenario.cast.ledger
+    with Store(db) as store:
+        facts = attest_all(store, key, scenario.placement_ids)
+        together = _attestations(store)
+    with Store(copy) as store:
+        for p in scenario.placement_ids:
+            issue_statement(store, key, p)
+        alone = _attestations(store)
+        heads = store.heads()
+    assert together == alone
+    assert {p: f.records for p, f in facts.chains.items()} == {
+        p: index + 1 for p, (index, _) in heads.items()
+    }
+    assert heads[pid][0] > close  # the late charge is past the close: a period 1 statement
+    assert [s for s in together if s[0] == pid and s[1] > close]
+
+
+def _attestations(store: Store) -> list[tuple[Any, ...]]:
+    return store.query(
+        "SELECT placement_id, through_index, envelope, NULL FROM statements UNION ALL "
+        "SELECT placement_id, size, NULL, note FROM checkpoints ORDER BY ALL"
+    )
 
 
 def test_export_chunks_are_bounded_in_placements_and_records() -> None:

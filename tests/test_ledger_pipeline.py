@@ -25,12 +25,14 @@ from concurrent.futures import BrokenExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support import ledger_toml
 from test_ledger_kafka import resign_badly
+from test_ledger_scenario import ledger_key_file
 
 from devtools import builders
 from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
 from ledger import crypto
-from ledger.config import KafkaConfig
+from ledger.config import ConfigError, KafkaConfig, load_config
 from ledger.crypto import CryptoWorker, CryptoWorkerError
 from ledger.decide import CheckedSignature, decide
 from ledger.fold import Fold, Outcome
@@ -326,3 +328,34 @@ def test_ctrl_c_reaches_the_ledger_not_its_worker() -> None:
         assert worker.submit([]).result(timeout=30) == []
     finally:
         worker.close()
+
+
+def test_ledger_toml_chooses_the_worker_or_threads(tmp_path: Path) -> None:
+    """``crypto_worker`` in ledger.toml (default true) is what ``ledger run`` builds the
+    Kafka service with; anything but a boolean is refused, naming the key."""
+    cast = make_cast("pipeline-config")
+    key_file = ledger_key_file(tmp_path, cast)
+    kafka = {"bootstrap": "127.0.0.1:9", "topic": "never-connected"}  # not started here
+
+    def toml(name: str, **top: object) -> Path:
+        return ledger_toml(
+            tmp_path / f"{name}.toml",
+            key_file,
+            db=f"{name}.duckdb",
+            transport="kafka",
+            kafka=kafka,
+            http="off",
+            **top,
+        )
+
+    assert load_config(toml("default")).crypto_worker is True
+    for name, chosen in (("worker", True), ("threads", False)):
+        config = load_config(toml(name, crypto_worker=chosen))
+        assert config.crypto_worker is chosen
+        service = KafkaLedgerService.from_config(config)
+        try:
+            assert (service.ingestor.crypto_worker is not None) is chosen
+        finally:
+            service.close()
+    with pytest.raises(ConfigError, match="crypto_worker must be true or false"):
+        load_config(toml("bad", crypto_worker="yes"))

@@ -126,7 +126,7 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> None:
         real(self, *args, **kwargs)
-        started.append(self.process)
+        started.append(self)
 
     # Overlap: exports are handed to the verifier while steps still run (before the
     # ledger is told to stop), and the replay process never opens the store itself.
@@ -157,8 +157,11 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     assert events[:last_step].count("submit") >= 5, events
     assert split.seconds["export"] > 0
     assert len(started) == 1
-    (process,) = started
+    (ledger,) = started
+    process = ledger.process
     assert not process.is_alive() and process.exitcode == 0  # ended cleanly, told to
+    # Not daemonic: its ledger checked signatures in a worker process of its own.
+    assert not process.daemon and ledger.crypto_worker
     assert split.seconds["ledger"] > 0 and "ledger_wait" in split.seconds
     assert split.peak_rss_mib_by_process["ledger"] > 0  # its own peak, reported on stop
     assert 0 < split.peak_rss_mib_by_process["ledger_duckdb"] < 512  # its store's pool
