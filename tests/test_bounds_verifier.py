@@ -45,7 +45,7 @@ from verifier.inclusion import (
     make_inclusion_bundle,
     read_bundle_files,
 )
-from verifier.workers import OpenPool, PoolKind
+from verifier.workers import OpenPool
 
 # ---- files the verifier reads --------------------------------------------------------------
 
@@ -245,50 +245,6 @@ def test_tiny_batches_and_one_batch_in_flight_give_the_same_verdicts(
             _summary(verify_export(tampered, honest.trust, pool=pool)),
         ]
     assert got == expected
-
-
-@pytest.mark.parametrize("pool_kind", ["inline", "process"])
-def test_work_buffers_stay_under_work_flush_rows_and_reports_do_not_change(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool_kind: PoolKind
-) -> None:
-    """The pass appends its hot work tables once a buffer holds WORK_FLUSH_ROWS rows: after
-    every batch each buffer holds fewer, and the whole report (findings included) is the
-    same at a bound of 2 rows, of 50 and with no flush before the end of the pass."""
-    from verifier.verify import verify_export
-    from verifier.work_tables import WorkTables
-
-    (tmp_path / "s").mkdir()
-    honest = full_scenario(tmp_path / "s")
-    tampered = tmp_path / "tampered.duckdb"
-    shutil.copy(honest.path, tampered)
-    with duckdb.connect(str(tampered)) as con:  # a few usage rows' columns disagree
-        con.execute("UPDATE usage_events SET start_ms = start_ms + 1 WHERE chain_index % 5 = 0")
-    monkeypatch.setattr(limits, "CHAIN_BATCH_INDICES", 7)
-    after: list[int] = []
-    flush_full = WorkTables.flush_full
-
-    def recording(self: WorkTables) -> None:
-        flush_full(self)
-        after.append(max(len(b) for b in (self.usage, self.samples, self.records, self.resale)))
-
-    monkeypatch.setattr(WorkTables, "flush_full", recording)
-
-    def whole(path: Path) -> tuple[Any, ...]:
-        with OpenPool[Any](pool_kind, 2) as pool:
-            if pool_kind == "inline":
-                pool.reads_ranges = True
-            report = verify_export(path, honest.trust, pool=pool)
-        kept = [f.line() for f in report.findings.kept]
-        return (*_summary(report), report.counts, kept)
-
-    results = {}
-    for bound in (2, 50, 10**9):
-        monkeypatch.setattr(limits, "WORK_FLUSH_ROWS", bound)
-        after.clear()
-        results[bound] = [whole(honest.path), whole(tampered)]
-        assert after and max(after) < bound, (bound, max(after))
-    assert results[2] == results[50] == results[10**9]
-    assert results[2][0][0] == "verified" and results[2][1][0] != "verified"
 
 
 @pytest.mark.parametrize("in_flight", [1, 4])

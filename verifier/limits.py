@@ -24,12 +24,6 @@ OPEN_CHUNK_ROWS: Final = 512
 # holds at most CHAIN_BATCH_INDICES input rows and as many record rows).
 MAX_BATCHES_IN_FLIGHT: Final = 4
 
-# Rows the main process buffers per hot work table (w_usage, w_samples, w_records) before
-# it appends them (``verifier/work_tables.py``): each appender flush has a fixed cost, and
-# 8192 rows a flush cost ~15-25 % less per row than one flush per 2048-index batch. The
-# buffers hold at most this many rows plus one batch's.
-WORK_FLUSH_ROWS: Final = 8192
-
 # Allocations between two young-generation garbage collections during the pass (Python's
 # default is 700). The pass allocates and frees millions of short-lived tuples and Structs,
 # almost none of them in reference cycles; at the default, collections that find nothing

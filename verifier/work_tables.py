@@ -1,16 +1,13 @@
 """The verifier's work tables, filled during the single pass (DDL in ``verifier/pricing.py``).
 
 Rows from DECODED envelopes only, and only for inputs the verifier's own referee accepted.
-The hot tables (usage, samples, records) are buffered and appended once they hold
-WORK_FLUSH_ROWS rows (and before anything reads them: ``usage_record_hash``, the end of
-the pass); the rare ones (reclaim, close, adjustments) are inserted as they come.
+The hot tables (usage, samples, records) are buffered and appended once per batch; the
+rare ones (reclaim, close, adjustments) are inserted as they come.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from verifier import limits
 
 
 class WorkTables:
@@ -40,14 +37,6 @@ class WorkTables:
                 app.append_rows(buffer)
                 app.flush()
                 buffer.clear()
-
-    def flush_full(self) -> None:
-        """``flush`` once a hot buffer holds WORK_FLUSH_ROWS rows (after each batch of the
-        pass: the buffers stay bounded, and each appender flush carries more rows)."""
-        bound = limits.WORK_FLUSH_ROWS
-        buffers = (self.records, self.usage, self.samples, self.resale)
-        if any(len(buffer) >= bound for buffer in buffers):
-            self.flush()
 
     def usage_record_hash(self, node_id: str, seq: int) -> str | None:
         """The record hash of the accepted usage event (node_id, seq), if any."""
