@@ -9,6 +9,7 @@ to read ranges); one runs it in real worker processes.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import Envelope, decode_envelope, encode_envelope, sha256_hex
 from proto.keys import key_id
 from proto.records import LedgerRecord
-from verifier import walk
+from verifier import limits, walk
 from verifier.pairs import (
     ExportFile,
     FastPair,
@@ -190,3 +191,44 @@ def test_a_worker_reads_the_export_read_only_with_its_memory_bounded(honest: Sce
     finally:
         walk._EXPORT.clear()
         con.close()
+
+
+def test_rows_read_again_for_findings_are_read_a_window_at_a_time(
+    honest: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15, never trust input: an early usage event deleted, every later one of its
+    node is decided otherwise than stored, so its fast pair needs its rows read again.
+    They must be read a window of CHAIN_BATCH_INDICES chain indices at a time, each chain
+    index at most once (a query per pair scans the table each time: time quadratic in the
+    export's size), and give the report of the ordinary pass."""
+    path = _mutated(
+        honest, tmp_path, f"DELETE FROM usage_events WHERE chain_index = {_usage_index(honest, 0)}"
+    )
+    monkeypatch.setattr(limits, "CHAIN_BATCH_INDICES", 4)
+    needed: list[int] = []
+    reads: list[tuple[int, int]] = []
+    rows_of, record_rows = walk._rows_of, ExportSource.record_rows
+
+    def needing(run: Any, index: int, record: Any, row: Any) -> Any:
+        if record is None or row is None:
+            needed.append(index)
+        return rows_of(run, index, record, row)
+
+    def reading(self: ExportSource, lo: int, hi: int) -> Any:
+        reads.append((lo, hi))
+        return record_rows(self, lo, hi)
+
+    monkeypatch.setattr(walk, "_rows_of", needing)
+    monkeypatch.setattr(ExportSource, "record_rows", reading)
+    ranged = _ranged(path, honest)
+    assert "SEQ_GAP" in ranged.findings.rules(), explain(ranged)
+    usage = ranged.counts["inputs.usage"]
+    assert len(needed) >= usage // 2 >= 10, (needed, usage)
+    assert needed == sorted(needed)
+    assert reads and all(hi - lo == 4 for lo, hi in reads), reads
+    assert all(b[0] >= a[1] for a, b in itertools.pairwise(reads)), reads  # none read twice
+    assert len(reads) <= len(needed) // 2, (reads, needed)
+    assert all(any(lo <= i < hi for lo, hi in reads) for i in needed)
+    monkeypatch.setattr(ExportSource, "record_rows", record_rows)
+    monkeypatch.setattr(walk, "pairable", lambda record, rows: False)
+    assert _whole(ranged) == _whole(verify(path, honest.trust))

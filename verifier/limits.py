@@ -13,7 +13,8 @@ from typing import Final
 MAX_FINDINGS_PER_RULE: Final = 20
 
 # Chain indices read from DuckDB per batch (every table is read by chain_index range, so
-# memory is bounded by this many rows per table, whatever the export's size).
+# memory is bounded by this many rows per table, whatever the export's size). Also the
+# window of rows the main process reads again for findings (``walk._rows_of``).
 CHAIN_BATCH_INDICES: Final = 2048
 
 # Envelopes per task sent to a signature worker: large enough to amortise the hand-off,

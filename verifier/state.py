@@ -9,7 +9,7 @@ attribute is set in ``__init__``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 from proto.attestation import AttestationRoot
 from proto.limits import ARRIVAL_REQUIRED_FROM_MS
@@ -17,7 +17,7 @@ from proto.records import PlacementTerms
 from verifier.decisions import Claim, Referee
 from verifier.findings import Findings, Step
 from verifier.progress import Progress
-from verifier.source import ExportSource
+from verifier.source import ExportSource, InputRow, RecordRow
 from verifier.step8_merkle import CheckpointRoots
 from verifier.work_tables import WorkTables
 from verifier.workers import OpenPool
@@ -31,6 +31,17 @@ ExportVerdict = Literal["verified", "failed", "unusable"]
 VERIFIED: Final[ExportVerdict] = "verified"
 FAILED: Final[ExportVerdict] = "failed"
 UNUSABLE: Final[ExportVerdict] = "unusable"
+
+
+class Reread(NamedTuple):
+    """Rows of chain indices [lo, hi) read again from the export by the main process (the
+    first ledger_records and usage_events row of each index, by chain_index): for the
+    pairs a worker settled whose findings need their rows (``verifier/walk.py``)."""
+
+    lo: int
+    hi: int
+    records: dict[int, RecordRow]
+    inputs: dict[int, InputRow]
 
 
 @dataclass
@@ -124,6 +135,8 @@ class Verification:
         self.prev_hash = ""
         self.close_index: int | None = None  # the first accepted close (7)
         self.last_arrived: int | None = None  # the highest arrived_ms so far (7, SPEC §6.6)
+        # rows read again for findings, at most CHAIN_BATCH_INDICES of each (walk._rows_of)
+        self.reread: Reread | None = None
         # (7) SPEC §6.6: an untimed record is a finding in a placement created after the rule
         self.untimed_arrival_finding = terms.created_at_ms >= ARRIVAL_REQUIRED_FROM_MS
         self.pending_claims: dict[int, tuple[Claim, str]] = {}  # adjustments decided later

@@ -74,7 +74,7 @@ from verifier.source import (
     read_input_rows,
     record_row,
 )
-from verifier.state import Verification
+from verifier.state import Reread, Verification
 from verifier.step8_merkle import MISSING_LEAF
 from verifier.workers import fewer_collections
 
@@ -170,6 +170,7 @@ def _walk_ranges(run: Verification, context: PairContext) -> None:
                 run.work.flush()
                 run.progress.update(done)
     finally:
+        run.reread = None
         if run.pool.kind != "process":  # the pass read ranges in this process
             forget_exports(close=True)
     run.progress.finish()
@@ -476,12 +477,28 @@ def _rows_of(
     run: Verification, index: int, record: RecordRow | None, row: InputRow | None
 ) -> tuple[RecordRow, InputRow]:
     """The rows of a FastPair's chain index: as given, or read again from the export (the
-    same first-per-index rows the worker read)."""
-    if record is None:
-        record = run.source.record_rows(index, index + 1)[0]
-    if row is None:
-        row = run.source.input_rows(TABLE_OF_KIND["usage"], index, index + 1)[0]
-    return record, row
+    same first-per-index rows the worker read).
+
+    Read a window at a time: the rows of [index, index + CHAIN_BATCH_INDICES), kept for the
+    next pairs that need theirs (they come in chain order). A query of one chain index
+    scans the table (no index on chain_index): one per pair made a tampered export whose
+    every pair names a finding cost time quadratic in its size (200k usage events: > 15
+    minutes); a window costs what a worker's read of its range costs."""
+    if record is not None and row is not None:
+        return record, row
+    window = run.reread
+    if window is None or not window.lo <= index < window.hi:
+        lo, hi = index, index + limits.CHAIN_BATCH_INDICES
+        window = run.reread = Reread(
+            lo,
+            hi,
+            {r.chain_index: r for r in run.source.record_rows(lo, hi)},
+            {r.chain_index: r for r in run.source.input_rows(TABLE_OF_KIND["usage"], lo, hi)},
+        )
+    return (
+        window.records[index] if record is None else record,
+        window.inputs[index] if row is None else row,
+    )
 
 
 def _check_index(
