@@ -90,7 +90,10 @@ def _schema(prefix: str = "") -> str:
     """The export's CREATE TABLE statements, table names prefixed by ``prefix``."""
     return "\n".join(
         [
-            f"CREATE TABLE {prefix}meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);",
+            # No PRIMARY KEY: DuckDB 1.0 cannot open a file with an index written by a later
+            # DuckDB (EXPORT.md "Readers"); each key is written once and a verifier refuses
+            # an export naming a key twice.
+            f"CREATE TABLE {prefix}meta (key VARCHAR NOT NULL, value VARCHAR NOT NULL);",
             *(
                 f"CREATE TABLE {prefix}{table} ({_COMMON}"
                 + "".join(f", {name} {sql_type}" for name, sql_type in extra)

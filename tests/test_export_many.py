@@ -485,3 +485,65 @@ def test_compact_exports_hold_the_same_rows_verify_and_take_less_disk(tmp_path: 
         assert size is not None and size[2] == 16 * 1024  # block size
         assert tags is not None and tags[0]["storage_version"].startswith("v1.2.0")
     assert not list((tmp_path / "compact").glob(".*")), "temporary files left behind"
+
+
+_OLD_READER = """
+import json, sys
+import duckdb
+tables = json.loads(sys.argv[2])
+with duckdb.connect(sys.argv[1], read_only=True) as con:
+    rows = {t: [repr(r) for r in con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()]
+            for t in tables}
+print(json.dumps({"version": duckdb.__version__, "rows": rows}))
+"""
+
+
+def _read_with_duckdb_1_0(path: Path) -> dict[str, Any]:
+    """The export's tables as DuckDB 1.0.0 reads them (installed by `make venv` beside the
+    project's own DuckDB, in .venv/duckdb-1.0), in a process of its own."""
+    import json
+
+    old = Path(sys.prefix) / "duckdb-1.0"
+    assert (old / "duckdb").is_dir(), f"{old} is missing: `make venv` installs DuckDB 1.0.0 there"
+    env = {**os.environ, "PYTHONPATH": str(old)}
+    done = subprocess.run(
+        [sys.executable, "-c", _OLD_READER, str(path), json.dumps(TABLES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_exports_of_every_path_open_in_duckdb_1_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EXPORT.md "Readers": DuckDB 1.0 opens every (non-compact) export. Exports once had
+    `meta.key` as PRIMARY KEY, whose index DuckDB 1.0 cannot read back from a file written
+    by DuckDB 2 ("Failed to deserialize ... field id: 103") although the header said
+    storage version 64. One placement alone, export_all's staged chunks and a placement
+    read straight from the store in pages: the same rows through DuckDB 1.0 as now."""
+    scenario, db = _ledger(tmp_path, placements=2)
+    files = [tmp_path / "one" / f"{scenario.placement_ids[0]}.duckdb"]
+    export_placement(db, scenario.placement_ids[0], files[0], key=scenario.cast.ledger)
+    export_all(db, tmp_path / "staged", key=scenario.cast.ledger)
+    files += sorted((tmp_path / "staged").glob("*.duckdb"))
+    monkeypatch.setattr(export, "EXPORT_STAGE_RECORDS", 1)  # every placement alone
+    monkeypatch.setattr(export, "EXPORT_PAGE_RECORDS", 2)
+    export_all(db, tmp_path / "paged", key=scenario.cast.ledger)
+    files += sorted((tmp_path / "paged").glob("*.duckdb"))
+    assert len(files) == 5
+    for path in files:
+        old = _read_with_duckdb_1_0(path)
+        assert old["version"] == "1.0.0"
+        with duckdb.connect(str(path), read_only=True) as con:
+            now = {
+                t: [repr(r) for r in con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()]
+                for t in TABLES
+            }
+        assert old["rows"] == now, path
+        assert len(now["ledger_records"]) > 0

@@ -72,7 +72,7 @@ TABLES = {
 }
 
 DDL = [
-    "CREATE TABLE meta(key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
+    "CREATE TABLE meta(key VARCHAR NOT NULL, value VARCHAR NOT NULL)",
     *[
         f"CREATE TABLE {name}(chain_index BIGINT NOT NULL, position VARCHAR NOT NULL, "
         f"input_hash VARCHAR NOT NULL, envelope BLOB NOT NULL, status VARCHAR NOT NULL, "

@@ -554,6 +554,33 @@ def test_a_view_in_place_of_a_table_is_unusable_and_never_runs(
     assert "meta is a view" in report.error and "SECRET" not in report.error
 
 
+def test_a_meta_key_written_twice_makes_the_export_unusable(
+    honest: Scenario, tmp_path: Path
+) -> None:
+    """EXPORT.md: each meta key at most once (the table has no PRIMARY KEY since DuckDB 1.0
+    could not read one back). Row order carries no meaning, so which of two placement ids
+    would be the export's is not for the verifier to pick, whichever row comes first."""
+    honest_rows = "INSERT INTO meta SELECT * FROM meta_orig"
+    other_row = (
+        "INSERT INTO meta SELECT key, 'someone-else' FROM meta_orig WHERE key = 'placement_id'"
+    )
+    for first, then in ((honest_rows, other_row), (other_row, honest_rows)):
+        where = tmp_path / str(first == other_row)
+        where.mkdir()
+        path = mutated(
+            honest,
+            where,
+            "ALTER TABLE meta RENAME TO meta_orig",
+            "CREATE TABLE meta (key VARCHAR NOT NULL, value VARCHAR NOT NULL)",
+            first,
+            then,
+            "DROP TABLE meta_orig",
+        )
+        report = verify(path, honest.trust)
+        assert report.verdict == "unusable", where
+        assert "meta key 'placement_id' appears twice" in report.error, where
+
+
 def test_rows_past_the_small_table_bound_fail_the_export(
     honest: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -412,7 +412,11 @@ class ExportSource:
         ).fetchall()
         meta: dict[str, str] = {}
         for key, value in rows:
-            if isinstance(key, str) and isinstance(value, str) and key not in meta:
+            if isinstance(key, str) and isinstance(value, str):
+                if key in meta:
+                    # Row order carries no meaning (EXPORT.md): which of two values would
+                    # be the export's is not for the verifier to pick.
+                    raise UnusableInput(str(self.path), f"meta key {key!r} appears twice")
                 meta[key] = value
         return meta
 
