@@ -99,9 +99,12 @@ def main() -> int:
         snap_total = 0
         try:
             if args.kind == "stream":
-                ingestor.ingest([item(pid, raw, T0_MS) for pid, raw in zip(
-                    [w[0] for w in writers], terms_raw, strict=True
-                )])
+                ingestor.ingest(
+                    [
+                        item(pid, raw, T0_MS)
+                        for pid, raw in zip([w[0] for w in writers], terms_raw, strict=True)
+                    ]
+                )
             started = time.perf_counter()
             span_cpu, span_n = time.thread_time(), 0
             done = 0
@@ -119,12 +122,10 @@ def main() -> int:
                 span_n += len(chunk)
                 if done % args.report_every < args.batch or b + args.batch >= len(events):
                     cpu = (time.thread_time() - span_cpu) / span_n * 1e6
-                    row = store._rows(  # noqa: SLF001 - a benchmark looks inside
-                        "SELECT sum(memory_usage_bytes) FROM duckdb_memory()"
-                    )
+                    row = store._rows("SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
                     duck = int(row[0][0] or 0) / 2**20
                     wal = Path(str(path) + ".wal")
-                    disk = (path.stat().st_size + (wal.stat().st_size if wal.exists() else 0))
+                    disk = path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
                     print(
                         f"held {done:7d}  batch fold {ft - bt:6.2f}s commit {ct - ft:6.2f}s  "
                         f"main CPU {cpu:7.1f} us/input  snapshot {snap / 2**20:7.1f} MB "
