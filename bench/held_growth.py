@@ -5,7 +5,9 @@
 
 ``--kind terms``: usage events of placements whose terms never came (held before the
 terms); ``--kind stream``: terms, then one node's events from seq 1 on (seq 0 never
-comes: every event is held in its stream). ``--placements``: the events spread
+comes: every event is held in its stream). ``--gpus``: GPUs of each
+placement (one node), each event a sample of every GPU (a larger envelope).
+``--placements``: the events spread
 round-robin over that many placements. Every input is timed (``arrived_ms``, as on
 Kafka with time from the log, SPEC §6.6). ``--release``: then the terms (``terms``) or
 the missing seq 0 (``stream``), folded as one more batch, timed.
@@ -56,6 +58,9 @@ def main() -> int:
     parser.add_argument("--release", action="store_true")
     parser.add_argument("--max-seconds", type=float, default=600.0)
     parser.add_argument("--report-every", type=int, default=10_000)
+    parser.add_argument(
+        "--gpus", type=int, default=1, help="GPUs per placement: samples per event (envelope size)"
+    )
     args = parser.parse_args()
 
     cast = make_cast("held")
@@ -64,21 +69,22 @@ def main() -> int:
     writers, terms_raw = [], []
     for i in range(args.placements):
         pid = f"held-{i:05d}"
-        g = gpu(f"{pid}-n0", 0)
-        terms_raw.append(signed_terms(cast, make_terms(cast, pid, [g], T0_MS, T0_MS + window_ms)))
-        writers.append((pid, StreamWriter(cast.node_key(g.node_id), pid, g.node_id), g))
+        gs = [gpu(f"{pid}-n0", k) for k in range(args.gpus)]
+        terms_raw.append(signed_terms(cast, make_terms(cast, pid, gs, T0_MS, T0_MS + window_ms)))
+        writers.append((pid, StreamWriter(cast.node_key(gs[0].node_id), pid, gs[0].node_id), gs))
     seq0: list[tuple[str, bytes]] = []
     if args.kind == "stream":
-        for pid, w, g in writers:
-            seq0.append((pid, w.event(T0_MS, T0_MS + INTERVAL_MS, [sample(g)])))
+        for pid, w, gs in writers:
+            seq0.append((pid, w.event(T0_MS, T0_MS + INTERVAL_MS, [sample(g) for g in gs])))
     t0 = time.perf_counter()
     events: list[tuple[str, bytes, int]] = []
     for e in range(per):
         start = T0_MS + (e + 1) * INTERVAL_MS
-        for pid, w, g in writers:
+        for pid, w, gs in writers:
             if len(events) == args.held:
                 break
-            events.append((pid, w.event(start, start + INTERVAL_MS, [sample(g)]), start))
+            raw = w.event(start, start + INTERVAL_MS, [sample(g) for g in gs])
+            events.append((pid, raw, start))
     n = 0
 
     def item(pid: str, raw: bytes, at: int) -> Item:
