@@ -26,7 +26,6 @@ verdict carries the record's signed bytes and hash, and the caller signs them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from enum import Enum
 from typing import Any, Final, Literal, get_args
 
@@ -34,7 +33,7 @@ import msgspec
 
 from ledger import health
 from ledger.capacity import Claims, oversold
-from ledger.persistent import PSet
+from ledger.persistent import PMap, PSet
 from ledger.pricing import (
     overlap_ms,
     price,
@@ -47,6 +46,7 @@ from ledger.state import (
     NEW_STREAM,
     NO_HASHES,
     NO_HELD,
+    NO_STREAM_HOLDS,
     AssignmentState,
     Attestation,
     Attested,
@@ -718,10 +718,9 @@ def _hold_in_stream(
         )
         return verdict, state
     holds = dict(state.stream_held)
-    holds[event.node_id] = {
-        **holds.get(event.node_id, {}),
-        event.seq: (opened.raw, position, opened.input_hash),
-    }
+    holds[event.node_id] = holds.get(event.node_id, NO_STREAM_HOLDS).set(
+        event.seq, (opened.raw, position, opened.input_hash)
+    )
     new = msgspec.structs.replace(
         state,
         stream_held=holds,
@@ -731,12 +730,12 @@ def _hold_in_stream(
 
 
 def _with_arrival(
-    held_arrived: Mapping[str, int], position: str, arrived: int | None
-) -> Mapping[str, int]:
+    held_arrived: PMap[str, int], position: str, arrived: int | None
+) -> PMap[str, int]:
     """SPEC §6.6: remember when a held input arrived (nothing for an untimed one)."""
     if arrived is None:
         return held_arrived
-    return {**held_arrived, position: arrived}
+    return held_arrived.set(position, arrived)
 
 
 def _released_arrival(
@@ -747,8 +746,7 @@ def _released_arrival(
     own = state.held_arrived.get(position)
     if own is None:
         return state, releasing
-    rest = {k: v for k, v in state.held_arrived.items() if k != position}
-    state = msgspec.structs.replace(state, held_arrived=rest)
+    state = msgspec.structs.replace(state, held_arrived=state.held_arrived.delete(position))
     if releasing is None:
         return state, own
     return state, max(own, releasing if state.arrived_ms is None else state.arrived_ms)
@@ -756,7 +754,7 @@ def _released_arrival(
 
 def _without_held(state: PlacementState, node_id: str, seq: int) -> PlacementState:
     holds = dict(state.stream_held)
-    rest = {k: v for k, v in holds[node_id].items() if k != seq}
+    rest = holds[node_id].delete(seq)
     if rest:
         holds[node_id] = rest
     else:

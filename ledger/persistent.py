@@ -10,8 +10,8 @@ O(log n) and a lookup probes at most log2(n) + 1 frozensets. Old versions stay v
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from typing import Final, Generic, TypeVar
 
 H = TypeVar("H", bound=Hashable)
 T = TypeVar("T")
@@ -112,3 +112,86 @@ class PLog(Generic[T]):
 
     def __repr__(self) -> str:
         return f"PLog({list(self)!r})"
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+# A key deleted in a newer layer than the one that holds it.
+_GONE: Final = object()
+
+
+class PMap(Mapping[K, V]):
+    """An immutable mapping with a cheap ``set`` and ``delete`` (each returns a new map).
+
+    The same binary counter of immutable layers as ``PSet``: newer layers override older
+    ones, and a deletion is a marker in a new layer; merging into the oldest layer drops
+    the markers. ``set`` and ``delete`` cost amortised O(log n), a lookup probes at most
+    log2(n) + 1 dicts; iterating merges the layers (O(n)). Layers are never changed once
+    built (dicts, but private), so old versions stay valid.
+    """
+
+    __slots__ = ("_layers", "_len")
+
+    def __init__(self, items: Iterable[tuple[K, V]] | Mapping[K, V] = ()) -> None:
+        layer: dict[K, object] = dict(items)
+        self._layers: tuple[dict[K, object], ...] = (layer,) if layer else ()
+        self._len = len(layer)
+
+    def _find(self, key: object) -> object:
+        for layer in reversed(self._layers):
+            found = layer.get(key, _MISSING)  # type: ignore[arg-type]
+            if found is not _MISSING:
+                return found
+        return _GONE
+
+    def __getitem__(self, key: K) -> V:
+        found = self._find(key)
+        if found is _GONE:
+            raise KeyError(key)
+        return found  # type: ignore[return-value]
+
+    def __contains__(self, key: object) -> bool:
+        return self._find(key) is not _GONE
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._merged())
+
+    def _merged(self) -> dict[K, V]:
+        merged: dict[K, object] = {}
+        for layer in self._layers:
+            merged.update(layer)
+        return {k: v for k, v in merged.items() if v is not _GONE}  # type: ignore[misc]
+
+    def _with(self, key: K, value: object, length: int) -> PMap[K, V]:
+        layers = list(self._layers)
+        new: dict[K, object] = {key: value}
+        while layers and len(layers[-1]) <= len(new):
+            new = {**layers.pop(), **new}
+        if not layers:  # the oldest layer: nothing older left to delete from
+            new = {k: v for k, v in new.items() if v is not _GONE}
+        if new:
+            layers.append(new)
+        out: PMap[K, V] = PMap.__new__(PMap)
+        out._layers = tuple(layers)
+        out._len = length
+        return out
+
+    def set(self, key: K, value: V) -> PMap[K, V]:
+        """This map with ``key`` -> ``value``."""
+        return self._with(key, value, self._len + (key not in self))
+
+    def delete(self, key: K) -> PMap[K, V]:
+        """This map without ``key`` (``self`` when it is not in)."""
+        if key not in self:
+            return self
+        return self._with(key, _GONE, self._len - 1)
+
+    def __repr__(self) -> str:
+        return f"PMap({self._merged()!r})"
+
+
+_MISSING: Final = object()

@@ -12,8 +12,15 @@ from typing import Final
 
 import msgspec
 
-from ledger.persistent import PLog, PSet
-from ledger.state import AssignmentState, Attestation, PlacementState, StreamState, terms_fields
+from ledger.persistent import PLog, PMap, PSet
+from ledger.state import (
+    AssignmentState,
+    Attestation,
+    PlacementState,
+    StreamHolds,
+    StreamState,
+    terms_fields,
+)
 from proto.canonical import decode_payload
 from proto.envelope import sha256_hex
 from proto.records import Party, PlacementTerms, Totals
@@ -230,7 +237,7 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         taken={t.node_id: frozenset(t.seqs) for t in snap.taken},
         arrived_ms=snap.arrived_ms,
         revoked=_revoked(snap.revoked),
-        held_arrived=dict(snap.held_arrived),
+        held_arrived=PMap(snap.held_arrived),
         assignments=tuple(
             AssignmentState(
                 a.assignment_id,
@@ -256,13 +263,11 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
     return msgspec.structs.replace(state, **fields)
 
 
-def _stream_held(
-    rows: list[_StreamHeldSnap],
-) -> dict[str, dict[int, tuple[bytes, str, str]]]:
+def _stream_held(rows: list[_StreamHeldSnap]) -> dict[str, StreamHolds]:
     out: dict[str, dict[int, tuple[bytes, str, str]]] = {}
     for row in rows:
         out.setdefault(row.node_id, {})[row.seq] = (row.raw, row.position, sha256_hex(row.raw))
-    return out
+    return {node: PMap(holds) for node, holds in out.items()}
 
 
 def _revoked(rows: list[_RevokedSnap]) -> dict[str, frozenset[bytes]]:

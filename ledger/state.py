@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
-from ledger.persistent import PLog, PSet
+from ledger.persistent import PLog, PMap, PSet
 from ledger.pricing import ZERO_TOTALS
 from proto import limits
 from proto.keys import key_id
@@ -83,6 +83,10 @@ Attested = Mapping[str, Mapping[bytes, Attestation]]
 
 NO_HASHES: Final[PSet[str]] = PSet()
 NO_HELD: Final[PLog[tuple[bytes, str]]] = PLog()
+NO_ARRIVALS: Final[PMap[str, int]] = PMap()
+# One stream's held events: seq -> (raw, position, input hash).
+StreamHolds = PMap[int, tuple[bytes, str, str]]
+NO_STREAM_HOLDS: Final[StreamHolds] = PMap()
 
 
 class PlacementState(msgspec.Struct, frozen=True):
@@ -111,10 +115,10 @@ class PlacementState(msgspec.Struct, frozen=True):
     held: PLog[tuple[bytes, str]] = NO_HELD
     held_hashes: PSet[str] = NO_HASHES
     # Usage events held in their stream until the seqs before them arrive (SPEC §6.2):
-    # node_id -> seq -> (raw, position, input hash). Small, copied on write.
-    stream_held: Mapping[str, Mapping[int, tuple[bytes, str, str]]] = msgspec.field(
-        default_factory=dict
-    )
+    # node_id -> seq -> (raw, position, input hash). The outer mapping is small (a node
+    # each) and copied on write; each stream's holds are persistent (up to
+    # MAX_HELD_PER_PLACEMENT: copying them per held event would be quadratic).
+    stream_held: Mapping[str, StreamHolds] = msgspec.field(default_factory=dict)
     # Seqs of a stream taken by a rejected event (SPEC §6.3 usage (3)): node_id -> seqs.
     taken: Mapping[str, frozenset[int]] = msgspec.field(default_factory=dict)
     # SPEC §6.6: arrived_ms of the last chained record (None: none yet, or untimed), and
@@ -122,8 +126,9 @@ class PlacementState(msgspec.Struct, frozen=True):
     arrived_ms: int | None = None
     revoked: Mapping[str, frozenset[bytes]] = msgspec.field(default_factory=dict)
     # SPEC §6.6: when each held input (before the terms, or in its stream) arrived, by
-    # its position; its record, chained on release, carries max(a_prev, that).
-    held_arrived: Mapping[str, int] = msgspec.field(default_factory=dict)
+    # its position; its record, chained on release, carries max(a_prev, that). Persistent:
+    # one entry per held input, up to MAX_HELD_PER_PLACEMENT.
+    held_arrived: PMap[str, int] = NO_ARRIVALS
     # SPEC §6.8: accepted assignments in chain order.
     assignments: tuple[AssignmentState, ...] = ()
     # SPEC §6.7: the end e of the accepted buyer release (None: not released).
