@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from ledger.config import LedgerConfig
 from ledger.limits import HTTP_CLIENT_TIMEOUT_S
+from proto.files import pid_alive
 
 _PROBE_TIMEOUT_S: Final = 2.0
 
@@ -35,16 +36,6 @@ class ApiError(Exception):
         self.message = message
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _candidates(config: LedgerConfig) -> list[str]:
     urls: list[str] = []
     if config.http is not None and config.http[1] != 0:
@@ -52,7 +43,7 @@ def _candidates(config: LedgerConfig) -> list[str]:
         urls.append(f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}")
     try:
         data = json.loads(config.port_file.read_text())
-        if _pid_alive(int(data["pid"])):
+        if pid_alive(int(data["pid"])):
             host = str(data["host"])
             if host in ("0.0.0.0", "", "::"):
                 host = "127.0.0.1"

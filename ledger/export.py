@@ -47,6 +47,7 @@ from ledger.limits import (
     EXPORT_WRITER_MEMORY_LIMIT,
 )
 from ledger.store import PLACEMENT_ROWS, Store
+from proto.files import fsync_dir, pid_alive
 from proto.keys import SigningKey, b64
 
 EXPORT_FORMAT: Final = "gridledger-export"
@@ -157,31 +158,12 @@ def _remove_leftovers(directory: Path) -> list[str]:
             if match is None or not entry.is_file(follow_symlinks=False):
                 continue
             pid = int(next(group for group in match.groups() if group is not None))
-            if pid == os.getpid() or _alive(pid):
+            if pid == os.getpid() or pid_alive(pid):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
                 removed.append(entry.name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (it may be another user's)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fsync_file(path: Path) -> None:
@@ -405,7 +387,7 @@ def _write_export(
         _fsync_file(tmp)
         os.replace(tmp, out)
         if sync_dir:
-            _fsync_dir(out.parent)
+            fsync_dir(out.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -571,7 +553,7 @@ def _export_all(
         with ThreadPoolExecutor(workers, thread_name_prefix="ledger-export") as pool:
             for done in pool.map(work, chunks):
                 results.update(done)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     finally:
         for con in writers.values():
             con.close()
@@ -711,7 +693,7 @@ def write_parquet(db: Path, directory: Path) -> None:
             con.execute(f"COPY {table} TO '{_sql_string(tmp)}' (FORMAT parquet)")
             _fsync_file(tmp)
             os.replace(tmp, final)
-            _fsync_dir(table_dir)
+            fsync_dir(table_dir)
     finally:
         con.close()
 

@@ -29,6 +29,18 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (it may be another user's): who may still own a
+    lock or temporary file that names it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename or a new file in ``directory`` durable."""
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
