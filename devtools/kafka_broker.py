@@ -61,6 +61,7 @@ from devtools.kafka_fetch import (
     require_java,
     tail_text,
 )
+from proto.files import pid_alive
 from transport.kafka import TopicError, create_topic, run_sync
 
 __all__ = [
@@ -717,12 +718,8 @@ logger.reflections.level = ERROR
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:  # a zombie is dead for our purposes
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
