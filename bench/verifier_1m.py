@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/verifier_1m.py [--events 1000000] [--pools thread,process]
     .venv/bin/python bench/verifier_1m.py --events 50000 --pools process --against DIR
+    .venv/bin/python bench/verifier_1m.py --events 200000 --pools process --tamper mixed
 
 1. Builds (once; cached under ~/.cache/gridledger/bench/) an honest export of one
    placement: 100 nodes x 1 GPU, one-minute usage events, chain-ordered minute by minute,
@@ -21,6 +22,13 @@ In a version-2 export every usage event needs one signature check (the node's; i
 LedgerRecord is covered by the checkpoint), in version 1 two (also the ledger's on the
 record), so events/s is at most the signature rate over the checks per event; the ratio
 is given for signatures/s and for events/s. No asserts: this prints numbers.
+
+``--tamper mixed`` verifies a copy of the export with scattered tampering instead (rows
+edited, deleted, duplicated and re-statused; a deleted usage event makes the rest of its
+node's stream disagree): the report is a fail with many findings, and CPU per usage event
+should stay near the honest export's. A verifier whose work grows with size x findings
+(session 9 found one: 200k events took > 15 min) shows here as CPU per event growing with
+``--events``.
 """
 
 from __future__ import annotations
@@ -433,6 +441,29 @@ def run_verifier(export: Path, trust: Path, pool: str, root: Path = ROOT) -> dic
     }
 
 
+# Scattered tampering (--tamper mixed), each a few per thousand rows: a usage event
+# deleted, its record re-statused, a ledger record duplicated, an envelope edited.
+MIXED_TAMPERING = (
+    "DELETE FROM usage_events WHERE chain_index % 997 = 13",
+    "UPDATE usage_events SET status = 'rejected', reason = 'SEQ_GAP' WHERE chain_index % 991 = 17",
+    "INSERT INTO ledger_records SELECT * FROM ledger_records WHERE chain_index % 983 = 19",
+    "UPDATE ledger_records SET envelope = envelope || '\\x00'::BLOB WHERE chain_index % 977 = 23",
+)
+
+
+def tampered_copy(export: Path) -> Path:
+    """A copy of ``export`` with MIXED_TAMPERING applied (rebuilt on each run)."""
+    import shutil
+
+    copy = export.with_name(export.stem + "-tampered-mixed.duckdb")
+    copy.unlink(missing_ok=True)
+    shutil.copyfile(export, copy)
+    with duckdb.connect(str(copy)) as con:
+        for statement in MIXED_TAMPERING:
+            con.execute(statement)
+    return copy
+
+
 def compare(export: Path, trust: Path, pools: list[str], against: Path) -> int:
     """Both verifiers at once on one export, per pool: CPU per usage event (the child
     and its reaped workers) of each, and their quotient."""
@@ -485,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
         "at the same time as this one's on the same export and compare CPU per event "
         "(on a shared machine, runs one after the other differ by more than a change)",
     )
+    parser.add_argument(
+        "--tamper",
+        choices=("mixed",),
+        help="verify a copy of the export with scattered tampering (a failing report with "
+        "many findings) instead of the honest export",
+    )
     args = parser.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
     # v2: statements with periods, checkpoints witnessed by operator and buyer; "-unsigned":
@@ -494,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     trust = CACHE / f"{name}-trust.json"
     if args.rebuild or not (export.exists() and trust.exists()):
         build_export(args.events, export, trust, args.format_version)
+    if args.tamper == "mixed":
+        export = tampered_copy(export)
     if args.against is not None:
         return compare(export, trust, args.pools.split(","), args.against.resolve())
     one = verify_rate(1)
@@ -517,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         checks = sigs / max(usage, 1)  # signature checks per usage event (2 in v1, 1 in v2)
         print(
             f"verifier pool={pool}: exit {result['exit_code']} ({report['verdict']}), "
+            f"{report['findings']['total']:,} findings; "
             f"{wall:.1f} s wall ({report['elapsed_s']:.1f} s in verify_export); "
             f"{usage:,} usage events -> {usage / wall:,.0f} events/s; "
             f"{sigs:,} signatures -> {sigs / wall:,.0f} sig/s; 2-process limit "
