@@ -345,8 +345,8 @@ class Ingestor:
             else:
                 self._collect(batch, outcome, closes)
             placement_id = outcome.placement_id
-            if placement_id is None:
-                continue  # not attributable: never held
+            if placement_id is None or (positions is None and outcome.decision != "held"):
+                continue  # never held; or nothing released in this batch (no row goes)
             key = (placement_id, outcome.position)
             if positions is not None and outcome.position not in positions:
                 released.append(key)
