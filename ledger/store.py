@@ -1265,8 +1265,10 @@ def _migrate_holds(con: duckdb.DuckDBPyConnection) -> None:
         rewritten.append((without, str(pid)))
         for h in holds:
             rows.append((str(pid), h.position, h.arrived_ms, h.raw, h.node_id, h.seq, len(rows)))
-    if rows:
-        con.executemany("INSERT INTO held_inputs VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    if rows:  # the appender: executemany manages ~2k rows/s (LIMITS.md)
+        appender = con.appender("held_inputs")
+        appender.append_rows(rows)
+        appender.flush()
     if rewritten:
         con.executemany("UPDATE placement_state SET snapshot = ? WHERE placement_id = ?", rewritten)
 
