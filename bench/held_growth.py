@@ -13,11 +13,14 @@ Kafka with time from the log, SPEC §6.6). ``--release``: then the terms (``term
 the missing seq 0 (``stream``), folded as one more batch, timed.
 
 Each batch is ``Ingestor.ingest`` (fold + one DuckDB commit) on a fresh store, as the
-service does. Printed every ``--report-every`` held inputs: the batch's wall time, the
+service does. Printed every ``--report-every`` inputs: the batch's wall time, the
 main thread's CPU per input over the last span, the snapshot bytes the batch wrote,
-bytes of snapshots written so far, DuckDB's memory (``duckdb_memory()``), the process
-RSS, and the store file + WAL size. Stops after ``--max-seconds`` of ingest (a
-benchmark, not a test: it reports and asserts nothing).
+bytes of snapshots written so far, the held-input rows' raw bytes the batch wrote
+(``held_inputs``, store version 4), the bytes the fold holds over all placements (the
+ledger-wide bound's count), DuckDB's memory (``duckdb_memory()``), the process RSS, the
+store file + WAL size, and the inputs quarantined so far (the hold bounds, SPEC §6.2).
+Stops after ``--max-seconds`` of ingest (a benchmark, not a test: it reports and
+asserts nothing).
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ def main() -> int:
         path = Path(tmp) / "held.duckdb"
         store = Store(path, ledger_public_key=cast.ledger.public_key)
         ingestor = Ingestor(store, cast.ledger)
-        snap_total = 0
+        snap_total = rows_total = quarantined = 0
         try:
             if args.kind == "stream":
                 ingestor.ingest(
@@ -119,25 +122,33 @@ def main() -> int:
                 bt = time.perf_counter()
                 folded = ingestor.fold_batch(chunk)
                 snap = sum(len(s.snapshot) for s in folded.batch.states)
+                rows = sum(len(getattr(h, "raw", b"")) for h in folded.batch.held)
                 ft = time.perf_counter()
                 ingestor.commit(folded)
                 report = ingestor.finish(folded)
                 ct = time.perf_counter()
                 snap_total += snap
+                rows_total += rows
+                quarantined += report.quarantined
                 done += report.held
                 span_n += len(chunk)
-                if done % args.report_every < args.batch or b + args.batch >= len(events):
+                seen = b + len(chunk)
+                if seen % args.report_every < args.batch or b + args.batch >= len(events):
                     cpu = (time.thread_time() - span_cpu) / span_n * 1e6
                     row = store._rows("SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
                     duck = int(row[0][0] or 0) / 2**20
                     wal = Path(str(path) + ".wal")
                     disk = path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+                    holding = getattr(ingestor.fold, "held_bytes", None)
+                    holding_mb = "   -" if holding is None else f"{holding / 2**20:6.1f}"
                     print(
-                        f"held {done:7d}  batch fold {ft - bt:6.2f}s commit {ct - ft:6.2f}s  "
-                        f"main CPU {cpu:7.1f} us/input  snapshot {snap / 2**20:7.1f} MB "
-                        f"(written {snap_total / 2**20:8.1f} MB)  duckdb {duck:6.1f} MB  "
+                        f"in {seen:7d} held {done:7d}  batch fold {ft - bt:6.2f}s "
+                        f"commit {ct - ft:6.2f}s  main CPU {cpu:7.1f} us/input  "
+                        f"snapshot {snap / 2**20:7.2f} MB (written {snap_total / 2**20:8.1f} MB)  "
+                        f"rows {rows / 2**20:6.2f} MB (written {rows_total / 2**20:7.1f} MB)  "
+                        f"holding {holding_mb} MB  duckdb {duck:6.1f} MB  "
                         f"rss {rss_mb():6.0f} MB  disk {disk / 2**20:7.1f} MB  "
-                        f"quarantined {report.quarantined}",
+                        f"quarantined {quarantined}",
                         flush=True,
                     )
                     span_cpu, span_n = time.thread_time(), 0

@@ -201,6 +201,7 @@ def decide(
     claims: Claims | None = None,
     arrived_ms: int | None = None,
     attestation_roots: tuple[AttestationRoot, ...] | None = None,
+    held_room: int | None = None,
 ) -> tuple[Verdict, PlacementState]:
     """The verdict for one attributable input of ``state``'s placement, and the new state.
 
@@ -214,7 +215,10 @@ def decide(
     input, the claims of other placements of the same ordered stream on its GPUs (SPEC
     §6.5, ``ledger.capacity``); None checks none. ``attestation_roots`` (SPEC §6.9): the
     attestation services whose signature hardware evidence needs; None (no root
-    configured) judges everything of the evidence but its signature.
+    configured) judges everything of the evidence but its signature. ``held_room``
+    (SPEC §6.2, the ledger-wide bound): the envelope bytes the ledger may still hold over
+    all its placements; an input to hold that is larger is quarantined. None: no bound
+    (the placement's own bounds always apply).
     """
     if opened.record.placement_id != state.placement_id:
         raise InvariantViolation(
@@ -223,7 +227,7 @@ def decide(
     arrived = arrived_ms
     if arrived is not None and state.arrived_ms is not None:
         arrived = max(arrived, state.arrived_ms)
-    run = _Run(ledger_key, accepted_at, claims, arrived, attestation_roots)
+    run = _Run(ledger_key, accepted_at, claims, arrived, attestation_roots, held_room)
     verdict, new = run.one(state, opened, position, checked)
     if state.terms is None and new.terms is not None and new.held:
         # SPEC §6.2: held inputs are processed right after the accepted terms.
@@ -255,7 +259,7 @@ class _Run:
     """One call of ``decide``: its inputs from outside, and the usage events it accepted
     (held inputs released by terms can re-deliver one of those)."""
 
-    __slots__ = ("accepted", "accepted_at", "arrived", "claims", "ledger_key", "roots")
+    __slots__ = ("accepted", "accepted_at", "arrived", "claims", "ledger_key", "room", "roots")
 
     def __init__(
         self,
@@ -264,8 +268,13 @@ class _Run:
         claims: Claims | None = None,
         arrived: int | None = None,
         roots: tuple[AttestationRoot, ...] | None = None,
+        room: int | None = None,
     ) -> None:
         self.ledger_key = ledger_key
+        # SPEC §6.2: bytes the ledger may still hold (None: no ledger-wide bound). Only the
+        # input ``decide`` was given can add to what the ledger holds: a released input
+        # held again (in its stream) was counted when it was first held.
+        self.room = room
         self.roots = roots
         self.arrived = arrived
         self.accepted_at = accepted_at
@@ -284,20 +293,20 @@ class _Run:
             return _dropped(state, opened, position), state
         # §6.1 (3), §6.2: inputs before the terms are held, up to the bound.
         if state.terms is None and opened.kind != "terms":
-            if state.held_count() >= limits.MAX_HELD_PER_PLACEMENT:
-                detail = f"{limits.MAX_HELD_PER_PLACEMENT} inputs already held without terms"
+            full = _hold_bound(state, opened, self.room)
+            if full is not None:
                 verdict = _quarantined(
                     opened.raw,
                     position,
                     state.placement_id,
                     opened,
                     Reason.UNKNOWN_PLACEMENT,
-                    detail,
+                    f"{full} without terms",
                 )
                 return verdict, state
             new = msgspec.structs.replace(
                 state,
-                held=state.held.append((opened.raw, position)),
+                held=state.held.append((opened.raw, position), len(opened.raw)),
                 held_hashes=state.held_hashes.add(opened.input_hash),
                 held_arrived=_with_arrival(state.held_arrived, position, self.arrived),
             )
@@ -310,7 +319,8 @@ class _Run:
         held = list(state.held)
         state = msgspec.structs.replace(state, held=NO_HELD, held_hashes=NO_HASHES)
         verdicts = []
-        releasing = self.arrived
+        releasing, room = self.arrived, self.room
+        self.room = None  # counted when held: held again in a stream, still counted once
         try:
             for raw, position in held:
                 opened = open_envelope(raw)  # it decoded when it was held
@@ -318,7 +328,7 @@ class _Run:
                 verdict, state = self.one(state, opened, position, None)
                 verdicts.append(verdict)
         finally:
-            self.arrived = releasing
+            self.arrived, self.room = releasing, room
         return verdicts, state
 
     # §6.1 (2)
@@ -392,7 +402,7 @@ class _Run:
         except _Drop:
             return _dropped(state, opened, position), state
         except _HoldInStream:
-            return _hold_in_stream(state, opened, position, self.arrived)
+            return _hold_in_stream(state, opened, position, self.arrived, self.room)
         except _Reject as rejection:
             # A rejection is chained (SPEC §6) and changes nothing else — but a usage
             # event rejected from §6.3 usage (3) on takes its seq for good.
@@ -458,7 +468,7 @@ class _Run:
                 if not held or stream.next_seq not in held:
                     break
                 raw, position, _ = held[stream.next_seq]
-                state = _without_held(state, node_id, stream.next_seq)
+                state = _without_held(state, node_id, stream.next_seq, len(raw))
                 opened = open_envelope(raw)  # it decoded when it was held
                 state, self.arrived = _released_arrival(state, position, releasing)
                 verdict, state = self._process(state, opened, position, None, release=False)
@@ -708,18 +718,22 @@ def _priced(state: PlacementState) -> bool:
 
 # §6.2: a usage event waits in its stream
 def _hold_in_stream(
-    state: PlacementState, opened: Opened, position: str, arrived: int | None
+    state: PlacementState,
+    opened: Opened,
+    position: str,
+    arrived: int | None,
+    room: int | None,
 ) -> tuple[Verdict, PlacementState]:
     event = of_type(opened.record, UsageEvent, "an event held in its stream")
-    if state.held_count() >= limits.MAX_HELD_PER_PLACEMENT:
-        detail = f"{limits.MAX_HELD_PER_PLACEMENT} inputs already held"
+    full = _hold_bound(state, opened, room)
+    if full is not None:
         verdict = _quarantined(
-            opened.raw, position, state.placement_id, opened, Reason.HOLD_FULL, detail
+            opened.raw, position, state.placement_id, opened, Reason.HOLD_FULL, full
         )
         return verdict, state
     holds = dict(state.stream_held)
     holds[event.node_id] = holds.get(event.node_id, NO_STREAM_HOLDS).set(
-        event.seq, (opened.raw, position, opened.input_hash)
+        event.seq, (opened.raw, position, opened.input_hash), len(opened.raw)
     )
     new = msgspec.structs.replace(
         state,
@@ -727,6 +741,24 @@ def _hold_in_stream(
         held_arrived=_with_arrival(state.held_arrived, position, arrived),
     )
     return _verdict("held", position, state.placement_id, opened), new
+
+
+def _hold_bound(state: PlacementState, opened: Opened, room: int | None) -> str | None:
+    """SPEC §6.2: why holding ``opened`` would pass a hold bound (the detail of its
+    quarantine), or None. The placement's bounds first (its count, then its bytes: both
+    follow from its own stream), then the ledger-wide one (``room``)."""
+    if state.held_count() >= limits.MAX_HELD_PER_PLACEMENT:
+        return f"{limits.MAX_HELD_PER_PLACEMENT} inputs already held"
+    size = len(opened.raw)
+    held = state.held_bytes()
+    if held + size > limits.MAX_HELD_BYTES_PER_PLACEMENT:
+        return (
+            f"{held} bytes already held, {size} more would pass "
+            f"{limits.MAX_HELD_BYTES_PER_PLACEMENT} bytes per placement"
+        )
+    if room is not None and size > room:
+        return f"ledger-wide: {size} bytes more than the ledger may hold ({room} left)"
+    return None
 
 
 def _with_arrival(
@@ -752,9 +784,9 @@ def _released_arrival(
     return state, max(own, releasing if state.arrived_ms is None else state.arrived_ms)
 
 
-def _without_held(state: PlacementState, node_id: str, seq: int) -> PlacementState:
+def _without_held(state: PlacementState, node_id: str, seq: int, size: int) -> PlacementState:
     holds = dict(state.stream_held)
-    rest = holds[node_id].delete(seq)
+    rest = holds[node_id].delete(seq, size)
     if rest:
         holds[node_id] = rest
     else:

@@ -42,6 +42,7 @@ from ledger.decide import (
     usage_lookup,
 )
 from ledger.state import PlacementState
+from proto import limits
 from proto.attestation import AttestationRoot
 from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
@@ -121,8 +122,15 @@ class Fold:
         lookup: UsageLookup | None = None,
         load_state: StateLoader | None = None,
         attestation_roots: tuple[AttestationRoot, ...] | None = None,
+        max_held_bytes: int | None = None,
     ) -> None:
         self.ledger_key = ledger_key
+        # SPEC §6.2, the ledger-wide bound: envelope bytes held over every placement of
+        # this fold (states in memory and restored ones; a placement leaves memory only
+        # closed, when it holds nothing), and the bound (None: proto.limits', read at call
+        # time as the other limits are).
+        self.held_bytes = 0
+        self._max_held_bytes = max_held_bytes
         # SPEC §6.9: the roots hardware evidence must be signed by (None: not judged).
         self.attestation_roots = attestation_roots
         self._public_key = ledger_key.public_key
@@ -219,6 +227,9 @@ class Fold:
             if isinstance(record, PlacementTerms) and state.terms is None
             else None
         )
+        bound = self._max_held_bytes
+        if bound is None:
+            bound = limits.MAX_HELD_BYTES_LEDGER
         verdict, new = decide(
             state,
             opened,
@@ -229,7 +240,10 @@ class Fold:
             claims=claims,
             arrived_ms=arrived_ms,
             attestation_roots=self.attestation_roots,
+            held_room=bound - self.held_bytes,
         )
+        if new is not state and (new.held or new.stream_held or state.held or state.stream_held):
+            self.held_bytes += new.held_bytes() - state.held_bytes()
         verdicts = verdict.flatten()
         for v in verdicts:  # §6.5: accepted terms claim their GPUs, reclaims end claims
             if v.status != "accepted" or v.opened is None:
@@ -296,16 +310,20 @@ class Fold:
         """Load the stored GPU claims (on start, before any ``apply``)."""
         self._capacity.load(rows)
 
-    def snapshot(self, placement_id: str) -> bytes:
-        """The placement's fold state as bytes (msgpack), to store beside its records."""
+    def snapshot(self, placement_id: str, *, holds: bool = True) -> bytes:
+        """The placement's fold state as bytes (msgpack), to store beside its records;
+        ``holds=False``: without its held inputs (the store keeps them as rows)."""
         state = self._cache.peek(placement_id)
         if state is None:
             raise KeyError(placement_id)
-        return snapshot.encode(state)
+        return snapshot.encode(state, holds=holds)
 
     def restore(self, placement_id: str, data: bytes) -> None:
-        """Load a snapshot taken by ``snapshot`` (on start, before any ``apply``)."""
-        self._cache.restore(snapshot.decode(placement_id, data))
+        """Load a snapshot taken by ``snapshot`` (on start, before any ``apply``); its held
+        inputs count towards the ledger-wide bound (SPEC §6.2)."""
+        state = snapshot.decode(placement_id, data)
+        self._cache.restore(state)
+        self.held_bytes += state.held_bytes()
 
     def evict(self, placement_id: str) -> None:
         """Drop a placement's state from memory (it can be restored later)."""

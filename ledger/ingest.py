@@ -47,7 +47,7 @@ from ledger.store import Batch, ChainedRow, HeldRow, QuarantineRow, StateRow, St
 from proto.attestation import AttestationRoot
 from proto.invariant import present
 from proto.keys import SigningKey, key_id
-from proto.records import PlacementTerms
+from proto.records import PlacementTerms, UsageEvent
 
 log = structlog.get_logger("ledger.ingest")
 
@@ -169,7 +169,10 @@ class Ingestor:
         attestation_roots: tuple[AttestationRoot, ...] | None = None,
         *,
         crypto_worker: bool = False,
+        max_held_bytes: int | None = None,
     ) -> None:
+        """``max_held_bytes``: the ledger-wide bound on held inputs (SPEC §6.2; None:
+        ``proto.limits.MAX_HELD_BYTES_LEDGER``), smaller in tests."""
         self.store = store
         self.key = key
         self.metrics = metrics
@@ -184,6 +187,7 @@ class Ingestor:
             lookup=self._settled(store.lookup_usage),
             load_state=self._settled(store.load_state),
             attestation_roots=attestation_roots,
+            max_held_bytes=max_held_bytes,
         )
         # Ed25519 checks run on these threads beside the fold, or in a worker process.
         if crypto_worker and multiprocessing.current_process().daemon:
@@ -326,21 +330,33 @@ class Ingestor:
         except BaseException:
             self._broken = True  # the fold's memory is part way through the batch
             raise
-        arrived: dict[str, int | None] | None = None  # built for the first held input only
+        # SPEC §6.2: rows of ``held_inputs`` to write (the inputs still held at the end of
+        # the batch that were not before it) and to delete (held before, released now).
+        # An outcome at a position that is not one of this batch's inputs is a release of
+        # an input held by an earlier batch (its row goes; held again in its stream, a
+        # new row replaces it). Each input of the batch has one outcome, and releases
+        # more: with no more outcomes than inputs, nothing was released.
+        holding: dict[tuple[str, str], Outcome] = {}
+        released: list[tuple[str, str]] = []
+        positions = {item.position for item in items} if len(outcomes) > len(items) else None
         for outcome in outcomes:
             if outcome.decision == "held":
                 held += 1
-                if arrived is None:
-                    arrived = {item.position: item.arrived_ms for item in items}
-                batch.held.append(
-                    HeldRow(
-                        present(outcome.placement_id, "placement of a held input"),
-                        outcome.position,
-                        arrived.get(outcome.position),
-                    )
-                )
             else:
                 self._collect(batch, outcome, closes)
+            placement_id = outcome.placement_id
+            if placement_id is None or (positions is None and outcome.decision != "held"):
+                continue  # never held; or nothing released in this batch (no row goes)
+            key = (placement_id, outcome.position)
+            if positions is not None and outcome.position not in positions:
+                released.append(key)
+            if outcome.decision == "held":
+                holding[key] = outcome
+            elif holding:
+                holding.pop(key, None)
+        batch.released = released
+        for (placement_id, position), outcome in holding.items():
+            batch.held.append(self._held_row(placement_id, position, outcome))
         offsets = batch.offsets
         for item in items:  # in order: the last input of each source wins
             offsets[item.source] = item.next_position
@@ -350,7 +366,8 @@ class Ingestor:
             batch.states.append(
                 StateRow(
                     placement_id=placement_id,
-                    snapshot=self.fold.snapshot(placement_id),
+                    # Without its held inputs: they are rows (batch.held), written once.
+                    snapshot=self.fold.snapshot(placement_id, holds=False),
                     closed=self.fold.is_closed(placement_id),
                     close_due_ms=self.fold.close_due_ms(placement_id),
                 )
@@ -366,6 +383,26 @@ class Ingestor:
         # What changed is in the batch now: the next batch may fold before it commits.
         self.fold.clear_dirty()
         return Folded(batch, len(items), held, tuple(sorted(closes)), started)
+
+    def _held_row(self, placement_id: str, position: str, outcome: Outcome) -> HeldRow:
+        """The row of an input still held at the end of the batch: its held arrival as the
+        fold keeps it, and for a stream hold (the placement has terms) its node and seq."""
+        state = present(self.fold.state(placement_id), "state of a placement holding inputs")
+        node_id: str | None = None
+        seq: int | None = None
+        if state.terms is not None:
+            event = present(outcome.opened, "a held input's envelope").record
+            if not isinstance(event, UsageEvent):
+                raise AssertionError(f"a {outcome.kind} input held in a stream at {position}")
+            node_id, seq = event.node_id, event.seq
+        return HeldRow(
+            placement_id,
+            position,
+            state.held_arrived.get(position),
+            outcome.raw,
+            node_id,
+            seq,
+        )
 
     def _finish(self, folded: Folded) -> BatchReport:
         batch = folded.batch

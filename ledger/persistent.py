@@ -71,17 +71,21 @@ class PSet(Generic[H]):
 
 
 class PLog(Generic[T]):
-    """An immutable sequence with a cheap ``append`` (returns a new sequence)."""
+    """An immutable sequence with a cheap ``append`` (returns a new sequence).
 
-    __slots__ = ("_layers", "_len")
+    ``weight``: the sum of the weights its appends gave (the held inputs' bytes, SPEC
+    §6.2), kept beside the items so the sum costs nothing; not part of equality."""
 
-    def __init__(self, items: Iterable[T] = ()) -> None:
+    __slots__ = ("_layers", "_len", "weight")
+
+    def __init__(self, items: Iterable[T] = (), weight: int = 0) -> None:
         layer = tuple(items)
         self._layers: tuple[tuple[T, ...], ...] = (layer,) if layer else ()
         self._len = len(layer)
+        self.weight = weight
 
-    def append(self, item: T) -> PLog[T]:
-        """This sequence with ``item`` at the end."""
+    def append(self, item: T, weight: int = 0) -> PLog[T]:
+        """This sequence with ``item`` (of ``weight``) at the end."""
         layers = list(self._layers)
         new: tuple[T, ...] = (item,)
         while layers and len(layers[-1]) <= len(new):
@@ -90,6 +94,7 @@ class PLog(Generic[T]):
         log: PLog[T] = PLog.__new__(PLog)
         log._layers = tuple(layers)
         log._len = self._len + 1
+        log.weight = self.weight + weight
         return log
 
     def __len__(self) -> int:
@@ -129,14 +134,18 @@ class PMap(Mapping[K, V]):
     the markers. ``set`` and ``delete`` cost amortised O(log n), a lookup probes at most
     log2(n) + 1 dicts; iterating merges the layers (O(n)). Layers are never changed once
     built (dicts, but private), so old versions stay valid.
+
+    ``weight``: the sum of the weights ``set`` gave and ``delete`` took back (as ``PLog``);
+    not part of equality.
     """
 
-    __slots__ = ("_layers", "_len")
+    __slots__ = ("_layers", "_len", "weight")
 
-    def __init__(self, items: Iterable[tuple[K, V]] | Mapping[K, V] = ()) -> None:
+    def __init__(self, items: Iterable[tuple[K, V]] | Mapping[K, V] = (), weight: int = 0) -> None:
         layer: dict[K, object] = dict(items)
         self._layers: tuple[dict[K, object], ...] = (layer,) if layer else ()
         self._len = len(layer)
+        self.weight = weight
 
     def _find(self, key: object) -> object:
         for layer in reversed(self._layers):
@@ -166,7 +175,7 @@ class PMap(Mapping[K, V]):
             merged.update(layer)
         return {k: v for k, v in merged.items() if v is not _GONE}  # type: ignore[misc]
 
-    def _with(self, key: K, value: object, length: int) -> PMap[K, V]:
+    def _with(self, key: K, value: object, length: int, weight: int) -> PMap[K, V]:
         layers = list(self._layers)
         new: dict[K, object] = {key: value}
         while layers and len(layers[-1]) <= len(new):
@@ -178,17 +187,19 @@ class PMap(Mapping[K, V]):
         out: PMap[K, V] = PMap.__new__(PMap)
         out._layers = tuple(layers)
         out._len = length
+        out.weight = weight
         return out
 
-    def set(self, key: K, value: V) -> PMap[K, V]:
-        """This map with ``key`` -> ``value``."""
-        return self._with(key, value, self._len + (key not in self))
+    def set(self, key: K, value: V, weight: int = 0) -> PMap[K, V]:
+        """This map with ``key`` -> ``value``; ``weight`` is added to the map's."""
+        return self._with(key, value, self._len + (key not in self), self.weight + weight)
 
-    def delete(self, key: K) -> PMap[K, V]:
-        """This map without ``key`` (``self`` when it is not in)."""
+    def delete(self, key: K, weight: int = 0) -> PMap[K, V]:
+        """This map without ``key`` (``self`` when it is not in); ``weight`` (the one its
+        ``set`` gave) is taken back."""
         if key not in self:
             return self
-        return self._with(key, _GONE, self._len - 1)
+        return self._with(key, _GONE, self._len - 1, self.weight - weight)
 
     def __repr__(self) -> str:
         return f"PMap({self._merged()!r})"

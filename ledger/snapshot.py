@@ -4,16 +4,25 @@ records in the same transaction (``placement_state.snapshot``).
 The byte format is the one stores already hold (version 1): the same msgpack structs,
 sorted the same way, so a store written before the fold became ``decide`` restores, and
 the same state encodes to the same bytes.
+
+Held inputs (SPEC §6.2) are the one part that grows with what anyone writes to the
+stream: the store keeps them as rows of ``held_inputs`` (written and deleted with the
+batch that holds and releases them) and its snapshots without them (``encode(state,
+holds=False)``); ``with_holds`` puts the rows back into such a snapshot, giving the bytes
+``encode(state)`` gives for the whole state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import msgspec
 
 from ledger.persistent import PLog, PMap, PSet
 from ledger.state import (
+    NO_ARRIVALS,
+    NO_HELD,
     AssignmentState,
     Attestation,
     PlacementState,
@@ -130,8 +139,13 @@ class SnapshotError(ValueError):
     """Snapshot bytes that are not a version-1 snapshot of the expected placement."""
 
 
-def encode(state: PlacementState) -> bytes:
-    """The state as snapshot bytes."""
+def encode(state: PlacementState, *, holds: bool = True) -> bytes:
+    """The state as snapshot bytes; ``holds=False``: without its held inputs (their raw
+    bytes, positions and arrivals), which the store keeps as rows (``with_holds``)."""
+    if not holds:
+        state = msgspec.structs.replace(
+            state, held=NO_HELD, stream_held={}, held_arrived=NO_ARRIVALS
+        )
     snap = _Snapshot(
         version=SNAPSHOT_VERSION,
         placement_id=state.placement_id,
@@ -231,7 +245,7 @@ def decode(placement_id: str, data: bytes) -> PlacementState:
         max_usage_end_ms=snap.max_usage_end_ms,
         adjustment_ids=PSet(snap.adjustment_ids),
         seen=PSet(snap.seen),
-        held=PLog(held),
+        held=PLog(held, sum(len(raw) for raw, _ in held)),
         held_hashes=PSet(sha256_hex(raw) for raw, _ in held),
         stream_held=_stream_held(snap.stream_held),
         taken={t.node_id: frozenset(t.seqs) for t in snap.taken},
@@ -267,7 +281,74 @@ def _stream_held(rows: list[_StreamHeldSnap]) -> dict[str, StreamHolds]:
     out: dict[str, dict[int, tuple[bytes, str, str]]] = {}
     for row in rows:
         out.setdefault(row.node_id, {})[row.seq] = (row.raw, row.position, sha256_hex(row.raw))
-    return {node: PMap(holds) for node, holds in out.items()}
+    return {
+        node: PMap(holds, sum(len(raw) for raw, _, _ in holds.values()))
+        for node, holds in out.items()
+    }
+
+
+class HeldInput(msgspec.Struct, frozen=True, array_like=True):
+    """One held input as the store keeps it (table ``held_inputs``): its raw envelope,
+    its position, the stream (node_id, seq) of a usage event (None otherwise), and its
+    held arrival (SPEC §6.6; None: untimed)."""
+
+    position: str
+    raw: bytes
+    node_id: str | None
+    seq: int | None
+    arrived_ms: int | None
+
+
+def split_holds(placement_id: str, data: bytes) -> tuple[bytes, list[HeldInput]] | None:
+    """A snapshot with holds as the store keeps it since version 4 (``with_holds``'s
+    inverse): the snapshot without them and its held inputs in the order held (before
+    the terms in arrival order, then stream holds by node and seq). None: it holds none."""
+    snap = _DECODER.decode(data)
+    if snap.version != SNAPSHOT_VERSION or snap.placement_id != placement_id:
+        raise SnapshotError(
+            f"snapshot of {snap.placement_id} v{snap.version} is not for {placement_id}"
+        )
+    if not snap.held and not snap.stream_held:
+        return None
+    arrived = dict(snap.held_arrived)
+    rows = [
+        HeldInput(position, raw, None, None, arrived.get(position)) for raw, position in snap.held
+    ]
+    rows += [
+        HeldInput(h.position, h.raw, h.node_id, h.seq, arrived.get(h.position))
+        for h in sorted(snap.stream_held, key=lambda h: (h.node_id, h.seq))
+    ]
+    snap.held, snap.stream_held, snap.held_arrived = [], [], []
+    return _ENCODER.encode(snap), rows
+
+
+def with_holds(placement_id: str, data: bytes, rows: Sequence[HeldInput]) -> bytes:
+    """A snapshot stored without its holds (``encode(state, holds=False)``) with ``rows``
+    put back (in the order they were held): the bytes ``encode(state)`` gives. Without
+    terms every row is held before the terms, in that order; with terms every row is a
+    stream hold (accepted terms release the others)."""
+    if not rows:
+        return data
+    snap = _DECODER.decode(data)
+    if snap.version != SNAPSHOT_VERSION or snap.placement_id != placement_id:
+        raise SnapshotError(
+            f"snapshot of {snap.placement_id} v{snap.version} is not for {placement_id}"
+        )
+    if snap.held or snap.stream_held or snap.held_arrived:
+        raise SnapshotError(f"snapshot of {placement_id} carries holds and has held rows too")
+    if snap.terms_payload is None:
+        snap.held = [(row.raw, row.position) for row in rows]
+    else:
+        stream: list[_StreamHeldSnap] = []
+        for row in rows:
+            if row.node_id is None or row.seq is None:
+                raise SnapshotError(f"{placement_id}: a stream hold without its node and seq")
+            stream.append(_StreamHeldSnap(row.node_id, row.seq, row.raw, row.position))
+        snap.stream_held = sorted(stream, key=lambda h: (h.node_id, h.seq))
+    snap.held_arrived = sorted(
+        (row.position, row.arrived_ms) for row in rows if row.arrived_ms is not None
+    )
+    return _ENCODER.encode(snap)
 
 
 def _revoked(rows: list[_RevokedSnap]) -> dict[str, frozenset[bytes]]:

@@ -111,7 +111,8 @@ class PlacementState(msgspec.Struct, frozen=True):
     # Input hashes of every chained input except accepted usage events (those are
     # recognised by their stream position, SPEC §6.3 usage (3)).
     seen: PSet[str] = NO_HASHES
-    # Inputs held before the terms (SPEC §6.2), in arrival order: (raw, position).
+    # Inputs held before the terms (SPEC §6.2), in arrival order: (raw, position); its
+    # ``weight`` is their raw bytes (as each stream hold's, ``held_bytes``).
     held: PLog[tuple[bytes, str]] = NO_HELD
     held_hashes: PSet[str] = NO_HASHES
     # Usage events held in their stream until the seqs before them arrive (SPEC §6.2):
@@ -139,6 +140,11 @@ class PlacementState(msgspec.Struct, frozen=True):
     def held_count(self) -> int:
         """Inputs held before the terms plus usage events held in their streams."""
         return len(self.held) + sum(len(h) for h in self.stream_held.values())
+
+    def held_bytes(self) -> int:
+        """Envelope bytes of the inputs ``held_count`` counts (SPEC §6.2): the weights of
+        the persistent holds (each hold's raw length, given when it was held)."""
+        return self.held.weight + sum(h.weight for h in self.stream_held.values())
 
     def key_for(self, node_id: str, keyid: str) -> bytes | None:
         """The public key with this key id bound to the node (any validity), if any."""

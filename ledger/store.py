@@ -58,9 +58,9 @@ from proto.records import (
 )
 
 STORE_FORMAT: Final = "gridledger-ledger-store"
-STORE_VERSION: Final = "3"
+STORE_VERSION: Final = "4"
 # Store versions this code opens; older ones are migrated in place on open (_migrate).
-_MIGRATES_FROM: Final = ("1", "2")
+_MIGRATES_FROM: Final = ("1", "2", "3")
 
 # The totals the store keeps as columns: those of version 1. Totals appended later with a
 # default (SPEC §7.9 release_charge_minor) live in the signed record only, so the store's
@@ -181,7 +181,11 @@ CREATE TABLE IF NOT EXISTS offsets (source VARCHAR PRIMARY KEY, position VARCHAR
 CREATE TABLE IF NOT EXISTS held_inputs (
     placement_id VARCHAR NOT NULL,
     position VARCHAR NOT NULL,
-    arrived_ms BIGINT
+    arrived_ms BIGINT,
+    raw BLOB,
+    node_id VARCHAR,
+    seq BIGINT,
+    ordinal BIGINT
 );
 CREATE TABLE IF NOT EXISTS capacity_claims (
     scope VARCHAR NOT NULL,
@@ -318,11 +322,17 @@ class StatementRow:
 
 @dataclass(frozen=True, slots=True)
 class HeldRow:
-    """An input held for a placement without accepted terms, and when it arrived."""
+    """An input the fold holds (SPEC §6.2: before its placement's terms, or in its stream
+    hold), kept as a row of ``held_inputs`` until the batch that releases it: its raw
+    envelope, the stream (node_id, seq) of a usage event, and its held arrival (SPEC
+    §6.6, None: untimed). The store numbers the rows in the order batches hold them."""
 
     placement_id: str
     position: str
     arrived_ms: int | None
+    raw: bytes
+    node_id: str | None
+    seq: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +355,8 @@ class Batch:
     statements: list[StatementRow] = field(default_factory=list)
     offsets: dict[str, str] = field(default_factory=dict)
     held: list[HeldRow] = field(default_factory=list)
+    # (placement_id, position) of held inputs the batch released (their rows go).
+    released: list[tuple[str, str]] = field(default_factory=list)
     # SPEC §6.5: GPU claims (scope, uuid, placement, start, end, share) changed by the batch.
     claims: list[tuple[str, str, str, int, int, int]] = field(default_factory=list)
 
@@ -570,6 +582,16 @@ class Store:
                 str(pid)
                 for (pid,) in con.execute("SELECT placement_id FROM placement_state").fetchall()
             }
+            # Placements that may have held rows (a superset: released rows are not
+            # tracked), and the next row's ordinal (held order, SPEC §6.2).
+            self._holding: set[str] = {
+                str(pid)
+                for (pid,) in con.execute(
+                    "SELECT DISTINCT placement_id FROM held_inputs"
+                ).fetchall()
+            }
+            row = con.execute("SELECT coalesce(max(ordinal), -1) + 1 FROM held_inputs").fetchone()
+            self._next_ordinal = 0 if row is None else int(row[0])
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -632,6 +654,10 @@ class Store:
         quarantine_rows = [_quarantine_row(q) for q in batch.quarantined]
         state_rows = [(s.placement_id, s.snapshot, s.closed, s.close_due_ms) for s in batch.states]
         statement_rows = [_statement_tuple(s) for s in batch.statements]
+        held_rows = [
+            (h.placement_id, h.position, h.arrived_ms, h.raw, h.node_id, h.seq, ordinal)
+            for ordinal, h in enumerate(batch.held, start=self._next_ordinal)
+        ]
         with self._lock:
             con = self._con
             con.execute("BEGIN")
@@ -654,15 +680,20 @@ class Store:
                         [placement_id, count],
                     )
                 self._append("offsets", sorted(batch.offsets.items()), upsert=True)
-                self._append(
-                    "held_inputs",
-                    [(h.placement_id, h.position, h.arrived_ms) for h in batch.held],
-                )
+                if batch.released:
+                    con.execute(
+                        "DELETE FROM held_inputs h USING (SELECT unnest(?) AS p, unnest(?) AS q) r "
+                        "WHERE h.placement_id = r.p AND h.position = r.q",
+                        [[p for p, _ in batch.released], [q for _, q in batch.released]],
+                    )
+                self._append("held_inputs", held_rows)
                 self._append("capacity_claims", batch.claims, upsert=True)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
+            self._next_ordinal += len(held_rows)
+            self._holding.update(h.placement_id for h in batch.held)
             self._stated.update(s.placement_id for s in batch.states)
             if touched:
                 self._commit_no = commit_no
@@ -744,12 +775,33 @@ class Store:
         return dict(self._rows("SELECT source, position FROM offsets"))
 
     def open_states(self) -> list[tuple[str, bytes]]:
-        """(placement_id, snapshot) of every placement that is not closed."""
+        """(placement_id, snapshot) of every placement that is not closed, each with its
+        held inputs (rows of ``held_inputs``, ``snapshot.with_holds``)."""
+        with self._lock:
+            held: dict[str, list[snapshot.HeldInput]] = {}
+            for pid, *row in self._rows(
+                "SELECT placement_id, position, raw, node_id, seq, arrived_ms FROM held_inputs "
+                "ORDER BY ordinal"
+            ):
+                held.setdefault(str(pid), []).append(_held_input(row))
+            return [
+                (str(pid), snapshot.with_holds(str(pid), bytes(snap), held.get(str(pid), [])))
+                for pid, snap in self._rows(
+                    "SELECT placement_id, snapshot FROM placement_state WHERE NOT closed "
+                    "ORDER BY placement_id"
+                )
+            ]
+
+    def held_inputs(self, placement_id: str) -> list[snapshot.HeldInput]:
+        """The placement's held inputs (rows of ``held_inputs``) in the order held."""
+        if placement_id not in self._holding:
+            return []
         return [
-            (str(pid), bytes(snap))
-            for pid, snap in self._rows(
-                "SELECT placement_id, snapshot FROM placement_state WHERE NOT closed "
-                "ORDER BY placement_id"
+            _held_input(row)
+            for row in self._rows(
+                "SELECT position, raw, node_id, seq, arrived_ms FROM held_inputs "
+                "WHERE placement_id = ? ORDER BY ordinal",
+                [placement_id],
             )
         ]
 
@@ -764,13 +816,18 @@ class Store:
         ]
 
     def load_state(self, placement_id: str) -> bytes | None:
-        """The stored snapshot of one placement (restores an evicted placement)."""
+        """The stored snapshot of one placement with its held inputs (restores an evicted
+        placement)."""
         if placement_id not in self._stated:
             return None  # never stored (this store is its only writer): no query
-        rows = self._rows(
-            "SELECT snapshot FROM placement_state WHERE placement_id = ?", [placement_id]
-        )
-        return bytes(rows[0][0]) if rows else None
+        with self._lock:
+            rows = self._rows(
+                "SELECT snapshot FROM placement_state WHERE placement_id = ?", [placement_id]
+            )
+            if not rows:
+                return None
+            held = self.held_inputs(placement_id)
+        return snapshot.with_holds(placement_id, bytes(rows[0][0]), held)
 
     def lookup_usage(self, placement_id: str, node_id: str, seq: int) -> tuple[str, str] | None:
         """(input_hash, payload record hash) of the accepted usage event at ``seq``, or None."""
@@ -919,16 +976,16 @@ class Store:
         if not rows:
             return None
         state = snapshot.decode(placement_id, bytes(rows[0][0]))
-        positions = [position for _, position in state.held]
-        if state.terms is not None or not positions:
+        if state.terms is not None:
             return None
-        since = self._rows(
-            "SELECT min(arrived_ms) FROM held_inputs WHERE placement_id = ? "
-            "AND list_contains(?, position)",
-            [placement_id, positions],
+        found = self._rows(
+            "SELECT count(*), min(arrived_ms) FROM held_inputs WHERE placement_id = ?",
+            [placement_id],
         )
-        since_ms = None if not since or since[0][0] is None else int(since[0][0])
-        return HeldSummary(placement_id, len(positions), since_ms)
+        if not found or not found[0][0]:
+            return None
+        count, since = found[0]
+        return HeldSummary(placement_id, int(count), None if since is None else int(since))
 
     def no_records_text(self, placement_id: str) -> str:
         """Why the placement has no chain: its inputs are held (how many, since when,
@@ -1136,6 +1193,11 @@ def _migrate(con: duckdb.DuckDBPyConnection, version: str) -> None:
     ``input_rows``, each envelope kept as its payload and signatures (SCHEMA), under views
     of the old names (VIEWS). Every envelope must rebuild byte for byte (ENVELOPE_SQL),
     else nothing is migrated (duckdb.Error, the transaction rolls back).
+
+    3 -> 4: held inputs (SPEC §6.2) leave the snapshots for rows of ``held_inputs`` (raw,
+    node_id/seq of a stream hold, ordinal: the order held). The old rows (a position and
+    arrival per input ever held, released ones too) are replaced by the holds of each
+    snapshot, which is rewritten without them (``snapshot.split_holds``).
     """
     if version == "1":
         for table in ("records", "inputs"):
@@ -1169,7 +1231,46 @@ def _migrate(con: duckdb.DuckDBPyConnection, version: str) -> None:
             ]
             con.execute(f"INSERT INTO {new} SELECT {', '.join(columns)} FROM {split}")
             con.execute(f"DROP TABLE {old}")
+        version = "3"
+    if version == "3":
+        _migrate_holds(con)
     con.execute("UPDATE meta SET value = ? WHERE key = 'store_version'", [STORE_VERSION])
+
+
+def _migrate_holds(con: duckdb.DuckDBPyConnection) -> None:
+    """Store version 3 -> 4 (``_migrate``): held inputs from the snapshots to rows."""
+    have = {
+        str(r[0])
+        for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE "
+            "table_catalog = current_database() AND table_schema = current_schema() "
+            "AND table_name = 'held_inputs'"
+        ).fetchall()
+    }
+    for column, kind in (("raw", "BLOB"), ("node_id", "VARCHAR"), ("seq", "BIGINT")):
+        if column not in have:
+            con.execute(f"ALTER TABLE held_inputs ADD COLUMN {column} {kind}")
+    if "ordinal" not in have:
+        con.execute("ALTER TABLE held_inputs ADD COLUMN ordinal BIGINT")
+    con.execute("DELETE FROM held_inputs")
+    rows: list[tuple[Any, ...]] = []
+    rewritten: list[tuple[bytes, str]] = []
+    for pid, data in con.execute(
+        "SELECT placement_id, snapshot FROM placement_state ORDER BY placement_id"
+    ).fetchall():
+        split = snapshot.split_holds(str(pid), bytes(data))
+        if split is None:
+            continue
+        without, holds = split
+        rewritten.append((without, str(pid)))
+        for h in holds:
+            rows.append((str(pid), h.position, h.arrived_ms, h.raw, h.node_id, h.seq, len(rows)))
+    if rows:  # the appender: executemany manages ~2k rows/s (LIMITS.md)
+        appender = con.appender("held_inputs")
+        appender.append_rows(rows)
+        appender.flush()
+    if rewritten:
+        con.executemany("UPDATE placement_state SET snapshot = ? WHERE placement_id = ?", rewritten)
 
 
 def _split_envelopes(table: str) -> str:
@@ -1188,6 +1289,18 @@ def _split_envelopes(table: str) -> str:
         f"CASE WHEN {one} THEN json_extract_string(_sigs, '$[0].keyid') END AS keyid, "
         f"CASE WHEN {one} THEN from_base64(json_extract_string(_sigs, '$[0].sig')) END AS sig, "
         f"CASE WHEN {one} THEN NULL ELSE _sigs END AS signatures FROM {parts})"
+    )
+
+
+def _held_input(row: Sequence[Any]) -> snapshot.HeldInput:
+    """(position, raw, node_id, seq, arrived_ms) of ``held_inputs`` as a HeldInput."""
+    position, raw, node_id, seq, arrived_ms = row
+    return snapshot.HeldInput(
+        str(position),
+        bytes(raw),
+        None if node_id is None else str(node_id),
+        None if seq is None else int(seq),
+        None if arrived_ms is None else int(arrived_ms),
     )
 
 

@@ -50,8 +50,16 @@ MAX_BPS: Final = 10_000
 # Whole GPU in thousandths.
 MAX_SHARE_MILLI: Final = 1000
 
-# Inputs held for a placement whose terms have not been accepted yet (SPEC 6.2).
+# Inputs held (SPEC §6.2: before the placement's terms, and usage events in their stream
+# hold, counted together): at most this many per placement, and this many envelope bytes
+# (each input's raw bytes as received) per placement; the next is quarantined
+# (UNKNOWN_PLACEMENT before the terms, HOLD_FULL for a stream hold).
 MAX_HELD_PER_PLACEMENT: Final = 100_000
+MAX_HELD_BYTES_PER_PLACEMENT: Final = 16 * 1024 * 1024
+# SPEC §6.2: envelope bytes held over all placements of one ledger process (shard); an
+# input past it is quarantined with the same reasons (detail "ledger-wide"). Which input
+# it hits depends on how placements interleave: the ledger's protection, not the chain's.
+MAX_HELD_BYTES_LEDGER: Final = 256 * 1024 * 1024
 
 # Units in SPEC formulas.
 MS_PER_HOUR: Final = 3_600_000

@@ -520,6 +520,41 @@ def test_held_inputs_up_to_the_bound_then_unknown_placement_and_none_lost(
     assert totals is not None and totals.delivered_mgms == (bound + 1) * 1000 * MINUTE
 
 
+def test_held_bytes_up_to_the_placement_bound_then_unknown_placement_or_hold_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SPEC §6.2: envelope bytes held per placement, before the terms and in a stream hold:
+    exactly at the bound they are held, one input more is quarantined (UNKNOWN_PLACEMENT,
+    HOLD_FULL), and nothing held is lost."""
+    terms = one_gpu_terms()
+    events = _held_events(terms, 5)
+    size = len(events[0])
+    assert {len(raw) for raw in events} == {size}
+    # The fold reads the bound at call time: three events' bytes exactly.
+    monkeypatch.setattr(limits, "MAX_HELD_BYTES_PER_PLACEMENT", 3 * size)
+    feeder = Feeder()
+    for raw in events[:3]:
+        assert [o.decision for o in feeder.feed(raw)] == ["held"]
+    over = feeder.one(events[3])
+    quarantined(over, Reason.UNKNOWN_PLACEMENT)
+    assert "bytes per placement" in over.detail
+    state = feeder.fold.state(terms.placement_id)
+    assert state is not None and state.held_bytes() == 3 * size
+    outcomes = feeder.feed(b.signed_terms(CAST, terms))
+    assert [o.status for o in outcomes] == ["accepted"] * 4  # the terms and the three
+    # In the stream hold: seq 0..2 are chained, 3 is missing, then 4 waits alone; with a
+    # bound of one event's bytes, one more waiting event is HOLD_FULL.
+    monkeypatch.setattr(limits, "MAX_HELD_BYTES_PER_PLACEMENT", size)
+    assert [o.decision for o in feeder.feed(events[4])] == ["held"]
+    more = _held_events(terms, 6)[5]
+    quarantined(feeder.one(more), Reason.HOLD_FULL)
+    # Seq 3 fills the gap and releases 4; the quarantined seq 5, sent again, folds.
+    assert [o.status for o in feeder.feed(events[3])] == ["accepted", "accepted"]
+    accepted(feeder.one(more))
+    totals = feeder.fold.totals(terms.placement_id)
+    assert totals is not None and totals.delivered_mgms == 6 * 1000 * MINUTE
+
+
 # ---- terms files ------------------------------------------------------------------------------
 
 
