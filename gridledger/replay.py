@@ -574,7 +574,7 @@ class _ReplayRun:
             )
         return progress
 
-    def cluster(self, plan: Plan, spool_root: Path) -> ReplayCluster:
+    def cluster(self, plan: Plan, spool_root: Path, *, local: bool = False) -> ReplayCluster:
         start = min((p.window_start_ms for p in plan.placements), default=TRACE_EPOCH_MS)
         return ReplayCluster(
             plan,
@@ -584,6 +584,7 @@ class _ReplayRun:
             spool_root,
             interval_ms=self.options.interval_s * 1000,
             start_ms=start,
+            collect_read=local,
         )
 
     def starting(self, plan: Plan, after_ms: int | None, until_ms: int) -> list[Placement]:
@@ -603,7 +604,7 @@ class _ReplayRun:
         service = LedgerService(
             store, self.cast.ledger, ledger_id=LEDGER_ID, local_dir=local_dir, clock=now.read
         )
-        cluster = self.cluster(plan, local_dir)
+        cluster = self.cluster(plan, local_dir, local=True)
         try:
             previous: int | None = None
             steps = self.steps(plan)
