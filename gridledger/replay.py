@@ -1106,7 +1106,7 @@ class _LedgerProcess:
     ``close`` (always reached, in a ``finally``) ends it if it was not told to stop, with
     SIGKILL after ``LEDGER_PROCESS_EXIT_S`` if SIGTERM did not; a replay killed outright
     closes the pipe, and the ledger process ends at its next read (``ledger_main``); its
-    worker ends with it (``ledger.crypto_worker.watch_parent``).
+    worker ends with it (its input ends: ``ledger.crypto_worker``).
     """
 
     def __init__(
