@@ -39,6 +39,7 @@ from ledger.decide import CheckedSignature
 from ledger.limits import CRYPTO_STOP_S, CRYPTO_WAIT_S, CRYPTO_WORKER_CHUNK
 from proto.envelope import Opened
 from proto.errors import ProtoError
+from proto.invariant import present
 from proto.records import UsageEvent
 
 log = structlog.get_logger("ledger.crypto")
@@ -135,8 +136,7 @@ class CryptoWorker:
     def _send(self, process: subprocess.Popen[bytes]) -> None:
         """Thread: hand waiting chunks to the process, ``_IN_FLIGHT`` at most ahead of its
         answers; at close, end its input (it exits once it has answered)."""
-        sink = process.stdin
-        assert sink is not None
+        sink = present(process.stdin, "the worker's input pipe")
         encode = msgspec.msgpack.Encoder().encode
         try:
             while True:
@@ -164,8 +164,7 @@ class CryptoWorker:
     def _receive(self, process: subprocess.Popen[bytes]) -> None:
         """Thread: resolve the sent chunks' futures with the answers, in order; at the
         end of the process's output fail every chunk it did not answer."""
-        source = process.stdout
-        assert source is not None
+        source = present(process.stdout, "the worker's output pipe")
         decode = msgspec.msgpack.Decoder(list[bool]).decode
         why = "it exited"
         try:

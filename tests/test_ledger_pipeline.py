@@ -203,10 +203,10 @@ def test_a_stopped_worker_times_out_and_is_killed_on_close(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cast, first, _ = _two_batches()
+    worker = CryptoWorker()
+    pid = worker.pid()  # started and ready (a loaded machine may take over 0.5 s for that)
     monkeypatch.setattr(crypto, "CRYPTO_WAIT_S", 0.5)
     monkeypatch.setattr(crypto, "CRYPTO_STOP_S", 0.5)
-    worker = CryptoWorker()
-    pid = worker.pid()
     os.kill(pid, signal.SIGSTOP)
     try:
         opened = open_envelope(first[1])

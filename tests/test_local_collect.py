@@ -35,7 +35,7 @@ from transport.intake import (
     read_position,
     store_read,
 )
-from transport.limits import MAX_READ_FILE_BYTES
+from transport.limits import LOCAL_SEAL_READ_BYTES, MAX_READ_FILE_BYTES
 from transport.local import node_source, publish_local, publisher_source
 from transport.positions import SpoolPosition
 from transport.spool import list_segments, segment_path
@@ -276,3 +276,45 @@ def test_a_read_file_up_to_the_bound_is_read_one_byte_more_is_not(tmp_path: Path
     assert ReadByLedgers(local, "node-n1").position() == SpoolPosition(4, 40)
     store_read(intake, {"node-n1": SpoolPosition(4, 40), filler + "x": SpoolPosition(0, 0)})
     assert ReadByLedgers(local, "node-n1").position() is None
+
+
+def test_publisher_spools_are_collected_once_read_from_the_seal_bound(tmp_path: Path) -> None:
+    """publish_local collects too (the publishers' and the ledger's own close spools): a
+    segment all read that holds LOCAL_SEAL_READ_BYTES is sealed and deleted before the
+    next append; one below the bound stays; nothing unread is touched."""
+    cast = builders.make_cast("local-collect-publish")
+    local = tmp_path / "local"
+    source = publisher_source("desk")
+    spool = local / source
+    store = Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
+    service = LedgerService(
+        store, cast.ledger, ledger_id="ledger-1", local_dir=local, clock=lambda: T0
+    )
+
+    def terms(n: int) -> bytes:
+        gpus = [builders.gpu(f"p{n}", 0)]
+        return builders.signed_terms(
+            cast, builders.make_terms(cast, f"t{n}", gpus, T0, T0 + HOUR_MS)
+        )
+
+    try:
+        publish_local(local, source, [terms(0)])
+        service.run_until_idle()
+        publish_local(local, source, [terms(1)])  # all read, below the bound: kept
+        assert list_segments(spool) == [0]
+        batch = [terms(n) for n in range(2, 400)]
+        size = sum(len(t) for t in batch)
+        assert size >= LOCAL_SEAL_READ_BYTES
+        publish_local(local, source, batch)
+        publish_local(local, source, [terms(400)])  # not read yet: kept
+        assert list_segments(spool) == [0]
+        service.run_until_idle()
+        publish_local(local, source, [terms(401)])  # all read, past the bound: collected
+        assert list_segments(spool) == [1] and segment_bytes(spool) < 4096
+        service.run_until_idle()
+        accepted = store.query(
+            "SELECT count(*) FROM inputs WHERE kind = 'terms' AND status = 'accepted'"
+        )
+        assert accepted == [(402,)]
+    finally:
+        service.close()
