@@ -38,6 +38,7 @@ segment once the ledger has read all of it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -109,6 +110,7 @@ def intake_dir_for(local_dir: Path, ledger_id: str) -> Path:
 # ---- what the ledger has read (module docstring) ----------------------------------------
 
 READ_FILE: Final = "READ"
+_RACY_MTIME_NS: Final = 2_000_000_000
 _READ_HEADER: Final = b"gridledger spools read 1\n"
 _READ_END: Final = b"end\n"
 
@@ -156,17 +158,32 @@ class ReadByLedgers:
         self.local_dir = Path(local_dir)
         self.spool = spool
         self._seen: tuple[tuple[str, int, int, int], ...] | None = None
+        # The intake logs found in ``local_dir``, listed again only when the directory
+        # changed (a listing of thousands of spools costs milliseconds, a stat a few us).
+        self._listed: tuple[int, int, list[str]] | None = None
+
+    def _intake_names(self) -> list[str]:
+        stat = os.stat(self.local_dir)
+        listed = self._listed
+        if listed is None or (listed[0], listed[1]) != (stat.st_ino, stat.st_mtime_ns):
+            names = sorted(
+                entry.name
+                for entry in os.scandir(self.local_dir)
+                if entry.name.startswith(_INTAKE_PREFIX) and entry.is_dir()
+            )
+            # A change within the file system's timestamp granularity of the listing may
+            # not move the mtime: a directory changed this recently is listed again.
+            recent = time.time_ns() - stat.st_mtime_ns < _RACY_MTIME_NS
+            self._listed = None if recent else (stat.st_ino, stat.st_mtime_ns, names)
+            return names
+        return listed[2]
 
     def position(self, *, only_if_changed: bool = False) -> SpoolPosition | None:
         """The least read position over every intake log in ``local_dir``; None when there
         is none, one of them has not read the spool (or its READ file is missing or
         unreadable), or (``only_if_changed``) no READ file changed since the last call."""
         try:
-            names = sorted(
-                entry.name
-                for entry in os.scandir(self.local_dir)
-                if entry.name.startswith(_INTAKE_PREFIX) and entry.is_dir()
-            )
+            names = self._intake_names()
         except FileNotFoundError:
             return None
         if not names:
