@@ -117,8 +117,10 @@ class LocalSource:
         self._clock = clock
         self._arrival = arrival
         self._spools: dict[str, SpoolPosition] = {}
-        # The positions last stated in the intake log's READ file (``_state_read``).
+        # The positions last stated in the intake log's READ file (``_state_read``), and
+        # whether the read positions moved since (at start: state them once).
         self._stated: dict[str, SpoolPosition] = {}
+        self._unstated = True
         self._stalled: dict[str, str] = {}
         prefix = local_source("")
         for source, position in offsets.items():
@@ -226,18 +228,20 @@ class LocalSource:
                 return 0
             for entry in entries:
                 self._spools[entry.spool] = entry.next_position
-        self._state_read(drained)
+            self._unstated = True
+        self._state_read(drained, {entry.spool for entry in entries})
         return len(entries)
 
-    def _state_read(self, drained: bool) -> None:
+    def _state_read(self, drained: bool, touched: set[str]) -> None:
         """Tell the spools' writers how far the intake log holds them (``READ``, after the
-        append's fdatasync: ``transport.intake``) when every spool was read to its end or
-        a read position moved to a later segment, and it changed."""
-        if self._spools == self._stated:
+        append's fdatasync: ``transport.intake``) when they moved, and every spool was
+        read to its end or a read position (of the spools ``touched``) moved to a later
+        segment."""
+        if not self._unstated:
             return
-        if not drained and all(
-            position.segment <= self._stated[name].segment
-            for name, position in self._spools.items()
+        if not drained and not any(
+            self._spools[name].segment > self._stated[name].segment
+            for name in touched
             if name in self._stated
         ):
             return
@@ -247,6 +251,7 @@ class LocalSource:
             log.warning("intake_read_file_not_written", intake=str(self.intake_dir), error=str(exc))
             return
         self._stated = dict(self._spools)
+        self._unstated = False
 
     def _read(self, name: str, budget: int, now: int) -> list[IntakeEntry]:
         out: list[IntakeEntry] = []
