@@ -187,6 +187,7 @@ def make_fleet(args: argparse.Namespace, spool_root: Path, *, on_spool: bool) ->
             interval_ms=INTERVAL_MS,
             segment_max_bytes=args.segment_bytes,
             delivered_on_spool=on_spool,
+            collect_read=on_spool,
         )
         fleet.agents[node] = Agent(config, Simulator(spec, devices, T0_MS, node_id=node), clock)
     return fleet
@@ -453,7 +454,7 @@ def measure(
             delivered += tree_size(d, "DELIVERED.jsonl")
         node.allocated -= delivered.allocated
         node.apparent -= delivered.apparent
-        parts["meter spools (= transport, never collected)"] = node
+        parts["meter spools (= transport, collected once read)"] = node
         parts["meter delivery logs"] = delivered
         parts["publisher spools"] = Size()
         for d in spool_root.glob("publish-*"):

@@ -448,6 +448,7 @@ def _agents(
             spool_dir=workdir / "local" / f"node-{node}",
             interval_ms=MINUTE_MS,
             delivered_on_spool=True,
+            collect_read=True,
         )
         agents.append(Agent(config, source, sim_clock))
     return agents

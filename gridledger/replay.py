@@ -574,7 +574,7 @@ class _ReplayRun:
             )
         return progress
 
-    def cluster(self, plan: Plan, spool_root: Path) -> ReplayCluster:
+    def cluster(self, plan: Plan, spool_root: Path, *, local: bool = False) -> ReplayCluster:
         start = min((p.window_start_ms for p in plan.placements), default=TRACE_EPOCH_MS)
         return ReplayCluster(
             plan,
@@ -584,6 +584,7 @@ class _ReplayRun:
             spool_root,
             interval_ms=self.options.interval_s * 1000,
             start_ms=start,
+            collect_read=local,
         )
 
     def starting(self, plan: Plan, after_ms: int | None, until_ms: int) -> list[Placement]:
@@ -603,7 +604,7 @@ class _ReplayRun:
         service = LedgerService(
             store, self.cast.ledger, ledger_id=LEDGER_ID, local_dir=local_dir, clock=now.read
         )
-        cluster = self.cluster(plan, local_dir)
+        cluster = self.cluster(plan, local_dir, local=True)
         try:
             previous: int | None = None
             steps = self.steps(plan)
@@ -1105,7 +1106,7 @@ class _LedgerProcess:
     ``close`` (always reached, in a ``finally``) ends it if it was not told to stop, with
     SIGKILL after ``LEDGER_PROCESS_EXIT_S`` if SIGTERM did not; a replay killed outright
     closes the pipe, and the ledger process ends at its next read (``ledger_main``); its
-    worker ends with it (``ledger.crypto_worker.watch_parent``).
+    worker ends with it (its input ends: ``ledger.crypto_worker``).
     """
 
     def __init__(

@@ -76,6 +76,7 @@ class ReplayCluster:
         interval_ms: int,
         start_ms: int,
         sim_seed: int = 0,
+        collect_read: bool = False,
     ) -> None:
         self.clock = SimClock(start_ms)
         self.agents: list[NodeAgent] = []
@@ -100,6 +101,7 @@ class ReplayCluster:
                     terms=tuple(terms[p.placement_id] for p in placements),
                     spool_dir=spool_dir,
                     interval_ms=interval_ms,
+                    collect_read=collect_read,
                 )
                 agent = Agent(
                     config, Simulator(spec, devices, start_ms, node_id=node.sn), self.clock

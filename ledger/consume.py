@@ -12,7 +12,9 @@ Kafka offset commits): the store is the only record of how far the ledger has re
   is read (``transport.spool.read_spool``) into the ledger's own intake log
   (``transport.intake``), fsynced, and the fold consumes that log: one total order,
   the same for every reader and every rebuild (SPEC §6.4). The stored positions are
-  the intake log's next entry and each spool's next record.
+  the intake log's next entry and each spool's next record. The intake log's ``READ``
+  file tells the spools' writers how far it holds each spool, so that they can delete
+  what it holds (``transport.intake``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from aiokafka.structs import TopicPartition
 
 from ledger.config import Arrival, KafkaConfig
 from ledger.inputs import Item
-from transport.intake import INTAKE_SOURCE, IntakeEntry, IntakeLog
+from transport.intake import INTAKE_SOURCE, IntakeEntry, IntakeLog, store_read
 from transport.kafka import LOG_APPEND_TIME, make_consumer, topic_partition_ids
 from transport.local import ledger_source, publisher_source
 from transport.positions import (
@@ -115,6 +117,10 @@ class LocalSource:
         self._clock = clock
         self._arrival = arrival
         self._spools: dict[str, SpoolPosition] = {}
+        # The positions last stated in the intake log's READ file (``_state_read``), and
+        # whether the read positions moved since (at start: state them once).
+        self._stated: dict[str, SpoolPosition] = {}
+        self._unstated = True
         self._stalled: dict[str, str] = {}
         prefix = local_source("")
         for source, position in offsets.items():
@@ -204,22 +210,48 @@ class LocalSource:
         quota = max(1, max_records // len(names))
         entries: list[IntakeEntry] = []
         now = self._clock()
+        drained = True  # every spool read to its end
         for name in names:
             budget = min(quota, max_records - len(entries))
             if budget <= 0:
+                drained = False
                 break
-            entries.extend(self._read(name, budget, now))
-        if not entries:
-            return 0
-        try:
-            self._intake.append(entries)
-        except SpoolFull as exc:
-            self._stalled[INTAKE_SOURCE] = str(exc)
-            log.error("intake_full", intake=str(self.intake_dir), error=str(exc))
-            return 0
-        for entry in entries:
-            self._spools[entry.spool] = entry.next_position
+            got = self._read(name, budget, now)
+            drained = drained and len(got) < budget
+            entries.extend(got)
+        if entries:
+            try:
+                self._intake.append(entries)
+            except SpoolFull as exc:
+                self._stalled[INTAKE_SOURCE] = str(exc)
+                log.error("intake_full", intake=str(self.intake_dir), error=str(exc))
+                return 0
+            for entry in entries:
+                self._spools[entry.spool] = entry.next_position
+            self._unstated = True
+        self._state_read(drained, {entry.spool for entry in entries})
         return len(entries)
+
+    def _state_read(self, drained: bool, touched: set[str]) -> None:
+        """Tell the spools' writers how far the intake log holds them (``READ``, after the
+        append's fdatasync: ``transport.intake``) when they moved, and every spool was
+        read to its end or a read position (of the spools ``touched``) moved to a later
+        segment."""
+        if not self._unstated:
+            return
+        if not drained and not any(
+            self._spools[name].segment > self._stated[name].segment
+            for name in touched
+            if name in self._stated
+        ):
+            return
+        try:
+            store_read(self.intake_dir, self._spools)
+        except OSError as exc:  # only collection waits; nothing read is lost
+            log.warning("intake_read_file_not_written", intake=str(self.intake_dir), error=str(exc))
+            return
+        self._stated = dict(self._spools)
+        self._unstated = False
 
     def _read(self, name: str, budget: int, now: int) -> list[IntakeEntry]:
         out: list[IntakeEntry] = []

@@ -9,10 +9,10 @@ there, and verifies inline otherwise: a guess costs time when wrong, never a ver
 
 Where the chunks run: a thread pool (libsodium releases the GIL, but a thread takes it
 back after every signature and waits up to the switch interval while the fold holds it),
-or ``CryptoWorker``, one spawned process that checks whole chunks without the GIL of the
-fold, so the Kafka service's next batch is checked while this one folds and commits
-(``ledger.service``). A worker that dies or stops answering is ``CryptoWorkerError``
-after at most ``CRYPTO_WAIT_S``, never a hang.
+or ``CryptoWorker``, one worker process (``ledger.crypto_worker``) that checks whole chunks
+without the GIL of the fold, so the Kafka service's next batch is checked while this one
+folds and commits (``ledger.service``). A worker that dies or stops answering is
+``CryptoWorkerError`` after at most ``CRYPTO_WAIT_S``, never a hang.
 
 Records are not signed (SPEC §8, issue 15: the ledger signs checkpoints, tree heads,
 not leaves): ``seal_record`` wraps their bytes in an envelope with no signature.
@@ -21,24 +21,35 @@ not leaves): ``seal_record`` wraps their bytes in an envelope with no signature.
 from __future__ import annotations
 
 import base64
-import multiprocessing
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, Future, InvalidStateError
 from typing import Final
 
+import msgspec
 import structlog
 
-from ledger.crypto_worker import verify_chunk, watch_parent, worker_pid
+from ledger.crypto_worker import frame, read_frame, verify_chunk
 from ledger.decide import CheckedSignature
 from ledger.limits import CRYPTO_STOP_S, CRYPTO_WAIT_S, CRYPTO_WORKER_CHUNK
 from proto.envelope import Opened
 from proto.errors import ProtoError
+from proto.invariant import present
 from proto.records import UsageEvent
 
 log = structlog.get_logger("ledger.crypto")
 
 # Signatures checked per job handed to an executor thread.
 CRYPTO_CHUNK: Final = 256
+
+# Chunks the worker process holds at once (one checked, one read ahead); the others wait
+# in the parent, where the fold can still take them back.
+_IN_FLIGHT: Final = 2
 
 # (placement_id, node_id, key id) -> the public key bound to that node now, if known.
 KeyFinder = Callable[[str, str, str], bytes | None]
@@ -52,61 +63,167 @@ class CryptoWorkerError(RuntimeError):
 
 
 class CryptoWorker:
-    """One spawned process checking chunks of signatures (see the module docstring).
+    """One worker process checking chunks of signatures (see the module docstring).
 
-    Spawned, never forked: the ledger process holds DuckDB and threads. The process
-    starts on ``start`` (or the first chunk) and imports ``ledger.crypto_worker`` only.
+    ``python -m ledger.crypto_worker`` (its protocol is there), started with
+    ``subprocess`` on ``start`` (or the first chunk), never forked: the ledger process
+    holds DuckDB and threads. This object keeps the process (``pid``, ``close``), two
+    threads (one sends chunks, one reads answers) and the futures of the chunks: at most
+    ``_IN_FLIGHT`` are sent ahead, the rest wait here, where the fold can take one back
+    (``Future.cancel``) and check it itself.
     """
 
     chunk = CRYPTO_WORKER_CHUNK
 
     def __init__(self) -> None:
-        self._executor = ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn"), initializer=watch_parent
-        )
-        self._started: Future[int] | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Condition()
+        self._waiting: deque[tuple[Future[list[bool]], list[Job]]] = deque()
+        self._sent: deque[Future[list[bool]]] = deque()
+        self._gone: str | None = None  # why the process can take no more chunks
+        self._ready = threading.Event()  # it said it is ready, or it is gone
         self._closed = False
 
     def start(self) -> None:
         """Start the process now (its start-up then overlaps the caller's)."""
-        if self._started is None:
-            self._started = self._executor.submit(worker_pid)
+        with self._lock:
+            if self._process is not None or self._closed:
+                return
+            # The parent's import path, so the worker imports this very code.
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            try:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "ledger.crypto_worker"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=env,
+                )
+            except OSError as exc:
+                self._gone = f"it could not start: {exc}"
+                self._ready.set()
+                return
+            process = self._process
+        for name, target in (("send", self._send), ("receive", self._receive)):
+            thread = threading.Thread(
+                target=target, args=(process,), name=f"ledger-crypto-{name}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def pid(self) -> int:
-        """The worker's process id (starts it; waits at most ``CRYPTO_WAIT_S``)."""
+        """The worker's process id, once it is ready (starts it; waits at most
+        ``CRYPTO_WAIT_S``)."""
         self.start()
-        if self._started is None:
-            raise CryptoWorkerError("the signature worker process did not start")
-        try:
-            return self._started.result(timeout=CRYPTO_WAIT_S)
-        except (BrokenExecutor, TimeoutError) as exc:
-            raise CryptoWorkerError(f"the signature worker process did not start: {exc}") from exc
+        ready = self._ready.wait(CRYPTO_WAIT_S)
+        if self._process is None or not ready or self._gone is not None:
+            why = self._gone or f"not ready within {CRYPTO_WAIT_S} s"
+            raise CryptoWorkerError(f"the signature worker process did not start: {why}")
+        return self._process.pid
 
     def submit(self, jobs: list[Job]) -> Future[list[bool]]:
         """Check ``jobs`` in the worker; raises CryptoWorkerError if it is gone."""
         self.start()
+        future: Future[list[bool]] = Future()
+        with self._lock:
+            if self._gone is not None or self._closed:
+                why = self._gone or "closed"
+                raise CryptoWorkerError(f"the signature worker process is gone: {why}")
+            self._waiting.append((future, jobs))
+            self._lock.notify_all()
+        return future
+
+    def _send(self, process: subprocess.Popen[bytes]) -> None:
+        """Thread: hand waiting chunks to the process, ``_IN_FLIGHT`` at most ahead of its
+        answers; at close, end its input (it exits once it has answered)."""
+        sink = present(process.stdin, "the worker's input pipe")
+        encode = msgspec.msgpack.Encoder().encode
         try:
-            return self._executor.submit(verify_chunk, jobs)
-        except (BrokenExecutor, RuntimeError) as exc:
-            raise CryptoWorkerError(f"the signature worker process is gone: {exc}") from exc
+            while True:
+                with self._lock:
+                    while not (
+                        self._closed
+                        or self._gone is not None
+                        or (self._waiting and len(self._sent) < _IN_FLIGHT)
+                    ):
+                        self._lock.wait()
+                    if self._closed or self._gone is not None:
+                        return
+                    future, jobs = self._waiting.popleft()
+                    if not future.set_running_or_notify_cancel():
+                        continue  # taken back by the fold
+                    self._sent.append(future)
+                sink.write(frame(encode(jobs)))
+                sink.flush()
+        except OSError as exc:  # the process is gone (EPIPE): the reader says why
+            log.debug("crypto_worker_send_failed", error=str(exc))
+        finally:
+            with contextlib.suppress(OSError):
+                sink.close()
+
+    def _receive(self, process: subprocess.Popen[bytes]) -> None:
+        """Thread: resolve the sent chunks' futures with the answers, in order; at the
+        end of the process's output fail every chunk it did not answer."""
+        source = present(process.stdout, "the worker's output pipe")
+        decode = msgspec.msgpack.Decoder(list[bool]).decode
+        why = "it exited"
+        try:
+            if read_frame(source) is None:  # its process id: ready
+                why = "it exited before it was ready"
+            else:
+                self._ready.set()
+            while (body := read_frame(source)) is not None:
+                with self._lock:
+                    future = self._sent.popleft() if self._sent else None
+                    self._lock.notify_all()
+                if future is None:
+                    why = "it answered a chunk it was never sent"
+                    break
+                try:
+                    future.set_result(decode(body))
+                except msgspec.DecodeError as exc:
+                    future.set_exception(CryptoWorkerError(f"unreadable answer: {exc}"))
+        except OSError as exc:
+            why = f"its output failed: {exc}"
+        with self._lock:
+            closed = self._closed
+            if self._gone is None:
+                self._gone = why if closed else f"{why} (died)"
+            failed = [*self._sent, *(f for f, _ in self._waiting)]
+            self._sent.clear()
+            self._waiting.clear()
+            self._lock.notify_all()
+        self._ready.set()
+        error = CryptoWorkerError(f"the signature worker process died: {self._gone}")
+        for future in failed:
+            with contextlib.suppress(InvalidStateError):  # taken back by the fold meanwhile
+                future.set_exception(error)
 
     def close(self) -> None:
-        """Stop the worker: chunks not started are dropped, the one running finishes
-        within ``CRYPTO_STOP_S`` or the process is killed (safe to call twice)."""
-        if self._closed:
+        """Stop the worker: chunks not sent are dropped, those it has are answered within
+        ``CRYPTO_STOP_S`` or the process is killed (safe to call twice)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            dropped = [f for f, _ in self._waiting]
+            self._waiting.clear()
+            self._lock.notify_all()
+            process = self._process
+        for future in dropped:
+            future.cancel()
+        if process is None:
             return
-        self._closed = True
-        # CPython's pool keeps its processes in ``_processes`` (3.8-3.13); read before the
-        # shutdown, which clears it.
-        processes = list((getattr(self._executor, "_processes", None) or {}).values())
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.join(CRYPTO_STOP_S)
-            if process.is_alive():
-                log.error("crypto_worker_killed", pid=process.pid, waited_s=CRYPTO_STOP_S)
-                process.kill()
-                process.join(CRYPTO_STOP_S)
-        self._executor.shutdown(wait=True)
+        try:
+            process.wait(CRYPTO_STOP_S)
+        except subprocess.TimeoutExpired:
+            log.error("crypto_worker_killed", pid=process.pid, waited_s=CRYPTO_STOP_S)
+            process.kill()
+            process.wait(CRYPTO_STOP_S)
+        for thread in self._threads:
+            thread.join(CRYPTO_STOP_S)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 class _Chunk:

@@ -4,7 +4,9 @@ The export is written to a temporary file beside the target and renamed over it,
 crash never leaves a half-written export under the target name. Before writing, the
 ledger issues (and stores) a statement and a checkpoint for the current head when none
 exists yet, so every export carries both. ``parquet_dir`` additionally writes each
-table as ``<table>.parquet`` (same columns), each file also via a rename.
+table as ``<table>/<placement>.parquet`` (same columns), each file also via a rename; what
+an export killed left beside its files (temporary files of a process that is gone) is
+removed by the next one (``_remove_leftovers``).
 
 Cost (issue 15): the rows are copied by DuckDB itself, store to file, with the new file
 ATTACHed to a connection of the store (no row passes through Python), and they are read
@@ -147,14 +149,19 @@ _LEFTOVER: Final = re.compile(
 )
 
 
-def _remove_leftovers(directory: Path) -> list[str]:
+def _remove_leftovers(directory: Path, only: str | None = None) -> list[str]:
     """Remove what an export killed in ``directory`` left behind (kill -9: its temporary
     files, never under an export's name), and name it. Only the files of a process that
-    is gone: this process's own, or a live one's, may be in use."""
+    is gone: this process's own, or a live one's, may be in use. ``only``: just the
+    temporary files of the file named so (``_tmp_path``), in a directory that is not the
+    exports' own (``--out`` of one export may be anywhere)."""
+    pattern = (
+        _LEFTOVER if only is None else re.compile(rf"^\.{re.escape(only)}\.tmp-(\d+)(?:\.wal)?$")
+    )
     removed: list[str] = []
     with os.scandir(directory) as entries:
         for entry in entries:
-            match = _LEFTOVER.match(entry.name)
+            match = pattern.match(entry.name)
             if match is None or not entry.is_file(follow_symlinks=False):
                 continue
             pid = int(next(group for group in match.groups() if group is not None))
@@ -441,6 +448,7 @@ def _export(
     }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(out.parent, only=out.name)
     con = store.cursor()
     try:
         head = store.head(placement_id)
@@ -678,6 +686,9 @@ def write_parquet(db: Path, directory: Path) -> None:
     directory sit side by side, and an analyst reads a table across all of them with one
     glob (``read_parquet('DIR/ledger_records/*.parquet')``; ``ledger_records`` carries
     ``placement_id``, and ``filename = true`` names the placement of any other table).
+    Each file is written as ``.<placement>.parquet.tmp-<pid>`` and renamed; the temporary
+    files a killed writer left in a table's directory are removed first (``export_all``'s
+    rule: only those of a process that is gone), so a rerun leaves only finished files.
     """
     con = duckdb.connect(str(db), read_only=True)
     try:
@@ -688,6 +699,7 @@ def write_parquet(db: Path, directory: Path) -> None:
         for table in TABLES:
             table_dir = directory / table
             table_dir.mkdir(parents=True, exist_ok=True)
+            _remove_leftovers(table_dir)
             final = table_dir / f"{placement_id}.parquet"
             tmp = table_dir / f".{placement_id}.parquet.tmp-{os.getpid()}"
             con.execute(f"COPY {table} TO '{_sql_string(tmp)}' (FORMAT parquet)")

@@ -8,8 +8,9 @@ were, so the same events are built again once there is room (never a gap).
 
 State comes from durable data only: on start the agent reads the stream heads back from
 the spool (newest segment first, stopping once every stream is found) and from the
-``HEADS`` file that is written before acknowledged segments are garbage-collected in
-Kafka mode. A restarted agent continues each stream with the next seq and prev.
+``HEADS`` file that is written before acknowledged segments are garbage-collected
+(acknowledged by Kafka; on the embedded transport, with ``collect_read``, read into the
+ledger's intake log). A restarted agent continues each stream with the next seq and prev.
 
 Library use (demo, replay, tests; many agents in one process, no Kafka)::
 
@@ -58,6 +59,7 @@ from proto.errors import ProtoError
 from proto.invariant import present
 from proto.keys import SigningKey, key_id
 from proto.records import GpuSpec, PlacementTerms, UsageEvent
+from transport.intake import ReadByLedgers
 from transport.limits import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SPOOL_MAX_BYTES
 from transport.positions import SpoolPosition
 from transport.spool import SpoolWriter, list_segments, read_spool
@@ -93,6 +95,11 @@ class AgentConfig:
     # Kafka mode: an acknowledged segment being written is sealed (and collected) once it
     # holds this many bytes (``Agent.collect_garbage``).
     seal_acked_bytes: int = SPOOL_SEAL_ACKED_BYTES
+    # The embedded transport (the spool is the transport, its directory one of the
+    # ledger's ``local_dir``): what every ledger reading that directory has read into its
+    # intake log counts as acknowledged, and is collected like a shipper's acknowledged
+    # records (``Agent.tick``; ``transport.intake.ReadByLedgers``).
+    collect_read: bool = False
 
     def __post_init__(self) -> None:
         if not MIN_INTERVAL_MS <= self.interval_ms <= MAX_INTERVAL_MS:
@@ -260,6 +267,11 @@ class Agent:
         except BaseException:
             self._spool.close()
             raise
+        self._read_by_ledgers = (
+            ReadByLedgers(config.spool_dir.parent, config.spool_dir.name)
+            if config.collect_read
+            else None
+        )
         self.metrics.spool_bytes.set(self._spool.bytes_used)
         # The agent (re)starts now: that is when each stream decides where it resumes.
         self._decide_starts(clock.now_ms())
@@ -346,6 +358,7 @@ class Agent:
             heads[stream.key] = head.after(event, item.record_hash)
             sealed.append((stream, item))
         envelopes = [item.envelope for _, item in sealed]
+        self._collect_read()
         self._spool.append(envelopes)  # durable before anything else may see them
         if self.config.delivered_on_spool:
             append_delivered(
@@ -359,6 +372,33 @@ class Agent:
         self.metrics.events_emitted.inc(len(envelopes))
         self.metrics.spool_bytes.set(self._spool.bytes_used)
         return envelopes
+
+    def _collect_read(self) -> None:
+        """The embedded transport: collect what the ledgers have read (``collect_read``),
+        before an append, when the spool holds a sealed segment or ``seal_acked_bytes`` in
+        the one being written, and a ledger stated a new read position since the last
+        time. A position past the spool's end (a spool replaced under the same name) is
+        logged and ignored."""
+        if self._read_by_ledgers is None:
+            return
+        spool = self._spool
+        end = spool.end_position()
+        if spool.first_segment == end.segment and (
+            spool.current_segment_bytes < self.config.seal_acked_bytes
+        ):
+            return
+        read = self._read_by_ledgers.position(only_if_changed=True)
+        if read is None:
+            return
+        if read > end:
+            _log.warning(
+                "ledger_read_past_spool_end",
+                spool=str(self.config.spool_dir),
+                read=f"{read.segment}:{read.offset}",
+                end=f"{end.segment}:{end.offset}",
+            )
+            return
+        self.collect_garbage(read)
 
     def _read_source(
         self, start_ms: int, end_ms: int, uuids: set[str] | None = None
@@ -387,7 +427,8 @@ class Agent:
         write_atomic(self.config.spool_dir / HEADS_FILE, msgspec.json.encode(heads))
 
     def collect_garbage(self, acked: SpoolPosition) -> int:
-        """Kafka mode: save the heads, then delete segments wholly before ``acked``.
+        """Save the heads, then delete segments wholly before ``acked`` (acknowledged by
+        Kafka, or read into every ledger's intake log on the embedded transport).
 
         When ``acked`` is the spool's end (everything spooled is acknowledged) and the
         segment being written holds at least ``seal_acked_bytes``, that segment is sealed

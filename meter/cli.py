@@ -178,6 +178,7 @@ def build_agent(
         spool_max_bytes=config.spool_max_bytes,
         segment_max_bytes=config.segment_max_bytes,
         delivered_on_spool=config.transport != "kafka",
+        collect_read=config.transport != "kafka",
         key_rebound=config.key_rebound,
     )
     try:

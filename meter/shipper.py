@@ -11,7 +11,8 @@ down and is resent from the recorded position after a pause that doubles up to
 SHIP_BACKOFF_MAX_S: while Kafka is unreachable the records wait in the spool (bounded by
 its byte limit) and drain when it returns. In Kafka mode, segments wholly before the
 acknowledged position are garbage-collected through a callback (the agent saves its
-stream heads first); in local mode nothing ships and nothing is deleted.
+stream heads first); in local mode nothing ships, and the agent itself deletes what the
+ledger has read into its intake log (``AgentConfig.collect_read``).
 
 A simulation (``meter run --until-ms``) gives the shipper ``stamp``: the producer timestamp
 of each record, the time the agent states it sent it on its simulated clock (SPEC §6.6

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import base64
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -207,3 +211,64 @@ def test_ledger_records_carry_placement_id_and_parquet_globs_across_exports(
     assert [(f.rule, f.record) for f in report.findings.kept] == [
         ("COLUMN_MISMATCH", "ledger_records[1].placement_id")
     ]
+
+
+def _export_killed_at(root: str, pid: str, suffix: str) -> None:
+    """Child of the test below: ``export_placement`` with Parquet, SIGKILLed when it is
+    about to rename its first temporary file to a name ending in ``suffix``."""
+    from ledger import export
+
+    scenario = build_scenario("export-kill", placements=2, nodes=2, events=3)
+    real = os.replace
+
+    def replace(src: object, dst: object) -> None:
+        if str(dst).endswith(suffix):
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(src, dst)  # type: ignore[arg-type]
+
+    export.os.replace = replace  # type: ignore[assignment]
+    base = Path(root)
+    export_placement(
+        base / "ledger.duckdb",
+        pid,
+        base / "out" / f"{pid}.duckdb",
+        key=scenario.cast.ledger,
+        parquet_dir=base / "pq",
+    )
+
+
+@pytest.mark.parametrize("suffix", [".duckdb", ".parquet"])
+def test_a_rerun_after_a_killed_export_leaves_only_finished_files(
+    tmp_path: Path, suffix: str
+) -> None:
+    """kill -9 of ``ledger export --out F --parquet DIR`` before the rename of the export
+    file, or of a Parquet file: the rerun removes the dead process's temporary files
+    (export_all's rule, ``proto.files.pid_alive``) and leaves only finished files."""
+    scenario = build_scenario("export-kill", placements=2, nodes=2, events=3)
+    pid = scenario.placement_ids[0]
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    service = local_service(tmp_path, scenario)
+    service.run_until_idle()
+    service.close()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    code = (
+        "import test_ledger_export as t; "
+        f"t._export_killed_at({str(tmp_path)!r}, {pid!r}, {suffix!r})"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, timeout=120, check=False
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    left = [p for p in [*(tmp_path / "out").iterdir(), *(tmp_path / "pq").rglob("*")]]
+    assert any(p.name.startswith(".") and ".tmp-" in p.name for p in left), left
+    export_placement(
+        tmp_path / "ledger.duckdb",
+        pid,
+        tmp_path / "out" / f"{pid}.duckdb",
+        key=scenario.cast.ledger,
+        parquet_dir=tmp_path / "pq",
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [f"{pid}.duckdb"]
+    assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == sorted(TABLES)
+    for table in TABLES:
+        assert [p.name for p in (tmp_path / "pq" / table).iterdir()] == [f"{pid}.parquet"]

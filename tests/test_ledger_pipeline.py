@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from concurrent.futures import BrokenExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -174,10 +174,17 @@ def test_a_dead_worker_is_a_named_error_not_a_hang(tmp_path: Path) -> None:
             ingestor.ingest(_kafka_items(first, 0))
             heads = store.heads()
             os.kill(worker.pid(), signal.SIGKILL)
-            # Once the pool has seen the death (a chunk queued before it would be checked
-            # by the fold itself, correctly, and the death found at the next batch):
-            with pytest.raises(BrokenExecutor):
-                worker._executor.submit(int).result(timeout=30)
+            # Once the worker's death is seen (a chunk queued before it would be checked
+            # by the fold itself, correctly, and the death found at the next batch): a
+            # chunk sent to it fails, named, at the end of its output.
+            opened = open_envelope(first[1])
+            job = (
+                cast.node_key("n1").public_key,
+                opened.payload,
+                opened.envelope.signatures[0].sig,
+            )
+            with pytest.raises(CryptoWorkerError, match="died"):
+                worker.submit([job]).result(timeout=30)
             items = _kafka_items(second, len(first))
             with pytest.raises(CryptoWorkerError, match="worker process is gone"):
                 ingestor.prepare(items)  # nothing folded yet: the Ingestor is intact
@@ -196,10 +203,10 @@ def test_a_stopped_worker_times_out_and_is_killed_on_close(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cast, first, _ = _two_batches()
+    worker = CryptoWorker()
+    pid = worker.pid()  # started and ready (a loaded machine may take over 0.5 s for that)
     monkeypatch.setattr(crypto, "CRYPTO_WAIT_S", 0.5)
     monkeypatch.setattr(crypto, "CRYPTO_STOP_S", 0.5)
-    worker = CryptoWorker()
-    pid = worker.pid()
     os.kill(pid, signal.SIGSTOP)
     try:
         opened = open_envelope(first[1])

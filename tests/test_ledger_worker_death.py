@@ -35,13 +35,13 @@ def _children(pid: int) -> list[int]:
 
 
 def _worker_of(pid: int, process: subprocess.Popen[bytes], log: Path) -> int:
-    """The ledger's spawned signature worker (not multiprocessing's resource tracker)."""
+    """The ledger's signature worker process (``python -m ledger.crypto_worker``)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         assert process.poll() is None, log.read_text(encoding="utf-8")[-3000:]
         for child in _children(pid):
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            if b"ledger.crypto_worker" in cmdline:
                 return child
         assert time.monotonic() < deadline, "no signature worker process appeared"
         time.sleep(0.05)

@@ -18,33 +18,54 @@ The log lives with the transport's files, not with the store (``intake_dir_for``
 ``<local_dir>/.intake-<ledger id>/``): it is the embedded transport's partition, never
 trimmed, and a ledger that loses its store (its data directory) rebuilds from it in the
 same order. Losing the intake log is losing the partition: a ledger started without it
-reads the spools afresh, in a new order.
+reads the spools afresh, in a new order (and without the segments their writers have
+collected since).
+
+What the ledger has read, for the spools' writers (``READ_FILE``, ``ReadByLedgers``): once
+entries are durably in the intake log, the spool records they carry are the ledger's (as
+records Kafka acknowledged are the broker's), and the spool's writer may delete segments
+lying wholly before that point (``meter.agent.Agent.collect_garbage``, the Kafka
+shipper's rule). The ledger states its read position of every spool in
+``<intake dir>/READ``: text lines ``<spool> <segment> <offset>`` between a header line and
+an ``end`` line, replaced by rename after the intake append's fdatasync. The file is
+not fsynced: it only ever names positions the intake log already holds durably, so after
+a crash it is the new content, an older one, or unreadable (then nothing is collected
+until the next). Written when every spool was read to its end, or a spool's read
+position moved to a later segment: a writer collects whole segments, or seals its
+segment once the ledger has read all of it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
 import msgspec
 
+from proto.files import read_at_most, write_all
 from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
     INTAKE_MAX_BYTES,
     MAX_FRAME_RECORD_BYTES,
+    MAX_READ_FILE_BYTES,
 )
 from transport.positions import SpoolPosition
 from transport.spool import SpoolCorrupt, SpoolEntry, SpoolWriter, read_spool, segment_path
 
 __all__ = [
     "INTAKE_SOURCE",
+    "READ_FILE",
     "IntakeEntry",
     "IntakeLog",
+    "ReadByLedgers",
     "intake_dir_for",
     "read_intake",
+    "read_position",
+    "store_read",
 ]
 
 INTAKE_SOURCE: Final = "intake:local"
@@ -77,10 +98,117 @@ _ENCODER: Final = msgspec.msgpack.Encoder()
 _DECODER: Final = msgspec.msgpack.Decoder(IntakeEntry)
 
 
+_INTAKE_PREFIX: Final = ".intake-"
+
+
 def intake_dir_for(local_dir: Path, ledger_id: str) -> Path:
     """The intake log of ledger ``ledger_id`` reading ``local_dir``: a hidden directory in
     it (the spool reader skips it), beside the spools it orders."""
-    return local_dir / f".intake-{ledger_id}"
+    return local_dir / f"{_INTAKE_PREFIX}{ledger_id}"
+
+
+# ---- what the ledger has read (module docstring) ----------------------------------------
+
+READ_FILE: Final = "READ"
+_RACY_MTIME_NS: Final = 2_000_000_000
+_READ_HEADER: Final = b"gridledger spools read 1\n"
+_READ_END: Final = b"end\n"
+
+
+def store_read(intake_dir: Path, positions: Mapping[str, SpoolPosition]) -> None:
+    """Replace ``intake_dir/READ`` with ``positions`` (every one durable in the intake log
+    already: module docstring). A name with whitespace in it is left out (its spool is
+    then never collected)."""
+    lines = [_READ_HEADER]
+    for name in sorted(positions):
+        if name and not any(c.isspace() for c in name):
+            position = positions[name]
+            lines.append(f"{name} {position.segment} {position.offset}\n".encode())
+    lines.append(_READ_END)
+    path = intake_dir / READ_FILE
+    tmp = intake_dir / f".{READ_FILE}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        write_all(fd, b"".join(lines))
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_position(data: bytes, spool: str) -> SpoolPosition | None:
+    """The position of ``spool`` in the content of a READ file (None: not there, or the
+    content is not a whole READ file)."""
+    if not (data.startswith(_READ_HEADER) and data.endswith(b"\n" + _READ_END)):
+        return None
+    key = f"\n{spool} ".encode()
+    at = data.find(key)
+    if at < 0:
+        return None
+    line = data[at + len(key) : data.index(b"\n", at + 1)].split(b" ")
+    if len(line) != 2 or not all(part.isdigit() for part in line):
+        return None
+    return SpoolPosition(int(line[0]), int(line[1]))
+
+
+class ReadByLedgers:
+    """How far every ledger reading ``local_dir`` has read the spool ``spool`` into its
+    intake log (their READ files), for the spool's writer."""
+
+    def __init__(self, local_dir: Path, spool: str) -> None:
+        self.local_dir = Path(local_dir)
+        self.spool = spool
+        self._seen: tuple[tuple[str, int, int, int], ...] | None = None
+        # The intake logs found in ``local_dir``, listed again only when the directory
+        # changed (a listing of thousands of spools costs milliseconds, a stat a few us).
+        self._listed: tuple[int, int, list[str]] | None = None
+
+    def _intake_names(self) -> list[str]:
+        stat = os.stat(self.local_dir)
+        listed = self._listed
+        if listed is None or (listed[0], listed[1]) != (stat.st_ino, stat.st_mtime_ns):
+            names = sorted(
+                entry.name
+                for entry in os.scandir(self.local_dir)
+                if entry.name.startswith(_INTAKE_PREFIX) and entry.is_dir()
+            )
+            # A change within the file system's timestamp granularity of the listing may
+            # not move the mtime: a directory changed this recently is listed again.
+            recent = time.time_ns() - stat.st_mtime_ns < _RACY_MTIME_NS
+            self._listed = None if recent else (stat.st_ino, stat.st_mtime_ns, names)
+            return names
+        return listed[2]
+
+    def position(self, *, only_if_changed: bool = False) -> SpoolPosition | None:
+        """The least read position over every intake log in ``local_dir``; None when there
+        is none, one of them has not read the spool (or its READ file is missing or
+        unreadable), or (``only_if_changed``) no READ file changed since the last call."""
+        try:
+            names = self._intake_names()
+        except FileNotFoundError:
+            return None
+        if not names:
+            return None
+        seen: list[tuple[str, int, int, int]] = []
+        for name in names:
+            try:
+                stat = os.stat(self.local_dir / name / READ_FILE)
+            except FileNotFoundError:
+                return None
+            seen.append((name, stat.st_ino, stat.st_mtime_ns, stat.st_size))
+        if only_if_changed and tuple(seen) == self._seen:
+            return None
+        self._seen = tuple(seen)
+        least: SpoolPosition | None = None
+        for name in names:
+            try:
+                data = read_at_most(self.local_dir / name / READ_FILE, MAX_READ_FILE_BYTES)
+            except FileNotFoundError:
+                return None
+            position = None if len(data) > MAX_READ_FILE_BYTES else read_position(data, self.spool)
+            if position is None:
+                return None
+            least = position if least is None else min(least, position)
+        return least
 
 
 def read_intake(

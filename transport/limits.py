@@ -26,11 +26,17 @@ transport's partition and is never trimmed (infinite retention, like the topic);
 ~1 KiB per input it holds ~250 million inputs. Past it the intake stops with an error
 and the ledger folds what the log holds."""
 
+MAX_READ_FILE_BYTES: Final = 16 * 1024 * 1024
+"""Largest READ file (``transport.intake``: the ledger's read position of every spool,
+~30 bytes a spool: room for ~500,000 spools) a spool's writer reads back; a larger one
+is not read and nothing is collected."""
+
 DEFAULT_SPOOL_MAX_BYTES: Final = 1024 * 1024 * 1024
 """Default bound on the bytes of all segment files of one spool (1 GiB).
 
-At one event per minute per placement of ~1 KiB this holds years of events; in Kafka
-mode acknowledged segments are deleted, so the bound only matters during a long outage.
+At one event per minute per placement of ~1 KiB this holds years of events; segments
+are deleted once acknowledged (Kafka) or read into the ledger's intake log (embedded
+transport), so the bound only matters during a long outage.
 """
 
 DEFAULT_SEGMENT_MAX_BYTES: Final = 16 * 1024 * 1024
@@ -41,6 +47,11 @@ A soft limit: one append never spans two files, so a segment can exceed it by on
 
 MIN_SEGMENT_MAX_BYTES: Final = 4096
 """Smallest segment size accepted (tests use small segments to exercise rotation)."""
+
+LOCAL_SEAL_READ_BYTES: Final = 256 * 1024
+"""``publish_local``: the segment being written of a publisher's or a ledger's spool is
+sealed and deleted once every ledger has read it and it holds this many bytes (256 KiB,
+the meter's SPOOL_SEAL_ACKED_BYTES); below it, it stays."""
 
 SPOOL_LOCK_WAIT_S: Final = 10.0
 """How long ``publish_local`` waits for another writer to release a spool directory."""

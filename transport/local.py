@@ -9,7 +9,8 @@ DESIGN.md, "Embedded default": same records, same results as Kafka).
 
 Every envelope is opened (``proto.envelope.open_envelope``) before it is written: bytes
 that are not a well-formed envelope are refused with a ProtoError and nothing of the
-batch is written.
+batch is written. Before it writes, ``publish_local`` deletes what every ledger has
+read of the spool (``collect_read``), as node agents do with theirs.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from transport.intake import ReadByLedgers
 from transport.kafka import placement_of
-from transport.limits import SPOOL_LOCK_POLL_S, SPOOL_LOCK_WAIT_S
+from transport.limits import LOCAL_SEAL_READ_BYTES, SPOOL_LOCK_POLL_S, SPOOL_LOCK_WAIT_S
 from transport.positions import SpoolPosition
 from transport.spool import SpoolLocked, SpoolWriter
 
-__all__ = ["ledger_source", "node_source", "publish_local", "publisher_source"]
+__all__ = ["collect_read", "ledger_source", "node_source", "publish_local", "publisher_source"]
 
 _SOURCE_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$")
 
@@ -75,4 +77,25 @@ def publish_local(
                 raise
             time.sleep(SPOOL_LOCK_POLL_S)
     with writer:
+        collect_read(writer, local_dir, source)
         return writer.append(list(envelopes), None if stamps_ms is None else list(stamps_ms))
+
+
+def collect_read(writer: SpoolWriter, local_dir: Path, source: str) -> int:
+    """Delete the segments of ``local_dir/source`` that every ledger reading ``local_dir``
+    has in its intake log (``transport.intake.ReadByLedgers``); bytes freed. The rule of
+    the meter's ``Agent.collect_garbage``: whole segments before the read position, and
+    the segment being written too (sealed first) once it is all read and holds
+    LOCAL_SEAL_READ_BYTES. Looked up only when there is something to collect."""
+    end = writer.end_position()
+    if writer.first_segment == end.segment and writer.current_segment_bytes < (
+        LOCAL_SEAL_READ_BYTES
+    ):
+        return 0
+    read = ReadByLedgers(Path(local_dir), source).position()
+    if read is None or read > end:
+        return 0
+    if read == end and writer.current_segment_bytes >= LOCAL_SEAL_READ_BYTES:
+        writer.seal()
+        read = writer.end_position()
+    return writer.delete_segments_before(read)

@@ -457,6 +457,11 @@ class SpoolWriter:
         return positions
 
     @property
+    def first_segment(self) -> int:
+        """The oldest segment number in the directory (the one being written when alone)."""
+        return min(self._sizes, default=self._segment)
+
+    @property
     def current_segment_bytes(self) -> int:
         """Bytes of the segment being written (0: none yet, or just sealed)."""
         return self._sizes.get(self._segment, 0)
