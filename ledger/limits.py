@@ -64,10 +64,6 @@ AHEAD_BATCHES: Final = 2
 
 # DuckDB memory of the store (buffer pool); the file grows, the process does not.
 STORE_MEMORY_LIMIT: Final = "512MB"
-# WAL size at which a commit of the store checkpoints (DuckDB's default is 16MB). Each
-# checkpoint also rewrites what the last one left partly filled, so fewer of them cost
-# less per input (bench/ledger_ab.py); a restart after a kill replays at most this much.
-STORE_CHECKPOINT_THRESHOLD: Final = "64MB"
 
 # `ledger run` waiting for an unreachable broker at start: attempts and backoff, then it
 # exits 75 (EX_TEMPFAIL) for its supervisor to restart it.

@@ -40,12 +40,7 @@ import msgspec
 import numpy
 
 from ledger import snapshot
-from ledger.limits import (
-    MAX_DETAIL_CHARS,
-    MAX_QUARANTINE_BYTES,
-    STORE_CHECKPOINT_THRESHOLD,
-    STORE_MEMORY_LIMIT,
-)
+from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES, STORE_MEMORY_LIMIT
 from proto.canonical import canonical_json
 from proto.envelope import Envelope, open_envelope, sha256_hex
 from proto.invariant import present
@@ -507,12 +502,7 @@ class Store:
             # Bounded memory: DuckDB's buffer pool would otherwise grow towards 80 % of RAM
             # as the store grows; past the limit it spills to the file, never fails.
             self._con = duckdb.connect(
-                str(self.path),
-                config={
-                    "memory_limit": STORE_MEMORY_LIMIT,
-                    "threads": 2,
-                    "checkpoint_threshold": STORE_CHECKPOINT_THRESHOLD,
-                },
+                str(self.path), config={"memory_limit": STORE_MEMORY_LIMIT, "threads": 2}
             )
             # No progress bar: DuckDB would draw it on stdout during a long query, into
             # the middle of a command's output (`--json` included). Cursors inherit it.
