@@ -676,7 +676,8 @@ class Store:
         array of Python objects would let DuckDB guess a narrower type from a sample of
         the values and fail on a larger one further down. A column that is NULL in every
         row, or the same ``str`` in every row (a batch's kinds, statuses, reasons, the
-        signatures of unsigned records), travels as one NULL or one parameter: the same
+        signatures of unsigned records), travels as one NULL or one parameter, and a
+        nullable BIGINT column without a NULL in the batch as a plain int64 array: the same
         rows, without DuckDB converting thousands of Python objects (holding the GIL)."""
         if not rows:
             return
@@ -699,7 +700,7 @@ class Store:
                     select.append("?")
                     parameters.append(first)
                 continue
-            if kind == "bigint":
+            if kind == "bigint" or (kind == "nullable_bigint" and None not in values):
                 data[name] = numpy.array(values, dtype=numpy.int64)
                 select.append(f'"{name}"')
             elif kind == "nullable_bigint":
