@@ -35,6 +35,7 @@ import os
 import resource
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -106,6 +107,11 @@ VERIFY_CPU_S: list[float] = []
 # as terms'), no DuckDB threads, no GIL waits, so it moves less with the load of a shared
 # machine than the process figure.
 MAIN_THREAD_CPU_S: list[float] = []
+# CPU seconds of each group of the ledger process's threads over each ``run_ledger``
+# consume loop (Linux /proc): "main", a Python thread's name (numbers stripped: the
+# commit thread, the worker's queue threads), "native" (threads Python did not start:
+# DuckDB's own).
+THREAD_CPU_S: list[dict[str, float]] = []
 # CPU seconds of the signature worker when it answered its first job (its start-up).
 WORKER_START_CPU_S: list[float] = []
 # ``--crypto``: the service's signature checks in its worker process (True) or on threads.
@@ -170,6 +176,7 @@ async def run_ledger(
     consumed = 0
     profiler = None if profile is None else cProfile.Profile()
     try:
+        threads_before = _thread_cpu()
         started = time.perf_counter()
         started_cpu = time.thread_time()
         deadline = time.monotonic() + 3600
@@ -181,6 +188,7 @@ async def run_ledger(
                 consumed += report.inputs
         seconds = time.perf_counter() - started
         MAIN_THREAD_CPU_S.append(time.thread_time() - started_cpu)
+        THREAD_CPU_S.append(_thread_groups(threads_before, _thread_cpu()))
     finally:
         if profiler is not None:
             profiler.disable()
@@ -197,6 +205,35 @@ def _process_cpu(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of this process, by native id."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu: dict[int, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        cpu[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return cpu
+
+
+def _thread_groups(before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
+    """CPU seconds between ``before`` and ``after`` per group of threads (THREAD_CPU_S)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    main_id = threading.main_thread().native_id
+    groups: dict[str, float] = {}
+    for tid, cpu in after.items():
+        if tid == main_id:
+            group = "main"
+        elif tid in names:
+            group = names[tid].rstrip("0123456789_-") or "python"
+        else:
+            group = "native"
+        groups[group] = groups.get(group, 0.0) + cpu - before.get(tid, 0.0)
+    return groups
 
 
 def _children_cpu() -> float:
@@ -263,6 +300,8 @@ def measure(
         f"  main thread            {MAIN_THREAD_CPU_S[-1] / max(consumed, 1) * 1e6:.0f} us/input "
         "(the consume loop: Kafka client, fold, store calls, signatures checked inline)"
     )
+    for group, group_s in sorted(THREAD_CPU_S[-1].items(), key=lambda kv: -kv[1]):
+        print(f"  thread {group:18} {group_s / max(consumed, 1) * 1e6:.1f} us/input")
     print(f"store size              {db_bytes / 2**20:.1f} MiB")
     return rate
 

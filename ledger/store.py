@@ -705,15 +705,33 @@ class Store:
 
         BIGINT columns travel as int64 arrays (a nullable one with a mask beside it): an
         array of Python objects would let DuckDB guess a narrower type from a sample of
-        the values and fail on a larger one further down."""
+        the values and fail on a larger one further down. A column that is NULL in every
+        row, or the same ``str`` in every row (a batch's kinds, statuses, reasons, the
+        signatures of unsigned records), travels as one NULL or one parameter, and a
+        nullable BIGINT column without a NULL in the batch as a plain int64 array: the same
+        rows, without DuckDB converting thousands of Python objects (holding the GIL)."""
         if not rows:
             return
         data: dict[str, Any] = {}
         select: list[str] = []
+        parameters: list[str] = []
+        count = len(rows)
         for (name, kind), values in zip(
             self._column_kinds(table), zip(*rows, strict=True), strict=True
         ):
-            if kind == "bigint":
+            first = values[0]
+            if (
+                kind != "bigint"
+                and (first is None or type(first) is str)
+                and values.count(first) == count
+            ):
+                if first is None:
+                    select.append("NULL")
+                else:
+                    select.append("?")
+                    parameters.append(first)
+                continue
+            if kind == "bigint" or (kind == "nullable_bigint" and None not in values):
                 data[name] = numpy.array(values, dtype=numpy.int64)
                 select.append(f'"{name}"')
             elif kind == "nullable_bigint":
@@ -730,7 +748,7 @@ class Store:
         self._con.register(view, data)
         try:
             self._con.execute(
-                f"INSERT INTO {table} SELECT {', '.join(select)} FROM {view}"
+                f"INSERT INTO {table} SELECT {', '.join(select)} FROM {view}", parameters
             ).fetchall()
         finally:
             self._con.unregister(view)
