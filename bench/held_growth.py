@@ -16,7 +16,8 @@ the missing seq 0 (``stream``), folded as one more batch, timed.
 
 Each batch is ``Ingestor.ingest`` (fold + one DuckDB commit) on a fresh store, as the
 service does. Printed every ``--report-every`` inputs: the batch's wall time, the
-main thread's CPU per input over the last span, the snapshot bytes the batch wrote,
+mean fold and commit time per batch over the last span, the main thread's CPU per input
+over it, the snapshot bytes the batch wrote,
 bytes of snapshots written so far, the held-input rows' raw bytes the batch wrote
 (``held_inputs``, store version 4), the bytes the fold holds over all placements (the
 ledger-wide bound's count), DuckDB's memory (``duckdb_memory()``), the process RSS, the
@@ -120,6 +121,8 @@ def main() -> int:
                 )
             started = time.perf_counter()
             span_cpu, span_n = time.thread_time(), 0
+            span_fold = span_commit = 0.0
+            span_batches = 0
             done = 0
             label = "chained" if args.kind == "rejected" else "held"
             for b in range(0, len(events), args.batch):
@@ -134,6 +137,9 @@ def main() -> int:
                 ingestor.commit(folded)
                 report = ingestor.finish(folded)
                 ct = time.perf_counter()
+                span_fold += ft - bt
+                span_commit += ct - ft
+                span_batches += 1
                 snap_total += snap
                 rows_total += rows
                 quarantined += report.quarantined
@@ -150,7 +156,8 @@ def main() -> int:
                     holding_mb = "   -" if holding is None else f"{holding / 2**20:6.1f}"
                     print(
                         f"in {seen:7d} {label} {done:7d}  batch fold {ft - bt:6.2f}s "
-                        f"commit {ct - ft:6.2f}s  main CPU {cpu:7.1f} us/input  "
+                        f"commit {ct - ft:6.2f}s (mean {span_fold / span_batches:5.2f}s + "
+                        f"{span_commit / span_batches:5.2f}s)  main CPU {cpu:7.1f} us/input  "
                         f"snapshot {snap / 2**20:7.3f} MB (written {snap_total / 2**20:8.1f} MB)  "
                         f"rows {rows / 2**20:6.2f} MB (written {rows_total / 2**20:7.1f} MB)  "
                         f"holding {holding_mb} MB  duckdb {duck:6.1f} MB  "
@@ -159,6 +166,8 @@ def main() -> int:
                         flush=True,
                     )
                     span_cpu, span_n = time.thread_time(), 0
+                    span_fold = span_commit = 0.0
+                    span_batches = 0
                 if time.perf_counter() - started > args.max_seconds:
                     print(f"# stopped after {args.max_seconds}s at {done} held", flush=True)
                     break
