@@ -129,6 +129,7 @@ def clone(db: Path, clones: int) -> None:
                 "statements",
                 "checkpoints",
                 "placement_state",
+                "placement_seen",
                 "closes",
             ):
                 con.execute(

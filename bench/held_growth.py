@@ -1,11 +1,13 @@
 """Held inputs (SPEC §6.2) on the ledger's real ingest path: memory, bytes and time.
 
     .venv/bin/python bench/held_growth.py [--held 100000] [--placements 1] [--batch 5000]
-        [--kind terms|stream] [--release] [--max-seconds 600] [--report-every 10000]
+        [--kind terms|stream|rejected] [--release] [--max-seconds 600] [--report-every 10000]
 
 ``--kind terms``: usage events of placements whose terms never came (held before the
 terms); ``--kind stream``: terms, then one node's events from seq 1 on (seq 0 never
-comes: every event is held in its stream). ``--gpus``: GPUs of each
+comes: every event is held in its stream); ``--kind rejected``: terms, then events of a
+node the terms do not list (each rejected NODE_UNKNOWN and chained: nothing is held, its
+input hash is seen, SPEC §6.1 (2), with ``--held`` inputs of it). ``--gpus``: GPUs of each
 placement (one node), each event a sample of every GPU (a larger envelope).
 ``--placements``: the events spread
 round-robin over that many placements. Every input is timed (``arrived_ms``, as on
@@ -14,7 +16,8 @@ the missing seq 0 (``stream``), folded as one more batch, timed.
 
 Each batch is ``Ingestor.ingest`` (fold + one DuckDB commit) on a fresh store, as the
 service does. Printed every ``--report-every`` inputs: the batch's wall time, the
-main thread's CPU per input over the last span, the snapshot bytes the batch wrote,
+mean fold and commit time per batch over the last span, the main thread's CPU per input
+over it, the snapshot bytes the batch wrote,
 bytes of snapshots written so far, the held-input rows' raw bytes the batch wrote
 (``held_inputs``, store version 4), the bytes the fold holds over all placements (the
 ledger-wide bound's count), DuckDB's memory (``duckdb_memory()``), the process RSS, the
@@ -57,7 +60,7 @@ def main() -> int:
     parser.add_argument("--held", type=int, default=100_000)
     parser.add_argument("--placements", type=int, default=1)
     parser.add_argument("--batch", type=int, default=5000)
-    parser.add_argument("--kind", choices=("terms", "stream"), default="terms")
+    parser.add_argument("--kind", choices=("terms", "stream", "rejected"), default="terms")
     parser.add_argument("--release", action="store_true")
     parser.add_argument("--max-seconds", type=float, default=600.0)
     parser.add_argument("--report-every", type=int, default=10_000)
@@ -74,6 +77,8 @@ def main() -> int:
         pid = f"held-{i:05d}"
         gs = [gpu(f"{pid}-n0", k) for k in range(args.gpus)]
         terms_raw.append(signed_terms(cast, make_terms(cast, pid, gs, T0_MS, T0_MS + window_ms)))
+        if args.kind == "rejected":  # a node of its own, not in the terms
+            gs = [gpu(f"{pid}-x0", k) for k in range(args.gpus)]
         writers.append((pid, StreamWriter(cast.node_key(gs[0].node_id), pid, gs[0].node_id), gs))
     seq0: list[tuple[str, bytes]] = []
     if args.kind == "stream":
@@ -107,7 +112,7 @@ def main() -> int:
         ingestor = Ingestor(store, cast.ledger)
         snap_total = rows_total = quarantined = 0
         try:
-            if args.kind == "stream":
+            if args.kind in ("stream", "rejected"):
                 ingestor.ingest(
                     [
                         item(pid, raw, T0_MS)
@@ -116,21 +121,29 @@ def main() -> int:
                 )
             started = time.perf_counter()
             span_cpu, span_n = time.thread_time(), 0
+            span_fold = span_commit = 0.0
+            span_batches = 0
             done = 0
+            label = "chained" if args.kind == "rejected" else "held"
             for b in range(0, len(events), args.batch):
                 chunk = [item(pid, raw, at) for pid, raw, at in events[b : b + args.batch]]
                 bt = time.perf_counter()
                 folded = ingestor.fold_batch(chunk)
                 snap = sum(len(s.snapshot) for s in folded.batch.states)
                 rows = sum(len(getattr(h, "raw", b"")) for h in folded.batch.held)
+                if args.kind == "rejected":  # the input hashes seen (placement_seen rows)
+                    rows = sum(len(r.input_hash) for r in folded.batch.chained)
                 ft = time.perf_counter()
                 ingestor.commit(folded)
                 report = ingestor.finish(folded)
                 ct = time.perf_counter()
+                span_fold += ft - bt
+                span_commit += ct - ft
+                span_batches += 1
                 snap_total += snap
                 rows_total += rows
                 quarantined += report.quarantined
-                done += report.held
+                done += report.chained if args.kind == "rejected" else report.held
                 span_n += len(chunk)
                 seen = b + len(chunk)
                 if seen % args.report_every < args.batch or b + args.batch >= len(events):
@@ -142,9 +155,10 @@ def main() -> int:
                     holding = getattr(ingestor.fold, "held_bytes", None)
                     holding_mb = "   -" if holding is None else f"{holding / 2**20:6.1f}"
                     print(
-                        f"in {seen:7d} held {done:7d}  batch fold {ft - bt:6.2f}s "
-                        f"commit {ct - ft:6.2f}s  main CPU {cpu:7.1f} us/input  "
-                        f"snapshot {snap / 2**20:7.2f} MB (written {snap_total / 2**20:8.1f} MB)  "
+                        f"in {seen:7d} {label} {done:7d}  batch fold {ft - bt:6.2f}s "
+                        f"commit {ct - ft:6.2f}s (mean {span_fold / span_batches:5.2f}s + "
+                        f"{span_commit / span_batches:5.2f}s)  main CPU {cpu:7.1f} us/input  "
+                        f"snapshot {snap / 2**20:7.3f} MB (written {snap_total / 2**20:8.1f} MB)  "
                         f"rows {rows / 2**20:6.2f} MB (written {rows_total / 2**20:7.1f} MB)  "
                         f"holding {holding_mb} MB  duckdb {duck:6.1f} MB  "
                         f"rss {rss_mb():6.0f} MB  disk {disk / 2**20:7.1f} MB  "
@@ -152,11 +166,13 @@ def main() -> int:
                         flush=True,
                     )
                     span_cpu, span_n = time.thread_time(), 0
+                    span_fold = span_commit = 0.0
+                    span_batches = 0
                 if time.perf_counter() - started > args.max_seconds:
                     print(f"# stopped after {args.max_seconds}s at {done} held", flush=True)
                     break
             print(f"# ingest total {time.perf_counter() - started:.1f}s", flush=True)
-            if args.release:
+            if args.release and args.kind != "rejected":
                 if args.kind == "terms":
                     rel = [item(w[0], t, T0_MS) for w, t in zip(writers, terms_raw, strict=True)]
                 else:

@@ -310,13 +310,14 @@ class Fold:
         """Load the stored GPU claims (on start, before any ``apply``)."""
         self._capacity.load(rows)
 
-    def snapshot(self, placement_id: str, *, holds: bool = True) -> bytes:
+    def snapshot(self, placement_id: str, *, holds: bool = True, seen: bool = True) -> bytes:
         """The placement's fold state as bytes (msgpack), to store beside its records;
-        ``holds=False``: without its held inputs (the store keeps them as rows)."""
+        ``holds=False``, ``seen=False``: without its held inputs, without the input hashes
+        it has seen (the store keeps both as rows)."""
         state = self._cache.peek(placement_id)
         if state is None:
             raise KeyError(placement_id)
-        return snapshot.encode(state, holds=holds)
+        return snapshot.encode(state, holds=holds, seen=seen)
 
     def restore(self, placement_id: str, data: bytes) -> None:
         """Load a snapshot taken by ``snapshot`` (on start, before any ``apply``); its held

@@ -366,8 +366,9 @@ class Ingestor:
             batch.states.append(
                 StateRow(
                     placement_id=placement_id,
-                    # Without its held inputs: they are rows (batch.held), written once.
-                    snapshot=self.fold.snapshot(placement_id, holds=False),
+                    # Without its held inputs and seen hashes: they are rows (batch.held;
+                    # placement_seen, from batch.chained), written once.
+                    snapshot=self.fold.snapshot(placement_id, holds=False, seen=False),
                     closed=self.fold.is_closed(placement_id),
                     close_due_ms=self.fold.close_due_ms(placement_id),
                 )

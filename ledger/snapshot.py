@@ -10,6 +10,12 @@ stream: the store keeps them as rows of ``held_inputs`` (written and deleted wit
 batch that holds and releases them) and its snapshots without them (``encode(state,
 holds=False)``); ``with_holds`` puts the rows back into such a snapshot, giving the bytes
 ``encode(state)`` gives for the whole state.
+
+The input hashes of ``seen`` (SPEC §6.1 (2): every chained input except an accepted usage
+event) grow the same way — a usage event of a node the terms do not list is rejected and
+chained without any valid signature — and are kept as rows of ``placement_seen``
+(appended by the batch that chains them), the snapshot without them (``encode(state,
+seen=False)``); ``with_seen`` puts them back.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import msgspec
 from ledger.persistent import PLog, PMap, PSet
 from ledger.state import (
     NO_ARRIVALS,
+    NO_HASHES,
     NO_HELD,
     AssignmentState,
     Attestation,
@@ -139,13 +146,16 @@ class SnapshotError(ValueError):
     """Snapshot bytes that are not a version-1 snapshot of the expected placement."""
 
 
-def encode(state: PlacementState, *, holds: bool = True) -> bytes:
+def encode(state: PlacementState, *, holds: bool = True, seen: bool = True) -> bytes:
     """The state as snapshot bytes; ``holds=False``: without its held inputs (their raw
-    bytes, positions and arrivals), which the store keeps as rows (``with_holds``)."""
+    bytes, positions and arrivals), which the store keeps as rows (``with_holds``);
+    ``seen=False``: without the input hashes of ``seen`` (rows too, ``with_seen``)."""
     if not holds:
         state = msgspec.structs.replace(
             state, held=NO_HELD, stream_held={}, held_arrived=NO_ARRIVALS
         )
+    if not seen:
+        state = msgspec.structs.replace(state, seen=NO_HASHES)
     snap = _Snapshot(
         version=SNAPSHOT_VERSION,
         placement_id=state.placement_id,
@@ -349,6 +359,39 @@ def with_holds(placement_id: str, data: bytes, rows: Sequence[HeldInput]) -> byt
         (row.position, row.arrived_ms) for row in rows if row.arrived_ms is not None
     )
     return _ENCODER.encode(snap)
+
+
+def split_seen(placement_id: str, data: bytes) -> tuple[bytes, list[str]] | None:
+    """A snapshot with ``seen`` as the store keeps it since version 5 (``with_seen``'s
+    inverse): the snapshot without it and its input hashes (sorted). None: none seen."""
+    snap = _decode(placement_id, data)
+    if not snap.seen:
+        return None
+    hashes = snap.seen
+    snap.seen = []
+    return _ENCODER.encode(snap), hashes
+
+
+def with_seen(placement_id: str, data: bytes, hashes: Sequence[str]) -> bytes:
+    """A snapshot stored without ``seen`` (``encode(state, seen=False)``) with the input
+    hashes ``hashes`` (rows of ``placement_seen``, any order) put back: the bytes
+    ``encode`` gives with them."""
+    if not hashes:
+        return data
+    snap = _decode(placement_id, data)
+    if snap.seen:
+        raise SnapshotError(f"snapshot of {placement_id} carries seen and has seen rows too")
+    snap.seen = sorted(hashes)
+    return _ENCODER.encode(snap)
+
+
+def _decode(placement_id: str, data: bytes) -> _Snapshot:
+    snap = _DECODER.decode(data)
+    if snap.version != SNAPSHOT_VERSION or snap.placement_id != placement_id:
+        raise SnapshotError(
+            f"snapshot of {snap.placement_id} v{snap.version} is not for {placement_id}"
+        )
+    return snap
 
 
 def _revoked(rows: list[_RevokedSnap]) -> dict[str, frozenset[bytes]]:

@@ -58,9 +58,9 @@ from proto.records import (
 )
 
 STORE_FORMAT: Final = "gridledger-ledger-store"
-STORE_VERSION: Final = "4"
+STORE_VERSION: Final = "5"
 # Store versions this code opens; older ones are migrated in place on open (_migrate).
-_MIGRATES_FROM: Final = ("1", "2", "3")
+_MIGRATES_FROM: Final = ("1", "2", "3", "4")
 
 # The totals the store keeps as columns: those of version 1. Totals appended later with a
 # default (SPEC §7.9 release_charge_minor) live in the signed record only, so the store's
@@ -186,6 +186,10 @@ CREATE TABLE IF NOT EXISTS held_inputs (
     node_id VARCHAR,
     seq BIGINT,
     ordinal BIGINT
+);
+CREATE TABLE IF NOT EXISTS placement_seen (
+    placement_id VARCHAR NOT NULL,
+    input_hash VARCHAR NOT NULL
 );
 CREATE TABLE IF NOT EXISTS capacity_claims (
     scope VARCHAR NOT NULL,
@@ -658,6 +662,7 @@ class Store:
             (h.placement_id, h.position, h.arrived_ms, h.raw, h.node_id, h.seq, ordinal)
             for ordinal, h in enumerate(batch.held, start=self._next_ordinal)
         ]
+        seen_rows = _seen_rows(batch.chained)
         with self._lock:
             con = self._con
             con.execute("BEGIN")
@@ -687,6 +692,7 @@ class Store:
                         [[p for p, _ in batch.released], [q for _, q in batch.released]],
                     )
                 self._append("held_inputs", held_rows)
+                self._append("placement_seen", seen_rows)
                 self._append("capacity_claims", batch.claims, upsert=True)
                 con.execute("COMMIT")
             except BaseException:
@@ -794,7 +800,8 @@ class Store:
 
     def open_states(self) -> list[tuple[str, bytes]]:
         """(placement_id, snapshot) of every placement that is not closed, each with its
-        held inputs (rows of ``held_inputs``, ``snapshot.with_holds``)."""
+        held inputs (rows of ``held_inputs``, ``snapshot.with_holds``) and the input hashes
+        it has seen (rows of ``placement_seen``, ``snapshot.with_seen``)."""
         with self._lock:
             held: dict[str, list[snapshot.HeldInput]] = {}
             for pid, *row in self._rows(
@@ -802,13 +809,31 @@ class Store:
                 "ORDER BY ordinal"
             ):
                 held.setdefault(str(pid), []).append(_held_input(row))
-            return [
-                (str(pid), snapshot.with_holds(str(pid), bytes(snap), held.get(str(pid), [])))
-                for pid, snap in self._rows(
-                    "SELECT placement_id, snapshot FROM placement_state WHERE NOT closed "
-                    "ORDER BY placement_id"
-                )
-            ]
+            seen: dict[str, list[str]] = {}
+            for pid, input_hash in self._rows(
+                "SELECT s.placement_id, s.input_hash FROM placement_seen s "
+                "SEMI JOIN placement_state p ON s.placement_id = p.placement_id "
+                "AND NOT p.closed"
+            ):
+                seen.setdefault(str(pid), []).append(str(input_hash))
+            out: list[tuple[str, bytes]] = []
+            for pid, snap in self._rows(
+                "SELECT placement_id, snapshot FROM placement_state WHERE NOT closed "
+                "ORDER BY placement_id"
+            ):
+                data = snapshot.with_holds(str(pid), bytes(snap), held.get(str(pid), []))
+                out.append((str(pid), snapshot.with_seen(str(pid), data, seen.get(str(pid), []))))
+            return out
+
+    def seen_hashes(self, placement_id: str) -> list[str]:
+        """The input hashes the placement has seen (SPEC §6.1 (2); rows of
+        ``placement_seen``: every chained input but an accepted usage event)."""
+        return [
+            str(h)
+            for (h,) in self._rows(
+                "SELECT input_hash FROM placement_seen WHERE placement_id = ?", [placement_id]
+            )
+        ]
 
     def held_inputs(self, placement_id: str) -> list[snapshot.HeldInput]:
         """The placement's held inputs (rows of ``held_inputs``) in the order held."""
@@ -834,8 +859,8 @@ class Store:
         ]
 
     def load_state(self, placement_id: str) -> bytes | None:
-        """The stored snapshot of one placement with its held inputs (restores an evicted
-        placement)."""
+        """The stored snapshot of one placement with its held inputs and seen input hashes
+        (restores an evicted placement)."""
         if placement_id not in self._stated:
             return None  # never stored (this store is its only writer): no query
         with self._lock:
@@ -845,7 +870,9 @@ class Store:
             if not rows:
                 return None
             held = self.held_inputs(placement_id)
-        return snapshot.with_holds(placement_id, bytes(rows[0][0]), held)
+            seen = self.seen_hashes(placement_id)
+        data = snapshot.with_holds(placement_id, bytes(rows[0][0]), held)
+        return snapshot.with_seen(placement_id, data, seen)
 
     def lookup_usage(self, placement_id: str, node_id: str, seq: int) -> tuple[str, str] | None:
         """(input_hash, payload record hash) of the accepted usage event at ``seq``, or None."""
@@ -1216,6 +1243,10 @@ def _migrate(con: duckdb.DuckDBPyConnection, version: str) -> None:
     node_id/seq of a stream hold, ordinal: the order held). The old rows (a position and
     arrival per input ever held, released ones too) are replaced by the holds of each
     snapshot, which is rewritten without them (``snapshot.split_holds``).
+
+    4 -> 5: the input hashes a placement has seen (SPEC §6.1 (2)) leave the snapshots for
+    rows of ``placement_seen``; each snapshot is rewritten without them
+    (``snapshot.split_seen``).
     """
     if version == "1":
         for table in ("records", "inputs"):
@@ -1252,6 +1283,9 @@ def _migrate(con: duckdb.DuckDBPyConnection, version: str) -> None:
         version = "3"
     if version == "3":
         _migrate_holds(con)
+        version = "4"
+    if version == "4":
+        _migrate_seen(con)
     con.execute("UPDATE meta SET value = ? WHERE key = 'store_version'", [STORE_VERSION])
 
 
@@ -1289,6 +1323,48 @@ def _migrate_holds(con: duckdb.DuckDBPyConnection) -> None:
         appender.flush()
     if rewritten:
         con.executemany("UPDATE placement_state SET snapshot = ? WHERE placement_id = ?", rewritten)
+
+
+def _migrate_seen(con: duckdb.DuckDBPyConnection) -> None:
+    """Store version 4 -> 5 (``_migrate``): seen input hashes from the snapshots to rows."""
+    con.execute("DELETE FROM placement_seen")  # created empty by SCHEMA in this transaction
+    rows: list[tuple[str, str]] = []
+    rewritten: list[tuple[bytes, str]] = []
+    for pid, data in con.execute(
+        "SELECT placement_id, snapshot FROM placement_state ORDER BY placement_id"
+    ).fetchall():
+        split = snapshot.split_seen(str(pid), bytes(data))
+        if split is None:
+            continue
+        without, hashes = split
+        rewritten.append((without, str(pid)))
+        rows.extend((str(pid), h) for h in hashes)
+    # The appender (executemany manages ~2k rows/s, LIMITS.md), and one UPDATE from a
+    # temporary table for the snapshots: nearly every placement has seen something.
+    if rows:
+        appender = con.appender("placement_seen")
+        appender.append_rows(rows)
+        appender.flush()
+    if rewritten:
+        con.execute("CREATE TEMP TABLE _migrate_seen (snapshot BLOB, placement_id VARCHAR)")
+        appender = con.appender("_migrate_seen")
+        appender.append_rows(rewritten)
+        appender.flush()
+        con.execute(
+            "UPDATE placement_state SET snapshot = t.snapshot FROM _migrate_seen t "
+            "WHERE placement_state.placement_id = t.placement_id"
+        )
+        con.execute("DROP TABLE _migrate_seen")
+
+
+def _seen_rows(chained: Sequence[ChainedRow]) -> list[tuple[str, str]]:
+    """(placement_id, input_hash) of each chained input the fold adds to its placement's
+    ``seen`` (SPEC §6.1 (2)): all but accepted usage events (known by stream position)."""
+    return [
+        (r.record.placement_id, r.input_hash)
+        for r in chained
+        if r.record.kind != "usage" or r.record.status != "accepted"
+    ]
 
 
 def _split_envelopes(table: str) -> str:

@@ -137,7 +137,7 @@ def _answers(db: Path, scenario: Any) -> dict[str, Any]:
 def test_stored_envelopes_are_rebuilt_byte_for_byte(tmp_path: Path) -> None:
     _, db, published = _ledger(tmp_path)
     version, layout = _layout(db)
-    assert version == STORE_VERSION == "4"
+    assert version == STORE_VERSION == "5"
     assert layout == {
         "records": "VIEW",
         "inputs": "VIEW",
