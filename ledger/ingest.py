@@ -40,7 +40,7 @@ import structlog
 from ledger.crypto import CryptoWorker
 from ledger.fold import Fold, FoldInput, Opening, Outcome
 from ledger.inputs import Item
-from ledger.limits import CRYPTO_THREADS
+from ledger.limits import CRYPTO_THREADS, LOG_INPUT_LINES_PER_BATCH
 from ledger.metrics import LedgerMetrics
 from ledger.statements import make_statement
 from ledger.store import Batch, ChainedRow, HeldRow, QuarantineRow, StateRow, Store
@@ -200,6 +200,10 @@ class Ingestor:
             else ThreadPoolExecutor(CRYPTO_THREADS, thread_name_prefix="ledger-crypto")
         )
         self._broken = False
+        # Lines naming one input each that this batch may still log, and those it did not
+        # (event:reason -> count): ``_may_log``, ``LOG_INPUT_LINES_PER_BATCH``.
+        self._lines_left = LOG_INPUT_LINES_PER_BATCH
+        self._not_logged: Counter[str] = Counter()
         restored = 0
         for placement_id, snapshot in store.open_states():
             self.fold.restore(placement_id, snapshot)
@@ -325,6 +329,8 @@ class Ingestor:
         batch = Batch()
         held = 0
         closes: dict[str, ChainedRow] = {}
+        self._lines_left = LOG_INPUT_LINES_PER_BATCH
+        self._not_logged.clear()
         try:
             outcomes = self.fold.apply_batch(inputs, self._crypto, opening)
         except BaseException:
@@ -383,6 +389,14 @@ class Ingestor:
             )
         # What changed is in the batch now: the next batch may fold before it commits.
         self.fold.clear_dirty()
+        if self._not_logged:
+            log.warning(
+                "inputs_not_logged",
+                count=sum(self._not_logged.values()),
+                by_event_reason=dict(sorted(self._not_logged.items())),
+                why=f"at most {LOG_INPUT_LINES_PER_BATCH} lines per batch name an input; "
+                "each is stored (quarantine table, chained records) and counted",
+            )
         return Folded(batch, len(items), held, tuple(sorted(closes)), started)
 
     def _held_row(self, placement_id: str, position: str, outcome: Outcome) -> HeldRow:
@@ -455,7 +469,8 @@ class Ingestor:
                     placement_id=outcome.placement_id,
                 )
             )
-            log.info("input_quarantined", position=outcome.position, reason=reason)
+            if self._may_log("input_quarantined", reason):
+                log.info("input_quarantined", position=outcome.position, reason=reason)
         elif outcome.decision == "chained":
             record = outcome.record
             opened = outcome.opened
@@ -479,9 +494,19 @@ class Ingestor:
             )
             batch.chained.append(row)
             if record.kind == "terms" and record.status == "rejected":
-                self._terms_rejected(outcome, opened.record)
+                reason = outcome.reason.value if outcome.reason is not None else ""
+                if self._may_log("terms_rejected", reason):
+                    self._terms_rejected(outcome, opened.record)
             if record.kind == "closed" and record.status == "accepted":
                 closes[record.placement_id] = row
+
+    def _may_log(self, event: str, reason: str) -> bool:
+        """Whether this batch may still log a line naming one input; if not, count it."""
+        if self._lines_left > 0:
+            self._lines_left -= 1
+            return True
+        self._not_logged[f"{event}:{reason}"] += 1
+        return False
 
     def _terms_rejected(self, outcome: Outcome, terms: object) -> None:
         """Every rejected terms input, with its reason, at warning: a placement whose terms

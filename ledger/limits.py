@@ -112,3 +112,10 @@ ATTEST_LEAF_RECORDS: Final = 100_000
 # DuckDB memory of each export writer thread's own database (``export_all``), which holds
 # one chunk's rows and one export file at a time.
 EXPORT_WRITER_MEMORY_LIMIT: Final = "256MB"
+
+# Per batch, at most this many log lines name one quarantined input or one rejected terms
+# input each (``input_quarantined``, ``terms_rejected``); the rest are counted, by event and
+# reason, in one ``inputs_not_logged`` line at the batch's end. Every such input is still
+# stored (quarantine table, chained record) and counted: a flood of bad input must not
+# become a flood of log lines.
+LOG_INPUT_LINES_PER_BATCH: Final = 32
