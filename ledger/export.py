@@ -594,12 +594,17 @@ _STAGE_PREFIX: Final = "stage_"
 # A checkpoint threshold of 0: each file's COMMIT checkpoints at once, so its rows are
 # not first copied into a WAL and synced there (the file is a temporary one until it
 # is synced and renamed; DETACH then has nothing left to write).
+# No fsync by DuckDB (``fsync_mode`` NONE): a writer's DuckDB only ever writes temporary
+# export files, which ``_write_export`` syncs itself (one fsync of the whole file) before
+# renaming them to their final name; DuckDB's own four syncs per file (its checkpoint's
+# blocks and headers) waited on the disk for nothing a crash could keep (issue 15).
 _WRITER_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
     "threads": 1,
     "memory_limit": EXPORT_WRITER_MEMORY_LIMIT,
     "preserve_insertion_order": True,
     "force_compression": "uncompressed",
     "checkpoint_threshold": "0b",
+    "fsync_mode": "NONE",
 }
 
 
