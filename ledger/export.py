@@ -512,7 +512,13 @@ def _export_all(
         """This thread's writer: a DuckDB of its own (one thread, not the store's)."""
         thread = threading.get_ident()
         if thread not in writers:
-            writers[thread] = duckdb.connect(":memory:", config=_WRITER_CONFIG)
+            con = duckdb.connect(":memory:", config=_WRITER_CONFIG)
+            # Its statements copy rows that are already in the wanted order into an
+            # empty file (INSERT .. SELECT .. WHERE placement_id = ?, a few rows each) or
+            # stage a chunk: there is nothing for the optimizer to find, and its ~40
+            # passes were a quarter of each INSERT's CPU (0.75 vs 1.0 ms, interleaved).
+            con.execute("PRAGMA disable_optimizer")
+            writers[thread] = con
         return writers[thread]
 
     def work(chunk: list[str]) -> dict[str, dict[str, int]]:
