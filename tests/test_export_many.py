@@ -351,6 +351,28 @@ def test_export_chunks_are_bounded_in_placements_and_records() -> None:
     assert [len(c) for c in export._chunks(ids[:1], records, threads=2)] == [1]
 
 
+@pytest.mark.parametrize("compact", [False, True])
+def test_the_template_in_memory_writes_the_template_file_byte_for_byte(
+    tmp_path: Path, compact: bool
+) -> None:
+    """export_all starts each file from the empty template held in memory (its non-zero
+    pages written, the zero ones left a hole): the same bytes as the template file, and
+    DuckDB opens it with every export table, empty."""
+    path = tmp_path / "template.duckdb"
+    export._make_template(path, compact)
+    template = export._Template.load(path)
+    assert template.size == path.stat().st_size
+    assert 0 < sum(len(data) for _, data in template.runs) < template.size  # zeros dropped
+    copy = tmp_path / "copy.duckdb"
+    template.write(copy)
+    assert copy.read_bytes() == path.read_bytes()
+    with pytest.raises(FileExistsError):  # never over an existing file
+        template.write(copy)
+    with duckdb.connect(str(copy), read_only=True) as con:
+        for table in TABLES:
+            assert con.execute(f"SELECT count(*) FROM {table}").fetchall() == [(0,)]
+
+
 def test_export_all_refuses_an_unknown_placement_before_writing(tmp_path: Path) -> None:
     scenario, db = _ledger(tmp_path, placements=2)
     with pytest.raises(UnknownPlacement, match="nope"):
