@@ -515,12 +515,13 @@ def _export_all(
     chunks = _chunks(ordered, {p: facts[p].records for p in ordered}, threads)
 
     writers: dict[int, duckdb.DuckDBPyConnection] = {}
+    config = _writer_config()
 
     def writer() -> duckdb.DuckDBPyConnection:
         """This thread's writer: a DuckDB of its own (one thread, not the store's)."""
         thread = threading.get_ident()
         if thread not in writers:
-            con = duckdb.connect(":memory:", config=_WRITER_CONFIG)
+            con = duckdb.connect(":memory:", config=config)
             _keep_optimizers(con, _WRITER_OPTIMIZERS)
             writers[thread] = con
         return writers[thread]
@@ -617,6 +618,17 @@ _WRITER_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
     "auto_checkpoint_skip_wal_threshold": 0,
     "fsync_mode": "NONE",
 }
+# Settings of _WRITER_CONFIG that only save work: a DuckDB without them (before 2.0;
+# pyproject allows 1.1) writes the same files, with its own syncs and a WAL copy.
+_WRITER_OPTIONAL: Final = frozenset({"auto_checkpoint_skip_wal_threshold", "fsync_mode"})
+
+
+def _writer_config() -> dict[str, str | bool | int | float | list[str]]:
+    """_WRITER_CONFIG without the optional settings this DuckDB does not know."""
+    with duckdb.connect(":memory:") as con:
+        rows = con.execute("SELECT name FROM duckdb_settings()").fetchall()
+    names = {str(row[0]) for row in rows}
+    return {k: v for k, v in _WRITER_CONFIG.items() if k not in _WRITER_OPTIONAL or k in names}
 
 
 # The only optimizer passes a writer's DuckDB runs (``_keep_optimizers``). Its statements

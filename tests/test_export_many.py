@@ -569,3 +569,19 @@ def test_exports_of_every_path_open_in_duckdb_1_0(
             }
         assert old["rows"] == now, path
         assert len(now["ledger_records"]) > 0
+
+
+def test_the_writers_config_keeps_every_required_setting_and_only_known_optional_ones() -> None:
+    """A DuckDB before 2.0 knows neither ``fsync_mode`` nor the WAL-skip threshold: the
+    writers leave them out there (pyproject allows 1.1) and keep every other setting."""
+    import duckdb
+
+    from ledger import export
+
+    config = export._writer_config()
+    with duckdb.connect(":memory:") as con:
+        known = {str(r[0]) for r in con.execute("SELECT name FROM duckdb_settings()").fetchall()}
+    required = set(export._WRITER_CONFIG) - export._WRITER_OPTIONAL
+    assert required <= set(config)
+    assert set(config) - required == export._WRITER_OPTIONAL & known
+    duckdb.connect(":memory:", config=config).close()
