@@ -47,7 +47,14 @@ from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
 from proto.reasons import Reason
 from proto.records import UsageEvent
-from transport.kafka import LOG_APPEND_TIME, KafkaSettings, make_producer
+from transport.kafka import (
+    LOG_APPEND_TIME,
+    KafkaSettings,
+    OutRecord,
+    make_producer,
+    partitioner_for,
+    send_batched,
+)
 from transport.limits import SHIP_ATTEMPT_TIMEOUT_S
 from transport.positions import SpoolPosition, decode_shipped, encode_shipped
 from transport.spool import SpoolEntry, read_spool
@@ -240,15 +247,12 @@ class Shipper:
 
         Each envelope is opened once (key, stated time, delivery line). The partition is
         the producer's default partitioner's (murmur2 of the key, what ``send`` would
-        choose itself), computed once per key and batch of entries, not once per record.
+        choose itself), computed once per key; the records go in producer batches
+        (``transport.kafka.send_batched``), not one ``send`` each.
         """
-        from aiokafka.partitioner import DefaultPartitioner
-
-        partitioner = DefaultPartitioner()
         topic = self._settings.topic
-        partitions = sorted(await producer.partitions_for(topic))
-        partition_of: dict[bytes, int] = {}
-        futures: list[Any] = []
+        partition_of = await partitioner_for(producer, topic)
+        records: list[OutRecord] = []
         sent: list[_Sent] = []
         for entry in entries:
             try:
@@ -266,16 +270,9 @@ class Shipper:
                 continue
             key = placement_id.encode()
             stamp = None if self._stamp is None else self._stamp(entry.data)
-            partition = partition_of.get(key)
-            if partition is None:
-                partition = partition_of[key] = partitioner(key, partitions, partitions)
-            futures.append(
-                await producer.send(
-                    topic, value=entry.data, key=key, partition=partition, timestamp_ms=stamp
-                )
-            )
-            sent.append(_Sent(stamp, len(futures) - 1, _usage_line(opened)))
-        acks = list(await asyncio.gather(*futures))
+            records.append(OutRecord(key, entry.data, partition_of(key), stamp))
+            sent.append(_Sent(stamp, len(records) - 1, _usage_line(opened)))
+        acks = await send_batched(producer, topic, records)
         return sent, acks
 
     def _log_delivered(self, sent: list[_Sent], acks: list[Any]) -> None:
