@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             verify_s, verified, failed = reverify(workdir / "exports", workdir / "trust.json")
         limit_after = verify_limit()
+        broker_cpu = process_cpu_s(None if broker is None else broker.pid)
     finally:
         if broker is not None:
             broker.stop()
@@ -165,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
             k: round(v) for k, v in sorted(report.peak_rss_mib_by_process.items())
         },
         "seconds": {k: round(v, 1) for k, v in report.seconds.items()},
+        # CPU by process; the broker's only when this run started it (its whole life)
+        "cpu_seconds": {
+            **{k: round(v, 1) for k, v in sorted(report.cpu_seconds.items())},
+            **({"broker": round(broker_cpu, 1)} if broker is not None else {}),
+        },
         "stage_events_per_s": stage_rates(report.events_accepted, report.seconds),
         "report": report.to_json(),
     }
@@ -185,6 +192,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"peak RSS of the replay: {report.peak_rss_mib:.0f} MiB")
     return 0 if report.ok and failed == 0 else 1
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system, all threads) of a live process by /proc; 0 without one."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _stderr_line(line: str) -> None:
@@ -240,12 +259,14 @@ def run_prefixes(args: argparse.Namespace) -> int:
             if args.progress:
                 command.append("--progress")
             started = time.perf_counter()
+            broker_cpu = process_cpu_s(None if broker is None else broker.pid)
             out = root / f"p{percent}.json"
             out.unlink(missing_ok=True)
             done = subprocess.run(
                 command, stdout=subprocess.DEVNULL, timeout=PREFIX_RUN_TIMEOUT_S, check=False
             )
             wall = time.perf_counter() - started
+            broker_cpu = process_cpu_s(None if broker is None else broker.pid) - broker_cpu
             if not out.is_file():
                 print(f"FAIL: prefix {percent}% produced no report (exit {done.returncode})")
                 return 1
@@ -260,6 +281,10 @@ def run_prefixes(args: argparse.Namespace) -> int:
                 "peak_rss_mib_by_process": result.get("peak_rss_mib_by_process", {}),
                 "stage_events_per_s": result["stage_events_per_s"],
                 "seconds": result["seconds"],
+                "cpu_seconds": {
+                    **result["report"].get("cpu_seconds", {}),
+                    **({"broker": round(broker_cpu, 1)} if broker is not None else {}),
+                },
                 "ok": done.returncode == 0,
             }
             rows.append(row)
@@ -270,6 +295,8 @@ def run_prefixes(args: argparse.Namespace) -> int:
                 + ", ".join(f"{k} {v}" for k, v in row["peak_rss_mib_by_process"].items())
                 + "), "
                 + ", ".join(f"{k} {v:,.0f}/s" for k, v in row["stage_events_per_s"].items())
+                + "; CPU s: "
+                + ", ".join(f"{k} {v:,.0f}" for k, v in row["cpu_seconds"].items())
                 + ("" if row["ok"] else " FAIL"),
                 file=sys.stderr if args.json else sys.stdout,
                 flush=True,

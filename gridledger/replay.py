@@ -223,6 +223,12 @@ class ReplayReport:
     peak_rss_mib_by_process: dict[str, float] = field(default_factory=dict)
     """The replay process's own peak and, over Kafka, its ledger process's; and
     ``ledger_duckdb``: the most DuckDB memory the ledger's store held after a step."""
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """CPU (user + system) by process over Kafka: ``replay`` (agents, shippers, this
+    process's own work), ``ledger`` (the ledger process; of it ``ledger_fold`` and
+    ``ledger_export``, the process's CPU during its steps and its exports),
+    ``ledger_workers`` (its signature worker), ``verifier`` (the verifier's workers, per
+    export verified). Where the trace's CPU goes when both cores are full."""
 
     @property
     def delivered_equals_trace(self) -> bool:
@@ -284,6 +290,12 @@ class ReplayReport:
                 "ledger": round(self.rate("ledger"), 1),
                 "verifier_busy": round(self.rate("verify_busy"), 1),
                 "agents": round(self.rate("agents"), 1),
+            },
+            "cpu_seconds": {k: round(v, 3) for k, v in sorted(self.cpu_seconds.items())},
+            "cpu_us_per_event": {
+                k: round(v / self.events_accepted * 1e6, 1)
+                for k, v in sorted(self.cpu_seconds.items())
+                if self.events_accepted > 0
             },
             "peak_rss_mib": round(self.peak_rss_mib, 1),
             "peak_rss_mib_by_process": {
@@ -483,6 +495,13 @@ def own_peak_rss_mib() -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
+    """CPU seconds (user + system) of this process, all its threads (``RUSAGE_SELF``), or
+    of its children it has waited for (``RUSAGE_CHILDREN``)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 class _Timer:
@@ -701,6 +720,7 @@ class _ReplayRun:
             finally:
                 await ledger.close()
             self.report.peak_rss_mib_by_process["ledger"] = ledger.peak_rss_mib
+            self.report.cpu_seconds.update(ledger.cpu)
             self.report.peak_rss_mib_by_process["ledger_duckdb"] = ledger.duckdb_peak_mib
             for phase, mib in ledger.peak_by_phase.items():
                 self.report.peak_rss_mib_by_process[f"ledger_peak_in_{phase}"] = mib
@@ -845,6 +865,8 @@ class _ReplayRun:
     def count_verdict(self, placement: Placement, summary: VerifySummary) -> None:
         """Add one export's verdict and, when verified, its recomputed totals."""
         self.seconds["verify_busy"] = self.seconds.get("verify_busy", 0.0) + summary.elapsed_s
+        cpu = self.report.cpu_seconds
+        cpu["verifier"] = cpu.get("verifier", 0.0) + summary.cpu_s
         totals = summary.totals
         if summary.why or totals is None:
             self.report.failed.append((placement.placement_id, summary.why or "no totals"))
@@ -870,6 +892,8 @@ class VerifySummary:
     currency: str
     currency_scale: int
     elapsed_s: float
+    cpu_s: float = 0.0
+    """The worker's CPU for this export, its own threads and any process it waited for."""
 
 
 _TRUST_CACHE: dict[bytes, TrustFile] = {}
@@ -885,17 +909,19 @@ def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
         trust = msgspec.json.decode(trust_bytes, type=TrustFile)
         _TRUST_CACHE[trust_bytes] = trust
     started = time.perf_counter()
+    cpu_before = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN)
     try:
         result = verify_export(Path(path), trust)
     except Exception as exc:  # a verifier crash is a failed verdict, named
         why = f"verifier raised {type(exc).__name__}: {exc}"
         return VerifySummary(why, None, "", 0, time.perf_counter() - started)
     elapsed = time.perf_counter() - started
+    cpu = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu_before
     if not result.ok or result.totals is None or not result.final:
         kept = result.findings.kept
         why = result.error or (kept[0].line() if kept else f"{result.verdict}, not final")
-        return VerifySummary(why, None, "", 0, elapsed)
-    return VerifySummary("", result.totals, result.currency, result.currency_scale, elapsed)
+        return VerifySummary(why, None, "", 0, elapsed, cpu)
+    return VerifySummary("", result.totals, result.currency, result.currency_scale, elapsed, cpu)
 
 
 class _Verdicts:
@@ -1135,6 +1161,8 @@ class _LedgerProcess:
         """(usage events accepted, inputs rejected) of the store, reported on stop."""
         self.crypto_worker = False
         """Whether the ledger checked signatures in a worker process, reported on stop."""
+        self.cpu: dict[str, float] = {}
+        """CPU seconds of the ledger process (ReplayReport.cpu_seconds's ledger keys)."""
 
     async def start(self) -> None:
         self._expect("ready")
@@ -1161,10 +1189,13 @@ class _LedgerProcess:
         """Drain, then let the ledger close its store and end."""
         await self.drain()
         self.conn.send(("stop", 0))
-        _, duckdb_mib, rss_mib, export_s, exported, counts, reached, worker = self._expect(
+        _, duckdb_mib, rss_mib, export_s, exported, counts, reached, worker, cpu = self._expect(
             "stopped"
         )
         self.crypto_worker = bool(worker)
+        own, workers = cpu
+        self.cpu["ledger"] = float(own)
+        self.cpu["ledger_workers"] = float(workers)
         self.peak_rss_mib = float(rss_mib)
         self.peak_by_phase = {str(k): float(v) for k, v in reached.items()}
         self.duckdb_peak_mib = float(duckdb_mib)
@@ -1190,9 +1221,11 @@ class _LedgerProcess:
         self.conn.close()
 
     def _wait_one(self) -> None:
-        _, _, ledger_s, export_s, exported = self._expect("done")
+        _, _, ledger_s, export_s, exported, fold_cpu, export_cpu = self._expect("done")
         self.outstanding.popleft()
         self.seconds["ledger"] = self.seconds.get("ledger", 0.0) + float(ledger_s)
+        self.cpu["ledger_fold"] = self.cpu.get("ledger_fold", 0.0) + float(fold_cpu)
+        self.cpu["ledger_export"] = self.cpu.get("ledger_export", 0.0) + float(export_cpu)
         self._exported(float(export_s), exported)
 
     def _exported(self, export_s: float, exported: Sequence[tuple[str, str]]) -> None:
@@ -1286,12 +1319,14 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
             command, until_ms = conn.recv()
             if command == "stop":
                 break
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), cpu_seconds()
             with peaks.phase("fold"):
                 await ledger.step(int(until_ms), 0)
             ledger_s = time.perf_counter() - started
+            cpu_folded = cpu_seconds()
             written, export_s = await asyncio.to_thread(export)
-            conn.send(("done", until_ms, ledger_s, export_s, written))
+            fold_cpu, export_cpu = cpu_folded - cpu_started, cpu_seconds() - cpu_folded
+            conn.send(("done", until_ms, ledger_s, export_s, written, fold_cpu, export_cpu))
         else:
             raise RuntimeError(f"more than {job.max_commands} commands")
         # every step's closes were exported after it
@@ -1310,6 +1345,8 @@ async def _ledger_loop(conn: Connection, job: _LedgerJob) -> None:
             counts,
             peaks.reached,
             ledger.service.ingestor.crypto_worker is not None,
+            # its own CPU; its signature worker's, ended and waited for by ledger.close()
+            (cpu_seconds(), cpu_seconds(resource.RUSAGE_CHILDREN)),
         )
     )
 
@@ -1326,6 +1363,8 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     run.seconds["total"] = time.perf_counter() - started
     run.report.peak_rss_mib = peak_rss_mib()
     run.report.peak_rss_mib_by_process["replay"] = own_peak_rss_mib()
+    if options.kafka:  # the local transport's ledger and exports are this process's too
+        run.report.cpu_seconds["replay"] = cpu_seconds()
     return run.report
 
 

@@ -173,8 +173,18 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     assert phases and set(phases) <= named, phases
     assert max(phases.values()) <= split.peak_rss_mib_by_process["ledger"], phases
     assert "ledger_peak_in_fold" in phases  # the fold of 10 placements raises it
+    # CPU by process: the ledger process's own (its steps and its exports are parts of
+    # it), its signature worker's, the verifier workers', the replay process's.
+    cpu = split.cpu_seconds
+    named_cpu = {"replay", "ledger", "ledger_fold", "ledger_export", "ledger_workers", "verifier"}
+    assert set(cpu) == named_cpu, cpu
+    assert all(seconds > 0 for seconds in cpu.values()), cpu
+    assert cpu["ledger_fold"] + cpu["ledger_export"] <= cpu["ledger"], cpu
+    per_event = split.to_json()["cpu_us_per_event"]
+    assert per_event["ledger"] == round(cpu["ledger"] / split.events_accepted * 1e6, 1)
     inline = _kafka_run(tmp_path / "inline", kafka_bootstrap, ledger_process=False)
     assert len(started) == 1  # no process for the ledger in the replay's own process
+    assert set(inline.cpu_seconds) == {"replay", "verifier"}, inline.cpu_seconds
     assert split.ok and inline.ok
     assert split.verified == inline.verified == 10
     assert split.events_accepted == inline.events_accepted > 0
