@@ -524,8 +524,15 @@ class Store:
         try:
             # Bounded memory: DuckDB's buffer pool would otherwise grow towards 80 % of RAM
             # as the store grows; past the limit it spills to the file, never fails.
+            # Spilled to ``<store>.tmp``, where DuckDB puts it for a file it opens itself
+            # (an in-memory database's default is ``.tmp`` in the working directory).
             self._con = duckdb.connect(
-                ":memory:", config={"memory_limit": STORE_MEMORY_LIMIT, "threads": 2}
+                ":memory:",
+                config={
+                    "memory_limit": STORE_MEMORY_LIMIT,
+                    "threads": 2,
+                    "temp_directory": f"{self.path}.tmp",
+                },
             )
         except duckdb.Error as exc:
             raise StoreError(f"cannot open ledger store {self.path}: {exc}") from exc

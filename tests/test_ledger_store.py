@@ -232,6 +232,10 @@ def test_store_tables_are_written_in_row_groups_of_the_store_size(tmp_path: Path
             groups = _row_groups(store._con, "placement_seen")
             assert sum(groups) == written
             assert all(n == size for n in groups[:-1]) and 0 < groups[-1] <= size
+            # Where DuckDB spills past the memory limit: beside the store, as for a file
+            # it opens itself (not ``.tmp`` in the working directory).
+            row = store.query("SELECT current_setting('temp_directory')")[0]
+            assert row[0] == f"{path}.tmp"
     assert written == total
     con = duckdb.connect(str(path), read_only=True)
     try:
