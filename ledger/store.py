@@ -40,7 +40,12 @@ import msgspec
 import numpy
 
 from ledger import snapshot
-from ledger.limits import MAX_DETAIL_CHARS, MAX_QUARANTINE_BYTES, STORE_MEMORY_LIMIT
+from ledger.limits import (
+    MAX_DETAIL_CHARS,
+    MAX_QUARANTINE_BYTES,
+    STORE_MEMORY_LIMIT,
+    STORE_ROW_GROUP_ROWS,
+)
 from proto.canonical import canonical_json
 from proto.envelope import Envelope, open_envelope, sha256_hex
 from proto.invariant import present
@@ -58,6 +63,8 @@ from proto.records import (
 )
 
 STORE_FORMAT: Final = "gridledger-ledger-store"
+# The store file's name as a database of the store's connection (``Store.__init__``).
+STORE_ALIAS: Final = "gridledger_store"
 STORE_VERSION: Final = "5"
 # Store versions this code opens; older ones are migrated in place on open (_migrate).
 _MIGRATES_FROM: Final = ("1", "2", "3", "4")
@@ -517,13 +524,32 @@ class Store:
         try:
             # Bounded memory: DuckDB's buffer pool would otherwise grow towards 80 % of RAM
             # as the store grows; past the limit it spills to the file, never fails.
+            # Spilled to ``<store>.tmp``, where DuckDB puts it for a file it opens itself
+            # (an in-memory database's default is ``.tmp`` in the working directory).
             self._con = duckdb.connect(
-                str(self.path), config={"memory_limit": STORE_MEMORY_LIMIT, "threads": 2}
+                ":memory:",
+                config={
+                    "memory_limit": STORE_MEMORY_LIMIT,
+                    "threads": 2,
+                    "temp_directory": f"{self.path}.tmp",
+                },
             )
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open ledger store {self.path}: {exc}") from exc
+        try:
             # No progress bar: DuckDB would draw it on stdout during a long query, into
             # the middle of a command's output (`--json` included). Cursors inherit it.
             self._con.execute("SET enable_progress_bar = false")
+            # The file ATTACHed for its row group size (STORE_ROW_GROUP_ROWS: an ATTACH
+            # option, not a setting of ``connect``), then the default database of this
+            # connection and its cursors: every statement names its tables unqualified.
+            quoted = str(self.path).replace("'", "''")
+            self._con.execute(
+                f"ATTACH '{quoted}' AS {STORE_ALIAS} (ROW_GROUP_SIZE {STORE_ROW_GROUP_ROWS})"
+            )
+            self._con.execute(f"USE {STORE_ALIAS}")
         except duckdb.IOException as exc:
+            self._con.close()
             if "lock" in str(exc).lower():
                 raise StoreLocked(
                     f"the ledger store {self.path} is in use by a running ledger; ask that "
@@ -531,6 +557,9 @@ class Store:
                     "and try again"
                 ) from exc
             raise StoreError(f"cannot open ledger store {self.path}: {exc}") from exc
+        except BaseException:
+            self._con.close()
+            raise
         try:
             self._init_schema(ledger_public_key)
         except BaseException:
@@ -924,7 +953,13 @@ class Store:
         writer's (a read sees committed batches only). Close it when done.
         """
         with self._lock:
-            return self._con.cursor()
+            cursor = self._con.cursor()
+        try:
+            cursor.execute(f"USE {STORE_ALIAS}")  # a cursor starts in DuckDB's own default
+        except BaseException:
+            cursor.close()
+            raise
+        return cursor
 
     def placements(self) -> list[str]:
         """Every placement with at least one chained record."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import duckdb
 import pytest
 from test_ledger_scenario import (
     LATE_CLOCK_MS,
@@ -16,7 +18,7 @@ from test_ledger_scenario import (
 
 from devtools.builders import make_cast
 from ledger.ingest import IngestBroken
-from ledger.limits import MAX_QUARANTINE_BYTES
+from ledger.limits import MAX_QUARANTINE_BYTES, STORE_ROW_GROUP_ROWS
 from ledger.store import Batch, QuarantineRow, Store, StoreError
 
 
@@ -187,3 +189,57 @@ def test_store_connections_never_draw_a_progress_bar(tmp_path: Path) -> None:
             assert row is not None and row[0] is False
         finally:
             cursor.close()
+
+
+def _row_groups(con: Any, table: str) -> list[int]:
+    """Rows of each of ``table``'s row groups (after a CHECKPOINT), in order."""
+    return [
+        int(n)
+        for (n,) in con.execute(
+            "SELECT sum(count) FROM pragma_storage_info(?) WHERE column_path = '[0]' "
+            "GROUP BY row_group_id ORDER BY row_group_id",
+            [table],
+        ).fetchall()
+    ]
+
+
+def test_store_tables_are_written_in_row_groups_of_the_store_size(tmp_path: Path) -> None:
+    """The store's file is attached with ROW_GROUP_SIZE STORE_ROW_GROUP_ROWS (a checkpoint
+    rewrites at most one partly filled row group, issue 15): batches appended in many
+    transactions, across a reopen, fill row groups of that size; the store's connection,
+    its cursors and a plain read-only DuckDB read the same rows."""
+    path = tmp_path / "groups.duckdb"
+    size = STORE_ROW_GROUP_ROWS
+    total = 2 * size + 5
+    per_batch = 5000
+    written = 0
+    for reopen in range(2):
+        with Store(path) as store:
+            while written < total * (reopen + 1) // 2:
+                n = min(per_batch, total * (reopen + 1) // 2 - written)
+                rows = [(f"p-{(written + i) % 7}", f"{written + i:064x}") for i in range(n)]
+                store._con.execute("BEGIN")
+                store._append("placement_seen", rows)
+                store._con.execute("COMMIT")
+                written += n
+            store._con.execute("CHECKPOINT")
+            cursor = store.cursor()
+            try:
+                row = cursor.execute("SELECT count(*) FROM placement_seen").fetchone()
+                assert row is not None and row[0] == written
+            finally:
+                cursor.close()
+            groups = _row_groups(store._con, "placement_seen")
+            assert sum(groups) == written
+            assert all(n == size for n in groups[:-1]) and 0 < groups[-1] <= size
+            # Where DuckDB spills past the memory limit: beside the store, as for a file
+            # it opens itself (not ``.tmp`` in the working directory).
+            row = store.query("SELECT current_setting('temp_directory')")[0]
+            assert row[0] == f"{path}.tmp"
+    assert written == total
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        hashes = [h for (h,) in con.execute("SELECT input_hash FROM placement_seen").fetchall()]
+    finally:
+        con.close()
+    assert hashes == [f"{i:064x}" for i in range(total)]
