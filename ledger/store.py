@@ -514,6 +514,19 @@ _COLUMN_TABLES: Final = frozenset({"record_rows", "input_rows"})
 # ---- the store ------------------------------------------------------------------------------
 
 
+def _attach_store(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """ATTACH the store file as STORE_ALIAS in row groups of STORE_ROW_GROUP_ROWS rows; a
+    DuckDB that knows no such ATTACH option (before 1.2; pyproject allows 1.1) attaches it
+    with its own row groups: the same rows, only the checkpoints' cost differs."""
+    quoted = str(path).replace("'", "''")
+    try:
+        con.execute(f"ATTACH '{quoted}' AS {STORE_ALIAS} (ROW_GROUP_SIZE {STORE_ROW_GROUP_ROWS})")
+    except duckdb.BinderException as exc:
+        if "row_group_size" not in str(exc).lower():
+            raise
+        con.execute(f"ATTACH '{quoted}' AS {STORE_ALIAS}")
+
+
 class Store:
     """The ledger's DuckDB file. Open it once per process; it is the only writer."""
 
@@ -543,10 +556,7 @@ class Store:
             # The file ATTACHed for its row group size (STORE_ROW_GROUP_ROWS: an ATTACH
             # option, not a setting of ``connect``), then the default database of this
             # connection and its cursors: every statement names its tables unqualified.
-            quoted = str(self.path).replace("'", "''")
-            self._con.execute(
-                f"ATTACH '{quoted}' AS {STORE_ALIAS} (ROW_GROUP_SIZE {STORE_ROW_GROUP_ROWS})"
-            )
+            _attach_store(self._con, self.path)
             self._con.execute(f"USE {STORE_ALIAS}")
         except duckdb.IOException as exc:
             self._con.close()

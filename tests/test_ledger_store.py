@@ -243,3 +243,47 @@ def test_store_tables_are_written_in_row_groups_of_the_store_size(tmp_path: Path
     finally:
         con.close()
     assert hashes == [f"{i:064x}" for i in range(total)]
+
+
+_OLD_ATTACH = """
+import sys
+from pathlib import Path
+import duckdb
+sys.path.insert(0, sys.argv[2])
+from ledger.store import STORE_ALIAS, _attach_store
+con = duckdb.connect(":memory:")
+_attach_store(con, Path(sys.argv[1]))
+con.execute(f"USE {STORE_ALIAS}")
+con.execute("CREATE TABLE t AS SELECT 1 AS x")
+print(duckdb.__version__, con.execute("SELECT x FROM gridledger_store.t").fetchall())
+"""
+
+
+def test_a_duckdb_without_the_row_group_option_attaches_the_store_with_its_own(
+    tmp_path: Path,
+) -> None:
+    """pyproject allows DuckDB 1.1, whose ATTACH knows no ROW_GROUP_SIZE: the store file is
+    attached without it (DuckDB 1.0.0 from .venv/duckdb-1.0 stands in, in a process of its
+    own), and any other ATTACH error still surfaces."""
+    import os
+    import subprocess
+    import sys
+
+    old = Path(sys.prefix) / "duckdb-1.0"
+    assert (old / "duckdb").is_dir(), f"{old} is missing: `make venv` installs DuckDB 1.0.0 there"
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", _OLD_ATTACH, str(tmp_path / "old.duckdb"), str(root)],
+        env={**os.environ, "PYTHONPATH": str(old)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0] == "1.0.0" and "[(1,)]" in done.stdout
+
+    from ledger.store import _attach_store
+
+    with pytest.raises(duckdb.Error):  # a directory is no database file: not swallowed
+        _attach_store(duckdb.connect(":memory:"), tmp_path)
