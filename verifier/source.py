@@ -233,6 +233,21 @@ def record_row(r: tuple[Any, ...]) -> RecordRow:
 
 
 @dataclass(frozen=True, slots=True)
+class PlainShape:
+    """What one statement says of a small export's chain (``ExportSource.plain_shape``)."""
+
+    # ledger_records holds chain indices 0..n-1 (n > 0), each once, none NULL, and the
+    # input tables together hold the same n indices, each once: the set checks of (6)
+    # can find nothing.
+    indices: bool
+    # Every input envelope is distinct and none is NULL: no input repeats an earlier one.
+    envelopes: bool
+
+
+_NOT_PLAIN: Final = PlainShape(indices=False, envelopes=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
     """Rows of every chained table whose chain_index lies in [lo, hi)."""
 
@@ -279,6 +294,7 @@ class ExportSource:
         self._counts: dict[str, int] = {}
         self._small: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         self._present: frozenset[str] = frozenset()
+        self._plain: PlainShape | None = None
         self._warm: warm.WarmDatabase | None = None
         self._link: Path | None = None
         self._scratch: Path | None = None
@@ -479,6 +495,42 @@ class ExportSource:
         a query over every input table needs to read; most exports fill three of eight."""
         filled = tuple(t for t in self.input_tables if self.count(t.name))
         return filled or self.input_tables[:1]
+
+    def plain_shape(self) -> PlainShape:
+        """Whether a small export's chain indices and input envelopes are plain (see
+        ``PlainShape``), in one statement of a few aggregates: on an honest export the
+        set checks of (6) and the duplicate ranking of (7) find nothing, and their SQL
+        (~10 statements' worth of planning) is only run when this says it might find
+        something. A big export is not asked (its DISTINCT over every envelope would
+        cost memory): both False.
+
+        Why plain indices leave the set checks nothing: n non-NULL distinct indices
+        between 0 and n-1 are exactly 0..n-1 (no duplicate, gap, negative or NULL in
+        ledger_records); n non-NULL distinct input indices between 0 and n-1 are the
+        same set (no input index twice, none without its record, no record without
+        its input). Plain envelopes: count(DISTINCT envelope) = count(*) leaves no NULL
+        and no two equal."""
+        if self._plain is None:
+            self._plain = _NOT_PLAIN
+            if self.small:
+                tagged = " UNION ALL ".join(
+                    f"SELECT chain_index, envelope FROM {ALIAS}.{t.name}"
+                    for t in self.filled_input_tables
+                )
+                stats = "count(*), count(chain_index), count(DISTINCT chain_index), "
+                stats += "min(chain_index), max(chain_index)"
+                rows = self.con.execute(
+                    f"SELECT 0, {stats}, 0 FROM {ALIAS}.ledger_records UNION ALL "
+                    f"SELECT 1, {stats}, count(DISTINCT envelope) FROM ({tagged})"
+                ).fetchall()
+                by_tag = {int(row[0]): row[1:] for row in rows}
+                records, inputs = by_tag[0][:5], by_tag[1][:5]
+                n = records[0]
+                self._plain = PlainShape(
+                    indices=n > 0 and records == (n, n, n, 0, n - 1) and inputs == records,
+                    envelopes=by_tag[1][5] == inputs[0],
+                )
+        return self._plain
 
     def all_indices_sql(self) -> str:
         """SQL: every chain_index of ledger_records and the input tables (with repeats)."""
