@@ -91,6 +91,7 @@ def decide(
             "INSERT INTO w_adjust VALUES (?, ?, ?, ?, NULL)",
             [index, record.adjustment_id, record.direction, record.amount_minor],
         )
+        run.work.note("w_adjust")
         run.pending_claims[index] = (claimed, row.where)
         return
     run.bump(f"decided.{verdict.outcome}")
@@ -122,6 +123,7 @@ def decide(
                 assigned.rate_per_gpu_hour_minor,
             ],
         )
+        run.work.note("w_assign")
         run.con.executemany(
             "INSERT INTO w_assign_gpus VALUES (?, ?)", [[ord_, u] for u in sorted(assigned.gpus)]
         )
@@ -290,10 +292,15 @@ def decide_adjustments(run: Verification) -> None:
     """The pending adjustments, in chain order, now that ``w_base`` holds the amounts."""
     con = run.con
     pending: list[PendingAdjustment] = []
-    for index, adjustment_id, direction, amount in con.execute(
-        "SELECT chain_index, adjustment_id, direction, amount_minor FROM w_adjust "
-        "ORDER BY chain_index"
-    ).fetchall():
+    rows = (
+        con.execute(
+            "SELECT chain_index, adjustment_id, direction, amount_minor FROM w_adjust "
+            "ORDER BY chain_index"
+        ).fetchall()
+        if "w_adjust" in run.work.filled
+        else []
+    )
+    for index, adjustment_id, direction, amount in rows:
 
         def after(credit: int, charge: int, index: int = int(index)) -> list[int]:
             return totals_after(con, index, credit, charge)
