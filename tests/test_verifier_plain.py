@@ -107,7 +107,13 @@ def test_shortcut_changes_no_report(
     con.execute(sql)
     con.close()
     with ExportSource(path) as source:
-        assert source.plain_shape() == PlainShape(indices=indices, envelopes=envelopes)
+        shape = source.plain_shape()
+        assert (shape.indices, shape.envelopes) == (indices, envelopes)
+        # index_range answers from the shape when plain: the same as its SQL.
+        ats = (-5, 0, 1, 6, 7, 8, 50, 200)
+        short = [source.index_range(at) for at in ats]
+        source._plain = None  # as if never asked: index_range runs its SQL
+        assert [source.index_range(at) for at in ats] == short
     fast = report_text(path, honest.trust)
     assert (json.loads(fast)["verdict"] == "verified") == (name == "honest")
     monkeypatch.setattr(

@@ -242,6 +242,8 @@ class PlainShape:
     indices: bool
     # Every input envelope is distinct and none is NULL: no input repeats an earlier one.
     envelopes: bool
+    # The rows of ledger_records (n).
+    records: int = 0
 
 
 _NOT_PLAIN: Final = PlainShape(indices=False, envelopes=False)
@@ -376,24 +378,23 @@ class ExportSource:
     # ---- schema and meta ---------------------------------------------------------------
 
     def _check_schema(self) -> None:
+        # Columns (of tables and views) and which names are tables, in one statement.
         rows = self.con.execute(
             "SELECT table_name, column_name, data_type FROM duckdb_columns() "
-            "WHERE database_name = ? AND schema_name = 'main'",
+            "WHERE database_name = $1 AND schema_name = 'main' UNION ALL "
+            "SELECT table_name, NULL, NULL FROM duckdb_tables() "
+            "WHERE database_name = $1 AND schema_name = 'main'",
             [ALIAS],
         ).fetchall()
         have: dict[str, dict[str, str]] = {}
+        tables: set[str] = set()
         for table, column, data_type in rows:
-            have.setdefault(table, {})[column] = data_type
+            if column is None:
+                tables.add(table)
+            else:
+                have.setdefault(table, {})[column] = data_type
         if "meta" not in have:
             raise UnusableInput(str(self.path), "no meta table: not a gridledger export")
-        tables = {
-            name
-            for (name,) in self.con.execute(
-                "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
-                "AND schema_name = 'main'",
-                [ALIAS],
-            ).fetchall()
-        }
         problems: list[str] = [
             f"{name} is a view, not a table"
             for name in SCHEMA
@@ -470,6 +471,8 @@ class ExportSource:
             )
         # Every column of the schema, once per table and order; the columns asked for
         # are picked here (each statement costs more than such a table's rows).
+        if table in self._present and not self.count(table):
+            return []  # counted empty (the export is read-only): nothing to read
         key = (table, order)
         rows = self._small.get(key)
         if rows is None:
@@ -529,6 +532,7 @@ class ExportSource:
                 self._plain = PlainShape(
                     indices=n > 0 and records == (n, n, n, 0, n - 1) and inputs == records,
                     envelopes=by_tag[1][5] == inputs[0],
+                    records=int(n),
                 )
         return self._plain
 
@@ -543,7 +547,12 @@ class ExportSource:
         return self.index_range(at_least)[0]
 
     def index_range(self, at_least: int) -> tuple[int | None, int | None]:
-        """The smallest and the largest chain index >= ``at_least`` in any chained table."""
+        """The smallest and the largest chain index >= ``at_least`` in any chained table
+        (when ``plain_shape`` found the indices plain, they are 0..n-1: no SQL)."""
+        plain = self._plain
+        if plain is not None and plain.indices:
+            low, high = max(at_least, 0), plain.records - 1
+            return (low, high) if low <= high else (None, None)
         rows = self.con.execute(
             f"SELECT min(chain_index), max(chain_index) FROM ({self.all_indices_sql()}) "
             "WHERE chain_index >= ?",

@@ -260,16 +260,16 @@ def _report_periods(run: Verification, finals: dict[int, dict[tuple[int, ...], i
 
 
 def _chain_at(run: Verification, indices: set[int]) -> dict[int, tuple[str, dict[str, int]]]:
-    """Record hash and recomputed totals at each index, in one query (not one per row)."""
-    run.con.execute("CREATE OR REPLACE TABLE w_wanted(chain_index BIGINT)")
-    if indices:
-        appender = run.con.appender("w_wanted")
-        appender.append_rows([(i,) for i in indices])
-        appender.flush()
+    """Record hash and recomputed totals at each index, in one query (not one per row;
+    the indices as one list parameter, not a table: no CREATE on a small export)."""
+    if not indices:
+        return {}
     names = ", ".join(f"t.{name}" for name in TOTAL_FIELDS)
     rows = run.con.execute(
         f"SELECT r.chain_index, r.record_hash, {names} FROM w_records r "
-        "JOIN w_totals t USING (chain_index) JOIN w_wanted w USING (chain_index)"
+        "JOIN w_totals t USING (chain_index) "
+        "JOIN (SELECT DISTINCT unnest(?::BIGINT[]) AS chain_index) w USING (chain_index)",
+        [sorted(indices)],
     ).fetchall()
     return {
         int(r[0]): (str(r[1]), dict(zip(TOTAL_FIELDS, map(int, r[2:]), strict=True))) for r in rows
