@@ -300,12 +300,23 @@ def record_mismatches(con: Any, limit: int) -> list[tuple[str, int, int, int, in
     envelope) with the recomputed ones; at most ``limit`` examples per column.
     """
     columns = ("event_delivered_mgms", *TOTAL_FIELDS)
+    join = " FROM w_records r JOIN w_totals t USING (chain_index)"
+    # First whether any row differs at all (one count: ~0.8 ms less planning than the
+    # per-column counts on a small export, where an honest one has none to count).
+    rows = con.execute(
+        "SELECT count(*)"
+        + join
+        + " WHERE "
+        + " OR ".join(f"r.{c} IS DISTINCT FROM t.{c}" for c in columns)
+    ).fetchall()
+    if not rows[0][0]:
+        return []
     # Every column's count in one statement: on a small export each statement's planning
     # costs more than its rows (bench/verify_small.py).
     counts = con.execute(
         "SELECT "
         + ", ".join(f"count(*) FILTER (WHERE r.{c} IS DISTINCT FROM t.{c})" for c in columns)
-        + " FROM w_records r JOIN w_totals t USING (chain_index)"
+        + join
     ).fetchall()[0]
     out: list[tuple[str, int, int, int, int]] = []
     for column, count in zip(columns, counts, strict=True):
