@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from test_verifier_exports import small_scenario
+from test_verifier_exports import full_scenario, small_scenario
 
 from verifier import source as source_module
 from verifier.report import export_json
@@ -122,3 +122,22 @@ def test_shortcut_changes_no_report(
         lambda self: PlainShape(indices=False, envelopes=False),
     )
     assert report_text(path, honest.trust) == fast
+
+
+def test_one_statement_reads_what_each_table_gives(tmp_path: Path) -> None:
+    """A small export's batch reads every filled input table in one UNION ALL
+    (``ExportSource._all_input_rows``): the same rows as one read per table."""
+    full = full_scenario(tmp_path)
+    tampered = tmp_path / "tampered.duckdb"
+    shutil.copyfile(full.path, tampered)
+    con = duckdb.connect(str(tampered))
+    con.execute(LOOSE + "INSERT INTO usage_events SELECT * FROM usage_events WHERE chain_index < 9")
+    con.execute("UPDATE usage_events SET node_id = NULL WHERE chain_index = 5")
+    con.close()
+    for path in (full.path, tampered):
+        with ExportSource(path) as source:
+            assert source.small and len(source.filled_input_tables) > 2
+            for lo, hi in ((0, 2048), (3, 9), (7, 8), (500, 600)):
+                each = [r for t in source.filled_input_tables for r in source.input_rows(t, lo, hi)]
+                assert source._all_input_rows(lo, hi) == each
+            assert source._all_input_rows(0, 2048)  # it read something

@@ -492,6 +492,37 @@ class ExportSource:
         """The first ledger_records row of each chain index in [lo, hi)."""
         return read_record_rows(self.con, f"{ALIAS}.", self.record_placement_id, lo, hi)
 
+    def _all_input_rows(self, lo: int, hi: int) -> list[InputRow]:
+        """``input_rows`` of every filled input table, in their order, from ONE statement
+        (a small export's checklist pays more per statement than per row): a UNION ALL
+        with each table's extra columns in slots of their own (NULL in the other tables'
+        rows, so no column changes type), split here by table."""
+        tables = self.filled_input_tables
+        slots = [(t, k) for t in tables for k in range(len(t.extras))]
+        common = ", ".join(c for c, _ in _COMMON)
+        parts = []
+        for n, table in enumerate(tables):
+            extras = [
+                f"{table.extras[k][0]}" if t is table else f"NULL::{t.extras[k][1]}"
+                for t, k in slots
+            ]
+            parts.append(
+                f"SELECT {n}, rowid, {', '.join([common, *extras])} FROM {ALIAS}.{table.name} "
+                "WHERE chain_index >= $1 AND chain_index < $2"
+            )
+        by_table: list[list[tuple[Any, ...]]] = [[] for _ in tables]
+        for row in self.con.execute(" UNION ALL ".join(parts), [lo, hi]).fetchall():
+            by_table[row[0]].append(row[1:])
+        rows: list[InputRow] = []
+        width = 1 + len(_COMMON)  # rowid, then the common columns
+        for n, table in enumerate(tables):
+            picks = [width + k for k, (t, _) in enumerate(slots) if t is table]
+            rows.extend(
+                input_row(table, (*r[:width], *(r[k] for k in picks)))
+                for r in first_per_index(by_table[n])
+            )
+        return rows
+
     @property
     def filled_input_tables(self) -> tuple[InputTable, ...]:
         """The input tables holding a row (at least one table, for a UNION to be SQL): what
@@ -571,7 +602,10 @@ class ExportSource:
             hi = lo + limits.CHAIN_BATCH_INDICES
             records = self.record_rows(lo, hi)
             inputs: list[InputRow] = []
-            for table in self.filled_input_tables:
-                inputs.extend(self.input_rows(table, lo, hi))
+            if self.small and len(self.filled_input_tables) > 1:
+                inputs = self._all_input_rows(lo, hi)
+            else:
+                for table in self.filled_input_tables:
+                    inputs.extend(self.input_rows(table, lo, hi))
             yield Batch(lo, hi, records, inputs)
             lo = self.next_index(hi) if last >= hi else None
