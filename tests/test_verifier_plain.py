@@ -141,3 +141,22 @@ def test_one_statement_reads_what_each_table_gives(tmp_path: Path) -> None:
                 each = [r for t in source.filled_input_tables for r in source.input_rows(t, lo, hi)]
                 assert source._all_input_rows(lo, hi) == each
             assert source._all_input_rows(0, 2048)  # it read something
+
+
+def test_totals_without_adjustments_give_the_same_report(
+    honest: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No adjustment in w_adjust: w_totals without the window over them (Ac = Ah = 0)."""
+    from verifier import pricing, step9_obligation
+
+    fast = report_text(honest.path, honest.trust)
+    assert json.loads(fast)["verdict"] == "verified"
+    calls: list[bool] = []
+
+    def always_windowed(con: Any, adjustments: bool = True) -> None:
+        calls.append(adjustments)
+        pricing.compute_totals(con, adjustments=True)
+
+    monkeypatch.setattr(step9_obligation, "compute_totals", always_windowed)
+    assert report_text(honest.path, honest.trust) == fast
+    assert calls == [False]

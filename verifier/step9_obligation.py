@@ -60,7 +60,7 @@ def price_base(run: Verification) -> None:
 
 def check_records(run: Verification) -> None:
     """Every total at every index, with the decided adjustments, against the records."""
-    compute_totals(run.con)
+    compute_totals(run.con, adjustments="w_adjust" in run.work.filled)
     seen: set[str] = set()
     for column, count, index, expected, actual in record_mismatches(
         run.con, limits.MAX_MISMATCH_ROWS
