@@ -186,7 +186,7 @@ def _check_statement_resale(run: Verification, where: str, statement: Statement)
     """SPEC §7.10, §8: a statement's resale list is the recomputed one at its index."""
     if not statement.resale and not run.referee.assignments:
         return
-    expected = resale_at(run.con, statement.through_index)
+    expected = resale_at(run.con, statement.through_index, "w_assign" in run.work.filled)
     have = [{name: getattr(e, name) for name in RESALE_FIELDS} for e in statement.resale]
     if have != expected:
         run.add(

@@ -226,7 +226,7 @@ def _summarise(run: Verification) -> None:
     if head is not None:
         report.head_index = int(head)
         report.totals = totals_at(run.con, int(head))
-        report.resale = resale.resale_at(run.con, int(head))
+        report.resale = resale.resale_at(run.con, int(head), "w_assign" in run.work.filled)
     report.final = run.close_index is not None
     report.attestations = [  # SPEC §6.9
         {
