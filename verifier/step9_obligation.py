@@ -271,6 +271,8 @@ def _chain_at(run: Verification, indices: set[int]) -> dict[int, tuple[str, dict
         "JOIN (SELECT DISTINCT unnest(?::BIGINT[]) AS chain_index) w USING (chain_index)",
         [sorted(indices)],
     ).fetchall()
-    return {
+    chain_at = {
         int(r[0]): (str(r[1]), dict(zip(TOTAL_FIELDS, map(int, r[2:]), strict=True))) for r in rows
     }
+    run.totals_read.update((index, totals) for index, (_, totals) in chain_at.items())
+    return chain_at

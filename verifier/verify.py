@@ -225,7 +225,9 @@ def _summarise(run: Verification) -> None:
     head = run.work.max_record_index  # max(chain_index) of w_records
     if head is not None:
         report.head_index = int(head)
-        report.totals = totals_at(run.con, int(head))
+        # w_totals at the head: read already when a statement is there (the last one)
+        read = run.totals_read.get(head)
+        report.totals = dict(read) if read is not None else totals_at(run.con, int(head))
         report.resale = resale.resale_at(run.con, int(head), "w_assign" in run.work.filled)
     report.final = run.close_index is not None
     report.attestations = [  # SPEC §6.9
