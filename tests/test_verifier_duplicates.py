@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import duckdb
 
-from verifier.source import ALIAS, INPUT_TABLES
+from verifier.source import ALIAS, INPUT_TABLES, PlainShape
 from verifier.step7_decisions import duplicate_indices
 
 
@@ -28,6 +28,7 @@ def reference(con: Any, tables: list[str]) -> set[int]:
 
 
 def make_run(rows: dict[str, list[tuple[int, bytes]]]) -> Any:
+    """A run whose source says nothing is plain: duplicate_indices runs its SQL."""
     con = duckdb.connect()
     con.execute(f"ATTACH ':memory:' AS {ALIAS}")
     tables = [t for t in INPUT_TABLES if t.name in rows]
@@ -39,7 +40,12 @@ def make_run(rows: dict[str, list[tuple[int, bytes]]]) -> Any:
         )
     filled = tuple(t for t in tables if rows[t.name]) or tuple(tables[:1])
     return SimpleNamespace(
-        con=con, source=SimpleNamespace(input_tables=tuple(tables), filled_input_tables=filled)
+        con=con,
+        source=SimpleNamespace(
+            input_tables=tuple(tables),
+            filled_input_tables=filled,
+            plain_shape=lambda: PlainShape(indices=False, envelopes=False),
+        ),
     )
 
 

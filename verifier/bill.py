@@ -115,7 +115,10 @@ def collect(run: Verification) -> BillParts | None:
             previous=statement.previous,
             totals=Totals(**mine),
             # SPEC §7.10: the verifier's own resale figures at the statement's index
-            resale=tuple(ResaleTotals(**e) for e in resale_at(run.con, through)),
+            resale=tuple(
+                ResaleTotals(**e)
+                for e in resale_at(run.con, through, "w_assign" in run.work.filled)
+            ),
         ),
         record_count=run.record_count,
         periods=_periods(run),

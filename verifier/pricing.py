@@ -252,6 +252,13 @@ _TOTALS_SQL: Final = "CREATE OR REPLACE TABLE w_totals AS " + _settle_sql(
     WINDOW w AS (ORDER BY b.chain_index ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"""
 )
 
+# The same when w_adjust holds no row (most placements): Ac and Ah are 0 at every index,
+# what the window over no accepted adjustment sums to, without its join and window
+# (~1 ms less on a small export; the same values and column types).
+_TOTALS_UNADJUSTED_SQL: Final = "CREATE OR REPLACE TABLE w_totals AS " + _settle_sql(
+    "SELECT b.*, 0::HUGEINT AS ac, 0::HUGEINT AS ah FROM w_base b"
+)
+
 # The same §7.6 at one index, for given cumulative (Ac, Ah): parameters Ac, Ah, index.
 _TOTALS_AFTER_SQL: Final = (
     f"SELECT {', '.join(TOTAL_FIELDS)} FROM ("
@@ -267,9 +274,10 @@ def compute_base(con: Any) -> None:
     con.execute(_BASE_SQL)
 
 
-def compute_totals(con: Any) -> None:
-    """Fill ``w_totals``: every total of SPEC §7.6 at every index."""
-    con.execute(_TOTALS_SQL)
+def compute_totals(con: Any, adjustments: bool = True) -> None:
+    """Fill ``w_totals``: every total of SPEC §7.6 at every index (``adjustments``:
+    whether w_adjust may hold a row; False only when it holds none)."""
+    con.execute(_TOTALS_SQL if adjustments else _TOTALS_UNADJUSTED_SQL)
 
 
 def totals_after(con: Any, chain_index: int, credit_minor: int, charge_minor: int) -> list[int]:
@@ -300,12 +308,23 @@ def record_mismatches(con: Any, limit: int) -> list[tuple[str, int, int, int, in
     envelope) with the recomputed ones; at most ``limit`` examples per column.
     """
     columns = ("event_delivered_mgms", *TOTAL_FIELDS)
+    join = " FROM w_records r JOIN w_totals t USING (chain_index)"
+    # First whether any row differs at all (one count: ~0.8 ms less planning than the
+    # per-column counts on a small export, where an honest one has none to count).
+    rows = con.execute(
+        "SELECT count(*)"
+        + join
+        + " WHERE "
+        + " OR ".join(f"r.{c} IS DISTINCT FROM t.{c}" for c in columns)
+    ).fetchall()
+    if not rows[0][0]:
+        return []
     # Every column's count in one statement: on a small export each statement's planning
     # costs more than its rows (bench/verify_small.py).
     counts = con.execute(
         "SELECT "
         + ", ".join(f"count(*) FILTER (WHERE r.{c} IS DISTINCT FROM t.{c})" for c in columns)
-        + " FROM w_records r JOIN w_totals t USING (chain_index)"
+        + join
     ).fetchall()[0]
     out: list[tuple[str, int, int, int, int]] = []
     for column, count in zip(columns, counts, strict=True):

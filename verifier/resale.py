@@ -102,22 +102,24 @@ _EMPTY_SQL: Final = (
 )
 
 
-def compute_resale(con: Any) -> tuple[bool, bool]:
-    """Fill ``w_resale_exp``: every assignment's figures at every index from its record.
-    Returns whether any assignment was accepted and whether any record claims a resale
-    entry. Without an accepted assignment the table is empty, made so directly: most
-    placements have none, and planning _EXPECTED_SQL costs more than a small export's
-    whole pass (bench/verify_small.py)."""
-    rows = con.execute(
-        "SELECT EXISTS (SELECT 1 FROM w_assign), EXISTS (SELECT 1 FROM w_resale_rec)"
-    ).fetchall()
-    assigned, claimed = bool(rows[0][0]), bool(rows[0][1])
-    con.execute(_EXPECTED_SQL if assigned else _EMPTY_SQL)
-    return assigned, claimed
+def compute_resale(con: Any, assigned: bool, claimed: bool) -> None:
+    """Fill ``w_resale_exp``: every assignment's figures at every index from its record
+    (``assigned``: whether w_assign holds a row; ``claimed``: w_resale_rec). Without an
+    accepted assignment the table is empty, made so directly: most placements have none,
+    and planning _EXPECTED_SQL costs more than a small export's whole pass
+    (bench/verify_small.py); and only when _MISMATCH_SQL reads it (some record claims
+    an entry): ``resale_at`` answers [] without an assignment."""
+    if assigned:
+        con.execute(_EXPECTED_SQL)
+    elif claimed:
+        con.execute(_EMPTY_SQL)
 
 
-def resale_at(con: Any, chain_index: int) -> list[dict[str, Any]]:
-    """The recomputed resale list at one index, in chain order (empty: none)."""
+def resale_at(con: Any, chain_index: int, assigned: bool = True) -> list[dict[str, Any]]:
+    """The recomputed resale list at one index, in chain order (empty: none; and so
+    without reading w_resale_exp when no assignment was accepted, ``assigned`` False)."""
+    if not assigned:
+        return []
     rows = con.execute(
         "SELECT assignment_id, new_buyer, d, b, g, f FROM w_resale_exp "
         "WHERE chain_index = ? ORDER BY ord",
@@ -138,7 +140,10 @@ def _entry(values: tuple[Any, ...]) -> str:
 def check_resale(run: Verification, trust: TrustFile) -> None:
     """Compare every record's resale list with SPEC §7.10 and check each new buyer's pin."""
     con = run.con
-    any_assigned, any_claimed = compute_resale(con)
+    run.work.flush()
+    any_assigned = "w_assign" in run.work.filled
+    any_claimed = "w_resale_rec" in run.work.filled
+    compute_resale(con, any_assigned, any_claimed)
     # Neither expected nor claimed entries: the comparison has no row to find.
     rows = con.execute(_MISMATCH_SQL).fetchall() if any_assigned or any_claimed else []
     if rows:

@@ -233,6 +233,23 @@ def record_row(r: tuple[Any, ...]) -> RecordRow:
 
 
 @dataclass(frozen=True, slots=True)
+class PlainShape:
+    """What one statement says of a small export's chain (``ExportSource.plain_shape``)."""
+
+    # ledger_records holds chain indices 0..n-1 (n > 0), each once, none NULL, and the
+    # input tables together hold the same n indices, each once: the set checks of (6)
+    # can find nothing.
+    indices: bool
+    # Every input envelope is distinct and none is NULL: no input repeats an earlier one.
+    envelopes: bool
+    # The rows of ledger_records (n).
+    records: int = 0
+
+
+_NOT_PLAIN: Final = PlainShape(indices=False, envelopes=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
     """Rows of every chained table whose chain_index lies in [lo, hi)."""
 
@@ -279,6 +296,7 @@ class ExportSource:
         self._counts: dict[str, int] = {}
         self._small: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         self._present: frozenset[str] = frozenset()
+        self._plain: PlainShape | None = None
         self._warm: warm.WarmDatabase | None = None
         self._link: Path | None = None
         self._scratch: Path | None = None
@@ -360,24 +378,23 @@ class ExportSource:
     # ---- schema and meta ---------------------------------------------------------------
 
     def _check_schema(self) -> None:
+        # Columns (of tables and views) and which names are tables, in one statement.
         rows = self.con.execute(
             "SELECT table_name, column_name, data_type FROM duckdb_columns() "
-            "WHERE database_name = ? AND schema_name = 'main'",
+            "WHERE database_name = $1 AND schema_name = 'main' UNION ALL "
+            "SELECT table_name, NULL, NULL FROM duckdb_tables() "
+            "WHERE database_name = $1 AND schema_name = 'main'",
             [ALIAS],
         ).fetchall()
         have: dict[str, dict[str, str]] = {}
+        tables: set[str] = set()
         for table, column, data_type in rows:
-            have.setdefault(table, {})[column] = data_type
+            if column is None:
+                tables.add(table)
+            else:
+                have.setdefault(table, {})[column] = data_type
         if "meta" not in have:
             raise UnusableInput(str(self.path), "no meta table: not a gridledger export")
-        tables = {
-            name
-            for (name,) in self.con.execute(
-                "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
-                "AND schema_name = 'main'",
-                [ALIAS],
-            ).fetchall()
-        }
         problems: list[str] = [
             f"{name} is a view, not a table"
             for name in SCHEMA
@@ -454,6 +471,8 @@ class ExportSource:
             )
         # Every column of the schema, once per table and order; the columns asked for
         # are picked here (each statement costs more than such a table's rows).
+        if table in self._present and not self.count(table):
+            return []  # counted empty (the export is read-only): nothing to read
         key = (table, order)
         rows = self._small.get(key)
         if rows is None:
@@ -473,12 +492,80 @@ class ExportSource:
         """The first ledger_records row of each chain index in [lo, hi)."""
         return read_record_rows(self.con, f"{ALIAS}.", self.record_placement_id, lo, hi)
 
+    def _all_input_rows(self, lo: int, hi: int) -> list[InputRow]:
+        """``input_rows`` of every filled input table, in their order, from ONE statement
+        (a small export's checklist pays more per statement than per row): a UNION ALL
+        with each table's extra columns in slots of their own (NULL in the other tables'
+        rows, so no column changes type), split here by table."""
+        tables = self.filled_input_tables
+        slots = [(t, k) for t in tables for k in range(len(t.extras))]
+        common = ", ".join(c for c, _ in _COMMON)
+        parts = []
+        for n, table in enumerate(tables):
+            extras = [
+                f"{table.extras[k][0]}" if t is table else f"NULL::{t.extras[k][1]}"
+                for t, k in slots
+            ]
+            parts.append(
+                f"SELECT {n}, rowid, {', '.join([common, *extras])} FROM {ALIAS}.{table.name} "
+                "WHERE chain_index >= $1 AND chain_index < $2"
+            )
+        by_table: list[list[tuple[Any, ...]]] = [[] for _ in tables]
+        for row in self.con.execute(" UNION ALL ".join(parts), [lo, hi]).fetchall():
+            by_table[row[0]].append(row[1:])
+        rows: list[InputRow] = []
+        width = 1 + len(_COMMON)  # rowid, then the common columns
+        for n, table in enumerate(tables):
+            picks = [width + k for k, (t, _) in enumerate(slots) if t is table]
+            rows.extend(
+                input_row(table, (*r[:width], *(r[k] for k in picks)))
+                for r in first_per_index(by_table[n])
+            )
+        return rows
+
     @property
     def filled_input_tables(self) -> tuple[InputTable, ...]:
         """The input tables holding a row (at least one table, for a UNION to be SQL): what
         a query over every input table needs to read; most exports fill three of eight."""
         filled = tuple(t for t in self.input_tables if self.count(t.name))
         return filled or self.input_tables[:1]
+
+    def plain_shape(self) -> PlainShape:
+        """Whether a small export's chain indices and input envelopes are plain (see
+        ``PlainShape``), in one statement of a few aggregates: on an honest export the
+        set checks of (6) and the duplicate ranking of (7) find nothing, and their SQL
+        (~10 statements' worth of planning) is only run when this says it might find
+        something. A big export is not asked (its DISTINCT over every envelope would
+        cost memory): both False.
+
+        Why plain indices leave the set checks nothing: n non-NULL distinct indices
+        between 0 and n-1 are exactly 0..n-1 (no duplicate, gap, negative or NULL in
+        ledger_records); n non-NULL distinct input indices between 0 and n-1 are the
+        same set (no input index twice, none without its record, no record without
+        its input). Plain envelopes: count(DISTINCT envelope) = count(*) leaves no NULL
+        and no two equal."""
+        if self._plain is None:
+            self._plain = _NOT_PLAIN
+            if self.small:
+                tagged = " UNION ALL ".join(
+                    f"SELECT chain_index, envelope FROM {ALIAS}.{t.name}"
+                    for t in self.filled_input_tables
+                )
+                stats = "count(*), count(chain_index), count(DISTINCT chain_index), "
+                stats += "min(chain_index), max(chain_index)"
+                rows = self.con.execute(
+                    f"SELECT 0, {stats}, 0 FROM {ALIAS}.ledger_records UNION ALL "
+                    f"SELECT 1, {stats}, count(DISTINCT envelope) FROM ({tagged})"
+                ).fetchall()
+                by_tag = {int(row[0]): row[1:] for row in rows}
+                records, inputs = by_tag[0][:5], by_tag[1][:5]
+                n = records[0]
+                self._plain = PlainShape(
+                    indices=n > 0 and records == (n, n, n, 0, n - 1) and inputs == records,
+                    envelopes=by_tag[1][5] == inputs[0],
+                    records=int(n),
+                )
+        return self._plain
 
     def all_indices_sql(self) -> str:
         """SQL: every chain_index of ledger_records and the input tables (with repeats)."""
@@ -491,7 +578,12 @@ class ExportSource:
         return self.index_range(at_least)[0]
 
     def index_range(self, at_least: int) -> tuple[int | None, int | None]:
-        """The smallest and the largest chain index >= ``at_least`` in any chained table."""
+        """The smallest and the largest chain index >= ``at_least`` in any chained table
+        (when ``plain_shape`` found the indices plain, they are 0..n-1: no SQL)."""
+        plain = self._plain
+        if plain is not None and plain.indices:
+            low, high = max(at_least, 0), plain.records - 1
+            return (low, high) if low <= high else (None, None)
         rows = self.con.execute(
             f"SELECT min(chain_index), max(chain_index) FROM ({self.all_indices_sql()}) "
             "WHERE chain_index >= ?",
@@ -510,7 +602,10 @@ class ExportSource:
             hi = lo + limits.CHAIN_BATCH_INDICES
             records = self.record_rows(lo, hi)
             inputs: list[InputRow] = []
-            for table in self.filled_input_tables:
-                inputs.extend(self.input_rows(table, lo, hi))
+            if self.small and len(self.filled_input_tables) > 1:
+                inputs = self._all_input_rows(lo, hi)
+            else:
+                for table in self.filled_input_tables:
+                    inputs.extend(self.input_rows(table, lo, hi))
             yield Batch(lo, hi, records, inputs)
             lo = self.next_index(hi) if last >= hi else None

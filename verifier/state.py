@@ -140,6 +140,9 @@ class Verification:
         # (7) SPEC §6.6: an untimed record is a finding in a placement created after the rule
         self.untimed_arrival_finding = terms.created_at_ms >= ARRIVAL_REQUIRED_FROM_MS
         self.pending_claims: dict[int, tuple[Claim, str]] = {}  # adjustments decided later
+        # (9) the recomputed totals read at the statements' indices (step9_obligation),
+        # by chain index: what the report's head totals are when the head is among them
+        self.totals_read: dict[int, dict[str, int]] = {}
         # (8) the roots of the checkpoints' tree sizes, kept while the pass streams leaves
         self.roots = CheckpointRoots()
         # (6) SPEC §8: who signs a LedgerRecord envelope. Version 1: the ledger key, always.

@@ -47,7 +47,10 @@ def duplicate_indices(run: Verification) -> set[int]:
     aggregates the hashes, a second keeps the rows with a repeated one for the ranking,
     which compares the bytes themselves (a hash collision only adds a candidate). Ranking
     every row by its SHA-256 cost 0.7-0.9 s of CPU for 200k events, this 0.16 s; and the
-    rows are not held in between (a CTE read twice is materialised: 135 MiB more)."""
+    rows are not held in between (a CTE read twice is materialised: 135 MiB more).
+    Empty, without that SQL, when every envelope is distinct (``ExportSource.plain_shape``)."""
+    if run.source.plain_shape().envelopes:
+        return set()
     tables = run.source.filled_input_tables  # an empty table adds no envelope
     union = " UNION ALL ".join(
         f"SELECT chain_index, rowid AS r, '{t.name}' AS tbl, hash(envelope) AS k, envelope "
@@ -88,6 +91,7 @@ def decide(
             "INSERT INTO w_adjust VALUES (?, ?, ?, ?, NULL)",
             [index, record.adjustment_id, record.direction, record.amount_minor],
         )
+        run.work.note("w_adjust")
         run.pending_claims[index] = (claimed, row.where)
         return
     run.bump(f"decided.{verdict.outcome}")
@@ -119,6 +123,7 @@ def decide(
                 assigned.rate_per_gpu_hour_minor,
             ],
         )
+        run.work.note("w_assign")
         run.con.executemany(
             "INSERT INTO w_assign_gpus VALUES (?, ?)", [[ord_, u] for u in sorted(assigned.gpus)]
         )
@@ -287,10 +292,15 @@ def decide_adjustments(run: Verification) -> None:
     """The pending adjustments, in chain order, now that ``w_base`` holds the amounts."""
     con = run.con
     pending: list[PendingAdjustment] = []
-    for index, adjustment_id, direction, amount in con.execute(
-        "SELECT chain_index, adjustment_id, direction, amount_minor FROM w_adjust "
-        "ORDER BY chain_index"
-    ).fetchall():
+    rows = (
+        con.execute(
+            "SELECT chain_index, adjustment_id, direction, amount_minor FROM w_adjust "
+            "ORDER BY chain_index"
+        ).fetchall()
+        if "w_adjust" in run.work.filled
+        else []
+    )
+    for index, adjustment_id, direction, amount in rows:
 
         def after(credit: int, charge: int, index: int = int(index)) -> list[int]:
             return totals_after(con, index, credit, charge)

@@ -60,7 +60,7 @@ def price_base(run: Verification) -> None:
 
 def check_records(run: Verification) -> None:
     """Every total at every index, with the decided adjustments, against the records."""
-    compute_totals(run.con)
+    compute_totals(run.con, adjustments="w_adjust" in run.work.filled)
     seen: set[str] = set()
     for column, count, index, expected, actual in record_mismatches(
         run.con, limits.MAX_MISMATCH_ROWS
@@ -186,7 +186,7 @@ def _check_statement_resale(run: Verification, where: str, statement: Statement)
     """SPEC §7.10, §8: a statement's resale list is the recomputed one at its index."""
     if not statement.resale and not run.referee.assignments:
         return
-    expected = resale_at(run.con, statement.through_index)
+    expected = resale_at(run.con, statement.through_index, "w_assign" in run.work.filled)
     have = [{name: getattr(e, name) for name in RESALE_FIELDS} for e in statement.resale]
     if have != expected:
         run.add(
@@ -260,17 +260,19 @@ def _report_periods(run: Verification, finals: dict[int, dict[tuple[int, ...], i
 
 
 def _chain_at(run: Verification, indices: set[int]) -> dict[int, tuple[str, dict[str, int]]]:
-    """Record hash and recomputed totals at each index, in one query (not one per row)."""
-    run.con.execute("CREATE OR REPLACE TABLE w_wanted(chain_index BIGINT)")
-    if indices:
-        appender = run.con.appender("w_wanted")
-        appender.append_rows([(i,) for i in indices])
-        appender.flush()
+    """Record hash and recomputed totals at each index, in one query (not one per row;
+    the indices as one list parameter, not a table: no CREATE on a small export)."""
+    if not indices:
+        return {}
     names = ", ".join(f"t.{name}" for name in TOTAL_FIELDS)
     rows = run.con.execute(
         f"SELECT r.chain_index, r.record_hash, {names} FROM w_records r "
-        "JOIN w_totals t USING (chain_index) JOIN w_wanted w USING (chain_index)"
+        "JOIN w_totals t USING (chain_index) "
+        "JOIN (SELECT DISTINCT unnest(?::BIGINT[]) AS chain_index) w USING (chain_index)",
+        [sorted(indices)],
     ).fetchall()
-    return {
+    chain_at = {
         int(r[0]): (str(r[1]), dict(zip(TOTAL_FIELDS, map(int, r[2:]), strict=True))) for r in rows
     }
+    run.totals_read.update((index, totals) for index, (_, totals) in chain_at.items())
+    return chain_at

@@ -221,11 +221,14 @@ def _gather_bill(run: Verification) -> None:
 def _summarise(run: Verification) -> None:
     """Head totals, finality and counts into the report."""
     report = run.report
-    row = run.con.execute("SELECT max(chain_index) FROM w_records").fetchall()[0]
-    if row is not None and row[0] is not None:
-        report.head_index = int(row[0])
-        report.totals = totals_at(run.con, int(row[0]))
-        report.resale = resale.resale_at(run.con, int(row[0]))
+    run.work.flush()
+    head = run.work.max_record_index  # max(chain_index) of w_records
+    if head is not None:
+        report.head_index = int(head)
+        # w_totals at the head: read already when a statement is there (the last one)
+        read = run.totals_read.get(head)
+        report.totals = dict(read) if read is not None else totals_at(run.con, int(head))
+        report.resale = resale.resale_at(run.con, int(head), "w_assign" in run.work.filled)
     report.final = run.close_index is not None
     report.attestations = [  # SPEC §6.9
         {

@@ -1,0 +1,162 @@
+"""``ExportSource.plain_shape``: the one statement that lets a small export skip the set
+checks of (6) and the duplicate ranking of (7). Reports must be byte-identical with the
+shortcut and without it (every check run), on honest and tampered exports, and the shape
+must say "plain" only where those checks find nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from test_verifier_exports import full_scenario, small_scenario
+
+from verifier import source as source_module
+from verifier.report import export_json
+from verifier.source import ExportSource, PlainShape
+from verifier.verify import verify_export
+
+# The export's usage_events without its NOT NULL constraints (a hostile export may have
+# none): a copy under the same name.
+LOOSE = (
+    "CREATE TABLE loose AS SELECT * FROM usage_events; DROP TABLE usage_events; "
+    "ALTER TABLE loose RENAME TO usage_events; "
+)
+
+# (name, SQL on a copy of a 6-event export, indices plain, envelopes plain)
+TAMPERED = (
+    ("honest", "SELECT 1", True, True),
+    ("deleted-input", "DELETE FROM usage_events WHERE chain_index = 3", False, True),
+    ("deleted-record", "DELETE FROM ledger_records WHERE chain_index = 3", False, True),
+    (
+        "duplicated-record",
+        "INSERT INTO ledger_records SELECT * FROM ledger_records WHERE chain_index = 2",
+        False,
+        True,
+    ),
+    (
+        "duplicated-input",
+        "INSERT INTO usage_events SELECT * FROM usage_events WHERE chain_index = 2",
+        False,
+        False,
+    ),
+    (
+        "input-repeated-at-new-index",
+        "UPDATE usage_events SET envelope = (SELECT envelope FROM usage_events "
+        "WHERE chain_index = 1) WHERE chain_index = 2",
+        True,
+        False,
+    ),
+    # One NULL envelope repeats nothing, yet count(DISTINCT) skips it: not plain.
+    (
+        "null-envelope",
+        LOOSE + "UPDATE usage_events SET envelope = NULL WHERE chain_index = 2",
+        True,
+        False,
+    ),
+    (
+        "two-null-envelopes",
+        LOOSE + "UPDATE usage_events SET envelope = NULL WHERE chain_index IN (2, 3)",
+        True,
+        False,
+    ),
+    (
+        "negative-index",
+        "UPDATE ledger_records SET chain_index = -1 WHERE chain_index = 0",
+        False,
+        True,
+    ),
+    (
+        "null-index",
+        LOOSE + "UPDATE usage_events SET chain_index = NULL WHERE chain_index = 4",
+        False,
+        True,
+    ),
+    ("shifted-inputs", "UPDATE usage_events SET chain_index = chain_index + 100", False, True),
+    ("empty-records", "DELETE FROM ledger_records", False, True),
+)
+
+
+def report_text(path: Path, trust: Any) -> str:
+    body = export_json(verify_export(path, trust))
+    body.pop("elapsed_s", None)
+    return json.dumps(body, sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return small_scenario(tmp_path_factory.mktemp("plain"), minutes=6)
+
+
+@pytest.mark.parametrize(("name", "sql", "indices", "envelopes"), TAMPERED)
+def test_shortcut_changes_no_report(
+    honest: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    sql: str,
+    indices: bool,
+    envelopes: bool,
+) -> None:
+    path = tmp_path / f"{name}.duckdb"
+    shutil.copyfile(honest.path, path)
+    con = duckdb.connect(str(path))
+    con.execute(sql)
+    con.close()
+    with ExportSource(path) as source:
+        shape = source.plain_shape()
+        assert (shape.indices, shape.envelopes) == (indices, envelopes)
+        # index_range answers from the shape when plain: the same as its SQL.
+        ats = (-5, 0, 1, 6, 7, 8, 50, 200)
+        short = [source.index_range(at) for at in ats]
+        source._plain = None  # as if never asked: index_range runs its SQL
+        assert [source.index_range(at) for at in ats] == short
+    fast = report_text(path, honest.trust)
+    assert (json.loads(fast)["verdict"] == "verified") == (name == "honest")
+    monkeypatch.setattr(
+        source_module.ExportSource,
+        "plain_shape",
+        lambda self: PlainShape(indices=False, envelopes=False),
+    )
+    assert report_text(path, honest.trust) == fast
+
+
+def test_one_statement_reads_what_each_table_gives(tmp_path: Path) -> None:
+    """A small export's batch reads every filled input table in one UNION ALL
+    (``ExportSource._all_input_rows``): the same rows as one read per table."""
+    full = full_scenario(tmp_path)
+    tampered = tmp_path / "tampered.duckdb"
+    shutil.copyfile(full.path, tampered)
+    con = duckdb.connect(str(tampered))
+    con.execute(LOOSE + "INSERT INTO usage_events SELECT * FROM usage_events WHERE chain_index < 9")
+    con.execute("UPDATE usage_events SET node_id = NULL WHERE chain_index = 5")
+    con.close()
+    for path in (full.path, tampered):
+        with ExportSource(path) as source:
+            assert source.small and len(source.filled_input_tables) > 2
+            for lo, hi in ((0, 2048), (3, 9), (7, 8), (500, 600)):
+                each = [r for t in source.filled_input_tables for r in source.input_rows(t, lo, hi)]
+                assert source._all_input_rows(lo, hi) == each
+            assert source._all_input_rows(0, 2048)  # it read something
+
+
+def test_totals_without_adjustments_give_the_same_report(
+    honest: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No adjustment in w_adjust: w_totals without the window over them (Ac = Ah = 0)."""
+    from verifier import pricing, step9_obligation
+
+    fast = report_text(honest.path, honest.trust)
+    assert json.loads(fast)["verdict"] == "verified"
+    calls: list[bool] = []
+
+    def always_windowed(con: Any, adjustments: bool = True) -> None:
+        calls.append(adjustments)
+        pricing.compute_totals(con, adjustments=True)
+
+    monkeypatch.setattr(step9_obligation, "compute_totals", always_windowed)
+    assert report_text(honest.path, honest.trust) == fast
+    assert calls == [False]
