@@ -279,20 +279,33 @@ def preverify(
     opened: Sequence[Opened | ProtoError],
     key_for: KeyFinder,
 ) -> list[PendingCheck | None]:
-    """A pending check per input: for usage events with one signature by a known key."""
+    """A pending check per input: for usage events with one signature by a known key.
+
+    ``key_for`` is asked once per (placement, node, key id) of the batch: it reads the
+    fold's state, which nothing changes while the batch is opened, and a batch has many
+    events of each stream (~0.7 us of the main thread per input, issue 15)."""
     pending: list[PendingCheck | None] = [None] * len(opened)
     jobs: list[tuple[int, bytes, bytes, bytes]] = []
     size = executor.chunk if isinstance(executor, CryptoWorker) else CRYPTO_CHUNK
+    found: dict[tuple[str, str, str], bytes | None] = {}
 
     for i, op in enumerate(opened):
-        if not isinstance(op, Opened) or not isinstance(op.record, UsageEvent):
+        if not isinstance(op, Opened):
+            continue
+        record = op.record
+        if not isinstance(record, UsageEvent):
             continue
         signatures = op.envelope.signatures
         if len(signatures) != 1:
             continue
-        public_key = key_for(op.record.placement_id, op.record.node_id, signatures[0].keyid)
+        signature = signatures[0]
+        asked = (record.placement_id, record.node_id, signature.keyid)
+        if asked in found:
+            public_key = found[asked]
+        else:
+            public_key = found[asked] = key_for(*asked)
         if public_key is not None:
-            jobs.append((i, public_key, op.payload, signatures[0].sig))
+            jobs.append((i, public_key, op.payload, signature.sig))
     for start in range(0, len(jobs), size):
         chunk = jobs[start : start + size]
         chunk_jobs = [(k, p, s) for _, k, p, s in chunk]

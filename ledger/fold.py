@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from typing import Final
 
 import msgspec
 
@@ -108,6 +109,9 @@ def outcome(verdict: Verdict) -> Outcome:
         verdict.record_payload,
     )
 
+
+# The kinds whose acceptance changes GPU claims (``Fold._verdicts``, SPEC §6.5, §6.7).
+_CLAIM_KINDS: Final = frozenset({"terms", "reclaim", "release"})
 
 # One input as ``Fold.apply_batch`` takes it: (envelope, position, stream key, arrived_ms).
 FoldInput = tuple[bytes, str, str | None, int | None]
@@ -242,11 +246,15 @@ class Fold:
             attestation_roots=self.attestation_roots,
             held_room=bound - self.held_bytes,
         )
-        if new is not state and (new.held or new.stream_held or state.held or state.stream_held):
+        # The held bytes changed only if the holds did (the same held log and no stream
+        # holds: the difference is 0).
+        if new is not state and (
+            new.held is not state.held or new.stream_held or state.stream_held
+        ):
             self.held_bytes += new.held_bytes() - state.held_bytes()
         verdicts = verdict.flatten()
         for v in verdicts:  # §6.5: accepted terms claim their GPUs, reclaims end claims
-            if v.status != "accepted" or v.opened is None:
+            if v.kind not in _CLAIM_KINDS or v.status != "accepted" or v.opened is None:
                 continue
             done = v.opened.record
             if isinstance(done, PlacementTerms):
@@ -390,7 +398,7 @@ def _named_keys(opened: Sequence[Opened | ProtoError]) -> dict[tuple[str, str], 
     """Node keys named by the terms and key bindings among ``opened``."""
     named: dict[tuple[str, str], list[bytes]] = {}
     for op in opened:
-        if not isinstance(op, Opened):
+        if not isinstance(op, Opened) or op.kind == "usage":
             continue
         record = op.record
         if isinstance(record, PlacementTerms):
