@@ -259,15 +259,14 @@ class _Chunk:
         return results
 
 
-class PendingCheck:
-    """One signature of a chunk being checked on a thread."""
+class PendingCheck(msgspec.Struct, frozen=True, gc=False):
+    """One signature of a chunk being checked on a thread. (A Struct: one is made per
+    usage input, and a class with ``__slots__`` sets each field in Python. Untracked by
+    the cyclic collector: a chunk never refers back to its checks.)"""
 
-    __slots__ = ("_chunk", "_index", "_public_key")
-
-    def __init__(self, public_key: bytes, chunk: _Chunk, index: int) -> None:
-        self._public_key = public_key
-        self._chunk = chunk
-        self._index = index
+    _public_key: bytes
+    _chunk: _Chunk
+    _index: int
 
     def result(self) -> CheckedSignature:
         """Wait for the chunk; the check of this signature."""
