@@ -27,6 +27,7 @@ verdict carries the record's signed bytes and hash, and the caller signs them.
 from __future__ import annotations
 
 from enum import Enum
+from hashlib import sha256
 from typing import Any, Final, Literal, get_args
 
 import msgspec
@@ -52,6 +53,7 @@ from ledger.state import (
     Attested,
     PlacementState,
     StreamState,
+    key_among,
     terms_fields,
 )
 from proto import limits
@@ -551,7 +553,7 @@ class _Run:
         if len(signatures) > 1:
             raise _Reject(Reason.SIG_SURPLUS, f"{len(signatures)} signatures, want 1")
         signature = signatures[0]
-        public_key = state.key_for(node_id, signature.keyid)
+        public_key = key_among(bound, signature.keyid)  # state.key_for(node_id, keyid)
         if public_key is None:
             raise _Reject(Reason.NODE_KEY_UNKNOWN, f"key {signature.keyid} is not bound to node")
         valid_from, valid_until = bound[public_key]
@@ -1279,7 +1281,7 @@ def _chain(
         resale_of(state, assignments) if assignments else [],  # resale
     )
     payload = signed_bytes(record)
-    record_hash = sha256_hex(payload)
+    record_hash = sha256(payload).hexdigest()  # sha256_hex, without a call per record
     new = msgspec.structs.replace(
         state,
         next_index=state.next_index + 1,

@@ -173,15 +173,15 @@ class Fold:
             if executor is None:
                 return [o for raw, pos, key, at in items for o in self.apply(raw, pos, key, at)]
             opening = self.open_batch(items, executor)
-        verdicts = [
-            v
-            for (raw, position, key, at), op, check in zip(
-                items, opening.opened, opening.checks, strict=True
-            )
-            for v in self._verdicts(raw, op, position, key, check, at)
-        ]
         # Records are unsigned (SPEC §8): nothing left for the threads.
-        return [outcome(v) for v in verdicts]
+        outcomes: list[Outcome] = []
+        add = outcomes.append
+        for (raw, position, key, at), op, check in zip(
+            items, opening.opened, opening.checks, strict=True
+        ):
+            for v in self._verdicts(raw, op, position, key, check, at):
+                add(outcome(v))
+        return outcomes
 
     def open_batch(
         self,
@@ -194,7 +194,13 @@ class Fold:
         ``ahead_of``: the batches opened before this one and not folded yet (the Kafka
         service opens batch N+1 while N folds): keys their terms and key bindings name
         are guessed for this batch too. A guess is only a guess (``_key_finder``)."""
-        opened = [_open(raw) for raw, _, _, _ in items]
+        opened: list[Opened | ProtoError] = []
+        add = opened.append
+        for raw, _, _, _ in items:  # ``_open`` of each, without a call per input
+            try:
+                add(open_envelope(raw))
+            except ProtoError as exc:
+                add(exc)
         named = _named_keys(opened)
         guesses = named
         if any(o.named for o in ahead_of):

@@ -213,14 +213,9 @@ def _decode_usage_fast(body: bytes) -> UsageEvent | None:
             return None
     if _ENCODER.encode(loose) != body:
         return None
-    return UsageEvent(
-        loose.placement_id,
-        loose.node_id,
-        loose.seq,
-        loose.prev,
-        loose.start_ms,
-        loose.end_ms,
-        [
+    samples: list[GpuSample] = []
+    for s in loose.samples:  # a loop, not a comprehension: most events have one sample
+        samples.append(
             GpuSample(
                 s.uuid,
                 s.model,
@@ -238,6 +233,13 @@ def _decode_usage_fast(body: bytes) -> UsageEvent | None:
                 s.retired_pages,
                 s.present,
             )
-            for s in loose.samples
-        ],
+        )
+    return UsageEvent(
+        loose.placement_id,
+        loose.node_id,
+        loose.seq,
+        loose.prev,
+        loose.start_ms,
+        loose.end_ms,
+        samples,
     )
