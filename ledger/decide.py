@@ -27,6 +27,7 @@ verdict carries the record's signed bytes and hash, and the caller signs them.
 from __future__ import annotations
 
 from enum import Enum
+from hashlib import sha256
 from typing import Any, Final, Literal, get_args
 
 import msgspec
@@ -52,6 +53,7 @@ from ledger.state import (
     Attested,
     PlacementState,
     StreamState,
+    key_among,
     terms_fields,
 )
 from proto import limits
@@ -333,7 +335,9 @@ class _Run:
 
     # §6.1 (2)
     def _is_redelivery(self, state: PlacementState, opened: Opened) -> bool:
-        if opened.input_hash in state.seen or opened.input_hash in state.held_hashes:
+        if opened.input_hash in state.seen or (
+            state.held_hashes is not NO_HASHES and opened.input_hash in state.held_hashes
+        ):
             return True
         record = opened.record
         if isinstance(record, UsageEvent) and state.terms is not None:
@@ -549,7 +553,7 @@ class _Run:
         if len(signatures) > 1:
             raise _Reject(Reason.SIG_SURPLUS, f"{len(signatures)} signatures, want 1")
         signature = signatures[0]
-        public_key = state.key_for(node_id, signature.keyid)
+        public_key = key_among(bound, signature.keyid)  # state.key_for(node_id, keyid)
         if public_key is None:
             raise _Reject(Reason.NODE_KEY_UNKNOWN, f"key {signature.keyid} is not bound to node")
         valid_from, valid_until = bound[public_key]
@@ -627,7 +631,8 @@ class _Run:
             if len(set(uuids)) != len(uuids):
                 raise _Reject(Reason.SAMPLE_DUPLICATE_GPU, "a GPU is sampled twice", takes)
         delivered = 0
-        resold = [0] * len(state.assignments)
+        assignments = state.assignments
+        resold = [0] * len(assignments)
         for sample in event.samples:
             spec = state.gpus.get(sample.uuid)
             if spec is None or spec.node_id != node_id:
@@ -663,7 +668,7 @@ class _Run:
                     event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
                 )
                 # §7.10: the same time on an assigned GPU, from the handover on
-                for k, assigned in enumerate(state.assignments):
+                for k, assigned in enumerate(assignments):
                     if sample.uuid in assigned.gpus:
                         resold[k] += spec.share_milli * overlap_ms(
                             event.start_ms,
@@ -685,10 +690,10 @@ class _Run:
             "streams": streams,
             "max_usage_end_ms": max(state.max_usage_end_ms, event.end_ms),
         }
-        if any(resold):
+        if assignments and any(resold):
             changes["assignments"] = tuple(
                 msgspec.structs.replace(a, delivered_mgms=a.delivered_mgms + extra)
-                for a, extra in zip(state.assignments, resold, strict=True)
+                for a, extra in zip(assignments, resold, strict=True)
             )
         if delivered:
             current = state.totals  # _reprice(delivered_mgms=...), without its dicts
@@ -1258,30 +1263,32 @@ def _chain(
     changes: dict[str, Any],
     arrived: int | None,
 ) -> tuple[Verdict, PlacementState]:
-    if arrived is not None and state.arrived_ms is not None:
-        arrived = max(arrived, state.arrived_ms)  # §6.6: monotone per placement
+    before = state.arrived_ms
+    if arrived is not None and before is not None and before > arrived:
+        arrived = before  # §6.6: monotone per placement
+    assignments = changes.get("assignments", state.assignments)
     record = LedgerRecord(
-        placement_id=state.placement_id,
-        index=state.next_index,
-        prev=state.head,
-        kind=opened.kind,  # type: ignore[arg-type]
-        source=opened.input_hash,
-        status=status,
-        reason="" if reason is None else reason.value,
-        delivered_mgms=delivered,
-        totals=totals,
-        arrived_ms=arrived,
-        resale=resale_of(state, changes.get("assignments", state.assignments)),
+        state.placement_id,  # placement_id
+        state.next_index,  # index
+        state.head,  # prev
+        opened.kind,  # type: ignore[arg-type]  # kind
+        opened.input_hash,  # source
+        status,
+        "" if reason is None else reason.value,  # reason
+        delivered,  # delivered_mgms
+        totals,
+        arrived,  # arrived_ms
+        resale_of(state, assignments) if assignments else [],  # resale
     )
     payload = signed_bytes(record)
-    record_hash = sha256_hex(payload)
+    record_hash = sha256(payload).hexdigest()  # sha256_hex, without a call per record
     new = msgspec.structs.replace(
         state,
         next_index=state.next_index + 1,
         head=record_hash,
         totals=totals,
         seen=seen,
-        arrived_ms=state.arrived_ms if arrived is None else arrived,
+        arrived_ms=before if arrived is None else arrived,
         **changes,
     )
     verdict = Verdict(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from typing import Final
 
 import msgspec
 
@@ -109,6 +110,9 @@ def outcome(verdict: Verdict) -> Outcome:
     )
 
 
+# The kinds whose acceptance changes GPU claims (``Fold._verdicts``, SPEC §6.5, §6.7).
+_CLAIM_KINDS: Final = frozenset({"terms", "reclaim", "release"})
+
 # One input as ``Fold.apply_batch`` takes it: (envelope, position, stream key, arrived_ms).
 FoldInput = tuple[bytes, str, str | None, int | None]
 
@@ -169,15 +173,15 @@ class Fold:
             if executor is None:
                 return [o for raw, pos, key, at in items for o in self.apply(raw, pos, key, at)]
             opening = self.open_batch(items, executor)
-        verdicts = [
-            v
-            for (raw, position, key, at), op, check in zip(
-                items, opening.opened, opening.checks, strict=True
-            )
-            for v in self._verdicts(raw, op, position, key, check, at)
-        ]
         # Records are unsigned (SPEC §8): nothing left for the threads.
-        return [outcome(v) for v in verdicts]
+        outcomes: list[Outcome] = []
+        add = outcomes.append
+        for (raw, position, key, at), op, check in zip(
+            items, opening.opened, opening.checks, strict=True
+        ):
+            for v in self._verdicts(raw, op, position, key, check, at):
+                add(outcome(v))
+        return outcomes
 
     def open_batch(
         self,
@@ -190,7 +194,13 @@ class Fold:
         ``ahead_of``: the batches opened before this one and not folded yet (the Kafka
         service opens batch N+1 while N folds): keys their terms and key bindings name
         are guessed for this batch too. A guess is only a guess (``_key_finder``)."""
-        opened = [_open(raw) for raw, _, _, _ in items]
+        opened: list[Opened | ProtoError] = []
+        add = opened.append
+        for raw, _, _, _ in items:  # ``_open`` of each, without a call per input
+            try:
+                add(open_envelope(raw))
+            except ProtoError as exc:
+                add(exc)
         named = _named_keys(opened)
         guesses = named
         if any(o.named for o in ahead_of):
@@ -242,11 +252,15 @@ class Fold:
             attestation_roots=self.attestation_roots,
             held_room=bound - self.held_bytes,
         )
-        if new is not state and (new.held or new.stream_held or state.held or state.stream_held):
+        # The held bytes changed only if the holds did (the same held log and no stream
+        # holds: the difference is 0).
+        if new is not state and (
+            new.held is not state.held or new.stream_held or state.stream_held
+        ):
             self.held_bytes += new.held_bytes() - state.held_bytes()
         verdicts = verdict.flatten()
         for v in verdicts:  # §6.5: accepted terms claim their GPUs, reclaims end claims
-            if v.status != "accepted" or v.opened is None:
+            if v.kind not in _CLAIM_KINDS or v.status != "accepted" or v.opened is None:
                 continue
             done = v.opened.record
             if isinstance(done, PlacementTerms):
@@ -390,7 +404,7 @@ def _named_keys(opened: Sequence[Opened | ProtoError]) -> dict[tuple[str, str], 
     """Node keys named by the terms and key bindings among ``opened``."""
     named: dict[tuple[str, str], list[bytes]] = {}
     for op in opened:
-        if not isinstance(op, Opened):
+        if not isinstance(op, Opened) or op.kind == "usage":
             continue
         record = op.record
         if isinstance(record, PlacementTerms):

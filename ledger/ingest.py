@@ -481,16 +481,16 @@ class Ingestor:
                 or outcome.record_hash is None
             ):
                 raise AssertionError(f"chained outcome at {outcome.position} lacks its record")
-            row = ChainedRow(
-                record=record,
-                record_hash=outcome.record_hash,
-                position=outcome.position,
-                raw=outcome.raw,
-                input_hash=outcome.input_hash,
-                payload_hash=opened.record_hash,
-                input_record=opened.record,
-                record_payload=outcome.record_payload,
-                input_envelope=opened.envelope,
+            row = ChainedRow(  # positional: one per chained input
+                record,
+                outcome.record_hash,  # record_hash
+                outcome.position,  # position
+                outcome.raw,  # raw
+                outcome.input_hash,  # input_hash
+                opened.record_hash,  # payload_hash
+                opened.record,  # input_record
+                outcome.record_payload,  # record_payload
+                opened.envelope,  # input_envelope
             )
             batch.chained.append(row)
             if record.kind == "terms" and record.status == "rejected":

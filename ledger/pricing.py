@@ -148,9 +148,13 @@ def price(
     adjustment_charge: int,
     release_charge: int = 0,
 ) -> Totals:
-    """Every cumulative total from the cumulative inputs (SPEC §7.2, §7.6, §7.9)."""
-    billable = billable_mgms(terms, delivered_mgms)
-    gross = gross_minor(terms, billable)
+    """Every cumulative total from the cumulative inputs (SPEC §7.2, §7.6, §7.9).
+
+    Once per accepted usage event: ``billable_mgms`` and ``gross_minor`` written out, and
+    the Totals built positionally (the same values, issue 15)."""
+    unit = terms.increment_ms * 1000
+    billable = -(-delivered_mgms // unit) * unit  # billable_mgms
+    gross = billable * terms.rate_per_gpu_hour_minor // MILLI_GPU_MS_PER_GPU_HOUR  # gross_minor
     owed = gross + adjustment_charge + release_charge
     credits = min(reclaim_credit + sla_credit + adjustment_credit, owed)
     net = owed - credits
@@ -160,18 +164,18 @@ def price(
     else:
         buyer_owes, operator_receives = net + fee, net
     return Totals(
-        delivered_mgms=delivered_mgms,
-        billable_mgms=billable,
-        gross_minor=gross,
-        reclaim_credit_minor=reclaim_credit,
-        sla_credit_minor=sla_credit,
-        adjustment_credit_minor=adjustment_credit,
-        adjustment_charge_minor=adjustment_charge,
-        credits_minor=credits,
-        net_minor=net,
-        fee_minor=fee,
-        buyer_owes_minor=buyer_owes,
-        operator_receives_minor=operator_receives,
-        desk_receives_minor=fee,
-        release_charge_minor=release_charge,
+        delivered_mgms,
+        billable,
+        gross,
+        reclaim_credit,  # reclaim_credit_minor
+        sla_credit,  # sla_credit_minor
+        adjustment_credit,  # adjustment_credit_minor
+        adjustment_charge,  # adjustment_charge_minor
+        credits,  # credits_minor
+        net,  # net_minor
+        fee,  # fee_minor
+        buyer_owes,  # buyer_owes_minor
+        operator_receives,  # operator_receives_minor
+        fee,  # desk_receives_minor
+        release_charge,  # release_charge_minor
     )

@@ -9,7 +9,7 @@ every input are persistent structures (ledger/persistent.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -148,16 +148,21 @@ class PlacementState(msgspec.Struct, frozen=True):
 
     def key_for(self, node_id: str, keyid: str) -> bytes | None:
         """The public key with this key id bound to the node (any validity), if any."""
-        for public_key in self.bindings.get(node_id, ()):
-            if _key_id(public_key) == keyid:
-                return public_key
-        return None
+        return key_among(self.bindings.get(node_id, ()), keyid)
 
     def close_due_ms(self) -> int | None:
         """window_end_ms + late_grace_ms; None without accepted terms."""
         if self.terms is None:
             return None
         return self.terms.window_end_ms + self.terms.late_grace_ms
+
+
+def key_among(keys: Iterable[bytes], keyid: str) -> bytes | None:
+    """The public key among ``keys`` (a node's bindings) with this key id, if any."""
+    for public_key in keys:
+        if _key_id(public_key) == keyid:
+            return public_key
+    return None
 
 
 def empty(placement_id: str) -> PlacementState:

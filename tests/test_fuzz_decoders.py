@@ -46,9 +46,25 @@ from hypothesis import strategies as st
 
 from devtools import builders
 from proto import limits
-from proto.canonical import canonical_json, decode_payload, signed_bytes
+from proto.canonical import (
+    _decode_usage_fast,
+    _LooseGpuSample,
+    _LooseUsageEvent,
+    canonical_json,
+    decode_payload,
+    signed_bytes,
+)
 from proto.cosign import cosign
-from proto.envelope import decode_envelope, encode_envelope, open_envelope
+from proto.envelope import (
+    Envelope,
+    Signature,
+    _LooseEnvelope,
+    _LooseSignature,
+    decode_envelope,
+    decode_envelope_fast,
+    encode_envelope,
+    open_envelope,
+)
 from proto.errors import ProtoError
 from proto.keys import b64
 from proto.note import (
@@ -60,7 +76,7 @@ from proto.note import (
     sign_note,
 )
 from proto.reasons import Reason
-from proto.records import Checkpoint, LedgerRecord, Statement, Totals
+from proto.records import Checkpoint, GpuSample, LedgerRecord, Statement, Totals, UsageEvent
 from proto.terms import TermsError, load_terms_file
 from proto.trust import TrustError, dump_trust, load_trust
 from transport.limits import MAX_RECORD_BYTES
@@ -360,6 +376,212 @@ def test_every_corpus_envelope_is_accepted() -> None:
         opened = open_envelope(raw)
         assert opened.kind == kind
         assert encode_envelope(opened.envelope) == raw
+
+
+# ---- the fast paths agree with the strict decoders (issue 15) ---------------------------------
+#
+# ``proto.canonical._decode_usage_fast`` and ``proto.envelope.decode_envelope_fast`` decode
+# without msgspec's pattern checks and check the patterned fields by hand; on anything
+# they do not accept the strict decoder runs as before. Property: they accept exactly what
+# the strict decoder accepts (and is canonical), and build equal Structs of the same types.
+
+USAGE_PREFIX, _, USAGE_BODY = PAYLOADS["usage"].partition(b"\n")
+_STRICT_USAGE = msgspec.json.Decoder(UsageEvent)
+
+# Strings for the patterned fields: valid identifiers, hashes and key ids, and near misses
+# of them (one character changed, added or dropped, a newline or space at either end;
+# upper-case hex, non-ASCII digits and letters, a leading dash), or anything at all.
+TRICKY_CHARS = "0aA9fFgG._:-/\n\r\t \x00\u0660\u00aa\uff41\u2028\U0001f600"
+valid_texts = st.one_of(
+    st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._:-]{0,24}\Z"),
+    st.from_regex(r"\A[0-9a-f]{64}\Z"),
+    st.from_regex(r"\A[0-9a-f]{16}\Z"),
+    st.sampled_from(["a" * 128, "a" * 129]),
+)
+
+
+@st.composite
+def near_misses(draw: st.DrawFn) -> str:
+    text = draw(valid_texts)
+    op = draw(st.sampled_from(["same", "set", "insert", "delete", "affix"]))
+    at = draw(st.integers(0, max(0, len(text) - 1)))
+    char = draw(st.sampled_from(TRICKY_CHARS))
+    if op == "set" and text:
+        return text[:at] + char + text[at + 1 :]
+    if op == "insert":
+        return text[:at] + char + text[at:]
+    if op == "delete":
+        return text[:at] + text[at + 1 :]
+    if op == "affix":
+        return char + text if draw(st.booleans()) else text + char
+    return text
+
+
+pattern_texts = st.one_of(near_misses(), st.text(max_size=20), st.sampled_from(["", "\n"]))
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def strict_usage(body: bytes) -> UsageEvent | None:
+    """The usage event the strict decoder accepts from ``body`` when it is canonical."""
+    try:
+        event = _STRICT_USAGE.decode(body)
+    except Exception:
+        return None
+    return event if canonical_json(event) == body else None
+
+
+def usage_paths_agree(body: bytes) -> bool:
+    """Assert both paths give the same answer on ``body``; whether they accepted it."""
+    fast = _decode_usage_fast(body)
+    strict = strict_usage(body)
+    assert fast == strict
+    if strict is None:
+        return False
+    assert type(fast) is UsageEvent
+    assert fast is not None and all(type(s) is GpuSample for s in fast.samples)
+    assert decode_payload(USAGE_PREFIX + b"\n" + body) == strict
+    return True
+
+
+def check_usage_paths_agree(body: bytes) -> None:
+    event("accepted" if usage_paths_agree(body) else "rejected")
+
+
+@FUZZ
+@given(data=st.data())
+def test_usage_fast_path_agrees_on_patterned_fields(data: st.DataObject) -> None:
+    structure = json.loads(USAGE_BODY)
+    for name in data.draw(st.sets(st.sampled_from(["placement_id", "node_id", "prev", "uuid"]))):
+        if name == "uuid":
+            sample = data.draw(st.integers(0, len(structure["samples"]) - 1))
+            structure["samples"][sample]["uuid"] = data.draw(pattern_texts)
+        else:
+            structure[name] = data.draw(pattern_texts)
+    check_usage_paths_agree(_canonical(structure))
+
+
+@FUZZ
+@given(data=st.data())
+def test_usage_fast_path_agrees_on_mutated_bodies(data: st.DataObject) -> None:
+    if data.draw(st.booleans()):
+        body = data.draw(byte_mutations(USAGE_BODY))
+    else:
+        body = _encode_json(_mutate(json.loads(USAGE_BODY), data), data)
+    check_usage_paths_agree(body)
+
+
+# Every ASCII character and a few others, at the start, middle and end of each patterned
+# field (replacing a character or added), and each field cut short: deterministic,
+# so each character class of the patterns is tried whatever the random draws do.
+EDIT_CHARS = [chr(c) for c in range(128)] + list("\u0660\u00aa\u00e9\uff41\u2028\U0001f600")
+
+
+def _edits(text: str) -> list[str]:
+    out = [text[:-1], text[1:], "", text + text]
+    for char in EDIT_CHARS:
+        for at in (0, len(text) // 2, len(text) - 1):
+            out.append(text[:at] + char + text[at + 1 :])
+        out += [char + text, text + char]
+    return out
+
+
+@pytest.mark.parametrize("field", ["placement_id", "node_id", "prev", "uuid"])
+def test_usage_fast_path_agrees_on_every_character(field: str) -> None:
+    original = json.loads(USAGE_BODY)
+    current = original["samples"][0]["uuid"] if field == "uuid" else original[field]
+    accepted = 0
+    for text in _edits(current):
+        structure = json.loads(USAGE_BODY)
+        if field == "uuid":
+            structure["samples"][0]["uuid"] = text
+        else:
+            structure[field] = text
+        accepted += usage_paths_agree(_canonical(structure))
+    assert accepted > 20  # both paths accepted many edits, not only refused them
+
+
+def test_envelope_fast_path_agrees_on_every_keyid_character() -> None:
+    accepted = 0
+    for text in _edits(json.loads(CORPUS["usage"])["signatures"][0]["keyid"]):
+        structure = json.loads(CORPUS["usage"])
+        structure["signatures"][0]["keyid"] = text
+        raw = _canonical(structure)
+        assert decode_envelope_fast(raw) == strict_envelope(raw)
+        accepted += strict_envelope(raw) is not None
+    assert accepted > 20
+
+
+def strict_envelope(raw: bytes) -> Envelope | None:
+    """The envelope the strict decoder accepts from ``raw`` with at most one signature,
+    when it is canonical (what ``decode_envelope_fast`` answers for)."""
+    try:
+        envelope = msgspec.json.decode(raw, type=Envelope)
+    except Exception:
+        return None
+    if len(envelope.signatures) > 1 or canonical_json(envelope) != raw:
+        return None
+    return envelope
+
+
+@FUZZ
+@given(data=st.data(), kind=kinds)
+def test_envelope_fast_path_agrees_with_the_strict_decoder(data: st.DataObject, kind: str) -> None:
+    how = data.draw(st.sampled_from(["keyid", "bytes", "json"]))
+    if how == "bytes":
+        raw = data.draw(byte_mutations(CORPUS[kind]))
+    else:
+        structure = json.loads(CORPUS[kind])
+        if how == "keyid" and structure["signatures"]:
+            structure["signatures"][0]["keyid"] = data.draw(pattern_texts)
+            raw = _canonical(structure)
+        else:
+            raw = _encode_json(_mutate(structure, data), data)
+    fast = decode_envelope_fast(raw)
+    strict = strict_envelope(raw)
+    assert fast == strict
+    if strict is not None:
+        assert fast is not None and type(fast) is Envelope
+        assert all(type(s) is Signature for s in fast.signatures)
+        assert decode_envelope(raw) == strict
+    event("accepted" if strict is not None else "rejected")
+
+
+def _schema_without_patterns(struct_type: type) -> Any:
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in ("pattern", "description")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    text = json.dumps(msgspec.json.schema(struct_type), sort_keys=True)
+    return strip(json.loads(text.replace('"_Loose', '"').replace("/_Loose", "/")))
+
+
+@pytest.mark.parametrize(
+    ("loose", "strict"),
+    [
+        (_LooseUsageEvent, UsageEvent),
+        (_LooseGpuSample, GpuSample),
+        (_LooseEnvelope, Envelope),
+        (_LooseSignature, Signature),
+    ],
+)
+def test_the_loose_shapes_are_the_strict_ones_without_patterns(loose: type, strict: type) -> None:
+    """Same fields, defaults, bounds and wire config: only the patterns differ."""
+    assert _schema_without_patterns(loose) == _schema_without_patterns(strict)
+    assert _schema_without_patterns(loose) != json.loads(
+        json.dumps(msgspec.json.schema(strict)).replace('"_Loose', '"')
+    )  # the strict one has patterns
+    assert [(f.name, f.encode_name, f.default) for f in msgspec.structs.fields(loose)] == [
+        (f.name, f.encode_name, f.default) for f in msgspec.structs.fields(strict)
+    ]
+    config, strict_config = loose.__struct_config__, strict.__struct_config__  # type: ignore[attr-defined]
+    for name in ("forbid_unknown_fields", "omit_defaults", "tag", "tag_field", "array_like"):
+        assert getattr(config, name) == getattr(strict_config, name)
 
 
 # ---- notes and checkpoints --------------------------------------------------------------------
