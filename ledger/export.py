@@ -12,7 +12,9 @@ Cost (issue 15): the rows are copied by DuckDB itself, store to file, with the n
 ATTACHed to a connection of the store (no row passes through Python), and they are read
 through the placement's commit range (``ledger.store``), so one export costs about its
 own rows. ``export_all`` exports many placements in one pass: statements and checkpoints
-issued set-wise (``attest_all``); the rows read from the store once per chunk of
+issued set-wise (``attest_chunks``), each chunk of placements written as soon as it is
+attested while the next is (one pipeline, not two passes); each file synced and renamed
+by a thread of its own while the writers write on; the rows read from the store once per chunk of
 placements in commit order (one query per table, not ~10 per placement), handed to a
 DuckDB of each writer thread's own and written from there; every file started from one
 empty file with the schema, by two threads (DuckDB releases the GIL). What is left per
@@ -32,14 +34,20 @@ import os
 import re
 import threading
 from collections.abc import Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import duckdb
 
-from ledger.attest import UnknownPlacement, attest_all, issue_checkpoint, issue_statement
+from ledger.attest import (
+    ChainFacts,
+    UnknownPlacement,
+    attest_chunks,
+    issue_checkpoint,
+    issue_statement,
+)
 from ledger.limits import (
     EXPORT_PAGE_RECORDS,
     EXPORT_ROW_GROUP_ROWS,
@@ -383,6 +391,22 @@ def _write_export(
 ) -> dict[str, int]:
     """The export file of placement ``source.placement_id`` at ``out``, via a temporary
     file and a rename."""
+    tmp, counts = _write_tmp(con, source, out, meta, kinds, template, compact)
+    _finish(tmp, out, sync_dir=sync_dir)
+    return counts
+
+
+def _write_tmp(
+    con: duckdb.DuckDBPyConnection,
+    source: _Rows,
+    out: Path,
+    meta: dict[str, str],
+    kinds: Collection[str] | None,
+    template: _Template | None,
+    compact: bool,
+) -> tuple[Path, dict[str, int]]:
+    """The export file of ``out`` written whole under its temporary name (``_tmp_path``,
+    removed again if anything fails), and its row counts; ``_finish`` renames it."""
     tmp = _tmp_path(out)
     try:
         with contextlib.suppress(FileNotFoundError):
@@ -390,16 +414,30 @@ def _write_export(
         counts = _copy_rows(con, tmp, source, meta, kinds, template, compact)
         with contextlib.suppress(FileNotFoundError):  # a checkpointed file has no WAL left
             Path(str(tmp) + ".wal").unlink()
+    except BaseException:
+        _discard(tmp)
+        raise
+    return tmp, counts
+
+
+def _finish(tmp: Path, out: Path, *, sync_dir: bool = True) -> None:
+    """Sync the whole temporary export file ``tmp`` and rename it to ``out`` (only a
+    synced, whole file ever gets an export's name: kill -9 anywhere leaves a dot file)."""
+    try:
         _fsync_file(tmp)
         os.replace(tmp, out)
         if sync_dir:
             fsync_dir(out.parent)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        with contextlib.suppress(FileNotFoundError):
-            Path(str(tmp) + ".wal").unlink()
-    return counts
+        _discard(tmp)
+
+
+def _discard(tmp: Path) -> None:
+    """Remove the temporary export file ``tmp`` and its WAL, if they are there."""
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        Path(str(tmp) + ".wal").unlink()
 
 
 def export_placement(
@@ -500,8 +538,9 @@ def _export_all(
     compact: bool = False,
 ) -> ExportedAll:
     ids = store.placements() if placement_ids is None else list(placement_ids)
-    attested = attest_all(store, key, ids)
-    facts = attested.chains
+    # Raises UnknownPlacement here, before anything is issued or written.
+    attesting = attest_chunks(store, key, ids)
+    first = next(attesting, None)
     ranges = store.commit_ranges()
     dropped = store.dropped_counts()
     ledger_key = b64(key.public_key)
@@ -511,8 +550,8 @@ def _export_all(
     template_path = directory / f".template-{os.getpid()}.duckdb"
     _make_template(template_path, compact)
     template = _Template.load(template_path)
-    ordered = sorted(facts, key=lambda p: (ranges[p], p))
-    chunks = _chunks(ordered, {p: facts[p].records for p in ordered}, threads)
+    facts: dict[str, ChainFacts] = {}
+    skipped: dict[str, str] = {}
 
     writers: dict[int, duckdb.DuckDBPyConnection] = {}
     config = _writer_config()
@@ -526,8 +565,8 @@ def _export_all(
             writers[thread] = con
         return writers[thread]
 
-    def work(chunk: list[str]) -> dict[str, dict[str, int]]:
-        done: dict[str, dict[str, int]] = {}
+    def work(chunk: list[str]) -> list[tuple[str, dict[str, int], Future[None]]]:
+        done: list[tuple[str, dict[str, int], Future[None]]] = []
         con = store.cursor()
         try:
             staged = len(chunk) > 1
@@ -541,34 +580,52 @@ def _export_all(
                     "dropped_duplicates": str(dropped.get(pid, 0)),
                     "arrival": arrival,
                 }
-                done[pid] = _write_export(
+                out = directory / f"{pid}.duckdb"
+                tmp, counts = _write_tmp(
                     writer() if staged else con,
                     _Rows(pid)
                     if staged
                     else _Rows(pid, _pages(con, pid, ranges[pid], facts[pid].records)),
-                    directory / f"{pid}.duckdb",
+                    out,
                     meta,
-                    kinds=facts[pid].kinds,
-                    template=template,
-                    sync_dir=False,
-                    compact=compact,
+                    facts[pid].kinds,
+                    template,
+                    compact,
                 )
+                # Synced and renamed by the syncer thread while this one writes on.
+                done.append((pid, counts, syncer.submit(_finish, tmp, out, sync_dir=False)))
         finally:
             con.close()
         return done
 
     try:
         results: dict[str, dict[str, int]] = {}
-        workers = max(1, min(threads, len(chunks)))
-        with ThreadPoolExecutor(workers, thread_name_prefix="ledger-export") as pool:
-            for done in pool.map(work, chunks):
-                results.update(done)
+        with (
+            ThreadPoolExecutor(1, thread_name_prefix="ledger-export-sync") as syncer,
+            ThreadPoolExecutor(max(1, threads), thread_name_prefix="ledger-export") as pool,
+        ):
+            # Each chunk of placements is written as soon as attested, while the next
+            # chunk is attested (this thread) (issue 15: attestation was a pass of its
+            # own before the writers started).
+            pending: list[Future[list[tuple[str, dict[str, int], Future[None]]]]] = []
+            part = first
+            while part is not None:
+                facts.update(part.chains)
+                skipped.update(part.skipped)
+                ordered = list(part.chains)  # in commit order (attest_chunks)
+                for chunk in _chunks(ordered, {p: facts[p].records for p in ordered}, threads):
+                    pending.append(pool.submit(work, chunk))
+                part = next(attesting, None)
+            for future in pending:
+                for pid, counts, synced in future.result():
+                    synced.result()
+                    results[pid] = counts
         fsync_dir(directory)
     finally:
         for con in writers.values():
             con.close()
         template_path.unlink(missing_ok=True)
-    return ExportedAll(results, attested.skipped)
+    return ExportedAll(results, skipped)
 
 
 def _chunks(ordered: Sequence[str], records: dict[str, int], threads: int) -> list[list[str]]:
