@@ -29,11 +29,12 @@ so what an export needs of the store's buffer pool does not grow with the placem
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import re
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -718,8 +719,9 @@ def _stage(
     each placement's own range), into ``writer``'s tables ``stage_<export table>``,
     sorted by placement and each table's order; ``_Rows(pid)`` then reads one
     placement's rows there instead of in the store's large tables. The rows pass from
-    one DuckDB to the other through a Parquet file in ``directory`` (removed at once;
-    DuckDB's types survive the round trip)."""
+    one DuckDB to the other as an Arrow stream (``_arrow_handoff``: no file, no
+    encoding), else through a Parquet file in ``directory`` (removed at once); DuckDB's
+    types survive either way."""
     for source in ("records", "inputs", "statements", "checkpoints"):
         if source in ("records", "inputs"):
             select = (
@@ -730,14 +732,7 @@ def _stage(
         else:
             select = f"SELECT * FROM {source} WHERE placement_id IN (SELECT unnest(?))"
             params = [chunk]
-        path = directory / f".stage-{os.getpid()}-{next(_ALIASES)}-{source}.parquet"
-        try:
-            con.execute(
-                f"COPY ({select}) TO '{_sql_string(path)}' "
-                "(FORMAT parquet, COMPRESSION uncompressed)",
-                params,
-            )
-            rows = f"read_parquet('{_sql_string(path)}')"
+        with _handed_over(con, writer, select, params, directory, source) as rows:
             if source == "inputs":
                 writer.execute(f"CREATE OR REPLACE TEMPORARY TABLE staged_inputs AS FROM {rows}")
                 for table, (kind, _) in INPUT_TABLES.items():
@@ -753,8 +748,53 @@ def _stage(
                     f"CREATE OR REPLACE TABLE {_STAGE_PREFIX}{table} AS FROM {rows} "
                     f"ORDER BY placement_id, {_ORDER[table]}"
                 )
+
+
+@contextlib.contextmanager
+def _handed_over(
+    con: duckdb.DuckDBPyConnection,
+    writer: duckdb.DuckDBPyConnection,
+    select: str,
+    params: list[Any],
+    directory: Path,
+    source: str,
+) -> Iterator[str]:
+    """The rows of ``select`` (run on ``con``) as a relation ``writer`` reads once: the
+    name of an Arrow stream registered there (``_arrow_handoff``), else a Parquet file
+    written by ``con`` in ``directory`` (removed afterwards)."""
+    if _arrow_handoff():
+        name = f"{_STAGE_PREFIX}arrow_{source}"
+        writer.register(name, con.sql(select, params=params).__arrow_c_stream__())
+        try:
+            yield name
         finally:
-            path.unlink(missing_ok=True)
+            writer.unregister(name)
+        return
+    path = directory / f".stage-{os.getpid()}-{next(_ALIASES)}-{source}.parquet"
+    try:
+        con.execute(
+            f"COPY ({select}) TO '{_sql_string(path)}' (FORMAT parquet, COMPRESSION uncompressed)",
+            params,
+        )
+        yield f"read_parquet('{_sql_string(path)}')"
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@functools.cache
+def _arrow_handoff() -> bool:
+    """Whether this DuckDB hands a query's rows to another DuckDB as an Arrow C stream
+    (a relation's ``__arrow_c_stream__``, scanned where registered; no pyarrow needed).
+    Measured (issue 15, 640 small placements in chunks of 64, 3 rounds interleaved):
+    0.73-0.94 ms CPU and 0.8-1.3 ms wall a placement to stage, against 0.92-0.98 and
+    1.1-1.5 through Parquet. DuckDB 2.0 does; 1.0 falls back to Parquet."""
+    try:
+        with duckdb.connect(":memory:") as a, duckdb.connect(":memory:") as b:
+            rel = a.sql("SELECT ?::BIGINT AS i, 'x'::BLOB AS b", params=[7])
+            b.register("probe", rel.__arrow_c_stream__())
+            return b.execute("SELECT i, b FROM probe").fetchall() == [(7, b"x")]
+    except (AttributeError, TypeError, duckdb.Error):
+        return False
 
 
 def _make_template(path: Path, compact: bool = False) -> None:
