@@ -306,6 +306,28 @@ def _pages(
     return tuple(pages) or (_Page(None, None, *commits),)
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """The prepared INSERTs of a writer's own DuckDB (``export_all``, rows staged by
+    ``_stage``): it attaches every export file under the same ``alias``, so each INSERT
+    is parsed and planned once per writer and only rebound for each file and each chunk
+    staged (DuckDB rebinds a prepared statement whose tables changed). Measured per
+    INSERT of a staged placement (issue 15): 0.37 ms against 0.43-0.59 parsed each time."""
+
+    alias: str
+    names: set[str]
+
+    def statement(self, con: duckdb.DuckDBPyConnection, name: str, sql: str, *args: str) -> str:
+        """``EXECUTE`` of the statement ``sql`` (parameters $1 ..), prepared as ``name``
+        on ``con`` the first time, with ``args`` as SQL string literals (DuckDB takes no
+        ``?`` parameters in an ``EXECUTE``)."""
+        if name not in self.names:
+            con.execute(f"PREPARE {name} AS {sql}")
+            self.names.add(name)
+        literals = ", ".join("'" + arg.replace("'", "''") + "'" for arg in args)
+        return f"EXECUTE {name}({literals})"
+
+
 def _copy_rows(
     con: duckdb.DuckDBPyConnection,
     path: Path,
@@ -314,6 +336,7 @@ def _copy_rows(
     kinds: Collection[str] | None,
     template: _Template | None,
     compact: bool = False,
+    prepared: _Prepared | None = None,
 ) -> dict[str, int]:
     """Write the export file ``path`` of placement ``source.placement_id`` from the rows
     ``source`` names.
@@ -323,8 +346,9 @@ def _copy_rows(
     ``source``: the store itself (``_Rows`` with a commit range) or a chunk staged by
     ``_stage``. ``template``: an empty export file to start from (else the schema is
     created here). ``kinds``: the input kinds the chain holds (None: every kind).
+    ``prepared``: the prepared INSERTs of ``con`` (a writer's own DuckDB, rows staged).
     """
-    alias = f"gridledger_export_{next(_ALIASES)}"
+    alias = f"gridledger_export_{next(_ALIASES)}" if prepared is None else prepared.alias
     # Rows read straight from the store (``source.pages``) are written in row groups of
     # EXPORT_ROW_GROUP_ROWS: the transaction buffers a few row groups at a time in the
     # store's buffer pool, however large the placement (issue 15).
@@ -349,6 +373,16 @@ def _copy_rows(
                 kind = INPUT_TABLES[table][0] if table in INPUT_TABLES else None
                 if kind is not None and kinds is not None and kind not in kinds:
                     counts[table] = 0
+                    continue
+                if prepared is not None:
+                    insert = prepared.statement(
+                        con,
+                        f"insert_{table}",
+                        f"INSERT INTO {alias}.{table} SELECT {columns} "
+                        f"FROM {_STAGE_PREFIX}{table} WHERE placement_id = $1",
+                        source.placement_id,
+                    )
+                    counts[table] = _count(con, insert, [])
                     continue
                 # One INSERT per page (``_pages``): each appends its rows in their order.
                 counts[table] = sum(
@@ -405,6 +439,7 @@ def _write_tmp(
     kinds: Collection[str] | None,
     template: _Template | None,
     compact: bool,
+    prepared: _Prepared | None = None,
 ) -> tuple[Path, dict[str, int]]:
     """The export file of ``out`` written whole under its temporary name (``_tmp_path``,
     removed again if anything fails), and its row counts; ``_finish`` renames it."""
@@ -412,7 +447,7 @@ def _write_tmp(
     try:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        counts = _copy_rows(con, tmp, source, meta, kinds, template, compact)
+        counts = _copy_rows(con, tmp, source, meta, kinds, template, compact, prepared)
         with contextlib.suppress(FileNotFoundError):  # a checkpointed file has no WAL left
             Path(str(tmp) + ".wal").unlink()
     except BaseException:
@@ -554,16 +589,17 @@ def _export_all(
     facts: dict[str, ChainFacts] = {}
     skipped: dict[str, str] = {}
 
-    writers: dict[int, duckdb.DuckDBPyConnection] = {}
+    writers: dict[int, tuple[duckdb.DuckDBPyConnection, _Prepared]] = {}
     config = _writer_config()
 
-    def writer() -> duckdb.DuckDBPyConnection:
-        """This thread's writer: a DuckDB of its own (one thread, not the store's)."""
+    def writer() -> tuple[duckdb.DuckDBPyConnection, _Prepared]:
+        """This thread's writer: a DuckDB of its own (one thread, not the store's), and
+        its prepared INSERTs."""
         thread = threading.get_ident()
         if thread not in writers:
             con = duckdb.connect(":memory:", config=config)
             _keep_optimizers(con, _WRITER_OPTIMIZERS)
-            writers[thread] = con
+            writers[thread] = (con, _Prepared(f"gridledger_export_{next(_ALIASES)}", set()))
         return writers[thread]
 
     def work(chunk: list[str]) -> list[tuple[str, dict[str, int], Future[None]]]:
@@ -574,7 +610,7 @@ def _export_all(
             if staged:
                 low = min(ranges[p][0] for p in chunk)
                 high = max(ranges[p][1] for p in chunk)
-                _stage(con, writer(), chunk, low, high, directory)
+                _stage(con, writer()[0], chunk, low, high, directory)
             for pid in chunk:
                 meta = {
                     "ledger_key": ledger_key,
@@ -582,17 +618,16 @@ def _export_all(
                     "arrival": arrival,
                 }
                 out = directory / f"{pid}.duckdb"
-                tmp, counts = _write_tmp(
-                    writer() if staged else con,
-                    _Rows(pid)
-                    if staged
-                    else _Rows(pid, _pages(con, pid, ranges[pid], facts[pid].records)),
-                    out,
-                    meta,
-                    facts[pid].kinds,
-                    template,
-                    compact,
-                )
+                if staged:
+                    own, prepared = writer()
+                    tmp, counts = _write_tmp(
+                        own, _Rows(pid), out, meta, facts[pid].kinds, template, compact, prepared
+                    )
+                else:
+                    pages = _pages(con, pid, ranges[pid], facts[pid].records)
+                    tmp, counts = _write_tmp(
+                        con, _Rows(pid, pages), out, meta, facts[pid].kinds, template, compact
+                    )
                 # Synced and renamed by the syncer thread while this one writes on.
                 done.append((pid, counts, syncer.submit(_finish, tmp, out, sync_dir=False)))
         finally:
@@ -623,7 +658,7 @@ def _export_all(
                     results[pid] = counts
         fsync_dir(directory)
     finally:
-        for con in writers.values():
+        for con, _ in writers.values():
             con.close()
         template_path.unlink(missing_ok=True)
     return ExportedAll(results, skipped)
