@@ -399,10 +399,16 @@ def _copy_rows(
                 ("dropped_duplicates", meta["dropped_duplicates"]),
                 ("arrival", meta.get("arrival", "log")),
             ]
-            con.execute(
-                f"INSERT INTO {alias}.meta VALUES " + ", ".join(["(?, ?)"] * len(pairs)),
-                [value for pair in pairs for value in pair],
-            )
+            values = [value for pair in pairs for value in pair]
+            if prepared is not None:
+                numbered = (f"(${2 * i + 1}, ${2 * i + 2})" for i in range(len(pairs)))
+                sql = f"INSERT INTO {alias}.meta VALUES " + ", ".join(numbered)
+                con.execute(prepared.statement(con, "insert_meta", sql, *values))
+            else:
+                con.execute(
+                    f"INSERT INTO {alias}.meta VALUES " + ", ".join(["(?, ?)"] * len(pairs)),
+                    values,
+                )
             counts["meta"] = len(pairs)
             con.execute("COMMIT")
         except BaseException:
