@@ -14,11 +14,12 @@ through the placement's commit range (``ledger.store``), so one export costs abo
 own rows. ``export_all`` exports many placements in one pass: statements and checkpoints
 issued set-wise (``attest_chunks``), each chunk of placements written as soon as it is
 attested while the next is (one pipeline, not two passes); each file synced and renamed
-by a thread of its own while the writers write on; the rows read from the store once per chunk of
-placements in commit order (one query per table, not ~10 per placement), handed to a
-DuckDB of each writer thread's own and written from there; every file started from one
-empty file with the schema, by two threads (DuckDB releases the GIL). What is left per
-file is DuckDB's own cost of a file (``bench/export_many.py`` measures it beside).
+by syncer threads (EXPORT_SYNC_THREADS) while the writers write on; the rows read from
+the store once per chunk of placements in commit order (one query per table, not ~10
+per placement), handed to a DuckDB of each writer thread's own and written from there;
+every file started from one empty file with the schema, by two threads (DuckDB releases
+the GIL). What is left per file is DuckDB's own cost of a file (``bench/export_many.py``
+measures it beside).
 
 Memory (issue 15, ``bench/export_rss.py``): a placement above EXPORT_STAGE_RECORDS is read
 straight from the store page by page (``_pages``: DuckDB sorts EXPORT_PAGE_RECORDS rows at
@@ -141,6 +142,11 @@ TABLES: Final[tuple[str, ...]] = (
 
 # Threads writing export files in ``export_all``.
 EXPORT_THREADS: Final = 2
+# Threads syncing and renaming the files written (``_finish``) in ``export_all``: an fsync
+# waits on the disk, not the CPU, and one thread alone caps the files per second at one
+# over the fsync's latency (loaded machine: fewer files/s than two writers make); the
+# fsyncs of several threads at once share the file system's journal commits.
+EXPORT_SYNC_THREADS: Final = 4
 
 _ALIASES = itertools.count()
 
@@ -634,7 +640,7 @@ def _export_all(
                     tmp, counts = _write_tmp(
                         con, _Rows(pid, pages), out, meta, facts[pid].kinds, template, compact
                     )
-                # Synced and renamed by the syncer thread while this one writes on.
+                # Synced and renamed by a syncer thread while this one writes on.
                 done.append((pid, counts, syncer.submit(_finish, tmp, out, sync_dir=False)))
         finally:
             con.close()
@@ -643,7 +649,7 @@ def _export_all(
     try:
         results: dict[str, dict[str, int]] = {}
         with (
-            ThreadPoolExecutor(1, thread_name_prefix="ledger-export-sync") as syncer,
+            ThreadPoolExecutor(EXPORT_SYNC_THREADS, thread_name_prefix="export-sync") as syncer,
             ThreadPoolExecutor(max(1, threads), thread_name_prefix="ledger-export") as pool,
         ):
             # Each chunk of placements is written as soon as attested, while the next
