@@ -1,7 +1,7 @@
 """Benchmark: export thousands of placements from one ledger store, beside a full read.
 
     .venv/bin/python bench/export_many.py [--events 600000] [--trace DIR]
-        [--mode each|all|both] [--sample N] [--verify N] [--workdir DIR]
+        [--mode each|all|both] [--sample N] [--verify N] [--workdir DIR] [--threads N]
 
 1. Builds (once; cached under ~/.cache/gridledger/bench/) a ledger store shaped like the
    OpenB trace: one placement per GPU task that ran (6,203), in the trace's order, each
@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=0, help="each mode: only N placements")
     parser.add_argument("--verify", type=int, default=20)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--threads", type=int, help="all mode: writer threads (EXPORT_THREADS)")
     args = parser.parse_args(argv)
     if not (args.trace / "openb_pod_list_default.csv").exists():
         print(f"error: no OpenB trace at {args.trace} (--trace DIR)", file=sys.stderr)
@@ -293,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 started = time.perf_counter()
                 cpu = _cpu()
+                threads = {} if args.threads is None else {"threads": args.threads}
                 with Store(db, ledger_public_key=cast.ledger.public_key) as store:
-                    done = export_all(store, out, key=cast.ledger)
+                    done = export_all(store, out, key=cast.ledger, **threads)
                 seconds = time.perf_counter() - started
                 cpu = _cpu() - cpu
                 chosen = sorted(done.written)
@@ -308,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 "all_placements_s": round(all_s, 1),
                 "exports_per_s": round(len(chosen) / seconds, 1),
                 "ratio_to_full_read": round(all_s / report["full_read_s"], 2),
+                "load_after": round(os.getloadavg()[0], 1),
                 "cpu_ratio_to_file_floor": round(
                     cpu / len(chosen) * 1000 / report["file_floor"]["cpu_ms_per_file"], 2
                 ),

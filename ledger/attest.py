@@ -171,6 +171,21 @@ def attest_all(store: Store, key: SigningKey, placement_ids: Sequence[str]) -> A
     of the chains that still need a checkpoint are, ATTEST_LEAF_RECORDS at a time (a
     larger chain alone, 32 bytes a record).
     """
+    done = Attested({}, {})
+    for part in attest_chunks(store, key, placement_ids):
+        done.chains.update(part.chains)
+        done.skipped.update(part.skipped)
+    return done
+
+
+def attest_chunks(
+    store: Store, key: SigningKey, placement_ids: Sequence[str]
+) -> Iterator[Attested]:
+    """``attest_all`` one ATTEST_CHUNK of placements at a time (in commit order): each
+    answer is yielded once its statements and checkpoints are committed to the store, so
+    a caller can export a chunk's placements while the next chunk is attested
+    (``export_all``). Raises UnknownPlacement at the first ``next`` (before issuing
+    anything) for a placement without a chain."""
     ranges = store.commit_ranges()
     missing = [p for p in placement_ids if p not in ranges]
     if missing:
@@ -178,8 +193,8 @@ def attest_all(store: Store, key: SigningKey, placement_ids: Sequence[str]) -> A
     have_statements = store.statement_heads()
     have_checkpoints = store.checkpoint_sizes()
     ordered = sorted(set(placement_ids), key=lambda p: (ranges[p], p))
-    done = Attested({}, {})
     for at in range(0, len(ordered), ATTEST_CHUNK):
+        done = Attested({}, {})
         chunk = ordered[at : at + ATTEST_CHUNK]
         low = min(ranges[p][0] for p in chunk)
         high = max(ranges[p][1] for p in chunk)
@@ -200,7 +215,7 @@ def attest_all(store: Store, key: SigningKey, placement_ids: Sequence[str]) -> A
             for pid, size, leaves in _leaves(store, sizes, ranges)
         ]
         store.add_attestations(statements, checkpoints)
-    return done
+        yield done
 
 
 def _summaries(store: Store, chunk: list[str], low: int, high: int) -> dict[str, _Summary]:

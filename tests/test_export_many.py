@@ -129,6 +129,50 @@ def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
     assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
 
 
+def test_chunks_staged_through_parquet_or_arrow_give_the_same_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DuckDB that cannot hand rows over as an Arrow stream (before 2.0) stages each
+    chunk through a Parquet file instead: the same files row for row, no file left."""
+    scenario, db = _ledger(tmp_path, placements=5)
+    assert export._arrow_handoff()  # the DuckDB the tests run with (pyproject's newest)
+    arrow = export_all(db, tmp_path / "arrow", key=scenario.cast.ledger)
+    monkeypatch.setattr(export, "_arrow_handoff", lambda: False)
+    parquet = export_all(db, tmp_path / "parquet", key=scenario.cast.ledger)
+    assert parquet.written == arrow.written
+    assert sorted(arrow.written) == scenario.placement_ids
+    for pid in scenario.placement_ids:
+        assert _rows_as_stored(tmp_path / "parquet" / f"{pid}.duckdb") == _rows_as_stored(
+            tmp_path / "arrow" / f"{pid}.duckdb"
+        ), pid
+    assert not list((tmp_path / "parquet").glob(".*")), "temporary files left behind"
+
+
+def test_prepared_inserts_quote_any_placement_id_and_rebind_per_file() -> None:
+    """A writer's prepared INSERT takes the placement id as an SQL literal (quotes
+    doubled) and writes into whichever file is attached under its alias now."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(
+            "CREATE TABLE stage_t AS SELECT * FROM (VALUES ('o''brien', 1), ('x', 2)) v(p, i)"
+        )
+        prepared = export._Prepared("w", set())
+        got = []
+        for _ in range(2):
+            con.execute("ATTACH ':memory:' AS w")
+            con.execute("CREATE TABLE w.t (i INTEGER)")
+            sql = prepared.statement(
+                con, "ins", "INSERT INTO w.t SELECT i FROM stage_t WHERE p = $1", "o'brien"
+            )
+            assert export._count(con, sql, []) == 1
+            got.append(con.execute("SELECT i FROM w.t").fetchall())
+            con.execute("DETACH w")
+        assert got == [[(1,)], [(1,)]]
+        assert prepared.names == {"ins"}
+    finally:
+        con.close()
+
+
 def test_placements_read_from_the_store_in_pages_are_written_as_read_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
