@@ -172,7 +172,7 @@ async def run_ledger(
     if worker is not None:
         # The worker's start-up (a spawned interpreter importing pynacl, and this script
         # again as __mp_main__), once per ledger process: reported apart from the run.
-        WORKER_START_CPU_S.append(_process_cpu(worker.pid()))
+        WORKER_START_CPU_S.append(process_cpu_s(worker.pid()))
     consumed = 0
     profiler = None if profile is None else cProfile.Profile()
     try:
@@ -198,8 +198,11 @@ async def run_ledger(
     return seconds, consumed
 
 
-def _process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a running process has used (Linux /proc)."""
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system, all threads) a running process has used (Linux /proc);
+    0 without one."""
+    if pid is None:
+        return 0.0
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import nacl.signing
 # devtools/ is not installed (not in the wheel): import it from the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.ledger_throughput import process_cpu_s
 from devtools.openb import openb_trace
 from gridledger.replay import (
     ReplayOptions,
@@ -192,18 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"peak RSS of the replay: {report.peak_rss_mib:.0f} MiB")
     return 0 if report.ok and failed == 0 else 1
-
-
-def process_cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system, all threads) of a live process by /proc; 0 without one."""
-    if pid is None:
-        return 0.0
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _stderr_line(line: str) -> None:
