@@ -11,8 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
+from test_meter_kafka import consume_records
 
 from transport.kafka import (
     EVENT_SOURCED_TOPIC_CONFIG,
@@ -43,27 +42,6 @@ async def _produce(bootstrap: str, topic: str, items: list[tuple[bytes, bytes, i
     return records, acks
 
 
-async def _consume(bootstrap: str, topic: str) -> list[Any]:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, 0)
-        end = await consumer.end_offsets(tps)
-        out: list[Any] = []
-        async with asyncio.timeout(TIMEOUT_S):
-            while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    out.extend(records)
-        return out
-    finally:
-        await consumer.stop()
-
-
 @pytest.mark.parametrize("stated", [False, True])
 def test_send_batched_keeps_each_partitions_order_and_acks_per_batch(
     kafka_bootstrap: str, tmp_topic: Callable[..., str], stated: bool
@@ -82,7 +60,7 @@ def test_send_batched_keeps_each_partitions_order_and_acks_per_batch(
     records, acks = asyncio.run(_produce(kafka_bootstrap, topic, items))
     assert len(acks) == len(records)
 
-    consumed = asyncio.run(_consume(kafka_bootstrap, topic))
+    consumed = asyncio.run(consume_records(kafka_bootstrap, topic, PARTITIONS))
     assert sorted(r.value for r in consumed) == sorted(v for _, v, _ in items)  # each once
     by_partition: dict[int, list[bytes]] = defaultdict(list)
     offset_of: dict[bytes, tuple[int, int]] = {}

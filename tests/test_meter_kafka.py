@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -390,25 +391,30 @@ def test_publish_kafka_and_local(
 
 async def _consume_placed(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes, int, int]]:
     """Every (partition, key, value, timestamp, timestamp type) of the topic."""
+    return [
+        (r.partition, r.key, r.value, r.timestamp, r.timestamp_type)
+        for r in await consume_records(bootstrap, topic, PARTITIONS)
+    ]
+
+
+async def consume_records(bootstrap: str, topic: str, partitions: int) -> list[Any]:
+    """Every record of the topic's ``partitions`` (aiokafka ConsumerRecords), offset 0 to
+    the end, in each partition's order."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
     )
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         for tp in tps:
             consumer.seek(tp, 0)
         end = await consumer.end_offsets(tps)
-        out: list[tuple[int, bytes, bytes, int, int]] = []
+        out: list[Any] = []
         async with asyncio.timeout(CONSUME_TIMEOUT_S):
             while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
-                batches = await consumer.getmany(timeout_ms=500)
-                for tp, records in batches.items():
-                    out.extend(
-                        (tp.partition, r.key, r.value, r.timestamp, r.timestamp_type)
-                        for r in records
-                    )
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    out.extend(records)
         return out
     finally:
         await consumer.stop()
