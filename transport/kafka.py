@@ -152,12 +152,15 @@ def client_kwargs(settings: KafkaSettings) -> dict[str, Any]:
     return kwargs
 
 
-# Record batches are gzip-compressed by the producer (Python's own zlib: no extra package):
-# a batch of signed envelopes shrinks to about a fifth (740 -> 166 bytes per usage event
-# measured by bench/disk_per_event.py), and the topic keeps everything forever at its
-# replication factor. The broker stores batches as produced (compression.type=producer);
-# consumers decompress transparently; log-append time stays per batch, as the ledger reads it.
-PRODUCER_COMPRESSION: Final = "gzip"
+# Record batches are zstd-compressed by the producer (level 3, Kafka's default, through
+# cramjam, the codec package aiokafka itself uses): a batch of signed envelopes shrinks to
+# about a fifth (~145 bytes per usage event, as with gzip), and the topic keeps everything
+# forever at its replication factor. Measured on real envelopes (issue 15): zstd 2.3 µs per
+# event to compress and 0.9 to decompress against gzip's 10.2 and 2.2 (aiokafka's gzip runs
+# at level 9, fixed). The broker stores batches as produced (compression.type=producer);
+# consumers decompress transparently, gzip batches of older producers included; log-append
+# time stays per batch, as the ledger reads it.
+PRODUCER_COMPRESSION: Final = "zstd"
 
 
 # ConsumerRecord.timestamp_type / produce acknowledgement timestamp_type of a timestamp the
@@ -176,7 +179,7 @@ async def topic_partition_ids(client_owner: Any, topic: str) -> list[int] | None
 
 
 def make_producer(settings: KafkaSettings, **extra: Any) -> Any:
-    """An idempotent, gzip-compressing producer (acks=all) for ``settings``; the caller
+    """An idempotent, zstd-compressing producer (acks=all) for ``settings``; the caller
     starts and stops it. ``extra`` overrides (``compression_type=None`` sends uncompressed)."""
     from aiokafka import AIOKafkaProducer
 
