@@ -115,11 +115,17 @@ class Closer:
         self.key = key
         self.clock = clock
         self._recorded = store.closes_recorded()
+        # Whether the store may hold a close not yet published: a restart may have left
+        # some, a new close sets it, a read that finds none clears it (then the store is
+        # not asked again until a close is recorded).
+        self._unpublished = True
 
     def pending(self) -> list[tuple[str, bytes]]:
         """(placement_id, envelope) of every close to publish now, new or not yet published."""
         now = self.clock()
         fold = self.ingestor.fold
+        new: list[tuple[str, bytes]] = []
+        dues: list[int] = []
         for placement_id in fold.open_placements():
             if placement_id in self._recorded:
                 continue
@@ -127,10 +133,19 @@ class Closer:
             if due is None or now < due:
                 continue
             record = PlacementClosed(placement_id=placement_id, closed_at_ms=now)
-            self.store.add_close(placement_id, seal(record, [self.key]))
-            self._recorded.add(placement_id)
-            log.info("close_due", placement=placement_id, closed_at_ms=now, due_ms=due)
-        return self.store.unpublished_closes()
+            new.append((placement_id, seal(record, [self.key])))
+            dues.append(due)
+        if new:
+            self.store.add_closes(new)
+            self._recorded.update(placement_id for placement_id, _ in new)
+            self._unpublished = True
+            for (placement_id, _), due in zip(new, dues, strict=True):
+                log.info("close_due", placement=placement_id, closed_at_ms=now, due_ms=due)
+        if not self._unpublished:
+            return []
+        pending = self.store.unpublished_closes()
+        self._unpublished = bool(pending)
+        return pending
 
     def published(self, placement_ids: Iterable[str]) -> None:
         """Note that these closes reached the stream."""

@@ -1223,19 +1223,25 @@ class Store:
 
     # ---- closes the ledger publishes ------------------------------------------------------------
 
-    def add_close(self, placement_id: str, envelope: bytes) -> bytes:
-        """Record the close to publish; an earlier one for the placement wins and is returned.
+    def add_closes(self, closes: Sequence[tuple[str, bytes]]) -> None:
+        """Record closes to publish, ``(placement_id, envelope)`` each, in one transaction; a
+        placement that already has one keeps it (the earlier close wins, here and in
+        ``closes``), as does the first of two for one placement in ``closes``.
 
-        Written before it is published, so a restart republishes the same bytes (the fold
-        drops the copy as a duplicate) instead of a second close with another time.
-        """
+        Written before they are published, so a restart republishes the same bytes (the
+        fold drops the copy as a duplicate) instead of a second close with another time.
+        One transaction for every close due at once: one write-ahead-log commit instead of
+        one per placement (a close alone cost ~4 ms of CPU; issue 15)."""
+        first: dict[str, bytes] = {}
+        for placement_id, envelope in closes:
+            first.setdefault(placement_id, envelope)
+        if not first:
+            return
         with self._lock:
             self._con.execute(
-                "INSERT INTO closes VALUES (?, ?, false) ON CONFLICT DO NOTHING",
-                [placement_id, envelope],
+                "INSERT INTO closes SELECT unnest(?), unnest(?), false ON CONFLICT DO NOTHING",
+                [list(first), list(first.values())],
             )
-            rows = self._rows("SELECT envelope FROM closes WHERE placement_id = ?", [placement_id])
-            return bytes(rows[0][0])
 
     def unpublished_closes(self) -> list[tuple[str, bytes]]:
         """Closes recorded but not known to be published, in placement order."""

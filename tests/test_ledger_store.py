@@ -287,3 +287,20 @@ def test_a_duckdb_without_the_row_group_option_attaches_the_store_with_its_own(
 
     with pytest.raises(duckdb.Error):  # a directory is no database file: not swallowed
         _attach_store(duckdb.connect(":memory:"), tmp_path)
+
+
+def test_closes_due_at_once_are_recorded_together_and_the_first_one_wins(tmp_path: Path) -> None:
+    path = tmp_path / "store.duckdb"
+    with Store(path) as store:
+        store.add_closes([])  # nothing due: nothing written
+        assert store.unpublished_closes() == []
+        store.add_closes([("p-a", b"close a 1"), ("p-b", b"close b")])
+        # A placement already closed keeps its close; of two in one call, the first counts.
+        store.add_closes([("p-a", b"close a 2"), ("p-c", b"close c 1"), ("p-c", b"close c 2")])
+        expected = [("p-a", b"close a 1"), ("p-b", b"close b"), ("p-c", b"close c 1")]
+        assert store.unpublished_closes() == expected
+        store.mark_closes_published(["p-b"])
+        assert store.unpublished_closes() == [expected[0], expected[2]]
+        assert store.closes_recorded() == {"p-a", "p-b", "p-c"}
+    with Store(path) as store:  # committed: a restart publishes the same bytes
+        assert store.unpublished_closes() == [expected[0], expected[2]]
