@@ -220,6 +220,13 @@ def test_few_records_give_the_same_report_read_at_once(
 
     honest = small_scenario(tmp_path, name="p-few", minutes=6)
     wrong = _wrong_decision_export(tmp_path, "accepted", "", bad=True)
+    # No statement at all: the head's totals are not read at a statement's index.
+    bare = tmp_path / "no-statements.duckdb"
+    shutil.copyfile(honest.path, bare)
+    con = duckdb.connect(str(bare))
+    con.execute("DELETE FROM statements")
+    con.close()
+    exports = [(honest.path, honest.trust), (wrong.path, wrong.trust), (bare, honest.trust)]
     calls: list[int] = []
     real = step9_obligation.chain_rows
 
@@ -229,11 +236,13 @@ def test_few_records_give_the_same_report_read_at_once(
         return rows
 
     monkeypatch.setattr(step9_obligation, "chain_rows", counted)
-    fast = [report_text(s.path, s.trust) for s in (honest, wrong)]
-    assert len(calls) == 2 and all(calls), calls
+    fast = [report_text(path, trust) for path, trust in exports]
+    assert len(calls) == 3 and all(calls), calls
     assert json.loads(fast[0])["verdict"] == "verified"
     rules = set(json.loads(fast[1])["findings"]["by_rule"])
     assert {"TOTAL_DELIVERED_MGMS", "STATEMENT_TOTALS"} <= rules, rules
+    assert json.loads(fast[2])["totals"] == json.loads(fast[0])["totals"]
+    assert json.loads(fast[2])["totals"]["gross_minor"] > 0
     monkeypatch.setattr(step9_obligation, "CHAIN_ROWS_MAX", -1)  # every export: the SQL
-    assert [report_text(s.path, s.trust) for s in (honest, wrong)] == fast
-    assert len(calls) == 2
+    assert [report_text(path, trust) for path, trust in exports] == fast
+    assert len(calls) == 3
