@@ -27,6 +27,13 @@ p10 4, p90 126) in warm worker processes calling ``verify_export``; this measure
 ``--exports DIR --trust FILE``: the same over existing exports instead (a replay's
 ``--keep-exports``: the trace's own placements).
 
+``--toggle MODULE:NAME=VALUE`` (e.g. ``verifier.step9_obligation:CHAIN_ROWS_MAX=-1``):
+instead of child processes, one process of this checkout verifies each export with the
+attribute as it is and with it set to VALUE (a Python literal), alternating per export
+and swapping the order each round: both variants see the same moments of a shared
+machine. Reports the CPU per export of both, their ratio, and whether every report is
+byte-identical.
+
 No asserts: this prints numbers.
 """
 
@@ -174,6 +181,55 @@ def child(root: Path, listing: Path, out: Path, passes: int) -> None:
     )
 
 
+def toggled(listing: Path, toggle: str, rounds: int) -> None:
+    """In one process: every export with ``toggle``'s attribute as it is ("as is") and set
+    to its value ("toggled"), alternating per export; prints the CPU of both."""
+    import ast
+    import importlib
+
+    sys.path.insert(0, str(ROOT))
+    from gridledger.replay import quiet_logs
+    from proto.trust import load_trust
+    from verifier.report import export_json
+    from verifier.verify import verify_export
+
+    quiet_logs()
+    where, _, literal = toggle.partition("=")
+    module_name, _, name = where.partition(":")
+    module = importlib.import_module(module_name)
+    values = {"as is": getattr(module, name), "toggled": ast.literal_eval(literal)}
+    pairs = [(Path(a), Path(b)) for a, b in json.loads(listing.read_text())]
+    trusts = {t: load_trust(t) for _, t in pairs}
+    cpus: dict[str, list[list[float]]] = {v: [[] for _ in pairs] for v in values}
+    same = True
+    for n in range(rounds + 1):  # round 0 warms up (imports, caches, first-use costs)
+        order = list(values) if n % 2 == 0 else list(values)[::-1]
+        for k, (path, trust) in enumerate(pairs):
+            bodies = []
+            for variant in order:
+                setattr(module, name, values[variant])
+                cpu = time.process_time()
+                report = verify_export(path, trusts[trust])
+                if n:
+                    cpus[variant][k].append((time.process_time() - cpu) * 1e3)
+                body = export_json(report)
+                body.pop("elapsed_s", None)
+                bodies.append(json.dumps(body, sort_keys=True))
+            same = same and bodies[0] == bodies[1]
+    setattr(module, name, values["as is"])
+    medians = {v: [statistics.median(c) for c in cpus[v]] for v in values}
+    a, b = (statistics.fmean(medians[v]) for v in values)
+    print(
+        f"{len(pairs)} exports, {rounds} rounds, load {os.getloadavg()[0]:.1f}: CPU per export "
+        f"(mean of each export's median) {module_name}.{name} as is {a:.2f} ms, "
+        f"= {literal} {b:.2f} ms; as is / toggled {a / b:.3f} (per export: "
+        + " ".join(
+            f"{x / y:.2f}" for x, y in zip(medians["as is"], medians["toggled"], strict=True)
+        )
+        + f"); reports byte-identical (every export, every round): {'yes' if same else 'NO'}"
+    )
+
+
 def run_child(root: Path, listing: Path, work: Path, passes: int) -> dict[str, Any]:
     """One fresh process of the checkout at ``root`` (its own packages first on sys.path)."""
     out = work / "result.json"
@@ -235,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-exports), all honest, with --trust",
     )
     parser.add_argument("--trust", type=Path, help="the trust file of --exports")
+    parser.add_argument(
+        "--toggle",
+        help="MODULE:NAME=VALUE: alternate the attribute as it is and set to VALUE, per "
+        "export in one process (--rounds rounds), instead of child processes",
+    )
     parser.add_argument("--child", nargs=3, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -257,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         listing = work / "exports.json"
         listing.write_text(json.dumps([[str(a), str(b)] for a, b in exports]))
+        if args.toggle:
+            print(what)
+            toggled(listing, args.toggle, args.rounds)
+            return 0
         sides = {"this": ROOT} | ({"against": args.against.resolve()} if args.against else {})
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
         for _ in range(args.rounds):

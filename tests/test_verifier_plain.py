@@ -160,3 +160,89 @@ def test_totals_without_adjustments_give_the_same_report(
     monkeypatch.setattr(step9_obligation, "compute_totals", always_windowed)
     assert report_text(honest.path, honest.trust) == fast
     assert calls == [False]
+
+
+def test_chain_rows_compare_as_the_sql_does() -> None:
+    """``pricing.mismatches_in`` over ``chain_rows`` gives what ``record_mismatches``
+    gives: per column the count, the first ``limit`` rows by chain index, expected and
+    actual; NULL on both sides is no mismatch; a record without totals is not compared."""
+    import random
+
+    from verifier import pricing
+
+    con = duckdb.connect(":memory:")
+    pricing.create_work_tables(con)
+    con.execute(
+        "CREATE TABLE w_totals(chain_index BIGINT, "
+        + ", ".join(f"{c} HUGEINT" for c in pricing.COMPARED)
+        + ")"
+    )
+    rng = random.Random(15)
+    width = len(pricing.COMPARED)
+    indices = rng.sample(range(400), 150)
+    for index in indices:
+        mine = [rng.randrange(1 << 40) for _ in range(width)]
+        theirs = list(mine)
+        for k in range(width):  # column k differs in about one row of 3 + k
+            if rng.randrange(3 + k) == 0:
+                theirs[k] += rng.choice((-1, 1, 1 << 45))
+        if index % 7 == 0:
+            mine[3] = theirs[3] = None  # NULL on both sides: not distinct
+        if index % 11 != 0:  # a record without totals: not joined
+            con.execute(
+                f"INSERT INTO w_totals VALUES ({', '.join(['?'] * (width + 1))})", [index, *mine]
+            )
+        con.execute(
+            "INSERT INTO w_records (chain_index, record_hash, "
+            + ", ".join(pricing.COMPARED)
+            + f") VALUES ({', '.join(['?'] * (width + 2))})",
+            [index, f"h{index}", *theirs],
+        )
+    rows = pricing.chain_rows(con)
+    assert [r[0] for r in rows] == sorted(i for i in indices if i % 11 != 0)
+    for limit in (0, 1, 3, 100):
+        want = pricing.record_mismatches(con, limit)
+        assert pricing.mismatches_in(rows, limit) == want
+        if limit:
+            assert {column for column, *_ in want} == set(pricing.COMPARED)
+    honest = [(*r[: 2 + width], *r[2 : 2 + width]) for r in rows]
+    assert pricing.mismatches_in(honest, 100) == []
+
+
+def test_few_records_give_the_same_report_read_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small export of few records reads w_records JOIN w_totals once (``chain_rows``):
+    the same report as the SQL comparison and reads, honest and with TOTAL_ findings."""
+    from test_verifier_mutations import _wrong_decision_export
+
+    from verifier import step9_obligation
+
+    honest = small_scenario(tmp_path, name="p-few", minutes=6)
+    wrong = _wrong_decision_export(tmp_path, "accepted", "", bad=True)
+    # No statement at all: the head's totals are not read at a statement's index.
+    bare = tmp_path / "no-statements.duckdb"
+    shutil.copyfile(honest.path, bare)
+    con = duckdb.connect(str(bare))
+    con.execute("DELETE FROM statements")
+    con.close()
+    exports = [(honest.path, honest.trust), (wrong.path, wrong.trust), (bare, honest.trust)]
+    calls: list[int] = []
+    real = step9_obligation.chain_rows
+
+    def counted(con: Any) -> list[tuple[Any, ...]]:
+        rows = real(con)
+        calls.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(step9_obligation, "chain_rows", counted)
+    fast = [report_text(path, trust) for path, trust in exports]
+    assert len(calls) == 3 and all(calls), calls
+    assert json.loads(fast[0])["verdict"] == "verified"
+    rules = set(json.loads(fast[1])["findings"]["by_rule"])
+    assert {"TOTAL_DELIVERED_MGMS", "STATEMENT_TOTALS"} <= rules, rules
+    assert json.loads(fast[2])["totals"] == json.loads(fast[0])["totals"]
+    assert json.loads(fast[2])["totals"]["gross_minor"] > 0
+    monkeypatch.setattr(step9_obligation, "CHAIN_ROWS_MAX", -1)  # every export: the SQL
+    assert [report_text(path, trust) for path, trust in exports] == fast
+    assert len(calls) == 3

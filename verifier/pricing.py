@@ -301,13 +301,53 @@ def totals_at(con: Any, chain_index: int) -> dict[str, int] | None:
     return {name: int(value) for name, value in zip(TOTAL_FIELDS, row, strict=True)}
 
 
+# The columns compared between each LedgerRecord (w_records) and the recomputed totals.
+COMPARED: Final = ("event_delivered_mgms", *TOTAL_FIELDS)
+
+# A small export of at most this many ledger_records rows has its records and recomputed
+# totals read in one statement and compared in Python (``chain_rows``): there a
+# statement's planning costs more than fetching the rows (bench/verify_small.py).
+CHAIN_ROWS_MAX: Final = 256
+
+
+def chain_rows(con: Any) -> list[tuple[Any, ...]]:
+    """Every LedgerRecord row joined with the recomputed totals at its index, by chain
+    index: (chain_index, record_hash, the record's COMPARED values, the recomputed ones).
+    One statement in place of ``record_mismatches``' count and ``step9_obligation``'s
+    read at the statements' indices, for an export of few records (``CHAIN_ROWS_MAX``):
+    there each statement's planning costs more than fetching every row (~1 ms each)."""
+    record = ", ".join(f"r.{c}" for c in COMPARED)
+    recomputed = ", ".join(f"t.{c}" for c in COMPARED)
+    return list(
+        con.execute(
+            f"SELECT r.chain_index, r.record_hash, {record}, {recomputed} FROM w_records r "
+            "JOIN w_totals t USING (chain_index) ORDER BY r.chain_index"
+        ).fetchall()
+    )
+
+
+def mismatches_in(rows: list[tuple[Any, ...]], limit: int) -> list[tuple[str, int, int, int, int]]:
+    """``record_mismatches`` over ``chain_rows``' rows: the same tuples in the same order
+    (per column in COMPARED order; each column's mismatching rows by chain index, the
+    first ``limit``). ``!=`` on ints and None is SQL's IS DISTINCT FROM."""
+    n = len(COMPARED)
+    if all(row[2 : 2 + n] == row[2 + n :] for row in rows):
+        return []
+    out: list[tuple[str, int, int, int, int]] = []
+    for k, column in enumerate(COMPARED):
+        bad = [row for row in rows if row[2 + k] != row[2 + n + k]]
+        for row in bad[: max(int(limit), 0)]:
+            out.append((column, len(bad), int(row[0]), int(row[2 + n + k]), int(row[2 + k])))
+    return out
+
+
 def record_mismatches(con: Any, limit: int) -> list[tuple[str, int, int, int, int]]:
     """Per compared column: (column, mismatching rows, first index, expected, actual).
 
     Compares every LedgerRecord's event ``delivered_mgms`` and totals (decoded from its
     envelope) with the recomputed ones; at most ``limit`` examples per column.
     """
-    columns = ("event_delivered_mgms", *TOTAL_FIELDS)
+    columns = COMPARED
     join = " FROM w_records r JOIN w_totals t USING (chain_index)"
     # First whether any row differs at all (one count: ~0.8 ms less planning than the
     # per-column counts on a small export, where an honest one has none to count).

@@ -143,6 +143,9 @@ class Verification:
         # (9) the recomputed totals read at the statements' indices (step9_obligation),
         # by chain index: what the report's head totals are when the head is among them
         self.totals_read: dict[int, dict[str, int]] = {}
+        # (9) every LedgerRecord's hash and recomputed totals by chain index, when an export
+        # of few records read them at once (``step9_obligation.check_records``), else None
+        self.chain: dict[int, tuple[str, dict[str, int]]] | None = None
         # (8) the roots of the checkpoints' tree sizes, kept while the pass streams leaves
         self.roots = CheckpointRoots()
         # (6) SPEC §8: who signs a LedgerRecord envelope. Version 1: the ledger key, always.

@@ -15,7 +15,16 @@ from proto.records import ZERO_HASH, LedgerRecord, Statement
 from verifier import limits
 from verifier.findings import Step
 from verifier.opener import OpenResult, open_one
-from verifier.pricing import TOTAL_FIELDS, compute_base, compute_totals, record_mismatches
+from verifier.pricing import (
+    CHAIN_ROWS_MAX,
+    COMPARED,
+    TOTAL_FIELDS,
+    chain_rows,
+    compute_base,
+    compute_totals,
+    mismatches_in,
+    record_mismatches,
+)
 from verifier.resale import RESALE_FIELDS, resale_at
 from verifier.signers import required_of, signer_failure
 from verifier.source import blob
@@ -61,10 +70,20 @@ def price_base(run: Verification) -> None:
 def check_records(run: Verification) -> None:
     """Every total at every index, with the decided adjustments, against the records."""
     compute_totals(run.con, adjustments="w_adjust" in run.work.filled)
+    if run.source.small and run.record_count <= CHAIN_ROWS_MAX:
+        # Few records (w_records holds at most one row per export row): every row at once,
+        # compared here, kept for the statements' indices and the head (``_chain_at``).
+        rows = chain_rows(run.con)
+        first = 3 + len(COMPARED)  # the recomputed TOTAL_FIELDS of a row
+        run.chain = {
+            int(r[0]): (str(r[1]), dict(zip(TOTAL_FIELDS, map(int, r[first:]), strict=True)))
+            for r in rows
+        }
+        mismatches = mismatches_in(rows, limits.MAX_MISMATCH_ROWS)
+    else:
+        mismatches = record_mismatches(run.con, limits.MAX_MISMATCH_ROWS)
     seen: set[str] = set()
-    for column, count, index, expected, actual in record_mismatches(
-        run.con, limits.MAX_MISMATCH_ROWS
-    ):
+    for column, count, index, expected, actual in mismatches:
         rule = f"TOTAL_{column.upper()}"
         if rule not in seen:
             run.findings.count(rule, count)
@@ -264,6 +283,11 @@ def _chain_at(run: Verification, indices: set[int]) -> dict[int, tuple[str, dict
     the indices as one list parameter, not a table: no CREATE on a small export)."""
     if not indices:
         return {}
+    if run.chain is not None:  # every row read already (``check_records``)
+        known = run.chain
+        chain_at = {index: known[index] for index in indices if index in known}
+        run.totals_read.update((index, totals) for index, (_, totals) in chain_at.items())
+        return chain_at
     names = ", ".join(f"t.{name}" for name in TOTAL_FIELDS)
     rows = run.con.execute(
         f"SELECT r.chain_index, r.record_hash, {names} FROM w_records r "

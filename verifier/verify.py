@@ -227,6 +227,8 @@ def _summarise(run: Verification) -> None:
         report.head_index = int(head)
         # w_totals at the head: read already when a statement is there (the last one)
         read = run.totals_read.get(head)
+        if read is None and run.chain is not None and head in run.chain:
+            read = run.chain[head][1]  # every record's totals, read at once (step 9)
         report.totals = dict(read) if read is not None else totals_at(run.con, int(head))
         report.resale = resale.resale_at(run.con, int(head), "w_assign" in run.work.filled)
     report.final = run.close_index is not None
