@@ -35,6 +35,7 @@ from meter.durable import read_small_file, write_atomic
 from meter.limits import (
     DEFAULT_INTERVAL_MS,
     MAX_EVENTS_PER_TICK,
+    MAX_HANDED_OFF,
     MAX_INTERVAL_MS,
     MAX_STREAMS,
     MIN_INTERVAL_MS,
@@ -43,6 +44,7 @@ from meter.limits import (
 from meter.metrics import MeterMetrics
 from meter.sources import GpuReading, GpuSource, PureGpuSource
 from meter.stream import (
+    HandOff,
     SealedEvent,
     StreamHead,
     StreamKey,
@@ -52,6 +54,7 @@ from meter.stream import (
     resume_start_ms,
     samples_for,
     seal_event,
+    signer,
 )
 from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
 from proto.envelope import open_envelope
@@ -209,6 +212,7 @@ class Agent:
         # others are read whole, once per interval (NVML: counters since the last read).
         self._pure_source = source if isinstance(source, PureGpuSource) else None
         self._key_id = config.signing_key.key_id
+        self._sign = signer(config.signing_key)
         self._clock = clock
         self.metrics = metrics if metrics is not None else MeterMetrics()
         self._streams: list[_Stream] = []
@@ -273,10 +277,19 @@ class Agent:
             else None
         )
         self.metrics.spool_bytes.set(self._spool.bytes_used)
+        self._hand_off: HandOff | None = None
         # The agent (re)starts now: that is when each stream decides where it resumes.
         self._decide_starts(clock.now_ms())
 
     # -- introspection --
+
+    def hand_off(self, limit: int = MAX_HANDED_OFF) -> HandOff:
+        """From now on, keep every event spooled for the shipper of this spool in this
+        process (``meter.stream.HandOff``; ``Shipper(handed_off=...)``); the same one on
+        every call."""
+        if self._hand_off is None:
+            self._hand_off = HandOff(limit)
+        return self._hand_off
 
     @property
     def spool(self) -> SpoolWriter:
@@ -354,7 +367,7 @@ class Agent:
             event = build_event(
                 stream.key, head, start, end, samples_for(stream.gpus, readings[(start, end)])
             )
-            item = seal_event(event, self.config.signing_key, self._key_id)
+            item = seal_event(event, self.config.signing_key, self._key_id, self._sign)
             heads[stream.key] = head.after(event, item.record_hash)
             sealed.append((stream, item))
         envelopes = [item.envelope for _, item in sealed]
@@ -365,6 +378,8 @@ class Agent:
                 self.config.spool_dir / DELIVERY_LOG_FILE,
                 [delivered_usage(e, now_ms) for e in envelopes],
             )
+        if self._hand_off is not None:
+            self._hand_off.add([item for _, item in sealed])
         for stream, item in sealed:
             stream.head = stream.head.after(item.event, item.record_hash)
             stream.next_start_ms = item.event.end_ms
