@@ -125,6 +125,7 @@ class _Stream:
     terms: PlacementTerms
     gpus: list[GpuSpec]
     head: StreamHead
+    uuids: frozenset[str] = frozenset()  # of ``gpus``
     next_start_ms: int | None = None  # decided when the agent (re)starts
     done: bool = False
 
@@ -231,6 +232,7 @@ class Agent:
                     "node key the terms name, or set key_rebound = true if a key binding "
                     "(gridledger bind-key) bound this one"
                 )
+            gpus = node_gpus(terms, config.node_id)
             if node_key != config.signing_key.public_key:
                 # A key binding rotated the node key (key_rebound); the ledger decides.
                 _log.warning(
@@ -243,8 +245,9 @@ class Agent:
                 _Stream(
                     StreamKey(terms.placement_id, config.node_id),
                     terms,
-                    node_gpus(terms, config.node_id),
+                    gpus,
                     StreamHead(),
+                    frozenset(g.uuid for g in gpus),
                 )
             )
         self._spool = SpoolWriter(
@@ -355,22 +358,23 @@ class Agent:
         if self._pure_source is not None:
             wanted = {}
             for stream, start, end in jobs:
-                wanted.setdefault((start, end), set()).update(g.uuid for g in stream.gpus)
+                wanted.setdefault((start, end), set()).update(stream.uuids)
         heads = {s.key: s.head for s in self._streams}
-        sealed: list[tuple[_Stream, SealedEvent]] = []
+        sealed: list[tuple[_Stream, SealedEvent, StreamHead]] = []
+        key, key_id, sign = self.config.signing_key, self._key_id, self._sign
         for stream, start, end in jobs:
-            if (start, end) not in readings:
-                readings[(start, end)] = self._read_source(
-                    start, end, None if wanted is None else wanted[(start, end)]
+            interval = (start, end)
+            reading = readings.get(interval)
+            if reading is None:
+                reading = readings[interval] = self._read_source(
+                    start, end, None if wanted is None else wanted[interval]
                 )
             head = heads[stream.key]
-            event = build_event(
-                stream.key, head, start, end, samples_for(stream.gpus, readings[(start, end)])
-            )
-            item = seal_event(event, self.config.signing_key, self._key_id, self._sign)
-            heads[stream.key] = head.after(event, item.record_hash)
-            sealed.append((stream, item))
-        envelopes = [item.envelope for _, item in sealed]
+            event = build_event(stream.key, head, start, end, samples_for(stream.gpus, reading))
+            item = seal_event(event, key, key_id, sign)
+            heads[stream.key] = after = head.after(event, item.record_hash)
+            sealed.append((stream, item, after))
+        envelopes = [item.envelope for _, item, _ in sealed]
         self._collect_read()
         self._spool.append(envelopes)  # durable before anything else may see them
         if self.config.delivered_on_spool:
@@ -379,11 +383,12 @@ class Agent:
                 [delivered_usage(e, now_ms) for e in envelopes],
             )
         if self._hand_off is not None:
-            self._hand_off.add([item for _, item in sealed])
-        for stream, item in sealed:
-            stream.head = stream.head.after(item.event, item.record_hash)
+            self._hand_off.add([item for _, item, _ in sealed])
+        last_envelopes = self._last_envelopes
+        for stream, item, after in sealed:  # in stream order: each stream's last wins
+            stream.head = after
             stream.next_start_ms = item.event.end_ms
-            self._last_envelopes[stream.key] = item.envelope
+            last_envelopes[stream.key] = item.envelope
         self.metrics.events_emitted.inc(len(envelopes))
         self.metrics.spool_bytes.set(self._spool.bytes_used)
         return envelopes
