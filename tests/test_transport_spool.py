@@ -420,7 +420,7 @@ def test_frames_across_the_readers_chunks(tmp_path: Path) -> None:
     entries = list(read_spool(tmp_path))
     assert [e.data for e in entries] == records
     assert [e.position for e in entries] == positions
-    assert [e.next_position for e in entries] == positions[1:] + [end]
+    assert [e.next_position for e in entries] == [*positions[1:], end]
     assert [e.stamp_ms for e in entries] == [None] * 10 + stamps[10:]
     for start in (3, 7, 11, 20):  # resumed mid-segment, a few records at a time
         got = [e.data for e in read_spool(tmp_path, positions[start], max_records=4)]
