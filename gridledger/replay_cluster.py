@@ -142,9 +142,10 @@ class ReplayCluster:
 
     def shippers(self, settings: KafkaSettings, producer: Any) -> dict[str, Shipper]:
         """One meter Shipper per node spool, all on ``producer``, stamping each record with
-        the simulated time it is sent at (``simulated_send_ms``). Each starts from its
-        spool's acknowledged position: events spooled by an earlier run but never
-        acknowledged are sent again first."""
+        the simulated time it is sent at (``simulated_send_ms``), taking the events its
+        agent spooled from the agent (``Agent.hand_off``) rather than opening them again.
+        Each starts from its spool's acknowledged position: events spooled by an earlier
+        run but never acknowledged are sent again first."""
         return {
             node.node_id: Shipper(
                 node.spool_dir,
@@ -154,6 +155,7 @@ class ReplayCluster:
                 now_ms=self.clock.now_ms,
                 batch_max_records=SEND_WINDOW_RECORDS,
                 stamp=simulated_send_ms,
+                handed_off=node.agent.hand_off(),
             )
             for node in self.nodes()
         }

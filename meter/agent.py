@@ -35,6 +35,7 @@ from meter.durable import read_small_file, write_atomic
 from meter.limits import (
     DEFAULT_INTERVAL_MS,
     MAX_EVENTS_PER_TICK,
+    MAX_HANDED_OFF,
     MAX_INTERVAL_MS,
     MAX_STREAMS,
     MIN_INTERVAL_MS,
@@ -43,6 +44,7 @@ from meter.limits import (
 from meter.metrics import MeterMetrics
 from meter.sources import GpuReading, GpuSource, PureGpuSource
 from meter.stream import (
+    HandOff,
     SealedEvent,
     StreamHead,
     StreamKey,
@@ -52,6 +54,7 @@ from meter.stream import (
     resume_start_ms,
     samples_for,
     seal_event,
+    signer,
 )
 from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
 from proto.envelope import open_envelope
@@ -122,6 +125,7 @@ class _Stream:
     terms: PlacementTerms
     gpus: list[GpuSpec]
     head: StreamHead
+    uuids: frozenset[str] = frozenset()  # of ``gpus``
     next_start_ms: int | None = None  # decided when the agent (re)starts
     done: bool = False
 
@@ -209,6 +213,7 @@ class Agent:
         # others are read whole, once per interval (NVML: counters since the last read).
         self._pure_source = source if isinstance(source, PureGpuSource) else None
         self._key_id = config.signing_key.key_id
+        self._sign = signer(config.signing_key)
         self._clock = clock
         self.metrics = metrics if metrics is not None else MeterMetrics()
         self._streams: list[_Stream] = []
@@ -227,6 +232,7 @@ class Agent:
                     "node key the terms name, or set key_rebound = true if a key binding "
                     "(gridledger bind-key) bound this one"
                 )
+            gpus = node_gpus(terms, config.node_id)
             if node_key != config.signing_key.public_key:
                 # A key binding rotated the node key (key_rebound); the ledger decides.
                 _log.warning(
@@ -239,8 +245,9 @@ class Agent:
                 _Stream(
                     StreamKey(terms.placement_id, config.node_id),
                     terms,
-                    node_gpus(terms, config.node_id),
+                    gpus,
                     StreamHead(),
+                    frozenset(g.uuid for g in gpus),
                 )
             )
         self._spool = SpoolWriter(
@@ -273,10 +280,19 @@ class Agent:
             else None
         )
         self.metrics.spool_bytes.set(self._spool.bytes_used)
+        self._hand_off: HandOff | None = None
         # The agent (re)starts now: that is when each stream decides where it resumes.
         self._decide_starts(clock.now_ms())
 
     # -- introspection --
+
+    def hand_off(self, limit: int = MAX_HANDED_OFF) -> HandOff:
+        """From now on, keep every event spooled for the shipper of this spool in this
+        process (``meter.stream.HandOff``; ``Shipper(handed_off=...)``); the same one on
+        every call."""
+        if self._hand_off is None:
+            self._hand_off = HandOff(limit)
+        return self._hand_off
 
     @property
     def spool(self) -> SpoolWriter:
@@ -342,22 +358,23 @@ class Agent:
         if self._pure_source is not None:
             wanted = {}
             for stream, start, end in jobs:
-                wanted.setdefault((start, end), set()).update(g.uuid for g in stream.gpus)
+                wanted.setdefault((start, end), set()).update(stream.uuids)
         heads = {s.key: s.head for s in self._streams}
-        sealed: list[tuple[_Stream, SealedEvent]] = []
+        sealed: list[tuple[_Stream, SealedEvent, StreamHead]] = []
+        key, key_id, sign = self.config.signing_key, self._key_id, self._sign
         for stream, start, end in jobs:
-            if (start, end) not in readings:
-                readings[(start, end)] = self._read_source(
-                    start, end, None if wanted is None else wanted[(start, end)]
+            interval = (start, end)
+            reading = readings.get(interval)
+            if reading is None:
+                reading = readings[interval] = self._read_source(
+                    start, end, None if wanted is None else wanted[interval]
                 )
             head = heads[stream.key]
-            event = build_event(
-                stream.key, head, start, end, samples_for(stream.gpus, readings[(start, end)])
-            )
-            item = seal_event(event, self.config.signing_key, self._key_id)
-            heads[stream.key] = head.after(event, item.record_hash)
-            sealed.append((stream, item))
-        envelopes = [item.envelope for _, item in sealed]
+            event = build_event(stream.key, head, start, end, samples_for(stream.gpus, reading))
+            item = seal_event(event, key, key_id, sign)
+            heads[stream.key] = after = head.after(event, item.record_hash)
+            sealed.append((stream, item, after))
+        envelopes = [item.envelope for _, item, _ in sealed]
         self._collect_read()
         self._spool.append(envelopes)  # durable before anything else may see them
         if self.config.delivered_on_spool:
@@ -365,10 +382,13 @@ class Agent:
                 self.config.spool_dir / DELIVERY_LOG_FILE,
                 [delivered_usage(e, now_ms) for e in envelopes],
             )
-        for stream, item in sealed:
-            stream.head = stream.head.after(item.event, item.record_hash)
+        if self._hand_off is not None:
+            self._hand_off.add([item for _, item, _ in sealed])
+        last_envelopes = self._last_envelopes
+        for stream, item, after in sealed:  # in stream order: each stream's last wins
+            stream.head = after
             stream.next_start_ms = item.event.end_ms
-            self._last_envelopes[stream.key] = item.envelope
+            last_envelopes[stream.key] = item.envelope
         self.metrics.events_emitted.inc(len(envelopes))
         self.metrics.spool_bytes.set(self._spool.bytes_used)
         return envelopes

@@ -33,6 +33,12 @@ others: acknowledged bytes a spool keeps stay below this bound, not below a whol
 (``transport.limits.DEFAULT_SEGMENT_MAX_BYTES``, 16 MiB), which a node with few placements
 never fills in weeks."""
 
+MAX_HANDED_OFF: Final = 20_000
+"""Events an agent keeps for the shipper of its spool in the same process
+(``Agent.hand_off``): spooled, not yet read by that shipper (~0.5 KB each: the record and
+its input hash, not the envelope). Beyond it the oldest are dropped and the shipper opens
+those envelopes itself (only its CPU differs). A replay node's day of events fits."""
+
 MAX_STREAMS: Final = 4096
 """(node, placement) streams one agent meters at once (placements whose terms it holds)."""
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,11 +43,12 @@ from meter.limits import (
     SHIP_IDLE_POLL_S,
 )
 from meter.metrics import MeterMetrics
+from meter.stream import HandOff
 from proto.delivery import DELIVERY_LOG_FILE, Delivered, append_delivered
-from proto.envelope import Opened, open_envelope
+from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.reasons import Reason
-from proto.records import UsageEvent
+from proto.records import Record, UsageEvent
 from transport.kafka import (
     LOG_APPEND_TIME,
     KafkaSettings,
@@ -81,7 +83,7 @@ def simulated_send_ms(envelope: bytes, skew_ms: int = 0) -> int | None:
     ahead of the true time (negative: behind). None for anything but a usage event.
     """
     try:
-        record = _open(envelope).record
+        record, _ = _open(envelope)
     except ProtoError:
         return None
     if not isinstance(record, UsageEvent):
@@ -89,27 +91,32 @@ def simulated_send_ms(envelope: bytes, skew_ms: int = 0) -> int | None:
     return max(0, record.end_ms - skew_ms)
 
 
-_last_opened: list[tuple[bytes, Opened]] = []
+_last_opened: list[tuple[bytes, tuple[Record, str]]] = []
 
 
-def _open(envelope: bytes) -> Opened:
-    """``open_envelope``, remembering the last envelope opened: the shipper opens each
-    record once for its key and delivery line, and a ``stamp`` function
-    (``simulated_send_ms``) asked next about the same bytes object gets it again."""
+def _open(envelope: bytes) -> tuple[Record, str]:
+    """The record and input hash of ``envelope`` (``open_envelope``), remembering the last
+    envelope opened: the shipper opens each record once for its key and delivery line, and
+    a ``stamp`` function (``simulated_send_ms``) asked next about the same bytes object
+    gets it again."""
     if _last_opened and _last_opened[0][0] is envelope:
         return _last_opened[0][1]
     opened = open_envelope(envelope)
-    _last_opened[:] = [(envelope, opened)]
-    return opened
+    return _remember(envelope, opened.record, opened.input_hash)
 
 
-def _placement_id(opened: Opened) -> str:
-    """``transport.kafka.placement_of`` of an opened envelope."""
-    placement_id = getattr(opened.record, "placement_id", None)
+def _remember(envelope: bytes, record: Record, input_hash: str) -> tuple[Record, str]:
+    """Make (record, input hash) what ``_open`` answers next for ``envelope``."""
+    peeked = (record, input_hash)
+    _last_opened[:] = [(envelope, peeked)]
+    return peeked
+
+
+def _placement_id(record: Record) -> str:
+    """``transport.kafka.placement_of`` of an opened envelope's record."""
+    placement_id = getattr(record, "placement_id", None)
     if not isinstance(placement_id, str):
-        raise ProtoError(
-            Reason.KIND_MISMATCH, f"a {type(opened.record).__name__} has no placement_id"
-        )
+        raise ProtoError(Reason.KIND_MISMATCH, f"a {type(record).__name__} has no placement_id")
     return placement_id
 
 
@@ -123,11 +130,10 @@ class _Sent:
     usage: tuple[str, str, str, int] | None
 
 
-def _usage_line(opened: Opened) -> tuple[str, str, str, int] | None:
-    record = opened.record
+def _usage_line(record: Record, input_hash: str) -> tuple[str, str, str, int] | None:
     if not isinstance(record, UsageEvent):
         return None
-    return (opened.input_hash, record.node_id, record.placement_id, record.seq)
+    return (input_hash, record.node_id, record.placement_id, record.seq)
 
 
 def store_shipped(spool_dir: Path, position: SpoolPosition) -> None:
@@ -150,8 +156,12 @@ class Shipper:
         now_ms: Callable[[], int] | None = None,
         producer: Any = None,
         stamp: Callable[[bytes], int | None] | None = None,
+        handed_off: HandOff | None = None,
     ) -> None:
         self._spool_dir = Path(spool_dir)
+        # The events the agent of this spool (same process) spooled, so as not to open
+        # their envelopes again (``Agent.hand_off``); anything else is opened here.
+        self._handed_off = handed_off
         self._stamp = stamp
         # A started producer shared by several shippers (one host shipping many spools, as
         # the trace replay does) is used as is and never stopped here; without one the
@@ -254,10 +264,20 @@ class Shipper:
         partition_of = await partitioner_for(producer, topic)
         records: list[OutRecord] = []
         sent: list[_Sent] = []
+        handed_off = self._handed_off
+        sha256 = hashlib.sha256
         for entry in entries:
+            data = entry.data
             try:
-                opened = _open(entry.data)
-                placement_id = _placement_id(opened)
+                if handed_off is not None:
+                    input_hash = sha256(data).hexdigest()
+                    event = handed_off.take(input_hash)
+                    record, input_hash = (
+                        _open(data) if event is None else _remember(data, event, input_hash)
+                    )
+                else:
+                    record, input_hash = _open(data)
+                placement_id = _placement_id(record)
             except ProtoError as exc:
                 # Not attributable to a placement: it cannot be keyed. Counted and logged;
                 # it stays in the spool as evidence.
@@ -269,9 +289,9 @@ class Shipper:
                 )
                 continue
             key = placement_id.encode()
-            stamp = None if self._stamp is None else self._stamp(entry.data)
-            records.append(OutRecord(key, entry.data, partition_of(key), stamp))
-            sent.append(_Sent(stamp, len(records) - 1, _usage_line(opened)))
+            stamp = None if self._stamp is None else self._stamp(data)
+            records.append(OutRecord(key, data, partition_of(key), stamp))
+            sent.append(_Sent(stamp, len(records) - 1, _usage_line(record, input_hash)))
         acks = await send_batched(producer, topic, records)
         return sent, acks
 

@@ -35,10 +35,12 @@ simulation's epoch: the earliest ``window_start_ms`` of the agent's terms. Examp
 
 from __future__ import annotations
 
+import _random
 import random
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from hashlib import sha512 as _sha512
 from typing import Final
 
 from meter.sources import GpuReading
@@ -50,6 +52,18 @@ _INT_RE: Final = re.compile(r"^-?[0-9]{1,16}$")
 MAX_SIM_GPUS: Final = 256
 IDLE_POWER_MW: Final = 60_000
 POWER_PER_PCT_MW: Final = 3_000
+
+
+# ``random.Random.seed`` below its Python layer: the C generator's own seeding.
+_SEED: Final = _random.Random.seed
+
+
+def _below(getrandbits: Callable[[int], int], n: int, k: int) -> int:
+    """``random.Random._randbelow(n)`` (with getrandbits) for ``k == n.bit_length()``."""
+    r = getrandbits(k)
+    while r >= n:
+        r = getrandbits(k)
+    return r
 
 
 class SimSpecError(ValueError):
@@ -238,6 +252,8 @@ class Simulator:
         )
         # A device's typical load: fixed per (seed, device), drawn once.
         self._base: dict[str, int] = {}
+        # Re-seeded for every reading (``_reading``): a generator of its own per interval.
+        self._rng = random.Random()
 
     @property
     def devices(self) -> tuple[SimDevice, ...]:
@@ -298,8 +314,16 @@ class Simulator:
         if base is None:
             base = random.Random(f"{self._spec.seed}/{device.uuid}").randint(35, 95)
             self._base[device.uuid] = base
-        rng = random.Random(f"{self._spec.seed}/{device.uuid}/{start_ms}/{end_ms}")
-        utilisation = min(100, max(0, base + rng.randint(-10, 10)))
+        # ``random.Random(text)`` and its ``randint`` draws, without their Python layers
+        # (~4 of the ~10 us of a reading, issue 15): the same seed integer (version 2 of a
+        # str: its UTF-8 bytes and their SHA-512), the C seeding, and ``randint(a, b)`` as
+        # ``a + _randbelow(b - a + 1)`` from ``getrandbits`` (``_below``); tests/
+        # test_meter_agent.py checks the draws against ``random.Random`` itself.
+        text = f"{self._spec.seed}/{device.uuid}/{start_ms}/{end_ms}".encode()
+        rng = self._rng
+        _SEED(rng, int.from_bytes(text + _sha512(text).digest(), "big"))
+        bits = rng.getrandbits
+        utilisation = min(100, max(0, base - 10 + _below(bits, 21, 5)))
         evidence = (
             self._evidence(device.uuid, start_ms - self._epoch_ms, end_ms - self._epoch_ms)
             if self._faulty
@@ -307,8 +331,8 @@ class Simulator:
         )
         if sick or evidence.no_power:
             utilisation = 0
-        power_mw = IDLE_POWER_MW + POWER_PER_PCT_MW * utilisation + rng.randint(0, 5_000)
-        used = device.memory_total_mib * min(95, utilisation + rng.randint(0, 5)) // 100
+        power_mw = IDLE_POWER_MW + POWER_PER_PCT_MW * utilisation + _below(bits, 5_001, 13)
+        used = device.memory_total_mib * min(95, utilisation + _below(bits, 6, 3)) // 100
         if evidence.no_power:
             power_mw = 0
         faulty = (
@@ -328,7 +352,7 @@ class Simulator:
             power_mw=power_mw,
             # mW x ms = uJ; / 1000 = mJ.
             energy_mj=power_mw * max(0, end_ms - start_ms) // 1000,
-            xid_errors=(rng.randint(1, 3) if sick else 0) + len(evidence.xids),
+            xid_errors=(1 + _below(bits, 3, 2) if sick else 0) + len(evidence.xids),
             ecc_errors=evidence.ecc_uncorrectable,
             xids=evidence.xids,
             ecc_uncorrectable=evidence.ecc_uncorrectable,

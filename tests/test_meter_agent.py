@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from meter.agent import HEADS_FILE, Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock, SkewedClock
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
 from meter.sources import GpuReading
-from meter.stream import node_gpus, seal_event
+from meter.stream import node_gpus, seal_event, signer
 from proto.envelope import open_envelope, require_signatures, seal
 from proto.keys import key_id
 from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
@@ -556,3 +557,92 @@ def test_a_sealed_event_is_the_same_with_a_known_key_id(tmp_path: Path) -> None:
         assert fast.envelope == envelope == seal(event, [key])
     wrong = seal_event(event, key, "0" * 16)  # the id is taken as given: callers pass the key's
     assert open_envelope(wrong.envelope).envelope.signatures[0].keyid == "0" * 16
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "seed=0",
+        "seed=11,unhealthy=GPU-b@0-600000",
+        "seed=3,claim_healthy=1,unhealthy=GPU-a@0-90000",
+    ],
+)
+def test_simulator_draws_are_random_randoms(spec: str) -> None:
+    """The simulator draws each interval's variation as ``random.Random`` seeded with
+    "seed/uuid/start/end" would, ``randint`` by ``randint`` (it skips their Python layers):
+    the readings of every release so far, whatever the interval's length."""
+    parsed = parse_sim_spec(spec)
+    devices = [SimDevice(f"GPU-{c}", "A100", 81920) for c in "ab"]
+    simulator = Simulator(parsed, devices, T0)
+    for i in range(400):
+        start, end = T0 + i * MINUTE_MS, T0 + (i + 1) * MINUTE_MS - (i % 13) * 997
+        readings = simulator.read(start, end)
+        for device in devices:
+            base = random.Random(f"{parsed.seed}/{device.uuid}").randint(35, 95)
+            rng = random.Random(f"{parsed.seed}/{device.uuid}/{start}/{end}")
+            sick = any(
+                f.uuid == device.uuid and f.overlaps(start - T0, end - T0) for f in parsed.unhealthy
+            )
+            utilisation = min(100, max(0, base + rng.randint(-10, 10)))
+            if sick:
+                utilisation = 0
+            power = 60_000 + 3_000 * utilisation + rng.randint(0, 5_000)
+            used = 81920 * min(95, utilisation + rng.randint(0, 5)) // 100
+            xid_errors = rng.randint(1, 3) if sick else 0
+            reading = readings[device.uuid]
+            assert (reading.utilisation_pct, reading.power_mw, reading.memory_used_mib) == (
+                utilisation,
+                power,
+                used,
+            )
+            assert reading.xid_errors == xid_errors
+            assert reading.energy_mj == power * (end - start) // 1000
+            assert reading.healthy is (parsed.claim_healthy or not sick)
+
+
+def test_the_agents_signer_is_the_keys_sign() -> None:
+    """``meter.stream.signer``: the key's own signatures (Ed25519 is deterministic), for
+    messages of every size, its buffer grown past the first 4 KiB."""
+    key = builders.make_cast("signer").node_key("n1")
+    other = builders.make_cast("signer").node_key("n2")
+    sign, sign_other = signer(key), signer(other)
+    for size in (0, 1, 63, 64, 429, 4032, 4033, 9000, 100, 20_000, 5):
+        message = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        assert sign(message) == key.sign(message)
+        assert sign_other(message) == other.sign(message) != sign(message)
+
+
+def test_the_hand_off_is_what_opening_the_envelope_gives(tmp_path: Path) -> None:
+    """``Agent.hand_off``: each event spooled (faults and all), under the SHA-256 of its
+    envelope, is the record ``open_envelope`` decodes from that envelope; taken once;
+    beyond its bound the oldest go."""
+    clock = SimClock(T0)
+    spec = (
+        "seed=4,unhealthy=GPU-n1-0@0-600000,xid=79/GPU-n1-1@60000-240000,"
+        "ecc=GPU-n1-2@0-300000,retire=GPU-n1-2@120000,nopower=GPU-n1-1@300000-420000,"
+        "vanish=GPU-n1-0@900000"
+    )
+    agent = _agent(tmp_path, clock, spec=spec)
+    before = agent.tick()  # nothing due yet: the hand-off starts empty either way
+    handed_off = agent.hand_off(50)
+    assert agent.hand_off() is handed_off
+    clock.advance(20 * MINUTE_MS)
+    envelopes = agent.tick()
+    agent.close()
+    assert before == [] and len(envelopes) == 20 + 18 == len(handed_off)
+    for envelope in envelopes:
+        opened = open_envelope(envelope)
+        taken = handed_off.take(opened.input_hash)
+        assert taken is not None and taken == opened.record
+        assert handed_off.take(opened.input_hash) is None
+    assert len(handed_off) == 0
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock, spec=spec, spool="bounded")
+    handed_off = agent.hand_off(45)
+    clock.advance(30 * MINUTE_MS)
+    more = agent.tick()
+    agent.close()
+    assert len(more) == 30 + 20 and len(handed_off) == 45  # the 5 oldest dropped
+    assert [handed_off.take(open_envelope(e).input_hash) is not None for e in more] == (
+        [False] * 5 + [True] * 45
+    )

@@ -420,14 +420,23 @@ async def consume_records(bootstrap: str, topic: str, partitions: int) -> list[A
         await consumer.stop()
 
 
-@pytest.mark.parametrize("simulated", [False, True])
+@pytest.mark.parametrize(
+    ("simulated", "hand_off"), [(False, None), (True, None), (True, 10_000), (False, 100)]
+)
 def test_shipper_partitions_and_delivery_lines_are_the_producers_own(
-    tmp_path: Path, kafka_bootstrap: str, tmp_topic: Callable[..., str], simulated: bool
+    tmp_path: Path,
+    kafka_bootstrap: str,
+    tmp_topic: Callable[..., str],
+    simulated: bool,
+    hand_off: int | None,
 ) -> None:
     """The shipper opens each envelope once and picks the partition itself: every record
     lands where the producer's own ``send`` puts its key, in spool order per partition,
     and each delivery line is ``delivered_usage`` of the envelope at the time the log
-    keeps (LogAppendTime topic) or the time the simulation stated (CreateTime topic)."""
+    keeps (LogAppendTime topic) or the time the simulation stated (CreateTime topic).
+    ``hand_off``: the agent hands its events to the shipper (``Agent.hand_off``) rather
+    than the shipper opening them, all of them or (a bound of 100) the last 100 only:
+    the same records, partitions, order and delivery lines."""
     cast = builders.make_cast("meter-kafka")
     terms = [
         builders.make_terms(cast, f"kq{i}", [builders.gpu("n1", i)], T0, T0 + 30 * MINUTE_MS)
@@ -440,13 +449,22 @@ def test_shipper_partitions_and_delivery_lines_are_the_producers_own(
         topic = tmp_topic(PARTITIONS)
     clock = SimClock(T0)
     agent = _in_process_agent(tmp_path, clock, terms)
+    handed_off = agent.hand_off(hand_off) if hand_off is not None else None
     clock.advance(30 * MINUTE_MS)
     envelopes = agent.tick()
+    if handed_off is not None:
+        assert len(handed_off) == min(hand_off or 0, len(envelopes))
     settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=topic)
     stamp = simulated_send_ms if simulated else None
 
     async def ship_and_probe() -> tuple[int, dict[bytes, int]]:
-        shipper = Shipper(tmp_path / "spool", settings, now_ms=clock.now_ms, stamp=stamp)
+        shipper = Shipper(
+            tmp_path / "spool",
+            settings,
+            now_ms=clock.now_ms,
+            stamp=stamp,
+            handed_off=handed_off,
+        )
         producer = make_producer(settings)
         await producer.start()
         try:
@@ -465,6 +483,8 @@ def test_shipper_partitions_and_delivery_lines_are_the_producers_own(
     shipped, placed = asyncio.run(ship_and_probe())
     agent.close()
     assert shipped == len(envelopes) == 8 * 30
+    if handed_off is not None:
+        assert len(handed_off) == 0  # the shipper took every event handed to it
     assert len(set(placed.values())) > 1  # the keys spread: the check below can fail
     records = asyncio.run(_consume_placed(kafka_bootstrap, topic))
     assert sorted(r[2] for r in records) == sorted(envelopes)

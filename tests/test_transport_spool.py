@@ -404,3 +404,38 @@ def test_a_stamp_out_of_range_is_refused_and_nothing_written(tmp_path: Path, sta
         with pytest.raises(ValueError):
             writer.append([b"ok"], [0, 1])
     assert list(read_spool(tmp_path)) == []
+
+
+def test_frames_across_the_readers_chunks(tmp_path: Path) -> None:
+    """The reader parses frames from chunks it reads ahead (256 KiB): frames straddling a
+    chunk's end, frames longer than a chunk, stamped and plain ones, come back whole and
+    at their positions; damage past the first chunk is still named where it is, and a
+    torn tail past it still ends the read silently."""
+    sizes = [100, 5_000, MAX_RECORD_BYTES, 777, 60_000, 1, 131_072, 9_999]
+    records = [bytes([65 + i % 26]) * size for i, size in enumerate(sizes * 3)]
+    stamps = [1_000 + i for i in range(len(records))]
+    with SpoolWriter(tmp_path) as writer:
+        positions = writer.append(records[:10]) + writer.append(records[10:], stamps[10:])
+        end = writer.end_position()
+    entries = list(read_spool(tmp_path))
+    assert [e.data for e in entries] == records
+    assert [e.position for e in entries] == positions
+    assert [e.next_position for e in entries] == [*positions[1:], end]
+    assert [e.stamp_ms for e in entries] == [None] * 10 + stamps[10:]
+    for start in (3, 7, 11, 20):  # resumed mid-segment, a few records at a time
+        got = [e.data for e in read_spool(tmp_path, positions[start], max_records=4)]
+        assert got == records[start : start + 4]
+    path = segment_path(tmp_path, 0)
+    whole = path.read_bytes()
+    # A bit flipped in a record past the first chunk, valid frames after it: corruption.
+    damaged = 17
+    assert positions[damaged].offset > 256 * 1024
+    flipped = bytearray(whole)
+    flipped[positions[damaged].offset + FRAME_HEADER_BYTES + 8 + 3] ^= 0x01
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(SpoolCorrupt) as caught:
+        list(read_spool(tmp_path))
+    assert caught.value.offset == positions[damaged].offset
+    # The last frame cut short (a torn tail): everything before it, silently.
+    path.write_bytes(whole[: positions[-1].offset + FRAME_HEADER_BYTES + 5])
+    assert [e.data for e in read_spool(tmp_path)] == records[:-1]

@@ -241,6 +241,27 @@ def _find_magic(data: bytes, start: int) -> int:
     return min(found, default=-1)
 
 
+_READ_AHEAD_BYTES: Final = 256 * 1024
+
+
+def _frame_in(chunk: bytes, at: int) -> tuple[bytes, int, int | None] | None:
+    """The record, frame length and stamp of the frame at ``at`` in ``chunk`` when it is
+    whole there and valid (``_read_frame`` would return it as OK); None otherwise (not
+    whole in the chunk, or invalid: the caller reads it on its own)."""
+    end_header = at + FRAME_HEADER_BYTES
+    if at < 0 or end_header > len(chunk):
+        return None
+    magic, length, crc = _HEADER.unpack_from(chunk, at)
+    end = end_header + length
+    if end > len(chunk) or not _length_ok(magic, length):
+        return None
+    data = chunk[end_header:end]
+    if zlib.crc32(data, zlib.crc32(chunk[at + 1 : at + 5])) != crc:
+        return None
+    record, stamp = _unstamp(magic, data)
+    return record, FRAME_HEADER_BYTES + length, stamp
+
+
 # ---- directory helpers ------------------------------------------------------------------
 
 
@@ -576,11 +597,26 @@ def read_spool(
             continue
         with handle:
             status = _Frame.END
+            # Frames are parsed from chunks read ahead (``_frame_in``); a frame that is
+            # not whole and valid in the chunk is read again on its own (``_read_frame``),
+            # which alone decides what an invalid or incomplete frame is.
+            chunk, chunk_at = b"", offset
             while max_records is None or count < max_records:
-                handle.seek(offset)
-                status, data, frame_bytes, stamp = _read_frame(handle)
-                if status is not _Frame.OK:
-                    break
+                found = _frame_in(chunk, offset - chunk_at)
+                if found is None and len(chunk) == _READ_AHEAD_BYTES:
+                    handle.seek(offset)
+                    chunk, chunk_at = handle.read(_READ_AHEAD_BYTES), offset
+                    found = _frame_in(chunk, 0)
+                if found is not None:
+                    data, frame_bytes, stamp = found
+                    status = _Frame.OK
+                else:
+                    handle.seek(offset)
+                    status, data, frame_bytes, stamp = _read_frame(handle)
+                    if status is not _Frame.OK:
+                        break
+                    handle.seek(offset + frame_bytes)
+                    chunk, chunk_at = handle.read(_READ_AHEAD_BYTES), offset + frame_bytes
                 next_offset = offset + frame_bytes
                 yield SpoolEntry(
                     SpoolPosition(segment, offset),
