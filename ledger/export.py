@@ -595,23 +595,18 @@ def _export_all(
     arrival = store.arrival()
     directory.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(directory)
-    template_path = directory / f".template-{os.getpid()}.duckdb"
-    _make_template(template_path, compact)
-    template = _Template.load(template_path)
+    template = _template(directory, compact)
     facts: dict[str, ChainFacts] = {}
     skipped: dict[str, str] = {}
 
     writers: dict[int, tuple[duckdb.DuckDBPyConnection, _Prepared]] = {}
-    config = _writer_config()
 
     def writer() -> tuple[duckdb.DuckDBPyConnection, _Prepared]:
         """This thread's writer: a DuckDB of its own (one thread, not the store's), and
-        its prepared INSERTs."""
+        its prepared INSERTs (``_take_writer``: one an earlier call left, if any)."""
         thread = threading.get_ident()
         if thread not in writers:
-            con = duckdb.connect(":memory:", config=config)
-            _keep_optimizers(con, _WRITER_OPTIMIZERS)
-            writers[thread] = (con, _Prepared(f"gridledger_export_{next(_ALIASES)}", set()))
+            writers[thread] = _take_writer()
         return writers[thread]
 
     def work(chunk: list[str]) -> list[tuple[str, dict[str, int], Future[None]]]:
@@ -646,6 +641,7 @@ def _export_all(
             con.close()
         return done
 
+    finished = False
     try:
         results: dict[str, dict[str, int]] = {}
         with (
@@ -669,11 +665,52 @@ def _export_all(
                     synced.result()
                     results[pid] = counts
         fsync_dir(directory)
+        finished = True
     finally:
-        for con, _ in writers.values():
-            con.close()
-        template_path.unlink(missing_ok=True)
+        _give_back(list(writers.values()), keep=finished)
     return ExportedAll(results, skipped)
+
+
+# The writers' DuckDBs (``export_all``) no call is using, each with its prepared INSERTs:
+# the next call takes them instead of opening its own (issue 15: a writer's DuckDB, its
+# optimizer settings and its prepared statements cost ~15 ms CPU each, twice per call,
+# and the replay's ledger process calls ``export_all`` after every step). At most
+# _IDLE_WRITERS_MAX are kept; they hold no rows between calls (``_give_back``).
+_IDLE_WRITERS: list[tuple[duckdb.DuckDBPyConnection, _Prepared]] = []
+_IDLE_WRITERS_LOCK: Final = threading.Lock()
+_IDLE_WRITERS_MAX: Final = 2 * EXPORT_THREADS
+
+
+def _take_writer() -> tuple[duckdb.DuckDBPyConnection, _Prepared]:
+    """A writer's DuckDB left idle by an earlier call, else a new one."""
+    with _IDLE_WRITERS_LOCK:
+        if _IDLE_WRITERS:
+            return _IDLE_WRITERS.pop()
+    con = duckdb.connect(":memory:", config=_writer_config())
+    try:
+        _keep_optimizers(con, _WRITER_OPTIMIZERS)
+    except BaseException:
+        con.close()
+        raise
+    return con, _Prepared(f"gridledger_export_{next(_ALIASES)}", set())
+
+
+def _give_back(writers: list[tuple[duckdb.DuckDBPyConnection, _Prepared]], keep: bool) -> None:
+    """Keep ``writers`` for the next call, their staged rows dropped (``keep``: the call
+    finished; else each is closed, in whatever state a failure left it)."""
+    for con, prepared in writers:
+        if keep:
+            try:
+                for table in _COLUMNS:
+                    con.execute(f"DROP TABLE IF EXISTS {_STAGE_PREFIX}{table}")
+            except duckdb.Error:
+                pass
+            else:
+                with _IDLE_WRITERS_LOCK:
+                    if len(_IDLE_WRITERS) < _IDLE_WRITERS_MAX:
+                        _IDLE_WRITERS.append((con, prepared))
+                        continue
+        con.close()
 
 
 def _chunks(ordered: Sequence[str], records: dict[str, int], threads: int) -> list[list[str]]:
@@ -728,8 +765,11 @@ _WRITER_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
 _WRITER_OPTIONAL: Final = frozenset({"auto_checkpoint_skip_wal_threshold", "fsync_mode"})
 
 
+@functools.cache
 def _writer_config() -> dict[str, str | bool | int | float | list[str]]:
-    """_WRITER_CONFIG without the optional settings this DuckDB does not know."""
+    """_WRITER_CONFIG without the optional settings this DuckDB does not know (asked once
+    per process: a DuckDB of its own, ~40 ms of each ``export_all`` call before; callers
+    must not change the dict)."""
     with duckdb.connect(":memory:") as con:
         rows = con.execute("SELECT name FROM duckdb_settings()").fetchall()
     names = {str(row[0]) for row in rows}
@@ -858,6 +898,29 @@ def _make_template(path: Path, compact: bool = False) -> None:
     finally:
         con.close()
     Path(str(path) + ".wal").unlink(missing_ok=True)
+
+
+# The empty export file of each storage format (``compact``), made once per process by
+# ``_template`` (issue 15: ``_make_template`` cost ~120 ms wall and ~50 ms CPU of every
+# ``export_all`` call, and the replay's ledger process calls it after every step).
+_TEMPLATES: dict[bool, _Template] = {}
+_TEMPLATES_LOCK: Final = threading.Lock()
+
+
+def _template(directory: Path, compact: bool) -> _Template:
+    """The empty export file (``_make_template``) in memory, made the first time in
+    ``directory`` (as ``.template-<pid>.duckdb``, removed at once: ``_remove_leftovers``
+    removes it after a kill -9), then kept for this process: every export file starts
+    from the same bytes, whichever call of ``export_all`` writes it."""
+    with _TEMPLATES_LOCK:
+        if compact not in _TEMPLATES:
+            path = directory / f".template-{os.getpid()}.duckdb"
+            try:
+                _make_template(path, compact)
+                _TEMPLATES[compact] = _Template.load(path)
+            finally:
+                path.unlink(missing_ok=True)
+        return _TEMPLATES[compact]
 
 
 # The granularity at which ``_Template`` drops the zero bytes of an empty export file.
