@@ -129,39 +129,6 @@ def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
     assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
 
 
-def test_writers_kept_between_calls_hold_no_rows_and_write_the_same_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """export_all keeps its writers' DuckDBs for the next call (``export._IDLE_WRITERS``),
-    their staged rows dropped; calls of a few placements each, on kept writers, write the
-    files of one at a time."""
-    scenario, db = _ledger(tmp_path, placements=7)
-    copy = tmp_path / "copy.duckdb"
-    shutil.copyfile(db, copy)
-    monkeypatch.setattr(export, "EXPORT_STAGE_PLACEMENTS", 2)
-    monkeypatch.setattr(export, "_IDLE_WRITERS", [])
-    ids = scenario.placement_ids
-    written: dict[str, dict[str, int]] = {}
-    kept: list[int] = []
-    for at in range(0, len(ids), 4):
-        done = export_all(
-            db, tmp_path / "all", key=scenario.cast.ledger, placement_ids=ids[at : at + 4]
-        )
-        written.update(done.written)
-        kept.append(len(export._IDLE_WRITERS))
-        for con, _ in export._IDLE_WRITERS:
-            tables = con.execute("SELECT table_name FROM duckdb_tables()").fetchall()
-            assert tables == [], tables
-    # Taken again, not opened anew each call: never more than one per writer thread.
-    assert kept[0] >= 1 and max(kept) <= export.EXPORT_THREADS, kept
-    assert sorted(written) == ids
-    for pid in ids:
-        one = tmp_path / "one" / f"{pid}.duckdb"
-        assert export_placement(copy, pid, one, key=scenario.cast.ledger) == written[pid]
-        assert _rows_as_stored(tmp_path / "all" / f"{pid}.duckdb") == _rows_as_stored(one), pid
-    assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
-
-
 def test_chunks_staged_through_parquet_or_arrow_give_the_same_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
