@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=600_000)
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    parser.add_argument("--mode", choices=("each", "all", "both"), default="both")
+    parser.add_argument("--mode", choices=("each", "all", "both", "steps"), default="both")
     parser.add_argument("--sample", type=int, default=0, help="each mode: only N placements")
     parser.add_argument("--verify", type=int, default=20)
     parser.add_argument("--workdir", type=Path)
@@ -275,7 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             out = work / f"exports-{mode}"
             out.mkdir()
-            if mode == "each":
+            if mode == "steps":
+                started, cpu = time.perf_counter(), _cpu()
+                with Store(db, ledger_public_key=cast.ledger.public_key) as store:
+                    chosen = replay_steps(store, cast.ledger, out, args.trace)
+                seconds, cpu = time.perf_counter() - started, _cpu() - cpu
+                per, all_s = seconds / len(chosen), seconds
+            elif mode == "each":
                 chosen = placements
                 if args.sample:
                     step = max(1, len(placements) // args.sample)
@@ -323,6 +329,35 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(report, indent=2))
     return 0
+
+
+def close_steps(trace: Path) -> list[list[str]]:
+    """The trace's placements grouped by the replay step (one day, STEP_MS) at whose end
+    each is closed (its window end + grace), steps in order."""
+    tasks = trace_tasks(trace)
+    first = min(t[1] for t in tasks)
+    steps: dict[int, list[str]] = {}
+    for name, _, end, _ in tasks:
+        steps.setdefault((end * 1000 + GRACE_MS - first * 1000) // 86_400_000, []).append(name)
+    return [sorted(steps[k]) for k in sorted(steps)]
+
+
+def replay_steps(store: Store, key: Any, out: Path, trace: Path) -> list[str]:
+    """Export as the replay's ledger process does (``gridledger.replay.export_closed``):
+    after each step (one day), the placements closed in it, EXPORT_CHUNK at a time with
+    ``export_all``, after the query that finds the closed placements. The store is the
+    whole trace's (the steps' later rows are there already; each placement's own commit
+    range is as it was when it closed)."""
+    from gridledger.replay import EXPORT_CHUNK, closed_placements
+    from ledger.export import export_all
+
+    written: list[str] = []
+    for step in close_steps(trace):
+        closed_placements(store)
+        for at in range(0, len(step), EXPORT_CHUNK):
+            done = export_all(store, out, key=key, placement_ids=step[at : at + EXPORT_CHUNK])
+            written.extend(done.written)
+    return written
 
 
 def verify_sample(work: Path, mode: str, cast: Any, n: int, dump_trust: Any) -> dict[str, int]:

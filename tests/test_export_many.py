@@ -274,7 +274,10 @@ def test_export_all_killed_leaves_only_whole_exports_and_runs_again(
         result = verify_export(out / f"{pid}.duckdb", scenario.cast.trust())
         assert result.ok and result.final, result.error
     left = sorted(p.name for p in out.iterdir() if p.name.startswith("."))
-    assert left, "the kill left no temporary file: nothing to clean up"
+    if hook != "_stage":
+        # Killed while staging, nothing may be left: the template is made once and held
+        # in memory (``export._template``), and a chunk passes as an Arrow stream.
+        assert left, "the kill left no temporary file: nothing to clean up"
     done = export_all(db, out, key=scenario.cast.ledger)
     assert sorted(done.written) == scenario.placement_ids
     for pid in scenario.placement_ids:
