@@ -1,7 +1,8 @@
 """Benchmark: export thousands of placements from one ledger store, beside a full read.
 
     .venv/bin/python bench/export_many.py [--events 600000] [--trace DIR]
-        [--mode each|all|both] [--sample N] [--verify N] [--workdir DIR] [--threads N]
+        [--mode each|all|both|steps] [--sample N] [--verify N] [--workdir DIR] [--threads N]
+        [--compact]
 
 1. Builds (once; cached under ~/.cache/gridledger/bench/) a ledger store shaped like the
    OpenB trace: one placement per GPU task that ran (6,203), in the trace's order, each
@@ -242,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", type=int, default=20)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--threads", type=int, help="all mode: writer threads (EXPORT_THREADS)")
+    parser.add_argument(
+        "--compact",
+        action="store_true",
+        help="all and steps modes: compact exports (EXPORT.md: 16 KiB blocks, DuckDB 1.2's "
+        "format), as the replay writes them",
+    )
     args = parser.parse_args(argv)
     if not (args.trace / "openb_pod_list_default.csv").exists():
         print(f"error: no OpenB trace at {args.trace} (--trace DIR)", file=sys.stderr)
@@ -271,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             records = int(store.query("SELECT count(*) FROM records")[0][0])
         report["placements"] = len(placements)
         report["records"] = records
+        report["compact"] = args.compact
         modes = ("each", "all") if args.mode == "both" else (args.mode,)
         for mode in modes:
             out = work / f"exports-{mode}"
@@ -278,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "steps":
                 started, cpu = time.perf_counter(), _cpu()
                 with Store(db, ledger_public_key=cast.ledger.public_key) as store:
-                    chosen = replay_steps(store, cast.ledger, out, args.trace)
+                    chosen = replay_steps(store, cast.ledger, out, args.trace, compact=args.compact)
                 seconds, cpu = time.perf_counter() - started, _cpu() - cpu
                 per, all_s = seconds / len(chosen), seconds
             elif mode == "each":
@@ -302,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu = _cpu()
                 threads = {} if args.threads is None else {"threads": args.threads}
                 with Store(db, ledger_public_key=cast.ledger.public_key) as store:
-                    done = export_all(store, out, key=cast.ledger, **threads)
+                    done = export_all(store, out, key=cast.ledger, compact=args.compact, **threads)
                 seconds = time.perf_counter() - started
                 cpu = _cpu() - cpu
                 chosen = sorted(done.written)
@@ -342,7 +350,9 @@ def close_steps(trace: Path) -> list[list[str]]:
     return [sorted(steps[k]) for k in sorted(steps)]
 
 
-def replay_steps(store: Store, key: Any, out: Path, trace: Path) -> list[str]:
+def replay_steps(
+    store: Store, key: Any, out: Path, trace: Path, *, compact: bool = False
+) -> list[str]:
     """Export as the replay's ledger process does (``gridledger.replay.export_closed``):
     after each step (one day), the placements closed in it, EXPORT_CHUNK at a time with
     ``export_all``, after the query that finds the closed placements. The store is the
@@ -355,7 +365,9 @@ def replay_steps(store: Store, key: Any, out: Path, trace: Path) -> list[str]:
     for step in close_steps(trace):
         closed_placements(store)
         for at in range(0, len(step), EXPORT_CHUNK):
-            done = export_all(store, out, key=key, placement_ids=step[at : at + EXPORT_CHUNK])
+            done = export_all(
+                store, out, key=key, placement_ids=step[at : at + EXPORT_CHUNK], compact=compact
+            )
             written.extend(done.written)
     return written
 
