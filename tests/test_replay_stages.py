@@ -76,6 +76,7 @@ def test_export_stage_in_chunks_writes_what_one_at_a_time_writes(
 ) -> None:
     monkeypatch.setattr(replay, "EXPORT_CHUNK", 3)  # several chunks, the last one short
     monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 2)
+    monkeypatch.setattr(replay, "COMPACT_MAX_RECORDS", 40)  # both formats among 8 placements
     workdir = tmp_path / "run"
     report = run_replay(
         ReplayOptions(
@@ -98,13 +99,20 @@ def test_export_stage_in_chunks_writes_what_one_at_a_time_writes(
             one = tmp_path / "one" / path.name
             export_placement(store, path.stem, one, key=cast.ledger)
             assert _tables(one) == _tables(path), path.stem
-    # The replay's own exports are compact where the DuckDB writes that format (the
-    # project's does); the portable one, from `ledger export`, holds the same rows.
+    # The replay's own exports of small placements are compact where the DuckDB writes
+    # that format (the project's does), larger ones portable; `ledger export` writes the
+    # portable format, with the same rows.
     assert replay.compact_exports()
+    blocks: dict[int, int] = {}
     for path in exports:
         with duckdb.connect(str(path), read_only=True) as con:
             size = con.execute("PRAGMA database_size").fetchone()
-        assert size is not None and size[2] == 16 * 1024, path.stem  # block size
+            records = con.execute("SELECT count(*) FROM ledger_records").fetchone()
+        assert size is not None and records is not None
+        expected = 16 * 1024 if records[0] <= 40 else 256 * 1024
+        assert size[2] == expected, (path.stem, records[0], size[2])  # block size
+        blocks[size[2]] = blocks.get(size[2], 0) + 1
+    assert set(blocks) == {16 * 1024, 256 * 1024}, blocks
 
 
 def _kafka_run(workdir: Path, bootstrap: str, *, ledger_process: bool) -> ReplayReport:
