@@ -54,13 +54,12 @@ from meter.stream import (
     resume_start_ms,
     samples_for,
     seal_event,
-    signer,
 )
 from proto.delivery import DELIVERY_LOG_FILE, append_delivered, delivered_usage
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.invariant import present
-from proto.keys import SigningKey, key_id
+from proto.keys import SigningKey, key_id, signer
 from proto.records import GpuSpec, PlacementTerms, UsageEvent
 from transport.intake import ReadByLedgers
 from transport.limits import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SPOOL_MAX_BYTES

@@ -14,14 +14,10 @@ next interval starts where the last one ended if that is within one interval of 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import itertools
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
-
-import nacl.bindings
+from typing import Final
 
 from meter.sources import GpuReading, bounded_xids
 from proto import limits as proto_limits
@@ -41,7 +37,6 @@ __all__ = [
     "resume_start_ms",
     "samples_for",
     "seal_event",
-    "signer",
 ]
 
 
@@ -202,7 +197,7 @@ def seal_event(
 
     ``key_id``: the key's id (``key.key_id``) when the caller knows it: the agent signs
     every event with the same key, and deriving the id takes a public key and a hash.
-    ``sign``: ``key.sign`` itself or its equal (``signer``), with ``key_id``.
+    ``sign``: ``key.sign`` itself or its equal (``proto.keys.signer``), with ``key_id``.
     The envelope is ``sign_payload(payload, [key])``'s: one signature, by that key.
     """
     payload = signed_bytes(event)
@@ -212,36 +207,6 @@ def seal_event(
         signature = Signature(keyid=key_id, sig=(key.sign if sign is None else sign)(payload))
         envelope = encode_envelope(Envelope(payload=payload, signatures=[signature]))
     return SealedEvent(event, envelope, sha256_hex(payload))
-
-
-# pynacl's compiled libsodium binding (``proto.keys`` verifies through it the same way).
-_SODIUM: Any = importlib.import_module("nacl._sodium")
-_SIGN_LOCAL: Any = threading.local()
-
-
-def signer(key: SigningKey) -> Callable[[bytes], bytes]:
-    """``key.sign``: the same Ed25519 signatures (deterministic: byte for byte; tests/
-    test_meter_agent.py), by libsodium's ``crypto_sign`` called directly into this
-    thread's reusable buffer, the secret key derived once — pynacl's ``SigningKey.sign``
-    allocates two buffers and three objects per call and ``key.sign`` looks the pynacl
-    key up in a cache each time (~2 of its ~18 us; the agent signs every event)."""
-    _, secret = nacl.bindings.crypto_sign_seed_keypair(key.seed)
-    crypto_sign = _SODIUM.lib.crypto_sign
-    ffi = _SODIUM.ffi
-    null, buffer, local = ffi.NULL, ffi.buffer, _SIGN_LOCAL
-
-    def sign(message: bytes) -> bytes:
-        size = len(message) + 64
-        out = getattr(local, "out", None)
-        if out is None or local.size < size:
-            local.size = max(size, 4096, 2 * getattr(local, "size", 0))
-            out = local.out = ffi.new("unsigned char[]", local.size)
-        if crypto_sign(out, null, message, len(message), secret) != 0:
-            raise RuntimeError("libsodium crypto_sign failed")
-        signature: bytes = buffer(out, 64)[:]
-        return signature
-
-    return sign
 
 
 class HandOff:

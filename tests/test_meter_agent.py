@@ -16,9 +16,9 @@ from meter.agent import HEADS_FILE, Agent, AgentConfig, AgentConfigError
 from meter.clock import SimClock, SkewedClock
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
 from meter.sources import GpuReading
-from meter.stream import node_gpus, seal_event, signer
+from meter.stream import node_gpus, seal_event
 from proto.envelope import open_envelope, require_signatures, seal
-from proto.keys import key_id
+from proto.keys import key_id, signer
 from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
 from transport.positions import SpoolPosition
 from transport.spool import SpoolFull, list_segments, read_spool
@@ -601,7 +601,7 @@ def test_simulator_draws_are_random_randoms(spec: str) -> None:
 
 
 def test_the_agents_signer_is_the_keys_sign() -> None:
-    """``meter.stream.signer``: the key's own signatures (Ed25519 is deterministic), for
+    """``proto.keys.signer``: the key's own signatures (Ed25519 is deterministic), for
     messages of every size, its buffer grown past the first 4 KiB."""
     key = builders.make_cast("signer").node_key("n1")
     other = builders.make_cast("signer").node_key("n2")
