@@ -466,7 +466,8 @@ def tampered_copy(export: Path) -> Path:
 
 def compare(export: Path, trust: Path, pools: list[str], against: Path) -> int:
     """Both verifiers at once on one export, per pool: CPU per usage event (the child
-    and its reaped workers) of each, and their quotient."""
+    and its reaped workers) of each, their quotient, and whether their reports (JSON,
+    timing aside) are identical; exit status 1 when they differ."""
     import threading
 
     for pool in pools:
@@ -494,11 +495,21 @@ def compare(export: Path, trust: Path, pools: list[str], against: Path) -> int:
                 f"{result['peak_rss_mib']:.0f} MiB + workers "
                 f"{result['workers_peak_rss_mib']:.0f} MiB"
             )
+        same = _comparable(results["this"]["report"]) == _comparable(results["against"]["report"])
         print(
             f"pool={pool}: CPU per event this/against = {cpu['this'] / cpu['against']:.3f} "
-            f"(run at the same time; load {os.getloadavg()[0]:.1f})"
+            f"(run at the same time; load {os.getloadavg()[0]:.1f}); reports "
+            + ("identical" if same else "DIFFER")
         )
+        if not same:
+            return 1
     return 0
+
+
+def _comparable(report: dict[str, Any]) -> str:
+    """A report's JSON without its timing (``elapsed_s``): what two verifiers of the same
+    export must agree on byte for byte."""
+    return json.dumps({k: v for k, v in report.items() if k != "elapsed_s"}, sort_keys=True)
 
 
 def main(argv: list[str] | None = None) -> int:

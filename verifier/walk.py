@@ -114,7 +114,7 @@ def _walk(run: Verification) -> None:
     with fewer_collections():
         for (batch, plan), results in jobs:
             _check_planned(run, plan, results, context.keyring)
-            run.work.flush()
+            run.work.spill()
             done += len(batch.records)
             run.progress.update(done)
     run.progress.finish()
@@ -167,7 +167,7 @@ def _walk_ranges(run: Verification, context: PairContext) -> None:
             for _, ranges in jobs:
                 for entries in ranges:
                     done += _check_entries(run, entries, context.keyring)
-                run.work.flush()
+                run.work.spill()
                 run.progress.update(done)
     finally:
         run.reread = None

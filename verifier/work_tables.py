@@ -10,7 +10,26 @@ knows is not asked of DuckDB (bench/verify_small.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+
+from verifier.pricing import TOTAL_FIELDS
+
+# During the pass the hot buffers are appended once they hold this many rows (``spill``),
+# not after every batch: each append costs ~0.5-1 ms whatever its size.
+SPILL_ROWS: Final = 8192
+# A buffer of at least this many rows goes to its table as columns (``_insert_columns``):
+# one INSERT from numpy arrays costs ~1 ms more than an appender's flush, and ~1 us less
+# per row of w_records, ~0.5-1 of w_usage and w_samples (bench/verifier_1m.py, BENCHMARKS.md
+# "Session 13"). Fewer rows (small exports) keep the appender.
+COLUMNS_MIN_ROWS: Final = 1024
+# Each hot table's columns as they travel to DuckDB: "i" BIGINT (a numpy int64 array),
+# "b" BOOLEAN (numpy bool), "s" VARCHAR (Python objects). The tables' DDL is in
+# ``verifier/pricing.py``.
+_KINDS: Final = {
+    "w_usage": "isisii",
+    "w_samples": "isbbibiib",
+    "w_records": "isi" + "i" * len(TOTAL_FIELDS),
+}
 
 
 class WorkTables:
@@ -35,6 +54,16 @@ class WorkTables:
         """``table`` now holds a row (an INSERT of the caller's)."""
         self.filled.add(table)
 
+    def spill(self) -> None:
+        """``flush`` once a hot buffer holds SPILL_ROWS rows (the pass calls it per batch;
+        whatever reads a work table calls ``flush`` first)."""
+        if (
+            len(self.usage) >= SPILL_ROWS
+            or len(self.samples) >= SPILL_ROWS
+            or len(self.records) >= SPILL_ROWS
+        ):
+            self.flush()
+
     def flush(self) -> None:
         """Append what the buffers hold (one call per table)."""
         if self.records:
@@ -48,6 +77,10 @@ class WorkTables:
             ("w_resale_rec", self.resale),
         ):
             if buffer:
+                if len(buffer) >= COLUMNS_MIN_ROWS and self._insert_columns(table, buffer):
+                    buffer.clear()
+                    self.filled.add(table)
+                    continue
                 app = self._appenders.get(table)
                 if app is None:
                     app = self._appenders[table] = self.con.appender(table)
@@ -55,6 +88,37 @@ class WorkTables:
                 app.flush()
                 buffer.clear()
                 self.filled.add(table)
+
+    def _insert_columns(self, table: str, rows: list[tuple[Any, ...]]) -> bool:
+        """Append ``rows`` to ``table`` as one INSERT from numpy arrays, as ``ledger/store.py``
+        writes its batches; False (nothing written) when the table has no column kinds here
+        or a column's values are not all of its kind (the appender then writes them, as
+        before: a NULL, say, or an int beyond BIGINT)."""
+        kinds = _KINDS.get(table)
+        if kinds is None:
+            return False
+        import numpy  # only for big exports' buffers: most verifications never need it
+
+        data: dict[str, Any] = {}
+        for k, (kind, values) in enumerate(zip(kinds, zip(*rows, strict=True), strict=True)):
+            if kind == "s":
+                if not all(type(v) is str for v in values):
+                    return False
+                column = numpy.array(values, dtype=object)
+            else:
+                # numpy picks the dtype from the values: int64 only when every one is an
+                # int in range, bool only when every one is a bool (None: object)
+                column = numpy.array(values)
+                if column.dtype != (numpy.int64 if kind == "i" else numpy.bool_):
+                    return False
+            data[f"c{k}"] = column
+        view = f"_columns_{table}"
+        self.con.register(view, data)
+        try:
+            self.con.execute(f"INSERT INTO {table} SELECT * FROM {view}").fetchall()
+        finally:
+            self.con.unregister(view)
+        return True
 
     def usage_record_hash(self, node_id: str, seq: int) -> str | None:
         """The record hash of the accepted usage event (node_id, seq), if any."""
