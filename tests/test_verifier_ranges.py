@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,35 @@ def test_worker_processes_reading_ranges_give_the_inline_report(
             pooled = verify_export(export, honest.trust, pool=pool)
         assert _whole(pooled) == _whole(verify(export, honest.trust))
     assert not pooled.ok
+
+
+def test_worker_threads_reading_ranges_give_the_inline_report(
+    honest: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads read their ranges on connections of their own (to one DuckDB database
+    of the export: the instance cache hands the second thread the first's), hand their
+    FastPairs over unpacked, and the pass closes the connections when it ends."""
+    packed: list[bool] = []
+    threads: set[int] = set()
+    open_ranges = walk.open_ranges
+
+    def watching(ranges: Any, context: PairContext) -> Any:
+        packed.append(context.pack)
+        threads.add(threading.get_ident())
+        return open_ranges(ranges, context)
+
+    monkeypatch.setattr(walk, "open_ranges", watching)
+    monkeypatch.setattr(limits, "CHAIN_BATCH_INDICES", 4)  # many ranges, both threads busy
+    path = _relinked(honest, tmp_path, _usage_index(honest, 2))
+    for export in (honest.path, path):
+        with OpenPool[Any]("thread", 2) as pool:
+            assert pool.reads_ranges
+            pooled = verify_export(export, honest.trust, pool=pool)
+        assert not walk._EXPORT, "the pass left export connections open"
+        assert _whole(pooled) == _whole(verify(export, honest.trust))
+    assert not pooled.ok
+    assert packed and not any(packed), "a worker thread packed its pairs"
+    assert threading.get_ident() not in threads
 
 
 def test_packed_pairs_unpack_to_the_fast_pairs_the_worker_made(honest: Scenario) -> None:

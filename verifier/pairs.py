@@ -71,6 +71,9 @@ class PairContext(NamedTuple):
     ledger_required: dict[str, bytes]  # who must sign a record (none in version 2)
     ledger_permitted: dict[str, bytes] | None = None  # who may (SPEC §8: the ledger key)
     export: ExportFile | None = None  # set when workers read their ranges themselves
+    # ``open_ranges``: the FastPairs of a range packed in one blob (``pack_pairs``) for a
+    # worker process; a worker thread hands over the list itself
+    pack: bool = True
 
 
 class FastPair(NamedTuple):

@@ -19,9 +19,9 @@ the chain's order — the prev link, the leaf, arrival order and the decision. A
 order or missing, an AFTER_CLOSE claim) and every ``SlowPair`` goes through the ordinary
 per-index checks below, so each finding is named exactly as before.
 
-With a process pool the workers also read the rows themselves (``open_ranges``): the
-main process sends chain-index ranges and gets back packed FastPairs, and the rows only
-of what the ordinary checks must see.
+With a process or thread pool the workers also read the rows themselves (``open_ranges``):
+the main thread sends chain-index ranges and gets back FastPairs (packed, from a process),
+and the rows only of what the ordinary checks must see.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _walk(run: Verification) -> None:
     run.work.flush()
 
 
-# ---- process pool: each worker reads its own chain-index ranges ---------------------------
+# ---- process or thread pool: each worker reads its own chain-index ranges ---------------
 #
 # Handing every envelope from the main process to a worker costs the main process a DuckDB
 # read, a Python object per row and the pickling (the main process is the pass's busiest).
@@ -144,8 +144,10 @@ class Entry(NamedTuple):
     pair: bool
 
 
-# The worker's connection to the export it reads, by ((pid, thread), path, identity).
+# The worker's connection to the export it reads, by ((pid, thread), path, identity);
+# worker threads share the dict (_EXPORT_LOCK).
 _EXPORT: dict[tuple[tuple[int, int], str, tuple[int, int, int]], Any] = {}
+_EXPORT_LOCK: Final = threading.Lock()
 
 
 def _walk_ranges(run: Verification, context: PairContext) -> None:
@@ -158,7 +160,8 @@ def _walk_ranges(run: Verification, context: PairContext) -> None:
             source.record_placement_id,
             source.input_tables,
             tuple(_span(source, table) for table in source.input_tables),
-        )
+        ),
+        pack=run.pool.kind == "process",
     )
     done = 0
     jobs = run.pool.run_jobs(open_ranges, _range_jobs(source), context, chunk=1)
@@ -172,7 +175,7 @@ def _walk_ranges(run: Verification, context: PairContext) -> None:
     finally:
         run.reread = None
         if run.pool.kind != "process":  # the pass read ranges in this process
-            forget_exports(close=True)
+            forget_exports(close=True, only=context.export)
     run.progress.finish()
     run.work.flush()
 
@@ -199,52 +202,65 @@ def _range_jobs(source: ExportSource) -> Iterator[tuple[int, list[tuple[int, int
 
 def _export_connection(export: ExportFile) -> Any:
     """This worker's read-only connection to ``export``: one kept per process and thread
-    (a DuckDB connection is not shared between threads, nor used across a fork)."""
+    (a DuckDB connection is not shared between threads, nor used across a fork). The
+    threads of one process connect to one database (DuckDB's instance cache hands the
+    second the first's): its configuration is locked once, by the first."""
     owner = (os.getpid(), threading.get_ident())
     key = (owner, export.path, export.identity)
     con = _EXPORT.get(key)
     if con is None:
-        stale = [k for k in _EXPORT if k[0] == owner]
+        with _EXPORT_LOCK:
+            stale = [_EXPORT.pop(k) for k in list(_EXPORT) if k[0] == owner]
         for old in stale:
-            _EXPORT.pop(old).close()
+            old.close()
         stat = os.stat(export.path)
         if (stat.st_dev, stat.st_ino, stat.st_mtime_ns) != export.identity:
             raise InvariantError(f"{export.path} changed during the verification")
-        con = duckdb.connect(
-            export.path,
-            read_only=True,
-            config={
-                "threads": 1,
-                "memory_limit": limits.WORKER_DUCKDB_MEMORY_LIMIT,
-                "enable_external_access": False,
-            },
-        )
-        con.execute("SET lock_configuration = true")
-        _EXPORT[key] = con
+        with _EXPORT_LOCK:
+            con = duckdb.connect(
+                export.path,
+                read_only=True,
+                config={
+                    "threads": 1,
+                    "memory_limit": limits.WORKER_DUCKDB_MEMORY_LIMIT,
+                    "enable_external_access": False,
+                },
+            )
+            locked = con.execute("SELECT current_setting('lock_configuration')").fetchall()
+            if not locked[0][0]:
+                con.execute("SET lock_configuration = true")
+            _EXPORT[key] = con
     return con
 
 
-def forget_exports(close: bool) -> None:
-    """Drop the cached export connections: closed (the pass ended in this process), or
-    just forgotten (a forked worker inherited its parent's, which it must not touch)."""
+def forget_exports(close: bool, only: ExportFile | None = None) -> None:
+    """Drop the cached export connections: closed (the pass ended in this process: only
+    its export's), or just forgotten (a forked worker inherited its parent's, which it
+    must not touch)."""
     mine = os.getpid()
-    for key in list(_EXPORT):
-        con = _EXPORT.pop(key)
+    with _EXPORT_LOCK:
+        dropped = [
+            (key, _EXPORT.pop(key))
+            for key in list(_EXPORT)
+            if only is None or key[1:] == (only.path, only.identity)
+        ]
+    for key, con in dropped:
         if close and key[0][0] == mine:
             con.close()
 
 
 def open_ranges(
     ranges: Sequence[tuple[int, int]], context: PairContext
-) -> list[tuple[bytes, list[Entry | None]]]:
-    """Worker side: per (lo, hi) range, its FastPairs packed in one blob (``pack_pairs``)
-    and, in chain order, per chain index present, None for the next FastPair of the blob
-    or an ``Entry`` (pure but for the cached connection: inline, thread or process)."""
+) -> list[tuple[bytes | list[FastPair], list[Entry | None]]]:
+    """Worker side: per (lo, hi) range, its FastPairs packed in one blob (``pack_pairs``;
+    the list itself when ``context.pack`` is False: a thread's) and, in chain order, per
+    chain index present, None for the next FastPair or an ``Entry`` (pure but for the
+    cached connection: inline, thread or process)."""
     export = context.export
     if export is None:
         raise InvariantError("open_ranges without an export file")
     con = _export_connection(export)
-    out: list[tuple[bytes, list[Entry | None]]] = []
+    out: list[tuple[bytes | list[FastPair], list[Entry | None]]] = []
     for lo, hi in ranges:
         plan, jobs, raw = _read_range(con, export, lo, hi)
         results = open_jobs(jobs, context)
@@ -263,7 +279,7 @@ def open_ranges(
                 continue
             n = (record is not None) + len(rows or ())
             entries.append(Entry(index, record, rows, results[at : at + n], False))
-        out.append((pack_pairs(fast), entries))
+        out.append((pack_pairs(fast) if context.pack else fast, entries))
     return out
 
 
@@ -319,12 +335,12 @@ def _table_rank(row: InputRow) -> int:
 
 
 def _check_entries(
-    run: Verification, packed: tuple[bytes, list[Entry | None]], keyring: Keyring
+    run: Verification, packed: tuple[bytes | list[FastPair], list[Entry | None]], keyring: Keyring
 ) -> int:
     """Main side of ``open_ranges``: every chain index of one range, in order, as
     ``_check_planned`` checks a batch; returns how many records the range held."""
     blob, entries = packed
-    fast = iter(unpack_pairs(blob))
+    fast = iter(unpack_pairs(blob) if isinstance(blob, bytes) else blob)
     plan: Plan = []
     results: list[Any] = []
     records = 0

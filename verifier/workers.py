@@ -3,7 +3,8 @@
 pynacl releases the GIL while it verifies, so two threads reach about twice the
 single-core rate (LIMITS.md); a process pool also parallelises the JSON decoding but
 pays for pickling, so its workers read their own chain-index ranges from the export and
-send back compact rows (``reads_ranges``, ``verifier/walk.py``). ``bench/verifier_1m.py``
+send back compact rows (``reads_ranges``, ``verifier/walk.py``; a thread pool's workers
+read their ranges too). ``bench/verifier_1m.py``
 measures both on the same export; threads are the default (see the bench's report for
 the numbers that chose it). ``inline`` runs in the caller, for small exports and for
 debugging.
@@ -65,8 +66,11 @@ class OpenPool(Generic[T]):
     def __init__(self, kind: PoolKind = "thread", workers: int | None = None) -> None:
         self.kind = kind
         # Workers read their chain-index ranges from the export themselves
-        # (``verifier/walk.py``): worth it where every row would otherwise be pickled.
-        self.reads_ranges = kind == "process"
+        # (``verifier/walk.py``): worth it where every row would otherwise be pickled, and
+        # for threads too: the main thread then neither reads nor plans a row (it built a
+        # row object per row and planned the batch, ~4 us of CPU per usage event more than
+        # the workers' reads of DuckDB's tuples; bench/verifier_1m.py, BENCHMARKS.md).
+        self.reads_ranges = kind in ("process", "thread")
         self.workers = workers or default_workers()
         self._executor: Executor | None = None
         if kind == "thread":
