@@ -28,9 +28,12 @@ MAX_BATCHES_IN_FLIGHT: Final = 4
 # Allocations between two young-generation garbage collections during the pass (Python's
 # default is 700). The pass allocates and frees millions of short-lived tuples and Structs,
 # almost none of them in reference cycles; at the default, collections that find nothing
-# cost about a quarter of the main thread's CPU (bench/verifier_1m.py). Restored after the
+# cost about a quarter of the main thread's CPU (bench/verifier_1m.py). At 20,000 they
+# still cost 4-6 % of the pass's CPU (a 50k-event export, thread pool: ~10 collections of
+# ~30 ms each, every one finding nothing: the rows in flight and in the work-table buffers
+# are young); at 100,000, one of ~6 ms (BENCHMARKS.md "Session 13"). Restored after the
 # pass; the pool's worker processes keep it. Bounds the garbage a cycle may hold meanwhile.
-GC_GEN0_THRESHOLD: Final = 20_000
+GC_GEN0_THRESHOLD: Final = 100_000
 
 # Below this many envelopes a worker pool costs more to start than it saves.
 MIN_ROWS_FOR_POOL: Final = 20_000
