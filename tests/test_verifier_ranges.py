@@ -262,3 +262,38 @@ def test_rows_read_again_for_findings_are_read_a_window_at_a_time(
     monkeypatch.setattr(ExportSource, "record_rows", record_rows)
     monkeypatch.setattr(walk, "pairable", lambda record, rows: False)
     assert _whole(ranged) == _whole(verify(path, honest.trust))
+
+
+def test_a_worker_threads_rows_name_the_findings_without_reading_them_again(
+    honest: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With worker threads, the rows a fast pair's finding needs are the ones the thread
+    read (handed over with its FastPairs): the export is not read again for them, and the
+    report is the ordinary pass's."""
+    path = _mutated(
+        honest, tmp_path, f"DELETE FROM usage_events WHERE chain_index = {_usage_index(honest, 0)}"
+    )
+    monkeypatch.setattr(limits, "CHAIN_BATCH_INDICES", 4)
+    needed: list[int] = []
+    reads: list[tuple[int, int]] = []
+    rows_of, record_rows = walk._rows_of, ExportSource.record_rows
+
+    def needing(run: Any, index: int, record: Any, row: Any) -> Any:
+        if record is None or row is None:
+            needed.append(index)
+        return rows_of(run, index, record, row)
+
+    def reading(self: ExportSource, lo: int, hi: int) -> Any:
+        reads.append((lo, hi))
+        return record_rows(self, lo, hi)
+
+    monkeypatch.setattr(walk, "_rows_of", needing)
+    monkeypatch.setattr(ExportSource, "record_rows", reading)
+    with OpenPool[Any]("thread", 2) as pool:
+        pooled = verify_export(path, honest.trust, pool=pool)
+    assert "SEQ_GAP" in pooled.findings.rules(), explain(pooled)
+    assert len(needed) >= pooled.counts["inputs.usage"] // 2 >= 10, needed
+    assert not reads, reads
+    monkeypatch.setattr(ExportSource, "record_rows", record_rows)
+    monkeypatch.setattr(walk, "_rows_of", rows_of)
+    assert _whole(pooled) == _whole(verify(path, honest.trust))

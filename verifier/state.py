@@ -137,6 +137,9 @@ class Verification:
         self.last_arrived: int | None = None  # the highest arrived_ms so far (7, SPEC §6.6)
         # rows read again for findings, at most CHAIN_BATCH_INDICES of each (walk._rows_of)
         self.reread: Reread | None = None
+        # the range being checked: its pairs' rows as a worker THREAD read them (DuckDB's
+        # tuples, by chain index), so the rows a finding needs are not read again
+        self.pair_rows: dict[int, tuple[tuple[Any, ...], tuple[Any, ...]]] | None = None
         # (7) SPEC §6.6: an untimed record is a finding in a placement created after the rule
         self.untimed_arrival_finding = terms.created_at_ms >= ARRIVAL_REQUIRED_FROM_MS
         self.pending_claims: dict[int, tuple[Claim, str]] = {}  # adjustments decided later

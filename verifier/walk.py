@@ -161,7 +161,8 @@ def _walk_ranges(run: Verification, context: PairContext) -> None:
             source.input_tables,
             tuple(_span(source, table) for table in source.input_tables),
         ),
-        pack=run.pool.kind == "process",
+        # packed but for threads (an inline pool reading ranges stands in for processes)
+        pack=run.pool.kind != "thread",
     )
     done = 0
     jobs = run.pool.run_jobs(open_ranges, _range_jobs(source), context, chunk=1)
@@ -174,6 +175,7 @@ def _walk_ranges(run: Verification, context: PairContext) -> None:
                 run.progress.update(done)
     finally:
         run.reread = None
+        run.pair_rows = None
         if run.pool.kind != "process":  # the pass read ranges in this process
             forget_exports(close=True, only=context.export)
     run.progress.finish()
@@ -249,18 +251,26 @@ def forget_exports(close: bool, only: ExportFile | None = None) -> None:
             con.close()
 
 
-def open_ranges(
-    ranges: Sequence[tuple[int, int]], context: PairContext
-) -> list[tuple[bytes | list[FastPair], list[Entry | None]]]:
+# What ``open_ranges`` returns per range: the FastPairs (packed, or the list itself), the
+# entries, and (unpacked only) the pairs' rows as read, by chain index.
+Ranged = tuple[
+    bytes | list[FastPair],
+    list["Entry | None"],
+    dict[int, tuple[tuple[Any, ...], tuple[Any, ...]]] | None,
+]
+
+
+def open_ranges(ranges: Sequence[tuple[int, int]], context: PairContext) -> list[Ranged]:
     """Worker side: per (lo, hi) range, its FastPairs packed in one blob (``pack_pairs``;
-    the list itself when ``context.pack`` is False: a thread's) and, in chain order, per
-    chain index present, None for the next FastPair or an ``Entry`` (pure but for the
-    cached connection: inline, thread or process)."""
+    the list itself when ``context.pack`` is False: a thread's, which also hands over the
+    pairs' rows as read, for ``_rows_of``) and, in chain order, per chain index present,
+    None for the next FastPair or an ``Entry`` (pure but for the cached connection:
+    inline, thread or process)."""
     export = context.export
     if export is None:
         raise InvariantError("open_ranges without an export file")
     con = _export_connection(export)
-    out: list[tuple[bytes | list[FastPair], list[Entry | None]]] = []
+    out: list[Ranged] = []
     for lo, hi in ranges:
         plan, jobs, raw = _read_range(con, export, lo, hi)
         results = open_jobs(jobs, context)
@@ -279,7 +289,7 @@ def open_ranges(
                 continue
             n = (record is not None) + len(rows or ())
             entries.append(Entry(index, record, rows, results[at : at + n], False))
-        out.append((pack_pairs(fast) if context.pack else fast, entries))
+        out.append((pack_pairs(fast), entries, None) if context.pack else (fast, entries, raw))
     return out
 
 
@@ -334,12 +344,10 @@ def _table_rank(row: InputRow) -> int:
     return _TABLE_RANK[row.kind]
 
 
-def _check_entries(
-    run: Verification, packed: tuple[bytes | list[FastPair], list[Entry | None]], keyring: Keyring
-) -> int:
+def _check_entries(run: Verification, packed: Ranged, keyring: Keyring) -> int:
     """Main side of ``open_ranges``: every chain index of one range, in order, as
     ``_check_planned`` checks a batch; returns how many records the range held."""
-    blob, entries = packed
+    blob, entries, run.pair_rows = packed
     fast = iter(unpack_pairs(blob) if isinstance(blob, bytes) else blob)
     plan: Plan = []
     results: list[Any] = []
@@ -502,6 +510,13 @@ def _rows_of(
     minutes); a window costs what a worker's read of its range costs."""
     if record is not None and row is not None:
         return record, row
+    rows = run.pair_rows
+    if rows is not None and index in rows:  # as the worker thread read them
+        rec, use = rows[index]
+        return (
+            record_row(rec) if record is None else record,
+            input_row(_USAGE, use) if row is None else row,
+        )
     window = run.reread
     if window is None or not window.lo <= index < window.hi:
         lo, hi = index, index + limits.CHAIN_BATCH_INDICES
