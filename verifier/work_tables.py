@@ -30,6 +30,18 @@ class WorkTables:
         # appended to w_records (None: none).
         self.filled: set[str] = set()
         self.max_record_index: int | None = None
+        # Every row written to the tables the obligation's SQL reads, by table, when the
+        # run may defer its pricing to a batch (``keeping``; ``verify_exports``), else None.
+        self.kept: dict[str, list[tuple[Any, ...]]] | None = None
+
+    def keeping(self) -> None:
+        """From now on keep a copy of every row of the priced tables (``kept``)."""
+        self.kept = {}
+
+    def keep(self, table: str, row: tuple[Any, ...]) -> None:
+        """``row`` was inserted into ``table`` (kept when ``keeping``)."""
+        if self.kept is not None:
+            self.kept.setdefault(table, []).append(row)
 
     def note(self, table: str) -> None:
         """``table`` now holds a row (an INSERT of the caller's)."""
@@ -48,6 +60,8 @@ class WorkTables:
             ("w_resale_rec", self.resale),
         ):
             if buffer:
+                if self.kept is not None:
+                    self.kept.setdefault(table, []).extend(buffer)
                 app = self._appenders.get(table)
                 if app is None:
                     app = self._appenders[table] = self.con.appender(table)
