@@ -290,3 +290,35 @@ def test_the_verifier_queue_counts_what_the_ledger_process_exported_once_each(
     assert failed["pl-a"] == "not exported: no accepted terms"
     assert failed["pl-b"] and failed["pl-c"]  # the verifier's reason, named
     assert run.report.verified == 0 and run.report.exports_kept == 2
+
+
+def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed(
+    tmp_path: Path,
+) -> None:
+    """Small exports wait for a batch (``verify_exports`` in one worker call) and go when
+    no worker has anything left to do; each verdict is what ``verify_one`` says of that
+    export alone, counted in the order handed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    exports = tmp_path / "run" / "exports"
+    exports.mkdir(parents=True)
+    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
+    names = [f"pl-{k}" for k in range(5)]
+    placements = [
+        SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
+        for p in names
+    ]
+    for k, p in enumerate(names):  # small files, none an export (pl-2 empty)
+        (exports / f"{p}.duckdb").write_bytes(b"not an export %d" % k if k != 2 else b"")
+    with ThreadPoolExecutor(1) as pool:
+        verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
+        verdicts.exported([(p, "") for p in names])
+        # no worker had anything to do: the five went at once, one batch
+        assert verdicts.queue == []
+        assert len({id(future) for _, future, _ in verdicts.pending}) == 1
+        assert [position for _, _, position in verdicts.pending] == list(range(5))
+        alone = [replay.verify_one(str(exports / f"{p}.duckdb"), verdicts.trust) for p in names]
+        verdicts.drain()
+    assert [pid for pid, _ in run.report.failed] == names
+    assert [why for _, why in run.report.failed] == [summary.why for summary in alone]
+    assert all(why for _, why in run.report.failed)
