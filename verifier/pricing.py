@@ -460,6 +460,13 @@ BATCH_TABLES: Final = (
     "w_records",
 )
 
+# What a checklist whose pricing may be deferred holds back (``WorkTables.keeping``): the
+# tables only the obligation's SQL reads (w_terms, w_gpus: ``load_terms``), written when
+# it is not deferred after all (``step9_obligation.price_base``).
+HELD_TABLES: Final = frozenset(
+    {"w_terms", "w_gpus", "w_samples", "w_reclaim", "w_close", "w_release", "w_records"}
+)
+
 # The same tables with the export key ``ek`` as their first column.
 _BATCH_DDL: Final = "; ".join(
     statement.replace("CREATE TABLE", "CREATE OR REPLACE TABLE", 1).replace("(", "(ek BIGINT, ", 1)

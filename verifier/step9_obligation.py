@@ -24,6 +24,7 @@ from verifier.pricing import (
     compute_base,
     compute_totals,
     gpu_rows,
+    load_terms,
     mismatches_in,
     record_mismatches,
     terms_row,
@@ -93,6 +94,9 @@ def price_base(run: Verification) -> None:
             }
             run.deferred = deferred
             return
+    if run.work.held:  # held back for a deferral that is not to be: written now
+        load_terms(run.con, run.terms)
+        run.work.write_held()
     compute_base(run.con)
 
 

@@ -65,6 +65,7 @@ from verifier import (
 from verifier.errors import UnusableInput
 from verifier.findings import Step
 from verifier.pricing import (
+    HELD_TABLES,
     DeferredPricing,
     batch_mismatches,
     create_work_tables,
@@ -272,11 +273,12 @@ def run_checklist(
         return None
     step5_columns.check_meta_terms(source, terms, findings)
     create_work_tables(source.con)
-    load_terms(source.con, terms)
+    if deferred is None:
+        load_terms(source.con, terms)
     run = Verification(source, report, pool, progress, terms, trust.attestation_roots() or None)
-    if deferred is not None:
+    if deferred is not None:  # the priced tables written only if the pricing is not deferred
         run.deferred = deferred
-        run.work.keeping()
+        run.work.keeping(hold=HELD_TABLES)
     step5_columns.check_meta_records(run)
     step6_chain.check_sets(run)  # the set-based half of (6), SQL over the export
     step8_merkle.read_sizes(run)  # which tree sizes the pass must keep roots for
