@@ -982,11 +982,13 @@ class _Verdicts:
 
     Small exports (``verifier.limits.SMALL_EXPORT_BYTES``) wait in ``queue`` and go to a
     worker BATCH at a time (``verifier.verify.verify_exports``: the obligation's SQL once
-    per batch, each report as the export's alone): a batch goes when full, when no
-    worker has anything left to do, before a big export (the order handed is kept), when
-    the in-flight bound is reached, and at the drain."""
+    per batch, each report as the export's alone): a batch goes when full, when its
+    oldest export has waited BATCH_WAIT_S (checked as exports come and after each step),
+    before a big export (the order handed is kept), at the in-flight bound, and at the
+    drain."""
 
     BATCH: Final = 32
+    BATCH_WAIT_S: Final = 2.0
 
     def __init__(
         self,
@@ -1002,6 +1004,7 @@ class _Verdicts:
         # (placement, its future, its position in the future's batch; None: verify_one's)
         self.pending: deque[tuple[Placement, Future[Any], int | None]] = deque()
         self.queue: list[Placement] = []  # small exports not handed to a worker yet
+        self.queued_at = 0.0  # when the oldest of them came (time.monotonic)
         self.handed: set[str] = set()
         self.placements = {p.placement_id: p for p in placements}
 
@@ -1016,6 +1019,8 @@ class _Verdicts:
         except OSError:  # no file: the verifier says so, alone
             small = False
         if small:
+            if not self.queue:
+                self.queued_at = time.monotonic()
             self.queue.append(placement)
             if len(self.queue) >= self.BATCH:
                 self.flush()
@@ -1091,10 +1096,10 @@ class _Verdicts:
 
     def settle_ready(self) -> None:
         """Count the verdicts already in, oldest first, without waiting; the queued small
-        exports go when no worker has anything left to do."""
+        exports go once the oldest has waited BATCH_WAIT_S."""
         while self.pending and self.pending[0][1].done():
             self._settle_oldest()
-        if self.queue and all(future.done() for _, future, _ in self.pending):
+        if self.queue and time.monotonic() - self.queued_at >= self.BATCH_WAIT_S:
             self.flush()
 
     def drain(self) -> None:

@@ -293,12 +293,16 @@ def test_the_verifier_queue_counts_what_the_ledger_process_exported_once_each(
 
 
 def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Small exports wait for a batch (``verify_exports`` in one worker call) and go when
-    no worker has anything left to do; each verdict is what ``verify_one`` says of that
-    export alone, counted in the order handed."""
+    """Small exports wait for a batch (``verify_exports`` in one worker call): a batch
+    goes when full or when its oldest export has waited BATCH_WAIT_S; each verdict is
+    what ``verify_one`` says of that export alone, counted in the order handed."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(replay._Verdicts, "BATCH", 3)
+    monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 3600.0)
 
     exports = tmp_path / "run" / "exports"
     exports.mkdir(parents=True)
@@ -312,12 +316,20 @@ def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed
         (exports / f"{p}.duckdb").write_bytes(b"not an export %d" % k if k != 2 else b"")
     with ThreadPoolExecutor(1) as pool:
         verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
+        gate = threading.Event()
+        pool.submit(gate.wait)  # the one worker busy: nothing handed settles early
         verdicts.exported([(p, "") for p in names])
-        # no worker had anything to do: the five went at once, one batch
+        # the first three as a full batch; the other two wait (not an hour yet)
+        assert [p.placement_id for p in verdicts.queue] == names[3:]
+        futures = [id(future) for _, future, _ in verdicts.pending]
+        assert len(futures) == 3 and len(set(futures)) == 1
+        assert [position for _, _, position in verdicts.pending] == [0, 1, 2]
+        monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 0.0)
+        verdicts.settle_ready()  # waited long enough: the two go, one batch
         assert verdicts.queue == []
-        assert len({id(future) for _, future, _ in verdicts.pending}) == 1
-        assert [position for _, _, position in verdicts.pending] == list(range(5))
+        assert [position for _, _, position in verdicts.pending][-2:] == [0, 1]
         alone = [replay.verify_one(str(exports / f"{p}.duckdb"), verdicts.trust) for p in names]
+        gate.set()
         verdicts.drain()
     assert [pid for pid, _ in run.report.failed] == names
     assert [why for _, why in run.report.failed] == [summary.why for summary in alone]
