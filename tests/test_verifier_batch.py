@@ -103,6 +103,9 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], 
         out[f"small-{minutes}"] = s.path
         trust = s.trust
     assert trust is not None
+    # more records than pricing.CHAIN_ROWS_MAX: still small, still deferred
+    s = small_scenario(tmp, name="b-small-300", minutes=300, window_ms=6 * HOUR)
+    out["small-300"] = s.path
     out["reclaim"] = _ledger_placement(tmp, "b-reclaim", 1, "reclaim")
     out["release"] = _ledger_placement(tmp, "b-release", 2, "release")
     out["dishonest"] = _dishonest(tmp, "b-dishonest", 3)
@@ -140,7 +143,16 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], 
     return out, trust
 
 
-HONEST = ("small-2", "small-5", "small-11", "small-13", "reclaim", "release", "view-beside")
+HONEST = (
+    "small-2",
+    "small-5",
+    "small-11",
+    "small-13",
+    "small-300",
+    "reclaim",
+    "release",
+    "view-beside",
+)
 
 
 def test_the_honest_exports_verify_alone(exports: tuple[dict[str, Path], TrustFile]) -> None:

@@ -73,9 +73,11 @@ _PRICED_ALONE: Final = frozenset({"w_adjust", "w_assign", "w_resale_rec"})
 def price_base(run: Verification) -> None:
     """D, B, G, R and Q at every index (SPEC §7.1-§7.3, §7.5): nothing depends on
     adjustments yet. Deferred to the batch instead (``run.deferred``, ``verify_exports``)
-    for a small export of at most CHAIN_ROWS_MAX records, one LedgerRecord row per index,
-    no adjustment nor resale: what ``check_records`` then needs of the SQL is only
-    whether the recomputed totals equal the records' (``pricing.batch_mismatches``)."""
+    for a small export (``SMALL_EXPORT_BYTES``) with one LedgerRecord row per index, no
+    adjustment nor resale: what ``check_records`` then needs of the SQL is only whether
+    the recomputed totals equal the records' (``pricing.batch_mismatches``); when they
+    do, ``run.chain`` holds every record's own (what ``_chain_at`` and the head's totals
+    read, the same values the SQL would have read at those indices)."""
     deferred, run.deferred = run.deferred, None
     if deferred is not None and run.work.kept is not None:
         run.work.flush()
@@ -83,7 +85,6 @@ def price_base(run: Verification) -> None:
         records = kept.get("w_records", [])
         if (
             run.source.small
-            and run.record_count <= CHAIN_ROWS_MAX
             and not (run.work.filled & _PRICED_ALONE)
             and len({row[0] for row in records}) == len(records)
         ):
