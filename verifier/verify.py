@@ -133,8 +133,9 @@ def verify_exports(paths: Sequence[Path], trust: TrustFile) -> list[ExportReport
     A small export's checklist costs most in the obligation's SQL (``w_base`` and
     ``w_totals``: each statement's planning, whatever its few rows), so each small export
     runs its checklist with that SQL deferred (``step9_obligation.price_base`` says when
-    it may: no adjustment, no resale, few records): as if the recomputed totals equalled
-    every LedgerRecord's. Then ONE pass of the same SQL over every deferred export's work
+    it may: no adjustment, no resale, one record row per index), and the rows only that
+    SQL reads kept in Python, not written: as if the recomputed totals equalled every
+    LedgerRecord's. Then ONE pass of the same SQL over every deferred export's work
     rows, each keyed by its export (``pricing.batch_mismatches``, on a database no export
     is attached to: the exports are attached one at a time, as by ``verify_export``), says
     which ones they do equal. An export's report is kept only when its checklist found
