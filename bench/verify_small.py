@@ -34,6 +34,12 @@ and swapping the order each round: both variants see the same moments of a share
 machine. Reports the CPU per export of both, their ratio, and whether every report is
 byte-identical.
 
+``--batch K``: instead of child processes, one process of this checkout verifies the
+exports one by one (``verify_export``) and in batches of K (``verify_exports``, what the
+trace replay's workers do with small exports), alternating per round and swapping the
+order; the export list is repeated to fill the batches (``--repeat``). Reports the CPU
+per export of both, their ratio, and whether every report is byte-identical.
+
 No asserts: this prints numbers.
 """
 
@@ -230,6 +236,63 @@ def toggled(listing: Path, toggle: str, rounds: int) -> None:
     )
 
 
+def batched(listing: Path, k: int, rounds: int, repeat: int) -> None:
+    """In one process: the exports one by one and in batches of ``k`` (``verify_exports``),
+    alternating per round; prints the CPU per export of both (all exports, and the ones
+    that verify), and whether every report is byte-identical."""
+    sys.path.insert(0, str(ROOT))
+    from gridledger.replay import quiet_logs
+    from proto.trust import load_trust
+    from verifier.report import export_json
+    from verifier.verify import verify_export, verify_exports
+
+    quiet_logs()
+    pairs = [(Path(a), Path(b)) for a, b in json.loads(listing.read_text())]
+    groups: dict[bytes, tuple[Any, list[Path]]] = {}  # one trust file's exports together
+    for path, trust in pairs:
+        groups.setdefault(trust.read_bytes(), (load_trust(trust), []))[1].append(path)
+
+    def body(report: Any) -> str:
+        out = export_json(report)
+        out.pop("elapsed_s", None)
+        return json.dumps(out, sort_keys=True)
+
+    cpu: dict[str, list[float]] = {"one by one": [], f"batches of {k}": []}
+    same = True
+    count = ok_count = 0
+    for n in range(rounds + 1):  # round 0 warms up
+        order = list(cpu) if n % 2 == 0 else list(cpu)[::-1]
+        texts: dict[str, list[str]] = {}
+        for variant in order:
+            spent = 0.0
+            texts[variant] = []
+            count = ok_count = 0
+            for trust, paths in groups.values():
+                work = paths * repeat
+                for at in range(0, len(work), k):
+                    chunk = work[at : at + k]
+                    started = time.process_time()
+                    if variant == "one by one":
+                        reports = [verify_export(p, trust) for p in chunk]
+                    else:
+                        reports = verify_exports(chunk, trust)
+                    spent += time.process_time() - started
+                    texts[variant] += [body(r) for r in reports]
+                    count += len(chunk)
+                    ok_count += sum(r.ok for r in reports)
+            if n:
+                cpu[variant].append(spent * 1e3 / count)
+        same = same and texts[order[0]] == texts[order[1]]
+    a, b = (statistics.median(cpu[v]) for v in cpu)
+    print(
+        f"{count} verifications per variant and round ({ok_count} verified), {rounds} rounds, "
+        f"load {os.getloadavg()[0]:.1f}: CPU per export (median of rounds) one by one "
+        f"{a:.2f} ms, batches of {k} {b:.2f} ms; batched / one by one {b / a:.3f} "
+        f"(rounds: {' '.join(f'{y / x:.2f}' for x, y in zip(*cpu.values(), strict=True))}); "
+        f"reports byte-identical (every export, every round): {'yes' if same else 'NO'}"
+    )
+
+
 def run_child(root: Path, listing: Path, work: Path, passes: int) -> dict[str, Any]:
     """One fresh process of the checkout at ``root`` (its own packages first on sys.path)."""
     out = work / "result.json"
@@ -296,6 +359,16 @@ def main(argv: list[str] | None = None) -> int:
         help="MODULE:NAME=VALUE: alternate the attribute as it is and set to VALUE, per "
         "export in one process (--rounds rounds), instead of child processes",
     )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        help="K: one by one against verify_exports in batches of K, in one process "
+        "(--rounds rounds)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=4, help="--batch: the export list repeated this often"
+    )
+    parser.add_argument("--honest-only", action="store_true", help="leave the tampered out")
     parser.add_argument("--child", nargs=3, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -318,6 +391,14 @@ def main(argv: list[str] | None = None) -> int:
             )
         listing = work / "exports.json"
         listing.write_text(json.dumps([[str(a), str(b)] for a, b in exports]))
+        if args.honest_only:
+            exports = exports[:honest]
+            what += "; the tampered left out"
+            listing.write_text(json.dumps([[str(a), str(b)] for a, b in exports]))
+        if args.batch:
+            print(what)
+            batched(listing, args.batch, args.rounds, args.repeat)
+            return 0
         if args.toggle:
             print(what)
             toggled(listing, args.toggle, args.rounds)

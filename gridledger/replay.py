@@ -978,7 +978,17 @@ def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
 class _Verdicts:
     """Exports handed to the verifier's workers as they are written, their verdicts
     counted in the order handed (``_ReplayRun.settle_export``): at most
-    MAX_VERIFY_IN_FLIGHT in flight, the caller waits for the oldest beyond that."""
+    MAX_VERIFY_IN_FLIGHT in flight, the caller waits for the oldest beyond that.
+
+    Small exports (``verifier.limits.SMALL_EXPORT_BYTES``) wait in ``queue`` and go to a
+    worker BATCH at a time (``verifier.verify.verify_exports``: the obligation's SQL once
+    per batch, each report as the export's alone): a batch goes when full, when its
+    oldest export has waited BATCH_WAIT_S (checked as exports come and after each step),
+    before a big export (the order handed is kept), at the in-flight bound, and at the
+    drain."""
+
+    BATCH: Final = 32
+    BATCH_WAIT_S: Final = 2.0
 
     def __init__(
         self,
@@ -991,18 +1001,84 @@ class _Verdicts:
         self.exports = exports
         self.pool = pool
         self.trust = dump_trust(run.cast.trust())
-        self.pending: deque[tuple[Placement, Future[VerifySummary]]] = deque()
+        # (placement, its future, its position in the future's batch; None: verify_one's)
+        self.pending: deque[tuple[Placement, Future[Any], int | None]] = deque()
+        self.queue: list[Placement] = []  # small exports not handed to a worker yet
+        self.queued_at = 0.0  # when the oldest of them came (time.monotonic)
         self.handed: set[str] = set()
         self.placements = {p.placement_id: p for p in placements}
 
     def submit(self, placement: Placement) -> None:
         """Verify the export of ``placement`` (written to DIR/exports)."""
+        from verifier import limits as verifier_limits
+
         self.handed.add(placement.placement_id)
         out = self.exports / f"{placement.placement_id}.duckdb"
-        self.pending.append((placement, self.pool.submit(verify_one, str(out), self.trust)))
+        try:
+            small = out.stat().st_size <= verifier_limits.SMALL_EXPORT_BYTES
+        except OSError:  # no file: the verifier says so, alone
+            small = False
+        if small:
+            if not self.queue:
+                self.queued_at = time.monotonic()
+            self.queue.append(placement)
+            if len(self.queue) >= self.BATCH:
+                self.flush()
+        else:
+            self.flush()  # the small ones handed before it go first
+            future = self.pool.submit(verify_one, str(out), self.trust)
+            self.pending.append((placement, future, None))
         # The verifier may lag the exports by at most MAX_VERIFY_IN_FLIGHT.
-        while len(self.pending) > MAX_VERIFY_IN_FLIGHT:
+        while len(self.pending) + len(self.queue) > MAX_VERIFY_IN_FLIGHT:
+            self.flush()
             self._settle_oldest()
+
+    def flush(self) -> None:
+        """Hand the queued small exports to a worker, as one batch (one alone: as a big
+        one, a batch of one saves nothing)."""
+        batch, self.queue = self.queue, []
+        if len(batch) == 1:
+            out = self.exports / f"{batch[0].placement_id}.duckdb"
+            self.pending.append(
+                (batch[0], self.pool.submit(verify_one, str(out), self.trust), None)
+            )
+        elif batch:
+            paths = [str(self.exports / f"{p.placement_id}.duckdb") for p in batch]
+            future = self.pool.submit(_Verdicts.verify_batch, paths, self.trust)
+            self.pending.extend((p, future, k) for k, p in enumerate(batch))
+
+    @staticmethod
+    def verify_batch(paths: list[str], trust_bytes: bytes) -> list[VerifySummary]:
+        """``verify_one`` of each path, as one batch (in a worker process); the batch's
+        wall and CPU time shared evenly between its exports."""
+        from verifier.verify import verify_exports
+
+        quiet_logs()
+        trust = _TRUST_CACHE.get(trust_bytes)
+        if trust is None:
+            trust = msgspec.json.decode(trust_bytes, type=TrustFile)
+            _TRUST_CACHE[trust_bytes] = trust
+        started = time.perf_counter()
+        cpu_before = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN)
+        try:
+            results = verify_exports([Path(p) for p in paths], trust)
+        except Exception:  # each alone, to name which one raised
+            return [verify_one(p, trust_bytes) for p in paths]
+        elapsed = (time.perf_counter() - started) / len(paths)
+        cpu = (cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu_before) / len(paths)
+        out: list[VerifySummary] = []
+        for result in results:
+            if not result.ok or result.totals is None or not result.final:
+                kept = result.findings.kept
+                why = result.error or (kept[0].line() if kept else f"{result.verdict}, not final")
+                out.append(VerifySummary(why, None, "", 0, elapsed, cpu))
+            else:
+                out.append(
+                    VerifySummary(
+                        "", result.totals, result.currency, result.currency_scale, elapsed, cpu
+                    )
+                )
+        return out
 
     def exported(self, written: Sequence[tuple[str, str]]) -> None:
         """What the ledger process exported after a step: (placement, why not) each, an
@@ -1019,18 +1095,24 @@ class _Verdicts:
         self.settle_ready()
 
     def settle_ready(self) -> None:
-        """Count the verdicts already in, oldest first, without waiting."""
+        """Count the verdicts already in, oldest first, without waiting; the queued small
+        exports go once the oldest has waited BATCH_WAIT_S."""
         while self.pending and self.pending[0][1].done():
             self._settle_oldest()
+        if self.queue and time.monotonic() - self.queued_at >= self.BATCH_WAIT_S:
+            self.flush()
 
     def drain(self) -> None:
         """Wait for and count every verdict still out."""
+        self.flush()
         while self.pending:
             self._settle_oldest()
 
     def _settle_oldest(self) -> None:
-        placement, future = self.pending.popleft()
-        self.run.settle_export(self.exports, placement, future.result())
+        placement, future, position = self.pending.popleft()
+        result = future.result()
+        summary = result if position is None else result[position]
+        self.run.settle_export(self.exports, placement, summary)
 
 
 def store_counts(store: Store) -> tuple[int, int]:

@@ -290,3 +290,47 @@ def test_the_verifier_queue_counts_what_the_ledger_process_exported_once_each(
     assert failed["pl-a"] == "not exported: no accepted terms"
     assert failed["pl-b"] and failed["pl-c"]  # the verifier's reason, named
     assert run.report.verified == 0 and run.report.exports_kept == 2
+
+
+def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small exports wait for a batch (``verify_exports`` in one worker call): a batch
+    goes when full or when its oldest export has waited BATCH_WAIT_S; each verdict is
+    what ``verify_one`` says of that export alone, counted in the order handed."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(replay._Verdicts, "BATCH", 3)
+    monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 3600.0)
+
+    exports = tmp_path / "run" / "exports"
+    exports.mkdir(parents=True)
+    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
+    names = [f"pl-{k}" for k in range(5)]
+    placements = [
+        SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
+        for p in names
+    ]
+    for k, p in enumerate(names):  # small files, none an export (pl-2 empty)
+        (exports / f"{p}.duckdb").write_bytes(b"not an export %d" % k if k != 2 else b"")
+    with ThreadPoolExecutor(1) as pool:
+        verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
+        gate = threading.Event()
+        pool.submit(gate.wait)  # the one worker busy: nothing handed settles early
+        verdicts.exported([(p, "") for p in names])
+        # the first three as a full batch; the other two wait (not an hour yet)
+        assert [p.placement_id for p in verdicts.queue] == names[3:]
+        futures = [id(future) for _, future, _ in verdicts.pending]
+        assert len(futures) == 3 and len(set(futures)) == 1
+        assert [position for _, _, position in verdicts.pending] == [0, 1, 2]
+        monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 0.0)
+        verdicts.settle_ready()  # waited long enough: the two go, one batch
+        assert verdicts.queue == []
+        assert [position for _, _, position in verdicts.pending][-2:] == [0, 1]
+        alone = [replay.verify_one(str(exports / f"{p}.duckdb"), verdicts.trust) for p in names]
+        gate.set()
+        verdicts.drain()
+    assert [pid for pid, _ in run.report.failed] == names
+    assert [why for _, why in run.report.failed] == [summary.why for summary in alone]
+    assert all(why for _, why in run.report.failed)

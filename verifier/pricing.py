@@ -21,6 +21,7 @@ while every cross-check still compared the ledger with only one of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
 from proto import limits as proto_limits
@@ -92,65 +93,122 @@ def create_work_tables(con: Any) -> None:
     con.execute("; ".join(WORK_TABLES))
 
 
+def terms_row(terms: PlacementTerms) -> tuple[Any, ...]:
+    """The row of ``w_terms``: the pricing parameters of the accepted terms."""
+    return (
+        terms.window_start_ms,
+        terms.window_end_ms,
+        terms.increment_ms * 1000,
+        terms.rate_per_gpu_hour_minor,
+        share_total(terms),
+        terms.reclaim_notice_ms,
+        terms.interruptible,
+        terms.minimum_duration_ms,
+        terms.reclaim_penalty_bps,
+        terms.sla_availability_target_bps,
+        terms.sla_credit_bps,
+        terms.desk_fee_bps,
+        terms.fee_payer,
+        terms.release_notice_ms,
+    )
+
+
+def gpu_rows(terms: PlacementTerms) -> list[tuple[Any, ...]]:
+    """The rows of ``w_gpus``: each GPU's share."""
+    return [(g.uuid, g.share_milli) for g in terms.gpus]
+
+
 def load_terms(con: Any, terms: PlacementTerms) -> None:
     """The pricing parameters of the accepted terms, and each GPU's share."""
     con.execute(
         "INSERT INTO w_terms VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            terms.window_start_ms,
-            terms.window_end_ms,
-            terms.increment_ms * 1000,
-            terms.rate_per_gpu_hour_minor,
-            share_total(terms),
-            terms.reclaim_notice_ms,
-            terms.interruptible,
-            terms.minimum_duration_ms,
-            terms.reclaim_penalty_bps,
-            terms.sla_availability_target_bps,
-            terms.sla_credit_bps,
-            terms.desk_fee_bps,
-            terms.fee_payer,
-            terms.release_notice_ms,
-        ],
+        list(terms_row(terms)),
     )
     appender = con.appender("w_gpus")
-    appender.append_rows([(g.uuid, g.share_milli) for g in terms.gpus])
+    appender.append_rows(gpu_rows(terms))
     appender.flush()
 
 
 # SPEC §7.1 health from evidence, whatever the flag, per sample of an accepted event;
 # retired pages: growth over the highest count of the stream's earlier accepted samples of
 # that GPU (not at seq 0). Also read by the bill (``verifier/bill.py``).
-HEALTH_SQL: Final = """
-    SELECT s.chain_index, s.uuid, s.allocated,
+def _health_sql(keyed: bool) -> str:
+    """HEALTH_SQL; ``keyed``: over a batch's tables, each row's export key ``ek`` first and
+    kept apart (``verify_exports``)."""
+    ek, by, using = ("s.ek, ", "s.ek, ", "ek, ") if keyed else ("", "", "")
+    return f"""
+    SELECT {ek}s.chain_index, s.uuid, s.allocated,
            s.allocated AND s.healthy AND s.present AND s.power_mw > 0
            AND s.ecc_uncorrectable = 0
            AND NOT s.critical_xid
            AND (u.seq = 0 OR s.retired_pages <= COALESCE(MAX(s.retired_pages) OVER (
-                    PARTITION BY u.node_id, s.uuid ORDER BY s.chain_index
+                    PARTITION BY {by}u.node_id, s.uuid ORDER BY s.chain_index
                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)) AS counts
-    FROM w_samples s JOIN w_usage u USING (chain_index)
+    FROM w_samples s JOIN w_usage u USING ({using}chain_index)
 """
 
-# The index set: every chain index with a ledger record, plus every adjustment.
-_INDEX_SQL: Final = (
-    "SELECT chain_index FROM w_records UNION SELECT chain_index FROM w_adjust "
-    "UNION SELECT chain_index FROM w_usage"
-)
 
-# SPEC §7.1-§7.3 and §7.5 per chain index. Every product is HUGEINT.
-_BASE_SQL: Final = f"""
+HEALTH_SQL: Final = _health_sql(False)
+
+
+def _index_sql(keyed: bool) -> str:
+    """The index set: every chain index with a ledger record, plus every adjustment."""
+    ek = "ek, " if keyed else ""
+    return (
+        f"SELECT {ek}chain_index FROM w_records UNION SELECT {ek}chain_index FROM w_adjust "
+        f"UNION SELECT {ek}chain_index FROM w_usage"
+    )
+
+
+def _base_sql(keyed: bool) -> str:
+    """SPEC §7.1-§7.3 and §7.5 per chain index. Every product is HUGEINT.
+
+    Written once for both uses: one export's work tables (``keyed`` False), and a batch's
+    (``verify_exports``), where every table has the export key ``ek`` as its first column
+    and every single-row relation of one export (t, rc, cl, rl, q) is one row per key,
+    joined on it where the single export joins ``ON TRUE``: each export's rows meet only
+    its own."""
+
+    def on(left: str, right: str) -> str:
+        return f"{left}.ek = {right}.ek" if keyed else "TRUE"
+
+    def cross(name: str, other: str) -> str:  # "CROSS JOIN t", keyed "JOIN t ON t.ek = o.ek"
+        return f"JOIN {name} ON {name}.ek = {other}.ek" if keyed else f"CROSS JOIN {name}"
+
+    def first(table: str, columns: str) -> str:  # each export's lowest chain index
+        if keyed:
+            return (
+                f"SELECT ek, {columns}\n       FROM {table} "
+                "QUALIFY row_number() OVER (PARTITION BY ek ORDER BY chain_index) = 1"
+            )
+        return f"SELECT {columns}\n       FROM {table} ORDER BY chain_index LIMIT 1"
+
+    ek = "ek, " if keyed else ""
+    t = "SELECT * FROM w_terms" if keyed else "SELECT * FROM w_terms LIMIT 1"
+    cl = (
+        "SELECT ek, min(chain_index) AS cl_index FROM w_close GROUP BY ek"
+        if keyed
+        else "SELECT min(chain_index) AS cl_index FROM w_close"
+    )
+    rc = first("w_reclaim", "chain_index AS rc_index, notice_from_ms, effective_at_ms")
+    rl_columns = (
+        "chain_index AS rl_index, arrived_ms AS rl_arrived, end_ms AS rl_end,\n"
+        "              end_before_ms AS rl_before"
+    )
+    rl = first("w_release", rl_columns)
+    by_ek = "PARTITION BY i.ek " if keyed else ""
+    e_rc_rl = f"LEFT JOIN rc ON {on('rc', 't')} LEFT JOIN rl ON {on('rl', 't')}"
+    and_b = " AND b.ek = cl.ek" if keyed else ""
+    e_join, t_ek, e_on = ("JOIN", "t.ek, ", " ON e.ek = t.ek") if keyed else ("CROSS JOIN", "", "")
+    return f"""
 CREATE OR REPLACE TABLE w_base AS
-WITH t AS (SELECT * FROM w_terms LIMIT 1),
-rc AS (SELECT chain_index AS rc_index, notice_from_ms, effective_at_ms
-       FROM w_reclaim ORDER BY chain_index LIMIT 1),
-cl AS (SELECT min(chain_index) AS cl_index FROM w_close),
-rl AS (SELECT chain_index AS rl_index, arrived_ms AS rl_arrived, end_ms AS rl_end,
-              end_before_ms AS rl_before
-       FROM w_release ORDER BY chain_index LIMIT 1),
-hs AS ({HEALTH_SQL}),
+WITH t AS ({t}),
+rc AS ({rc}),
+cl AS ({cl}),
+rl AS ({rl}),
+hs AS ({_health_sql(keyed)}),
 ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded))
-    SELECT u.chain_index,
+    SELECT {"u.ek, " if keyed else ""}u.chain_index,
            SUM(g.share_milli::HUGEINT * GREATEST(0,
                LEAST(u.end_ms, CASE WHEN rc.rc_index < u.chain_index
                                     THEN rc.effective_at_ms ELSE t.we END,
@@ -158,19 +216,19 @@ ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded)
                           THEN rl.rl_end ELSE t.we END)
                - GREATEST(u.start_ms, t.ws))) AS d_i
     FROM w_usage u
-    JOIN hs s ON s.chain_index = u.chain_index AND s.counts
-    JOIN w_gpus g ON g.uuid = s.uuid
-    CROSS JOIN t LEFT JOIN rc ON TRUE LEFT JOIN rl ON TRUE
-    GROUP BY u.chain_index
+    JOIN hs s ON s.chain_index = u.chain_index AND s.counts{" AND s.ek = u.ek" if keyed else ""}
+    JOIN w_gpus g ON g.uuid = s.uuid{" AND g.ek = u.ek" if keyed else ""}
+    {cross("t", "u")} LEFT JOIN rc ON {on("rc", "u")} LEFT JOIN rl ON {on("rl", "u")}
+    GROUP BY {"u.ek, " if keyed else ""}u.chain_index
 ),
 cum AS (
-    SELECT i.chain_index, COALESCE(ev.d_i, 0)::HUGEINT AS d_i,
+    SELECT {"i.ek, " if keyed else ""}i.chain_index, COALESCE(ev.d_i, 0)::HUGEINT AS d_i,
            SUM(COALESCE(ev.d_i, 0)::HUGEINT) OVER (
-               ORDER BY i.chain_index ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS d
-    FROM ({_INDEX_SQL}) i LEFT JOIN ev USING (chain_index)
+               {by_ek}ORDER BY i.chain_index ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS d
+    FROM ({_index_sql(keyed)}) i LEFT JOIN ev USING ({ek}chain_index)
 ),
 billed AS (  -- §7.2
-    SELECT c.chain_index, c.d_i, c.d,
+    SELECT {"c.ek, " if keyed else ""}c.chain_index, c.d_i, c.d,
            ((c.d + t.unit_mgms - 1) // t.unit_mgms) * t.unit_mgms AS b,
            (((c.d + t.unit_mgms - 1) // t.unit_mgms) * t.unit_mgms * t.rate)
                // {_MGMS_PER_GPU_HOUR} AS g,
@@ -194,38 +252,45 @@ billed AS (  -- §7.2
                               - rl.rl_end)
                 * t.rate) // {_MGMS_PER_GPU_HOUR}
            ELSE 0 END AS k
-    FROM cum c CROSS JOIN t LEFT JOIN rc ON TRUE LEFT JOIN rl ON TRUE
+    FROM cum c {cross("t", "c")} LEFT JOIN rc ON {on("rc", "c")} LEFT JOIN rl ON {on("rl", "c")}
 ),
 q AS (  -- §7.5: fixed at the accepted close from D and G there
-    SELECT cl.cl_index,
+    SELECT {"cl.ek, " if keyed else ""}cl.cl_index,
            CASE WHEN (CASE WHEN e.span_ms = 0 THEN {_BPS}
                            ELSE ({_BPS} * b.d) // (t.share_total * e.span_ms) END)
                      < t.sla_target_bps
                 THEN (b.g * t.sla_credit_bps) // {_BPS} ELSE 0 END AS q
-    FROM cl JOIN billed b ON b.chain_index = cl.cl_index CROSS JOIN t
-    CROSS JOIN (SELECT LEAST(CASE WHEN rc.rc_index < cl.cl_index THEN rc.effective_at_ms
+    FROM cl JOIN billed b ON b.chain_index = cl.cl_index{and_b} {cross("t", "cl")}
+    {e_join} (SELECT {t_ek}LEAST(CASE WHEN rc.rc_index < cl.cl_index THEN rc.effective_at_ms
                                   ELSE t.we END,
                              CASE WHEN rl.rl_index < cl.cl_index THEN rl.rl_end
                                   ELSE t.we END) - t.ws AS span_ms
-                FROM t CROSS JOIN cl LEFT JOIN rc ON TRUE LEFT JOIN rl ON TRUE) e
+                FROM t {cross("cl", "t")} {e_rc_rl}) e{e_on}
 )
-SELECT b.chain_index, b.d_i, b.d, b.b, b.g, b.r,
+SELECT {"b.ek, " if keyed else ""}b.chain_index, b.d_i, b.d, b.b, b.g, b.r,
        CASE WHEN q.cl_index <= b.chain_index THEN q.q ELSE 0 END::HUGEINT AS q,
        b.k::HUGEINT AS k
-FROM billed b LEFT JOIN q ON TRUE
+FROM billed b LEFT JOIN q ON {on("q", "b")}
 """
 
 
-def _settle_sql(adjusted: str) -> str:
-    """SPEC §7.6 for the rows of ``adjusted``: (chain_index, d_i, d, b, g, r, q, k, ac, ah)."""
+_BASE_SQL: Final = _base_sql(False)
+
+
+def _settle_sql(adjusted: str, keyed: bool = False) -> str:
+    """SPEC §7.6 for the rows of ``adjusted``: (chain_index, d_i, d, b, g, r, q, k, ac, ah)
+    (``keyed``: a batch's, each with its export key ``ek`` first: ``_base_sql``)."""
+    t = "SELECT * FROM w_terms" if keyed else "SELECT * FROM w_terms LIMIT 1"
+    ek = "n.ek, " if keyed else ""
+    join = "JOIN t ON t.ek = n.ek" if keyed else "CROSS JOIN t"
     return f"""
-WITH t AS (SELECT * FROM w_terms LIMIT 1),
+WITH t AS ({t}),
 adj AS ({adjusted}),
 net AS (
     SELECT *, LEAST(r + q + ac, g + ah + k) AS c,  -- §7.9: K beside the gross
            g + ah + k - LEAST(r + q + ac, g + ah + k) AS n FROM adj
 )
-SELECT n.chain_index, n.d_i AS event_delivered_mgms,
+SELECT {ek}n.chain_index, n.d_i AS event_delivered_mgms,
        n.d AS delivered_mgms, n.b AS billable_mgms, n.g AS gross_minor,
        n.r AS reclaim_credit_minor, n.q AS sla_credit_minor,
        n.ac AS adjustment_credit_minor, n.ah AS adjustment_charge_minor,
@@ -237,7 +302,7 @@ SELECT n.chain_index, n.d_i AS event_delivered_mgms,
            AS operator_receives_minor,
        (n.n * t.fee_bps) // {_BPS} AS desk_receives_minor,
        n.k AS release_charge_minor
-FROM net n CROSS JOIN t
+FROM net n {join}
 """
 
 
@@ -255,9 +320,8 @@ _TOTALS_SQL: Final = "CREATE OR REPLACE TABLE w_totals AS " + _settle_sql(
 # The same when w_adjust holds no row (most placements): Ac and Ah are 0 at every index,
 # what the window over no accepted adjustment sums to, without its join and window
 # (~1 ms less on a small export; the same values and column types).
-_TOTALS_UNADJUSTED_SQL: Final = "CREATE OR REPLACE TABLE w_totals AS " + _settle_sql(
-    "SELECT b.*, 0::HUGEINT AS ac, 0::HUGEINT AS ah FROM w_base b"
-)
+_UNADJUSTED: Final = "SELECT b.*, 0::HUGEINT AS ac, 0::HUGEINT AS ah FROM w_base b"
+_TOTALS_UNADJUSTED_SQL: Final = "CREATE OR REPLACE TABLE w_totals AS " + _settle_sql(_UNADJUSTED)
 
 # The same §7.6 at one index, for given cumulative (Ac, Ah): parameters Ac, Ah, index.
 _TOTALS_AFTER_SQL: Final = (
@@ -378,3 +442,82 @@ def record_mismatches(con: Any, limit: int) -> list[tuple[str, int, int, int, in
         for index, expected, actual in rows:
             out.append((column, int(count), int(index), int(expected), int(actual)))
     return out
+
+
+# ---- a batch of small exports priced in one pass (``verify_exports``) --------------------
+
+# The work tables the obligation's SQL reads without adjustments (w_adjust stays empty: an
+# export with one is priced on its own).
+BATCH_TABLES: Final = (
+    "w_terms",
+    "w_gpus",
+    "w_usage",
+    "w_samples",
+    "w_reclaim",
+    "w_adjust",
+    "w_close",
+    "w_release",
+    "w_records",
+)
+
+# What a checklist whose pricing may be deferred holds back (``WorkTables.keeping``): the
+# tables only the obligation's SQL reads (w_terms, w_gpus: ``load_terms``), written when
+# it is not deferred after all (``step9_obligation.price_base``).
+HELD_TABLES: Final = frozenset(
+    {"w_terms", "w_gpus", "w_samples", "w_reclaim", "w_close", "w_release", "w_records"}
+)
+
+# The same tables with the export key ``ek`` as their first column.
+_BATCH_DDL: Final = "; ".join(
+    statement.replace("CREATE TABLE", "CREATE OR REPLACE TABLE", 1).replace("(", "(ek BIGINT, ", 1)
+    for statement in WORK_TABLES
+    if statement.split()[2].split("(")[0] in BATCH_TABLES
+)
+_BATCH_DROP: Final = "; ".join(
+    f"DROP TABLE IF EXISTS {table}" for table in (*BATCH_TABLES, "w_base", "w_totals")
+)
+_BATCH_BASE_SQL: Final = _base_sql(True)
+_BATCH_TOTALS_SQL: Final = "CREATE OR REPLACE TABLE w_totals AS " + _settle_sql(
+    _UNADJUSTED, keyed=True
+)
+# The exports of the batch whose recomputed totals differ from a LedgerRecord's (or have
+# none at its index): what ``check_records`` would find something in.
+_BATCH_MISMATCH_SQL: Final = (
+    "SELECT DISTINCT r.ek FROM w_records r LEFT JOIN w_totals t USING (ek, chain_index) "
+    "WHERE " + " OR ".join(f"r.{c} IS DISTINCT FROM t.{c}" for c in COMPARED)
+)
+
+
+@dataclass
+class DeferredPricing:
+    """One small export's pricing, deferred to its batch (``verify_exports``): the rows of
+    its work tables as the checklist wrote them (``BATCH_TABLES``). ``rows`` stays None
+    when step (9) priced the export on its own after all (``step9_obligation.price_base``
+    says when it may defer)."""
+
+    rows: dict[str, list[tuple[Any, ...]]] | None = None
+
+
+def batch_mismatches(con: Any, batch: list[DeferredPricing]) -> set[int]:
+    """The positions in ``batch`` whose LedgerRecords differ from SPEC §7 recomputed: the
+    obligation's own SQL (``_base_sql``, ``_settle_sql``) over every export's rows at once
+    on ``con``, a database holding nothing else, each row keyed by its export's position.
+    Raises duckdb.Error (the caller then prices each export on its own)."""
+    con.execute(_BATCH_DDL)
+    try:
+        for table in BATCH_TABLES:
+            rows = [
+                (ek, *row)
+                for ek, item in enumerate(batch)
+                for row in (item.rows or {}).get(table, ())
+            ]
+            if rows:
+                appender = con.appender(table)
+                appender.append_rows(rows)
+                appender.flush()
+                del appender
+        con.execute(_BATCH_BASE_SQL)
+        con.execute(_BATCH_TOTALS_SQL)
+        return {int(row[0]) for row in con.execute(_BATCH_MISMATCH_SQL).fetchall()}
+    finally:
+        con.execute(_BATCH_DROP)

@@ -16,6 +16,7 @@ from proto.limits import ARRIVAL_REQUIRED_FROM_MS
 from proto.records import PlacementTerms
 from verifier.decisions import Claim, Referee
 from verifier.findings import Findings, Step
+from verifier.pricing import DeferredPricing
 from verifier.progress import Progress
 from verifier.source import ExportSource, InputRow, RecordRow
 from verifier.step8_merkle import CheckpointRoots
@@ -149,6 +150,9 @@ class Verification:
         # (9) every LedgerRecord's hash and recomputed totals by chain index, when an export
         # of few records read them at once (``step9_obligation.check_records``), else None
         self.chain: dict[int, tuple[str, dict[str, int]]] | None = None
+        # (9) the pricing deferred to a batch of exports (``verify_exports``): set by the
+        # caller before the pass, kept by ``step9_obligation.price_base`` only when it did
+        self.deferred: DeferredPricing | None = None
         # (8) the roots of the checkpoints' tree sizes, kept while the pass streams leaves
         self.roots = CheckpointRoots()
         # (6) SPEC §8: who signs a LedgerRecord envelope. Version 1: the ledger key, always.

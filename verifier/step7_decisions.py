@@ -104,10 +104,7 @@ def decide(
     elif isinstance(record, ReclaimNotice):
         # §7.3, §6.6: the notice runs from the reclaim's arrival (issued_at_ms: untimed).
         notice_from = record.issued_at_ms if arrived is None else arrived
-        run.con.execute(
-            "INSERT INTO w_reclaim VALUES (?, ?, ?, ?)",
-            [index, notice_from, record.effective_at_ms, arrived],
-        )
+        run.work.insert("w_reclaim", (index, notice_from, record.effective_at_ms, arrived))
     elif isinstance(record, Assignment):
         # §6.8: the referee kept it with its effective handover
         assigned = run.referee.assignments[-1]
@@ -129,9 +126,9 @@ def decide(
         )
     elif isinstance(record, BuyerRelease) and run.referee.release is not None:
         # §6.7, §7.9: the referee's own a, e and effective end before the release.
-        run.con.execute("INSERT INTO w_release VALUES (?, ?, ?, ?)", [index, *run.referee.release])
+        run.work.insert("w_release", (index, *run.referee.release))
     elif isinstance(record, PlacementClosed):
-        run.con.execute("INSERT INTO w_close VALUES (?)", [index])
+        run.work.insert("w_close", (index,))
         if run.close_index is None:
             run.close_index = index
 

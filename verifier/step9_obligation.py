@@ -8,7 +8,7 @@ The pass hands each LedgerRecord's own amounts to ``collect_record``; after it,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from proto.keys import key_id
 from proto.records import ZERO_HASH, LedgerRecord, Statement
@@ -19,11 +19,15 @@ from verifier.pricing import (
     CHAIN_ROWS_MAX,
     COMPARED,
     TOTAL_FIELDS,
+    DeferredPricing,
     chain_rows,
     compute_base,
     compute_totals,
+    gpu_rows,
+    load_terms,
     mismatches_in,
     record_mismatches,
+    terms_row,
 )
 from verifier.resale import RESALE_FIELDS, resale_at
 from verifier.signers import required_of, signer_failure
@@ -61,14 +65,57 @@ def collect_record(run: Verification, index: int, opened: OpenResult, record: Le
     )
 
 
+# Work tables whose rows make an export's pricing its own: adjustments (decided from
+# w_base, before the totals), resale (SPEC §7.10, its SQL reads the totals' inputs).
+_PRICED_ALONE: Final = frozenset({"w_adjust", "w_assign", "w_resale_rec"})
+
+
 def price_base(run: Verification) -> None:
     """D, B, G, R and Q at every index (SPEC §7.1-§7.3, §7.5): nothing depends on
-    adjustments yet."""
+    adjustments yet. Deferred to the batch instead (``run.deferred``, ``verify_exports``)
+    for a small export (``SMALL_EXPORT_BYTES``) with one LedgerRecord row per index, no
+    adjustment nor resale: what ``check_records`` then needs of the SQL is only whether
+    the recomputed totals equal the records' (``pricing.batch_mismatches``); when they
+    do, ``run.chain`` holds every record's own (what ``_chain_at`` and the head's totals
+    read, the same values the SQL would have read at those indices)."""
+    deferred, run.deferred = run.deferred, None
+    if deferred is not None and run.work.kept is not None:
+        run.work.flush()
+        kept = run.work.kept
+        records = kept.get("w_records", [])
+        if (
+            run.source.small
+            and not (run.work.filled & _PRICED_ALONE)
+            and len({row[0] for row in records}) == len(records)
+        ):
+            deferred.rows = {
+                **kept,
+                "w_terms": [terms_row(run.terms)],
+                "w_gpus": gpu_rows(run.terms),
+            }
+            run.deferred = deferred
+            return
+    if run.work.held:  # held back for a deferral that is not to be: written now
+        load_terms(run.con, run.terms)
+        run.work.write_held()
     compute_base(run.con)
+
+
+def _speculated_chain(deferred: DeferredPricing) -> dict[int, tuple[str, dict[str, int]]]:
+    """``check_records``' ``run.chain`` when the recomputed totals equal every record's
+    (what the batch then confirms, or the export is verified again on its own): each
+    record's hash and its own totals."""
+    rows = sorted((deferred.rows or {}).get("w_records", []), key=lambda row: int(row[0]))
+    return {
+        int(r[0]): (str(r[1]), dict(zip(TOTAL_FIELDS, map(int, r[3:]), strict=True))) for r in rows
+    }
 
 
 def check_records(run: Verification) -> None:
     """Every total at every index, with the decided adjustments, against the records."""
+    if run.deferred is not None:  # priced with its batch: no mismatch unless it says so
+        run.chain = _speculated_chain(run.deferred)
+        return
     compute_totals(run.con, adjustments="w_adjust" in run.work.filled)
     if run.source.small and run.record_count <= CHAIN_ROWS_MAX:
         # Few records (w_records holds at most one row per export row): every row at once,

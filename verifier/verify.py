@@ -39,6 +39,7 @@ verdict ``unusable``; anything readable that does not check out is a finding.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,18 @@ from verifier import (
     step8_merkle,
     step9_obligation,
     step10_completeness,
+    warm,
 )
 from verifier.errors import UnusableInput
 from verifier.findings import Step
-from verifier.pricing import create_work_tables, load_terms, totals_at
+from verifier.pricing import (
+    HELD_TABLES,
+    DeferredPricing,
+    batch_mismatches,
+    create_work_tables,
+    load_terms,
+    totals_at,
+)
 from verifier.progress import Progress
 from verifier.source import ExportSource
 from verifier.state import FAILED, UNUSABLE, VERIFIED, ExportReport, ExportVerdict, Verification
@@ -77,6 +86,7 @@ __all__ = [
     "ExportVerdict",
     "run_checklist",
     "verify_export",
+    "verify_exports",
 ]
 
 log = structlog.get_logger(__name__)
@@ -101,6 +111,11 @@ def verify_export(
         # (``verifier/warm.py``); the report must not depend on which database read it.
         report = _verify(path, trust, pool, progress, bill, share=False)
     report.elapsed_s = time.monotonic() - started
+    _log(path, report)
+    return report
+
+
+def _log(path: Path, report: ExportReport) -> None:
     log.info(
         "export verified",
         path=str(path),
@@ -108,7 +123,74 @@ def verify_export(
         findings=report.findings.total,
         elapsed_s=round(report.elapsed_s, 3),
     )
-    return report
+
+
+def verify_exports(paths: Sequence[Path], trust: TrustFile) -> list[ExportReport]:
+    """``verify_export`` of each path, in order: each report byte-identical to that
+    export's alone (but ``elapsed_s``), what the trace replay's workers verify thousands
+    of small exports with (issue #15).
+
+    A small export's checklist costs most in the obligation's SQL (``w_base`` and
+    ``w_totals``: each statement's planning, whatever its few rows), so each small export
+    runs its checklist with that SQL deferred (``step9_obligation.price_base`` says when
+    it may: no adjustment, no resale, one record row per index), and the rows only that
+    SQL reads kept in Python, not written: as if the recomputed totals equalled every
+    LedgerRecord's. Then ONE pass of the same SQL over every deferred export's work
+    rows, each keyed by its export (``pricing.batch_mismatches``, on a database no export
+    is attached to: the exports are attached one at a time, as by ``verify_export``), says
+    which ones they do equal. An export's report is kept only when its checklist found
+    nothing at all and the batch confirms its totals; any other export — a finding,
+    unusable, a verifier error, a total the batch recomputes otherwise, a batch that
+    fails — is verified again on its own by ``verify_export``, so no export's content can
+    change another's report."""
+    reports: list[ExportReport | None] = [None] * len(paths)
+    waiting: list[tuple[int, ExportReport, DeferredPricing]] = []
+    for k, path in enumerate(paths):
+        started = time.monotonic()
+        deferred = DeferredPricing() if _small(path) else None
+        report = _verify(path, trust, None, None, False, share=True, deferred=deferred)
+        if deferred is None or deferred.rows is None:  # verified on its own
+            if report.verdict == UNUSABLE or "VERIFIER_ERROR" in report.findings.rules():
+                reports[k] = verify_export(path, trust)  # as it does them (its retry)
+                continue
+            report.elapsed_s = time.monotonic() - started
+            _log(path, report)
+            reports[k] = report
+        elif report.verdict == VERIFIED:
+            report.elapsed_s = time.monotonic() - started
+            waiting.append((k, report, deferred))
+        else:  # a finding, found without the totals: the export alone says which ones
+            reports[k] = verify_export(path, trust)
+    if waiting:
+        started = time.monotonic()
+        differ = _batch_mismatches([deferred for _, _, deferred in waiting])
+        each = (time.monotonic() - started) / len(waiting)
+        for position, (k, report, _) in enumerate(waiting):
+            if differ is None or position in differ:
+                reports[k] = verify_export(paths[k], trust)
+            else:
+                report.elapsed_s += each
+                _log(paths[k], report)
+                reports[k] = report
+    return [report for report in reports if report is not None]
+
+
+def _batch_mismatches(batch: list[DeferredPricing]) -> set[int] | None:
+    """``pricing.batch_mismatches`` on the process's batch database; None when it cannot
+    say (no database, an error: every export of the batch is then verified alone)."""
+    database = warm.acquire_batch()
+    if database is None:
+        return None
+    clean = False
+    try:
+        differ = batch_mismatches(database.con, batch)
+        clean = True
+        return differ
+    except Exception:
+        log.warning("batch pricing failed, verifying one by one", exc_info=True)
+        return None
+    finally:
+        warm.release_batch(database, clean)
 
 
 def _verify(
@@ -119,15 +201,19 @@ def _verify(
     bill: bool,
     *,
     share: bool,
+    deferred: DeferredPricing | None = None,
 ) -> ExportReport:
-    """``verify_export`` once (``share``: a small export may use the warm database)."""
+    """``verify_export`` once (``share``: a small export may use the warm database;
+    ``deferred``: the obligation's SQL may wait for a batch, ``verify_exports``)."""
     report = ExportReport(path=str(path))
     own_pool = pool is None
     try:
         with ExportSource(path, share=share) as source:
             if pool is None:
                 pool = _pool_for(source)
-            run = run_checklist(source, trust, report, pool, progress or Progress(enabled=False))
+            run = run_checklist(
+                source, trust, report, pool, progress or Progress(enabled=False), deferred
+            )
             if bill and run is not None:
                 _gather_bill(run)
     except UnusableInput as exc:
@@ -173,9 +259,11 @@ def run_checklist(
     report: ExportReport,
     pool: OpenPool[Any],
     progress: Progress,
+    deferred: DeferredPricing | None = None,
 ) -> Verification | None:
     """Steps (1) to (10), in order, into ``report``; raises UnusableInput for exit 2.
-    Returns the run's state (None when no terms could be read)."""
+    Returns the run's state (None when no terms could be read). ``deferred``: the
+    obligation's SQL may wait for a batch (``verify_exports``)."""
     findings = report.findings
     step1_format.check_format(source)
     report.arrival = source.meta.get("arrival", "log")
@@ -186,8 +274,12 @@ def run_checklist(
         return None
     step5_columns.check_meta_terms(source, terms, findings)
     create_work_tables(source.con)
-    load_terms(source.con, terms)
+    if deferred is None:
+        load_terms(source.con, terms)
     run = Verification(source, report, pool, progress, terms, trust.attestation_roots() or None)
+    if deferred is not None:  # the priced tables written only if the pricing is not deferred
+        run.deferred = deferred
+        run.work.keeping(hold=HELD_TABLES)
     step5_columns.check_meta_records(run)
     step6_chain.check_sets(run)  # the set-based half of (6), SQL over the export
     step8_merkle.read_sizes(run)  # which tree sizes the pass must keep roots for

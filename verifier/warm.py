@@ -200,16 +200,50 @@ def release(warm: WarmDatabase, clean: bool) -> None:
     warm.busy.release()
 
 
+# A second such database, for a batch's pricing (``verify_exports``): no export is ever
+# attached to it, only the rows the checklists took from decoded envelopes.
+_batch: WarmDatabase | None = None
+
+
+def acquire_batch() -> WarmDatabase | None:
+    """The process's batch database, reserved for the caller (``release_batch`` it), or
+    None when it is in use or cannot be made (the caller then prices one by one)."""
+    global _batch
+    with _lock:
+        if _batch is not None and _batch.pid != os.getpid():
+            _forget_in_child()
+        if _batch is None:
+            try:
+                _batch = WarmDatabase()
+            except (duckdb.Error, OSError):
+                return None
+        if not _batch.busy.acquire(blocking=False):
+            return None
+        return _batch
+
+
+def release_batch(batch: WarmDatabase, clean: bool) -> None:
+    """Give the batch database back; one that is not clean is closed and forgotten."""
+    global _batch
+    if not clean:
+        with _lock:
+            if _batch is batch:
+                _batch = None
+        batch.close()
+    batch.busy.release()
+
+
 # A forked child's copies of its parent's databases: kept, never closed nor destroyed
 # (DuckDB's state after a fork is not the child's to tear down).
 _inherited: list[WarmDatabase] = []
 
 
 def _forget_in_child() -> None:
-    global _warm, _lock
-    if _warm is not None:
-        _inherited.append(_warm)
-    _warm = None
+    global _warm, _batch, _lock
+    for database in (_warm, _batch):
+        if database is not None:
+            _inherited.append(database)
+    _warm = _batch = None
     _lock = threading.Lock()
 
 

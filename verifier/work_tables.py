@@ -49,6 +49,45 @@ class WorkTables:
         # appended to w_records (None: none).
         self.filled: set[str] = set()
         self.max_record_index: int | None = None
+        # Every row written to the tables the obligation's SQL reads, by table, when the
+        # run may defer its pricing to a batch (``keeping``; ``verify_exports``), else None.
+        self.kept: dict[str, list[tuple[Any, ...]]] | None = None
+
+        # Tables whose rows are only kept, not written, while the pricing may be deferred:
+        # no SQL reads them before it (``write_held`` writes them when it is not).
+        self.held: frozenset[str] = frozenset()
+
+    def keeping(self, hold: frozenset[str] = frozenset()) -> None:
+        """From now on keep a copy of every row written (``kept``); the rows of ``hold``
+        only kept, until ``write_held``."""
+        self.kept = {}
+        self.held = hold
+
+    def keep(self, table: str, row: tuple[Any, ...]) -> None:
+        """``row`` was inserted into ``table`` (kept when ``keeping``)."""
+        if self.kept is not None:
+            self.kept.setdefault(table, []).append(row)
+
+    def insert(self, table: str, row: tuple[Any, ...]) -> None:
+        """One row into a rare table (an INSERT; kept, and only kept while held)."""
+        if table not in self.held:
+            self.con.execute(f"INSERT INTO {table} VALUES ({', '.join('?' * len(row))})", list(row))
+        self.keep(table, row)
+
+    def write_held(self) -> None:
+        """Write the rows held back (the pricing is not deferred after all), as they
+        would have been written, in their order."""
+        self.flush()
+        held, self.held = self.held, frozenset()
+        for table in sorted(held):
+            rows = (self.kept or {}).get(table)
+            if rows:
+                app = self._appenders.get(table)
+                if app is None:
+                    app = self._appenders[table] = self.con.appender(table)
+                app.append_rows(rows)
+                app.flush()
+                self.filled.add(table)
 
     def note(self, table: str) -> None:
         """``table`` now holds a row (an INSERT of the caller's)."""
@@ -77,6 +116,11 @@ class WorkTables:
             ("w_resale_rec", self.resale),
         ):
             if buffer:
+                if self.kept is not None:
+                    self.kept.setdefault(table, []).extend(buffer)
+                if table in self.held:
+                    buffer.clear()
+                    continue
                 if len(buffer) >= COLUMNS_MIN_ROWS and self._insert_columns(table, buffer):
                     buffer.clear()
                     self.filled.add(table)
