@@ -61,7 +61,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import structlog
@@ -104,6 +104,9 @@ from proto.records import PlacementTerms
 from proto.trust import TrustFile, dump_trust
 from transport.kafka import KafkaSettings, make_producer, publish_kafka
 from transport.local import publish_local, publisher_source
+
+if TYPE_CHECKING:
+    from verifier.state import ExportReport
 
 __all__ = [
     "REPORT_FORMAT",
@@ -954,11 +957,7 @@ def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
     """Verify one export (in a worker process); ``why`` is empty when it verified, final."""
     from verifier.verify import verify_export
 
-    quiet_logs()
-    trust = _TRUST_CACHE.get(trust_bytes)
-    if trust is None:
-        trust = msgspec.json.decode(trust_bytes, type=TrustFile)
-        _TRUST_CACHE[trust_bytes] = trust
+    trust = _worker_trust(trust_bytes)
     started = time.perf_counter()
     cpu_before = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN)
     try:
@@ -968,6 +967,22 @@ def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
         return VerifySummary(why, None, "", 0, time.perf_counter() - started)
     elapsed = time.perf_counter() - started
     cpu = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu_before
+    return _summary(result, elapsed, cpu)
+
+
+def _worker_trust(trust_bytes: bytes) -> TrustFile:
+    """The trust file a worker process verifies with (decoded once per process), its logs
+    quieted."""
+    quiet_logs()
+    trust = _TRUST_CACHE.get(trust_bytes)
+    if trust is None:
+        trust = msgspec.json.decode(trust_bytes, type=TrustFile)
+        _TRUST_CACHE[trust_bytes] = trust
+    return trust
+
+
+def _summary(result: ExportReport, elapsed: float, cpu: float) -> VerifySummary:
+    """A report as the replay counts it: ``why`` empty when it verified, final."""
     if not result.ok or result.totals is None or not result.final:
         kept = result.findings.kept
         why = result.error or (kept[0].line() if kept else f"{result.verdict}, not final")
@@ -1053,11 +1068,7 @@ class _Verdicts:
         wall and CPU time shared evenly between its exports."""
         from verifier.verify import verify_exports
 
-        quiet_logs()
-        trust = _TRUST_CACHE.get(trust_bytes)
-        if trust is None:
-            trust = msgspec.json.decode(trust_bytes, type=TrustFile)
-            _TRUST_CACHE[trust_bytes] = trust
+        trust = _worker_trust(trust_bytes)
         started = time.perf_counter()
         cpu_before = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN)
         try:
@@ -1066,19 +1077,7 @@ class _Verdicts:
             return [verify_one(p, trust_bytes) for p in paths]
         elapsed = (time.perf_counter() - started) / len(paths)
         cpu = (cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu_before) / len(paths)
-        out: list[VerifySummary] = []
-        for result in results:
-            if not result.ok or result.totals is None or not result.final:
-                kept = result.findings.kept
-                why = result.error or (kept[0].line() if kept else f"{result.verdict}, not final")
-                out.append(VerifySummary(why, None, "", 0, elapsed, cpu))
-            else:
-                out.append(
-                    VerifySummary(
-                        "", result.totals, result.currency, result.currency_scale, elapsed, cpu
-                    )
-                )
-        return out
+        return [_summary(result, elapsed, cpu) for result in results]
 
     def exported(self, written: Sequence[tuple[str, str]]) -> None:
         """What the ledger process exported after a step: (placement, why not) each, an
