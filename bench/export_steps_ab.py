@@ -2,7 +2,7 @@
 another tree's, alternated step by step in one process (load-independent A/B).
 
     .venv/bin/python bench/export_steps_ab.py --against DIR [--events 3200000]
-        [--steps 20:26] [--per-call 64] [--this-per-call N]
+        [--steps 20:26] [--per-call 64] [--this-per-call N] [--compact-max-records N]
 
 ``DIR`` holds the other tree (``git archive REV | tar -x -C DIR``); its
 ``ledger/export.py`` is loaded beside this one as a module of its own (the rest of the
@@ -12,6 +12,10 @@ step of the trace (``export_many.close_steps``) in ``--steps``, each side runs w
 replay's ledger process runs after a step (``gridledger.replay.export_closed``): the
 closed-placements query, then ``export_all`` per ``--per-call`` of the step's closed
 placements (``--this-per-call``: this side's own); the two sides take turns going first.
+``--compact-max-records N``: as the replay does (``gridledger.replay.export_chunk``), the
+placements of at most N records compact, the others portable: one ``export_all`` call
+with ``compact_max_records`` where the side's ``export_all`` takes it, else the way the
+replay did before (its commit ranges and record counts read, then one call per format).
 Reports CPU ms per export (this process, every thread) of each side and the ratio, and
 compares the rows of every 1/60th file of the two sides (they must be equal).
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -60,6 +65,39 @@ def _rows(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         }
 
 
+def _export(
+    module: Any, store: Store, out: Path, key: Any, ids: list[str], split: int | None
+) -> Any:
+    """``export_all`` of ``ids`` as the replay's ledger process calls it (``split``: its
+    compact-by-size choice, ``--compact-max-records``)."""
+    if split is None:
+        return module.export_all(store, out, key=key, placement_ids=ids)
+    if "compact_max_records" in inspect.signature(module.export_all).parameters:
+        return module.export_all(store, out, key=key, placement_ids=ids, compact_max_records=split)
+    # The replay's export_chunk before export_all took compact_max_records (5282238).
+    ranges = store.commit_ranges()
+    known = [p for p in ids if p in ranges]
+    sizes: dict[str, int] = {}
+    if known:
+        sizes = {
+            str(p): int(n)
+            for p, n in store.query(
+                "SELECT placement_id, count(*) FROM records "
+                "WHERE placement_id IN (SELECT unnest(?)) AND commit_no BETWEEN ? AND ? "
+                "GROUP BY 1",
+                [known, min(ranges[p][0] for p in known), max(ranges[p][1] for p in known)],
+            )
+        }
+    small = [p for p in ids if sizes.get(p, 0) <= split]
+    large = [p for p in ids if sizes.get(p, 0) > split]
+    written: dict[str, Any] = {}
+    for part, compact in ((small, True), (large, False)):
+        if part:
+            got = module.export_all(store, out, key=key, placement_ids=part, compact=compact)
+            written.update(got.written)
+    return type("Done", (), {"written": written})()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", type=Path, required=True)
@@ -68,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default="20:26", metavar="FIRST:END")
     parser.add_argument("--per-call", type=int, default=64)
     parser.add_argument("--this-per-call", type=int)
+    parser.add_argument("--compact-max-records", type=int, metavar="N")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
     cached = em.CACHE / f"export-many-{args.events}-store{STORE_VERSION}.duckdb"
@@ -104,11 +143,13 @@ def main(argv: list[str] | None = None) -> int:
                 cpu, wall = time.process_time(), time.perf_counter()
                 closed_placements(side["store"])
                 for at in range(0, len(step), side["per_call"]):
-                    done = side["module"].export_all(
+                    done = _export(
+                        side["module"],
                         side["store"],
                         side["out"],
-                        key=cast.ledger,
-                        placement_ids=step[at : at + side["per_call"]],
+                        cast.ledger,
+                        step[at : at + side["per_call"]],
+                        args.compact_max_records,
                     )
                     side["files"] += len(done.written)
                 side["cpu"] += time.process_time() - cpu
@@ -122,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         report: dict[str, Any] = {
             "steps": args.steps,
+            "compact_max_records": args.compact_max_records,
             "files_compared": len(compared),
             "differing": differing,
         }

@@ -139,31 +139,12 @@ def export_chunk(
     store: Store, exports: Path, key: SigningKey, placement_ids: list[str]
 ) -> ExportedAll:
     """``export_all`` of ``placement_ids``: those of at most COMPACT_MAX_RECORDS records
-    compact (where the DuckDB writes that format), the others in the portable format."""
-    if not compact_exports():
-        return export_all(store, exports, key=key, placement_ids=placement_ids)
-    ranges = store.commit_ranges()
-    known = [p for p in placement_ids if p in ranges]
-    sizes: dict[str, int] = {}
-    if known:
-        sizes = {
-            str(p): int(n)
-            for p, n in store.query(
-                "SELECT placement_id, count(*) FROM records "
-                "WHERE placement_id IN (SELECT unnest(?)) AND commit_no BETWEEN ? AND ? "
-                "GROUP BY 1",
-                [known, min(ranges[p][0] for p in known), max(ranges[p][1] for p in known)],
-            )
-        }
-    small = [p for p in placement_ids if sizes.get(p, 0) <= COMPACT_MAX_RECORDS]
-    large = [p for p in placement_ids if sizes.get(p, 0) > COMPACT_MAX_RECORDS]
-    done = ExportedAll({}, {})
-    for part, compact in ((small, True), (large, False)):
-        if part:
-            got = export_all(store, exports, key=key, placement_ids=part, compact=compact)
-            done.written.update(got.written)
-            done.skipped.update(got.skipped)
-    return done
+    compact (where the DuckDB writes that format), the others in the portable format, in
+    one pass (``export_all`` knows each chain's size from its attestation)."""
+    limit = COMPACT_MAX_RECORDS if compact_exports() else None
+    return export_all(
+        store, exports, key=key, placement_ids=placement_ids, compact_max_records=limit
+    )
 
 
 def compact_exports() -> bool:

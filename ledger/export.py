@@ -563,6 +563,7 @@ def export_all(
     placement_ids: Sequence[str] | None = None,
     threads: int = EXPORT_THREADS,
     compact: bool = False,
+    compact_max_records: int | None = None,
 ) -> ExportedAll:
     """Export every placement (or ``placement_ids``) to ``directory/<placement>.duckdb``.
 
@@ -570,11 +571,24 @@ def export_all(
     docstring. A placement without accepted terms is skipped and named (no statement
     can be issued for it). Raises UnknownPlacement (before writing anything) when one of
     ``placement_ids`` has no chain. ``compact``: as for ``export_placement``.
+    ``compact_max_records`` (instead of ``compact``): the placements of at most that many
+    records are written compact, the others portable, in the same pass (their sizes are
+    what the attestation read anyway).
     """
+    if compact and compact_max_records is not None:
+        raise ValueError("compact and compact_max_records are exclusive")
+    # The largest chain written compact (-1: none).
+    limit = -1 if compact_max_records is None else compact_max_records
+    if compact:
+        limit = _ALL_COMPACT
     if isinstance(store_or_path, Store):
-        return _export_all(store_or_path, Path(directory), key, placement_ids, threads, compact)
+        return _export_all(store_or_path, Path(directory), key, placement_ids, threads, limit)
     with Store(store_or_path, ledger_public_key=key.public_key) as store:
-        return _export_all(store, Path(directory), key, placement_ids, threads, compact)
+        return _export_all(store, Path(directory), key, placement_ids, threads, limit)
+
+
+# ``_export_all``'s ``compact_max_records`` when every placement is written compact.
+_ALL_COMPACT: Final = 2**63
 
 
 def _export_all(
@@ -583,7 +597,7 @@ def _export_all(
     key: SigningKey,
     placement_ids: Sequence[str] | None,
     threads: int,
-    compact: bool = False,
+    compact_max_records: int,
 ) -> ExportedAll:
     ids = store.placements() if placement_ids is None else list(placement_ids)
     # Raises UnknownPlacement here, before anything is issued or written.
@@ -595,7 +609,6 @@ def _export_all(
     arrival = store.arrival()
     directory.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(directory)
-    template = _template(directory, compact)
     facts: dict[str, ChainFacts] = {}
     skipped: dict[str, str] = {}
 
@@ -629,6 +642,9 @@ def _export_all(
                     "arrival": arrival,
                 }
                 out = directory / f"{pid}.duckdb"
+                # The file's format (EXPORT.md "Readers") by its chain's size.
+                compact = facts[pid].records <= compact_max_records
+                template = _template(directory, compact)
                 if staged:
                     own, prepared = writer()
                     tmp, counts = _write_tmp(

@@ -632,3 +632,66 @@ def test_the_writers_config_keeps_every_required_setting_and_only_known_optional
     assert required <= set(config)
     assert set(config) - required == export._WRITER_OPTIONAL & known
     duckdb.connect(":memory:", config=config).close()
+
+
+def test_export_all_writes_small_placements_compact_and_the_others_portable_in_one_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compact_max_records``: in one call, the placements of at most that many records
+    compact (16 KiB blocks, DuckDB 1.2 storage), the others portable (256 KiB, DuckDB
+    1.0's), staged chunks mixing both and a placement read alone; each file holds the
+    rows ``export_placement`` writes in the same order, and verifies."""
+    scenario, db = _ledger(tmp_path, placements=7)
+    copy = tmp_path / "copy.duckdb"
+    shutil.copyfile(db, copy)
+    with duckdb.connect(str(db), read_only=True) as con:
+        sizes = {
+            str(p): int(n)
+            for p, n in con.execute(
+                "SELECT placement_id, count(*) FROM records GROUP BY 1"
+            ).fetchall()
+        }
+    limit = min(sizes.values())
+    assert limit < max(sizes.values())  # both formats
+    monkeypatch.setattr(export, "EXPORT_STAGE_PLACEMENTS", 2)
+    staged: list[list[str]] = []
+    stage = export._stage
+
+    def spy(con: Any, writer: Any, chunk: list[str], *rest: Any) -> None:
+        staged.append(chunk)
+        stage(con, writer, chunk, *rest)
+
+    monkeypatch.setattr(export, "_stage", spy)
+    done = export_all(
+        db, tmp_path / "all", key=scenario.cast.ledger, threads=2, compact_max_records=limit
+    )
+    assert sorted(done.written) == scenario.placement_ids and done.skipped == {}
+    assert sorted(len(chunk) for chunk in staged) == [2, 2, 2]  # and one read alone
+    assert any(len({sizes[p] <= limit for p in chunk}) == 2 for chunk in staged)
+    blocks: dict[str, int] = {}
+    for pid in scenario.placement_ids:
+        path = tmp_path / "all" / f"{pid}.duckdb"
+        compact = sizes[pid] <= limit
+        one = tmp_path / "one" / f"{pid}.duckdb"
+        counts = export_placement(copy, pid, one, key=scenario.cast.ledger, compact=compact)
+        assert counts == done.written[pid]
+        assert _rows_as_stored(path) == _rows_as_stored(one), pid
+        result = verify_export(path, scenario.cast.trust())
+        assert result.ok and result.final, result.error
+        with duckdb.connect(str(path), read_only=True) as con:
+            size = con.execute("PRAGMA database_size").fetchone()
+            tags = con.execute(
+                "SELECT tags FROM duckdb_databases() WHERE database_name = ?", [pid]
+            ).fetchone()
+        assert size is not None and tags is not None
+        blocks[pid] = size[2]
+        version = tags[0]["storage_version"]
+        assert (size[2], version[:6]) == (
+            (16 * 1024, "v1.2.0") if compact else (256 * 1024, "v1.0.0")
+        ), pid
+    assert set(blocks.values()) == {16 * 1024, 256 * 1024}
+    assert not list((tmp_path / "all").glob(".*")), "temporary files left behind"
+    with pytest.raises(ValueError, match="exclusive"):
+        export_all(
+            db, tmp_path / "x", key=scenario.cast.ledger, compact=True, compact_max_records=1
+        )
