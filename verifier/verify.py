@@ -178,7 +178,7 @@ def verify_exports(paths: Sequence[Path], trust: TrustFile) -> list[ExportReport
 def _batch_mismatches(batch: list[DeferredPricing]) -> set[int] | None:
     """``pricing.batch_mismatches`` on the process's batch database; None when it cannot
     say (no database, an error: every export of the batch is then verified alone)."""
-    database = warm.acquire_batch()
+    database = warm.acquire("batch")
     if database is None:
         return None
     clean = False
@@ -190,7 +190,7 @@ def _batch_mismatches(batch: list[DeferredPricing]) -> set[int] | None:
         log.warning("batch pricing failed, verifying one by one", exc_info=True)
         return None
     finally:
-        warm.release_batch(database, clean)
+        warm.release(database, clean)
 
 
 def _verify(

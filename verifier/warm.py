@@ -168,69 +168,42 @@ def _quoted(path: Path) -> str:
 
 
 _lock = threading.Lock()
-_warm: WarmDatabase | None = None
+# The process's databases by use: "export", the one small exports are attached to;
+# "batch", a second for a batch's pricing (``verify_exports``), to which no export is ever
+# attached, only the rows the checklists took from decoded envelopes.
+_databases: dict[str, WarmDatabase] = {}
 
 
-def acquire() -> WarmDatabase | None:
-    """The process's database, now reserved for the caller (``release`` it), or None
-    when it is in use or cannot be made (the caller opens its own)."""
-    global _warm
+def acquire(use: str = "export") -> WarmDatabase | None:
+    """The process's database for ``use``, now reserved for the caller (``release`` it),
+    or None when it is in use or cannot be made (the caller opens its own; a batch then
+    prices its exports one by one)."""
     with _lock:
-        if _warm is not None and _warm.pid != os.getpid():
+        database = _databases.get(use)
+        if database is not None and database.pid != os.getpid():
             _forget_in_child()  # a fork the at-fork hook missed: not ours to touch
-        if _warm is None:
+            database = None
+        if database is None:
             try:
-                _warm = WarmDatabase()
+                database = _databases[use] = WarmDatabase()
             except (duckdb.Error, OSError):
                 return None
-        if not _warm.busy.acquire(blocking=False):
+        if not database.busy.acquire(blocking=False):
             return None
-        return _warm
+        return database
 
 
 def release(warm: WarmDatabase, clean: bool) -> None:
     """Give the database back; one that is not clean, or has served
-    WARM_DATABASE_MAX_EXPORTS exports, is closed and forgotten (the next is new)."""
-    global _warm
+    WARM_DATABASE_MAX_EXPORTS exports (a batch database attaches none), is closed and
+    forgotten (the next is new)."""
     if not clean or warm.serial >= limits.WARM_DATABASE_MAX_EXPORTS:
         with _lock:
-            if _warm is warm:
-                _warm = None
+            for use, database in list(_databases.items()):
+                if database is warm:
+                    del _databases[use]
         warm.close()
     warm.busy.release()
-
-
-# A second such database, for a batch's pricing (``verify_exports``): no export is ever
-# attached to it, only the rows the checklists took from decoded envelopes.
-_batch: WarmDatabase | None = None
-
-
-def acquire_batch() -> WarmDatabase | None:
-    """The process's batch database, reserved for the caller (``release_batch`` it), or
-    None when it is in use or cannot be made (the caller then prices one by one)."""
-    global _batch
-    with _lock:
-        if _batch is not None and _batch.pid != os.getpid():
-            _forget_in_child()
-        if _batch is None:
-            try:
-                _batch = WarmDatabase()
-            except (duckdb.Error, OSError):
-                return None
-        if not _batch.busy.acquire(blocking=False):
-            return None
-        return _batch
-
-
-def release_batch(batch: WarmDatabase, clean: bool) -> None:
-    """Give the batch database back; one that is not clean is closed and forgotten."""
-    global _batch
-    if not clean:
-        with _lock:
-            if _batch is batch:
-                _batch = None
-        batch.close()
-    batch.busy.release()
 
 
 # A forked child's copies of its parent's databases: kept, never closed nor destroyed
@@ -239,11 +212,9 @@ _inherited: list[WarmDatabase] = []
 
 
 def _forget_in_child() -> None:
-    global _warm, _batch, _lock
-    for database in (_warm, _batch):
-        if database is not None:
-            _inherited.append(database)
-    _warm = _batch = None
+    global _lock
+    _inherited.extend(_databases.values())
+    _databases.clear()
     _lock = threading.Lock()
 
 
