@@ -273,6 +273,7 @@ def run_prefixes(args: argparse.Namespace) -> int:
                     **result["report"].get("cpu_seconds", {}),
                     **({"broker": round(broker_cpu, 1)} if broker is not None else {}),
                 },
+                "verifier_cpu_by_records": result["report"].get("verifier_cpu_by_records", {}),
                 "ok": done.returncode == 0,
             }
             rows.append(row)
@@ -289,6 +290,23 @@ def run_prefixes(args: argparse.Namespace) -> int:
                 file=sys.stderr if args.json else sys.stdout,
                 flush=True,
             )
+            by_size = row["verifier_cpu_by_records"]
+            if by_size:
+                print(
+                    "  verifier CPU by export size (records): "
+                    + "; ".join(
+                        f"{label} {v['exports']:,} exports {v['records']:,} records "
+                        f"{v['cpu_s']:,.1f} s"
+                        + (
+                            f" ({v['cpu_s'] / v['records'] * 1e6:,.0f} us/record)"
+                            if v["records"]
+                            else ""
+                        )
+                        for label, v in by_size.items()
+                    ),
+                    file=sys.stderr if args.json else sys.stdout,
+                    flush=True,
+                )
     finally:
         if broker is not None:
             broker.stop()

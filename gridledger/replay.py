@@ -233,6 +233,15 @@ class Money:
         return out
 
 
+VERIFIER_SIZE_CLASSES: Final = (
+    ("<=256", 256),  # one chain read (verifier.pricing.CHAIN_ROWS_MAX)
+    ("<=4096", 4_096),  # compact files (COMPACT_MAX_RECORDS)
+    ("<=10000", 10_000),  # ~20,000 rows: the verifier's threads above (MIN_ROWS_FOR_POOL)
+    (">10000", 2**62),
+)
+"""Export size classes (LedgerRecords at most) the report splits the verifier's CPU by."""
+
+
 @dataclass
 class ReplayReport:
     """What a replay did and found (``to_json`` / ``render``)."""
@@ -267,6 +276,22 @@ class ReplayReport:
     ``ledger_export``, the process's CPU during its steps and its exports),
     ``ledger_workers`` (its signature worker), ``verifier`` (the verifier's workers, per
     export verified). Where the trace's CPU goes when both cores are full."""
+
+    verifier_by_records: dict[str, list[float]] = field(default_factory=dict)
+    """The verifier's CPU by the export's size: for each class of VERIFIER_SIZE_CLASSES
+    (records at most), [exports, records, CPU-seconds]: which exports the verifier's
+    CPU goes to."""
+
+    def count_verifier_cpu(self, records: int, cpu_s: float) -> None:
+        """Add one export's verification CPU to its size class."""
+        label = next(
+            (name for name, most in VERIFIER_SIZE_CLASSES if records <= most),
+            VERIFIER_SIZE_CLASSES[-1][0],
+        )
+        row = self.verifier_by_records.setdefault(label, [0, 0, 0.0])
+        row[0] += 1
+        row[1] += records
+        row[2] += cpu_s
 
     @property
     def delivered_equals_trace(self) -> bool:
@@ -330,6 +355,12 @@ class ReplayReport:
                 "agents": round(self.rate("agents"), 1),
             },
             "cpu_seconds": {k: round(v, 3) for k, v in sorted(self.cpu_seconds.items())},
+            "verifier_cpu_by_records": {
+                label: {"exports": int(n), "records": int(r), "cpu_s": round(c, 3)}
+                for label, _ in VERIFIER_SIZE_CLASSES
+                if label in self.verifier_by_records
+                for n, r, c in [self.verifier_by_records[label]]
+            },
             "cpu_us_per_event": {
                 k: round(v / self.events_accepted * 1e6, 1)
                 for k, v in sorted(self.cpu_seconds.items())
@@ -902,6 +933,7 @@ class _ReplayRun:
         self.seconds["verify_busy"] = self.seconds.get("verify_busy", 0.0) + summary.elapsed_s
         cpu = self.report.cpu_seconds
         cpu["verifier"] = cpu.get("verifier", 0.0) + summary.cpu_s
+        self.report.count_verifier_cpu(summary.records, summary.cpu_s)
         totals = summary.totals
         if summary.why or totals is None:
             self.report.failed.append((placement.placement_id, summary.why or "no totals"))
@@ -929,6 +961,8 @@ class VerifySummary:
     elapsed_s: float
     cpu_s: float = 0.0
     """The worker's CPU for this export, its own threads and any process it waited for."""
+    records: int = 0
+    """The export's LedgerRecords (its report's count; 0 when unusable)."""
 
 
 _TRUST_CACHE: dict[bytes, TrustFile] = {}
@@ -964,11 +998,14 @@ def _worker_trust(trust_bytes: bytes) -> TrustFile:
 
 def _summary(result: ExportReport, elapsed: float, cpu: float) -> VerifySummary:
     """A report as the replay counts it: ``why`` empty when it verified, final."""
+    records = int(result.counts.get("records", 0))
     if not result.ok or result.totals is None or not result.final:
         kept = result.findings.kept
         why = result.error or (kept[0].line() if kept else f"{result.verdict}, not final")
-        return VerifySummary(why, None, "", 0, elapsed, cpu)
-    return VerifySummary("", result.totals, result.currency, result.currency_scale, elapsed, cpu)
+        return VerifySummary(why, None, "", 0, elapsed, cpu, records)
+    return VerifySummary(
+        "", result.totals, result.currency, result.currency_scale, elapsed, cpu, records
+    )
 
 
 class _Verdicts:

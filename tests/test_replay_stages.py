@@ -197,6 +197,13 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     assert cpu["ledger_fold"] + cpu["ledger_export"] <= cpu["ledger"], cpu
     per_event = split.to_json()["cpu_us_per_event"]
     assert per_event["ledger"] == round(cpu["ledger"] / split.events_accepted * 1e6, 1)
+    # the verifier's CPU split by export size: every export counted once, in its class
+    by_size = split.to_json()["verifier_cpu_by_records"]
+    assert sum(c["exports"] for c in by_size.values()) == 10, by_size
+    assert sum(c["cpu_s"] for c in by_size.values()) == pytest.approx(cpu["verifier"], abs=0.01)
+    assert sum(c["records"] for c in by_size.values()) == sum(
+        h[0] + 1 for h in _heads(tmp_path / "split").values()
+    )
     inline = _kafka_run(tmp_path / "inline", kafka_bootstrap, ledger_process=False)
     assert len(started) == 1  # no process for the ledger in the replay's own process
     assert set(inline.cpu_seconds) == {"replay", "verifier"}, inline.cpu_seconds
