@@ -81,6 +81,7 @@ from gridledger.replay_limits import (
     STEP_MS,
     TRACE_EPOCH_MS,
     UNPLACEABLE_SHOWN,
+    VERIFY_POOL,
     VERIFY_WORKERS,
 )
 from gridledger.replay_terms import (
@@ -971,12 +972,14 @@ _TRUST_CACHE: dict[bytes, TrustFile] = {}
 def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
     """Verify one export (in a worker process); ``why`` is empty when it verified, final."""
     from verifier.verify import verify_export
+    from verifier.workers import OpenPool
 
     trust = _worker_trust(trust_bytes)
     started = time.perf_counter()
     cpu_before = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN)
     try:
-        result = verify_export(Path(path), trust)
+        with OpenPool[Any](VERIFY_POOL) as pool:
+            result = verify_export(Path(path), trust, pool=pool)
     except Exception as exc:  # a verifier crash is a failed verdict, named
         why = f"verifier raised {type(exc).__name__}: {exc}"
         return VerifySummary(why, None, "", 0, time.perf_counter() - started)

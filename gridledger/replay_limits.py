@@ -62,6 +62,14 @@ UNPLACEABLE_SHOWN: Final = 20
 VERIFY_WORKERS: Final = 2
 """Processes verifying exports while the replay writes the next ones (one per core)."""
 
+VERIFY_POOL: Final = "inline"
+"""How each of those processes opens a big export's envelopes: in its own thread
+(``verifier.workers.OpenPool``), not the thread pool ``python -m verifier`` uses. The
+replay's cores are full (agents, broker, ledger, two verifiers): a thread pool's
+hand-overs of the GIL cost CPU without a free core to gain wall time on. A 50k-event
+export (bench/verifier_1m.py, session 14): 112-121 us of CPU per usage event inline
+against 123-168 with two threads."""
+
 EXPORT_CHUNK: Final = 64
 """Placements exported by one ``export_all`` call at the end of a replay: statements and
 checkpoints issued set-wise, two writer threads; the replay holds one chunk's results."""
