@@ -274,6 +274,7 @@ def run_prefixes(args: argparse.Namespace) -> int:
                     **({"broker": round(broker_cpu, 1)} if broker is not None else {}),
                 },
                 "verifier_cpu_by_records": result["report"].get("verifier_cpu_by_records", {}),
+                "verifier_batches": result["report"].get("verifier_batches", {}),
                 "ok": done.returncode == 0,
             }
             rows.append(row)
@@ -304,6 +305,14 @@ def run_prefixes(args: argparse.Namespace) -> int:
                         )
                         for label, v in by_size.items()
                     ),
+                    file=sys.stderr if args.json else sys.stdout,
+                    flush=True,
+                )
+            batches = row["verifier_batches"]
+            if batches:
+                print(
+                    "  small exports handed to the verifier, batch size x batches: "
+                    + ", ".join(f"{k} x {v}" for k, v in batches.items()),
                     file=sys.stderr if args.json else sys.stdout,
                     flush=True,
                 )

@@ -283,6 +283,10 @@ class ReplayReport:
     (records at most), [exports, records, CPU-seconds]: which exports the verifier's
     CPU goes to."""
 
+    verifier_batches: dict[int, int] = field(default_factory=dict)
+    """Small exports handed to the verifier together: batch size -> batches (a batch of
+    one is verified alone)."""
+
     def count_verifier_cpu(self, records: int, cpu_s: float) -> None:
         """Add one export's verification CPU to its size class."""
         label = next(
@@ -362,6 +366,7 @@ class ReplayReport:
                 if label in self.verifier_by_records
                 for n, r, c in [self.verifier_by_records[label]]
             },
+            "verifier_batches": {str(k): v for k, v in sorted(self.verifier_batches.items())},
             "cpu_us_per_event": {
                 k: round(v / self.events_accepted * 1e6, 1)
                 for k, v in sorted(self.cpu_seconds.items())
@@ -1073,6 +1078,9 @@ class _Verdicts:
         """Hand the queued small exports to a worker, as one batch (one alone: as a big
         one, a batch of one saves nothing)."""
         batch, self.queue = self.queue, []
+        if batch:
+            sizes = self.run.report.verifier_batches
+            sizes[len(batch)] = sizes.get(len(batch), 0) + 1
         if len(batch) == 1:
             out = self.exports / f"{batch[0].placement_id}.duckdb"
             self.pending.append(

@@ -341,3 +341,4 @@ def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed
     assert [pid for pid, _ in run.report.failed] == names
     assert [why for _, why in run.report.failed] == [summary.why for summary in alone]
     assert all(why for _, why in run.report.failed)
+    assert run.report.to_json()["verifier_batches"] == {"2": 1, "3": 1}  # the batches' sizes
