@@ -342,3 +342,35 @@ def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed
     assert [why for _, why in run.report.failed] == [summary.why for summary in alone]
     assert all(why for _, why in run.report.failed)
     assert run.report.to_json()["verifier_batches"] == {"2": 1, "3": 1}  # the batches' sizes
+
+
+def test_a_lagging_verifier_is_waited_for_without_breaking_the_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the in-flight bound the replay waits for the oldest verdict handed out; the
+    small exports queued meanwhile still go as full batches, not one by one (a verifier
+    that lags must not lose the batches' saving exactly when it is needed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(replay._Verdicts, "BATCH", 3)
+    monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 3600.0)
+    monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 4)
+    exports = tmp_path / "run" / "exports"
+    exports.mkdir(parents=True)
+    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
+    names = [f"pl-{k}" for k in range(7)]
+    placements = [
+        SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
+        for p in names
+    ]
+    for k, p in enumerate(names):  # small files, none an export
+        (exports / f"{p}.duckdb").write_bytes(b"not an export %d" % k)
+    with ThreadPoolExecutor(1) as pool:
+        verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
+        for p in names:
+            verdicts.exported([(p, "")])
+            assert len(verdicts.pending) + len(verdicts.queue) <= 4  # the bound holds
+        verdicts.drain()
+    # two full batches, and the last one alone at the drain
+    assert run.report.to_json()["verifier_batches"] == {"1": 1, "3": 2}
+    assert [pid for pid, _ in run.report.failed] == names  # every verdict, in order
