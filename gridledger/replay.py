@@ -1029,7 +1029,7 @@ class _Verdicts:
     bound the caller waits for the oldest verdict handed out (the queue only goes when
     nothing else is out)."""
 
-    BATCH: Final = 32
+    BATCH: Final = 32  # as verifier.limits.VERIFY_BATCH_EXPORTS
     BATCH_WAIT_S: Final = 2.0
 
     def __init__(

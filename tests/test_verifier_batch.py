@@ -359,3 +359,46 @@ def test_the_keyed_sql_computes_for_each_export_what_its_own_sql_does(
         assert keyed_totals == totals, names[key]
     # and the batch's own comparison names exactly the dishonest export
     assert pricing.batch_mismatches(duckdb.connect(), deferred) == {names.index("dishonest")}
+
+
+def test_the_cli_over_many_exports_prices_them_together_and_reports_each_as_alone(
+    exports: tuple[dict[str, Path], TrustFile],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """``verify`` over many files hands them to ``verify_exports`` a batch at a time; each
+    export's JSON is what verifying that file alone says (timing aside), and the run's
+    exit code the same."""
+    from proto.trust import dump_trust
+    from verifier import cli, limits
+
+    paths, trust = exports
+    trust_path = tmp_path / "trust.json"
+    trust_path.write_bytes(dump_trust(trust))
+    names = [n for n in paths if n != "missing"]
+    files = [str(paths[n]) for n in names]
+    passes: list[int] = []
+    real = pricing.batch_mismatches
+
+    def counted(con: Any, items: list[DeferredPricing]) -> set[int]:
+        passes.append(len(items))
+        return real(con, items)
+
+    def bodies(argv: list[str]) -> tuple[int, list[dict[str, Any]]]:
+        code = cli.main([*argv, "--trust", str(trust_path), "--json"])
+        out = json.loads(capsys.readouterr().out)["exports"]
+        for report in out:
+            report.pop("elapsed_s", None)
+        return code, out
+
+    monkeypatch.setattr(verify_module, "batch_mismatches", counted)
+    monkeypatch.setattr(limits, "VERIFY_BATCH_EXPORTS", 5)
+    code, together = bodies(files)
+    assert passes and max(passes) <= 5  # priced together, a batch at a time
+    assert len(passes) >= 2  # more exports than one batch holds
+    each = [bodies([f]) for f in files]
+    assert together == [report for _, (report,) in each]
+    assert code == 2 and 2 in {c for c, _ in each}  # unusable ones among them, as alone
+    verified = {n for n, r in zip(names, together, strict=True) if r["verdict"] == "verified"}
+    assert verified == set(HONEST)

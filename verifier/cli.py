@@ -72,7 +72,7 @@ from verifier.report import (
     render_export,
     run_json,
 )
-from verifier.verify import ExportReport, verify_export
+from verifier.verify import ExportReport, verify_export, verify_exports
 from verifier.workers import OpenPool
 
 
@@ -194,10 +194,19 @@ def _verify(args: argparse.Namespace) -> int:
     reports: list[ExportReport] = []
     progress = Progress()
     with OpenPool[Any](args.pool, args.workers) as pool:
-        for path in paths:
-            reports.append(
-                verify_export(path, trust, pool=pool, progress=progress, bill=args.html is not None)
-            )
+        if args.html is None and len(paths) > 1:
+            # Many exports: small ones priced together, each report as the export's alone
+            # (``verify_exports``), a batch at a time (the rows it keeps are bounded).
+            for at in range(0, len(paths), limits.VERIFY_BATCH_EXPORTS):
+                chunk = paths[at : at + limits.VERIFY_BATCH_EXPORTS]
+                reports += verify_exports(chunk, trust, pool=pool, progress=progress)
+        else:
+            for path in paths:
+                reports.append(
+                    verify_export(
+                        path, trust, pool=pool, progress=progress, bill=args.html is not None
+                    )
+                )
     across = _across_exports(reports, trust, kept)
     standing = [r for r in reports if r.path not in across.set_aside]
     code = exit_code(reports, run_failed=across.failed)

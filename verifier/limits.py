@@ -71,6 +71,10 @@ MAX_RECORD_FILE_BYTES: Final = 512 * 1024
 
 # Exports read from one directory in one run.
 MAX_EXPORTS_PER_RUN: Final = 10_000
+# Exports ``python -m verifier`` hands to ``verify_exports`` at a time (the small ones'
+# obligation priced in one SQL pass; the rows it keeps for that are held in Python for
+# the batch): what the trace replay's workers use too.
+VERIFY_BATCH_EXPORTS: Final = 32
 
 # Rows of per-index mismatches fetched from SQL per compared column.
 MAX_MISMATCH_ROWS: Final = MAX_FINDINGS_PER_RULE

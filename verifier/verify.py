@@ -125,7 +125,13 @@ def _log(path: Path, report: ExportReport) -> None:
     )
 
 
-def verify_exports(paths: Sequence[Path], trust: TrustFile) -> list[ExportReport]:
+def verify_exports(
+    paths: Sequence[Path],
+    trust: TrustFile,
+    *,
+    pool: OpenPool[Any] | None = None,
+    progress: Progress | None = None,
+) -> list[ExportReport]:
     """``verify_export`` of each path, in order: each report byte-identical to that
     export's alone (but ``elapsed_s``), what the trace replay's workers verify thousands
     of small exports with (issue #15).
@@ -142,16 +148,18 @@ def verify_exports(paths: Sequence[Path], trust: TrustFile) -> list[ExportReport
     nothing at all and the batch confirms its totals; any other export — a finding,
     unusable, a verifier error, a total the batch recomputes otherwise, a batch that
     fails — is verified again on its own by ``verify_export``, so no export's content can
-    change another's report."""
+    change another's report. ``pool`` and ``progress``: as ``verify_export``'s, for the
+    exports verified on their own (a big one; ``python -m verifier`` over many files)."""
     reports: list[ExportReport | None] = [None] * len(paths)
     waiting: list[tuple[int, ExportReport, DeferredPricing]] = []
     for k, path in enumerate(paths):
         started = time.monotonic()
         deferred = DeferredPricing() if _small(path) else None
-        report = _verify(path, trust, None, None, False, share=True, deferred=deferred)
+        report = _verify(path, trust, pool, progress, False, share=True, deferred=deferred)
         if deferred is None or deferred.rows is None:  # verified on its own
             if report.verdict == UNUSABLE or "VERIFIER_ERROR" in report.findings.rules():
-                reports[k] = verify_export(path, trust)  # as it does them (its retry)
+                # as verify_export does them (its retry)
+                reports[k] = verify_export(path, trust, pool=pool, progress=progress)
                 continue
             report.elapsed_s = time.monotonic() - started
             _log(path, report)
@@ -160,14 +168,14 @@ def verify_exports(paths: Sequence[Path], trust: TrustFile) -> list[ExportReport
             report.elapsed_s = time.monotonic() - started
             waiting.append((k, report, deferred))
         else:  # a finding, found without the totals: the export alone says which ones
-            reports[k] = verify_export(path, trust)
+            reports[k] = verify_export(path, trust, pool=pool, progress=progress)
     if waiting:
         started = time.monotonic()
         differ = _batch_mismatches([deferred for _, _, deferred in waiting])
         each = (time.monotonic() - started) / len(waiting)
         for position, (k, report, _) in enumerate(waiting):
             if differ is None or position in differ:
-                reports[k] = verify_export(paths[k], trust)
+                reports[k] = verify_export(paths[k], trust, pool=pool, progress=progress)
             else:
                 report.elapsed_s += each
                 _log(paths[k], report)
