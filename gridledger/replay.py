@@ -983,7 +983,8 @@ def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
     started = time.perf_counter()
     cpu_before = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN)
     try:
-        with OpenPool[Any](VERIFY_POOL) as pool:
+        # a big export's ranges read in this thread (a small one's: its rows, as planned)
+        with OpenPool[Any](VERIFY_POOL, reads_ranges=_big(path)) as pool:
             result = verify_export(Path(path), trust, pool=pool)
     except Exception as exc:  # a verifier crash is a failed verdict, named
         why = f"verifier raised {type(exc).__name__}: {exc}"
@@ -991,6 +992,16 @@ def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
     elapsed = time.perf_counter() - started
     cpu = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu_before
     return _summary(result, elapsed, cpu)
+
+
+def _big(path: str) -> bool:
+    """Whether ``path`` is an export too big for the verifier's warm database."""
+    from verifier import limits as verifier_limits
+
+    try:
+        return Path(path).stat().st_size > verifier_limits.SMALL_EXPORT_BYTES
+    except OSError:  # no file: the verifier says so
+        return False
 
 
 def _worker_trust(trust_bytes: bytes) -> TrustFile:

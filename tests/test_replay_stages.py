@@ -374,3 +374,39 @@ def test_a_lagging_verifier_is_waited_for_without_breaking_the_batches(
     # two full batches, and the last one alone at the drain
     assert run.report.to_json()["verifier_batches"] == {"1": 1, "3": 2}
     assert [pid for pid, _ in run.report.failed] == names  # every verdict, in order
+
+
+def test_the_replay_verifies_a_big_export_reading_its_ranges_in_its_own_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``verify_one`` opens a big export's envelopes in the worker's own thread (the
+    replay's cores are full: no thread pool), reading the chain-index ranges itself; a
+    small export is read as planned rows. Both verify as ``verify_export`` says."""
+    import threading
+
+    from test_verifier_exports import small_scenario
+
+    import verifier.walk as walk
+    from proto.trust import dump_trust
+    from verifier import limits as verifier_limits
+    from verifier.verify import verify_export
+
+    scenario = small_scenario(tmp_path, name="p-big", minutes=30)
+    threads: list[int] = []
+    real = walk.open_ranges
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(*args)
+
+    monkeypatch.setattr(walk, "open_ranges", spy)
+    trust = dump_trust(scenario.trust)
+    small = replay.verify_one(str(scenario.path), trust)
+    assert threads == []  # a small export: its rows as planned
+    monkeypatch.setattr(verifier_limits, "SMALL_EXPORT_BYTES", 0)  # every export big
+    big = replay.verify_one(str(scenario.path), trust)
+    assert threads and set(threads) == {threading.get_ident()}  # in this thread only
+    alone = verify_export(scenario.path, scenario.trust)
+    assert alone.ok and small.why == big.why == ""
+    assert small.totals == big.totals == alone.totals
+    assert small.records == big.records == alone.counts["records"] > 30

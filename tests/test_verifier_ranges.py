@@ -46,8 +46,8 @@ def honest(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
 
 
 def _ranged(path: Path, s: Scenario) -> ExportReport:
-    with OpenPool[Any]("inline") as pool:
-        pool.reads_ranges = True
+    with OpenPool[Any]("inline", reads_ranges=True) as pool:
+        pool.packs = True  # stands in for a process pool: its pairs packed and unpacked
         return verify_export(path, s.trust, pool=pool)
 
 

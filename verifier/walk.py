@@ -161,8 +161,8 @@ def _walk_ranges(run: Verification, context: PairContext) -> None:
             source.input_tables,
             tuple(_span(source, table) for table in source.input_tables),
         ),
-        # packed but for threads (an inline pool reading ranges stands in for processes)
-        pack=run.pool.kind != "thread",
+        # packed across processes only (a test's inline pool may stand in for them)
+        pack=run.pool.packs,
     )
     done = 0
     jobs = run.pool.run_jobs(open_ranges, _range_jobs(source), context, chunk=1)

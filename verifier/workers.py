@@ -63,14 +63,26 @@ def _worker_started() -> None:
 class OpenPool(Generic[T]):
     """Opens batches of envelopes with ``open_chunk`` on a pool; see the module docstring."""
 
-    def __init__(self, kind: PoolKind = "thread", workers: int | None = None) -> None:
+    def __init__(
+        self,
+        kind: PoolKind = "thread",
+        workers: int | None = None,
+        *,
+        reads_ranges: bool | None = None,
+    ) -> None:
         self.kind = kind
         # Workers read their chain-index ranges from the export themselves
         # (``verifier/walk.py``): worth it where every row would otherwise be pickled, and
         # for threads too: the main thread then neither reads nor plans a row (it built a
         # row object per row and planned the batch, ~4 us of CPU per usage event more than
         # the workers' reads of DuckDB's tuples; bench/verifier_1m.py, BENCHMARKS.md).
-        self.reads_ranges = kind in ("process", "thread")
+        # Inline, when asked (a big export: ~6 % less CPU per usage event than the rows
+        # read and planned, BENCHMARKS.md session 14; a small one pays more for the
+        # second connection to its file than it saves).
+        self.reads_ranges = kind in ("process", "thread") if reads_ranges is None else reads_ranges
+        # A range's FastPairs cross a process boundary packed (``pairs.pack_pairs``); a
+        # thread, or the caller's own, hands over the list itself.
+        self.packs = kind == "process"
         self.workers = workers or default_workers()
         self._executor: Executor | None = None
         if kind == "thread":
