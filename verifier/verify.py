@@ -148,18 +148,22 @@ def verify_exports(
     nothing at all and the batch confirms its totals; any other export — a finding,
     unusable, a verifier error, a total the batch recomputes otherwise, a batch that
     fails — is verified again on its own by ``verify_export``, so no export's content can
-    change another's report. ``pool`` and ``progress``: as ``verify_export``'s, for the
-    exports verified on their own (a big one; ``python -m verifier`` over many files)."""
+    change another's report. ``pool``: what the big exports are opened with (``python -m
+    verifier`` over many files); a small one is opened in this thread, as ``verify_export``
+    without a pool opens it (a pool's threads or processes cost it more than they save).
+    ``progress``: as ``verify_export``'s."""
     reports: list[ExportReport | None] = [None] * len(paths)
     waiting: list[tuple[int, ExportReport, DeferredPricing]] = []
     for k, path in enumerate(paths):
         started = time.monotonic()
-        deferred = DeferredPricing() if _small(path) else None
-        report = _verify(path, trust, pool, progress, False, share=True, deferred=deferred)
+        small = _small(path)
+        deferred = DeferredPricing() if small else None
+        use = None if small else pool
+        report = _verify(path, trust, use, progress, False, share=True, deferred=deferred)
         if deferred is None or deferred.rows is None:  # verified on its own
             if report.verdict == UNUSABLE or "VERIFIER_ERROR" in report.findings.rules():
                 # as verify_export does them (its retry)
-                reports[k] = verify_export(path, trust, pool=pool, progress=progress)
+                reports[k] = verify_export(path, trust, pool=use, progress=progress)
                 continue
             report.elapsed_s = time.monotonic() - started
             _log(path, report)
@@ -168,14 +172,14 @@ def verify_exports(
             report.elapsed_s = time.monotonic() - started
             waiting.append((k, report, deferred))
         else:  # a finding, found without the totals: the export alone says which ones
-            reports[k] = verify_export(path, trust, pool=pool, progress=progress)
+            reports[k] = verify_export(path, trust, pool=use, progress=progress)
     if waiting:
         started = time.monotonic()
         differ = _batch_mismatches([deferred for _, _, deferred in waiting])
         each = (time.monotonic() - started) / len(waiting)
         for position, (k, report, _) in enumerate(waiting):
             if differ is None or position in differ:
-                reports[k] = verify_export(paths[k], trust, pool=pool, progress=progress)
+                reports[k] = verify_export(paths[k], trust, progress=progress)  # small
             else:
                 report.elapsed_s += each
                 _log(paths[k], report)
