@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -286,3 +287,40 @@ def test_inclusion_with_unreadable_proof_is_exit_2(
         ]
     )
     assert code == 2
+
+
+def test_the_default_pool_is_processes_for_a_big_export_and_none_for_a_small_one(
+    full: Scenario, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --pool a small export is verified in the command's own process (no worker
+    process started for it), a big one by a process per core; --pool is obeyed for any.
+    The report is the same every way."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from verifier import limits
+
+    submitted: list[int] = []
+    real = ProcessPoolExecutor.submit
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        submitted.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", counting)
+    args = (str(full.path), "--trust", str(full.trust_path), "--json")
+    outs = []
+    code, out = run(capsys, *args)
+    outs.append(out)
+    assert code == 0 and submitted == []  # small: no worker process
+    code, out = run(capsys, *args, "--pool", "process")
+    outs.append(out)
+    assert code == 0 and submitted  # asked for: used
+    submitted.clear()
+    monkeypatch.setattr(limits, "SMALL_EXPORT_BYTES", 0)  # every export is big
+    code, out = run(capsys, *args)
+    outs.append(out)
+    assert code == 0 and submitted  # big: worker processes by default
+    bodies = [json.loads(o)["exports"][0] for o in outs]
+    for body in bodies:
+        body.pop("elapsed_s", None)
+    assert bodies[0] == bodies[1] == bodies[2]

@@ -72,7 +72,7 @@ from verifier.report import (
     render_export,
     run_json,
 )
-from verifier.verify import ExportReport, verify_export, verify_exports
+from verifier.verify import ExportReport, small_export, verify_export, verify_exports
 from verifier.workers import OpenPool
 
 
@@ -122,8 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pool",
         choices=("thread", "process", "inline"),
-        default="thread",
-        help="how signatures are spread over the cores (default: thread)",
+        default=None,
+        help="how signatures are spread over the cores, for every export (default: a "
+        "process per core for a big export, this one for a small one)",
     )
     parser.add_argument("--workers", type=int, default=None, help="worker count (default: cores)")
 
@@ -193,7 +194,12 @@ def _verify(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     reports: list[ExportReport] = []
     progress = Progress()
-    with OpenPool[Any](args.pool, args.workers) as pool:
+    # A process pool by default: its workers read their own chain-index ranges, and a
+    # 200k-event export took 15.4 s and 145 us of CPU per event against the thread
+    # pool's 22.8 s and 162 (BENCHMARKS.md, session 14). No process starts before a big
+    # export needs one; a small one is verified in this process unless --pool says so.
+    asked = args.pool is not None
+    with OpenPool[Any](args.pool or "process", args.workers) as pool:
         if args.html is None and len(paths) > 1:
             # Many exports: small ones priced together, each report as the export's alone
             # (``verify_exports``), a batch at a time (the rows it keeps are bounded).
@@ -204,7 +210,11 @@ def _verify(args: argparse.Namespace) -> int:
             for path in paths:
                 reports.append(
                     verify_export(
-                        path, trust, pool=pool, progress=progress, bill=args.html is not None
+                        path,
+                        trust,
+                        pool=pool if asked or not small_export(path) else None,
+                        progress=progress,
+                        bill=args.html is not None,
                     )
                 )
     across = _across_exports(reports, trust, kept)

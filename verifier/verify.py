@@ -85,6 +85,7 @@ __all__ = [
     "ExportReport",
     "ExportVerdict",
     "run_checklist",
+    "small_export",
     "verify_export",
     "verify_exports",
 ]
@@ -105,7 +106,9 @@ def verify_export(
     ``bill``: also gather the bill a person reads (``report.bill``, ``verify --html``)."""
     started = time.monotonic()
     report = _verify(path, trust, pool, progress, bill, share=True)
-    if (report.verdict == UNUSABLE or "VERIFIER_ERROR" in report.findings.rules()) and _small(path):
+    if (report.verdict == UNUSABLE or "VERIFIER_ERROR" in report.findings.rules()) and small_export(
+        path
+    ):
         # Again on a database of its own, as a big export is read: a DuckDB message names
         # the file it read, on the process's warm database a link to the export
         # (``verifier/warm.py``); the report must not depend on which database read it.
@@ -156,7 +159,7 @@ def verify_exports(
     waiting: list[tuple[int, ExportReport, DeferredPricing]] = []
     for k, path in enumerate(paths):
         started = time.monotonic()
-        small = _small(path)
+        small = small_export(path)
         deferred = DeferredPricing() if small else None
         use = None if small else pool
         report = _verify(path, trust, use, progress, False, share=True, deferred=deferred)
@@ -252,7 +255,7 @@ def _verify(
     return report
 
 
-def _small(path: Path) -> bool:
+def small_export(path: Path) -> bool:
     """Whether ``path`` is a file the warm database may have read (``SMALL_EXPORT_BYTES``)."""
     try:
         return path.is_file() and path.stat().st_size <= limits.SMALL_EXPORT_BYTES

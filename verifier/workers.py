@@ -5,9 +5,10 @@ single-core rate (LIMITS.md); a process pool also parallelises the JSON decoding
 pays for pickling, so its workers read their own chain-index ranges from the export and
 send back compact rows (``reads_ranges``, ``verifier/walk.py``; a thread pool's workers
 read their ranges too). ``bench/verifier_1m.py``
-measures both on the same export; threads are the default (see the bench's report for
-the numbers that chose it). ``inline`` runs in the caller, for small exports and for
-debugging.
+measures both on the same export; ``python -m verifier`` opens a big export with
+processes by default (less wall and less CPU than threads since they read their own
+ranges: BENCHMARKS.md, session 14). ``inline`` runs in the caller, for small exports,
+where the cores are busy anyway (the trace replay's verifier workers), and for debugging.
 
 ``OpenPool.run`` keeps at most MAX_BATCHES_IN_FLIGHT batches in the pool and yields
 results in submission order, so memory is bounded and the fold sees chain order.
