@@ -22,6 +22,7 @@ goal: peak RSS should not grow with the prefix, events/s should not fall.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -278,7 +279,8 @@ def run_prefixes(args: argparse.Namespace) -> int:
                 "ok": done.returncode == 0,
             }
             rows.append(row)
-            print(
+            say = functools.partial(print, file=sys.stderr if args.json else sys.stdout, flush=True)
+            say(
                 f"prefix {percent:3d}%: {row['events']:,} events, {row['placements']:,} "
                 f"placements, {wall:,.1f} s wall, peak RSS {row['peak_rss_mib']} MiB "
                 + "("
@@ -287,13 +289,11 @@ def run_prefixes(args: argparse.Namespace) -> int:
                 + ", ".join(f"{k} {v:,.0f}/s" for k, v in row["stage_events_per_s"].items())
                 + "; CPU s: "
                 + ", ".join(f"{k} {v:,.0f}" for k, v in row["cpu_seconds"].items())
-                + ("" if row["ok"] else " FAIL"),
-                file=sys.stderr if args.json else sys.stdout,
-                flush=True,
+                + ("" if row["ok"] else " FAIL")
             )
             by_size = row["verifier_cpu_by_records"]
             if by_size:
-                print(
+                say(
                     "  verifier CPU by export size (records): "
                     + "; ".join(
                         f"{label} {v['exports']:,} exports {v['records']:,} records "
@@ -304,17 +304,13 @@ def run_prefixes(args: argparse.Namespace) -> int:
                             else ""
                         )
                         for label, v in by_size.items()
-                    ),
-                    file=sys.stderr if args.json else sys.stdout,
-                    flush=True,
+                    )
                 )
             batches = row["verifier_batches"]
             if batches:
-                print(
+                say(
                     "  small exports handed to the verifier, batch size x batches: "
-                    + ", ".join(f"{k} x {v}" for k, v in batches.items()),
-                    file=sys.stderr if args.json else sys.stdout,
-                    flush=True,
+                    + ", ".join(f"{k} x {v}" for k, v in batches.items())
                 )
     finally:
         if broker is not None:

@@ -299,6 +299,24 @@ def test_the_verifier_queue_counts_what_the_ledger_process_exported_once_each(
     assert run.report.verified == 0 and run.report.exports_kept == 2
 
 
+def _small_files(
+    tmp_path: Path, n: int, empty: int | None = None
+) -> tuple[Any, Path, list[str], list[Any]]:
+    """A replay run, its exports directory holding ``n`` small files that are not exports
+    (file ``empty`` empty), their placement names and stand-in placements."""
+    exports = tmp_path / "run" / "exports"
+    exports.mkdir(parents=True)
+    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
+    names = [f"pl-{k}" for k in range(n)]
+    placements = [
+        SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
+        for p in names
+    ]
+    for k, p in enumerate(names):
+        (exports / f"{p}.duckdb").write_bytes(b"not an export %d" % k if k != empty else b"")
+    return run, exports, names, placements
+
+
 def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -311,16 +329,7 @@ def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed
     monkeypatch.setattr(replay._Verdicts, "BATCH", 3)
     monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 3600.0)
 
-    exports = tmp_path / "run" / "exports"
-    exports.mkdir(parents=True)
-    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
-    names = [f"pl-{k}" for k in range(5)]
-    placements = [
-        SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
-        for p in names
-    ]
-    for k, p in enumerate(names):  # small files, none an export (pl-2 empty)
-        (exports / f"{p}.duckdb").write_bytes(b"not an export %d" % k if k != 2 else b"")
+    run, exports, names, placements = _small_files(tmp_path, 5, empty=2)
     with ThreadPoolExecutor(1) as pool:
         verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
         gate = threading.Event()
@@ -355,16 +364,7 @@ def test_a_lagging_verifier_is_waited_for_without_breaking_the_batches(
     monkeypatch.setattr(replay._Verdicts, "BATCH", 3)
     monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 3600.0)
     monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 4)
-    exports = tmp_path / "run" / "exports"
-    exports.mkdir(parents=True)
-    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
-    names = [f"pl-{k}" for k in range(7)]
-    placements = [
-        SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
-        for p in names
-    ]
-    for k, p in enumerate(names):  # small files, none an export
-        (exports / f"{p}.duckdb").write_bytes(b"not an export %d" % k)
+    run, exports, names, placements = _small_files(tmp_path, 7)
     with ThreadPoolExecutor(1) as pool:
         verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
         for p in names:
