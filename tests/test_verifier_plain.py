@@ -114,6 +114,11 @@ def test_shortcut_changes_no_report(
         short = [source.index_range(at) for at in ats]
         source._plain = None  # as if never asked: index_range runs its SQL
         assert [source.index_range(at) for at in ats] == short
+        counts = dict(source._counts)
+    with ExportSource(path) as source:  # counted first: counts and shape in one statement
+        assert source._plain is None
+        assert {t: source.count(t) for t in counts} == counts
+        assert source._plain == shape  # read with the counts, the same
     fast = report_text(path, honest.trust)
     assert (json.loads(fast)["verdict"] == "verified") == (name == "honest")
     monkeypatch.setattr(

@@ -21,6 +21,7 @@ while every cross-check still compared the ledger with only one of them.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -87,10 +88,22 @@ WORK_TABLES: Final = (
 )
 
 
-def create_work_tables(con: Any) -> None:
+def create_work_tables(con: Any, skip: Collection[str] = (), only: Collection[str] = ()) -> None:
     """Create the (empty) work tables in the verifier's database (one call: a small
-    export's checklist pays per statement)."""
-    con.execute("; ".join(WORK_TABLES))
+    export's checklist pays per statement): every one but ``skip``, or those in ``only``
+    (a checklist whose pricing may be deferred makes the HELD_TABLES only when it is not)."""
+    chosen = [
+        statement
+        for statement in WORK_TABLES
+        if (name := _table_of(statement)) not in skip and (not only or name in only)
+    ]
+    if chosen:
+        con.execute("; ".join(chosen))
+
+
+def _table_of(statement: str) -> str:
+    """The table a statement of WORK_TABLES creates."""
+    return statement.split()[2].split("(")[0]
 
 
 def terms_row(terms: PlacementTerms) -> tuple[Any, ...]:
@@ -471,7 +484,7 @@ HELD_TABLES: Final = frozenset(
 _BATCH_DDL: Final = "; ".join(
     statement.replace("CREATE TABLE", "CREATE OR REPLACE TABLE", 1).replace("(", "(ek BIGINT, ", 1)
     for statement in WORK_TABLES
-    if statement.split()[2].split("(")[0] in BATCH_TABLES
+    if _table_of(statement) in BATCH_TABLES
 )
 _BATCH_DROP: Final = "; ".join(
     f"DROP TABLE IF EXISTS {table}" for table in (*BATCH_TABLES, "w_base", "w_totals")

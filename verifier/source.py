@@ -247,6 +247,21 @@ class PlainShape:
 
 
 _NOT_PLAIN: Final = PlainShape(indices=False, envelopes=False)
+# The tags of ``ExportSource._shape_sql``'s two rows (no table is named so) and the
+# columns a table's count row leaves empty beside them.
+_SHAPE_TAGS: Final = ("#records", "#inputs")
+_NO_STATS: Final = ", ".join(["NULL::BIGINT"] * 5)
+
+
+def _shape_of(by_tag: dict[str, tuple[Any, ...]]) -> PlainShape:
+    """``plain_shape`` from ``_shape_sql``'s rows by tag."""
+    records, inputs = (by_tag[tag][:5] for tag in _SHAPE_TAGS)
+    n = records[0]
+    return PlainShape(
+        indices=n > 0 and records == (n, n, n, 0, n - 1) and inputs == records,
+        envelopes=by_tag[_SHAPE_TAGS[1]][5] == inputs[0],
+        records=int(n),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,12 +465,46 @@ class ExportSource:
         """Rows in an export table (the export is read-only: each is counted once, every
         table of the schema in one statement)."""
         if not self._counts:
-            self._counts = {
-                table: int(n) for table, n in self.con.execute(count_sql(self._present)).fetchall()
-            }
+            if self.small and self._plain is None:
+                self._count_with_shape()
+            else:
+                self._counts = {
+                    table: int(n)
+                    for table, n in self.con.execute(count_sql(self._present)).fetchall()
+                }
         if table not in self._counts:
             self._counts[table] = int(self.scalar(f"SELECT count(*) FROM {ALIAS}.{table}"))
         return self._counts[table]
+
+    def _count_with_shape(self) -> None:
+        """``count``'s row counts and ``plain_shape``'s aggregates of a small export in ONE
+        statement (its checklist asks for both; each statement costs it ~0.5-1 ms). The
+        aggregates run over every input table, not only the filled ones ``plain_shape``
+        names: an empty table adds no row to them."""
+        counts = " UNION ALL ".join(
+            f"SELECT '{table}', count(*), {_NO_STATS} FROM {ALIAS}.{table}"
+            for table in sorted(self._present)
+        )
+        rows = self.con.execute(
+            f"{counts} UNION ALL {self._shape_sql(self.input_tables)}"
+        ).fetchall()
+        self._counts = {str(row[0]): int(row[1]) for row in rows if row[0] not in _SHAPE_TAGS}
+        self._plain = _shape_of({row[0]: row[1:] for row in rows if row[0] in _SHAPE_TAGS})
+
+    @staticmethod
+    def _shape_sql(tables: Iterable[InputTable]) -> str:
+        """SQL: ``plain_shape``'s aggregates, a row for ledger_records and one for the
+        input ``tables`` together (tagged _SHAPE_TAGS)."""
+        tagged = " UNION ALL ".join(
+            f"SELECT chain_index, envelope FROM {ALIAS}.{t.name}" for t in tables
+        )
+        stats = "count(*), count(chain_index), count(DISTINCT chain_index), "
+        stats += "min(chain_index), max(chain_index)"
+        records, inputs = _SHAPE_TAGS
+        return (
+            f"SELECT '{records}', {stats}, 0 FROM {ALIAS}.ledger_records UNION ALL "
+            f"SELECT '{inputs}', {stats}, count(DISTINCT envelope) FROM ({tagged})"
+        )
 
     def small_table(self, table: str, columns: str, order: str) -> list[tuple[Any, ...]]:
         """At most MAX_SMALL_TABLE_ROWS rows of a table that is small in an honest export
@@ -547,24 +596,8 @@ class ExportSource:
         if self._plain is None:
             self._plain = _NOT_PLAIN
             if self.small:
-                tagged = " UNION ALL ".join(
-                    f"SELECT chain_index, envelope FROM {ALIAS}.{t.name}"
-                    for t in self.filled_input_tables
-                )
-                stats = "count(*), count(chain_index), count(DISTINCT chain_index), "
-                stats += "min(chain_index), max(chain_index)"
-                rows = self.con.execute(
-                    f"SELECT 0, {stats}, 0 FROM {ALIAS}.ledger_records UNION ALL "
-                    f"SELECT 1, {stats}, count(DISTINCT envelope) FROM ({tagged})"
-                ).fetchall()
-                by_tag = {int(row[0]): row[1:] for row in rows}
-                records, inputs = by_tag[0][:5], by_tag[1][:5]
-                n = records[0]
-                self._plain = PlainShape(
-                    indices=n > 0 and records == (n, n, n, 0, n - 1) and inputs == records,
-                    envelopes=by_tag[1][5] == inputs[0],
-                    records=int(n),
-                )
+                rows = self.con.execute(self._shape_sql(self.filled_input_tables)).fetchall()
+                self._plain = _shape_of({row[0]: row[1:] for row in rows})
         return self._plain
 
     def all_indices_sql(self) -> str:

@@ -23,6 +23,7 @@ from verifier.pricing import (
     chain_rows,
     compute_base,
     compute_totals,
+    create_work_tables,
     gpu_rows,
     load_terms,
     mismatches_in,
@@ -95,7 +96,8 @@ def price_base(run: Verification) -> None:
             }
             run.deferred = deferred
             return
-    if run.work.held:  # held back for a deferral that is not to be: written now
+    if run.work.held:  # held back for a deferral that is not to be: made and written now
+        create_work_tables(run.con, only=run.work.held)
         load_terms(run.con, run.terms)
         run.work.write_held()
     compute_base(run.con)

@@ -288,7 +288,7 @@ def run_checklist(
     if terms is None:  # nothing further can be checked
         return None
     step5_columns.check_meta_terms(source, terms, findings)
-    create_work_tables(source.con)
+    create_work_tables(source.con, skip=HELD_TABLES if deferred is not None else ())
     if deferred is None:
         load_terms(source.con, terms)
     run = Verification(source, report, pool, progress, terms, trust.attestation_roots() or None)
