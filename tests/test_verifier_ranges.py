@@ -37,7 +37,7 @@ from verifier.signers import required_of
 from verifier.source import ExportSource
 from verifier.state import ExportReport
 from verifier.verify import verify_export
-from verifier.workers import OpenPool
+from verifier.workers import OpenPool, PoolKind
 
 
 @pytest.fixture(scope="module")
@@ -109,16 +109,23 @@ def test_a_broken_prev_link_is_named_from_rows_read_again(honest: Scenario, tmp_
     assert _whole(ranged) == _whole(verify(path, honest.trust))
 
 
+def _pooled_as_inline(honest: Scenario, tmp_path: Path, kind: PoolKind) -> None:
+    """The honest export and a relinked copy verified by two workers of ``kind`` reading
+    their ranges: each report the inline one; the copy fails."""
+    path = _relinked(honest, tmp_path, _usage_index(honest, 2))
+    for export in (honest.path, path):
+        with OpenPool[Any](kind, 2) as pool:
+            assert pool.reads_ranges
+            pooled = verify_export(export, honest.trust, pool=pool)
+        assert not walk._EXPORT, "the pass left export connections open"
+        assert _whole(pooled) == _whole(verify(export, honest.trust))
+    assert not pooled.ok
+
+
 def test_worker_processes_reading_ranges_give_the_inline_report(
     honest: Scenario, tmp_path: Path
 ) -> None:
-    path = _relinked(honest, tmp_path, _usage_index(honest, 2))
-    for export in (honest.path, path):
-        with OpenPool[Any]("process", 2) as pool:
-            assert pool.reads_ranges
-            pooled = verify_export(export, honest.trust, pool=pool)
-        assert _whole(pooled) == _whole(verify(export, honest.trust))
-    assert not pooled.ok
+    _pooled_as_inline(honest, tmp_path, "process")
 
 
 def test_worker_threads_reading_ranges_give_the_inline_report(
@@ -138,14 +145,7 @@ def test_worker_threads_reading_ranges_give_the_inline_report(
 
     monkeypatch.setattr(walk, "open_ranges", watching)
     monkeypatch.setattr(limits, "CHAIN_BATCH_INDICES", 4)  # many ranges, both threads busy
-    path = _relinked(honest, tmp_path, _usage_index(honest, 2))
-    for export in (honest.path, path):
-        with OpenPool[Any]("thread", 2) as pool:
-            assert pool.reads_ranges
-            pooled = verify_export(export, honest.trust, pool=pool)
-        assert not walk._EXPORT, "the pass left export connections open"
-        assert _whole(pooled) == _whole(verify(export, honest.trust))
-    assert not pooled.ok
+    _pooled_as_inline(honest, tmp_path, "thread")
     assert packed and not any(packed), "a worker thread packed its pairs"
     assert threading.get_ident() not in threads
 
