@@ -101,15 +101,9 @@ def _rows_as_stored(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         return {t: con.execute(f"SELECT * FROM {t}").fetchall() for t in TABLES}
 
 
-def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Seven placements in chunks of two read from the store at once, the last one alone
-    straight from the store: every file holds the rows of ``export_placement``'s, in the
-    same order."""
-    scenario, db = _ledger(tmp_path, placements=7)
-    copy = tmp_path / "copy.duckdb"
-    shutil.copyfile(db, copy)
+def _staged_in_twos(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """``export_all`` stages two placements a chunk from now on; the list it returns
+    fills with the chunks staged."""
     monkeypatch.setattr(export, "EXPORT_STAGE_PLACEMENTS", 2)
     staged: list[list[str]] = []
     stage = export._stage
@@ -119,6 +113,19 @@ def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
         stage(con, writer, chunk, *rest)
 
     monkeypatch.setattr(export, "_stage", spy)
+    return staged
+
+
+def test_export_all_in_staged_chunks_writes_the_files_of_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seven placements in chunks of two read from the store at once, the last one alone
+    straight from the store: every file holds the rows of ``export_placement``'s, in the
+    same order."""
+    scenario, db = _ledger(tmp_path, placements=7)
+    copy = tmp_path / "copy.duckdb"
+    shutil.copyfile(db, copy)
+    staged = _staged_in_twos(monkeypatch)
     done = export_all(db, tmp_path / "all", key=scenario.cast.ledger, threads=2)
     assert sorted(done.written) == scenario.placement_ids
     assert sorted(len(chunk) for chunk in staged) == [2, 2, 2]  # and one read alone
@@ -653,15 +660,7 @@ def test_export_all_writes_small_placements_compact_and_the_others_portable_in_o
         }
     limit = min(sizes.values())
     assert limit < max(sizes.values())  # both formats
-    monkeypatch.setattr(export, "EXPORT_STAGE_PLACEMENTS", 2)
-    staged: list[list[str]] = []
-    stage = export._stage
-
-    def spy(con: Any, writer: Any, chunk: list[str], *rest: Any) -> None:
-        staged.append(chunk)
-        stage(con, writer, chunk, *rest)
-
-    monkeypatch.setattr(export, "_stage", spy)
+    staged = _staged_in_twos(monkeypatch)
     done = export_all(
         db, tmp_path / "all", key=scenario.cast.ledger, threads=2, compact_max_records=limit
     )
