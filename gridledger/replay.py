@@ -976,7 +976,7 @@ _TRUST_CACHE: dict[bytes, TrustFile] = {}
 
 def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
     """Verify one export (in a worker process); ``why`` is empty when it verified, final."""
-    from verifier.verify import verify_export
+    from verifier.verify import small_export, verify_export
     from verifier.workers import OpenPool
 
     trust = _worker_trust(trust_bytes)
@@ -984,7 +984,7 @@ def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
     cpu_before = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN)
     try:
         # a big export's ranges read in this thread (a small one's: its rows, as planned)
-        with OpenPool[Any](VERIFY_POOL, reads_ranges=_big(path)) as pool:
+        with OpenPool[Any](VERIFY_POOL, reads_ranges=not small_export(Path(path))) as pool:
             result = verify_export(Path(path), trust, pool=pool)
     except Exception as exc:  # a verifier crash is a failed verdict, named
         why = f"verifier raised {type(exc).__name__}: {exc}"
@@ -992,16 +992,6 @@ def verify_one(path: str, trust_bytes: bytes) -> VerifySummary:
     elapsed = time.perf_counter() - started
     cpu = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu_before
     return _summary(result, elapsed, cpu)
-
-
-def _big(path: str) -> bool:
-    """Whether ``path`` is an export too big for the verifier's warm database."""
-    from verifier import limits as verifier_limits
-
-    try:
-        return Path(path).stat().st_size > verifier_limits.SMALL_EXPORT_BYTES
-    except OSError:  # no file: the verifier says so
-        return False
 
 
 def _worker_trust(trust_bytes: bytes) -> TrustFile:
@@ -1063,15 +1053,11 @@ class _Verdicts:
 
     def submit(self, placement: Placement) -> None:
         """Verify the export of ``placement`` (written to DIR/exports)."""
-        from verifier import limits as verifier_limits
+        from verifier.verify import small_export
 
         self.handed.add(placement.placement_id)
         out = self.exports / f"{placement.placement_id}.duckdb"
-        try:
-            small = out.stat().st_size <= verifier_limits.SMALL_EXPORT_BYTES
-        except OSError:  # no file: the verifier says so, alone
-            small = False
-        if small:
+        if small_export(out):  # (no file: not small, the verifier says so alone)
             if not self.queue:
                 self.queued_at = time.monotonic()
             self.queue.append(placement)

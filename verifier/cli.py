@@ -123,8 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pool",
         choices=("thread", "process", "inline"),
         default=None,
-        help="how signatures are spread over the cores, for every export (default: a "
-        "process per core for a big export, this one for a small one)",
+        help="how signatures are spread over the cores (default: a process per core for a "
+        "big export, this one for a small one); given, it serves every export verified alone "
+        "and, with several files, the big ones",
     )
     parser.add_argument("--workers", type=int, default=None, help="worker count (default: cores)")
 
@@ -197,7 +198,8 @@ def _verify(args: argparse.Namespace) -> int:
     # A process pool by default: its workers read their own chain-index ranges, and a
     # 200k-event export took 15.4 s and 145 us of CPU per event against the thread
     # pool's 22.8 s and 162 (BENCHMARKS.md, session 14). No process starts before a big
-    # export needs one; a small one is verified in this process unless --pool says so.
+    # export needs one; a small one is verified in this process unless --pool says so
+    # for a file verified alone (several files: ``verify_exports`` keeps small ones inline).
     asked = args.pool is not None
     with OpenPool[Any](args.pool or "process", args.workers) as pool:
         if args.html is None and len(paths) > 1:
