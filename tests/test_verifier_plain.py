@@ -14,6 +14,7 @@ import duckdb
 import pytest
 from test_verifier_exports import full_scenario, small_scenario
 
+from verifier import limits
 from verifier import source as source_module
 from verifier.report import export_json
 from verifier.source import ExportSource, PlainShape
@@ -119,6 +120,11 @@ def test_shortcut_changes_no_report(
         assert source._plain is None
         assert {t: source.count(t) for t in counts} == counts
         assert source._plain == shape  # read with the counts, the same
+    with monkeypatch.context() as patch:  # more index rows than read in Python: asked of SQL
+        patch.setattr(limits, "SHAPE_ROWS_MAX", 1)
+        with ExportSource(path) as source:
+            assert {t: source.count(t) for t in counts} == counts
+            assert source._plain == shape
     fast = report_text(path, honest.trust)
     assert (json.loads(fast)["verdict"] == "verified") == (name == "honest")
     monkeypatch.setattr(
@@ -127,6 +133,29 @@ def test_shortcut_changes_no_report(
         lambda self: PlainShape(indices=False, envelopes=False),
     )
     assert report_text(path, honest.trust) == fast
+
+
+def test_colliding_envelope_hashes_only_take_the_thorough_path(
+    honest: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small export's envelopes are counted by a 64-bit hash: distinct envelopes whose
+    hashes collide make the export not plain (never plain where it is not), and the
+    checks then run find nothing: the same report."""
+    with ExportSource(honest.path) as source:
+        assert source.count("usage_events") > 1 and source._plain is not None
+        assert source._plain.envelopes and source._plain.indices
+    alone = report_text(honest.path, honest.trust)
+    monkeypatch.setattr(
+        source_module,
+        "_ENVELOPE_HASH",
+        "CASE WHEN envelope IS NULL THEN NULL ELSE 7::UBIGINT END",  # every hash equal
+    )
+    with ExportSource(honest.path) as source:
+        source.count("usage_events")
+        assert source._plain is not None
+        assert (source._plain.indices, source._plain.envelopes) == (True, False)
+    assert report_text(honest.path, honest.trust) == alone
+    assert json.loads(alone)["verdict"] == "verified"
 
 
 def test_one_statement_reads_what_each_table_gives(tmp_path: Path) -> None:

@@ -54,6 +54,12 @@ WORKER_DUCKDB_MEMORY_LIMIT: Final = "64MB"
 # both kinds alike.
 SMALL_EXPORT_BYTES: Final = 8 * 1024 * 1024
 
+# Chain-index rows (ledger_records' and the input tables' together) a small export's
+# plain shape is taken from in Python (``ExportSource._count_with_shape``): an honest
+# small export has a few hundred, the largest ~2 per usage event; a file holding more is
+# asked for the aggregates in SQL instead, its rows never read into memory.
+SHAPE_ROWS_MAX: Final = 40_000
+
 # Exports one warm database serves before it is closed and a new one made
 # (``verifier/warm.py``): its process's RSS grew ~2 MiB per 100 small exports on one
 # database (DuckDB's native memory, not the Python heap), flat when each had its own;
