@@ -1,7 +1,8 @@
 """Benchmark: what one Kafka record per usage event costs against K events per record.
 
     .venv/bin/python bench/kafka_records.py [--events 100000] [--per-record 1,4,16]
-        [--partitions 8] [--placements 200] [--kafka HOST:PORT] [--json]
+        [--batch-bytes 16384,262144] [--partitions 8] [--placements 200] [--kafka HOST:PORT]
+        [--json]
 
 A design question, measured before it is built: would a shipper that sends a node's events
 of a step as ONE Kafka record (a batch envelope) cut the CPU of the replay's shippers, the
@@ -13,6 +14,8 @@ read back as the ledger reads them (``getmany`` over the assigned partitions, no
 committed). For each K it prints the CPU per *event* of the producing process, the
 consuming process and the broker (from /proc, all its threads), beside one Ed25519
 verification measured in the same run (the check every event needs anyway) as a ratio.
+``--batch-bytes``: the producer's ``max_batch_size`` values to try (each with every K):
+what the client and the broker spend goes per batch, not per record.
 
 Starts the project's broker (``devtools.kafka_broker``) unless ``--kafka`` is given; every
 wait is bounded. No assertions: it is a benchmark.
@@ -82,7 +85,7 @@ def envelopes(events: int, placements: int) -> list[tuple[bytes, bytes]]:
 
 
 async def _produce(
-    settings: KafkaSettings, items: list[tuple[bytes, bytes]], per_record: int
+    settings: KafkaSettings, items: list[tuple[bytes, bytes]], per_record: int, batch_bytes: int
 ) -> tuple[int, float, float]:
     """Records sent, CPU-s and wall-s of producing ``items`` K per record (consecutive
     events of one placement share a record, as one node's step would)."""
@@ -93,7 +96,7 @@ async def _produce(
     for key, values in by_key.items():
         for i in range(0, len(values), per_record):
             records.append((key, b"".join(values[i : i + per_record])))
-    producer = make_producer(settings)
+    producer = make_producer(settings, max_batch_size=batch_bytes)
     async with asyncio.timeout(STAGE_TIMEOUT_S):
         await producer.start()
         try:
@@ -143,12 +146,13 @@ async def one_k(
     items: list[tuple[bytes, bytes]],
     per_record: int,
     partitions: int,
+    batch_bytes: int,
 ) -> dict[str, Any]:
     topic = f"bench-k{per_record}-{uuid.uuid4().hex[:8]}"
     await create_topic_async(bootstrap, topic, partitions, config={})
     settings = KafkaSettings(bootstrap=bootstrap, topic=topic)
     broker0 = process_cpu_s(broker_pid)
-    records, produce_cpu, produce_wall = await _produce(settings, items, per_record)
+    records, produce_cpu, produce_wall = await _produce(settings, items, per_record, batch_bytes)
     broker1 = process_cpu_s(broker_pid)
     size, consume_cpu = await _consume(settings, records, partitions)
     broker2 = process_cpu_s(broker_pid)
@@ -159,6 +163,7 @@ async def one_k(
 
     return {
         "per_record": per_record,
+        "batch_bytes": batch_bytes,
         "records": records,
         "bytes": size,
         "produce_us_per_event": us(produce_cpu),
@@ -175,10 +180,17 @@ def main() -> None:
     parser.add_argument("--per-record", default="1,4,16", help="K values, comma-separated")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--placements", type=int, default=200)
+    parser.add_argument(
+        "--batch-bytes",
+        default="16384,262144",
+        help="the producer's max_batch_size values to try, comma-separated (aiokafka's "
+        "default is 16384)",
+    )
     parser.add_argument("--kafka", metavar="HOST:PORT")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     ks = [int(k) for k in args.per_record.split(",")]
+    sizes = [int(b) for b in args.batch_bytes.split(",")]
 
     verify_s = 2.0
     verify_us = verify_s / _verify_for(verify_s) * 1e6
@@ -188,8 +200,13 @@ def main() -> None:
         bootstrap = args.kafka or broker.bootstrap  # type: ignore[union-attr]
         pid = None if broker is None else broker.pid
         # The first topic warms the broker's JIT: a throw-away round at the first K.
-        asyncio.run(one_k(bootstrap, pid, items[: args.events // 5], ks[0], args.partitions))
-        rows = [asyncio.run(one_k(bootstrap, pid, items, k, args.partitions)) for k in ks]
+        warm = items[: args.events // 5]
+        asyncio.run(one_k(bootstrap, pid, warm, ks[0], args.partitions, sizes[0]))
+        rows = [
+            asyncio.run(one_k(bootstrap, pid, items, k, args.partitions, size))
+            for size in sizes
+            for k in ks
+        ]
     finally:
         if broker is not None:
             broker.stop()
@@ -202,13 +219,17 @@ def main() -> None:
         f"B each), {args.partitions} partitions; one Ed25519 verification here: "
         f"{verify_us:.1f} µs"
     )
-    print("K/record  records   produce µs/ev  consume µs/ev  broker µs/ev  (sum / verify)")
+    print(
+        "batch bytes  K/record  records   produce µs/ev  consume µs/ev  broker µs/ev  "
+        "(sum / verify)"
+    )
     for row in rows:
         total = (
             row["produce_us_per_event"] + row["consume_us_per_event"] + row["broker_us_per_event"]
         )
         print(
-            f"{row['per_record']:>8}  {row['records']:>7,}  {row['produce_us_per_event']:>13.1f}"
+            f"{row['batch_bytes']:>11,}  {row['per_record']:>8}  {row['records']:>7,}"
+            f"  {row['produce_us_per_event']:>13.1f}"
             f"  {row['consume_us_per_event']:>13.1f}  {row['broker_us_per_event']:>12.1f}"
             f"  ({total:.1f} µs = {total / verify_us:.2f} verifications)"
         )

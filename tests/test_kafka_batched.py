@@ -16,6 +16,7 @@ from test_meter_kafka import consume_records
 from transport.kafka import (
     EVENT_SOURCED_TOPIC_CONFIG,
     LOG_APPEND_TIME,
+    PRODUCER_BATCH_BYTES,
     SIMULATION_TOPIC_CONFIG,
     KafkaSettings,
     OutRecord,
@@ -55,7 +56,8 @@ def test_send_batched_keeps_each_partitions_order_and_acks_per_batch(
     items: list[tuple[bytes, bytes, int | None]] = []
     for i in range(3_000):
         key = f"placement-{i % 7}".encode()
-        size = 200_000 if i == 1_234 else 700  # one record larger than a producer batch
+        # one record larger than a producer batch
+        size = PRODUCER_BATCH_BYTES + 10_000 if i == 1_234 else 700
         items.append((key, f"{i:06d}".encode().ljust(size, b"x"), 1_700_000_000_000 + i))
     records, acks = asyncio.run(_produce(kafka_bootstrap, topic, items))
     assert len(acks) == len(records)
@@ -87,8 +89,8 @@ def test_send_batched_keeps_each_partitions_order_and_acks_per_batch(
             assert ack.timestamp_type == LOG_APPEND_TIME
             assert ack.timestamp == log_append[record.value]
         batch_offsets.add((partition, ack.offset))
-    # Many batches (at most 16 KiB each by default), far fewer than records.
-    assert 3_000 * 700 // 16_384 <= len(batch_offsets) <= 3_000 // 10
+    # Several batches (at most PRODUCER_BATCH_BYTES each), far fewer than records.
+    assert 3_000 * 700 // PRODUCER_BATCH_BYTES <= len(batch_offsets) <= 3_000 // 100
     # The big record went in a batch of its own.
     big = records[1_234]
     assert offset_of[big.value][1] == acks[1_234].offset
