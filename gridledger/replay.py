@@ -105,6 +105,7 @@ from proto.records import PlacementTerms
 from proto.trust import TrustFile, dump_trust
 from transport.kafka import KafkaSettings, make_producer, publish_kafka
 from transport.local import publish_local, publisher_source
+from verifier.limits import VERIFY_BATCH_EXPORTS
 
 if TYPE_CHECKING:
     from verifier.state import ExportReport
@@ -1030,7 +1031,7 @@ class _Verdicts:
     bound the caller waits for the oldest verdict handed out (the queue only goes when
     nothing else is out)."""
 
-    BATCH: Final = 32  # as verifier.limits.VERIFY_BATCH_EXPORTS
+    BATCH: Final = VERIFY_BATCH_EXPORTS  # what `verify` hands verify_exports at a time
     BATCH_WAIT_S: Final = 2.0
 
     def __init__(
