@@ -402,3 +402,35 @@ def test_the_cli_over_many_exports_prices_them_together_and_reports_each_as_alon
     assert code == 2 and 2 in {c for c, _ in each}  # unusable ones among them, as alone
     verified = {n for n, r in zip(names, together, strict=True) if r["verdict"] == "verified"}
     assert verified == set(HONEST)
+
+
+def test_the_redelivery_lookup_answers_alike_held_and_written() -> None:
+    """While a deferrable checklist holds w_usage back (kept in Python, not written) the
+    referee's lookup of an accepted (node, seq) reads the kept rows; written, the table:
+    the same answers either way, for rows still in the buffer too."""
+    from verifier.work_tables import WorkTables
+
+    rows = [
+        (0, "node-a", 0, "h-a0", 0, 60),
+        (1, "node-b", 0, "h-b0", 0, 60),
+        (2, "node-a", 1, "h-a1", 60, 120),
+    ]
+    asks = [("node-a", 0), ("node-a", 1), ("node-b", 0), ("node-b", 1), ("node-c", 0)]
+    answers = []
+    for hold in (pricing.HELD_TABLES, frozenset()):
+        con = duckdb.connect(":memory:")
+        pricing.create_work_tables(con, skip=hold)
+        work = WorkTables(con)
+        work.keeping(hold=hold)
+        work.usage.extend(rows[:2])
+        work.flush()
+        work.usage.append(rows[2])  # in the buffer: the lookup flushes first
+        got = [work.usage_record_hash(node, seq) for node, seq in asks]
+        if hold:
+            assert "w_usage" in work.held and "w_usage" not in work.filled
+            assert con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'w_usage'"
+            ).fetchall() == [(0,)]  # never made while held
+        answers.append(got)
+        con.close()
+    assert answers[0] == answers[1] == ["h-a0", "h-a1", "h-b0", None, None]

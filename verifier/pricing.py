@@ -475,9 +475,20 @@ BATCH_TABLES: Final = (
 
 # What a checklist whose pricing may be deferred holds back (``WorkTables.keeping``): the
 # tables only the obligation's SQL reads (w_terms, w_gpus: ``load_terms``), written when
-# it is not deferred after all (``step9_obligation.price_base``).
+# it is not deferred after all (``step9_obligation.price_base``). w_usage is also read by
+# the referee's re-delivery lookup (``WorkTables.usage_record_hash``), which reads its
+# kept rows while it is held.
 HELD_TABLES: Final = frozenset(
-    {"w_terms", "w_gpus", "w_samples", "w_reclaim", "w_close", "w_release", "w_records"}
+    {
+        "w_terms",
+        "w_gpus",
+        "w_usage",
+        "w_samples",
+        "w_reclaim",
+        "w_close",
+        "w_release",
+        "w_records",
+    }
 )
 
 # The same tables with the export key ``ek`` as their first column.

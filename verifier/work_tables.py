@@ -165,8 +165,14 @@ class WorkTables:
         return True
 
     def usage_record_hash(self, node_id: str, seq: int) -> str | None:
-        """The record hash of the accepted usage event (node_id, seq), if any."""
+        """The record hash of the accepted usage event (node_id, seq), if any (from the
+        rows kept while w_usage is held back, else from the table)."""
         self.flush()
+        if "w_usage" in self.held:
+            for row in (self.kept or {}).get("w_usage", ()):
+                if row[1] == node_id and row[2] == seq:  # (chain_index, node_id, seq, hash..)
+                    return str(row[3])
+            return None
         rows = self.con.execute(
             "SELECT record_hash FROM w_usage WHERE node_id = ? AND seq = ? LIMIT 1", [node_id, seq]
         ).fetchall()
