@@ -426,6 +426,8 @@ def test_the_redelivery_lookup_answers_alike_held_and_written() -> None:
         work.flush()
         work.usage.append(rows[2])  # in the buffer: the lookup flushes first
         got = [work.usage_record_hash(node, seq) for node, seq in asks]
+        work.usage.append((3, "node-b", 1, "h-b1", 60, 120))  # after the lookups began
+        got.append(work.usage_record_hash("node-b", 1))
         if hold:
             assert "w_usage" in work.held and "w_usage" not in work.filled
             assert con.execute(
@@ -433,4 +435,4 @@ def test_the_redelivery_lookup_answers_alike_held_and_written() -> None:
             ).fetchall() == [(0,)]  # never made while held
         answers.append(got)
         con.close()
-    assert answers[0] == answers[1] == ["h-a0", "h-a1", "h-b0", None, None]
+    assert answers[0] == answers[1] == ["h-a0", "h-a1", "h-b0", None, None, "h-b1"]

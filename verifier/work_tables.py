@@ -56,6 +56,10 @@ class WorkTables:
         # Tables whose rows are only kept, not written, while the pricing may be deferred:
         # no SQL reads them before it (``write_held`` writes them when it is not).
         self.held: frozenset[str] = frozenset()
+        # (node_id, seq) -> record hash of the kept w_usage rows indexed so far (the first
+        # ``_usage_indexed``): ``usage_record_hash`` while w_usage is held, linear overall.
+        self._usage_index: dict[tuple[Any, Any], str] = {}
+        self._usage_indexed = 0
 
     def keeping(self, hold: frozenset[str] = frozenset()) -> None:
         """From now on keep a copy of every row written (``kept``); the rows of ``hold``
@@ -169,10 +173,12 @@ class WorkTables:
         rows kept while w_usage is held back, else from the table)."""
         self.flush()
         if "w_usage" in self.held:
-            for row in (self.kept or {}).get("w_usage", ()):
-                if row[1] == node_id and row[2] == seq:  # (chain_index, node_id, seq, hash..)
-                    return str(row[3])
-            return None
+            kept = (self.kept or {}).get("w_usage", [])
+            # rows (chain_index, node_id, seq, record_hash, ...): each (node, seq) once
+            for usage in kept[self._usage_indexed :]:
+                self._usage_index.setdefault((usage[1], usage[2]), str(usage[3]))
+            self._usage_indexed = len(kept)
+            return self._usage_index.get((node_id, seq))
         rows = self.con.execute(
             "SELECT record_hash FROM w_usage WHERE node_id = ? AND seq = ? LIMIT 1", [node_id, seq]
         ).fetchall()
