@@ -247,8 +247,8 @@ class PlainShape:
 
 
 _NOT_PLAIN: Final = PlainShape(indices=False, envelopes=False)
-# The tags of ``ExportSource._shape_sql``'s two rows (no table is named so) and the
-# columns a table's count row leaves empty beside them.
+# The tags of the shape's rows (``ExportSource._shape_sql``, ``_count_with_shape``): no
+# table is named so.
 _SHAPE_TAGS: Final = ("#records", "#inputs")
 # A small export's input envelope as ``_count_with_shape`` reads it: NULL stays NULL.
 _ENVELOPE_HASH: Final = "CASE WHEN envelope IS NULL THEN NULL ELSE hash(envelope) END"
@@ -529,8 +529,7 @@ class ExportSource:
         held = self._counts["ledger_records"]
         held += sum(self._counts.get(t.name, 0) for t in self.input_tables)
         if held > limits.SHAPE_ROWS_MAX:
-            shape = self.con.execute(self._shape_sql(self.filled_input_tables)).fetchall()
-            self._plain = _shape_of({row[0]: row[1:] for row in shape})
+            self._plain = self._shape_by_sql()
             return
         hashes = [row[2] for row in rows if row[0] == inputs]
         self._plain = _plain(
@@ -538,6 +537,11 @@ class ExportSource:
             _index_stats([row[1] for row in rows if row[0] == inputs]),
             len({h for h in hashes if h is not None}),
         )
+
+    def _shape_by_sql(self) -> PlainShape:
+        """``plain_shape`` asked of DuckDB: the aggregates over the filled input tables."""
+        rows = self.con.execute(self._shape_sql(self.filled_input_tables)).fetchall()
+        return _shape_of({row[0]: row[1:] for row in rows})
 
     @staticmethod
     def _shape_sql(tables: Iterable[InputTable]) -> str:
@@ -644,8 +648,7 @@ class ExportSource:
         if self._plain is None:
             self._plain = _NOT_PLAIN
             if self.small:
-                rows = self.con.execute(self._shape_sql(self.filled_input_tables)).fetchall()
-                self._plain = _shape_of({row[0]: row[1:] for row in rows})
+                self._plain = self._shape_by_sql()
         return self._plain
 
     def all_indices_sql(self) -> str:
