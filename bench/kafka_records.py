@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import sys
 import time
 import uuid
@@ -40,6 +39,7 @@ from bench.ed25519_limit import _verify_for  # noqa: E402
 from bench.ledger_throughput import process_cpu_s  # noqa: E402
 from devtools import builders  # noqa: E402
 from devtools.kafka_broker import KafkaBroker  # noqa: E402
+from gridledger.replay import cpu_seconds  # noqa: E402
 from transport.kafka import (  # noqa: E402
     KafkaSettings,
     OutRecord,
@@ -54,11 +54,6 @@ SEND_STEP = 2_000  # records per send_batched call, as a replay step's shipping 
 STAGE_TIMEOUT_S = 300.0  # each produce or consume phase of one K
 POLL_MS = 500
 MAX_RECORDS = 5_000
-
-
-def _cpu_self() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def envelopes(events: int, placements: int) -> list[tuple[bytes, bytes]]:
@@ -101,14 +96,14 @@ async def _produce(
         await producer.start()
         try:
             partition_of = await partitioner_for(producer, settings.topic)
-            cpu0, wall0 = _cpu_self(), time.perf_counter()
+            cpu0, wall0 = cpu_seconds(), time.perf_counter()
             for i in range(0, len(records), SEND_STEP):
                 batch = [
                     OutRecord(key, value, partition_of(key), None)
                     for key, value in records[i : i + SEND_STEP]
                 ]
                 await send_batched(producer, settings.topic, batch)
-            cpu, wall = _cpu_self() - cpu0, time.perf_counter() - wall0
+            cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
         finally:
             await producer.stop()
     return len(records), cpu, wall
@@ -127,14 +122,14 @@ async def _consume(settings: KafkaSettings, records: int, partitions: int) -> tu
             consumer.assign(tps)
             for tp in tps:
                 await consumer.seek_to_beginning(tp)
-            cpu0 = _cpu_self()
+            cpu0 = cpu_seconds()
             while got < records:
                 batches = await consumer.getmany(*tps, timeout_ms=POLL_MS, max_records=MAX_RECORDS)
                 for messages in batches.values():
                     for message in messages:
                         got += 1
                         size += len(message.value)
-            cpu = _cpu_self() - cpu0
+            cpu = cpu_seconds() - cpu0
         finally:
             await consumer.stop()
     return size, cpu
