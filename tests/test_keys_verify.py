@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import ed25519_edges
 import nacl.exceptions
 import nacl.signing
 import pytest
 
+from devtools import builders as b
+from ledger.fold import Fold
+from proto.canonical import signed_bytes
+from proto.envelope import Envelope, Signature, encode_envelope, open_envelope
 from proto.keys import SigningKey, verify
+from proto.reasons import Reason
+from proto.records import UsageEvent
+from verifier.opener import SIG_INVALID, open_one
+
+WS = 1_767_225_600_000
+MINUTE = 60_000
 
 # The order of the Ed25519 group (S must be below it: RFC 8032 §5.1.7).
 L = 2**252 + 27742317777372353535851937790883648493
@@ -145,3 +157,48 @@ def test_threads_share_nothing() -> None:
         thread.join(timeout=120)
     assert not any(t.is_alive() for t in threads)
     assert errors == []
+
+
+def test_a_signature_only_the_cofactored_equation_accepts_is_refused_everywhere() -> None:
+    """SPEC §3: a node signs a usage event with R = rB + T8 (a part of order 8 added) —
+    valid for a cofactored or batch verifier. The ledger's fold (one by one and batched)
+    quarantines it SIG_INVALID and the verifier's opener says the same, while the node's
+    honest next event is accepted."""
+    cast = b.make_cast("torsion-r")
+    g = b.gpu("tr-node", 0)
+    terms = b.make_terms(cast, "tr-1", [g], WS, WS + 60 * MINUTE)
+    node = cast.node_key(g.node_id)
+    writer = b.StreamWriter(node, "tr-1", g.node_id)
+    honest = writer.event(WS, WS + MINUTE, [b.sample(g)])
+    event = open_envelope(honest).record
+    assert isinstance(event, UsageEvent)
+    payload = signed_bytes(event)
+    forged = ed25519_edges.torsion_r_signature(node.seed, payload)
+    assert (
+        ed25519_edges.encode(
+            ed25519_edges.mul(ed25519_edges.secret_scalar(node.seed), ed25519_edges.B)
+        )
+        == node.public_key
+    )
+    assert ed25519_edges.cofactored(node.public_key, payload, forged)
+    assert not ed25519_edges.cofactorless(node.public_key, payload, forged)
+    raw = encode_envelope(Envelope(payload, [Signature(keyid=node.key_id, sig=forged)]))
+    assert verify(node.public_key, payload, forged) is False
+
+    items = [
+        (b.signed_terms(cast, terms), "t:0:0", "tr-1", WS),
+        (raw, "t:0:1", "tr-1", WS + MINUTE),
+        (honest, "t:0:2", "tr-1", WS + MINUTE),
+    ]
+    inline = Fold(cast.ledger)
+    folded = [o for r, pos, key, at in items for o in inline.apply(r, pos, key, at)]
+    with ThreadPoolExecutor(2) as pool:
+        batched = Fold(cast.ledger).apply_batch(items, pool)
+    for outcomes in (folded, batched):
+        assert [(o.status, o.reason) for o in outcomes] == [
+            ("accepted", None),
+            ("rejected", Reason.SIG_INVALID),
+            ("accepted", None),
+        ]
+    opened = open_one(0, raw, {node.key_id: [node.public_key]})
+    assert opened.error == "" and opened.sigs[0].outcome == SIG_INVALID

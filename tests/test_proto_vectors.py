@@ -44,6 +44,27 @@ def test_keys() -> None:
         assert verify(public, message, base64.b64decode(v["signature"]))
 
 
+def test_signatures_follow_the_rule() -> None:
+    """SPEC §3: this implementation's verify answers every case as the vector says; a
+    valid signature satisfies both equations; and the set holds signatures that only
+    the cofactored equation accepts (so a verifier checking it would be caught)."""
+    data = load("signatures.json")
+    assert int(data["L"]) == 2**252 + 27742317777372353535851937790883648493
+    small = [bytes.fromhex(h) for h in data["small_order_encodings"]]
+    assert len(set(small)) == 7
+    only_cofactored = 0
+    for v in data["cases"]:
+        public = base64.b64decode(v["public_key"])
+        signature = base64.b64decode(v["signature"])
+        answer = verify(public, v["message_utf8"].encode(), signature)
+        assert answer is v["valid"], v["name"]
+        if v["valid"]:
+            assert v["cofactorless_equation"] and v["cofactored_equation"], v["name"]
+            assert signature[:32] not in small and public not in small
+        only_cofactored += v["cofactored_equation"] and not v["cofactorless_equation"]
+    assert only_cofactored >= 3
+
+
 def test_records() -> None:
     data = load("records.json")
     for v in data["records"]:

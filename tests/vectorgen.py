@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ed25519_edges
 import msgspec
 
 from devtools import builders as b
@@ -55,6 +56,37 @@ def keys_vectors() -> Any:
             }
         )
     return out
+
+
+def signatures_vectors() -> Any:
+    """SPEC §3's verification rule at its edges: which signatures are valid, and which of
+    the two equations of RFC 8032 holds for each (``tests/ed25519_edges.py``)."""
+    p = ed25519_edges.P
+    order_8 = [
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+    ]
+    small = [y.to_bytes(32, "little").hex() for y in (0, 1)]
+    small += order_8 + [y.to_bytes(32, "little").hex() for y in (p - 1, p, p + 1)]
+    cases = []
+    for case in ed25519_edges.cases():
+        cases.append(
+            {
+                "name": case.name,
+                "public_key": _b64(case.public_key),
+                "message_utf8": case.message.decode(),
+                "signature": _b64(case.signature),
+                "valid": case.valid,
+                "cofactorless_equation": ed25519_edges.cofactorless(
+                    case.public_key, case.message, case.signature
+                ),
+                "cofactored_equation": ed25519_edges.cofactored(
+                    case.public_key, case.message, case.signature
+                ),
+                "why": case.why,
+            }
+        )
+    return {"L": str(ed25519_edges.L), "small_order_encodings": small, "cases": cases}
 
 
 def _cast() -> b.Cast:
@@ -1597,6 +1629,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "authority.json": authority_vectors,
     "release.json": release_vectors,
     "keys.json": keys_vectors,
+    "signatures.json": signatures_vectors,
     "records.json": records_vectors,
     "rejections.json": rejections_vectors,
     "merkle.json": merkle_vectors,
