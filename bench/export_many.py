@@ -184,12 +184,13 @@ def full_read(db: Path) -> float:
         con.close()
 
 
-def file_floor(work: Path, files: int = 200) -> dict[str, float]:
+def file_floor(work: Path, files: int = 200, keep: bool = False) -> dict[str, float]:
     """The per-file floor, measured in the same run: ``files`` export files, each with one
     row in each of the 7 tables a small placement fills, written as ``export_all``
     writes one (template copy, ATTACH to the writer's own DuckDB, INSERTs, COMMIT,
     DETACH = checkpoint, fsync, rename), one thread: what one file costs DuckDB whatever
-    the store. ms per file, wall and CPU (this process, every thread)."""
+    the store. ms per file, wall and CPU (this process, every thread). ``keep``: the
+    files stay in ``work/floor`` (``f0.duckdb`` ...) for the caller to read."""
     import duckdb
 
     from ledger import export
@@ -226,7 +227,8 @@ def file_floor(work: Path, files: int = 200) -> dict[str, float]:
         seconds, cpu = time.perf_counter() - started, _cpu() - cpu
     finally:
         con.close()
-        shutil.rmtree(out, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(out, ignore_errors=True)
     return {
         "ms_per_file": round(seconds / files * 1000, 2),
         "cpu_ms_per_file": round(cpu / files * 1000, 2),
