@@ -46,6 +46,9 @@ Claims = Mapping[str, Sequence[CapClaim]]
 # (scope, uuid, placement_id, start_ms, end_ms, share_milli): one stored row.
 ClaimRow = tuple[str, str, str, int, int, int]
 
+# (scope, uuid, placement_id): the key of a stored row.
+ClaimKey = tuple[str, str, str]
+
 
 def scope_of(position: str) -> str:
     """The ordered stream a position belongs to: the position without its place in it.
@@ -114,7 +117,8 @@ class CapacityIndex:
 
     def __init__(self) -> None:
         self._claims: dict[str, dict[str, dict[str, CapClaim]]] = {}
-        self._dirty: dict[tuple[str, str, str], CapClaim] = {}
+        # changed since the last commit: the claim now, or None when it is gone
+        self._dirty: dict[ClaimKey, CapClaim | None] = {}
 
     def load(self, rows: Iterable[ClaimRow]) -> None:
         """Rows as stored (on start, before any input)."""
@@ -131,8 +135,24 @@ class CapacityIndex:
         self._claims.setdefault(scope, {}).setdefault(uuid, {})[claim.placement_id] = claim
         self._dirty[(scope, uuid, claim.placement_id)] = claim
 
+    def _drop(self, scope: str, uuid: str, placement_id: str) -> None:
+        by_uuid = self._claims.get(scope, {})
+        mine = by_uuid.get(uuid, {})
+        if mine.pop(placement_id, None) is None:
+            return
+        if not mine:
+            del by_uuid[uuid]
+        self._dirty[(scope, uuid, placement_id)] = None
+
     def accept_terms(self, scope: str, terms: PlacementTerms) -> None:
-        """Accepted terms claim their GPUs over their window."""
+        """Accepted terms claim their GPUs over their window. Accepted amendments replace
+        the claims of the terms they amend (SPEC §6.5): a GPU they no longer list is no
+        longer claimed, in whichever scope the amended terms claimed it."""
+        listed = {gpu.uuid for gpu in terms.gpus}
+        for other_scope, by_uuid in self._claims.items():
+            for uuid in [u for u, mine in by_uuid.items() if terms.placement_id in mine]:
+                if uuid not in listed or other_scope != scope:
+                    self._drop(other_scope, uuid, terms.placement_id)
         for gpu in terms.gpus:
             claim = CapClaim(
                 terms.placement_id, terms.window_start_ms, terms.window_end_ms, gpu.share_milli
@@ -150,11 +170,16 @@ class CapacityIndex:
                     self._put(scope, uuid, msgspec.structs.replace(claim, end_ms=end))
 
     def dirty_rows(self) -> list[ClaimRow]:
-        """The rows changed since ``clear_dirty``, sorted."""
+        """The rows changed since ``clear_dirty`` (to insert or replace), sorted."""
         return sorted(
             (scope, uuid, pid, c.start_ms, c.end_ms, c.share_milli)
             for (scope, uuid, pid), c in self._dirty.items()
+            if c is not None
         )
+
+    def gone_rows(self) -> list[ClaimKey]:
+        """The keys of the rows gone since ``clear_dirty`` (to delete), sorted."""
+        return sorted(key for key, c in self._dirty.items() if c is None)
 
     def clear_dirty(self) -> None:
         """After the changed rows were committed."""

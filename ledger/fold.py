@@ -31,7 +31,7 @@ import msgspec
 
 from ledger import crypto, snapshot
 from ledger.cache import PlacementCache, StateLoader, UsageLookup
-from ledger.capacity import CapacityIndex, ClaimRow, scope_of
+from ledger.capacity import CapacityIndex, ClaimKey, ClaimRow, scope_of
 from ledger.crypto import PendingCheck
 from ledger.decide import (
     INPUT_KINDS,
@@ -232,9 +232,9 @@ class Fold:
             else cache.accepted_at(state.placement_id, wanted[0], wanted[1])
         )
         record = opened.record
-        claims = (
+        claims = (  # §6.5: first terms and amendments alike
             self._capacity.claims_for(scope_of(position), record)
-            if isinstance(record, PlacementTerms) and state.terms is None
+            if isinstance(record, PlacementTerms)
             else None
         )
         bound = self._max_held_bytes
@@ -319,6 +319,10 @@ class Fold:
     def capacity_rows(self) -> list[ClaimRow]:
         """GPU claims changed since the last ``clear_dirty`` (SPEC §6.5), to store."""
         return self._capacity.dirty_rows()
+
+    def capacity_gone(self) -> list[ClaimKey]:
+        """GPU claims gone since the last ``clear_dirty`` (an amendment's), to delete."""
+        return self._capacity.gone_rows()
 
     def restore_capacity(self, rows: list[ClaimRow]) -> None:
         """Load the stored GPU claims (on start, before any ``apply``)."""

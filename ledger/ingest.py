@@ -380,6 +380,7 @@ class Ingestor:
                 )
             )
         batch.claims = self.fold.capacity_rows()
+        batch.claims_gone = self.fold.capacity_gone()
         for placement_id, row in sorted(closes.items()):
             # The final statement is through the close record itself, not the batch's last
             # record of the placement: batch boundaries differ between runs, this does not.

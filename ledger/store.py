@@ -368,8 +368,10 @@ class Batch:
     held: list[HeldRow] = field(default_factory=list)
     # (placement_id, position) of held inputs the batch released (their rows go).
     released: list[tuple[str, str]] = field(default_factory=list)
-    # SPEC §6.5: GPU claims (scope, uuid, placement, start, end, share) changed by the batch.
+    # SPEC §6.5: GPU claims (scope, uuid, placement, start, end, share) changed by the batch,
+    # and the (scope, uuid, placement) of those it ended (an amendment left their GPU).
     claims: list[tuple[str, str, str, int, int, int]] = field(default_factory=list)
+    claims_gone: list[tuple[str, str, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.chained) + len(self.quarantined) + sum(self.dropped.values())
@@ -732,6 +734,17 @@ class Store:
                     )
                 self._append("held_inputs", held_rows)
                 self._append("placement_seen", seen_rows)
+                if batch.claims_gone:
+                    con.execute(
+                        "DELETE FROM capacity_claims c USING (SELECT unnest(?) AS s, "
+                        "unnest(?) AS u, unnest(?) AS p) g "
+                        "WHERE c.scope = g.s AND c.uuid = g.u AND c.placement_id = g.p",
+                        [
+                            [k[0] for k in batch.claims_gone],
+                            [k[1] for k in batch.claims_gone],
+                            [k[2] for k in batch.claims_gone],
+                        ],
+                    )
                 self._append("capacity_claims", batch.claims, upsert=True)
                 con.execute("COMMIT")
             except BaseException:

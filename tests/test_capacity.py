@@ -19,6 +19,7 @@ from test_verifier_exports import MINUTE, T0, explain, verify
 from devtools.builders import (
     Cast,
     StreamWriter,
+    amendment,
     closed,
     gpu,
     make_cast,
@@ -31,6 +32,7 @@ from ledger.export import export_placement
 from ledger.ingest import Ingestor
 from ledger.inputs import Item
 from ledger.store import Store
+from proto.records import PlacementTerms
 from proto.trust import TrustedKey, TrustFile, dump_trust
 from verifier import cli
 from verifier.capacity import Claim, find_oversold
@@ -390,3 +392,120 @@ def test_ledger_rebuild_from_offset_zero_decides_the_same(tmp_path: Path) -> Non
         "p-b": ("rejected", "OVERSOLD"),
         "p-c": ("accepted", ""),
     }
+
+
+# ---- amendments (SPEC §6.5: the terms in force claim; an amendment is checked too) ---------
+
+
+def _amended(cast: Cast, terms: PlacementTerms, node: str, **changes: object) -> PlacementTerms:
+    """An amendment of ``terms`` that moves the placement to GPU ``node``/0."""
+    moved = make_terms(
+        cast, terms.placement_id, [gpu(node, 0)], terms.window_start_ms, terms.window_end_ms
+    )
+    return amendment(terms, gpus=moved.gpus, nodes=moved.nodes, **changes)
+
+
+def test_ledger_refuses_an_amendment_that_moves_onto_a_sold_gpu(tmp_path: Path) -> None:
+    """The parties of p-a cannot amend it onto the GPU p-b bought: OVERSOLD, as terms
+    would be; p-b's claim and p-a's first GPU stay claimed."""
+    cast_a, cast_b = _cast("buyer-a"), _cast("buyer-b")
+    start, end = T0, T0 + 60 * MINUTE
+    ta = make_terms(cast_a, "p-a", [gpu("n1", 0)], start, end)
+    tb = make_terms(cast_b, "p-b", [gpu("n2", 0)], start, end)
+    raws = [signed_terms(cast_a, ta), signed_terms(cast_b, tb)]
+    raws.append(signed_terms(cast_a, _amended(cast_a, ta, "n2")))
+    with Store(tmp_path / "l.duckdb", ledger_public_key=cast_a.ledger.public_key) as store:
+        ing = Ingestor(store, cast_a.ledger)
+        outcomes = ing.fold.apply_batch(
+            [
+                (r, f"local:one:0:{i}", pid, None)
+                for i, (r, pid) in enumerate(zip(raws, ["p-a", "p-b", "p-a"], strict=True))
+            ]
+        )
+    decided = [(o.kind, o.status, o.reason.value if o.reason else "") for o in outcomes]
+    assert decided == [
+        ("terms", "accepted", ""),
+        ("terms", "accepted", ""),
+        ("terms", "rejected", "OVERSOLD"),
+    ]
+    assert "p-b" in outcomes[2].detail and "GPU-n2-0" in outcomes[2].detail
+
+
+def test_ledger_amendment_replaces_the_claims_and_a_restart_keeps_them(tmp_path: Path) -> None:
+    """p-a amended twice (same GPU, then moved from n1 to n3): its own claim never counts
+    against it, and n1 is free afterwards — p-c buys it whole — with a restart between
+    every input (the gone claim is deleted from the store in the batch that moved it)."""
+    cast_a, cast_c = _cast("buyer-a"), _cast("buyer-c")
+    start, end = T0, T0 + 60 * MINUTE
+    ta = make_terms(cast_a, "p-a", [gpu("n1", 0)], start, end)
+    same = amendment(ta, late_grace_ms=ta.late_grace_ms + MINUTE)
+    moved = _amended(cast_a, same, "n3")
+    tc = make_terms(cast_c, "p-c", [gpu("n1", 0)], start, end)
+    raws = [signed_terms(cast_a, t) for t in (ta, same, moved)] + [signed_terms(cast_c, tc)]
+    items = _items(raws, ["p-a", "p-a", "p-a", "p-c"], "local:one")
+    path = tmp_path / "l.duckdb"
+    for item in items:
+        with Store(path, ledger_public_key=cast_a.ledger.public_key) as store:
+            Ingestor(store, cast_a.ledger).ingest([item])
+    with Store(path, ledger_public_key=cast_a.ledger.public_key) as store:
+        rows = store.query(
+            "SELECT placement_id, status, reason FROM inputs WHERE kind = 'terms' ORDER BY position"
+        )
+        claims = store.capacity_claims()
+    assert [tuple(map(str, r)) for r in rows] == [("p-a", "accepted", "")] * 3 + [
+        ("p-c", "accepted", "")
+    ]
+    assert [(uuid, pid) for _, uuid, pid, *_ in claims] == [
+        ("GPU-n1-0", "p-c"),
+        ("GPU-n3-0", "p-a"),
+    ]
+
+
+def _amended_sale_raws(cast: Cast, start: int, end: int) -> list[bytes]:
+    """p-a bought on n1, amended onto n2 before any usage, used on n2, closed."""
+    ta = make_terms(cast, "p-a", [gpu("n1", 0)], start, end)
+    moved = _amended(cast, ta, "n2")
+    writer = StreamWriter(cast.node_key("n2"), "p-a", "n2")
+    return [
+        signed_terms(cast, ta),
+        signed_terms(cast, moved),
+        writer.event(start, start + 5 * MINUTE, [sample(gpu("n2", 0))]),
+        closed(cast, "p-a", end + moved.late_grace_ms),
+    ]
+
+
+def test_verify_dir_counts_the_amended_terms_claims(tmp_path: Path) -> None:
+    """Across shards the ledger cannot compare: p-a (amended from n1 onto n2) and p-b (n2,
+    the same hour) are both accepted, each export verifies alone, and ``verify DIR``
+    reports n2 sold twice — the amended terms claim, not the first ones, and not nothing
+    — while p-c on n1 (which p-a left) is no finding."""
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    start, end = T0, T0 + 60 * MINUTE
+    sales = {
+        "p-a": _amended_sale_raws(_cast("buyer-a"), start, end),
+        "p-b": _raws(Sale("p-b", "buyer-b", 1000, 0, 60)),
+        "p-c": _raws(Sale("p-c", "buyer-c", 1000, 0, 60)),
+    }
+    # p-b on n2, not n1: rewrite its sale's GPU by building it here
+    cast_b = _cast("buyer-b")
+    tb = make_terms(cast_b, "p-b", [gpu("n2", 0)], start, end)
+    writer = StreamWriter(cast_b.node_key("n2"), "p-b", "n2")
+    sales["p-b"] = [
+        signed_terms(cast_b, tb),
+        writer.event(start, start + 5 * MINUTE, [sample(gpu("n2", 0))]),
+        closed(cast_b, "p-b", end + tb.late_grace_ms),
+    ]
+    trust = _trust(["buyer-a", "buyer-b", "buyer-c"])
+    for i, (pid, raws) in enumerate(sorted(sales.items())):
+        out = exports / f"{pid}.duckdb"
+        _shard_export(tmp_path, f"shard{i}", pid, raws, out)
+        report = verify(out, trust)
+        assert report.ok, explain(report)
+    trust_path = tmp_path / "trust.json"
+    trust_path.write_bytes(dump_trust(trust))
+    code, data, text = _cli(exports, trust_path)
+    found = _oversold(data)
+    assert code == 1, text
+    assert [(f["uuid"], f["placements"]) for f in found] == [("GPU-n2-0", ["p-a", "p-b"])]
+    assert (found[0]["start_ms"], found[0]["end_ms"]) == (start, end)

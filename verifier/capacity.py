@@ -3,7 +3,8 @@
 One export shows one placement; a GPU sold twice shows only when the exports of both
 placements are read together. For every export that verified (its terms accepted and
 signed by its three parties) this module reads the placement's **claims**: for each GPU
-of the terms, ``(uuid, share_milli)`` over ``[window_start_ms, end)`` where ``end`` is
+of the terms in force (the last accepted: an amendment replaces the terms it amends),
+``(uuid, share_milli)`` over ``[window_start_ms, end)`` where ``end`` is
 ``window_end_ms``, or the ``effective_at_ms`` of an accepted reclaim naming that GPU if
 earlier (a reclaimed placement gives its GPU back at the effective time).
 
@@ -123,9 +124,9 @@ def _accepted_records(source: ExportSource, table: str) -> list[Any]:
 def claims_of_source(source: ExportSource, path: str) -> tuple[int, list[Claim]]:
     """(record count, claims) of the export open at ``source``."""
     terms = [t for t in _accepted_records(source, "terms") if isinstance(t, PlacementTerms)]
-    if len(terms) != 1:
+    if not terms:
         return source.count("ledger_records"), []
-    t = terms[0]
+    t = terms[-1]  # the terms in force: an accepted amendment replaces what it amends
     ends: dict[str, int] = {}
     for notice in _accepted_records(source, "reclaims"):
         if isinstance(notice, ReclaimNotice):
