@@ -72,10 +72,13 @@ def oversold(terms: PlacementTerms, claims: Claims) -> str | None:
     """
     lo, hi = terms.window_start_ms, terms.window_end_ms
     for gpu in terms.gpus:
-        others = [
+        others = [  # an empty claim (ended at its start) overlaps nothing
             c
             for c in claims.get(gpu.uuid, ())
-            if c.placement_id != terms.placement_id and c.start_ms < hi and lo < c.end_ms
+            if c.placement_id != terms.placement_id
+            and c.start_ms < hi
+            and lo < c.end_ms
+            and c.start_ms < c.end_ms
         ]
         if not others:
             continue
@@ -123,6 +126,8 @@ class CapacityIndex:
     def load(self, rows: Iterable[ClaimRow]) -> None:
         """Rows as stored (on start, before any input)."""
         for scope, uuid, placement_id, start, end, share in rows:
+            if end <= start:  # stored by an older ledger for a reclaim at the start: nothing
+                continue
             claim = CapClaim(placement_id, start, end, share)
             self._claims.setdefault(scope, {}).setdefault(uuid, {})[placement_id] = claim
 
@@ -165,9 +170,12 @@ class CapacityIndex:
         for scope, by_uuid in self._claims.items():
             for uuid in uuids:
                 claim = by_uuid.get(uuid, {}).get(placement_id)
-                if claim is not None and effective_at_ms < claim.end_ms:
-                    end = max(claim.start_ms, effective_at_ms)
-                    self._put(scope, uuid, msgspec.structs.replace(claim, end_ms=end))
+                if claim is None or effective_at_ms >= claim.end_ms:
+                    continue
+                if effective_at_ms <= claim.start_ms:  # given back before it began
+                    self._drop(scope, uuid, placement_id)
+                else:
+                    self._put(scope, uuid, msgspec.structs.replace(claim, end_ms=effective_at_ms))
 
     def dirty_rows(self) -> list[ClaimRow]:
         """The rows changed since ``clear_dirty`` (to insert or replace), sorted."""

@@ -28,6 +28,7 @@ from devtools.builders import (
     sample,
     signed_terms,
 )
+from ledger.capacity import CapacityIndex, CapClaim, oversold
 from ledger.export import export_placement
 from ledger.ingest import Ingestor
 from ledger.inputs import Item
@@ -509,3 +510,33 @@ def test_verify_dir_counts_the_amended_terms_claims(tmp_path: Path) -> None:
     assert code == 1, text
     assert [(f["uuid"], f["placements"]) for f in found] == [("GPU-n2-0", ["p-a", "p-b"])]
     assert (found[0]["start_ms"], found[0]["end_ms"]) == (start, end)
+
+
+def test_a_reclaim_at_the_window_start_gives_the_whole_claim_back(tmp_path: Path) -> None:
+    """The operator reclaims p-a effective at its window's start (allowed: SPEC §6.3
+    reclaim): p-a claims nothing. Terms of p-b covering that instant are accepted — the
+    ledger once kept an empty claim [s, s) and its overlap sweep raised on it, so any
+    terms over s stopped the fold at every restart — and an empty claim a store already
+    holds (written by that ledger) is read as nothing."""
+    cast_a, cast_b = _cast("buyer-a"), _cast("buyer-b")
+    ta = make_terms(cast_a, "p-a", [gpu("n1", 0)], T0, T0 + 60 * MINUTE)
+    notice = reclaim(cast_a, ta, T0 - ta.reclaim_notice_ms, T0, "rc-1")
+    tb = make_terms(cast_b, "p-b", [gpu("n1", 0)], T0 - 30 * MINUTE, T0 + 30 * MINUTE)
+    raws = [signed_terms(cast_a, ta), notice, signed_terms(cast_b, tb)]
+    path = tmp_path / "l.duckdb"
+    with Store(path, ledger_public_key=cast_a.ledger.public_key) as store:
+        Ingestor(store, cast_a.ledger).ingest(_items(raws, ["p-a", "p-a", "p-b"], "local:one"))
+        rows = store.query("SELECT placement_id, kind, status FROM inputs ORDER BY position")
+        claims = store.capacity_claims()
+    assert [tuple(map(str, r)) for r in rows] == [
+        ("p-a", "terms", "accepted"),
+        ("p-a", "reclaim", "accepted"),
+        ("p-b", "terms", "accepted"),
+    ]
+    assert [(uuid, pid) for _, uuid, pid, *_ in claims] == [("GPU-n1-0", "p-b")]
+    # An empty claim as an older ledger stored it: read back, it claims nothing.
+    index = CapacityIndex()
+    index.load([("local", "GPU-n1-0", "p-a", T0, T0, 1000)])
+    assert index.claims_for("local", tb) == {"GPU-n1-0": ()}
+    empty = {"GPU-n1-0": (CapClaim("p-a", T0, T0, 1000),)}
+    assert oversold(tb, empty) is None
