@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_verifier_exports import MINUTE, T0, explain, verify
 
 from devtools.builders import (
@@ -28,6 +30,7 @@ from devtools.builders import (
     sample,
     signed_terms,
 )
+from ledger.attest import UnknownPlacement
 from ledger.capacity import CapacityIndex, CapClaim, oversold
 from ledger.export import export_placement
 from ledger.ingest import Ingestor
@@ -36,7 +39,7 @@ from ledger.store import Store
 from proto.records import PlacementTerms
 from proto.trust import TrustedKey, TrustFile, dump_trust
 from verifier import cli
-from verifier.capacity import Claim, find_oversold
+from verifier.capacity import Claim, claims_of, find_oversold
 
 SEED = "capacity"
 
@@ -540,3 +543,115 @@ def test_a_reclaim_at_the_window_start_gives_the_whole_claim_back(tmp_path: Path
     assert index.claims_for("local", tb) == {"GPU-n1-0": ()}
     empty = {"GPU-n1-0": (CapClaim("p-a", T0, T0, 1000),)}
     assert oversold(tb, empty) is None
+
+
+# ---- property: whatever the parties sign, one stream never oversells -----------------------
+
+_GPUS = ("n1", "n2")
+_PIDS = ("p-a", "p-b", "p-c")
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("terms"),
+            st.sampled_from(_PIDS),
+            st.sets(st.sampled_from(_GPUS), min_size=1),
+            st.sampled_from([250, 500, 1000]),
+            st.integers(0, 60),
+            st.integers(1, 60),
+        ),
+        st.tuples(
+            st.just("amend"),
+            st.sampled_from(_PIDS),
+            st.sets(st.sampled_from(_GPUS), min_size=1),
+            st.sampled_from([250, 500, 1000]),
+            st.integers(0, 60),
+            st.integers(1, 60),
+        ),
+        st.tuples(st.just("reclaim"), st.sampled_from(_PIDS), st.integers(0, 40)),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+def _stream(ops: list[tuple[object, ...]]) -> tuple[list[bytes], list[str]]:
+    """Signed inputs for ``ops``: terms, amendments of a placement's latest terms,
+    reclaims (effective at its window's start plus the given minutes, if inside)."""
+    latest: dict[str, PlacementTerms] = {}
+    raws: list[bytes] = []
+    pids: list[str] = []
+    for n, op in enumerate(ops):
+        kind, pid = op[0], str(op[1])
+        cast = _cast(f"buyer-{pid}")
+        if kind in ("terms", "amend"):
+            _, _, nodes, share, start, length = op
+            specs = [gpu(str(node), 0, share_milli=int(str(share))) for node in sorted(nodes)]  # type: ignore[attr-defined]
+            lo = T0 + int(str(start)) * MINUTE
+            made = make_terms(cast, pid, specs, lo, lo + int(str(length)) * MINUTE)
+            if kind == "amend" and pid in latest:
+                made = amendment(
+                    latest[pid],
+                    gpus=made.gpus,
+                    nodes=made.nodes,
+                    window_start_ms=made.window_start_ms,
+                    window_end_ms=made.window_end_ms,
+                )
+            latest[pid] = made
+            raws.append(signed_terms(cast, made))
+        elif pid in latest:
+            terms = latest[pid]
+            at = terms.window_start_ms + int(str(op[2])) * MINUTE
+            if at >= terms.window_end_ms:
+                continue
+            raws.append(reclaim(cast, terms, at - terms.reclaim_notice_ms, at, f"rc-{n}"))
+        else:
+            continue
+        pids.append(pid)
+    return raws, pids
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(ops=_OPS)
+def test_one_stream_never_oversells_and_claims_follow_the_terms_in_force(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[object, ...]]
+) -> None:
+    """Random terms, amendments and reclaims of three placements on two GPUs, through a
+    real ledger (one stream): the fold never raises; the claims it stores are exactly
+    what the verifier reads from each placement's export (the terms in force, cut by an
+    accepted reclaim, none when empty); and those claims never add up to more than a
+    whole GPU (the verifier's own sweep) — also after a restart between every input."""
+    raws, pids = _stream(ops)
+    if not raws:
+        return
+    tmp = tmp_path_factory.mktemp("cap")
+    cast = _cast("buyer-a")
+    items = _items(raws, pids, "local:one")
+    stored = []
+    for name, size in (("one.duckdb", len(items)), ("each.duckdb", 1)):
+        path = tmp / name
+        for at in range(0, len(items), size):
+            with Store(path, ledger_public_key=cast.ledger.public_key) as store:
+                Ingestor(store, cast.ledger).ingest(items[at : at + size])
+        with Store(path, ledger_public_key=cast.ledger.public_key) as store:
+            stored.append(store.capacity_claims())
+            derived: list[Claim] = []
+            for pid in sorted(set(pids)):
+                out = tmp / f"{name}-{pid}.duckdb"
+                try:
+                    export_placement(store, pid, out, key=cast.ledger)
+                except UnknownPlacement:  # no terms accepted: nothing to export or claim
+                    continue
+                derived += claims_of(str(out))[1]
+    assert stored[0] == stored[1]
+    ledger_claims = sorted(
+        (uuid, pid, start, end, share) for _, uuid, pid, start, end, share in stored[0]
+    )
+    verifier_claims = sorted(
+        (c.uuid, c.placement_id, c.start_ms, c.end_ms, c.share_milli) for c in derived
+    )
+    assert ledger_claims == verifier_claims
+    assert find_oversold(derived) == []
