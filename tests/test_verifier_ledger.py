@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,11 +21,15 @@ from test_verifier_exports import HOUR, MINUTE, T0, explain, full_scenario, veri
 from devtools.builders import (
     StreamWriter,
     adjustment,
+    amendment,
+    assignment,
     closed,
     gpu,
+    key_binding,
     make_cast,
     make_terms,
     reclaim,
+    release,
     sample,
     signed_terms,
 )
@@ -33,10 +38,18 @@ from ledger.ingest import Ingestor
 from ledger.inputs import Item
 from ledger.store import Store
 from proto.keys import SigningKey
+from proto.trust import TrustedKey
 
 
-def _ledger_export(tmp: Path, cast_key: SigningKey, placement_id: str, raws: list[bytes]) -> Path:
-    """Fold ``raws`` in order through the real ledger and export the placement."""
+def _ledger_export(
+    tmp: Path,
+    cast_key: SigningKey,
+    placement_id: str,
+    raws: list[bytes],
+    arrivals: list[int | None] | None = None,
+) -> Path:
+    """Fold ``raws`` in order through the real ledger and export the placement;
+    ``arrivals``: when each reached the log (None: untimed)."""
     items = [
         Item(
             data=raw,
@@ -44,6 +57,7 @@ def _ledger_export(tmp: Path, cast_key: SigningKey, placement_id: str, raws: lis
             stream_key=placement_id,
             source="local:test",
             next_position=f"local:test:0:{i + 1}",
+            arrived_ms=None if arrivals is None else arrivals[i],
         )
         for i, raw in enumerate(raws)
     ]
@@ -169,4 +183,117 @@ def test_random_streams_agree(
         )
     out = _ledger_export(tmp, cast.ledger, pid, raws)
     report = verify(out, cast.trust())
+    assert report.ok, explain(report)
+
+
+_MIXED = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "usage",
+                "usage",
+                "usage",
+                "usage_key2",
+                "bind_key2",
+                "revoke_key2",
+                "amend",
+                "reclaim",
+                "release",
+                "credit",
+                "charge",
+                "assign",
+                "repeat",
+            ]
+        ),
+        st.integers(0, 59),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(ops=_MIXED, close=st.booleans(), timed=st.booleans())
+def test_random_mixed_streams_agree(
+    tmp_path_factory: pytest.TempPathFactory,
+    ops: list[tuple[str, int]],
+    close: bool,
+    timed: bool,
+) -> None:
+    """Every kind a party signs, in random order and at random times — usage by the
+    node's key and a second bound (then revoked) key, amendments, reclaims, releases,
+    credits, charges, resales of a GPU, repeats — through the real ledger: it never
+    raises, and the verifier re-derives every decision and amount from the export."""
+    tmp = tmp_path_factory.mktemp("mixed")
+    cast = make_cast("mixed")
+    pid = "p-mixed"
+    gpus = [gpu("n1", 0), gpu("n1", 1, share_milli=500)]
+    terms = make_terms(cast, pid, gpus, T0, T0 + HOUR)
+    raws = [signed_terms(cast, terms)]
+    dated = [T0 - MINUTE]  # when each input is dated (its arrival, when timed)
+    writer = StreamWriter(cast.node_key("n1"), pid, "n1")
+    key2 = SigningKey.from_seed_text("n1-second", "mixed/n1-second")
+    new_buyer = SigningKey.from_seed_text("buyer-2", "mixed/buyer-2")
+    minute = amendments = late_amendments = 0
+    for n, (kind, at_min) in enumerate(ops):
+        at = T0 + at_min * MINUTE
+        if kind in ("usage", "usage_key2"):
+            start = T0 + minute * MINUTE
+            samples = [sample(gpus[0]), sample(gpus[1])]
+            if kind == "usage_key2":
+                other = StreamWriter(key2, pid, "n1", seq=writer.seq, prev=writer.prev)
+                raws.append(other.event(start, start + MINUTE, samples))
+                dated.append(start + MINUTE)
+                writer.seq, writer.prev = other.seq, other.prev
+            else:
+                raws.append(writer.event(start, start + MINUTE, samples))
+                dated.append(start + MINUTE)
+            minute += 1
+        elif kind == "bind_key2":
+            raws.append(key_binding(cast, pid, "n1", key2, T0, T0 + 2 * HOUR, at))
+            dated.append(at)
+        elif kind == "revoke_key2":
+            raws.append(key_binding(cast, pid, "n1", key2, T0, at, at, signers=[cast.operator]))
+            dated.append(at)
+        elif kind == "amend" and late_amendments < 1:
+            # Before anything else an amendment is accepted and the next amends it; after,
+            # one more is sent (accepted or AMENDMENT_TOO_LATE) and no other: two late
+            # amendments of one version are two agreements (TERMS_DISPUTED, by design).
+            amended = amendment(terms, late_grace_ms=terms.late_grace_ms + MINUTE)
+            raws.append(signed_terms(cast, amended))
+            dated.append(dated[-1])
+            if len(raws) == amendments + 2:
+                terms, amendments = amended, amendments + 1
+            else:
+                late_amendments += 1
+        elif kind == "reclaim":
+            raws.append(reclaim(cast, terms, at - terms.reclaim_notice_ms, at, f"rc-{n}"))
+            dated.append(at)
+        elif kind == "release":
+            raws.append(release(cast, terms, at, at, f"rl-{n}"))
+            dated.append(at)
+        elif kind in ("credit", "charge"):
+            raws.append(adjustment(cast, pid, f"adj-{n}", kind, 100 + n, at))
+            dated.append(at)
+        elif kind == "assign":
+            raws.append(assignment(cast, terms, f"as-{n}", new_buyer, at, [gpus[n % 2].uuid], 90))
+            dated.append(at)
+        elif kind == "repeat":
+            raws.append(raws[-1])
+            dated.append(dated[-1])
+    if close:
+        raws.append(closed(cast, pid, T0 + HOUR + terms.late_grace_ms))
+        dated.append(T0 + HOUR + terms.late_grace_ms)
+    assert len(dated) == len(raws)
+    arrivals: list[int | None] = [None] * len(raws)
+    if timed:
+        arrivals = [max(dated[: i + 1]) for i in range(len(dated))]
+    out = _ledger_export(tmp, cast.ledger, pid, raws, arrivals)
+    base = cast.trust()  # the resale's new buyer pinned, as its user would (SPEC §9)
+    pinned = TrustedKey(id=new_buyer.name, role="buyer", key=new_buyer.public_key)
+    report = verify(out, msgspec.structs.replace(base, keys=[*base.keys, pinned]))
     assert report.ok, explain(report)
