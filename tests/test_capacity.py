@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from devtools.builders import (
     make_cast,
     make_terms,
     reclaim,
+    release,
     sample,
     signed_terms,
 )
@@ -549,45 +551,38 @@ def test_a_reclaim_at_the_window_start_gives_the_whole_claim_back(tmp_path: Path
 
 _GPUS = ("n1", "n2")
 _PIDS = ("p-a", "p-b", "p-c")
-_OPS = st.lists(
-    st.one_of(
-        st.tuples(
-            st.just("terms"),
-            st.sampled_from(_PIDS),
-            st.sets(st.sampled_from(_GPUS), min_size=1),
-            st.sampled_from([250, 500, 1000]),
-            st.integers(0, 60),
-            st.integers(1, 60),
-        ),
-        st.tuples(
-            st.just("amend"),
-            st.sampled_from(_PIDS),
-            st.sets(st.sampled_from(_GPUS), min_size=1),
-            st.sampled_from([250, 500, 1000]),
-            st.integers(0, 60),
-            st.integers(1, 60),
-        ),
-        st.tuples(st.just("reclaim"), st.sampled_from(_PIDS), st.integers(0, 40)),
-    ),
-    min_size=1,
-    max_size=10,
+_TERMS_OP = st.tuples(
+    st.sampled_from(["terms", "amend"]),
+    st.sampled_from(_PIDS),
+    st.sets(st.sampled_from(_GPUS), min_size=1),
+    st.sampled_from([250, 500, 1000]),
+    st.integers(0, 60),
+    st.integers(1, 60),
 )
+_END_OP = st.tuples(
+    st.sampled_from(["reclaim", "release"]), st.sampled_from(_PIDS), st.integers(0, 40)
+)
+_OPS = st.lists(st.one_of(_TERMS_OP, _END_OP), min_size=1, max_size=10)
+
+Op = tuple[str, str, set[str], int, int, int] | tuple[str, str, int]
 
 
-def _stream(ops: list[tuple[object, ...]]) -> tuple[list[bytes], list[str]]:
-    """Signed inputs for ``ops``: terms, amendments of a placement's latest terms,
-    reclaims (effective at its window's start plus the given minutes, if inside)."""
+def _stream(ops: list[Op]) -> tuple[list[bytes], list[str], list[int]]:
+    """Signed inputs for ``ops`` and when each reaches the log: terms and amendments (of
+    a placement's latest terms) an hour before the windows, reclaims and buyer releases
+    effective at the window's start plus the given minutes (when inside), at that time."""
     latest: dict[str, PlacementTerms] = {}
     raws: list[bytes] = []
     pids: list[str] = []
+    dated: list[int] = []
     for n, op in enumerate(ops):
-        kind, pid = op[0], str(op[1])
+        pid = op[1]
         cast = _cast(f"buyer-{pid}")
-        if kind in ("terms", "amend"):
-            _, _, nodes, share, start, length = op
-            specs = [gpu(str(node), 0, share_milli=int(str(share))) for node in sorted(nodes)]  # type: ignore[attr-defined]
-            lo = T0 + int(str(start)) * MINUTE
-            made = make_terms(cast, pid, specs, lo, lo + int(str(length)) * MINUTE)
+        if len(op) == 6:
+            kind, _, nodes, share, start, length = op
+            specs = [gpu(node, 0, share_milli=share) for node in sorted(nodes)]
+            lo = T0 + start * MINUTE
+            made = make_terms(cast, pid, specs, lo, lo + length * MINUTE)
             if kind == "amend" and pid in latest:
                 made = amendment(
                     latest[pid],
@@ -598,16 +593,22 @@ def _stream(ops: list[tuple[object, ...]]) -> tuple[list[bytes], list[str]]:
                 )
             latest[pid] = made
             raws.append(signed_terms(cast, made))
-        elif pid in latest:
-            terms = latest[pid]
-            at = terms.window_start_ms + int(str(op[2])) * MINUTE
+            dated.append(T0 - 60 * MINUTE)
+        else:
+            kind, _, minutes = op
+            terms = latest.get(pid)
+            if terms is None:
+                continue
+            at = terms.window_start_ms + minutes * MINUTE
             if at >= terms.window_end_ms:
                 continue
-            raws.append(reclaim(cast, terms, at - terms.reclaim_notice_ms, at, f"rc-{n}"))
-        else:
-            continue
+            if kind == "reclaim":
+                raws.append(reclaim(cast, terms, at - terms.reclaim_notice_ms, at, f"rc-{n}"))
+            else:
+                raws.append(release(cast, terms, at, at, f"rl-{n}"))
+            dated.append(at)
         pids.append(pid)
-    return raws, pids
+    return raws, pids, dated
 
 
 @settings(
@@ -617,19 +618,23 @@ def _stream(ops: list[tuple[object, ...]]) -> tuple[list[bytes], list[str]]:
 )
 @given(ops=_OPS)
 def test_one_stream_never_oversells_and_claims_follow_the_terms_in_force(
-    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[object, ...]]
+    tmp_path_factory: pytest.TempPathFactory, ops: list[Op]
 ) -> None:
-    """Random terms, amendments and reclaims of three placements on two GPUs, through a
-    real ledger (one stream): the fold never raises; the claims it stores are exactly
-    what the verifier reads from each placement's export (the terms in force, cut by an
-    accepted reclaim, none when empty); and those claims never add up to more than a
-    whole GPU (the verifier's own sweep) — also after a restart between every input."""
-    raws, pids = _stream(ops)
+    """Random terms, amendments, reclaims and buyer releases of three placements on two
+    GPUs, through a real ledger (one stream, timed): the fold never raises; the claims it
+    stores are exactly what the verifier reads from each placement's export (the terms
+    in force, cut by an accepted reclaim or release, none when empty); and those claims
+    never add up to more than a whole GPU (the verifier's own sweep) — also after a
+    restart between every input."""
+    raws, pids, dated = _stream(ops)
     if not raws:
         return
     tmp = tmp_path_factory.mktemp("cap")
     cast = _cast("buyer-a")
-    items = _items(raws, pids, "local:one")
+    items = [
+        msgspec.structs.replace(item, arrived_ms=max(dated[: i + 1]))
+        for i, item in enumerate(_items(raws, pids, "local:one"))
+    ]
     stored = []
     for name, size in (("one.duckdb", len(items)), ("each.duckdb", 1)):
         path = tmp / name
