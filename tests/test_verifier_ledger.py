@@ -194,6 +194,7 @@ _MIXED = st.lists(
                 "usage",
                 "usage",
                 "usage_key2",
+                "usage_n2",
                 "bind_key2",
                 "revoke_key2",
                 "amend",
@@ -225,8 +226,9 @@ def test_random_mixed_streams_agree(
     timed: bool,
 ) -> None:
     """Every kind a party signs, in random order and at random times — usage by the
-    node's key and a second bound (then revoked) key, amendments, reclaims, releases,
-    credits, charges, resales of a GPU, repeats — through the real ledger: it never
+    node's key and a second bound (then revoked) key, amendments (some moving a GPU to
+    another node, whose events then count), reclaims, releases, credits, charges, resales
+    of a GPU, repeats — through the real ledger: it never
     raises, and the verifier re-derives every decision and amount from the export."""
     tmp = tmp_path_factory.mktemp("mixed")
     cast = make_cast("mixed")
@@ -236,6 +238,8 @@ def test_random_mixed_streams_agree(
     raws = [signed_terms(cast, terms)]
     dated = [T0 - MINUTE]  # when each input is dated (its arrival, when timed)
     writer = StreamWriter(cast.node_key("n1"), pid, "n1")
+    n2_gpu = gpu("n2", 0, share_milli=500)
+    writer_n2 = StreamWriter(cast.node_key("n2"), pid, "n2")
     key2 = SigningKey.from_seed_text("n1-second", "mixed/n1-second")
     new_buyer = SigningKey.from_seed_text("buyer-2", "mixed/buyer-2")
     minute = amendments = late_amendments = 0
@@ -253,6 +257,11 @@ def test_random_mixed_streams_agree(
                 raws.append(writer.event(start, start + MINUTE, samples))
                 dated.append(start + MINUTE)
             minute += 1
+        elif kind == "usage_n2":
+            start = T0 + minute * MINUTE
+            raws.append(writer_n2.event(start, start + MINUTE, [sample(n2_gpu)]))
+            dated.append(start + MINUTE)
+            minute += 1
         elif kind == "bind_key2":
             raws.append(key_binding(cast, pid, "n1", key2, T0, T0 + 2 * HOUR, at))
             dated.append(at)
@@ -263,7 +272,14 @@ def test_random_mixed_streams_agree(
             # Before anything else an amendment is accepted and the next amends it; after,
             # one more is sent (accepted or AMENDMENT_TOO_LATE) and no other: two late
             # amendments of one version are two agreements (TERMS_DISPUTED, by design).
-            amended = amendment(terms, late_grace_ms=terms.late_grace_ms + MINUTE)
+            # an odd minute also moves the second GPU to node n2 (its nodes with it)
+            moved = make_terms(cast, pid, [gpus[0], n2_gpu] if at_min % 2 else gpus, T0, T0 + HOUR)
+            amended = amendment(
+                terms,
+                late_grace_ms=terms.late_grace_ms + MINUTE,
+                gpus=moved.gpus,
+                nodes=moved.nodes,
+            )
             raws.append(signed_terms(cast, amended))
             dated.append(dated[-1])
             if len(raws) == amendments + 2:
