@@ -120,6 +120,9 @@ class CapacityIndex:
 
     def __init__(self) -> None:
         self._claims: dict[str, dict[str, dict[str, CapClaim]]] = {}
+        # placement -> the (scope, uuid) of its claims: an amendment finds its own
+        # without a scan of every claim
+        self._of: dict[str, set[tuple[str, str]]] = {}
         # changed since the last commit: the claim now, or None when it is gone
         self._dirty: dict[ClaimKey, CapClaim | None] = {}
 
@@ -130,6 +133,7 @@ class CapacityIndex:
                 continue
             claim = CapClaim(placement_id, start, end, share)
             self._claims.setdefault(scope, {}).setdefault(uuid, {})[placement_id] = claim
+            self._of.setdefault(placement_id, set()).add((scope, uuid))
 
     def claims_for(self, scope: str, terms: PlacementTerms) -> dict[str, tuple[CapClaim, ...]]:
         """The claims in ``scope`` on the GPUs of ``terms`` (what ``decide`` needs)."""
@@ -138,6 +142,7 @@ class CapacityIndex:
 
     def _put(self, scope: str, uuid: str, claim: CapClaim) -> None:
         self._claims.setdefault(scope, {}).setdefault(uuid, {})[claim.placement_id] = claim
+        self._of.setdefault(claim.placement_id, set()).add((scope, uuid))
         self._dirty[(scope, uuid, claim.placement_id)] = claim
 
     def _drop(self, scope: str, uuid: str, placement_id: str) -> None:
@@ -147,6 +152,10 @@ class CapacityIndex:
             return
         if not mine:
             del by_uuid[uuid]
+        held = self._of[placement_id]
+        held.discard((scope, uuid))
+        if not held:
+            del self._of[placement_id]
         self._dirty[(scope, uuid, placement_id)] = None
 
     def accept_terms(self, scope: str, terms: PlacementTerms) -> None:
@@ -154,10 +163,9 @@ class CapacityIndex:
         the claims of the terms they amend (SPEC §6.5): a GPU they no longer list is no
         longer claimed, in whichever scope the amended terms claimed it."""
         listed = {gpu.uuid for gpu in terms.gpus}
-        for other_scope, by_uuid in self._claims.items():
-            for uuid in [u for u, mine in by_uuid.items() if terms.placement_id in mine]:
-                if uuid not in listed or other_scope != scope:
-                    self._drop(other_scope, uuid, terms.placement_id)
+        for held_scope, uuid in sorted(self._of.get(terms.placement_id, ())):
+            if uuid not in listed or held_scope != scope:
+                self._drop(held_scope, uuid, terms.placement_id)
         for gpu in terms.gpus:
             claim = CapClaim(
                 terms.placement_id, terms.window_start_ms, terms.window_end_ms, gpu.share_milli
@@ -167,15 +175,15 @@ class CapacityIndex:
     def accept_reclaim(self, placement_id: str, uuids: Iterable[str], effective_at_ms: int) -> None:
         """An accepted reclaim ends the placement's claims on ``uuids`` at its effective time
         (in whichever scope its terms claimed them)."""
-        for scope, by_uuid in self._claims.items():
-            for uuid in uuids:
-                claim = by_uuid.get(uuid, {}).get(placement_id)
-                if claim is None or effective_at_ms >= claim.end_ms:
-                    continue
-                if effective_at_ms <= claim.start_ms:  # given back before it began
-                    self._drop(scope, uuid, placement_id)
-                else:
-                    self._put(scope, uuid, msgspec.structs.replace(claim, end_ms=effective_at_ms))
+        wanted = set(uuids)
+        for scope, uuid in sorted(self._of.get(placement_id, ())):
+            claim = self._claims[scope][uuid][placement_id]
+            if uuid not in wanted or effective_at_ms >= claim.end_ms:
+                continue
+            if effective_at_ms <= claim.start_ms:  # given back before it began
+                self._drop(scope, uuid, placement_id)
+            else:
+                self._put(scope, uuid, msgspec.structs.replace(claim, end_ms=effective_at_ms))
 
     def dirty_rows(self) -> list[ClaimRow]:
         """The rows changed since ``clear_dirty`` (to insert or replace), sorted."""
