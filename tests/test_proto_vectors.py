@@ -393,6 +393,21 @@ def test_resale_keys_are_reproduced_by_the_fold() -> None:
     assert fold.head("pl-vector") == (data["records"], data["head"])
 
 
+def test_capacity_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.5: terms and amendments alike are refused when they oversell; an
+    amendment's claims replace its terms'; a reclaim at the window's start claims nothing."""
+    data = load("capacity.json")
+    fold = Fold(vectorgen._cast().ledger)
+    reasons = _replay_timed(fold, "capacity", data["steps"])
+    assert reasons == [None, None, "OVERSOLD", None, None, None, None, "OVERSOLD"]
+    claims = [
+        {"uuid": uuid, "placement_id": pid, "start_ms": lo, "end_ms": hi, "share_milli": share}
+        for _, uuid, pid, lo, hi, share in fold.capacity_rows()
+    ]
+    assert claims == data["claims"]
+    assert {c["placement_id"] for c in claims} == {"pl-cap-a", "pl-cap-c", "pl-cap-d"}
+
+
 def test_evidence_age_is_reproduced_by_the_fold() -> None:
     """SPEC §6.9 (6): both freshness bounds are inclusive; one second past each is
     EVIDENCE_INVALID; the fresh evidence attests the key for usage."""

@@ -1618,6 +1618,70 @@ def attestation_expiry_vectors() -> Any:
     }
 
 
+def capacity_vectors() -> Any:
+    """SPEC §6.5 in one ordered stream: overselling refused for terms and amendments
+    alike, an amendment's claims replacing those of the terms it amends, a reclaim at the
+    window's start leaving no claim; every decision and the claims at the end."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    early = WS - 2 * HOUR  # terms and amendments reach the log before the windows
+
+    def terms(pid: str, node: str, start: int, end: int, share: int = 1000) -> PlacementTerms:
+        return b.make_terms(cast, pid, [b.gpu(node, 0, share_milli=share)], start, end)
+
+    def moved(amended: PlacementTerms, node: str) -> PlacementTerms:
+        other = terms(amended.placement_id, node, amended.window_start_ms, amended.window_end_ms)
+        return b.amendment(amended, gpus=other.gpus, nodes=other.nodes)
+
+    a, bb = terms("pl-cap-a", "node-a", WS, WS + HOUR), terms("pl-cap-b", "node-b", WS, WS + HOUR)
+    onto_b = moved(a, "node-b")
+    onto_c = moved(a, "node-c")
+    notice_at = WS - bb.reclaim_notice_ms
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("A buys node-a whole for the hour", b.signed_terms(cast, a), early),
+        ("B buys node-b whole for the hour", b.signed_terms(cast, bb), early),
+        ("A amended onto node-b: OVERSOLD (B holds it)", b.signed_terms(cast, onto_b), early),
+        (
+            "A amended onto node-c: accepted, node-a no longer A's",
+            b.signed_terms(cast, onto_c),
+            early,
+        ),
+        (
+            "C buys node-a whole for the hour: accepted (A left it)",
+            b.signed_terms(cast, terms("pl-cap-c", "node-a", WS, WS + HOUR)),
+            early,
+        ),
+        (
+            "B reclaimed effective at its window's start: B claims nothing",
+            b.reclaim(cast, bb, notice_at, WS, "rc-b"),
+            notice_at,
+        ),
+        (
+            "D buys node-b over B's start: accepted",
+            b.signed_terms(cast, terms("pl-cap-d", "node-b", WS - HOUR // 2, WS + HOUR // 2)),
+            notice_at,
+        ),
+        (
+            "E buys half of node-c inside A's hour: OVERSOLD (A holds it whole)",
+            b.signed_terms(
+                cast, terms("pl-cap-e", "node-c", WS + 10 * MINUTE, WS + 20 * MINUTE, 500)
+            ),
+            notice_at,
+        ),
+    ]
+    fold = Fold(cast.ledger)
+    steps = _timed_steps(fold, "capacity", steps_in)
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "claims": [
+            {"uuid": uuid, "placement_id": pid, "start_ms": lo, "end_ms": hi, "share_milli": share}
+            for _, uuid, pid, lo, hi, share in fold.capacity_rows()
+        ],
+    }
+
+
 GENERATORS: dict[str, Callable[[], Any]] = {
     "attestation_expiry.json": attestation_expiry_vectors,
     "resale_keys.json": resale_keys_vectors,
@@ -1629,6 +1693,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "authority.json": authority_vectors,
     "release.json": release_vectors,
     "keys.json": keys_vectors,
+    "capacity.json": capacity_vectors,
     "signatures.json": signatures_vectors,
     "records.json": records_vectors,
     "rejections.json": rejections_vectors,
