@@ -14,9 +14,12 @@ placement's own stream, hence in the same scope and order).
 
 ``CapacityIndex`` holds the claims per scope in memory; the fold reads the claims a
 terms input needs (``claims_for``) and passes them to ``decide`` as data; ``oversold``
-is the rule ``decide`` applies. The index's changed rows are stored in the same store
-transaction as the records and offsets they came from (``ledger/store.py``,
-``capacity_claims``), and loaded back on start.
+is the rule ``decide`` applies, to first terms and amendments alike. An accepted
+amendment's claims replace those of the terms it amends (a GPU it no longer lists is
+free again). The index's changed rows, and the keys of the rows an amendment or a reclaim
+at the window's start ended, are stored in the same store transaction as the records and
+offsets they came from (``ledger/store.py``, ``capacity_claims``), and loaded back on
+start.
 """
 
 from __future__ import annotations

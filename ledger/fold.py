@@ -13,8 +13,9 @@ with the Ed25519 work on a thread pool. For each input:
 4. seal the chained records, unsigned (SPEC §8; ledger/crypto.py) -> ``Outcome``.
 
 Capacity (SPEC §6.5): the fold keeps the GPU claims of accepted terms per ordered
-stream (``ledger/capacity.py``), hands a terms input the claims of its stream, and
-records accepted terms and reclaims in them; ``capacity_rows`` are stored with the batch.
+stream (``ledger/capacity.py``), hands a terms input (first terms or amendment) the
+claims of its stream, and records accepted terms, amendments, reclaims and releases in
+them; ``capacity_rows`` and ``capacity_gone`` are stored with the batch.
 
 State per placement is snapshotted with ``snapshot``/``restore`` (ledger/snapshot.py) so
 the service can persist it in the same transaction as the records and offsets it
