@@ -8,9 +8,11 @@ import msgspec
 class Item(msgspec.Struct, frozen=True, gc=False):
     """An input as consumed: bytes, position, transport key, and the source's next position.
 
-    ``arrived_ms``: on the embedded transport, the ledger clock when the input was
-    appended to the intake log (``transport.intake``); None on Kafka. Stored and exposed
-    only; the fold does not read it. ``fed_by``: (offsets key, next position) of the
+    ``arrived_ms``: when the input reached the log (SPEC §6.6): on the embedded transport
+    the ledger clock when it was appended to the intake log (``transport.intake``), on
+    Kafka the record's timestamp (``ledger.consume``; both the senders' stated times
+    under ``arrival = "sender"``, a simulation); None: untimed. The fold dates the
+    records it chains with it. ``fed_by``: (offsets key, next position) of the
     sources that fed this input into its source (the spool it was read from, on the
     embedded transport), stored with the batch like ``next_position``.
 
