@@ -195,6 +195,9 @@ _MIXED = st.lists(
                 "usage",
                 "usage_key2",
                 "usage_n2",
+                "gap",
+                "gap_n2",
+                "early",
                 "bind_key2",
                 "revoke_key2",
                 "amend",
@@ -228,7 +231,8 @@ def test_random_mixed_streams_agree(
     """Every kind a party signs, in random order and at random times — usage by the
     node's key and a second bound (then revoked) key, amendments (some moving a GPU to
     another node, whose events then count), reclaims, releases, credits, charges, resales
-    of a GPU, repeats — through the real ledger: it never
+    of a GPU, repeats, gaps in a node's seqs (held, then SEQ_GAP at the close flush, in
+    node then seq order), an event before the terms — through the real ledger: it never
     raises, and the verifier re-derives every decision and amount from the export."""
     tmp = tmp_path_factory.mktemp("mixed")
     cast = make_cast("mixed")
@@ -256,6 +260,15 @@ def test_random_mixed_streams_agree(
             else:
                 raws.append(writer.event(start, start + MINUTE, samples))
                 dated.append(start + MINUTE)
+            minute += 1
+        elif kind == "gap":  # the node's next event skips a seq: held beyond the gap
+            writer.seq += 1
+        elif kind == "gap_n2":
+            writer_n2.seq += 1
+        elif kind == "early":  # an event that reaches the log before the terms: held
+            start = T0 + minute * MINUTE
+            raws.insert(0, writer.event(start, start + MINUTE, [sample(gpus[0])]))
+            dated.insert(0, dated[0])
             minute += 1
         elif kind == "usage_n2":
             start = T0 + minute * MINUTE
