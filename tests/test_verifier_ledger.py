@@ -10,6 +10,7 @@ in the full scenario, and randomly generated streams with faults.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 import msgspec
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from test_verifier_exports import HOUR, MINUTE, T0, explain, full_scenario, verify
 
 from devtools.builders import (
+    Cast,
     StreamWriter,
     adjustment,
     amendment,
@@ -38,7 +40,7 @@ from ledger.ingest import Ingestor
 from ledger.inputs import Item
 from ledger.store import Store
 from proto.keys import SigningKey
-from proto.trust import TrustedKey
+from proto.trust import TrustedKey, TrustFile
 
 
 def _ledger_export(
@@ -216,25 +218,20 @@ _MIXED = st.lists(
 )
 
 
-@settings(
-    max_examples=12,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(ops=_MIXED, close=st.booleans(), timed=st.booleans())
-def test_random_mixed_streams_agree(
-    tmp_path_factory: pytest.TempPathFactory,
-    ops: list[tuple[str, int]],
-    close: bool,
-    timed: bool,
-) -> None:
-    """Every kind a party signs, in random order and at random times — usage by the
-    node's key and a second bound (then revoked) key, amendments (some moving a GPU to
-    another node, whose events then count), reclaims, releases, credits, charges, resales
-    of a GPU, repeats, gaps in a node's seqs (held, then SEQ_GAP at the close flush, in
-    node then seq order), an event before the terms — through the real ledger: it never
-    raises, and the verifier re-derives every decision and amount from the export."""
-    tmp = tmp_path_factory.mktemp("mixed")
+class Mixed(NamedTuple):
+    """A random stream of one placement, ready to fold: its inputs, when each reached
+    the log (None: untimed), and the trust file its verifier uses."""
+
+    cast: Cast
+    pid: str
+    raws: list[bytes]
+    arrivals: list[int | None]
+    trust: TrustFile
+
+
+def _mixed(ops: list[tuple[str, int]], close: bool, timed: bool) -> Mixed:
+    """The inputs of ``ops`` (``test_random_mixed_streams_agree`` says which); ``timed``:
+    each input reaches the log when it is dated, never before the one before it."""
     cast = make_cast("mixed")
     pid = "p-mixed"
     gpus = [gpu("n1", 0), gpu("n1", 1, share_milli=500)]
@@ -321,8 +318,66 @@ def test_random_mixed_streams_agree(
     arrivals: list[int | None] = [None] * len(raws)
     if timed:
         arrivals = [max(dated[: i + 1]) for i in range(len(dated))]
-    out = _ledger_export(tmp, cast.ledger, pid, raws, arrivals)
     base = cast.trust()  # the resale's new buyer pinned, as its user would (SPEC §9)
     pinned = TrustedKey(id=new_buyer.name, role="buyer", key=new_buyer.public_key)
-    report = verify(out, msgspec.structs.replace(base, keys=[*base.keys, pinned]))
+    return Mixed(
+        cast, pid, raws, arrivals, msgspec.structs.replace(base, keys=[*base.keys, pinned])
+    )
+
+
+_SETTINGS = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@settings(_SETTINGS, max_examples=12)
+@given(ops=_MIXED, close=st.booleans(), timed=st.booleans())
+def test_random_mixed_streams_agree(
+    tmp_path_factory: pytest.TempPathFactory,
+    ops: list[tuple[str, int]],
+    close: bool,
+    timed: bool,
+) -> None:
+    """Every kind a party signs, in random order and at random times — usage by the
+    node's key and a second bound (then revoked) key, amendments (some moving a GPU to
+    another node, whose events then count), reclaims, releases, credits, charges, resales
+    of a GPU, repeats, gaps in a node's seqs (held, then SEQ_GAP at the close flush, in
+    node then seq order), an event before the terms — through the real ledger: it never
+    raises, and the verifier re-derives every decision and amount from the export."""
+    mixed = _mixed(ops, close, timed)
+    tmp = tmp_path_factory.mktemp("mixed")
+    out = _ledger_export(tmp, mixed.cast.ledger, mixed.pid, mixed.raws, mixed.arrivals)
+    report = verify(out, mixed.trust)
     assert report.ok, explain(report)
+
+
+@settings(_SETTINGS, max_examples=6)
+@given(ops=_MIXED, close=st.booleans(), timed=st.booleans())
+def test_random_mixed_streams_restart_anywhere(
+    tmp_path_factory: pytest.TempPathFactory,
+    ops: list[tuple[str, int]],
+    close: bool,
+    timed: bool,
+) -> None:
+    """The same streams folded once in batches and once with the ledger stopped and
+    started again after every input (its state back from the store each time: bindings,
+    revocations, holds, releases, resales, amendments): the same records, byte for byte."""
+    mixed = _mixed(ops, close, timed)
+    tmp = tmp_path_factory.mktemp("restart")
+    items = [
+        Item(raw, f"local:test:0:{i}", mixed.pid, "local:test", f"local:test:0:{i + 1}", at)
+        for i, (raw, at) in enumerate(zip(mixed.raws, mixed.arrivals, strict=True))
+    ]
+    key = mixed.cast.ledger
+    with Store(tmp / "batches.duckdb", ledger_public_key=key.public_key) as store:
+        ingestor = Ingestor(store, key)
+        for start in range(0, len(items), 7):
+            ingestor.ingest(items[start : start + 7])
+        once = store.query("SELECT chain_index, envelope FROM records ORDER BY chain_index")
+    for item in items:
+        with Store(tmp / "restarts.duckdb", ledger_public_key=key.public_key) as store:
+            Ingestor(store, key).ingest([item])
+    with Store(tmp / "restarts.duckdb", ledger_public_key=key.public_key) as store:
+        again = store.query("SELECT chain_index, envelope FROM records ORDER BY chain_index")
+    assert [(i, bytes(e)) for i, e in again] == [(i, bytes(e)) for i, e in once]
