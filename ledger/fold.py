@@ -322,7 +322,8 @@ class Fold:
         return self._capacity.dirty_rows()
 
     def capacity_gone(self) -> list[ClaimKey]:
-        """GPU claims gone since the last ``clear_dirty`` (an amendment's), to delete."""
+        """GPU claims gone since the last ``clear_dirty`` (a GPU an amendment left, or
+        given back by a reclaim or release before its claim began), to delete."""
         return self._capacity.gone_rows()
 
     def restore_capacity(self, rows: list[ClaimRow]) -> None:

@@ -369,7 +369,8 @@ class Batch:
     # (placement_id, position) of held inputs the batch released (their rows go).
     released: list[tuple[str, str]] = field(default_factory=list)
     # SPEC §6.5: GPU claims (scope, uuid, placement, start, end, share) changed by the batch,
-    # and the (scope, uuid, placement) of those it ended (an amendment left their GPU).
+    # and the (scope, uuid, placement) of those it ended (a GPU an amendment left, or
+    # one given back before its claim began).
     claims: list[tuple[str, str, str, int, int, int]] = field(default_factory=list)
     claims_gone: list[tuple[str, str, str]] = field(default_factory=list)
 
