@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench.export_many import file_floor  # noqa: E402
-from bench.verifier_1m import CACHE, build_export, verify_rate  # noqa: E402
+from bench.verifier_1m import cached_export, verify_rate  # noqa: E402
 from proto.canonical import signed_bytes  # noqa: E402
 from proto.envelope import decode_envelope_fast, open_envelope  # noqa: E402
 from proto.keys import SigningKey, key_id, verify  # noqa: E402
@@ -90,15 +90,6 @@ def least_us(work: Callable[[], object], count: int, rounds: int = ROUNDS) -> fl
         work()
         best = min(best, time.process_time() - started)
     return best / count * 1e6
-
-
-def _export(events: int) -> tuple[Path, Path]:
-    name = f"verifier-{events}-v2-unsigned"
-    export, trust = CACHE / f"{name}.duckdb", CACHE / f"{name}-trust.json"
-    if not (export.exists() and trust.exists()):
-        CACHE.mkdir(parents=True, exist_ok=True)
-        build_export(events, export, trust, "2")
-    return export, trust
 
 
 Rows = list[tuple[Any, ...]]
@@ -129,7 +120,7 @@ def _rows(export: Path, events: int) -> tuple[Rows, Rows, list[str]]:
 
 def measure(events: int) -> dict[str, float]:
     """Every piece's CPU microseconds per event (module docstring)."""
-    export, _ = _export(events)
+    export, _ = cached_export(events)
     usage, records, ddl = _rows(export, events)
     count = min(len(usage), len(records))
     usage, records = usage[:count], records[:count]
@@ -303,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object, no table")
     args = parser.parse_args(argv)
     if args.events < 100 or args.trace_events < 1 or args.trace_placements < 0:
-        parser.error("--events must be at least 100, --trace-events at least 1")
+        parser.error(
+            "--events must be at least 100, --trace-events at least 1 and "
+            "--trace-placements at least 0"
+        )
     one = verify_rate(1)
     two = verify_rate(2)
     scaling = two / one

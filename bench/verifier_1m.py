@@ -306,6 +306,22 @@ def build_export(events: int, out: Path, trust_out: Path, format_version: str = 
     print(f"built {out} in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
 
+def cached_export(
+    events: int, format_version: str = "2", *, rebuild: bool = False
+) -> tuple[Path, Path]:
+    """(export, trust file) of the honest export with ``events`` usage events, built under
+    CACHE when missing (or ``rebuild``)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # v2: statements with periods, checkpoints witnessed by operator and buyer; "-unsigned":
+    # export format version 2 (records unsigned, SPEC §8).
+    name = f"verifier-{events}-v2" + ("" if format_version == "1" else "-unsigned")
+    export = CACHE / f"{name}.duckdb"
+    trust = CACHE / f"{name}-trust.json"
+    if rebuild or not (export.exists() and trust.exists()):
+        build_export(events, export, trust, format_version)
+    return export, trust
+
+
 # ---- the machine's limit -------------------------------------------------------------------
 
 _VECTORS: list[tuple[bytes, bytes, bytes]] = []
@@ -534,14 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         "many findings) instead of the honest export",
     )
     args = parser.parse_args(argv)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    # v2: statements with periods, checkpoints witnessed by operator and buyer; "-unsigned":
-    # export format version 2 (records unsigned, SPEC §8).
-    name = f"verifier-{args.events}-v2" + ("" if args.format_version == "1" else "-unsigned")
-    export = CACHE / f"{name}.duckdb"
-    trust = CACHE / f"{name}-trust.json"
-    if args.rebuild or not (export.exists() and trust.exists()):
-        build_export(args.events, export, trust, args.format_version)
+    export, trust = cached_export(args.events, args.format_version, rebuild=args.rebuild)
     if args.tamper == "mixed":
         export = tampered_copy(export)
     if args.against is not None:
