@@ -84,6 +84,25 @@ _ORDER_8 = decode(bytes.fromhex("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc
 assert _ORDER_8 is not None
 T8: Point = _ORDER_8
 assert mul(8, T8) == IDENTITY and mul(4, T8) != IDENTITY
+
+
+def _low_255(point: Point) -> bytes:
+    """The encoding of ``point`` with its top (sign) bit cleared."""
+    return (int.from_bytes(encode(point), "little") & ((1 << 255) - 1)).to_bytes(32, "little")
+
+
+# SPEC §3 rules 2 and 3: the seven encodings (top bit ignored) of points of small order:
+# y = 0 (order 4), 1 (the identity), the two y of the points of order 8 (T8 and [3]T8),
+# p - 1 (order 2), and the non-canonical p (= 0) and p + 1 (= 1).
+SMALL_ORDER_ENCODINGS: tuple[bytes, ...] = (
+    _low_255(mul(2, T8)),
+    _low_255(IDENTITY),
+    _low_255(T8),
+    _low_255(mul(3, T8)),
+    _low_255(mul(4, T8)),
+    P.to_bytes(32, "little"),
+    (P + 1).to_bytes(32, "little"),
+)
 assert mul(L, B) == IDENTITY and encode(B).hex() == "58" + "66" * 31
 
 

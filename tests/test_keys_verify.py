@@ -25,15 +25,10 @@ WS = 1_767_225_600_000
 MINUTE = 60_000
 
 # The order of the Ed25519 group (S must be below it: RFC 8032 §5.1.7).
-L = 2**252 + 27742317777372353535851937790883648493
-# Encodings of points of small order (the identity, and order 2, 4 and 8 points).
-SMALL_ORDER = [
-    bytes([1]) + bytes(31),  # identity
-    bytes([0xEC]) + bytes([0xFF]) * 30 + bytes([0x7F]),  # order 2: y = -1
-    bytes(32),  # order 4: y = 0
-    bytes.fromhex("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"),  # order 8
-    bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05"),  # order 8
-]
+L = ed25519_edges.L
+# Encodings of points of small order (SPEC §3 rules 2-3: the identity, points of order 2,
+# 4 and 8, and the two non-canonical encodings of 0 and 1).
+SMALL_ORDER = ed25519_edges.SMALL_ORDER_ENCODINGS
 
 
 def nacl_says(public_key: bytes, message: bytes, signature: bytes) -> bool:

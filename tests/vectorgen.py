@@ -61,13 +61,7 @@ def keys_vectors() -> Any:
 def signatures_vectors() -> Any:
     """SPEC §3's verification rule at its edges: which signatures are valid, and which of
     the two equations of RFC 8032 holds for each (``tests/ed25519_edges.py``)."""
-    p = ed25519_edges.P
-    order_8 = [
-        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
-        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
-    ]
-    small = [y.to_bytes(32, "little").hex() for y in (0, 1)]
-    small += order_8 + [y.to_bytes(32, "little").hex() for y in (p - 1, p, p + 1)]
+    small = [encoding.hex() for encoding in ed25519_edges.SMALL_ORDER_ENCODINGS]
     cases = []
     for case in ed25519_edges.cases():
         cases.append(
