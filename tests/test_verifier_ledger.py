@@ -52,7 +52,18 @@ def _ledger_export(
 ) -> Path:
     """Fold ``raws`` in order through the real ledger and export the placement;
     ``arrivals``: when each reached the log (None: untimed)."""
-    items = [
+    out = tmp / f"ledger-{placement_id}.duckdb"
+    with Store(tmp / "ledger.duckdb", ledger_public_key=cast_key.public_key) as store:
+        _fold_in_batches(store, cast_key, _items(placement_id, raws, arrivals))
+        export_placement(store, placement_id, out, key=cast_key)
+    return out
+
+
+def _items(
+    placement_id: str, raws: list[bytes], arrivals: list[int | None] | None = None
+) -> list[Item]:
+    """``raws`` as the embedded transport hands them over, one source, in order."""
+    return [
         Item(
             data=raw,
             position=f"local:test:0:{i}",
@@ -63,13 +74,12 @@ def _ledger_export(
         )
         for i, raw in enumerate(raws)
     ]
-    out = tmp / f"ledger-{placement_id}.duckdb"
-    with Store(tmp / "ledger.duckdb", ledger_public_key=cast_key.public_key) as store:
-        ingestor = Ingestor(store, cast_key)
-        for start in range(0, len(items), 7):  # several batches, as a consumer would
-            ingestor.ingest(items[start : start + 7])
-        export_placement(store, placement_id, out, key=cast_key)
-    return out
+
+
+def _fold_in_batches(store: Store, key: SigningKey, items: list[Item]) -> None:
+    ingestor = Ingestor(store, key)
+    for start in range(0, len(items), 7):  # several batches, as a consumer would
+        ingestor.ingest(items[start : start + 7])
 
 
 def test_real_ledger_export_of_the_full_scenario_verifies(tmp_path: Path) -> None:
@@ -249,14 +259,13 @@ def _mixed(ops: list[tuple[str, int]], close: bool, timed: bool) -> Mixed:
         if kind in ("usage", "usage_key2"):
             start = T0 + minute * MINUTE
             samples = [sample(gpus[0]), sample(gpus[1])]
-            if kind == "usage_key2":
+            if kind == "usage_key2":  # the same stream, signed by the second key
                 other = StreamWriter(key2, pid, "n1", seq=writer.seq, prev=writer.prev)
                 raws.append(other.event(start, start + MINUTE, samples))
-                dated.append(start + MINUTE)
                 writer.seq, writer.prev = other.seq, other.prev
             else:
                 raws.append(writer.event(start, start + MINUTE, samples))
-                dated.append(start + MINUTE)
+            dated.append(start + MINUTE)
             minute += 1
         elif kind == "gap":  # the node's next event skips a seq: held beyond the gap
             writer.seq += 1
@@ -282,7 +291,7 @@ def _mixed(ops: list[tuple[str, int]], close: bool, timed: bool) -> Mixed:
             # Before anything else an amendment is accepted and the next amends it; after,
             # one more is sent (accepted or AMENDMENT_TOO_LATE) and no other: two late
             # amendments of one version are two agreements (TERMS_DISPUTED, by design).
-            # an odd minute also moves the second GPU to node n2 (its nodes with it)
+            # An odd minute also moves the second GPU to node n2 (its nodes with it).
             moved = make_terms(cast, pid, [gpus[0], n2_gpu] if at_min % 2 else gpus, T0, T0 + HOUR)
             amended = amendment(
                 terms,
@@ -365,15 +374,10 @@ def test_random_mixed_streams_restart_anywhere(
     revocations, holds, releases, resales, amendments): the same records, byte for byte."""
     mixed = _mixed(ops, close, timed)
     tmp = tmp_path_factory.mktemp("restart")
-    items = [
-        Item(raw, f"local:test:0:{i}", mixed.pid, "local:test", f"local:test:0:{i + 1}", at)
-        for i, (raw, at) in enumerate(zip(mixed.raws, mixed.arrivals, strict=True))
-    ]
+    items = _items(mixed.pid, mixed.raws, mixed.arrivals)
     key = mixed.cast.ledger
     with Store(tmp / "batches.duckdb", ledger_public_key=key.public_key) as store:
-        ingestor = Ingestor(store, key)
-        for start in range(0, len(items), 7):
-            ingestor.ingest(items[start : start + 7])
+        _fold_in_batches(store, key, items)
         once = store.query("SELECT chain_index, envelope FROM records ORDER BY chain_index")
     for item in items:
         with Store(tmp / "restarts.duckdb", ledger_public_key=key.public_key) as store:
