@@ -158,7 +158,7 @@ def test_a_signature_only_the_cofactored_equation_accepts_is_refused_everywhere(
     """SPEC §3: a node signs a usage event with R = rB + T8 (a part of order 8 added) —
     valid for a cofactored or batch verifier. The ledger's fold (one by one and batched)
     rejects it SIG_INVALID and the verifier's opener says the same, while the node's
-    honest next event is accepted.
+    honest next event is accepted."""
     cast = b.make_cast("torsion-r")
     g = b.gpu("tr-node", 0)
     terms = b.make_terms(cast, "tr-1", [g], WS, WS + 60 * MINUTE)
