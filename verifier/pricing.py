@@ -173,6 +173,22 @@ def _index_sql(keyed: bool) -> str:
     )
 
 
+def effective_end_sql(index: str) -> str:
+    """SPEC §6.7 step 5, §6.3 reclaim: the placement's effective end in force when the
+    input at chain index ``index`` is folded: the window's end, moved by an accepted
+    reclaim (its effective time) or an accepted release (its end e) chained before it,
+    whichever is earlier. An amendment resets it to its own window's end, but it comes
+    before anything is priced (§6.3 terms (3)), so no reclaim or release precedes it.
+    Reads the relations ``t`` (w_terms), ``rc`` (the first w_reclaim row, columns
+    rc_index, effective_at_ms) and ``rl`` (the first w_release row, rl_index, rl_end),
+    the last two LEFT JOINed. Both §7.1 (``_base_sql``) and §7.10 (``verifier/resale.py``)
+    clip to it, so the two cannot drift apart."""
+    return (
+        f"LEAST(t.we, CASE WHEN rc.rc_index < {index} THEN rc.effective_at_ms ELSE t.we END, "
+        f"CASE WHEN rl.rl_index < {index} THEN rl.rl_end ELSE t.we END)"
+    )
+
+
 def _base_sql(keyed: bool) -> str:
     """SPEC §7.1-§7.3 and §7.5 per chain index. Every product is HUGEINT.
 
@@ -223,10 +239,7 @@ hs AS ({_health_sql(keyed)}),
 ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded))
     SELECT {"u.ek, " if keyed else ""}u.chain_index,
            SUM(g.share_milli::HUGEINT * GREATEST(0,
-               LEAST(u.end_ms, CASE WHEN rc.rc_index < u.chain_index
-                                    THEN rc.effective_at_ms ELSE t.we END,
-                     CASE WHEN rl.rl_index < u.chain_index  -- §6.7: the release end e
-                          THEN rl.rl_end ELSE t.we END)
+               LEAST(u.end_ms, {effective_end_sql("u.chain_index")})
                - GREATEST(u.start_ms, t.ws))) AS d_i
     FROM w_usage u
     JOIN hs s ON s.chain_index = u.chain_index AND s.counts{" AND s.ek = u.ek" if keyed else ""}
