@@ -326,6 +326,29 @@ def test_resale_vectors_are_reproduced_by_the_fold() -> None:
     assert owed - parties["operator_receives"] - parties["desk_receives"] == 0
 
 
+def test_resale_after_a_release_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.7, §6.8 step 3, §7.10: resale_release.json, every decision, record hash and
+    resale list; the new buyer's delivery ends at the release's end e = minute 40."""
+    data = load("resale_release.json")
+    fold = Fold(vectorgen._cast().ledger)
+    for i, step in enumerate(data["steps"]):
+        raw = base64.b64decode(step["envelope_b64"])
+        outcomes = fold.apply(raw, f"resale-release:{i}", None, step["arrived_ms"])
+        got = [
+            {
+                **row,
+                "resale": None
+                if o.record is None
+                else [msgspec.structs.asdict(e) for e in o.record.resale],
+            }
+            for row, o in zip(_outcome_rows(outcomes), outcomes, strict=True)
+        ]
+        assert got == step["outcomes"], f"step {i}: {step['note']}"
+    assert fold.head("pl-vector") == (data["records"], data["head"])
+    (entry,) = data["steps"][-1]["outcomes"][0]["resale"]
+    assert (entry["delivered_mgms"], entry["gross_minor"]) == (20 * 60_000 * 1000, 133)
+
+
 def test_attestation_is_reproduced_by_the_fold() -> None:
     """SPEC §6.9: the fold with the vectors' attestation root decides every step as the
     vectors say; the worked nonce is the one the SPEC formula gives."""

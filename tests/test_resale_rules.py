@@ -475,9 +475,20 @@ def test_an_assignment_before_a_release_end_is_billed_only_up_to_it(tmp_path: Pa
             (10, [*c.events(0, 10), _release(c, 10, 40)]),
             (20, [*c.events(10, 20), c.assign("a-1", B2, 20, ["GPU-n2-0"], 300)]),
             (33, c.events(20, 33)),
-            (45, [(node_source(n), w.event(T0 + 33 * MIN, T0 + 40 * MIN + 3 * MIN, [
-                sample(g) for g in c.gpus if g.node_id == n
-            ])) for n, w in c.writers.items()]),
+            (
+                45,
+                [
+                    (
+                        node_source(n),
+                        w.event(
+                            T0 + 33 * MIN,
+                            T0 + 40 * MIN + 3 * MIN,
+                            [sample(g) for g in c.gpus if g.node_id == n],
+                        ),
+                    )
+                    for n, w in c.writers.items()
+                ],
+            ),
         ],
     )
     assert [(s, r) for k, s, r in f.chain if k == "release"] == [("accepted", "")]

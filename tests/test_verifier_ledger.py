@@ -385,3 +385,26 @@ def test_random_mixed_streams_restart_anywhere(
     with Store(tmp / "restarts.duckdb", ledger_public_key=key.public_key) as store:
         again = store.query("SELECT chain_index, envelope FROM records ORDER BY chain_index")
     assert [(i, bytes(e)) for i, e in again] == [(i, bytes(e)) for i, e in once]
+
+
+def test_resale_after_a_release_vector_verifies(tmp_path: Path) -> None:
+    """proto/vectors/resale_release.json through the real ledger and the verifier: the
+    verifier re-derives the resale clipped at the release's end e (SPEC §7.10 with §6.7
+    step 5) and finds nothing; before it clipped at a reclaim only (RESALE_MISMATCH)."""
+    import base64
+    import json
+
+    import vectorgen
+
+    data = json.loads((vectorgen.VECTORS_DIR / "resale_release.json").read_text())
+    cast = vectorgen._cast()
+    raws = [base64.b64decode(step["envelope_b64"]) for step in data["steps"]]
+    arrivals: list[int | None] = [step["arrived_ms"] for step in data["steps"]]
+    out = _ledger_export(tmp_path, cast.ledger, "pl-vector", raws, arrivals)
+    base = cast.trust()
+    buyer2 = base64.b64decode(data["new_buyers"]["buyer-2"])
+    trust = msgspec.structs.replace(
+        base, keys=[*base.keys, TrustedKey(id="buyer-2", role="buyer", key=buyer2)]
+    )
+    report = verify(out, trust)
+    assert report.ok, explain(report)

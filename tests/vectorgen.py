@@ -1270,6 +1270,91 @@ def resale_vectors() -> Any:
     }
 
 
+def resale_release_vectors() -> Any:
+    """SPEC §6.7 "With a resale", §6.8 step 3, §7.10: a buyer release that reaches the log at
+    minute 10 and ends the placement at e = 40, then an assignment from minute 20 (h < e:
+    accepted) and one from minute 40 (h = e: ASSIGNMENT_INVALID); an event spanning e
+    counts, for the original terms and for the resale alike, only up to e."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    terms = _terms(cast, late_grace_ms=0)
+    pid = terms.placement_id
+    b2 = SigningKey.from_seed_text("buyer-2", "vectors/buyer-2")
+    a = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+
+    def samples() -> list[Any]:
+        return [b.sample(g) for g in terms.gpus if g.node_id == "node-a"]
+
+    def at(minute: int) -> int:
+        return WS + minute * MINUTE
+
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms", b.signed_terms(cast, terms), WS),
+        ("node a, minutes 0-10", a.event(at(0), at(10), samples()), at(10)),
+        (
+            "buyer release at minute 10, effective at minute 40: e = 40",
+            b.release(cast, terms, at(10), at(40), "rel-1"),
+            at(10),
+        ),
+        (
+            "GPU-node-a-0 sold to buyer-2 from minute 20 (h = 20 < e): accepted",
+            b.assignment(cast, terms, "as-1", b2, at(20), ["GPU-node-a-0"], 400),
+            at(12),
+        ),
+        (
+            "GPU-node-a-1 sold from minute 40 (h = e): ASSIGNMENT_INVALID",
+            b.assignment(cast, terms, "as-2", b2, at(40), ["GPU-node-a-1"], 400),
+            at(12),
+        ),
+        ("node a, minutes 10-33", a.event(at(10), at(33), samples()), at(33)),
+        ("node a, minutes 33-43: counts to e = 40", a.event(at(33), at(43), samples()), at(43)),
+        ("close", b.closed(cast, pid, at(60)), at(60)),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"resale-release:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                        "resale": None
+                        if o.record is None
+                        else [msgspec.structs.asdict(e) for e in o.record.resale],
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head(pid)
+    totals = fold.totals(pid)
+    assert head is not None and totals is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "new_buyers": {"buyer-2": _b64(b2.public_key)},
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.structs.asdict(totals),
+        "worked": [
+            "the release's end e = max(40, arrival 10, usage folded 10) = minute 40",
+            "as-1: h = 20 < e, accepted; as-2: h = 40 >= e, ASSIGNMENT_INVALID",
+            "resale D_0 = GPU-node-a-0 (1 GPU) x [20, 40) = 20 GPU-min = 1 200 000 000 "
+            "milli-GPU-ms (the event 33-43 counts to 40, not 43); "
+            "G_0 = 20/60 x 400 = 133.33 -> 133; F_0 = 5 % of 133 = 6.65 -> 6",
+            "original D = 1.5 GPU x 40 min = 60 GPU-min; G = 60/60 x 250 = 250",
+        ],
+    }
+
+
 def attestation_vectors() -> Any:
     """SPEC §6.9: hardware evidence on key bindings and usage under attestation_required.
     Tokens are EdDSA (deterministic) from a vector attestation service; the fold runs with
@@ -1696,6 +1781,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "pricing.json": pricing_vectors,
     "scenario.json": scenario_vectors,
     "resale.json": resale_vectors,
+    "resale_release.json": resale_release_vectors,
 }
 
 
