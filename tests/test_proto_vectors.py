@@ -349,6 +349,25 @@ def test_resale_after_a_release_is_reproduced_by_the_fold() -> None:
     assert (entry["delivered_mgms"], entry["gross_minor"]) == (20 * 60_000 * 1000, 133)
 
 
+def test_shortens_is_reproduced_by_the_fold() -> None:
+    """SPEC §4.0, §6.3 keybinding: a binding only shortens with valid_from_ms ≤ f, so the
+    operator alone may sign it; a later start or a later end needs the buyer too."""
+    data = load("shortens.json")
+    fold = Fold(vectorgen._cast().ledger)
+    reasons = _replay_timed(fold, "shortens", data["steps"])
+    assert reasons == [
+        None,
+        None,
+        None,
+        "SIG_MISSING",
+        "SIG_MISSING",
+        None,
+        "NODE_KEY_REVOKED",
+        None,
+    ]
+    assert fold.head("pl-shortens") == (data["records"], data["head"])
+
+
 def test_attestation_is_reproduced_by_the_fold() -> None:
     """SPEC §6.9: the fold with the vectors' attestation root decides every step as the
     vectors say; the worked nonce is the one the SPEC formula gives."""

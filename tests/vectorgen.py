@@ -920,6 +920,88 @@ def authority_vectors() -> Any:
     }
 
 
+def shortens_vectors() -> Any:
+    """SPEC §4.0, §6.3 keybinding: when a binding only shortens (valid_from_ms ≤ f,
+    valid_until_ms < u), so the operator alone may sign it. A second key of node a is
+    bound by operator and buyer and reaches the log at minute 5, so f = minute 5 (§6.6).
+    The operator alone: a start after f (SIG_MISSING: it moves the start, not a
+    revocation), a start before f with an earlier end (accepted: only shortens, to
+    [f, 30); the key is revoked), an end not earlier (SIG_MISSING: it extends)."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    pid = "pl-shortens"
+    terms = b.make_terms(cast, pid, [b.gpu("node-a", 0)], WS, WS + HOUR)
+    key2 = SigningKey.from_seed_text("node-a-2", "vectors/node-a-2")
+    a2 = b.StreamWriter(key2, pid, "node-a")
+    op, buyer = cast.operator, cast.buyer
+
+    def at(minute: int) -> int:
+        return WS + minute * MINUTE
+
+    def bind(valid_from: int, until: int, signers: list[SigningKey]) -> bytes:
+        return b.key_binding(cast, pid, "node-a", key2, valid_from, until, WS, signers=signers)
+
+    def usage(start: int, end: int) -> bytes:
+        return a2.event(at(start), at(end), [b.sample(terms.gpus[0])])
+
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms", b.signed_terms(cast, terms), WS),
+        (
+            "key 2 for [0, 60), operator and buyer, arrives at 5: f = 5",
+            bind(WS, at(60), [op, buyer]),
+            at(5),
+        ),
+        ("key 2 usage, minutes 5-10", usage(5, 10), at(10)),
+        ("operator alone, [6, 30): starts after f, SIG_MISSING", bind(at(6), at(30), [op]), at(11)),
+        (
+            "operator alone, [0, 60): not earlier than u, SIG_MISSING",
+            bind(WS, at(60), [op]),
+            at(11),
+        ),
+        (
+            "operator alone, [0, 30): before f, only shortens to [5, 30)",
+            bind(WS, at(30), [op]),
+            at(11),
+        ),
+        ("key 2 usage, minutes 10-15: NODE_KEY_REVOKED", usage(10, 15), at(15)),
+        (
+            "operator alone, [5, 20): valid_from = f, only shortens",
+            bind(at(5), at(20), [op]),
+            at(16),
+        ),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"shortens:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head(pid)
+    assert head is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "rule": "only shortens: valid_from_ms <= f and valid_until_ms < u (SPEC §4.0)",
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+    }
+
+
 def _placement_terms(
     cast: b.Cast, pid: str, regions: dict[str, str], gpus: list[Any], **overrides: Any
 ) -> PlacementTerms:
@@ -1782,6 +1864,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "scenario.json": scenario_vectors,
     "resale.json": resale_vectors,
     "resale_release.json": resale_release_vectors,
+    "shortens.json": shortens_vectors,
 }
 
 
