@@ -368,6 +368,30 @@ def test_shortens_is_reproduced_by_the_fold() -> None:
     assert fold.head("pl-shortens") == (data["records"], data["head"])
 
 
+def test_bounds_are_reproduced_by_the_fold() -> None:
+    """SPEC §5 rule 5, §6.3 adjustment, §7.7: bounds.json, every decision and record hash;
+    every record's totals within 2^53 - 1 (each decodes); the terms cases."""
+    data = load("bounds.json")
+    cast = vectorgen._cast()
+    fold = Fold(cast.ledger)
+    reasons: list[str | None] = []
+    for i, step in enumerate(data["steps"]):
+        outcomes = fold.apply(base64.b64decode(step["envelope_b64"]), f"bounds:{i}", None)
+        assert _outcome_rows(outcomes) == step["outcomes"], f"step {i}: {step['note']}"
+        reasons += [o.reason for o in outcomes]
+        for o in outcomes:
+            envelope = o.record_envelope
+            assert envelope is not None and open_envelope(envelope).record is not None
+    assert reasons.count("ADJUSTMENT_INVALID") == 4
+    assert fold.head("pl-bounds") == (data["records"], data["head"])
+    totals = fold.totals("pl-bounds")
+    assert totals is not None and msgspec.structs.asdict(totals) == data["totals"]
+    for case in data["terms"]:
+        (o,) = Fold(cast.ledger).apply(base64.b64decode(case["envelope_b64"]), "t:0", None)
+        assert (o.status, o.reason) == (case["status"], case["reason"]), case["name"]
+        assert (case["payable_ceiling_minor"] > 2**53 - 1) == (o.reason == "TERMS_INVALID")
+
+
 def test_attestation_is_reproduced_by_the_fold() -> None:
     """SPEC §6.9: the fold with the vectors' attestation root decides every step as the
     vectors say; the worked nonce is the one the SPEC formula gives."""

@@ -1002,6 +1002,115 @@ def shortens_vectors() -> Any:
     }
 
 
+def bounds_vectors() -> Any:
+    """SPEC §5 rule 5, §6.3 adjustment, §7.7: every total stays within 2^53 - 1 after every
+    input. Terms with the buyer paying a 5 % fee; M (the most G + K can reach) and the
+    largest charge sum P(M + Ah) allows; charges of 2^53 - 1, one past the limit, the
+    limit, one more; credits of 2^53 - 1 and one more; a whole window of usage; the close.
+    Then terms whose payable ceiling P(M) passes 2^53 - 1 (TERMS_INVALID) and the same
+    terms with the operator paying the fee (accepted)."""
+    from ledger.fold import Fold
+    from proto.terms import gross_ceiling_minor, payable_minor
+
+    top = 2**53 - 1
+    cast = _cast()
+    pid = "pl-bounds"
+    terms = b.make_terms(
+        cast, pid, [b.gpu("node-a", 0)], WS, WS + HOUR, fee_payer="buyer", desk_fee_bps=500
+    )
+    ceiling = gross_ceiling_minor(terms)
+    net = top * 10_000 // 10_500
+    while payable_minor(terms, net + 1) <= top:
+        net += 1
+    while payable_minor(terms, net) > top:
+        net -= 1
+    limit = net - ceiling
+    a = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+
+    def adj(aid: str, direction: str, amount: int) -> bytes:
+        return b.adjustment(cast, pid, aid, direction, amount, WS)
+
+    steps_in: list[tuple[str, bytes]] = [
+        ("terms: 1 GPU, 1 h, fee 5 % paid by the buyer", b.signed_terms(cast, terms)),
+        ("charge 2^53 - 1: ADJUSTMENT_INVALID", adj("c-top", "charge", top)),
+        ("charge limit + 1: ADJUSTMENT_INVALID", adj("c-past", "charge", limit + 1)),
+        ("charge limit: accepted", adj("c-limit", "charge", limit)),
+        ("charge 1 more: ADJUSTMENT_INVALID", adj("c-more", "charge", 1)),
+        (
+            "usage, the whole window: buyer_owes = P(G + Ah) <= 2^53 - 1",
+            a.event(WS, WS + HOUR, [b.sample(terms.gpus[0])]),
+        ),
+        ("credit 2^53 - 1: accepted", adj("r-top", "credit", top)),
+        ("credit 1 more: ADJUSTMENT_INVALID", adj("r-more", "credit", 1)),
+        ("close", b.closed(cast, pid, WS + HOUR + terms.late_grace_ms)),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"bounds:{i}", None)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head(pid)
+    totals = fold.totals(pid)
+    assert head is not None and totals is not None
+    gpus = [b.gpu(f"n{i // 8}", i % 8) for i in range(256)]
+    big = b.make_terms(
+        cast,
+        "pl-bounds-big",
+        gpus,
+        WS,
+        WS + 366 * 24 * HOUR,
+        rate_per_gpu_hour_minor=3_600_000_000,
+        desk_fee_bps=10_000,
+        fee_payer="buyer",
+    )
+    terms_cases = []
+    for name, case in (
+        ("256 GPUs, 366 days, top rate, fee 100 % paid by the buyer", big),
+        ("the same, fee paid by the operator", msgspec.structs.replace(big, fee_payer="operator")),
+    ):
+        (o,) = Fold(cast.ledger).apply(b.signed_terms(cast, case), "bounds-terms:0", None)
+        terms_cases.append(
+            {
+                "name": name,
+                "envelope_b64": _b64(b.signed_terms(cast, case)),
+                "payable_ceiling_minor": payable_minor(case, gross_ceiling_minor(case)),
+                "status": o.status,
+                "reason": None if o.reason is None else o.reason.value,
+            }
+        )
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "max_safe_integer": top,
+        "gross_ceiling_minor": ceiling,
+        "charge_limit_minor": limit,
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.structs.asdict(totals),
+        "terms": terms_cases,
+        "worked": [
+            "M = floor((S x W + U) x rate / 3 600 000 000) = floor((1000 x 3 600 000 + "
+            f"60 000 000) x 250 / 3 600 000 000) = {ceiling}",
+            "P(x) = x + floor(x x 500 / 10 000); the largest Ah with P(M + Ah) <= 2^53 - 1 "
+            f"is {limit}",
+        ],
+    }
+
+
 def _placement_terms(
     cast: b.Cast, pid: str, regions: dict[str, str], gpus: list[Any], **overrides: Any
 ) -> PlacementTerms:
@@ -1865,6 +1974,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "resale.json": resale_vectors,
     "resale_release.json": resale_release_vectors,
     "shortens.json": shortens_vectors,
+    "bounds.json": bounds_vectors,
 }
 
 
