@@ -192,6 +192,11 @@ def test_a_faulted_placement_never_stops_the_ledger_for_the_others(
         assert "Traceback" not in err
     good = tmp_path / "good.duckdb"
     assert main(["ledger", "export", "p-good", "--out", str(good), "--config", str(config)]) == 0
+    every = tmp_path / "all"
+    capsys.readouterr()
+    assert main(["ledger", "export", "--all", str(every), "--config", str(config)]) == 1
+    assert "SKIPPED: p-bad:" in capsys.readouterr().out
+    assert sorted(p.name for p in every.iterdir()) == ["p-good.duckdb"]
     # the ledger starts (it stopped at start, for every placement, before), reports p-bad,
     # quarantines its next input and folds the other placement's
     store = Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
