@@ -37,7 +37,7 @@ PARTIES = ("acme-gpu-cloud", "inferco-batch", "gridx-desk")
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
-    return run_demo(tmp_path_factory.mktemp("issue16") / "demo")
+    return run_demo(tmp_path_factory.mktemp("walkthrough") / "demo")
 
 
 @pytest.fixture
