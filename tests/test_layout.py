@@ -13,6 +13,7 @@ resolved to their package.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -240,8 +241,17 @@ def load_time_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def module_graph(package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports at load time (``load_time_imports``).
+def every_import(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module, inside functions and under TYPE_CHECKING too."""
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
+
+
+def module_graph(
+    package: str,
+    imports: Callable[[ast.Module], list[ast.Import | ast.ImportFrom]] = load_time_imports,
+) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports at load time (``load_time_imports``;
+    ``imports`` chooses others).
     ``import a.b`` and ``from a.b import c`` name a.b, or a.b.c where that is a module; a
     parent package's ``__init__`` that Python runs first is not counted (a package that
     re-exports its modules would otherwise always be a circle)."""
@@ -256,7 +266,7 @@ def module_graph(package: str) -> dict[str, set[str]]:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
-        for node in load_time_imports(tree):
+        for node in imports(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -318,6 +328,19 @@ def test_no_package_has_an_import_circle_among_its_modules(package: str) -> None
     """Each package's modules import each other one way only (at load time; an import
     inside a function or under ``if TYPE_CHECKING:`` does not count: see load_time_imports)."""
     assert import_circles(module_graph(package)) == []
+
+
+def test_the_verifier_has_no_import_circle_even_through_deferred_imports() -> None:
+    """Stricter for the verifier, whose run state every step uses: no circle even counting
+    the imports inside functions and under TYPE_CHECKING, and the state (``verifier/
+    state.py``) imports no step, nor the pass or the bill that drive the steps."""
+    graph = module_graph("verifier", every_import)
+    assert import_circles(graph) == []
+    drivers = {"verifier.walk", "verifier.bill", "verifier.verify"}
+    assert (
+        sorted(m for m in graph["verifier.state"] if m.startswith("verifier.step") or m in drivers)
+        == []
+    )
 
 
 def test_the_circle_check_sees_a_circle_and_not_what_does_not_load() -> None:
