@@ -72,7 +72,9 @@ def read_sizes(run: Verification) -> None:
 def check_checkpoints(run: Verification) -> None:
     """After the pass: each checkpoint's note, origin, size, root and cosignatures."""
     terms = run.terms
-    parties = {p.id: p.key for p in (terms.operator, terms.buyer, terms.desk)}
+    # SPEC §8.2: the terms' parties, and each accepted assignment's new buyer, cosign
+    parties = {a.new_buyer.id: a.new_buyer.key for a in run.referee.assignments}
+    parties.update({p.id: p.key for p in (terms.operator, terms.buyer, terms.desk)})
     covered = 0  # the largest valid checkpoint: ledger-signed, this log, root matching
     for size_column, note_text in run.source.small_table("checkpoints", "size, note", "size"):
         run.bump("checkpoints")
