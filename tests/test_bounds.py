@@ -620,6 +620,7 @@ PACKAGES = (
     "billview",
     "gridledger",
     "devtools",
+    "witness",
 )
 
 

@@ -540,3 +540,34 @@ def test_the_ledger_keeps_no_cosignature_dated_outside_what_it_covers(tmp_path: 
         assert added == [buyer.name] and merged.startswith(note.body)
     finally:
         r.service.close()
+
+
+def test_witness_interval_bounds_are_inclusive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MAX_WITNESS_INTERVAL_S: the trust file's witness_interval_s and ``witness run
+    --interval`` take 1..86 400 s; one more is refused in one line."""
+    from gridledger.cli import main as gridledger_main
+    from proto.limits import MAX_WITNESS_INTERVAL_S
+    from proto.trust import TrustError, dump_trust, load_trust
+
+    cast = make_cast("time-interval")
+    for value, ok in (
+        (1, True),
+        (MAX_WITNESS_INTERVAL_S, True),
+        (MAX_WITNESS_INTERVAL_S + 1, False),
+    ):
+        path = tmp_path / f"trust-{value}.json"
+        trust = msgspec.structs.replace(cast.trust(), witness_interval_s=value)
+        path.write_bytes(dump_trust(trust))
+        if ok:
+            assert load_trust(path).witness_interval_s == value
+        else:
+            with pytest.raises(TrustError):
+                load_trust(path)
+    for bad in (str(MAX_WITNESS_INTERVAL_S + 1), "0", "1e3", "-5"):
+        args = ["witness", "run", "--ledger", "http://127.0.0.1:9", "--terms", "t", "--key", "k"]
+        capsys.readouterr()
+        assert gridledger_main([*args, "--state", str(tmp_path), f"--interval={bad}"]) == EXIT_USAGE
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("FAIL: --interval") and "\n" not in err, err

@@ -49,8 +49,7 @@ def register(sub: Any) -> None:
     run.add_argument("--known", type=Path, help="a directory of signed inputs you sent or received")
     run.add_argument(
         "--interval",
-        type=_interval,
-        default=WITNESS_INTERVAL_S,
+        default=str(WITNESS_INTERVAL_S),
         help="re-cosign an unchanged checkpoint once the last cosignature is this many "
         f"seconds old (default {WITNESS_INTERVAL_S}; run the witness at least this often)",
     )
@@ -65,6 +64,13 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    interval = _interval(args.interval)
+    if interval is None:
+        print(
+            f"FAIL: --interval takes 1..{MAX_WITNESS_INTERVAL_S} seconds, not {args.interval!r}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     result = witness_once(
         ledger_url=args.ledger,
         terms_path=args.terms,
@@ -73,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
         delivery_logs=args.delivery_log,
         known_dir=args.known,
         now_s=int(time.time()),
-        interval_s=args.interval,
+        interval_s=interval,
     )
     print(result.line, file=sys.stdout if result.code in (EXIT_OK, EXIT_REFUSED) else sys.stderr)
     return result.code
@@ -102,11 +108,9 @@ def _refusals(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _interval(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_WITNESS_INTERVAL_S:
-        raise argparse.ArgumentTypeError(f"--interval takes 1..{MAX_WITNESS_INTERVAL_S} seconds")
-    return value
+def _interval(text: str) -> int | None:
+    """``--interval`` in seconds, or None when it is no integer in 1..MAX_WITNESS_INTERVAL_S."""
+    if not text.isdigit() or len(text) > 6:
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_WITNESS_INTERVAL_S else None
