@@ -39,6 +39,7 @@ from devtools.builders import (
     sample,
     signed_terms,
 )
+from gridledger.cli import main as gridledger_main
 from ledger.attest import cosign_checkpoint, issue_checkpoint
 from ledger.checkpoints import make_checkpoint
 from ledger.export import export_placement
@@ -48,14 +49,14 @@ from ledger.pricing import ZERO_TOTALS
 from ledger.service import LedgerService
 from ledger.store import Store
 from proto.canonical import signed_bytes
-from proto.cosign import cosign
+from proto.cosign import cosign, cosignature_of
 from proto.envelope import open_envelope, seal, sha256_hex
 from proto.errors import ProtoError
 from proto.keys import SigningKey, write_key_pair
 from proto.limits import ARRIVAL_REQUIRED_FROM_MS, MAX_ARRIVAL_LAG_MS, MAX_CLOCK_SKEW_MS
 from proto.note import parse_note
 from proto.records import ZERO_HASH, LedgerRecord, PlacementTerms
-from proto.trust import TrustedKey, TrustFile
+from proto.trust import TrustedKey, TrustFile, dump_trust
 from transport.local import publish_local, publisher_source
 from verifier.verify import verify_export
 from witness.check import Cosigned, Refused, witness
@@ -518,6 +519,13 @@ def test_the_new_buyer_witnesses_and_the_policy_can_require_it(tmp_path: Path) -
         assert not report.findings.kept, explain(report)
         assert report.is_final, report.provisional
         assert "buyer-2" in report.witnessed_by
+        # The note the new buyer's witness keeps: the export must extend it (SPEC §9).
+        kept = tmp_path / "state-buyer-2" / f"{PID}.checkpoint"
+        assert cosignature_of(parse_note(kept.read_text()), "buyer-2", r.buyer2.public_key)
+        trust_file = tmp_path / "trust.json"
+        trust_file.write_bytes(dump_trust(required))
+        args = ["verify", str(witnessed), "--trust", str(trust_file), "--checkpoint", str(kept)]
+        assert gridledger_main(args) == 0
     finally:
         server.stop()
         r.service.close()
@@ -547,9 +555,8 @@ def test_witness_interval_bounds_are_inclusive(
 ) -> None:
     """MAX_WITNESS_INTERVAL_S: the trust file's witness_interval_s and ``witness run
     --interval`` take 1..86 400 s; one more is refused in one line."""
-    from gridledger.cli import main as gridledger_main
     from proto.limits import MAX_WITNESS_INTERVAL_S
-    from proto.trust import TrustError, dump_trust, load_trust
+    from proto.trust import TrustError, load_trust
 
     cast = make_cast("time-interval")
     for value, ok in (
