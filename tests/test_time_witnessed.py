@@ -61,7 +61,7 @@ from transport.local import publish_local, publisher_source
 from verifier.verify import verify_export
 from witness.check import Cosigned, Refused, witness
 from witness.known import Known
-from witness.runner import EXIT_OK, EXIT_USAGE, witness_once
+from witness.runner import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, witness_once
 from witness.state import STATE_FORMAT, WitnessState
 
 WS = ARRIVAL_REQUIRED_FROM_MS  # terms recent enough that every record is timed
@@ -578,3 +578,37 @@ def test_witness_interval_bounds_are_inclusive(
         assert gridledger_main([*args, "--state", str(tmp_path), f"--interval={bad}"]) == EXIT_USAGE
         err = capsys.readouterr().err.strip()
         assert err.startswith("FAIL: --interval") and "\n" not in err, err
+
+
+def test_a_ledger_behind_its_log_serves_no_checkpoint_to_witness(tmp_path: Path) -> None:
+    """SPEC §8.4: while the ledger is behind its log, a witness gets no checkpoint to
+    cosign (exit 75, try again), so no cosignature is dated after inputs it has not
+    chained yet."""
+    r = _resold(tmp_path)
+    terms_file = tmp_path / "terms.signed.json"
+    terms_file.write_bytes(signed_terms(r.cast, r.terms))
+    write_key_pair(r.cast.operator, tmp_path / "keys")
+    lagging: list[str | None] = ["the ledger was last caught up with its log 90000 ms ago"]
+    api = LedgerApi(r.store, r.cast.ledger, LedgerMetrics(), behind=lambda: lagging[0])
+    server = LedgerHttpServer(api, "127.0.0.1", 0)
+    server.start()
+    try:
+
+        def run() -> tuple[int, str]:
+            result = witness_once(
+                ledger_url=server.url,
+                terms_path=terms_file,
+                key_path=tmp_path / "keys" / f"{r.cast.operator.name}.key",
+                state_dir=tmp_path / "state",
+                now_s=(at(60) + GRACE) // 1000 + 30,
+            )
+            return result.code, result.line
+
+        code, line = run()
+        assert code == EXIT_UNAVAILABLE and "90000 ms ago" in line, line
+        assert not (tmp_path / "state" / "refusals").exists()  # not a refusal: later
+        lagging[0] = None
+        assert run()[0] == EXIT_OK
+    finally:
+        server.stop()
+        r.service.close()
