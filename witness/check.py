@@ -157,16 +157,14 @@ def _check(
         record = _ledger_record(raw, index, prev, terms)
         prev = sha256_hex(payloads[offset])
         included.setdefault(record.source, index)
-        if record.kind == "terms" and record.status == "accepted" and terms_arrived_ms < 0:
-            terms_arrived_ms = record.arrived_ms if record.arrived_ms is not None else -1
+        terms_arrived_ms = _terms_arrival(record, terms_arrived_ms)
         # (7) W_TIME: the arrival the ledger signed lies within this party's own clocks.
         window.check(record, index, raw, now_s, terms_arrived_ms)
         if record.kind == "closed" and record.status == "accepted" and close_index < 0:
             close_index = index
     # (5) W_ORDER: each of the party's node streams is in the log in seq order.
     _check_order(known, included)
-    # (6) W_MISSING: once closed, everything delivered before the deadline is before it;
-    # and at every round, before or after the close, everything owed by now is in.
+    # (6) W_MISSING: once closed, all owed by the deadline is before it; always, all due is in
     if close_index >= 0:
         _check_complete(known, included, close_index, terms)
     _check_owed(known, included, now_s)
@@ -180,6 +178,13 @@ def _check(
         included=included,
         terms_arrived_ms=terms_arrived_ms,
     )
+
+
+def _terms_arrival(record: LedgerRecord, known_ms: int) -> int:
+    """The arrival of the placement's first accepted terms record (-1 until it is seen)."""
+    if known_ms >= 0 or record.kind != "terms" or record.status != "accepted":
+        return known_ms
+    return record.arrived_ms if record.arrived_ms is not None else -1
 
 
 def _ledger_record(raw: bytes, index: int, prev: str, terms: PlacementTerms) -> LedgerRecord:
