@@ -612,3 +612,39 @@ def test_a_ledger_behind_its_log_serves_no_checkpoint_to_witness(tmp_path: Path)
     finally:
         server.stop()
         r.service.close()
+
+
+def test_a_kafka_ledger_is_behind_its_log_until_read_to_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC §8.4 on Kafka: behind until every owned partition was read to its end offset,
+    and again once that is more than MAX_CLOCK_SKEW_MS ago."""
+    import asyncio
+
+    from ledger.config import KafkaConfig
+    from ledger.consume import PartitionLag
+    from ledger.service import KafkaLedgerService
+    from transport.kafka import KafkaSettings
+
+    cast = make_cast("time-behind")
+    store = Store(tmp_path / "k.duckdb", ledger_public_key=cast.ledger.public_key)
+    kafka = KafkaConfig(settings=KafkaSettings(bootstrap="127.0.0.1:9", topic="t"))
+    ledger = KafkaLedgerService(store, cast.ledger, kafka, crypto_worker=False)
+    try:
+        lags = [PartitionLag(0, 5, 9), PartitionLag(1, 3, 3)]
+
+        async def lag() -> list[PartitionLag]:
+            return lags
+
+        monkeypatch.setattr(ledger.source, "lag", lag)
+        assert "not read its partitions" in (ledger.behind_log() or "")
+        assert asyncio.run(ledger.update_lag()) == 4
+        assert ledger.behind_log() is not None
+        lags = [PartitionLag(0, 9, 9), PartitionLag(1, 3, 3)]
+        assert asyncio.run(ledger.update_lag()) == 0
+        assert ledger.behind_log() is None
+        assert ledger.caught_up_ms is not None
+        ledger.caught_up_ms -= MAX_CLOCK_SKEW_MS + 1_000
+        assert "last caught up" in (ledger.behind_log() or "")
+    finally:
+        ledger.close()
