@@ -295,6 +295,34 @@ def test_a_usage_event_waiting_for_a_lower_seq_may_arrive_with_it() -> None:
     assert isinstance(w.round(at(36)), Cosigned)
 
 
+def test_a_simulation_may_carry_the_arrival_before_it_only_when_the_witness_is_told() -> None:
+    """SPEC §6.6: under arrival = "sender" a re-sent event lands after later-stated ones and
+    carries max(a_prev, t); a production witness refuses that as a delay."""
+    for simulation in (False, True):
+        s = Scene()
+        raw, delivered = _reclaim(s)
+        w = s.operator([known(raw, delivered)])
+        s.chain_events(at(50))  # stated up to minute 50, then the reclaim stated at 42
+        s.log.add(raw, at(50))
+        records = s.log.records()
+        note = make_checkpoint(PID, [open_envelope(r).payload for r in records], s.cast.ledger)
+        outcome = witness(
+            w.state,
+            s.terms,
+            note,
+            records,
+            w.known,
+            name=w.name,
+            key=w.key,
+            now_s=at(51) // 1000,
+            simulation=simulation,
+        )
+        if simulation:
+            assert isinstance(outcome, Cosigned), outcome
+        else:
+            assert "delayed" in refusal(outcome, "W_TIME").refusal.detail
+
+
 # ---- 2. the ledger plus one party backdates that party's input --------------------------
 
 

@@ -65,10 +65,14 @@ def witness(
     name: str,
     key: SigningKey,
     now_s: int,
+    simulation: bool = False,
 ) -> Cosigned | Refused:
-    """Check ``note`` (with the record envelopes past ``state.size``) and cosign or refuse."""
+    """Check ``note`` (with the record envelopes past ``state.size``) and cosign or refuse.
+
+    ``simulation``: the ledger runs ``arrival = "sender"`` (SPEC §6.6): a record may also
+    carry the arrival of the record before it, beyond its own delivery's bound."""
     try:
-        new_state = _check(state, terms, note, new_records, known, now_s)
+        new_state = _check(state, terms, note, new_records, known, now_s, simulation)
     except _Refuse as refuse:
         return Refused(
             Refusal(
@@ -102,6 +106,7 @@ def _check(
     new_records: Sequence[bytes],
     known: Sequence[Known],
     now_s: int,
+    simulation: bool = False,
 ) -> WitnessState:
     # (1) W_SIGNATURE: the ledger the terms name signed it, for this placement's log.
     if not note.signed_by(LEDGER_NOTE_NAME, terms.ledger_key):
@@ -151,7 +156,7 @@ def _check(
     close_index = state.close_index
     terms_arrived_ms = state.terms_arrived_ms
     prev = state.last_record_hash
-    window = _TimeWindow.of(known, state)
+    window = _TimeWindow.of(known, state, simulation)
     for offset, raw in enumerate(new_records):
         index = state.size + offset
         record = _ledger_record(raw, index, prev, terms)
@@ -160,6 +165,7 @@ def _check(
         terms_arrived_ms = _terms_arrival(record, terms_arrived_ms)
         # (7) W_TIME: the arrival the ledger signed lies within this party's own clocks.
         window.check(record, index, raw, now_s, terms_arrived_ms)
+        window.last_arrived_ms = max(window.last_arrived_ms, record.arrived_ms or -1)
         if record.kind == "closed" and record.status == "accepted" and close_index < 0:
             close_index = index
     # (5) W_ORDER: each of the party's node streams is in the log in seq order.
@@ -177,6 +183,7 @@ def _check(
         close_index=close_index,
         included=included,
         terms_arrived_ms=terms_arrived_ms,
+        last_arrived_ms=window.last_arrived_ms,
     )
 
 
@@ -207,7 +214,7 @@ def _ledger_record(raw: bytes, index: int, prev: str, terms: PlacementTerms) -> 
     return record
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _TimeWindow:
     """What bounds a record's ``arrived_ms`` for this party (SPEC §6.6, §8.3 (7)).
 
@@ -221,9 +228,13 @@ class _TimeWindow:
     waited: dict[str, int]
     cosigned_ms: int
     cosigned_size: int
+    simulation: bool = False  # SPEC §6.6 arrival = "sender": the record before may raise it
+    last_arrived_ms: int = -1  # the latest arrival chained so far
 
     @classmethod
-    def of(cls, known: Sequence[Known], state: WitnessState) -> _TimeWindow:
+    def of(
+        cls, known: Sequence[Known], state: WitnessState, simulation: bool = False
+    ) -> _TimeWindow:
         delivered: dict[str, int] = {}
         for k in known:
             delivered[k.input_hash] = min(
@@ -236,7 +247,7 @@ class _TimeWindow:
                 latest = max(latest, delivered[k.input_hash])
                 waited[k.input_hash] = latest
         cosigned_ms = state.cosigned_at_s * 1000 if state.cosigned_note else -1
-        return cls(delivered, waited, cosigned_ms, state.size)
+        return cls(delivered, waited, cosigned_ms, state.size, simulation, state.last_arrived_ms)
 
     def check(
         self, record: LedgerRecord, index: int, raw: bytes, now_s: int, terms_arrived_ms: int
@@ -279,6 +290,8 @@ class _TimeWindow:
         if record.status == "rejected" and record.reason == "SEQ_GAP":
             return  # flushed at the close: its time decides nothing (SPEC §6.6)
         bound = max(sent, self.waited.get(record.source, sent), terms_arrived_ms)
+        if self.simulation:  # senders' times are not in log order: max(a_prev, t) (§6.6)
+            bound = max(bound, self.last_arrived_ms)
         if arrived > bound + MAX_ARRIVAL_LAG_MS:
             raise _Refuse(
                 "W_TIME",

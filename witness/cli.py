@@ -48,6 +48,12 @@ def register(sub: Any) -> None:
     )
     run.add_argument("--known", type=Path, help="a directory of signed inputs you sent or received")
     run.add_argument(
+        "--simulation",
+        action="store_true",
+        help='the ledger runs arrival = "sender" (a simulation, SPEC §6.6): a record may '
+        "carry the arrival of the record before it, beyond its own delivery's bound",
+    )
+    run.add_argument(
         "--interval",
         default=str(WITNESS_INTERVAL_S),
         help="re-cosign an unchanged checkpoint once the last cosignature is this many "
@@ -80,6 +86,7 @@ def _run(args: argparse.Namespace) -> int:
         known_dir=args.known,
         now_s=int(time.time()),
         interval_s=interval,
+        simulation=args.simulation,
     )
     print(result.line, file=sys.stdout if result.code in (EXIT_OK, EXIT_REFUSED) else sys.stderr)
     return result.code

@@ -45,6 +45,7 @@ def witness_once(
     known_dir: Path | None = None,
     now_s: int,
     interval_s: int = WITNESS_INTERVAL_S,
+    simulation: bool = False,
 ) -> WitnessResult:
     """Check the ledger's latest checkpoint of the terms' placement; cosign or refuse.
 
@@ -52,6 +53,7 @@ def witness_once(
     ``interval_s`` old (SPEC §8.2: the timestamp bounds every later arrival from below).
     The key is a party key of the terms, or the new buyer's key of an assignment among
     the known inputs (SPEC §8.2: a resale's new buyer witnesses its own obligation).
+    ``simulation``: the ledger runs ``arrival = "sender"`` (``witness.check.witness``).
     """
     try:
         terms, _ = load_terms_file(terms_path)
@@ -90,7 +92,9 @@ def witness_once(
         return WitnessResult(EXIT_UNAVAILABLE, f"FAIL: {exc}")
     except (LedgerRefused, ProtoError) as exc:
         return WitnessResult(EXIT_REFUSED, f"FAIL: {pid}: {exc}")
-    outcome = witness(state, terms, note, records, known, name=name, key=key, now_s=now_s)
+    outcome = witness(
+        state, terms, note, records, known, name=name, key=key, now_s=now_s, simulation=simulation
+    )
     if not isinstance(outcome, Cosigned):
         refusal = outcome.refusal
         path = store_refusal(state_dir, refusal)

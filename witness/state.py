@@ -38,6 +38,7 @@ class WitnessState(msgspec.Struct, forbid_unknown_fields=True):
     close_index: int = -1  # index of the accepted `closed` record, -1 before the close
     included: dict[str, int] = msgspec.field(default_factory=dict)  # input hash -> index
     terms_arrived_ms: int = -1  # arrived_ms of the accepted terms record (SPEC §6.6)
+    last_arrived_ms: int = -1  # the latest arrived_ms of the records so far
     cosigned_note: str = ""
     cosigned_at_s: int = 0
 
