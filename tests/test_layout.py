@@ -134,7 +134,6 @@ LONG_FUNCTIONS: dict[str, int] = {
     "verifier/step6_chain.py::check_sets": 84,
     "verifier/step8_merkle.py::check_checkpoints": 111,
     "verifier/step9_obligation.py::check_statements": 100,
-    "witness/check.py::_check": 83,
 }
 
 

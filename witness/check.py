@@ -130,17 +130,7 @@ def _check(
             f"{state.size}..{checkpoint.size}",
         )
     # (3) W_INCONSISTENT: the new records extend the cosigned tree to exactly this root.
-    payloads: list[bytes] = []
-    for offset, raw in enumerate(new_records):
-        try:
-            payloads.append(decode_envelope(raw).payload)
-        except ProtoError as exc:
-            raise _Refuse(
-                "W_RECORD",
-                f"record {state.size + offset} does not decode: {exc}",
-                state.size + offset,
-                raw,
-            ) from exc
+    payloads = _payloads(new_records, state.size)
     frontier = state.tree()
     for payload in payloads:
         frontier = frontier.append_leaf_hash(leaf_hash(payload))
@@ -185,6 +175,18 @@ def _check(
         terms_arrived_ms=terms_arrived_ms,
         last_arrived_ms=window.last_arrived_ms,
     )
+
+
+def _payloads(new_records: Sequence[bytes], first: int) -> list[bytes]:
+    """The signed bytes of each new record (record ``first`` on), or W_RECORD."""
+    payloads: list[bytes] = []
+    for offset, raw in enumerate(new_records):
+        try:
+            payloads.append(decode_envelope(raw).payload)
+        except ProtoError as exc:
+            index = first + offset
+            raise _Refuse("W_RECORD", f"record {index} does not decode: {exc}", index, raw) from exc
+    return payloads
 
 
 def _terms_arrival(record: LedgerRecord, known_ms: int) -> int:
