@@ -535,11 +535,12 @@ class KafkaLedgerService(_ServiceCore):
 
     def behind_log(self) -> str | None:
         """SPEC §8.4: why no checkpoint is served to witnesses now — None when every owned
-        partition was read to its end within MAX_CLOCK_SKEW_MS."""
+        partition was read to its end within MAX_CLOCK_SKEW_MS / 2 (the other half of the
+        skew is the witness's clock against the broker's)."""
         if self.caught_up_ms is None:
             return "the ledger has not read its partitions to their end yet"
         age = int(time.time() * 1000) - self.caught_up_ms
-        if age > MAX_CLOCK_SKEW_MS:
+        if age > MAX_CLOCK_SKEW_MS // 2:
             return f"the ledger was last caught up with its log {age} ms ago"
         return None
 
