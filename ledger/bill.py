@@ -50,6 +50,7 @@ from proto.records import (
     Assignment,
     BuyerRelease,
     LedgerRecord,
+    Metering,
     PlacementClosed,
     PlacementTerms,
     ReclaimNotice,
@@ -113,7 +114,7 @@ def bill_facts(
         ),
     )
     timeline = TimelineBuilder(terms, effective_end(facts))
-    _classify_usage(store, placement_id, through, timeline)
+    _classify_usage(store, placement_id, through, timeline, terms.metering)
     rows, note = timeline.finish()
     return facts, rows, note
 
@@ -341,7 +342,11 @@ def _usage_pages(store: Store, placement_id: str, through: int) -> Iterator[byte
 
 
 def _classify_usage(
-    store: Store, placement_id: str, through: int, timeline: TimelineBuilder
+    store: Store,
+    placement_id: str,
+    through: int,
+    timeline: TimelineBuilder,
+    metering: Metering | None = None,
 ) -> None:
     """Every sample of the accepted usage events, in chain order, with its §7.1 state."""
     retired: dict[str, dict[str, int]] = {}  # per node stream: the retired-page baseline
@@ -351,9 +356,9 @@ def _classify_usage(
             continue
         before = retired.get(event.node_id, {})
         for sample in event.samples:
-            if health.counts(sample, event.seq == 0, before):
+            if health.counts(sample, event.seq == 0, before, metering):
                 state = DELIVERED
-            elif not sample.allocated:
+            elif not sample.allocated or not health.held(sample, metering):
                 state = UNALLOCATED
             else:
                 state = UNHEALTHY

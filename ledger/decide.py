@@ -682,18 +682,27 @@ class _Run:
                         "binding that only attests (SPEC §6.9)",
                         takes,
                     )
-            if health.counts(sample, event.seq == 0, stream.retired):
-                delivered += spec.share_milli * overlap_ms(
-                    event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
+            if health.counts(sample, event.seq == 0, stream.retired, terms.metering):
+                weight = health.weight_bps(sample, terms.metering)
+                delivered += health.delivered_mgms(
+                    spec.share_milli,
+                    overlap_ms(
+                        event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
+                    ),
+                    weight,
                 )
                 # §7.10: the same time on an assigned GPU, from the handover on
                 for k, assigned in enumerate(assignments):
                     if sample.uuid in assigned.gpus:
-                        resold[k] += spec.share_milli * overlap_ms(
-                            event.start_ms,
-                            event.end_ms,
-                            assigned.handover_ms,
-                            state.effective_end_ms,
+                        resold[k] += health.delivered_mgms(
+                            spec.share_milli,
+                            overlap_ms(
+                                event.start_ms,
+                                event.end_ms,
+                                assigned.handover_ms,
+                                state.effective_end_ms,
+                            ),
+                            weight,
                         )
         # (7) accepted: advance the stream and fold
         self.accepted[(node_id, event.seq)] = (opened.input_hash, opened.record_hash)
