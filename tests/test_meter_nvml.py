@@ -250,7 +250,9 @@ def test_health_evidence_fields_from_nvml(tmp_path: Path, monkeypatch: pytest.Mo
     clock.advance(MINUTE_MS)
     fake.devices[3].energy_mj += 300 * MINUTE_MS  # 300 W over the minute
     s = _samples(agent.tick())
-    assert [s[u].retired_pages for u in uuids] == [2, 1, 0, 0]
+    # A row remapped for a correctable error is evidence, not a retired page (§7.1.2).
+    assert [s[u].retired_pages for u in uuids] == [2, 0, 0, 0]
+    assert [s[u].remapped_correctable for u in uuids] == [0, 1, 0, 0]
     assert all(x.xids == [] and x.ecc_uncorrectable == 0 and x.present for x in s.values())
     assert s["GPU-n1-3"].power_mw == 300_000
 
@@ -265,7 +267,8 @@ def test_health_evidence_fields_from_nvml(tmp_path: Path, monkeypatch: pytest.Mo
     s = _samples(agent.tick())
     a0, a1, a2 = s["GPU-n1-0"], s["GPU-n1-1"], s["GPU-n1-2"]
     assert (a0.xids, a0.xid_errors, a0.retired_pages) == ([13, 79], 3, 3)
-    assert (a1.ecc_uncorrectable, a1.ecc_errors, a1.retired_pages) == (2, 2, 2)
+    assert (a1.ecc_uncorrectable, a1.ecc_errors, a1.retired_pages) == (2, 2, 1)
+    assert a1.remapped_correctable == 1
     assert (a2.present, a2.healthy, a2.power_mw) == (False, False, 0)
     assert s["GPU-n1-3"].power_mw == 0  # no energy used: 0 W, and §7.1.1 says unhealthy
     agent.close()
