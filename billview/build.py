@@ -379,6 +379,13 @@ def _delivery(
         ):
             if row.ms[state]:
                 parts.append(f"{duration(row.ms[state])} {words}")
+        if row.degraded_ms:
+            parts.append(f"of the delivered, {duration(row.degraded_ms)} degraded (throttled)")
+        if row.allocation_unknown_ms:
+            parts.append(
+                f"of the delivered, {duration(row.allocation_unknown_ms)} allocation unknown "
+                "(no scheduler said who held the GPU)"
+            )
         lines.append(
             Line(
                 key=f"gpu:{row.uuid}",

@@ -362,5 +362,12 @@ def _classify_usage(
                 state = UNALLOCATED
             else:
                 state = UNHEALTHY
-            timeline.add(sample.uuid, event.start_ms, event.end_ms, state)
+            timeline.add(
+                sample.uuid,
+                event.start_ms,
+                event.end_ms,
+                state,
+                health.weight_bps(sample, metering),
+                sample.allocation == "unknown",
+            )
         retired[event.node_id] = dict(health.retired_after(before, event.samples))

@@ -12,8 +12,9 @@ from typing import Any
 import msgspec
 import pytest
 from test_meter_nvml import FakeDevice, FakeMig, FakeNvml
-from test_verifier_exports import HOUR, MINUTE, T0, explain, verify
+from test_verifier_exports import HOUR, MINUTE, T0, explain
 
+from billview.doc import BillDoc
 from devtools.builders import (
     StreamWriter,
     gpu,
@@ -22,6 +23,7 @@ from devtools.builders import (
     sample,
     signed_terms,
 )
+from ledger.bill import bill_doc
 from ledger.export import export_placement
 from ledger.fold import Fold
 from ledger.service import LedgerService, fixed_clock
@@ -48,6 +50,7 @@ from proto.xids import DEGRADING_CLOCK_EVENTS, XID_TABLES, attribution, unhealth
 from transport.local import node_source, publish_local, publisher_source
 from transport.spool import read_spool
 from verifier.terms_rules import broken_rules
+from verifier.verify import verify_export
 
 
 def _metering(**changes: Any) -> Metering:
@@ -113,11 +116,15 @@ def _pipeline(
     return [e for e in events if isinstance(e, UsageEvent)], totals
 
 
+BILLS: dict[str, BillDoc] = {}  # the last pipeline's bill, by placement (one test each)
+
+
 def _ledger_export_verify(
     tmp_path: Path, cast: Any, terms: PlacementTerms, local: Path
 ) -> dict[str, int]:
     """Fold what ``local`` holds in a ledger, close, export, verify: the verifier's own
-    totals (equal to every ledger record's: ``report.ok``)."""
+    totals (equal to every ledger record's: ``report.ok``). The ledger's bill and the
+    verifier's, from its own recomputation, are the same and derive every figure."""
     store = Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
     service = LedgerService(
         store, cast.ledger, ledger_id="ledger-1", local_dir=local, clock=fixed_clock(T0 + 3 * HOUR)
@@ -126,11 +133,17 @@ def _ledger_export_verify(
         assert service.run_until_idle().closed == [terms.placement_id]
         out = tmp_path / "export.duckdb"
         export_placement(store, terms.placement_id, out, key=cast.ledger)
+        ledger_bill = bill_doc(store, cast.ledger, terms.placement_id)
     finally:
         service.close()
-    report = verify(out, cast.trust())
+    report = verify_export(out, cast.trust(), bill=True)
     assert report.ok, explain(report)
     assert report.totals is not None  # ok: every record's totals are the verifier's own
+    assert report.bill is not None
+    mine = report.bill.doc(report)
+    assert mine.checks == [] and ledger_bill.checks == []
+    assert (mine.lines, mine.gpus) == (ledger_bill.lines, ledger_bill.gpus)
+    BILLS[terms.placement_id] = mine
     return report.totals
 
 
@@ -154,6 +167,9 @@ def test_another_tenants_pod_is_not_delivered_and_idle_follows_the_terms(
     assert by_uuid["GPU-node-a-2"].allocated is idle_billed
     whole_hour = 1000 * HOUR
     assert totals["delivered_mgms"] == whole_hour * (2 if idle_billed else 1)
+    bill = BILLS[terms.placement_id]
+    assert [g.allocation_unknown_ms for g in bill.gpus] == [0, 0, 0]  # the scheduler answered
+    assert bill.gpus[1].ms["unallocated"] == HOUR
 
 
 @pytest.mark.parametrize("idle_billed", [True, False])
@@ -178,6 +194,11 @@ def test_without_a_scheduler_every_sample_says_unknown_and_keeps_its_bytes(
     # Omitted at its default: the bytes of an agent that predates the field.
     assert b'"allocation"' not in signed_bytes(events[0])
     assert totals["delivered_mgms"] == 2 * 1000 * HOUR
+    # The bill says which delivered time no scheduler vouched for: all of it here.
+    bill = BILLS[terms.placement_id]
+    assert [g.allocation_unknown_ms for g in bill.gpus] == [HOUR, HOUR]
+    line = next(x for x in bill.lines if x.key == "gpu:GPU-node-a-0")
+    assert "1 h allocation unknown" in line.derivation
 
 
 def test_a_failing_or_unmatched_scheduler_reads_unknown() -> None:
@@ -293,6 +314,9 @@ def test_throttle_priced_the_same_by_the_ledger_and_the_verifier(tmp_path: Path)
     throttled = [e for e in events if e.samples[1].clock_events & DEGRADING_CLOCK_EVENTS]
     assert len(throttled) == 20 and all(e.samples[1].healthy for e in throttled)
     assert totals["delivered_mgms"] == 2 * 1000 * HOUR - 500 * 20 * MINUTE
+    bill = BILLS[terms.placement_id]
+    assert [g.degraded_ms for g in bill.gpus] == [0, 20 * MINUTE]
+    assert [g.delivered_mgms for g in bill.gpus] == [1000 * HOUR, 1000 * HOUR - 500 * 20 * MINUTE]
 
 
 def test_the_xid_table_attributes_and_the_terms_choose_it(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ WORK_TABLES: Final = (
     "record_hash VARCHAR, start_ms BIGINT, end_ms BIGINT)",
     "CREATE TABLE w_samples(chain_index BIGINT, uuid VARCHAR, allocated BOOLEAN, healthy BOOLEAN, "
     "power_mw BIGINT, critical_xid BOOLEAN, ecc_uncorrectable BIGINT, retired_pages BIGINT, "
-    "present BOOLEAN, held BOOLEAN, weight_bps BIGINT)",
+    "present BOOLEAN, held BOOLEAN, weight_bps BIGINT, allocation_unknown BOOLEAN)",
     "CREATE TABLE w_reclaim(chain_index BIGINT, notice_from_ms BIGINT, effective_at_ms BIGINT, "
     "arrived_ms BIGINT)",
     "CREATE TABLE w_adjust(chain_index BIGINT, adjustment_id VARCHAR, direction VARCHAR, "
@@ -147,6 +147,7 @@ def _health_sql(keyed: bool) -> str:
     ek, by, using = ("s.ek, ", "s.ek, ", "ek, ") if keyed else ("", "", "")
     return f"""
     SELECT {ek}s.chain_index, s.uuid, s.allocated AND s.held AS allocated, s.weight_bps,
+           s.allocation_unknown,
            s.allocated AND s.held AND s.healthy AND s.present AND s.power_mw > 0
            AND s.ecc_uncorrectable = 0
            AND NOT s.critical_xid

@@ -161,6 +161,7 @@ def work_usage(run: Verification, index: int, record: UsageEvent, record_hash: s
             metering.degraded_bps
             if metering is not None and s.clock_events & DEGRADING_CLOCK_EVENTS
             else 10_000,
+            s.allocation == "unknown",  # shown on the bill (§7.1.2)
         )
         for s in record.samples
     )
