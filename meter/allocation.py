@@ -19,6 +19,7 @@ podresources.py`` is its gRPC client, an optional extra) and ``SlurmSource`` (``
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
@@ -34,6 +35,7 @@ __all__ = [
     "KubeletSource",
     "SlurmSource",
     "allocations_for",
+    "build_allocation_source",
     "expand_hostlist",
     "holder_matches",
 ]
@@ -217,3 +219,23 @@ class SlurmSource:
         except Exception as exc:  # scontrol missing, failing, slow or odd: unknown
             _log.warning("slurm_scontrol_failed", error=f"{type(exc).__name__}: {exc}")
             return None
+
+
+def build_allocation_source(
+    kind: str,
+    *,
+    kubelet_socket: str,
+    slurm_node: str,
+    uuid_of_index: Callable[[int], str | None],
+) -> AllocationSource | None:
+    """The source meter.toml's ``allocation`` names (None for ``none``)."""
+    if kind == "kubelet":
+        from meter.podresources import list_pod_resources
+
+        return KubeletSource(lambda: list_pod_resources(kubelet_socket))
+    if kind == "slurm":
+        node = slurm_node or socket.gethostname().split(".")[0]
+        return SlurmSource(node, uuid_of_index)
+    if kind == "none":
+        return None
+    raise ValueError(f"allocation must be 'none', 'kubelet' or 'slurm', not {kind!r}")

@@ -19,6 +19,12 @@ Keys (relative paths are relative to the directory of meter.toml)::
     key_rebound = false                   # true: key_file is not the node key the terms
                                           #   name but one a NodeKeyBinding bound (else the
                                           #   agent refuses to start)
+    allocation = "none"                   # who holds each GPU (SPEC §7.1.2): "none" (every
+                                          #   sample says allocation "unknown") | "kubelet"
+                                          #   | "slurm" (meter/allocation.py)
+    kubelet_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"   # allocation = kubelet
+    slurm_node = "gpu01"                  # allocation = slurm: this node's Slurm name
+                                          #   (default: the short host name)
 
     [kafka]                               # transport = "kafka"
     bootstrap = "127.0.0.1:9092"
@@ -46,6 +52,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from meter.limits import DEFAULT_INTERVAL_MS, MAX_INTERVAL_MS, MAX_TERMS_FILES, MIN_INTERVAL_MS
+from meter.podresources import DEFAULT_SOCKET
 from transport.kafka import DEFAULT_TOPIC, KafkaSettings
 from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
@@ -72,6 +79,9 @@ _TOP_KEYS: Final = frozenset(
         "local_dir",
         "kafka",
         "key_rebound",
+        "allocation",
+        "kubelet_socket",
+        "slurm_node",
     }
 )
 _KAFKA_KEYS: Final = frozenset(
@@ -114,6 +124,9 @@ class MeterConfig:
     kafka: KafkaSettings | None
     metrics_listen: tuple[str, int] | None
     key_rebound: bool = False
+    allocation: Literal["none", "kubelet", "slurm"] = "none"
+    kubelet_socket: str = DEFAULT_SOCKET
+    slurm_node: str = ""  # empty: the short host name
 
 
 def load_meter_config(path: Path) -> MeterConfig:
@@ -234,6 +247,16 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         problems.append("key_rebound must be true or false")
         key_rebound = False
 
+    allocation = data.get("allocation", "none")
+    if allocation not in ("none", "kubelet", "slurm"):
+        problems.append(f"allocation must be 'none', 'kubelet' or 'slurm', not {allocation!r}")
+        allocation = "none"
+    kubelet_socket = data.get("kubelet_socket", DEFAULT_SOCKET)
+    slurm_node = data.get("slurm_node", "")
+    for name, value in (("kubelet_socket", kubelet_socket), ("slurm_node", slurm_node)):
+        if not isinstance(value, str):
+            problems.append(f"{name} must be a string")
+
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return MeterConfig(
@@ -251,6 +274,9 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         kafka=kafka,
         metrics_listen=metrics_listen,
         key_rebound=key_rebound,
+        allocation=allocation,
+        kubelet_socket=str(kubelet_socket),
+        slurm_node=str(slurm_node),
     )
 
 

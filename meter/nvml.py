@@ -136,6 +136,15 @@ class NvmlSource:
                 out.append(mig)
         return out
 
+    def uuid_of_index(self, index: int) -> str | None:
+        """The uuid of the GPU NVML enumerates at ``index`` (Slurm names GPUs so); None
+        when there is none."""
+        nvml = self._nvml
+        try:
+            return _text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index)))
+        except nvml.NVMLError:
+            return None
+
     def mig_instances(self) -> list[MigInstance]:
         """Every MIG instance NVML lists now: parent, GPU and compute instance ids,
         slices, memory (SPEC §5.3: the terms name them, ``share_milli`` follows)."""

@@ -33,10 +33,12 @@ from meter.allocation import (
     KubeletSource,
     SlurmSource,
     allocations_for,
+    build_allocation_source,
     expand_hostlist,
     holder_matches,
 )
 from meter.clock import SimClock
+from meter.config import ConfigError, parse_meter_config
 from meter.mig import profile_of, share_milli_of
 from meter.nvml import NvmlSource
 from meter.podresources import decode_list_response, encode_list_response
@@ -394,3 +396,27 @@ def test_a_mig_placement_through_nvml_ledger_export_verify(
     s = {x.uuid: x for x in events[5].samples}
     assert s["MIG-bbbb"].model == f"{name} MIG 1g.5gb" and s["MIG-bbbb"].allocation == "buyer"
     assert totals["delivered_mgms"] == (428 + 142) * HOUR
+
+
+def test_meter_toml_names_the_scheduler(tmp_path: Path) -> None:
+    base: dict[str, Any] = {
+        "node_id": "node-a",
+        "key_file": "node.key",
+        "terms": ["t.json"],
+        "transport": "local",
+        "local_dir": str(tmp_path),
+    }
+    path = tmp_path / "meter.toml"
+    assert parse_meter_config(base, path).allocation == "none"
+    config = parse_meter_config({**base, "allocation": "slurm", "slurm_node": "gpu01"}, path)
+    source = build_allocation_source(
+        config.allocation,
+        kubelet_socket=config.kubelet_socket,
+        slurm_node=config.slurm_node,
+        uuid_of_index=lambda i: None,
+    )
+    assert isinstance(source, SlurmSource)
+    kubelet = parse_meter_config({**base, "allocation": "kubelet"}, path)
+    assert kubelet.kubelet_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    with pytest.raises(ConfigError, match="allocation must be 'none', 'kubelet' or 'slurm'"):
+        parse_meter_config({**base, "allocation": "yarn"}, path)
