@@ -390,3 +390,31 @@ def test_mig_instances_are_listed_and_read(monkeypatch: pytest.MonkeyPatch) -> N
     assert slice_.power_mw == 300_000 and slice_.xids == (94,) and not slice_.healthy
     assert r["GPU-whole"].healthy
     source.close()
+
+
+def test_the_gpu_check_script_runs_against_the_fake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # devtools/gpu_check.py is run on a real GPU by a later session; here it must run,
+    # whole GPUs and MIG slices alike, against the fake of the same shapes.
+    import json
+
+    from devtools import gpu_check
+
+    fake = FakeNvml([_mig_parent(), FakeDevice("GPU-whole")])
+    fake.install(monkeypatch)
+    out = tmp_path / "gpu_check.json"
+    args = ["--seconds", "0.25", "--interval-s", "0.1", "--no-load"]
+    code = gpu_check.main([*args, "--out", str(out), "--workdir", str(tmp_path / "w")])
+    result = json.loads(out.read_text())
+    assert code == 0, [c for c in result["agent"]["checks"] if not c["ok"]]
+    assert [g["uuid"] for g in result["agent"]["gpus"]] == [
+        "GPU-whole",
+        "MIG-aaaa",
+        "MIG-bbbb",
+        "MIG-cccc",
+    ]  # the MIG parent is sold as its slices
+    assert [m["share_milli"] for m in result["agent"]["mig_instances"]] == [428, 285, 142]
+    assert result["nvml"]["gpus"][0]["name"] == "NVIDIA A100-SXM4-40GB"
+    fake.devices[1].power_mw = 0  # a check that can fail does
+    assert gpu_check.main([*args, "--out", str(out), "--workdir", str(tmp_path / "x")]) == 1
