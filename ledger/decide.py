@@ -276,6 +276,12 @@ class _Reject(Exception):
         self.takes = takes
 
 
+def _weighted(share_milli: int, weight: int, event: UsageEvent, from_ms: int, to_ms: int) -> int:
+    """SPEC §7.1, §7.1.2: a counting sample's delivered milli-GPU-ms over [from_ms, to_ms)."""
+    overlap = overlap_ms(event.start_ms, event.end_ms, from_ms, to_ms)
+    return health.delivered_mgms(share_milli, overlap, weight)
+
+
 class _Run:
     """One call of ``decide``: its inputs from outside, and the usage events it accepted
     (held inputs released by terms can re-deliver one of those)."""
@@ -684,26 +690,12 @@ class _Run:
                     )
             if health.counts(sample, event.seq == 0, stream.retired, terms.metering):
                 weight = health.weight_bps(sample, terms.metering)
-                delivered += health.delivered_mgms(
-                    spec.share_milli,
-                    overlap_ms(
-                        event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
-                    ),
-                    weight,
-                )
+                end_ms, share = state.effective_end_ms, spec.share_milli
+                delivered += _weighted(share, weight, event, terms.window_start_ms, end_ms)
                 # §7.10: the same time on an assigned GPU, from the handover on
                 for k, assigned in enumerate(assignments):
                     if sample.uuid in assigned.gpus:
-                        resold[k] += health.delivered_mgms(
-                            spec.share_milli,
-                            overlap_ms(
-                                event.start_ms,
-                                event.end_ms,
-                                assigned.handover_ms,
-                                state.effective_end_ms,
-                            ),
-                            weight,
-                        )
+                        resold[k] += _weighted(share, weight, event, assigned.handover_ms, end_ms)
         # (7) accepted: advance the stream and fold
         self.accepted[(node_id, event.seq)] = (opened.input_hash, opened.record_hash)
         streams = dict(state.streams)

@@ -209,9 +209,7 @@ class Agent:
         allocation: AllocationSource | None = None,
     ) -> None:
         self.config = config
-        self._source = source
-        # SPEC §7.1.2: who holds each GPU, from the scheduler; None: every sample "unknown".
-        self._allocation = allocation
+        self._source, self._allocation = source, allocation  # allocation: SPEC §7.1.2
         # A pure source is asked only for the GPUs of the streams due in an interval; the
         # others are read whole, once per interval (NVML: counters since the last read).
         self._pure_source = source if isinstance(source, PureGpuSource) else None
@@ -221,8 +219,7 @@ class Agent:
         self.metrics = metrics if metrics is not None else MeterMetrics()
         self._streams: list[_Stream] = []
         for terms in sorted(config.terms, key=lambda t: t.placement_id):
-            node_ids = {n.node_id for n in terms.nodes}
-            if config.node_id not in node_ids:
+            if config.node_id not in {n.node_id for n in terms.nodes}:
                 _log.warning(
                     "terms_without_this_node", placement=terms.placement_id, node=config.node_id
                 )

@@ -242,21 +242,7 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         else:
             metrics_listen = (host, int(port))
 
-    key_rebound = data.get("key_rebound", False)
-    if not isinstance(key_rebound, bool):
-        problems.append("key_rebound must be true or false")
-        key_rebound = False
-
-    allocation = data.get("allocation", "none")
-    if allocation not in ("none", "kubelet", "slurm"):
-        problems.append(f"allocation must be 'none', 'kubelet' or 'slurm', not {allocation!r}")
-        allocation = "none"
-    kubelet_socket = data.get("kubelet_socket", DEFAULT_SOCKET)
-    slurm_node = data.get("slurm_node", "")
-    for name, value in (("kubelet_socket", kubelet_socket), ("slurm_node", slurm_node)):
-        if not isinstance(value, str):
-            problems.append(f"{name} must be a string")
-
+    node_settings = _node_settings(data, problems)
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return MeterConfig(
@@ -273,11 +259,31 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         transport=transport,
         kafka=kafka,
         metrics_listen=metrics_listen,
-        key_rebound=key_rebound,
-        allocation=allocation,
-        kubelet_socket=str(kubelet_socket),
-        slurm_node=str(slurm_node),
+        **node_settings,
     )
+
+
+def _node_settings(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``key_rebound``; ``allocation``, ``kubelet_socket`` and ``slurm_node`` (SPEC §7.1.2)."""
+    key_rebound = data.get("key_rebound", False)
+    if not isinstance(key_rebound, bool):
+        problems.append("key_rebound must be true or false")
+        key_rebound = False
+    allocation = data.get("allocation", "none")
+    if allocation not in ("none", "kubelet", "slurm"):
+        problems.append(f"allocation must be 'none', 'kubelet' or 'slurm', not {allocation!r}")
+        allocation = "none"
+    kubelet_socket = data.get("kubelet_socket", DEFAULT_SOCKET)
+    slurm_node = data.get("slurm_node", "")
+    for name, value in (("kubelet_socket", kubelet_socket), ("slurm_node", slurm_node)):
+        if not isinstance(value, str):
+            problems.append(f"{name} must be a string")
+    return {
+        "key_rebound": key_rebound,
+        "allocation": allocation,
+        "kubelet_socket": str(kubelet_socket),
+        "slurm_node": str(slurm_node),
+    }
 
 
 def _kafka_settings(value: Any, base: Path, problems: list[str]) -> KafkaSettings | None:
