@@ -379,8 +379,11 @@ def _delivery(
         ):
             if row.ms[state]:
                 parts.append(f"{duration(row.ms[state])} {words}")
-        if row.degraded_ms:
-            parts.append(f"of the delivered, {duration(row.degraded_ms)} degraded (throttled)")
+        if row.degraded_ms and terms.metering is not None:
+            parts.append(
+                f"of the delivered, {duration(row.degraded_ms)} degraded (throttled), "
+                f"counted at {percent_bps(terms.metering.degraded_bps)}"
+            )
         if row.allocation_unknown_ms:
             parts.append(
                 f"of the delivered, {duration(row.allocation_unknown_ms)} allocation unknown "

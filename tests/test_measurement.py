@@ -420,3 +420,17 @@ def test_meter_toml_names_the_scheduler(tmp_path: Path) -> None:
     assert kubelet.kubelet_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
     with pytest.raises(ConfigError, match="allocation must be 'none', 'kubelet' or 'slurm'"):
         parse_meter_config({**base, "allocation": "yarn"}, path)
+
+
+def test_the_mig_example_runs_and_its_bill_shows_slices_and_degraded_time(tmp_path: Path) -> None:
+    from devtools import mig_example
+
+    text = mig_example.run(tmp_path)
+    assert "MIG-5c1e2f0a-3g40 (NVIDIA H100 80GB HBM3 MIG 3g.40gb)" in text
+    assert "1 h delivered × share 428/1000" in text and "share 142/1000" in text
+    # The whole GPU: the buyer's for 40 minutes, 10 of them throttled at half; then
+    # another tenant's pod (unallocated): (30 + 10 / 2) min = 0.583 GPU-h.
+    assert (
+        "20 min unallocated" in text and "10 min degraded (throttled), counted at 50.00 %" in text
+    )
+    assert "0.583 GPU-h" in text and (tmp_path / "bill.txt").read_text() == text
