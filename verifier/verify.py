@@ -73,7 +73,7 @@ from verifier.pricing import (
     totals_at,
 )
 from verifier.progress import Progress
-from verifier.source import ExportSource
+from verifier.source import ExportSource, meta_int, side_file_message, side_files
 from verifier.state import FAILED, UNUSABLE, VERIFIED, ExportReport, ExportVerdict, Verification
 from verifier.walk import walk
 from verifier.workers import OpenPool
@@ -221,6 +221,18 @@ def _verify(
     """``verify_export`` once (``share``: a small export may use the warm database;
     ``deferred``: the obligation's SQL may wait for a batch, ``verify_exports``)."""
     report = ExportReport(path=str(path))
+    found = side_files(path)
+    if found:  # EXPORT.md "A closed file": refused, nothing beside it read
+        report.findings.add(
+            Step.FORMAT,
+            "EXPORT_NOT_CLOSED",
+            str(path),
+            "a closed export file, nothing beside it",
+            ", ".join(found),
+            side_file_message(found),
+        )
+        report.verdict = FAILED
+        return report
     own_pool = pool is None
     try:
         with ExportSource(path, share=share) as source:
@@ -283,6 +295,7 @@ def run_checklist(
     step1_format.check_format(source)
     report.arrival = source.meta.get("arrival", "log")
     step1_format.check_sizes(source, findings)
+    step1_format.check_meta_integers(source, findings)
     step2_trust.check_trust(trust, findings)
     terms = step3_terms.check_terms(source, trust, report)
     if terms is None:  # nothing further can be checked
@@ -356,4 +369,5 @@ def _summarise(run: Verification) -> None:
 
 
 def _int_or_zero(text: str | None) -> int:
-    return int(text) if text is not None and text.isdigit() else 0
+    value = meta_int(text)  # bounded before conversion (step 1 reports one that is not)
+    return 0 if value is None else value
