@@ -11,8 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import msgspec
+import pytest
 from test_verifier_exports import explain, full_scenario, verify
 
+from devtools.builders import signed_terms
+from ledger.fold import Fold
+from proto.envelope import open_envelope
+from proto.records import PlacementTerms
+from proto.trust import dump_trust
 from verifier.report import render_export
 from verifier.state import FAILED
 
@@ -108,3 +115,83 @@ def test_the_ledger_writes_a_closed_file_and_clears_stale_side_files(tmp_path: P
     trust = scenario.cast.trust()
     report = verify(out, trust)
     assert "EXPORT_NOT_CLOSED" not in report.findings.rules(), explain(report)
+
+
+# ---- item 7b: one spelling per GPU (SPEC §5 (3)) ---------------------------------------------
+
+
+def test_terms_carry_only_the_canonical_spelling_of_a_gpu_uuid() -> None:
+    from devtools.builders import gpu, make_cast, make_terms
+    from proto.terms import canonical_uuid, validate_terms
+    from verifier.terms_rules import broken_rules, spelled
+
+    assert canonical_uuid("gpu-8F2A-00") == spelled("gpu-8F2A-00") == "GPU-8f2a-00"
+    assert canonical_uuid("MIG-GPU-AB") == spelled("MIG-GPU-AB") == "MIG-gpu-ab"
+    assert canonical_uuid("Abc") == spelled("Abc") == "abc"
+    cast = make_cast("t37-uuid")
+    honest = make_terms(cast, "p-u", [gpu("n1", 0), gpu("n1", 1)], 0, 3_600_000)
+    assert validate_terms(honest) == [] and broken_rules(honest) == []
+    for odd in ("GPU-N1-0", "gpu-n1-0", "Gpu-n1-0"):
+        gpus = [msgspec.structs.replace(honest.gpus[0], uuid=odd), honest.gpus[1]]
+        bad = msgspec.structs.replace(honest, gpus=gpus)
+        assert any("canonical" in p for p in validate_terms(bad)), odd
+        assert any("not canonical" in p for p in broken_rules(bad)), odd
+    # Two spellings of one device in one terms: listed twice, whatever else.
+    twice = msgspec.structs.replace(
+        honest, gpus=[honest.gpus[0], msgspec.structs.replace(honest.gpus[1], uuid="GPU-N1-0")]
+    )
+    assert "a GPU uuid is listed twice in gpus" in validate_terms(twice)
+    assert any("not unique" in p for p in broken_rules(twice))
+
+
+def test_verify_dir_keys_claims_by_the_canonical_spelling() -> None:
+    from verifier.capacity import Claim, find_oversold
+
+    claims = [
+        Claim("GPU-n1-0", "p-a", "op", 0, 100, 1000, "p-a.duckdb"),
+        Claim("gpu-N1-0", "p-b", "op", 50, 150, 1000, "p-b.duckdb"),
+    ]
+    (found,) = find_oversold(claims)
+    assert found.uuid == "GPU-n1-0" and found.placements == ("p-a", "p-b")
+    assert (found.start_ms, found.end_ms) == (50, 100)
+
+
+def test_a_second_spelling_sold_on_another_shard_never_verifies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator, a second buyer and the desk sign terms naming the first buyer's GPU in
+    upper case, on another shard. An honest ledger refuses them (TERMS_INVALID); a ledger
+    that accepts them (its rule replaced) is failed by the verifier, which re-derives the
+    decision, so ``verify DIR`` never reports two sales of the GPU as FINAL."""
+    import test_capacity as cap
+
+    import proto.terms
+
+    first = cap.Sale("p-a", "buyer-a", 1000, 0, 60)
+    second = cap.Sale("p-b", "buyer-b", 1000, 0, 60)
+    raws_b = cap._raws(second)
+    cast_b = cap._cast("buyer-b")
+    terms_b = open_envelope(raws_b[0]).record
+    assert isinstance(terms_b, PlacementTerms)
+    gpus = [msgspec.structs.replace(g, uuid=g.uuid.upper()) for g in terms_b.gpus]
+    shouted = msgspec.structs.replace(terms_b, gpus=gpus)
+    raws_b[0] = signed_terms(cast_b, shouted)
+    trust = cap._trust(["buyer-a", "buyer-b"])
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    a = cap._shard_export(tmp_path, "shard0", "p-a", cap._raws(first), exports / "p-a.duckdb")
+    assert verify(a, trust).is_final
+    (outcome,) = Fold(cast_b.ledger).apply(raws_b[0], "local:shard1", None, None)
+    assert (outcome.status, outcome.reason) == ("rejected", "TERMS_INVALID"), outcome.detail
+    assert "canonical" in outcome.detail
+    # A dishonest second ledger: its canonical-spelling rule switched off.
+    monkeypatch.setattr(proto.terms, "canonical_uuid", lambda uuid: uuid)
+    b = cap._shard_export(tmp_path, "shard2", "p-b", raws_b, exports / "p-b.duckdb")
+    monkeypatch.undo()
+    report = verify(b, trust)
+    assert report.verdict == FAILED and not report.is_final
+    assert "TERMS_INVALID" in explain(report) or "DECISION" in explain(report), explain(report)
+    trust_path = tmp_path / "trust.json"
+    trust_path.write_bytes(dump_trust(trust))
+    code, _, text = cap._cli(exports, trust_path)
+    assert code == 1, text

@@ -395,11 +395,12 @@ def test_resale_keys_are_reproduced_by_the_fold() -> None:
 
 def test_capacity_is_reproduced_by_the_fold() -> None:
     """SPEC §6.5: terms and amendments alike are refused when they oversell; an
-    amendment's claims replace its terms'; a reclaim at the window's start claims nothing."""
+    amendment's claims replace its terms'; a reclaim at the window's start claims nothing;
+    §5 (3): a GPU uuid not in its canonical spelling is TERMS_INVALID."""
     data = load("capacity.json")
     fold = Fold(vectorgen._cast().ledger)
     reasons = _replay_timed(fold, "capacity", data["steps"])
-    assert reasons == [None, None, "OVERSOLD", None, None, None, None, "OVERSOLD"]
+    assert reasons == [None, None, "OVERSOLD", None, None, None, None, "OVERSOLD", "TERMS_INVALID"]
     claims = [
         {"uuid": uuid, "placement_id": pid, "start_ms": lo, "end_ms": hi, "share_milli": share}
         for _, uuid, pid, lo, hi, share in fold.capacity_rows()

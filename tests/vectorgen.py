@@ -1628,6 +1628,10 @@ def capacity_vectors() -> Any:
         other = terms(amended.placement_id, node, amended.window_start_ms, amended.window_end_ms)
         return b.amendment(amended, gpus=other.gpus, nodes=other.nodes)
 
+    def shouted(t: PlacementTerms) -> PlacementTerms:  # its GPU uuid in upper case
+        gpus = [msgspec.structs.replace(g, uuid=g.uuid.upper()) for g in t.gpus]
+        return msgspec.structs.replace(t, gpus=gpus)
+
     a, bb = terms("pl-cap-a", "node-a", WS, WS + HOUR), terms("pl-cap-b", "node-b", WS, WS + HOUR)
     onto_b = moved(a, "node-b")
     onto_c = moved(a, "node-c")
@@ -1661,6 +1665,11 @@ def capacity_vectors() -> Any:
             b.signed_terms(
                 cast, terms("pl-cap-e", "node-c", WS + 10 * MINUTE, WS + 20 * MINUTE, 500)
             ),
+            notice_at,
+        ),
+        (
+            "F buys node-d's GPU spelled GPU-NODE-D-0: TERMS_INVALID (§5 (3) canonical uuid)",
+            b.signed_terms(cast, shouted(terms("pl-cap-f", "node-d", WS, WS + HOUR))),
             notice_at,
         ),
     ]
