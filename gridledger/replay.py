@@ -644,7 +644,10 @@ class _ReplayRun:
                 self.terms[placement.placement_id] = terms
                 self.terms_envelopes[placement.placement_id] = envelope
             self.workdir.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.workdir / "trust.json", dump_trust(self.cast.trust()))
+            # A replay is a simulation (a Kafka one takes arrival from its senders): its
+            # trust file admits one (SPEC §6.6, §9).
+            trust = self.cast.trust(simulations=True)
+            write_atomic(self.workdir / "trust.json", dump_trust(trust))
         self.plan = plan
         return plan
 
@@ -1044,7 +1047,7 @@ class _Verdicts:
         self.run = run
         self.exports = exports
         self.pool = pool
-        self.trust = dump_trust(run.cast.trust())
+        self.trust = dump_trust(run.cast.trust(simulations=True))  # a simulation: §6.6
         # (placement, its future, its position in the future's batch; None: verify_one's)
         self.pending: deque[tuple[Placement, Future[Any], int | None]] = deque()
         self.queue: list[Placement] = []  # small exports not handed to a worker yet

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from ledger.checkpoints import checkpoint_over_leaves, make_checkpoint, merge_cosignature
 from ledger.limits import ATTEST_LEAF_RECORDS
@@ -70,7 +70,7 @@ def _issue_statement(store: Store, key: SigningKey, placement_id: str) -> bytes:
         if before is None:
             raise UnknownPlacement(f"placement {placement_id!r}: record {head.chain_index - 1}")
         previous = before
-    row = _statement(key, head.envelope, terms, close_index, previous)
+    row = _statement(key, head.envelope, terms, close_index, previous, store.arrival())
     store.add_statement(row)
     return row.envelope
 
@@ -81,13 +81,18 @@ def _statement(
     terms: PlacementTerms,
     close_index: int | None,
     previous: str,
+    arrival: str,
 ) -> StatementRow:
     """The statement through the head record (``previous``: the hash of the record before
-    it when the head is past the close, SPEC §8 "Statement periods")."""
+    it when the head is past the close, SPEC §8 "Statement periods"; ``arrival``: the
+    store's arrival mode, SPEC §6.6)."""
     record, record_hash = ledger_record_of(head_envelope)
     final = close_index is not None and close_index <= record.index
     period = statement_period(record.index, close_index)
-    return make_statement(record, record_hash, terms, final, key, period=period, previous=previous)
+    mode: Literal["log", "sender"] = "sender" if arrival == "sender" else "log"
+    return make_statement(
+        record, record_hash, terms, final, key, period=period, previous=previous, arrival=mode
+    )
 
 
 def issue_checkpoint(store: Store, key: SigningKey, placement_id: str) -> str:
@@ -324,6 +329,7 @@ def _statements(
     }
     rows: list[StatementRow] = []
     skipped: dict[str, str] = {}
+    arrival = store.arrival()  # SPEC §6.6: every statement signs the store's mode
     for pid in ids:
         if pid not in terms_of:
             skipped[pid] = f"placement {pid!r} has no accepted terms"
@@ -336,5 +342,5 @@ def _statements(
         previous = ZERO_HASH
         if statement_period(head, close_index) > 0:
             previous = before[pid]
-        rows.append(_statement(key, envelopes[pid], terms, close_index, previous))
+        rows.append(_statement(key, envelopes[pid], terms, close_index, previous, arrival))
     return rows, skipped

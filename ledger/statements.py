@@ -7,7 +7,7 @@ are deterministic, so the same chain always yields byte-identical statements.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -33,10 +33,12 @@ def make_statement(
     *,
     period: int = 0,
     previous: str = ZERO_HASH,
+    arrival: Literal["log", "sender"] = "log",
 ) -> StatementRow:
     """Sign the statement through ``record`` (whose payload hash is ``record_hash``).
 
-    ``period`` and ``previous`` per SPEC §8 "Statement periods" (``statement_period``)."""
+    ``period`` and ``previous`` per SPEC §8 "Statement periods" (``statement_period``);
+    ``arrival``: the ledger's arrival mode, which the statement signs (SPEC §6.6)."""
     statement = Statement(
         placement_id=record.placement_id,
         through_index=record.index,
@@ -48,6 +50,7 @@ def make_statement(
         period=period,
         previous=previous,
         resale=record.resale,
+        arrival=arrival,
     )
     return StatementRow(
         placement_id=record.placement_id,

@@ -19,7 +19,7 @@ from devtools.builders import signed_terms
 from ledger.fold import Fold
 from proto.envelope import open_envelope
 from proto.records import PlacementTerms
-from proto.trust import dump_trust
+from proto.trust import TrustFile, dump_trust
 from verifier.report import render_export
 from verifier.state import FAILED
 
@@ -195,3 +195,92 @@ def test_a_second_spelling_sold_on_another_shard_never_verifies(
     trust_path.write_bytes(dump_trust(trust))
     code, _, text = cap._cli(exports, trust_path)
     assert code == 1, text
+
+
+# ---- item 4: the arrival mode is signed (SPEC §6.6, §9) ----------------------------------------
+
+
+def _no_witness(trust: TrustFile, *, simulations: bool = False) -> TrustFile:
+    return msgspec.structs.replace(trust, cosigners=[], simulations=simulations)
+
+
+def test_a_simulations_export_is_final_only_where_the_trust_file_admits_it(
+    tmp_path: Path,
+) -> None:
+    s = full_scenario(tmp_path)
+    s.builder.arrival = "sender"
+    s.builder.write(s.path)
+    _set_meta(s.path, "arrival", "sender")
+    report = verify(s.path, s.trust)
+    assert report.ok and not report.is_final and report.arrival == "sender"
+    assert any("a simulation" in r for r in report.provisional), report.provisional
+    admitting = msgspec.structs.replace(s.trust, simulations=True)
+    assert verify(s.path, admitting).is_final
+    # Relabelling the unsigned meta row (no key needed) changes nothing: the statements
+    # sign "sender".
+    _set_meta(s.path, "arrival", "log")
+    again = verify(s.path, s.trust)
+    assert (again.verdict, again.level, again.provisional, again.arrival) == (
+        report.verdict,
+        report.level,
+        report.provisional,
+        "sender",
+    )
+    assert verify(s.path, admitting).is_final
+
+
+def test_statements_that_mix_arrival_modes_are_a_finding(tmp_path: Path) -> None:
+    """A ledger (its key) that signs ``log`` in the final statement of a chain whose
+    earlier statements said ``sender``: one store has one mode."""
+    s = full_scenario(tmp_path)
+    first = s.builder.statements_at[0]
+    with duckdb.connect(str(s.path)) as con:
+        con.execute(
+            "UPDATE statements SET envelope = ? WHERE through_index = ?",
+            [s.builder.statement(first, arrival="sender"), first],
+        )
+    report = verify(s.path, s.trust)
+    assert report.verdict == FAILED and "ARRIVAL_MODE" in report.findings.rules(), explain(report)
+
+
+def test_the_ledger_signs_its_arrival_mode_in_every_statement(tmp_path: Path) -> None:
+    from test_ledger_scenario import build_scenario, publish_scenario_local
+
+    from ledger.export import export_placement
+    from ledger.service import LedgerService
+    from ledger.store import Store
+    from proto.records import Statement
+
+    for arrival in ("log", "sender"):
+        work = tmp_path / arrival
+        scenario = build_scenario(f"signed-{arrival}", placements=1, nodes=1, events=2)
+        publish_scenario_local(work / "spool", scenario.inputs)
+        store = Store(work / "ledger.duckdb", ledger_public_key=scenario.cast.ledger.public_key)
+        service = LedgerService(
+            store,
+            scenario.cast.ledger,
+            ledger_id="l",
+            local_dir=work / "spool",
+            clock=lambda: 1_900_000_000_000,
+            arrival=arrival,  # type: ignore[arg-type]
+        )
+        pid = scenario.placement_ids[0]
+        out = work / f"{pid}.duckdb"
+        try:
+            service.run_until_idle()
+            export_placement(store, pid, out, key=scenario.cast.ledger)
+        finally:
+            service.close()
+        with duckdb.connect(str(out), read_only=True) as con:
+            rows = con.execute("SELECT envelope FROM statements").fetchall()
+        signed = [open_envelope(bytes(e)).record for (e,) in rows]
+        assert signed and all(isinstance(x, Statement) and x.arrival == arrival for x in signed)
+        trust = _no_witness(scenario.cast.trust())
+        report = verify(out, trust)
+        assert report.ok, explain(report)
+        assert report.is_final == (arrival == "log"), report.provisional
+        if arrival == "sender":
+            _set_meta(out, "arrival", "log")  # relabelled at rest: still a simulation
+            relabelled = verify(out, trust)
+            assert relabelled.ok and not relabelled.is_final and relabelled.arrival == "sender"
+            assert verify(out, _no_witness(scenario.cast.trust(), simulations=True)).is_final

@@ -314,6 +314,14 @@ def test_resale_vectors_are_reproduced_by_the_fold() -> None:
     assert terms is not None
     statement = make_statement(last.record, last.record_hash, terms, True, cast.ledger)
     assert base64.b64encode(statement.envelope).decode() == data["final_statement_b64"]
+    # SPEC §6.6, §8: the arrival mode signed; "log" (the default) is omitted from the bytes.
+    sender = make_statement(
+        last.record, last.record_hash, terms, True, cast.ledger, arrival="sender"
+    )
+    assert base64.b64encode(sender.envelope).decode() == data["final_statement_sender_b64"]
+    sender_payload = open_envelope(sender.envelope).envelope.payload
+    assert b'"arrival":"sender"' in sender_payload
+    assert b'"arrival"' not in open_envelope(statement.envelope).envelope.payload
     parties = data["parties_minor"]
     # The worked figures of the vector file, by hand (SPEC §7.10).
     assert parties == {

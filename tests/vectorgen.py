@@ -1253,6 +1253,10 @@ def resale_vectors() -> Any:
         "head": head[1],
         "totals": msgspec.structs.asdict(totals),
         "final_statement_b64": _b64(statement.envelope),
+        # SPEC §6.6, §8: the same statement by a simulation's ledger signs its mode.
+        "final_statement_sender_b64": _b64(
+            make_statement(last[0], last[1], terms, True, cast.ledger, arrival="sender").envelope
+        ),
         "parties_minor": {
             "operator_receives": totals.operator_receives_minor,
             "original_buyer_net": totals.buyer_owes_minor - sold_net,

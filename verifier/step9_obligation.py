@@ -229,6 +229,7 @@ def check_statements(run: Verification) -> None:
                 "final is true exactly when the chain through the index holds the close",
             )
         _check_period(run, where, statement, chain_at)
+        run.arrival_modes.add(statement.arrival)  # SPEC §6.6: signed, step (10) reads it
         if statement.final:
             figures = tuple(getattr(statement.totals, name) for name in TOTAL_FIELDS)
             finals.setdefault(statement.period, {}).setdefault(figures, index)
@@ -248,6 +249,15 @@ def check_statements(run: Verification) -> None:
                     "the statement's amount differs from SPEC §7 at its index",
                 )
     _report_periods(run, finals)
+    if len(run.arrival_modes) > 1:  # one store, one mode (SPEC §6.6)
+        run.add(
+            Step.OBLIGATION,
+            "ARRIVAL_MODE",
+            "statements",
+            "one arrival mode in every statement",
+            ", ".join(sorted(run.arrival_modes)),
+            "a chain never mixes the log's times with times its senders stated",
+        )
 
 
 def _check_statement_resale(run: Verification, where: str, statement: Statement) -> None:

@@ -11,7 +11,10 @@ was already checked, so it only asks what they add up to:
 * that checkpoint carries a valid C2SP cosignature of every cosigner the trust file's
   policy requires (else it is **unwitnessed**).
 
-FINAL needs all four; PROVISIONAL names what is missing; a finding makes it FAILED.
+and its arrival times are the log's (``arrival = log``, signed in the statements, SPEC
+§6.6), unless the trust file admits simulations (``"simulations": true``).
+
+FINAL needs all of these; PROVISIONAL names what is missing; a finding makes it FAILED.
 """
 
 from __future__ import annotations
@@ -72,12 +75,19 @@ def judge(
     closed: bool,
     statements: Sequence[tuple[int, bool]],
     checkpoint_notes: Sequence[str],
+    simulation: bool = False,
 ) -> Completeness:
     """Step (10) over what steps (1)-(9) verified; see the module docstring.
 
-    ``statements`` are (through_index, final) pairs; ``checkpoint_notes`` the note texts.
+    ``statements`` are (through_index, final) pairs; ``checkpoint_notes`` the note texts;
+    ``simulation``: the statements (or the meta row) say ``arrival = sender`` (SPEC §6.6).
     """
     result = Completeness()
+    if simulation and not trust.simulations:
+        result.reasons.append(
+            "a simulation: arrival times stated by the senders (arrival = sender), which "
+            'the trust file does not admit ("simulations": true)'
+        )
     last = record_count - 1
     if not closed:
         result.reasons.append("open: the log holds no accepted close")
