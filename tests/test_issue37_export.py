@@ -8,12 +8,13 @@ evidence named; the honest export of the same scenario stays FINAL.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
 import msgspec
 import pytest
-from test_verifier_exports import explain, full_scenario, verify
+from test_verifier_exports import Scenario, explain, full_scenario, verify
 
 from devtools.builders import signed_terms
 from ledger.fold import Fold
@@ -284,3 +285,108 @@ def test_the_ledger_signs_its_arrival_mode_in_every_statement(tmp_path: Path) ->
             relabelled = verify(out, trust)
             assert relabelled.ok and not relabelled.is_final and relabelled.arrival == "sender"
             assert verify(out, _no_witness(scenario.cast.trust(), simulations=True)).is_final
+
+
+# ---- item 5: an export cut at a period boundary (SPEC §8, §9) -----------------------------------
+
+
+def _periods_export(tmp: Path) -> tuple[Scenario, int]:
+    """The full scenario with a checkpoint after each statement, as the ledger issues them
+    (SPEC §8.1): period 0 ends at the close; two later periods follow. Returns it and the
+    close's index."""
+    s = full_scenario(tmp)
+    n = len(s.builder.items)
+    close = n - 3
+    s.builder.checkpoints_at = [1, 14, close + 1, n]
+    s.builder.write(s.path)
+    return s, close
+
+
+def _witness_state(directory: Path, placement_id: str, note: str) -> Path:
+    """A witness's state file as ``witness/state.py`` writes it (the fields it has)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {
+        "format": "gridledger-witness-state/v1",
+        "placement_id": placement_id,
+        "size": 0,
+        "frontier": [],
+        "last_record_hash": "0" * 64,
+        "close_index": -1,
+        "included": {},
+        "cosigned_note": note,
+        "cosigned_at_s": 1,
+    }
+    (directory / f"{placement_id}.json").write_bytes(msgspec.json.encode(state))
+    return directory
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    from gridledger.cli import main as gridledger_main
+
+    code = gridledger_main(["verify", *argv])
+    return code, capsys.readouterr().out
+
+
+def test_an_export_cut_at_a_period_boundary_is_never_final_against_what_a_party_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_verifier_final import cut_after
+
+    s, close = _periods_export(tmp_path)
+    n = len(s.builder.items)
+    full = verify(s.path, s.trust)
+    assert full.is_final, explain(full)
+    latest = s.builder.checkpoint(n)  # what a party (or its witness) kept: the latest
+    # Cut at rest, no key: the later periods, their statements and checkpoints removed.
+    cut = cut_after(s.path, tmp_path / "cut.duckdb", close)
+    alone = verify(cut, s.trust)
+    assert alone.is_final  # alone, the cut is indistinguishable from an honest period 0
+    kept = tmp_path / "kept.note"
+    kept.write_text(latest)
+    trust = str(s.trust_path)
+    code, out = _cli(capsys, str(cut), "--trust", trust, "--checkpoint", str(kept))
+    assert code == 1 and "TRUNCATED" in out and "OK:" not in out, out
+    assert f"checkpoint of {n} records; the export has {close + 1}" in out, out
+    state = _witness_state(tmp_path / "witness", s.terms.placement_id, latest)
+    code, out = _cli(capsys, str(cut), "--trust", trust, "--witness-state", str(state))
+    assert code == 1 and "TRUNCATED" in out and "OK:" not in out, out
+    assert f"the witness state {state}" in out
+    code, out = _cli(capsys, str(cut), "--trust", trust, "--witness-state", str(state), "--json")
+    data = json.loads(out)
+    (export,) = data["exports"]
+    assert export["verdict"] == "failed" and export["final_period"] is None
+    assert export["findings"]["by_rule"] == {"TRUNCATED": 1}
+    # The whole export extends both: FINAL, and it says for which period.
+    code, out = _cli(capsys, str(s.path), "--trust", trust, "--checkpoint", str(kept))
+    assert code == 0, out
+    assert f"FINAL for period {n - 1 - close} (through record {n - 1})" in out, out
+    code, out = _cli(capsys, str(s.path), "--trust", trust, "--witness-state", str(state))
+    assert code == 0 and "extends the kept checkpoint" in out, out
+
+
+def test_a_witness_state_that_is_not_one_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = full_scenario(tmp_path)
+    bad = tmp_path / "witness"
+    bad.mkdir()
+    (bad / f"{s.terms.placement_id}.json").write_text('{"format": "x", "placement_id": 7}')
+    code = _cli(capsys, str(s.path), "--trust", str(s.trust_path), "--witness-state", str(bad))[0]
+    err = capsys.readouterr().err
+    assert code == 2
+    code, _ = _cli(
+        capsys, str(s.path), "--trust", str(s.trust_path), "--witness-state", str(tmp_path / "no")
+    )
+    assert code == 2
+    # A witness that cosigned nothing yet (no note) leaves the verdict alone.
+    _witness_state(tmp_path / "empty", s.terms.placement_id, "")
+    code, out = _cli(
+        capsys,
+        str(s.path),
+        "--trust",
+        str(s.trust_path),
+        "--witness-state",
+        str(tmp_path / "empty"),
+    )
+    assert code == 0, out
+    del err

@@ -73,6 +73,9 @@ SMALL_TABLE_FETCH_ROWS: Final = 1024
 MAX_SMALL_TABLE_ROWS: Final = 100_000
 
 MAX_PROOF_BYTES: Final = 1024 * 1024
+# A witness's state file read for its last cosigned note (``verify --witness-state``): the
+# bound its witness writes it within.
+MAX_WITNESS_STATE_BYTES: Final = 512 * 1024 * 1024
 MAX_RECORD_FILE_BYTES: Final = 512 * 1024
 
 # Exports read from one directory in one run.
