@@ -100,6 +100,11 @@ def test_trust_init_from_pub_files_checked_against_the_terms(demo_files: Path) -
         ("ledger", "gridledger-ledger-1"),
     }
     assert trust.cosigner_policy() == ("operator", "buyer")
+    assert not trust.simulations  # production: a simulation is never FINAL under it
+    assert b"simulations" not in (demo_files / "trust.json").read_bytes()
+    sim = _gridledger("trust", "init", *args, "--simulations", "--out", "sim.json", cwd=demo_files)
+    assert sim.returncode == 0 and "admits simulations" in sim.stdout, sim.stderr
+    assert load_trust(demo_files / "sim.json").simulations
     # Not replaced without --force.
     again = _gridledger("trust", "init", *args, cwd=demo_files)
     assert again.returncode == 1 and "exists" in again.stderr

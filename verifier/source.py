@@ -41,7 +41,6 @@ SIDE_FILE_SUFFIXES: Final = (".wal", ".wal.checkpoint", ".wal.recovery", ".tmp")
 
 # Meta rows holding integers (EXPORT.md): decimal ASCII digits, at most 2^53 - 1.
 META_INTEGERS: Final = ("records", "dropped_duplicates")
-META_VALUE_MAX_CHARS: Final = 4096
 _MAX_SAFE_INTEGER: Final = 2**53 - 1
 _DECIMAL: Final = re.compile(r"^(0|[1-9][0-9]{0,15})$")
 
@@ -501,7 +500,7 @@ class ExportSource:
     def _read_meta(self) -> dict[str, str]:
         # Each text read at most one character past its bound: a huge meta value is
         # refused by its length, never read whole.
-        cut = META_VALUE_MAX_CHARS + 1
+        cut = limits.MAX_META_VALUE_CHARS + 1
         rows = self.con.execute(
             f"SELECT left(key, {cut}), left(value, {cut}) FROM {ALIAS}.meta "
             f"LIMIT {limits.SMALL_TABLE_FETCH_ROWS}"
@@ -509,10 +508,13 @@ class ExportSource:
         meta: dict[str, str] = {}
         for key, value in rows:
             if isinstance(key, str) and isinstance(value, str):
-                if len(key) > META_VALUE_MAX_CHARS or len(value) > META_VALUE_MAX_CHARS:
+                if (
+                    len(key) > limits.MAX_META_VALUE_CHARS
+                    or len(value) > limits.MAX_META_VALUE_CHARS
+                ):
                     raise UnusableInput(
                         str(self.path),
-                        f"meta {key[:40]!r}: more than {META_VALUE_MAX_CHARS} characters",
+                        f"meta {key[:40]!r}: more than {limits.MAX_META_VALUE_CHARS} characters",
                     )
                 if key in meta:
                     # Row order carries no meaning (EXPORT.md): which of two values would
