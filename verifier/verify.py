@@ -3,8 +3,10 @@
 One module per step, read in order; ``run_checklist`` below runs them, and steps (4)-(9)
 visit the single streaming pass over the chain (``verifier/walk.py``) per chain index.
 
-    step1_format.py      (1) format: meta.format is gridledger-export, meta.format_version
-                         is 1 (else the input is unusable: exit 2)
+    step1_format.py      (1) format: no DuckDB side file beside the export (EXPORT.md "A
+                         closed file"; else the finding EXPORT_NOT_CLOSED, nothing read);
+                         meta.format is gridledger-export, meta.format_version is 1 or 2
+                         (else the input is unusable: exit 2); meta integers bounded
     step2_trust.py       (2) trust: the trust file names which keys belong to which party
                          and role
     step3_terms.py       (3) terms: exactly one accepted terms row, signed by its three
@@ -29,7 +31,8 @@ visit the single streaming pass over the chain (``verifier/walk.py``) per chain 
                          statement
     step10_completeness.py (10) completeness: the log is closed, ends with its final
                          statement, a checkpoint covers the last record and carries the
-                         cosignatures the trust file's policy requires (``witnessed.py``):
+                         cosignatures the trust file's policy requires, and is no
+                         simulation the trust file does not admit (``witnessed.py``):
                          FINAL, else PROVISIONAL naming what is missing (SPEC §9)
 
 Library code: returns an ``ExportReport``, never exits. Unusable input is reported with
