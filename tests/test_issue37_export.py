@@ -215,6 +215,8 @@ def test_a_simulations_export_is_final_only_where_the_trust_file_admits_it(
     report = verify(s.path, s.trust)
     assert report.ok and not report.is_final and report.arrival == "sender"
     assert any("a simulation" in r for r in report.provisional), report.provisional
+    assert render_export(report)[0].startswith("PROVISIONAL:")
+    assert "not final, not payable" in render_export(report)[0]  # SPEC §9
     admitting = msgspec.structs.replace(s.trust, simulations=True)
     assert verify(s.path, admitting).is_final
     # Relabelling the unsigned meta row (no key needed) changes nothing: the statements

@@ -149,7 +149,7 @@ def render_export(report: ExportReport) -> list[str]:
             ]
         return [
             f"PROVISIONAL: {report.path}: placement {report.placement_id}, {records}; "
-            f"{amounts} so far — not final: {'; '.join(report.provisional)}",
+            f"{amounts} so far — not final, not payable: {'; '.join(report.provisional)}",
             *periods,
         ]
     lines = [
