@@ -369,26 +369,22 @@ def test_an_export_cut_at_a_period_boundary_is_never_final_against_what_a_party_
 def test_a_witness_state_that_is_not_one_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from gridledger.cli import main as gridledger_main
+
     s = full_scenario(tmp_path)
+    trust = str(s.trust_path)
     bad = tmp_path / "witness"
     bad.mkdir()
     (bad / f"{s.terms.placement_id}.json").write_text('{"format": "x", "placement_id": 7}')
-    code = _cli(capsys, str(s.path), "--trust", str(s.trust_path), "--witness-state", str(bad))[0]
-    err = capsys.readouterr().err
-    assert code == 2
-    code, _ = _cli(
-        capsys, str(s.path), "--trust", str(s.trust_path), "--witness-state", str(tmp_path / "no")
-    )
-    assert code == 2
+    for where in (bad, tmp_path / "no-such-dir"):
+        code = gridledger_main(
+            ["verify", str(s.path), "--trust", trust, "--witness-state", str(where)]
+        )
+        err = capsys.readouterr().err
+        assert code == 2
+        assert err.startswith("FAIL: ") and err.count("\n") == 1 and str(where) in err, err
+        assert "Traceback" not in err
     # A witness that cosigned nothing yet (no note) leaves the verdict alone.
-    _witness_state(tmp_path / "empty", s.terms.placement_id, "")
-    code, out = _cli(
-        capsys,
-        str(s.path),
-        "--trust",
-        str(s.trust_path),
-        "--witness-state",
-        str(tmp_path / "empty"),
-    )
+    empty = _witness_state(tmp_path / "empty", s.terms.placement_id, "")
+    code, out = _cli(capsys, str(s.path), "--trust", trust, "--witness-state", str(empty))
     assert code == 0, out
-    del err
