@@ -228,12 +228,10 @@ def check_statements(run: Verification) -> None:
                 statement.final,
                 "final is true exactly when the chain through the index holds the close",
             )
-        _check_period(run, where, statement, chain_at)
-        run.arrival_modes.add(statement.arrival)  # SPEC §6.6: signed, step (10) reads it
+        _check_signed_fields(run, where, statement, chain_at)
         if statement.final:
             figures = tuple(getattr(statement.totals, name) for name in TOTAL_FIELDS)
             finals.setdefault(statement.period, {}).setdefault(figures, index)
-        _check_statement_resale(run, where, statement)
         if mine is None:
             continue
         t = statement.totals
@@ -249,7 +247,25 @@ def check_statements(run: Verification) -> None:
                     "the statement's amount differs from SPEC §7 at its index",
                 )
     _report_periods(run, finals)
-    if len(run.arrival_modes) > 1:  # one store, one mode (SPEC §6.6)
+    _check_arrival_modes(run)
+
+
+def _check_signed_fields(
+    run: Verification,
+    where: str,
+    statement: Statement,
+    chain_at: dict[int, tuple[str, dict[str, int]]],
+) -> None:
+    """A statement's period and previous (SPEC §8), its resale list (§7.10), and the
+    arrival mode it signs (§6.6: kept for step (10) and ``_check_arrival_modes``)."""
+    _check_period(run, where, statement, chain_at)
+    _check_statement_resale(run, where, statement)
+    run.arrival_modes.add(statement.arrival)
+
+
+def _check_arrival_modes(run: Verification) -> None:
+    """SPEC §6.6: one store, one arrival mode, so every statement signs the same."""
+    if len(run.arrival_modes) > 1:
         run.add(
             Step.OBLIGATION,
             "ARRIVAL_MODE",

@@ -7,7 +7,7 @@ send back compact rows (``reads_ranges``, ``verifier/walk.py``; a thread pool's 
 read their ranges too). ``bench/verifier_1m.py``
 measures both on the same export; ``python -m verifier`` opens a big export with
 processes by default (less wall and less CPU than threads since they read their own
-ranges: BENCHMARKS.md, session 14). ``inline`` runs in the caller, for small exports,
+ranges: bench/verifier_1m.py). ``inline`` runs in the caller, for small exports,
 where the cores are busy anyway (the trace replay's verifier workers), and for debugging.
 
 ``OpenPool.run`` keeps at most MAX_BATCHES_IN_FLIGHT batches in the pool and yields
@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any, Generic, Literal, TypeVar
 
 from verifier import limits
+from verifier.connections import forget_exports
 from verifier.opener import Keyring, OpenResult, open_chunk
 
 PoolKind = Literal["inline", "thread", "process"]
@@ -56,8 +57,6 @@ def _worker_started() -> None:
     """A pool process only runs the pass: it keeps the pass's collection threshold. It
     holds no export connection of its parent's (spawned; had it been forked, it would drop
     the ones it inherited: ``verifier/walk.py``)."""
-    from verifier.walk import forget_exports
-
     forget_exports(close=False)
     old = gc.get_threshold()
     gc.set_threshold(max(old[0], limits.GC_GEN0_THRESHOLD), *old[1:])
@@ -80,7 +79,7 @@ class OpenPool(Generic[T]):
         # row object per row and planned the batch, ~4 us of CPU per usage event more than
         # the workers' reads of DuckDB's tuples; bench/verifier_1m.py, BENCHMARKS.md).
         # Inline, when asked (a big export: ~6 % less CPU per usage event than the rows
-        # read and planned, BENCHMARKS.md session 14; a small one pays more for the
+        # read and planned, bench/verifier_1m.py; a small one pays more for the
         # second connection to its file than it saves).
         self.reads_ranges = kind in ("process", "thread") if reads_ranges is None else reads_ranges
         # A range's FastPairs cross a process boundary packed (``pairs.pack_pairs``); a

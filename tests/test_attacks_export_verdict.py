@@ -1,4 +1,4 @@
-"""Issue 37, the export and the verdict (SPEC §5 (3), §6.6, §8, §9; EXPORT.md).
+"""The export and the verdict, attacked (SPEC §5 (3), §6.6, §8, §9; EXPORT.md).
 
 Each attack is built with only its attacker's keys: none for an export edited at rest
 (a WAL laid beside it, a meta row rewritten, later periods cut away), the ledger's for
@@ -118,7 +118,7 @@ def test_the_ledger_writes_a_closed_file_and_clears_stale_side_files(tmp_path: P
     assert "EXPORT_NOT_CLOSED" not in report.findings.rules(), explain(report)
 
 
-# ---- item 7b: one spelling per GPU (SPEC §5 (3)) ---------------------------------------------
+# ---- one spelling per GPU (SPEC §5 (3)) ---------------------------------------------
 
 
 def test_terms_carry_only_the_canonical_spelling_of_a_gpu_uuid() -> None:
@@ -198,7 +198,7 @@ def test_a_second_spelling_sold_on_another_shard_never_verifies(
     assert code == 1, text
 
 
-# ---- item 4: the arrival mode is signed (SPEC §6.6, §9) ----------------------------------------
+# ---- the arrival mode is signed (SPEC §6.6, §9) ----------------------------------------
 
 
 def _no_witness(trust: TrustFile, *, simulations: bool = False) -> TrustFile:
@@ -289,7 +289,7 @@ def test_the_ledger_signs_its_arrival_mode_in_every_statement(tmp_path: Path) ->
             assert verify(out, _no_witness(scenario.cast.trust(), simulations=True)).is_final
 
 
-# ---- item 5: an export cut at a period boundary (SPEC §8, §9) -----------------------------------
+# ---- an export cut at a period boundary (SPEC §8, §9) -----------------------------------
 
 
 def _periods_export(tmp: Path) -> tuple[Scenario, int]:
