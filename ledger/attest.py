@@ -7,11 +7,18 @@ so asking twice for the same head returns the same bytes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from ledger.checkpoints import checkpoint_over_leaves, make_checkpoint, merge_cosignature
+from ledger.checkpoints import (
+    CosignTimes,
+    checkpoint_over_leaves,
+    make_checkpoint,
+    merge_cosignature,
+    party_note_keys,
+)
 from ledger.limits import ATTEST_LEAF_RECORDS
 from ledger.statements import ledger_record_of, make_statement, statement_period
 from ledger.store import ChainHead, StatementRow, Store, StoreError
@@ -20,7 +27,7 @@ from proto.errors import ProtoError
 from proto.keys import SigningKey
 from proto.note import parse_checkpoint_body, parse_note
 from proto.reasons import Reason
-from proto.records import ZERO_HASH, PlacementTerms
+from proto.records import ZERO_HASH, Assignment, LedgerRecord, Party, PlacementTerms
 
 # Placements attested per store transaction by ``attest_all``.
 ATTEST_CHUNK: Final = 256
@@ -107,13 +114,17 @@ def issue_checkpoint(store: Store, key: SigningKey, placement_id: str) -> str:
 
 
 def cosign_checkpoint(
-    store: Store, key: SigningKey, placement_id: str, note_text: str
+    store: Store, key: SigningKey, placement_id: str, note_text: str, *, now_ms: int | None = None
 ) -> tuple[str, list[str]]:
     """Add the valid party signatures of ``note_text`` to the stored checkpoint it signs.
 
-    Returns (the stored note with every cosignature, parties added). Raises ProtoError for
-    a note that is malformed, over a checkpoint this ledger never issued, or without a
-    new valid party signature; UnknownPlacement for a placement without a chain.
+    A party is one of the terms or an accepted assignment's new buyer (SPEC §8.2); each
+    cosignature is dated between the last covered record's arrival and the ledger's clock
+    (``now_ms``, default the wall clock; never before that arrival), each with its margin
+    (SPEC §8.4). Returns (the stored note with every cosignature, parties added). Raises
+    ProtoError for a note that is malformed, over a checkpoint this ledger never issued,
+    or without a new valid party signature; UnknownPlacement for a placement without a
+    chain.
     """
     submitted = parse_note(note_text)
     checkpoint = parse_checkpoint_body(submitted.body)
@@ -130,9 +141,40 @@ def cosign_checkpoint(
                     f"no checkpoint of size {checkpoint.size} was issued for {placement_id}",
                 )
             stored = issue_checkpoint(store, key, placement_id)
-        merged, added = merge_cosignature(stored, note_text, terms, key.public_key)
+        keys = party_note_keys(terms, _new_buyers(store, placement_id, checkpoint.size))
+        last = _arrived_ms(store, placement_id, checkpoint.size - 1)
+        clock = int(time.time() * 1000) if now_ms is None else now_ms
+        times = CosignTimes(last, max(clock, last or 0))
+        merged, added = merge_cosignature(stored, note_text, keys, key.public_key, times)
         store.put_checkpoint(placement_id, checkpoint.size, merged, replace=True)
     return merged, added
+
+
+def _new_buyers(store: Store, placement_id: str, size: int) -> list[Party]:
+    """The new buyers of the assignments accepted in the first ``size`` records."""
+    rows = store.placement_query(
+        "SELECT envelope FROM inputs WHERE {rows} AND kind = 'assignment' "
+        "AND status = 'accepted' AND chain_index < ? ORDER BY chain_index",
+        placement_id,
+        [size],
+    )
+    out: list[Party] = []
+    for (envelope,) in rows:
+        record = open_envelope(bytes(envelope)).record
+        if isinstance(record, Assignment):
+            out.append(record.new_buyer)
+    return out
+
+
+def _arrived_ms(store: Store, placement_id: str, index: int) -> int | None:
+    """The ``arrived_ms`` of record ``index`` (None: no such record, or untimed)."""
+    rows = store.placement_query(
+        "SELECT envelope FROM records WHERE {rows} AND chain_index = ?", placement_id, [index]
+    )
+    if not rows:
+        return None
+    record = open_envelope(bytes(rows[0][0])).record
+    return record.arrived_ms if isinstance(record, LedgerRecord) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,6 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "transport": config.transport,
                     "arrival": config.arrival,
                 },
+                behind=service.behind_log if isinstance(service, KafkaLedgerService) else None,
             )
             server = LedgerHttpServer(api, *config.http, port_file=config.port_file)
             server.start()

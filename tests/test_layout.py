@@ -131,9 +131,8 @@ LONG_FUNCTIONS: dict[str, int] = {
     "verifier/pricing.py::_base_sql": 109,
     "verifier/step3_terms.py::check_terms": 105,
     "verifier/step6_chain.py::check_sets": 84,
-    "verifier/step8_merkle.py::check_checkpoints": 112,
+    "verifier/step8_merkle.py::check_checkpoints": 111,
     "verifier/step9_obligation.py::check_statements": 100,
-    "witness/check.py::_check": 83,
 }
 
 

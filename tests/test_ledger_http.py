@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +32,10 @@ from proto.cosign import cosign, cosignature_of
 from proto.envelope import decode_envelope
 from proto.keys import SigningKey, write_key_pair
 from proto.note import LEDGER_NOTE_NAME, parse_checkpoint_body, parse_note
+
+# Cosignatures are dated by the witness's clock, which the ledger bounds by its own
+# (SPEC §8.4).
+_NOW_S = int(time.time())
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -104,7 +109,7 @@ def test_http_api_and_cli(
         assert status == 200 and note.signed_by(LEDGER_NOTE_NAME, scenario.cast.ledger.public_key)
 
         buyer = scenario.cast.buyer
-        signed = cosign(note, buyer.name, buyer, 1_800_000_000).text().encode()
+        signed = cosign(note, buyer.name, buyer, _NOW_S).text().encode()
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", signed)
         assert status == 200, body
         merged = parse_note(body.decode())
@@ -114,10 +119,10 @@ def test_http_api_and_cli(
         assert parse_note(_get(f"{base}/placements/{pid}/checkpoint")[1].decode()) == merged
 
         impostor = SigningKey.from_seed_text(buyer.name, "not the buyer")
-        forged = cosign(note, buyer.name, impostor, 1_800_000_000).text().encode()
+        forged = cosign(note, buyer.name, impostor, _NOW_S).text().encode()
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", forged)
         assert status == 400 and json.loads(body)["reason"] == "SIG_INVALID"
-        stranger = cosign(note, "stranger-1", impostor, 1_800_000_000).text().encode()
+        stranger = cosign(note, "stranger-1", impostor, _NOW_S).text().encode()
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", stranger)
         assert status == 400 and json.loads(body)["reason"] == "SIG_SURPLUS"
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", b"garbage")

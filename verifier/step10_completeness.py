@@ -37,6 +37,8 @@ def check_completeness(run: Verification, trust: TrustFile) -> None:
         statements=statements,
         checkpoint_notes=notes,
         simulation=run.report.arrival == "sender",
+        new_buyers=[a.new_buyer for a in run.referee.assignments],
+        first_arrived_ms=run.first_arrived,
     )
     for rule, where, expected, actual, message in result.findings:
         run.add(Step.COMPLETENESS, rule, where, expected, actual, message)

@@ -65,6 +65,7 @@ from verifier import (
     step10_completeness,
     warm,
 )
+from verifier.cosigned_time import CosignedTimes, read_stamps, trusted_cosigners
 from verifier.errors import UnusableInput
 from verifier.findings import Step
 from verifier.pricing import (
@@ -314,6 +315,13 @@ def run_checklist(
     step5_columns.check_meta_records(run)
     step6_chain.check_sets(run)  # the set-based half of (6), SQL over the export
     step8_merkle.read_sizes(run)  # which tree sizes the pass must keep roots for
+    run.cosigned = CosignedTimes(
+        read_stamps(
+            (str(n) for (n,) in source.small_table("checkpoints", "note", "size")),
+            terms,
+            trusted_cosigners(terms, trust),
+        )
+    )  # (7) SPEC §6.6: the floor and ceiling of each record's arrival
     walk(run)  # (4) (5) (6) (7) (8) (9) per chain index: the single pass
     step7_decisions.check_held(run)
     step9_obligation.price_base(run)  # D, B, G, R, Q: what the adjustments depend on

@@ -407,6 +407,7 @@ def _check_fast(
     if (
         (arrived is None and (last is not None or run.untimed_arrival_finding))
         or (arrived is not None and last is not None and arrived < last)
+        or (arrived is not None and run.cosigned.violation(index, arrived) is not None)
         or pair.reason == "AFTER_CLOSE"
         or (index == 0 and prev != ZERO_HASH)
         or (index > 0 and run.prev_index == index - 1 and prev != run.prev_hash)
@@ -422,6 +423,8 @@ def _check_fast(
     # (7) step7_decisions.decide, for a timed usage record with no arrival finding
     if arrived is not None:  # step7_decisions.check_arrival without a finding
         run.last_arrived = arrived if last is None else max(last, arrived)
+        if index == 0:
+            run.first_arrived = arrived
     opened = pair.opened
     referee = run.referee
     verdict = referee.decide(opened, index in run.duplicates, index, arrived)
