@@ -115,7 +115,6 @@ LONG_FUNCTIONS: dict[str, int] = {
     "billview/build.py::_resale": 88,
     "billview/build.py::_settlement": 84,
     "billview/build.py::build": 86,
-    "gridledger/cmd_records.py::register": 144,
     "gridledger/demo.py::run_demo": 87,
     "ledger/export.py::_copy_rows": 89,
     "ledger/export.py::_export_all": 97,
