@@ -133,7 +133,7 @@ def _dry_run(
     ledger: str | None = getattr(args, "ledger", None)
     try:
         if export is not None:
-            current = dryrun.current_from_export(export, terms.placement_id)
+            current = dryrun.rebuild(export, terms.placement_id)
         elif ledger is not None:
             current = dryrun.current_from_ledger(ledger, terms.placement_id)
         else:
@@ -142,13 +142,13 @@ def _dry_run(
         raise UsageError(str(exc)) from exc
     arrives = parse_time_ms(args.arrives_at, "--arrives-at")
     print(f"as if it reaches the log at {iso(arrives)} (a notice counts from there)")
-    logged = current.state.arrived_ms
+    logged = current.logged_ms
     if logged is not None and logged > arrives:  # SPEC §6.6: arrivals are monotone
         print(
             f"  the log is already at {iso(logged)} (an arrival never goes back, SPEC §6.6): "
             "the ledger times it from there"
         )
-    result = dryrun.dry_run(current, raw, missing, arrives_at_ms=arrives)
+    result = current.dry_run(raw, missing, arrives_at_ms=arrives)
     for line in dryrun.render(result, terms, missing):
         print(line)
     print("nothing written, nothing published (--dry-run)")
