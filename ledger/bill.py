@@ -39,7 +39,7 @@ from billview.facts import (
 )
 from billview.timeline import DELIVERED, UNALLOCATED, UNHEALTHY, TimelineBuilder
 from ledger import health, snapshot
-from ledger.attest import UnknownPlacement, current_statement
+from ledger.issuer import UnknownPlacement, current_statement
 from ledger.store import Store
 from proto.cosign import cosignature_of
 from proto.envelope import open_envelope

@@ -43,7 +43,6 @@ import structlog
 
 from billview import render
 from billview.doc import decode as decode_bill
-from ledger.attest import UnknownPlacement, statement_answer
 from ledger.bill import bill_doc
 from ledger.client import (
     ApiError,
@@ -59,6 +58,7 @@ from ledger.crypto import CryptoWorkerError
 from ledger.export import export_all, export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer
 from ledger.ingest import IngestBroken
+from ledger.issuer import UnknownPlacement, statement_answer
 from ledger.limits import (
     MAX_SHARDS,
     START_ATTEMPTS,

@@ -43,7 +43,7 @@ from typing import Any, Final
 
 import duckdb
 
-from ledger.attest import (
+from ledger.issuer import (
     ChainFacts,
     UnknownPlacement,
     attest_chunks,

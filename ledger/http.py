@@ -38,9 +38,9 @@ from urllib.parse import parse_qs, quote, unquote
 import structlog
 
 from billview import render
-from ledger.attest import UnknownPlacement, cosign_checkpoint, issue_checkpoint, statement_answer
 from ledger.bill import bill_doc
 from ledger.export import export_placement
+from ledger.issuer import UnknownPlacement, cosign_checkpoint, issue_checkpoint, statement_answer
 from ledger.limits import HTTP_TIMEOUT_S, MAX_HTTP_BODY_BYTES
 from ledger.listing import placement_list
 from ledger.metrics import LedgerMetrics

@@ -18,8 +18,8 @@ from test_ledger_scenario import (
 )
 
 from devtools.builders import adjustment
-from ledger.attest import UnknownPlacement
 from ledger.export import TABLES, export_placement
+from ledger.issuer import UnknownPlacement
 from proto import merkle
 from proto.envelope import decode_envelope, open_envelope
 from proto.keys import b64, verify

@@ -24,10 +24,10 @@ from test_ledger_scenario import (
 
 from devtools.builders import signed_terms
 from gridledger.cli import main as gridledger_main
-from ledger.attest import issue_statement
 from ledger.client import find_running
 from ledger.config import load_config
 from ledger.http import LedgerApi, LedgerHttpServer
+from ledger.issuer import issue_statement
 from ledger.service import LedgerService, fixed_clock
 from ledger.store import Store
 from proto import merkle
