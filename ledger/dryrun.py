@@ -3,7 +3,7 @@
 ``gridledger/dryrun.py``).
 
 ``rebuild`` is the one way in. It folds every input of an export again in chain order
-with the ledger's own pure fold (``ledger.decide``), and the result must equal the
+with the ledger's own pure fold (``ledger.rules``), and the result must equal the
 export's last record (else the export is not one this fold reproduces, and it says so
 instead of guessing). ``Current.dry_run`` then folds the new record on top of that state:
 its verdict (accepted, or rejected with the reason the ledger would give) and the totals
@@ -21,7 +21,9 @@ from pathlib import Path
 import duckdb
 
 from ledger.cache import PlacementCache
-from ledger.decide import (
+from ledger.export import INPUT_TABLES
+from ledger.pricing import price, reclaim_credit_minor, release_charge_minor, resale_entry
+from ledger.rules import (
     NOT_LOOKED_UP,
     AcceptedEvent,
     NotLookedUp,
@@ -29,8 +31,6 @@ from ledger.decide import (
     resale_of,
     usage_lookup,
 )
-from ledger.export import INPUT_TABLES
-from ledger.pricing import price, reclaim_credit_minor, release_charge_minor, resale_entry
 from ledger.state import PlacementState
 from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError

@@ -1,6 +1,6 @@
 """The fold state of one placement: immutable values that ``decide`` reads and replaces.
 
-Nothing here changes after it is built: ``decide`` (ledger/decide.py) returns a new
+Nothing here changes after it is built: ``decide`` (ledger/rules.py) returns a new
 ``PlacementState`` (``msgspec.structs.replace``) and leaves the one it was given as it
 was. Mappings are never mutated once built; a change builds a new mapping (copy on
 write — they are small: one entry per node). The sets and the held list that grow with

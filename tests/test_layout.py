@@ -81,7 +81,7 @@ def test_the_boundary_check_sees_imports_across() -> None:
     assert "devtools" not in tops  # the demo and the CLI run from a wheel without devtools
 
 
-# The ledger's public faces: the modules the glue may import. The fold (``decide``, ``state``,
+# The ledger's public faces: the modules the glue may import. The fold (``rules``, ``state``,
 # ``pricing``, ``cache``, ...) stays behind them: what the glue needs of it (the dry run)
 # the ledger offers as a face of its own (``ledger.dryrun``).
 LEDGER_FACES: frozenset[str] = frozenset(
