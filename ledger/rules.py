@@ -34,7 +34,7 @@ import msgspec
 
 from ledger import health
 from ledger.capacity import Claims, oversold
-from ledger.persistent import PMap, PSet
+from ledger.immutable import PMap, PSet
 from ledger.pricing import (
     overlap_ms,
     price,

@@ -36,9 +36,9 @@ from test_ledger_fold import build_stream
 from devtools import builders as b
 from ledger import snapshot
 from ledger.fold import Fold
+from ledger.immutable import PLog, PMap, PSet
 from ledger.ingest import Ingestor
 from ledger.inputs import Item
-from ledger.persistent import PLog, PMap, PSet
 from ledger.rules import (
     NOT_LOOKED_UP,
     Verdict,
