@@ -28,8 +28,8 @@ from proto.attestation import (
     node_key_hash,
     parse_evidence,
 )
+from proto.durable_io import read_at_most
 from proto.errors import KeyFileError
-from proto.files import read_at_most
 from proto.keys import key_id, load_public_key
 from proto.limits import (
     MAX_EVIDENCE_CHARS,

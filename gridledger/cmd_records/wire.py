@@ -9,12 +9,12 @@ from typing import Final
 
 from gridledger.cmd_records.common import RECORD, UsageError
 from proto.canonical import decode_payload, signed_bytes
+from proto.durable_io import read_at_most
 from proto.envelope import (
     Opened,
     open_envelope,
 )
 from proto.errors import ProtoError
-from proto.files import read_at_most
 from proto.limits import (
     MAX_ENVELOPE_BYTES,
 )
