@@ -23,14 +23,7 @@ import duckdb
 from ledger.cache import PlacementCache
 from ledger.export import INPUT_TABLES
 from ledger.pricing import price, reclaim_credit_minor, release_charge_minor, resale_entry
-from ledger.rules import (
-    NOT_LOOKED_UP,
-    AcceptedEvent,
-    NotLookedUp,
-    decide,
-    resale_of,
-    usage_lookup,
-)
+from ledger.rules import NOT_LOOKED_UP, AcceptedEvent, NotLookedUp, decide, resale_of, usage_lookup
 from ledger.state import PlacementState
 from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError

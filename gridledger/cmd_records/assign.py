@@ -15,16 +15,11 @@ from gridledger.cmd_records.common import (
     parse_time_ms,
 )
 from gridledger.cmd_records.finish import finish, sign_new
-from gridledger.cmd_records.precheck import (
-    precheck_new_buyer,
-)
+from gridledger.cmd_records.precheck import precheck_new_buyer
 from gridledger.cmd_records.wire import check_record
 from proto.errors import KeyFileError
 from proto.keys import load_public_key
-from proto.records import (
-    Assignment,
-    Party,
-)
+from proto.records import Assignment, Party
 
 
 def command(args: argparse.Namespace) -> int:

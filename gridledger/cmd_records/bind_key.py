@@ -15,10 +15,7 @@ from gridledger.cmd_records.common import (
     parse_time_ms,
 )
 from gridledger.cmd_records.finish import finish, sign_new
-from gridledger.cmd_records.precheck import (
-    precheck_fresh,
-    precheck_node_key,
-)
+from gridledger.cmd_records.precheck import precheck_fresh, precheck_node_key
 from gridledger.cmd_records.wire import check_record
 from proto.attestation import (
     Evidence,
@@ -31,14 +28,8 @@ from proto.attestation import (
 from proto.durable_io import read_at_most
 from proto.errors import KeyFileError
 from proto.keys import key_id, load_public_key
-from proto.limits import (
-    MAX_EVIDENCE_CHARS,
-    MAX_SAFE_INTEGER,
-)
-from proto.records import (
-    NodeKeyBinding,
-    PlacementTerms,
-)
+from proto.limits import MAX_EVIDENCE_CHARS, MAX_SAFE_INTEGER
+from proto.records import NodeKeyBinding, PlacementTerms
 from proto.trust import TrustError, load_trust
 
 

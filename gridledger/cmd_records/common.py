@@ -16,9 +16,7 @@ from billview.units import iso_utc
 from gridledger.publishing import PublishError
 from proto.errors import KeyFileError
 from proto.keys import SigningKey, load_signing_key
-from proto.limits import (
-    MAX_SAFE_INTEGER,
-)
+from proto.limits import MAX_SAFE_INTEGER
 from proto.records import (
     Adjustment,
     Assignment,
@@ -27,12 +25,7 @@ from proto.records import (
     PlacementTerms,
     ReclaimNotice,
 )
-from proto.terms import (
-    MIN_PLAUSIBLE_MS,
-    TermsError,
-    check_terms_signatures,
-    load_terms_file,
-)
+from proto.terms import MIN_PLAUSIBLE_MS, TermsError, check_terms_signatures, load_terms_file
 
 EX_OK: Final = 0
 

@@ -5,20 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gridledger.cmd_records.common import (
-    load_keys,
-    load_terms,
-    what_of,
-)
+from gridledger.cmd_records.common import load_keys, load_terms, what_of
 from gridledger.cmd_records.finish import finish
-from gridledger.cmd_records.precheck import (
-    precheck_opened,
-)
+from gridledger.cmd_records.precheck import precheck_opened
 from gridledger.cmd_records.signers import check_signers, role_of
 from gridledger.cmd_records.wire import open_record
-from proto.envelope import (
-    add_signatures,
-)
+from proto.envelope import add_signatures
 
 
 def command(args: argparse.Namespace) -> int:

@@ -20,19 +20,9 @@ from gridledger.cmd_records.common import (
 from gridledger.cmd_records.signers import check_signers, missing_signers
 from gridledger.publishing import publish, target_of
 from proto.canonical import signed_bytes
-from proto.envelope import (
-    Envelope,
-    encode_envelope,
-    sign_payload,
-)
+from proto.envelope import Envelope, encode_envelope, sign_payload
 from proto.keys import key_id
-from proto.records import (
-    Adjustment,
-    Assignment,
-    BuyerRelease,
-    PlacementTerms,
-    ReclaimNotice,
-)
+from proto.records import Adjustment, Assignment, BuyerRelease, PlacementTerms, ReclaimNotice
 
 
 def _describe(record: RECORD, terms: PlacementTerms) -> str:

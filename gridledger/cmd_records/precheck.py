@@ -9,20 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gridledger.cmd_records.common import RECORD, UsageError, iso
-from proto.attestation import (
-    EvidenceError,
-    parse_evidence,
-)
-from proto.limits import (
-    MAX_CLOCK_SKEW_MS,
-    MAX_EVIDENCE_AGE_MS,
-)
-from proto.records import (
-    Assignment,
-    NodeKeyBinding,
-    Party,
-    PlacementTerms,
-)
+from proto.attestation import EvidenceError, parse_evidence
+from proto.limits import MAX_CLOCK_SKEW_MS, MAX_EVIDENCE_AGE_MS
+from proto.records import Assignment, NodeKeyBinding, Party, PlacementTerms
 
 
 def _key_holder(terms: PlacementTerms, key: bytes) -> str | None:

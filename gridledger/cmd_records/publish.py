@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gridledger.cmd_records.common import (
-    UsageError,
-    load_terms,
-)
+from gridledger.cmd_records.common import UsageError, load_terms
 from gridledger.cmd_records.finish import finish
-from gridledger.cmd_records.precheck import (
-    precheck_opened,
-)
+from gridledger.cmd_records.precheck import precheck_opened
 from gridledger.cmd_records.wire import open_record
 from gridledger.publishing import target_of
 

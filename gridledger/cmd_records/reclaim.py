@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from gridledger.cmd_records.common import (
-    add_issued,
-    default_out,
-    load_terms,
-    parse_time_ms,
-)
+from gridledger.cmd_records.common import add_issued, default_out, load_terms, parse_time_ms
 from gridledger.cmd_records.finish import finish, sign_new
 from gridledger.cmd_records.wire import check_record
-from proto.records import (
-    ReclaimNotice,
-)
+from proto.records import ReclaimNotice
 
 
 def command(args: argparse.Namespace) -> int:

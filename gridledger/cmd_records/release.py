@@ -14,9 +14,7 @@ from gridledger.cmd_records.common import (
 )
 from gridledger.cmd_records.finish import finish, sign_new
 from gridledger.cmd_records.wire import check_record
-from proto.records import (
-    BuyerRelease,
-)
+from proto.records import BuyerRelease
 
 
 def command(args: argparse.Namespace) -> int:

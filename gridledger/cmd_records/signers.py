@@ -6,22 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gridledger.cmd_records.common import RECORD, Refused
-from proto.envelope import (
-    Envelope,
-    check_signatures,
-)
+from proto.envelope import Envelope, check_signatures
 from proto.keys import SigningKey, key_id
-from proto.limits import (
-    MAX_SAFE_INTEGER,
-)
-from proto.records import (
-    Adjustment,
-    Assignment,
-    BuyerRelease,
-    Party,
-    PlacementTerms,
-    ReclaimNotice,
-)
+from proto.limits import MAX_SAFE_INTEGER
+from proto.records import Adjustment, Assignment, BuyerRelease, Party, PlacementTerms, ReclaimNotice
 
 
 def authority(

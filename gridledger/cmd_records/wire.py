@@ -10,14 +10,9 @@ from typing import Final
 from gridledger.cmd_records.common import RECORD, UsageError
 from proto.canonical import decode_payload, signed_bytes
 from proto.durable_io import read_at_most
-from proto.envelope import (
-    Opened,
-    open_envelope,
-)
+from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
-from proto.limits import (
-    MAX_ENVELOPE_BYTES,
-)
+from proto.limits import MAX_ENVELOPE_BYTES
 from proto.records import (
     Adjustment,
     Assignment,
@@ -26,9 +21,7 @@ from proto.records import (
     PlacementTerms,
     ReclaimNotice,
 )
-from proto.terms import (
-    in_words,
-)
+from proto.terms import in_words
 
 # A record's field -> the option the user gave it with (messages use the user's words).
 _OPTION_OF: Final = {
