@@ -181,7 +181,7 @@ LONG_FUNCTIONS: dict[str, int] = {
     "transport/spool.py::read_spool": 82,
     "verifier/bill.py::collect": 82,
     "verifier/inclusion.py::verify_inclusion_bundle": 98,
-    "verifier/pricing.py::_base_sql": 112,
+    "verifier/pricing.py::_base_sql": 109,
     "verifier/step3_terms.py::check_terms": 105,
     "verifier/step6_chain.py::check_sets": 84,
     "verifier/step8_merkle.py::check_checkpoints": 112,
