@@ -14,7 +14,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from proto.attestation import Alg, AttestationRoot, root_key_ok
-from proto.files import read_at_most
+from proto.durable_io import read_at_most
 from proto.keys import PRIVATE_FORMAT, PUBLIC_FORMAT, key_id
 from proto.limits import MAX_ATTESTATION_ROOTS, MAX_WITNESS_INTERVAL_S
 from proto.records import Identifier

@@ -22,7 +22,7 @@ from typing import Final
 
 import msgspec
 
-from proto.files import read_at_most
+from proto.durable_io import read_at_most
 from proto.trust import TrustFile
 from verifier import limits
 from verifier.copies import check_kept, kept_placement

@@ -54,6 +54,7 @@ from proto.trust import TrustFile
 from verifier import (
     limits,
     resale,
+    small_export_db,
     step1_format,
     step2_trust,
     step3_terms,
@@ -63,7 +64,6 @@ from verifier import (
     step8_merkle,
     step9_obligation,
     step10_completeness,
-    warm,
 )
 from verifier.cosigned_time import CosignedTimes, read_stamps, trusted_cosigners
 from verifier.errors import UnusableInput
@@ -115,7 +115,8 @@ def verify_export(
     ):
         # Again on a database of its own, as a big export is read: a DuckDB message names
         # the file it read, on the process's warm database a link to the export
-        # (``verifier/warm.py``); the report must not depend on which database read it.
+        # (``verifier/small_export_db.py``); the report must not depend on which database
+        # read it.
         report = _verify(path, trust, pool, progress, bill, share=False)
     report.elapsed_s = time.monotonic() - started
     _log(path, report)
@@ -197,7 +198,7 @@ def verify_exports(
 def _batch_mismatches(batch: list[DeferredPricing]) -> set[int] | None:
     """``pricing.batch_mismatches`` on the process's batch database; None when it cannot
     say (no database, an error: every export of the batch is then verified alone)."""
-    database = warm.acquire("batch")
+    database = small_export_db.acquire("batch")
     if database is None:
         return None
     clean = False
@@ -209,7 +210,7 @@ def _batch_mismatches(batch: list[DeferredPricing]) -> set[int] | None:
         log.warning("batch pricing failed, verifying one by one", exc_info=True)
         return None
     finally:
-        warm.release(database, clean)
+        small_export_db.release(database, clean)
 
 
 def _verify(
