@@ -38,13 +38,12 @@ from urllib.parse import parse_qs, quote, unquote
 import structlog
 
 from billview import render
-from ledger.attest import UnknownPlacement, cosign_checkpoint, issue_checkpoint, issue_statement
 from ledger.bill import bill_doc
 from ledger.export import export_placement
+from ledger.issuer import UnknownPlacement, cosign_checkpoint, issue_checkpoint, statement_answer
 from ledger.limits import HTTP_TIMEOUT_S, MAX_HTTP_BODY_BYTES
 from ledger.listing import placement_list
 from ledger.metrics import LedgerMetrics
-from ledger.statements import statement_json
 from ledger.store import Store
 from proto import merkle
 from proto.errors import ProtoError
@@ -86,8 +85,9 @@ class LedgerApi:
         self.behind = behind or (lambda: None)
 
     def statement(self, placement_id: str) -> dict[str, Any]:
-        """JSON of the statement through the current head."""
-        return statement_json(issue_statement(self.store, self.key, placement_id))
+        """JSON of the statement through the current head: the signed one stored for it, or
+        an unsigned preview marked so (a GET never writes)."""
+        return statement_answer(self.store, placement_id)
 
     def placements(self) -> dict[str, Any]:
         """JSON of every placement (ledger/listing.py)."""

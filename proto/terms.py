@@ -23,6 +23,7 @@ import msgspec
 
 from proto import limits
 from proto.canonical import signed_bytes
+from proto.durable_io import read_at_most
 from proto.envelope import (
     Envelope,
     Opened,
@@ -31,7 +32,6 @@ from proto.envelope import (
     open_envelope,
 )
 from proto.errors import ProtoError
-from proto.files import read_at_most
 from proto.keys import key_id, load_public_key
 from proto.records import ZERO_HASH, PlacementTerms
 
@@ -69,6 +69,20 @@ class TermsError(Exception):
 def total_share_milli(terms: PlacementTerms) -> int:
     """S: the sum of the shares of the placement's GPUs, in thousandths of a GPU."""
     return sum(g.share_milli for g in terms.gpus)
+
+
+# SPEC §5 (3): the prefixes NVML writes a device's uuid with (upper case in the one spelling).
+_UUID_PREFIXES = ("gpu-", "mig-")
+
+
+def canonical_uuid(uuid: str) -> str:
+    """SPEC §5 (3): the one spelling of a GPU uuid: lower case, but for a leading ``GPU-`` or
+    ``MIG-`` in upper case (as NVML writes ``GPU-8f2a...``). Two uuids name one device when
+    their canonical spellings are equal; terms carry the canonical spelling only."""
+    lowered = uuid.lower()
+    if lowered.startswith(_UUID_PREFIXES):
+        return lowered[:4].upper() + lowered[4:]
+    return lowered
 
 
 def gross_ceiling_minor(terms: PlacementTerms) -> int:
@@ -127,8 +141,14 @@ def validate_terms(terms: PlacementTerms) -> list[str]:
     if len(set(node_ids)) != len(node_ids):
         problems.append("a node_id is listed twice in nodes")
     uuids = [g.uuid for g in terms.gpus]
-    if len(set(uuids)) != len(uuids):
+    if len({canonical_uuid(u) for u in uuids}) != len(uuids):
         problems.append("a GPU uuid is listed twice in gpus")
+    for uuid in uuids:
+        if uuid != canonical_uuid(uuid):
+            problems.append(
+                f"GPU uuid {uuid!r} is not in its canonical spelling {canonical_uuid(uuid)!r} "
+                "(SPEC §5 (3): one spelling per device)"
+            )
     known_nodes = set(node_ids)
     for gpu in terms.gpus:
         if gpu.node_id not in known_nodes:

@@ -40,10 +40,10 @@ from devtools.builders import (
     signed_terms,
 )
 from gridledger.cli import main as gridledger_main
-from ledger.attest import cosign_checkpoint, issue_checkpoint
 from ledger.checkpoints import make_checkpoint
 from ledger.export import export_placement
 from ledger.http import LedgerApi, LedgerHttpServer
+from ledger.issuer import cosign_checkpoint, issue_checkpoint
 from ledger.metrics import LedgerMetrics
 from ledger.pricing import ZERO_TOTALS
 from ledger.service import LedgerService

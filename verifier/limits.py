@@ -47,11 +47,11 @@ DUCKDB_MEMORY_LIMIT: Final = "512MB"
 WORKER_DUCKDB_MEMORY_LIMIT: Final = "64MB"
 
 # Exports of at most this many bytes get their work tables in memory and their SQL on one
-# thread, on the process's warm database (``verifier/source.py``, ``verifier/warm.py``): a
-# placement of up to a few hundred records is a ~2.4 MB file (DuckDB gives each table its
-# own blocks), one of 50 000 usage events 57 MB (bench/verifier_1m.py), so this is a few
-# thousand events. A setting, not a bound: memory_limit and the spill directory bound
-# both kinds alike.
+# thread, on the process's warm database (``verifier/source.py``,
+# ``verifier/small_export_db.py``): a placement of up to a few hundred records is a ~2.4 MB
+# file (DuckDB gives each table its own blocks), one of 50 000 usage events 57 MB
+# (bench/verifier_1m.py), so this is a few thousand events. A setting, not a bound:
+# memory_limit and the spill directory bound both kinds alike.
 SMALL_EXPORT_BYTES: Final = 8 * 1024 * 1024
 
 # Chain-index rows (ledger_records' and the input tables' together) a small export's
@@ -61,7 +61,7 @@ SMALL_EXPORT_BYTES: Final = 8 * 1024 * 1024
 SHAPE_ROWS_MAX: Final = 40_000
 
 # Exports one warm database serves before it is closed and a new one made
-# (``verifier/warm.py``): its process's RSS grew ~2 MiB per 100 small exports on one
+# (``verifier/small_export_db.py``): its process's RSS grew ~2 MiB per 100 small exports on one
 # database (DuckDB's native memory, not the Python heap), flat when each had its own;
 # a new database costs ~14 ms of CPU, 0.05 ms per export at this count.
 WARM_DATABASE_MAX_EXPORTS: Final = 256
@@ -72,7 +72,14 @@ SMALL_TABLE_FETCH_ROWS: Final = 1024
 # Rows of the small tables we process at all: more is a finding, not a memory blow-up.
 MAX_SMALL_TABLE_ROWS: Final = 100_000
 
+# Characters of a meta value (key or value) read from an export: read one past the bound, a
+# longer one makes the export unusable (EXPORT.md "A closed file"); honest ones are < 100.
+MAX_META_VALUE_CHARS: Final = 4096
+
 MAX_PROOF_BYTES: Final = 1024 * 1024
+# A witness's state file read for its last cosigned note (``verify --witness-state``): the
+# bound its witness writes it within.
+MAX_WITNESS_STATE_BYTES: Final = 512 * 1024 * 1024
 MAX_RECORD_FILE_BYTES: Final = 512 * 1024
 
 # Exports read from one directory in one run.

@@ -16,9 +16,9 @@ from typing import Final
 
 from proto import limits
 from proto.delivery import DeliveryLogError, read_delivered
+from proto.durable_io import read_at_most
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
-from proto.files import read_at_most
 from proto.records import Assignment, UsageEvent
 
 MAX_KNOWN_FILES: Final = 100_000

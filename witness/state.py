@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from proto.files import read_at_most, write_atomic
+from proto.durable_io import read_at_most, write_atomic
 from proto.frontier import Frontier
 from proto.records import ZERO_HASH
 

@@ -1,4 +1,5 @@
-"""Statements and checkpoints issued on request, and party cosignatures of checkpoints.
+"""Statements and checkpoints issued on request, and party cosignatures of checkpoints;
+``current_statement``, the statement through the head for a read, which never signs.
 
 These work from the store alone (committed records), so the HTTP API of a running ledger
 and the CLI on a stopped ledger's file give the same answers. What is issued is stored,
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Literal
 
 from ledger.checkpoints import (
     CosignTimes,
@@ -20,14 +21,21 @@ from ledger.checkpoints import (
     party_note_keys,
 )
 from ledger.limits import ATTEST_LEAF_RECORDS
-from ledger.statements import ledger_record_of, make_statement, statement_period
+from ledger.statements import (
+    ledger_record_of,
+    make_statement,
+    preview_json,
+    statement_json,
+    statement_of,
+    statement_period,
+)
 from ledger.store import ChainHead, StatementRow, Store, StoreError
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.keys import SigningKey
 from proto.note import parse_checkpoint_body, parse_note
 from proto.reasons import Reason
-from proto.records import ZERO_HASH, Assignment, LedgerRecord, Party, PlacementTerms
+from proto.records import ZERO_HASH, Assignment, LedgerRecord, Party, PlacementTerms, Statement
 
 # Placements attested per store transaction by ``attest_all``.
 ATTEST_CHUNK: Final = 256
@@ -66,6 +74,44 @@ def _issue_statement(store: Store, key: SigningKey, placement_id: str) -> bytes:
     existing = store.statement(placement_id, head.chain_index)
     if existing is not None:
         return existing
+    terms, close_index, previous = _statement_context(store, placement_id, head)
+    row = _statement(key, head.envelope, terms, close_index, previous, store.arrival())
+    store.add_statement(row)
+    return row.envelope
+
+
+def current_statement(store: Store, placement_id: str) -> tuple[Statement, bytes | None]:
+    """The statement through the placement's current head without writing anything: the
+    stored one and its envelope, or, where none is stored for the head yet, the same
+    statement unsigned (envelope None): a read serves what ``issue_statement`` would
+    sign, and signs nothing."""
+    head = _head(store, placement_id)
+    existing = store.statement(placement_id, head.chain_index)
+    if existing is not None:
+        stored = open_envelope(existing).record
+        if not isinstance(stored, Statement):
+            raise UnknownPlacement(f"the stored statement of {placement_id!r} is not a statement")
+        return stored, existing
+    terms, close_index, previous = _statement_context(store, placement_id, head)
+    record, record_hash = ledger_record_of(head.envelope)
+    final = close_index is not None and close_index <= record.index
+    period = statement_period(record.index, close_index)
+    unsigned = statement_of(
+        record,
+        record_hash,
+        terms,
+        final,
+        period=period,
+        previous=previous,
+        arrival=_mode(store.arrival()),
+    )
+    return unsigned, None
+
+
+def _statement_context(
+    store: Store, placement_id: str, head: ChainHead
+) -> tuple[PlacementTerms, int | None, str]:
+    """(terms, close index, ``previous``) of the statement through ``head`` (SPEC §8)."""
     close_index = store.close_index(placement_id)
     terms = store.terms(placement_id)
     if terms is None:
@@ -77,9 +123,7 @@ def _issue_statement(store: Store, key: SigningKey, placement_id: str) -> bytes:
         if before is None:
             raise UnknownPlacement(f"placement {placement_id!r}: record {head.chain_index - 1}")
         previous = before
-    row = _statement(key, head.envelope, terms, close_index, previous)
-    store.add_statement(row)
-    return row.envelope
+    return terms, close_index, previous
 
 
 def _statement(
@@ -88,13 +132,29 @@ def _statement(
     terms: PlacementTerms,
     close_index: int | None,
     previous: str,
+    arrival: str,
 ) -> StatementRow:
     """The statement through the head record (``previous``: the hash of the record before
-    it when the head is past the close, SPEC §8 "Statement periods")."""
+    it when the head is past the close, SPEC §8 "Statement periods"; ``arrival``: the
+    store's arrival mode, SPEC §6.6)."""
     record, record_hash = ledger_record_of(head_envelope)
     final = close_index is not None and close_index <= record.index
     period = statement_period(record.index, close_index)
-    return make_statement(record, record_hash, terms, final, key, period=period, previous=previous)
+    return make_statement(
+        record,
+        record_hash,
+        terms,
+        final,
+        key,
+        period=period,
+        previous=previous,
+        arrival=_mode(arrival),
+    )
+
+
+def _mode(arrival: str) -> Literal["log", "sender"]:
+    """The store's arrival mode as a statement signs it (SPEC §6.6)."""
+    return "sender" if arrival == "sender" else "log"
 
 
 def issue_checkpoint(store: Store, key: SigningKey, placement_id: str) -> str:
@@ -366,6 +426,7 @@ def _statements(
     }
     rows: list[StatementRow] = []
     skipped: dict[str, str] = {}
+    arrival = store.arrival()  # SPEC §6.6: every statement signs the store's mode
     for pid in ids:
         if pid not in terms_of:
             skipped[pid] = f"placement {pid!r} has no accepted terms"
@@ -379,7 +440,14 @@ def _statements(
         if statement_period(head, close_index) > 0:
             previous = before[pid]
         try:
-            rows.append(_statement(key, envelopes[pid], terms, close_index, previous))
+            rows.append(_statement(key, envelopes[pid], terms, close_index, previous, arrival))
         except ProtoError as exc:  # SPEC §7.7: one placement's stored fault, not the run's
             skipped[pid] = f"placement {pid!r}: its head record does not decode ({exc})"
     return rows, skipped
+
+
+def statement_answer(store: Store, placement_id: str) -> dict[str, Any]:
+    """The JSON answer to a read of the statement (``current_statement``): the stored
+    statement's, or the unsigned preview's, marked so."""
+    statement, envelope = current_statement(store, placement_id)
+    return preview_json(statement) if envelope is None else statement_json(envelope)
