@@ -17,6 +17,7 @@ from test_verifier_exports import HOUR, MINUTE, T0, explain
 from billview.doc import BillDoc
 from devtools.builders import (
     StreamWriter,
+    assignment,
     gpu,
     make_cast,
     make_terms,
@@ -46,8 +47,10 @@ from meter.sim import SimDevice, Simulator, parse_sim_spec
 from meter.stream import node_gpus
 from proto.canonical import signed_bytes
 from proto.envelope import open_envelope
+from proto.keys import SigningKey
 from proto.records import GpuSpec, Metering, PlacementTerms, UsageEvent, Workload
 from proto.terms import validate_terms
+from proto.trust import TrustedKey
 from proto.xids import DEGRADING_CLOCK_EVENTS, XID_TABLES, attribution, unhealthy_xids
 from transport.local import node_source, publish_local, publisher_source
 from transport.spool import read_spool
@@ -122,7 +125,7 @@ BILLS: dict[str, BillDoc] = {}  # the last pipeline's bill, by placement (one te
 
 
 def _ledger_export_verify(
-    tmp_path: Path, cast: Any, terms: PlacementTerms, local: Path
+    tmp_path: Path, cast: Any, terms: PlacementTerms, local: Path, trust: Any = None
 ) -> dict[str, int]:
     """Fold what ``local`` holds in a ledger, close, export, verify: the verifier's own
     totals (equal to every ledger record's: ``report.ok``). The ledger's bill and the
@@ -138,7 +141,7 @@ def _ledger_export_verify(
         ledger_bill = bill_doc(store, cast.ledger, terms.placement_id)
     finally:
         service.close()
-    report = verify_export(out, cast.trust(), bill=True)
+    report = verify_export(out, cast.trust() if trust is None else trust, bill=True)
     assert report.ok, explain(report)
     assert report.totals is not None  # ok: every record's totals are the verifier's own
     assert report.bill is not None
@@ -350,6 +353,48 @@ def test_metering_terms_are_checked_and_omitted_when_absent() -> None:
     assert b"metering" not in signed_bytes(plain)
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({**msgspec.to_builtins(_metering()), "xid_table": 3}, Metering)
+
+
+def test_a_resold_gpus_throttled_time_is_weighed_for_the_new_buyer_too(tmp_path: Path) -> None:
+    # SPEC §7.10 counts the assigned GPU's delivered time as §7.1 does: at its weight.
+    g = gpu("node-a", 0)
+    cast, terms = _terms("resale-throttle", [g], _metering(degraded_bps=5_000))
+    buyer2 = SigningKey.from_seed_text("buyer-2", "measurement/buyer-2")
+    resale = assignment(cast, terms, "as-1", buyer2, T0, [g.uuid], 400)
+    writer = StreamWriter(cast.node_key("node-a"), terms.placement_id, "node-a")
+    usage = [
+        writer.event(T0, T0 + MINUTE, [sample(g, allocation="buyer")]),
+        writer.event(
+            T0 + MINUTE, T0 + 2 * MINUTE, [sample(g, allocation="buyer", clock_events=0x08)]
+        ),
+    ]
+    fold = Fold(cast.ledger)
+    for i, raw in enumerate([signed_terms(cast, terms), resale, *usage]):
+        (outcome,) = fold.apply(raw, f"in{i}", None)
+        assert outcome.status == "accepted", outcome.reason
+    state = fold.state("resale-throttle")
+    assert state is not None and [a.delivered_mgms for a in state.assignments] == [1500 * MINUTE]
+    local = tmp_path / "local"
+    # The resale reaches the ledger before the window starts (its handover is then the
+    # window's start); the usage after the window, when the ledger also closes.
+    publish_local(local, publisher_source("desk"), [signed_terms(cast, terms), resale])
+    store = Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
+    early = LedgerService(
+        store, cast.ledger, ledger_id="ledger-1", local_dir=local, clock=fixed_clock(T0 - 1)
+    )
+    try:
+        early.run_until_idle()
+    finally:
+        early.close()
+    publish_local(local, node_source("node-a"), usage)
+    trust = cast.trust()
+    keys = [*trust.keys, TrustedKey(id="buyer-2", role="buyer", key=buyer2.public_key)]
+    totals = _ledger_export_verify(
+        tmp_path, cast, terms, local, msgspec.structs.replace(trust, keys=keys)
+    )
+    assert totals["delivered_mgms"] == 1500 * MINUTE
+    resold = BILLS[terms.placement_id].resale
+    assert [r.delivered_mgms for r in resold] == [1500 * MINUTE]
 
 
 # ---- MIG slices as units of sale (§5.3, §7.1.2) -----------------------------------------
