@@ -14,6 +14,7 @@ import pytest
 from test_meter_nvml import FakeDevice, FakeMig, FakeNvml
 from test_verifier_exports import HOUR, MINUTE, T0, explain
 
+from billview.build import terms_summary
 from billview.doc import BillDoc
 from devtools.builders import (
     StreamWriter,
@@ -351,6 +352,12 @@ def test_metering_terms_are_checked_and_omitted_when_absent() -> None:
     assert any("M1" in p for p in broken_rules(terms))
     _, plain = _terms("m1-plain", [g], None)
     assert b"metering" not in signed_bytes(plain)
+    assert not any(label == "metering" for label, _ in terms_summary(plain))
+    _, metered = _terms("m1-shown", [g], _metering(idle_billed=False, degraded_bps=2_500))
+    shown = dict(terms_summary(metered))  # terms show, and every statement page
+    assert shown["metering"].startswith("XID table 2; idle GPUs not billed")
+    assert shown["buyer's workloads"] == "k8s:team-a, slurm:acme"
+    assert shown["degraded time"] == "counted at 25.00 %"
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({**msgspec.to_builtins(_metering()), "xid_table": 3}, Metering)
 
