@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from devtools.builders import (
     Cast,
     StreamWriter,
@@ -31,6 +33,7 @@ from ledger.store import Store
 from proto.cosign import cosign
 from proto.keys import SigningKey
 from proto.note import parse_note
+from proto.trust import TrustedKey, TrustFile
 from transport.local import node_source, publish_local, publisher_source
 
 MIN = 60_000
@@ -49,10 +52,19 @@ class Placed:
     late_credit_minor: int = 0  # a credit adjustment after the close (period 1)
     late_charge_minor: int = 0  # a charge adjustment after the close (period 1)
     resold_to: SigningKey | None = None  # the H100 resold at minute 30 at 4.00 USD/GPU-h
+    witnessed: bool = True  # operator and buyer cosign the last checkpoint (FINAL)
 
 
 def finance_cast() -> Cast:
     return make_cast("finance")
+
+
+def finance_trust(cast: Cast) -> TrustFile:
+    """The cast's trust file with the resale's new buyer pinned as a buyer (SPEC §9)."""
+    trust = cast.trust()
+    buyer2 = new_buyer_key()
+    pinned = TrustedKey(id=buyer2.name, role="buyer", key=buyer2.public_key)
+    return msgspec.structs.replace(trust, keys=[*trust.keys, pinned])
 
 
 def new_buyer_key() -> SigningKey:
@@ -104,7 +116,7 @@ def run_placement(tmp: Path, cast: Cast, placed: Placed) -> Store:
         publish_local(spool, publisher_source("operator"), late)
         service.run_until_idle()
     note = parse_note(issue_checkpoint(store, cast.ledger, pid))
-    for party in (cast.operator, cast.buyer):
+    for party in (cast.operator, cast.buyer) if placed.witnessed else ():
         signed = cosign(note, party.name, party, (t0 + WINDOW_MS) // 1000 + 3600)
         cosign_checkpoint(store, cast.ledger, pid, signed.text())
     return store
