@@ -492,6 +492,14 @@ def _invoiced_before(placed: VerifiedPlacement, period: FinalPeriod, flow: _Flow
     return total
 
 
+def document_number(kind: str, month: str, payer: str, payee: str, heads: Sequence[str]) -> str:
+    """SPEC §11.2: the number of a document from what it covers (``heads``: each
+    ``placement_id:period:head``)."""
+    text = "\n".join([INVOICE_FORMAT, kind, month, payer, payee, *sorted(heads)])
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return f"{PREFIX[kind]}-{month.replace('-', '')}-{digest[:12].upper()}"
+
+
 def _document(group: _Group, profiles: dict[str, Profile]) -> Invoice:
     by_currency: dict[tuple[str, int], int] = {}
     for line in group.lines:
@@ -502,11 +510,8 @@ def _document(group: _Group, profiles: dict[str, Profile]) -> Invoice:
         kind = "invoice"
     else:
         kind = "credit_note" if total < 0 else "supplementary_invoice"
-    heads = sorted(f"{c.placement_id}:{c.period}:{c.head}" for c in group.covers)
-    digest = hashlib.sha256(
-        "\n".join([INVOICE_FORMAT, kind, group.month, group.payer, group.payee, *heads]).encode()
-    ).hexdigest()
-    number = f"{PREFIX[kind]}-{group.month.replace('-', '')}-{digest[:12].upper()}"
+    heads = [f"{c.placement_id}:{c.period}:{c.head}" for c in group.covers]
+    number = document_number(kind, group.month, group.payer, group.payee, heads)
     start_ms, end_ms = month_bounds(group.month)
     issue_ms = max(end_ms, group.latest_ms)
     payee = profiles.get(group.payee)
