@@ -135,6 +135,7 @@ class Covered(Struct, frozen=True, kw_only=True):
     previously_invoiced_minor: int
     this_document_minor: int
     currency: str
+    currency_scale: int
 
 
 class Amount(Struct, frozen=True, kw_only=True):
@@ -451,6 +452,7 @@ def invoices(
                         previously_invoiced_minor=_invoiced_before(placed, period, flow),
                         this_document_minor=flow.amount_minor,
                         currency=placed.terms.currency,
+                        currency_scale=placed.terms.currency_scale,
                     )
                 )
             before = period.totals

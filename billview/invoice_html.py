@@ -8,6 +8,7 @@ from typing import Final
 
 from billview.invoice import Invoice, PartyBlock
 from billview.units import iso_utc
+from proto.money import format_minor
 
 TITLES: Final = {
     "invoice": "Invoice",
@@ -28,8 +29,8 @@ table { border-collapse: collapse; width: 100%; table-layout: fixed; }
 th, td { border-bottom: 1px solid #ccc; padding: 1.5mm 1mm; vertical-align: top;
          overflow-wrap: anywhere; }
 th { text-align: left; background: #f0f0f0; font-size: 8.5pt; }
-td.num, th.num { text-align: right; white-space: nowrap; }
-.due { font-size: 14pt; font-weight: bold; margin: 4mm 0; }
+td.num, th.num { text-align: right; }
+.due { font-size: 14pt; font-weight: bold; margin: 4mm 0; white-space: nowrap; }
 .meta td { border: none; padding: 0.5mm 2mm 0.5mm 0; }
 .small { font-size: 8pt; color: #444; }
 code { font-size: 7.5pt; overflow-wrap: anywhere; }
@@ -67,8 +68,9 @@ def to_html(doc: Invoice) -> str:
         else f"net {payee_terms.net_days} days"
     )
     totals = "".join(
-        f'<div class=due data-total="{_e(a.currency)}">'
-        f"{'Credit' if a.total_minor < 0 else 'Amount due'}: {_e(a.total)} {_e(a.currency)}</div>"
+        f"<div class=due>{'Credit to the payer' if a.total_minor < 0 else 'Amount due'}: "
+        f'<span data-total="{_e(a.currency)}">'
+        f"{_e(format_minor(abs(a.total_minor), a.currency_scale))} {_e(a.currency)}</span></div>"
         for a in doc.amounts
     )
     lines = "".join(
@@ -77,7 +79,7 @@ def to_html(doc: Invoice) -> str:
         f"<td>{_e(line.description)}<br><span class=small>{_e(iso_utc(line.charge_start_ms))}"
         f" – {_e(iso_utc(line.charge_end_ms))}</span></td>"
         f"<td>{_e(line.sku)}</td>"
-        f"<td class=num>{_e(line.quantity)} {_e(line.unit)}</td>"
+        f"<td class=num>{_e(line.quantity)}<br>{_e(line.unit)}</td>"
         f"<td class=num>{_e(line.unit_price)}</td>"
         f'<td class=num data-amount="{line.amount_minor}">'
         f"{_e(line.amount)} {_e(line.currency)}</td>"
@@ -87,8 +89,8 @@ def to_html(doc: Invoice) -> str:
     covers = "".join(
         f"<tr><td>{_e(c.placement_id)}</td><td class=num>{c.period}</td>"
         f"<td class=num>{c.through_index}</td><td><code>{_e(c.head)}</code></td>"
-        f"<td class=num>{c.previously_invoiced_minor}</td>"
-        f"<td class=num>{c.this_document_minor}</td></tr>"
+        f"<td class=num>{_e(format_minor(c.previously_invoiced_minor, c.currency_scale))}</td>"
+        f"<td class=num>{_e(format_minor(c.this_document_minor, c.currency_scale))}</td></tr>"
         for c in doc.covers
     )
     corrects = f"<p>Corrects: {', '.join(_e(n) for n in doc.corrects)}</p>" if doc.corrects else ""
@@ -106,18 +108,18 @@ def to_html(doc: Invoice) -> str:
 {corrects}
 <div class=parties><div class=party>{_party("from (payee)", doc.payee)}</div>
 <div class=party>{_party("to (payer)", doc.payer)}</div></div>
-<table><colgroup><col style="width:17%"><col style="width:35%"><col style="width:12%">
-<col style="width:13%"><col style="width:11%"><col style="width:12%"></colgroup>
+<table><colgroup><col style="width:12%"><col style="width:34%"><col style="width:13%">
+<col style="width:13%"><col style="width:14%"><col style="width:14%"></colgroup>
 <tr><th>Placement</th><th>Description</th><th>SKU</th><th class=num>Quantity</th>
 <th class=num>Unit price</th><th class=num>Amount</th></tr>
 {lines}
 </table>
 <p>Tax: {_e(doc.tax)}.</p>
 <h3>Statements covered</h3>
-<table class=small><colgroup><col style="width:16%"><col style="width:7%"><col style="width:9%">
-<col style="width:44%"><col style="width:12%"><col style="width:12%"></colgroup>
+<table class=small><colgroup><col style="width:12%"><col style="width:8%"><col style="width:9%">
+<col style="width:45%"><col style="width:13%"><col style="width:13%"></colgroup>
 <tr><th>Placement</th><th class=num>Period</th><th class=num>Through</th><th>Head</th>
-<th class=num>Before (minor)</th><th class=num>This (minor)</th></tr>
+<th class=num>Invoiced before</th><th class=num>This document</th></tr>
 {covers}
 </table>
 <p class=small>{_e(doc.basis)}</p>
