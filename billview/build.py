@@ -100,6 +100,11 @@ def terms_summary(terms: PlacementTerms) -> list[tuple[str, str]]:
             f"credit {percent_bps(terms.sla_credit_bps)} of gross when missed",
         ),
         ("desk fee", f"{percent_bps(terms.desk_fee_bps)} of net, paid by the {terms.fee_payer}"),
+        *(
+            [("tax", f"{percent_bps(terms.tax_bps)}, on invoices (SPEC §11.2)")]
+            if terms.tax_bps
+            else []
+        ),
         ("late grace", duration(terms.late_grace_ms)),
         ("terms version", str(terms.version)),
         *_placement_rows(terms),

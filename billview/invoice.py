@@ -30,7 +30,7 @@ from typing import Final, Literal
 import msgspec
 from msgspec import Struct
 
-from proto.limits import MILLI_GPU_MS_PER_GPU_HOUR
+from proto.limits import MAX_BPS, MILLI_GPU_MS_PER_GPU_HOUR
 from proto.money import format_minor
 from proto.records import PlacementTerms, ResaleTotals, Totals
 
@@ -39,6 +39,9 @@ DAY_MS: Final = 86_400_000
 # Fraction digits of a quantity in GPU-hours (rounded half up; the exact milli-GPU-ms
 # are beside it).
 QUANTITY_DECIMALS: Final = 6
+
+UNTAXED: Final = "none agreed in the terms"
+TAXED: Final = "at the rate each placement's terms agree (tax_bps), on its own line (SPEC §11.2)"
 
 Kind = Literal["invoice", "credit_note", "supplementary_invoice"]
 PREFIX: Final[dict[str, str]] = {
@@ -164,7 +167,7 @@ class Invoice(Struct, frozen=True, kw_only=True):
     amounts: list[Amount]
     covers: list[Covered]
     corrects: list[str] = []
-    tax: str = "none agreed in the terms"
+    tax: str = ""
     basis: str = (
         "Built from exports that gridledger verify judged FINAL; amounts are the final "
         "statements' own figures (SPEC §7, §8), split into lines as SPEC §11 says."
@@ -283,6 +286,14 @@ class _Liner:
             charge_start_ms=self.start_ms,
             charge_end_ms=self.end_ms,
             **more,  # type: ignore[arg-type]
+        )
+
+    def tax_line(self, tax_minor: int, base_minor: int) -> InvoiceLine:
+        """SPEC §11.2: the terms' tax rate on this flow (the change, in a later period)."""
+        terms = self.terms
+        base = format_minor(base_minor, terms.currency_scale)
+        return self.line(
+            "tax", f"Tax {format_minor(terms.tax_bps, 2)} % of {base} {terms.currency}", tax_minor
         )
 
     def price(self, minor: int) -> str:
@@ -427,36 +438,26 @@ def invoices(
 ) -> list[Invoice]:
     """Every document of ``placements`` (of ``month`` only, when given), by number."""
     groups: dict[tuple[str, str, str, str], _Group] = {}
-    # (placement, payer, payee) -> cumulative invoiced so far, and the original's number
     for placed in sorted(placements, key=lambda p: p.terms.placement_id):
-        before, resale_before = ZERO, dict[str, ResaleTotals]()
-        for period in placed.periods:
-            liner = _Liner(placed, period)
-            flows = [liner.operator_flow(before), liner.fee_flow(before)]
-            flows += liner.resale_flows(resale_before)
+        for period, flow, before_minor in placement_flows(placed):
             hint = "original" if period.period == 0 else "correction"
             billing = _billing_month(placed, period)
-            for flow in flows:
-                if not flow.lines:
-                    continue
-                key = (hint, billing, flow.payer, flow.payee)
-                group = groups.setdefault(key, _Group(hint, billing, flow.payer, flow.payee))
-                group.lines += flow.lines
-                group.latest_ms = max(group.latest_ms, period.arrived_ms)
-                group.covers.append(
-                    Covered(
-                        placement_id=placed.terms.placement_id,
-                        period=period.period,
-                        through_index=period.through_index,
-                        head=period.head,
-                        previously_invoiced_minor=_invoiced_before(placed, period, flow),
-                        this_document_minor=flow.amount_minor,
-                        currency=placed.terms.currency,
-                        currency_scale=placed.terms.currency_scale,
-                    )
+            key = (hint, billing, flow.payer, flow.payee)
+            group = groups.setdefault(key, _Group(hint, billing, flow.payer, flow.payee))
+            group.lines += flow.lines
+            group.latest_ms = max(group.latest_ms, period.arrived_ms)
+            group.covers.append(
+                Covered(
+                    placement_id=placed.terms.placement_id,
+                    period=period.period,
+                    through_index=period.through_index,
+                    head=period.head,
+                    previously_invoiced_minor=before_minor,
+                    this_document_minor=flow.amount_minor,
+                    currency=placed.terms.currency,
+                    currency_scale=placed.terms.currency_scale,
                 )
-            before = period.totals
-            resale_before = {r.assignment_id: r for r in period.resale}
+            )
     docs = [_document(g, profiles or {}) for g in groups.values()]
     originals = {
         (c.placement_id, d.payer.id, d.payee.id): d.number
@@ -476,22 +477,38 @@ def _with_corrects(doc: Invoice, originals: dict[tuple[str, str, str], str]) -> 
     )
 
 
-def _invoiced_before(placed: VerifiedPlacement, period: FinalPeriod, flow: _Flow) -> int:
-    """What earlier periods of this placement put on documents for this payer and payee."""
-    total = 0
+def tax_on(amount_minor: int, tax_bps: int) -> int:
+    """SPEC §11.2: ``floor(amount × tax_bps / 10 000)`` of a cumulative flow (≥ 0)."""
+    return amount_minor * tax_bps // MAX_BPS
+
+
+def placement_flows(placed: VerifiedPlacement) -> list[tuple[FinalPeriod, _Flow, int]]:
+    """Each period's non-empty flows, with its tax line (the change of the tax on the
+    cumulative flow, SPEC §11.2), and what earlier periods put on documents of that payer
+    and payee (tax included)."""
+    out: list[tuple[FinalPeriod, _Flow, int]] = []
+    cumulative: dict[tuple[str, str], int] = {}  # (payer, payee) -> untaxed, so far
+    invoiced: dict[tuple[str, str], int] = {}  # (payer, payee) -> with tax, so far
     before, resale_before = ZERO, dict[str, ResaleTotals]()
-    for earlier in placed.periods:
-        if earlier.period >= period.period:
-            break
-        liner = _Liner(placed, earlier)
+    rate = placed.terms.tax_bps
+    for period in placed.periods:
+        liner = _Liner(placed, period)
         flows = [liner.operator_flow(before), liner.fee_flow(before)]
         flows += liner.resale_flows(resale_before)
-        total += sum(
-            f.amount_minor for f in flows if (f.payer, f.payee) == (flow.payer, flow.payee)
-        )
-        before = earlier.totals
-        resale_before = {r.assignment_id: r for r in earlier.resale}
-    return total
+        for flow in flows:
+            pair = (flow.payer, flow.payee)
+            was = cumulative.get(pair, 0)
+            now = was + flow.amount_minor
+            cumulative[pair] = now
+            tax = tax_on(now, rate) - tax_on(was, rate)
+            if tax:
+                flow.lines.append(liner.tax_line(tax, now))
+            if flow.lines:
+                out.append((period, flow, invoiced.get(pair, 0)))
+                invoiced[pair] = invoiced.get(pair, 0) + flow.amount_minor
+        before = period.totals
+        resale_before = {r.assignment_id: r for r in period.resale}
+    return out
 
 
 def document_number(kind: str, month: str, payer: str, payee: str, heads: Sequence[str]) -> str:
@@ -503,11 +520,17 @@ def document_number(kind: str, month: str, payer: str, payee: str, heads: Sequen
 
 
 def _document(group: _Group, profiles: dict[str, Profile]) -> Invoice:
-    by_currency: dict[tuple[str, int], int] = {}
+    by_currency: dict[tuple[str, int], tuple[int, int]] = {}  # (subtotal, tax)
     for line in group.lines:
         key = (line.currency, line.currency_scale)
-        by_currency[key] = by_currency.get(key, 0) + line.amount_minor
-    total = sum(by_currency.values())
+        subtotal, tax = by_currency.get(key, (0, 0))
+        if line.kind == "tax":
+            tax += line.amount_minor
+        else:
+            subtotal += line.amount_minor
+        by_currency[key] = (subtotal, tax)
+    total = sum(a + t for a, t in by_currency.values())
+    taxed = any(t for _, t in by_currency.values())
     if group.kind_hint == "original":
         kind = "invoice"
     else:
@@ -533,12 +556,13 @@ def _document(group: _Group, profiles: dict[str, Profile]) -> Invoice:
             Amount(
                 currency=currency,
                 currency_scale=scale,
-                subtotal_minor=amount,
-                tax_minor=0,
-                total_minor=amount,
-                total=format_minor(amount, scale),
+                subtotal_minor=subtotal,
+                tax_minor=tax,
+                total_minor=subtotal + tax,
+                total=format_minor(subtotal + tax, scale),
             )
-            for (currency, scale), amount in sorted(by_currency.items())
+            for (currency, scale), (subtotal, tax) in sorted(by_currency.items())
         ],
+        tax=TAXED if taxed else UNTAXED,
         covers=sorted(group.covers, key=lambda c: (c.placement_id, c.period)),
     )

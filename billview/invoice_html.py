@@ -86,6 +86,15 @@ def to_html(doc: Invoice) -> str:
         "</tr>"
         for line in doc.lines
     )
+    sums = "".join(
+        f"<tr><td colspan=5 class=num>Subtotal</td><td class=num>"
+        f"{_e(format_minor(a.subtotal_minor, a.currency_scale))} {_e(a.currency)}</td></tr>"
+        f"<tr><td colspan=5 class=num>Tax</td><td class=num data-tax>"
+        f"{_e(format_minor(a.tax_minor, a.currency_scale))} {_e(a.currency)}</td></tr>"
+        f"<tr><td colspan=5 class=num><b>Total</b></td><td class=num><b>{_e(a.total)} "
+        f"{_e(a.currency)}</b></td></tr>"
+        for a in doc.amounts
+    )
     covers = "".join(
         f"<tr><td>{_e(c.placement_id)}</td><td class=num>{c.period}</td>"
         f"<td class=num>{c.through_index}</td><td><code>{_e(c.head)}</code></td>"
@@ -113,6 +122,7 @@ def to_html(doc: Invoice) -> str:
 <tr><th>Placement</th><th>Description</th><th>SKU</th><th class=num>Quantity</th>
 <th class=num>Unit price</th><th class=num>Amount</th></tr>
 {lines}
+{sums}
 </table>
 <p>Tax: {_e(doc.tax)}.</p>
 <h3>Statements covered</h3>

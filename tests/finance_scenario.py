@@ -53,6 +53,7 @@ class Placed:
     late_charge_minor: int = 0  # a charge adjustment after the close (period 1)
     resold_to: SigningKey | None = None  # the H100 resold at minute 30 at 4.00 USD/GPU-h
     witnessed: bool = True  # operator and buyer cosign the last checkpoint (FINAL)
+    tax_bps: int = 0  # the terms' tax rate (SPEC §11.2)
 
 
 def finance_cast() -> Cast:
@@ -78,7 +79,9 @@ def run_placement(tmp: Path, cast: Cast, placed: Placed) -> Store:
     home = tmp / pid
     home.mkdir(parents=True)
     a100, h100 = gpu("n0", 0), gpu("n0", 1, model="H100-80GB", share_milli=500)
-    terms = make_terms(cast, pid, [a100, h100], t0, t0 + WINDOW_MS, late_grace_ms=GRACE_MS)
+    terms = make_terms(
+        cast, pid, [a100, h100], t0, t0 + WINDOW_MS, late_grace_ms=GRACE_MS, tax_bps=placed.tax_bps
+    )
     spool = home / "spool"
     publish_local(spool, publisher_source("desk"), [signed_terms(cast, terms)])
     if placed.resold_to is not None:

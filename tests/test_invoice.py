@@ -165,6 +165,31 @@ def test_a_change_after_the_close_yields_a_credit_note_or_supplementary_invoice(
     assert [d.amounts[0].total_minor for d in fee_notes] == [-2]
 
 
+def test_a_tax_rate_in_the_terms_is_its_own_line_rounded_on_cumulative_flows(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """20 % tax (SPEC §11.2): 375 -> 75, the fee 18 -> 3; after a late credit of 40 the
+    obligation is 335 (tax 67: -8) and the fee 16 (tax floor(3.2) = 3: no change)."""
+    taxed = export(tmp_path, setup.cast, Placed("pl-t", JAN_MS, late_credit_minor=40, tax_bps=2000),
+                   tmp_path / "pl-t.duckdb")  # fmt: skip
+    assert _invoice(setup, tmp_path / "out", exports=[taxed]) == 0
+    docs = {(d.kind, d.payee.id): d for d in _docs(tmp_path / "out")}
+    inv = docs[("invoice", "operator-1")]
+    assert [(a.subtotal_minor, a.tax_minor, a.total_minor) for a in inv.amounts] == [(375, 75, 450)]
+    (tax,) = [x for x in inv.lines if x.kind == "tax"]
+    assert tax.description == "Tax 20.00 % of 3.75 USD" and tax.amount == "0.75"
+    assert docs[("invoice", "desk-1")].amounts[0].tax_minor == 3
+    note = docs[("credit_note", "operator-1")]
+    assert [(a.subtotal_minor, a.tax_minor, a.total_minor) for a in note.amounts] == [
+        (-40, -8, -48)
+    ]
+    assert note.covers[0].previously_invoiced_minor == 450
+    fee_note = docs[("credit_note", "desk-1")]
+    assert [(a.subtotal_minor, a.tax_minor) for a in fee_note.amounts] == [(-2, 0)]
+    html = (tmp_path / "out" / f"{inv.number}.html").read_text()
+    assert "Tax 20.00 % of 3.75 USD" in html
+
+
 def test_buyer_and_operator_build_the_same_bytes(setup: Setup, tmp_path: Path) -> None:
     """Each side verifies its own copy of the exports (another file, another name, another
     order) with its own trust file: the same documents, byte for byte."""
