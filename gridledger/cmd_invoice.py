@@ -243,6 +243,12 @@ def verified_placement(path: Path, trust: TrustFile) -> VerifiedPlacement:
     periods = _final_periods(path, report.periods)
     if not periods:
         raise Refused(f"{path}: no final statement")
+    delivered = sum(g.delivered_mgms for g in doc.gpus)
+    if delivered != periods[0].totals.delivered_mgms:  # the split's weights (SPEC §11.3)
+        raise Refused(
+            f"{path}: the GPUs delivered {delivered} milli-GPU-ms, period 0's statement "
+            f"{periods[0].totals.delivered_mgms}"
+        )
     return VerifiedPlacement(
         terms=facts.terms,
         periods=periods,
@@ -294,13 +300,12 @@ def _statement_rows(path: Path, indices: list[int]) -> dict[int, _Row]:
         return {}
     con = duckdb.connect(str(path), read_only=True)
     try:
+        wanted = ", ".join(str(int(i)) for i in indices)  # integers: nothing to quote
         statements = con.execute(
-            "SELECT through_index, envelope FROM statements WHERE list_contains(?, through_index)",
-            [indices],
+            f"SELECT through_index, envelope FROM statements WHERE through_index IN ({wanted})"
         ).fetchall()
         records = con.execute(
-            "SELECT chain_index, envelope FROM ledger_records WHERE list_contains(?, chain_index)",
-            [indices],
+            f"SELECT chain_index, envelope FROM ledger_records WHERE chain_index IN ({wanted})"
         ).fetchall()
     except duckdb.Error as exc:
         raise Refused(f"{path}: cannot read its statements: {exc}") from exc
