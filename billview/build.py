@@ -300,6 +300,7 @@ def _resale(facts: BillFacts, resale: list[Resale], money: _Money, checks: list[
             Line(
                 key=f"resale:{r.assignment_id}",
                 section="resale",
+                unit_price=f"{money(r.rate_per_gpu_hour_minor)}/GPU-h",
                 label=f"Resale {r.assignment_id}: {r.new_buyer} owes (paid to the desk)",
                 quantity=format_gpu_hours(r.billable_mgms),
                 unit="GPU-h",
@@ -433,6 +434,7 @@ def _gross(terms: PlacementTerms, totals: Totals, money: _Money, checks: list[st
         Line(
             key="gross",
             section="charges",
+            unit_price=f"{money(terms.rate_per_gpu_hour_minor)}/GPU-h",
             label="Gross",
             quantity=format_gpu_hours(totals.billable_mgms),
             unit="GPU-h",

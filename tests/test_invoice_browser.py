@@ -122,3 +122,50 @@ def test_invoice_and_credit_note_pages_in_chromium(browser: Any, tmp_path: Path)
             page.close()
     assert credit.corrects == [invoice.number]
     assert (invoice.due_date, credit.kind) == ("2026-03-03", "credit_note")  # net 30
+
+
+def test_statement_pages_for_their_readers_in_chromium(browser: Any, tmp_path: Path) -> None:
+    """Issue 42 item 4 on the demo's verified pages: each total says who pays whom, the
+    original buyer's page names what it pays the operator and what the desk pays it after
+    the resale, the new buyer's page shows its own obligation only, a unit-price column,
+    formulas folded away, and the per-GPU table within an A4 sheet's width."""
+    from gridledger.demo import run_demo
+
+    result = run_demo(tmp_path / "demo")
+    pages = result.statement_html.parent
+    seen: dict[str, dict[str, Any]] = {}
+    for party in ("buyer", "finetune-labs"):
+        page = browser.new_page(viewport={"width": A4_WIDTH_PX, "height": 1123})
+        try:
+            page.goto((pages / f"{result.statement_html.name.split('.')[0]}.{party}.html").as_uri())
+            seen[party] = {
+                "cards": page.locator(".summary .card").all_inner_texts(),
+                "width": page.evaluate("document.documentElement.scrollWidth"),
+                "unit_price": page.locator('tr[data-line="gross"] td').nth(2).inner_text()
+                if party == "buyer"
+                else "",
+                "folded": page.locator("details.derivation[open]").count(),
+                "details": page.locator("details.derivation").count(),
+            }
+            if party == "buyer" and os.environ.get("GRIDLEDGER_SCREENSHOTS"):
+                shot = Path(os.environ["GRIDLEDGER_SCREENSHOTS"]) / "statement-buyer.png"
+                page.screenshot(path=str(shot), full_page=True)
+        finally:
+            page.close()
+    buyer = seen["buyer"]
+    assert buyer["cards"][0].splitlines() == [
+        "You, the buyer (inferco-batch), pays the operator (acme-gpu-cloud)", "4.45 USD"
+    ]  # fmt: skip
+    assert any(c.startswith("The desk (gridx-desk) pays you the resale proceeds") and
+               c.endswith("1.57 USD") for c in buyer["cards"])  # fmt: skip
+    assert any(c.startswith("Your net: you pay in all") and c.endswith("2.88 USD")
+               for c in buyer["cards"])  # fmt: skip
+    assert buyer["unit_price"] == "2.45 USD/GPU-h"
+    assert buyer["details"] > 10 and buyer["folded"] == 0
+    new_buyer = seen["finetune-labs"]
+    assert new_buyer["cards"] == [
+        "You, the new buyer (finetune-labs) pays the desk (gridx-desk) for resale "
+        "resale-0001\n1.61 USD"
+    ]
+    for party, page_seen in seen.items():
+        assert page_seen["width"] <= A4_WIDTH_PX, (party, page_seen["width"])
