@@ -54,6 +54,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _common(focus)
     focus.add_argument("--out", required=True, type=Path, help="FILE.csv or FILE.parquet")
     focus.set_defaults(handler=_focus)
+    audit = sub.add_parser(
+        "audit",
+        help="the auditor's appendix of each export (HTML) and its signed usage (CSV)",
+    )
+    audit.add_argument("exports", nargs="+", help="export files (.duckdb) or directories")
+    audit.add_argument("--trust", required=True, type=Path, help="trust file")
+    audit.add_argument("--out", required=True, type=Path, help="directory for the pages")
+    audit.set_defaults(handler=_audit)
     profile = sub.add_parser(
         "profile",
         help="sign a party profile (legal name, address, tax id, payment terms; SPEC §12)",
@@ -100,6 +108,34 @@ def _invoice(args: argparse.Namespace) -> int:
         print(f"OK: {doc.number} {doc.kind} {doc.payer.id} -> {doc.payee.id} {doc.month}: {total}")
     if not docs:
         print("OK: no documents" + (f" for {args.month}" if args.month else ""))
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    import time
+
+    import duckdb
+
+    from gridledger.audit import write_appendix
+
+    try:
+        trust = _trust(args.trust)
+        paths = _paths(args.exports)
+        if args.out.exists() and not args.out.is_dir():
+            raise Refused(f"--out {args.out}: not a directory")
+        args.out.mkdir(parents=True, exist_ok=True)
+    except Refused as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"--out {args.out}: {exc.strerror}")
+    for path in paths:
+        try:
+            appendix, page, usage = write_appendix(
+                path, args.trust, trust, args.out, lambda: time.time_ns() // 1_000_000
+            )
+        except (duckdb.Error, OSError) as exc:
+            return _fail(f"{path}: cannot read it as an export: {str(exc).splitlines()[0]}")
+        print(f"OK: {page} ({appendix.verdict}), {usage} ({appendix.usage_rows} samples)")
     return 0
 
 
