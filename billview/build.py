@@ -280,8 +280,7 @@ def _resale(facts: BillFacts, resale: list[Resale], money: _Money, checks: list[
     the seller), what reaches the seller, its net, and the desk's total."""
     if not resale:
         return []
-    terms = facts.terms
-    scale = terms.currency_scale
+    terms, scale = facts.terms, facts.terms.currency_scale
     unit = terms.increment_ms * 1000
     known = {a.assignment_id for a in facts.assignments}
     lines: list[Line] = []
