@@ -183,6 +183,20 @@ def _money(doc: BillDoc, minor: int, total: str | None = None) -> str:
     return f"<span{data}>{_e(format_minor(minor, doc.currency_scale))} {_e(doc.currency)}</span>"
 
 
+def _flow_of(doc: BillDoc, line: Line) -> str:
+    """Who pays whom for a line: its payer and payee, and for the settlement totals that
+    name one side only, the other as SPEC §7.6 has it."""
+    if line.payer and line.payee:
+        return f"{line.payer} → {line.payee}"
+    fee_payer = _fee_payer(doc)
+    return {
+        "buyer_owes": "buyer → operator" + (" and desk" if fee_payer == "buyer" else ""),
+        "operator_receives": "buyer → operator"
+        + (" (less the fee it pays the desk)" if fee_payer == "operator" else ""),
+        "desk_receives": f"{fee_payer} → desk",
+    }.get(line.key, "")
+
+
 def _line_row(doc: BillDoc, line: Line, party: str) -> str:
     mine = party in (line.payer, line.payee)
     effect = ""
@@ -210,7 +224,7 @@ def _line_row(doc: BillDoc, line: Line, party: str) -> str:
         else ""
     )
     quantity = f"{_e(line.quantity)} {_e(line.unit)}".strip()
-    flow = f"{_e(line.payer)} → {_e(line.payee)}" if line.payer and line.payee else ""
+    flow = _e(_flow_of(doc, line))
     signers = (
         f'<div class="signers">signed by {_e(", ".join(line.signers))}</div>'
         if line.signers

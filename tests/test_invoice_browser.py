@@ -145,6 +145,12 @@ def test_statement_pages_for_their_readers_in_chromium(browser: Any, tmp_path: P
                 if party == "buyer"
                 else "",
                 "folded": page.locator("details.derivation[open]").count(),
+                "flows": {
+                    key: page.locator(f'tr[data-line="{key}"] td').nth(3).inner_text()
+                    for key in ("buyer_owes", "operator_receives", "desk_receives")
+                }
+                if party == "buyer"
+                else {},
                 "details": page.locator("details.derivation").count(),
             }
             if party == "buyer" and os.environ.get("GRIDLEDGER_SCREENSHOTS"):
@@ -161,6 +167,11 @@ def test_statement_pages_for_their_readers_in_chromium(browser: Any, tmp_path: P
     assert any(c.startswith("Your net: you pay in all") and c.endswith("2.88 USD")
                for c in buyer["cards"])  # fmt: skip
     assert buyer["unit_price"] == "2.45 USD/GPU-h"
+    assert buyer["flows"] == {  # every total says who pays whom (the operator pays the fee)
+        "buyer_owes": "buyer → operator",
+        "operator_receives": "buyer → operator (less the fee it pays the desk)",
+        "desk_receives": "operator → desk",
+    }
     assert buyer["details"] > 10 and buyer["folded"] == 0
     new_buyer = seen["finetune-labs"]
     assert new_buyer["cards"] == [
