@@ -72,6 +72,7 @@ CATEGORY: Final = {
     "adjustment_credit": "Credit",
     "adjustment_charge": "Adjustment",
     "credit_cap": "Adjustment",
+    "tax": "Tax",
 }
 
 Row = dict[str, str]

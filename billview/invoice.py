@@ -529,12 +529,13 @@ def _document(group: _Group, profiles: dict[str, Profile]) -> Invoice:
         else:
             subtotal += line.amount_minor
         by_currency[key] = (subtotal, tax)
-    total = sum(a + t for a, t in by_currency.values())
     taxed = any(t for _, t in by_currency.values())
     if group.kind_hint == "original":
         kind = "invoice"
     else:
-        kind = "credit_note" if total < 0 else "supplementary_invoice"
+        totals = [a + t for a, t in by_currency.values()]
+        credit = all(x <= 0 for x in totals) and any(x < 0 for x in totals)
+        kind = "credit_note" if credit else "supplementary_invoice"
     heads = [f"{c.placement_id}:{c.period}:{c.head}" for c in group.covers]
     number = document_number(kind, group.month, group.payer, group.payee, heads)
     start_ms, end_ms = month_bounds(group.month)
