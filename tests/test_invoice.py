@@ -188,6 +188,13 @@ def test_a_tax_rate_in_the_terms_is_its_own_line_rounded_on_cumulative_flows(
     assert [(a.subtotal_minor, a.tax_minor) for a in fee_note.amounts] == [(-2, 0)]
     html = (tmp_path / "out" / f"{inv.number}.html").read_text()
     assert "Tax 20.00 % of 3.75 USD" in html
+    focus = tmp_path / "focus.csv"
+    argv = ["focus", str(taxed), "--trust", str(setup.trust), "--out", str(focus)]
+    assert gridledger_main(argv) == 0
+    taxes = [
+        r for r in csv.DictReader(io.StringIO(focus.read_text())) if r["ChargeCategory"] == "Tax"
+    ]
+    assert sorted(r["BilledCost"] for r in taxes) == ["-0.08", "0.03", "0.75"]
 
 
 def test_buyer_and_operator_build_the_same_bytes(setup: Setup, tmp_path: Path) -> None:
