@@ -25,7 +25,7 @@ import datetime
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 from msgspec import Struct
@@ -155,7 +155,7 @@ class Invoice(Struct, frozen=True, kw_only=True):
 
     format: str = INVOICE_FORMAT
     number: str
-    kind: str
+    kind: Kind
     month: str
     issue_date: str
     due_date: str
@@ -272,7 +272,7 @@ class _Liner:
         self.start_ms = self.terms.window_start_ms
         self.end_ms = max(self.start_ms, placed.service_end_ms)
 
-    def line(self, kind: str, description: str, amount_minor: int, **more: object) -> InvoiceLine:
+    def line(self, kind: str, description: str, amount_minor: int, **more: Any) -> InvoiceLine:
         terms = self.terms
         return InvoiceLine(
             placement_id=terms.placement_id,
@@ -285,7 +285,7 @@ class _Liner:
             amount=format_minor(amount_minor, terms.currency_scale),
             charge_start_ms=self.start_ms,
             charge_end_ms=self.end_ms,
-            **more,  # type: ignore[arg-type]
+            **more,
         )
 
     def tax_line(self, tax_minor: int, base_minor: int) -> InvoiceLine:
@@ -530,6 +530,7 @@ def _document(group: _Group, profiles: dict[str, Profile]) -> Invoice:
             subtotal += line.amount_minor
         by_currency[key] = (subtotal, tax)
     taxed = any(t for _, t in by_currency.values())
+    kind: Kind
     if group.kind_hint == "original":
         kind = "invoice"
     else:
