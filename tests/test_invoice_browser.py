@@ -180,3 +180,37 @@ def test_statement_pages_for_their_readers_in_chromium(browser: Any, tmp_path: P
     ]
     for party, page_seen in seen.items():
         assert page_seen["width"] <= A4_WIDTH_PX, (party, page_seen["width"])
+
+
+def test_audit_appendix_in_chromium(browser: Any, tmp_path: Path) -> None:
+    """Issue 42 item 5: the appendix opens without error, fits an A4 width, and shows the
+    verdict, the export's SHA-256 and the rejected input with its reason."""
+    import hashlib
+
+    from bill_scenario import PID, run_bill_scenario
+
+    from ledger.export import export_placement
+
+    scenario = run_bill_scenario(tmp_path)
+    export_file = tmp_path / "export.duckdb"
+    export_placement(scenario.service.store, PID, export_file, key=scenario.service.key)
+    trust = tmp_path / "trust.json"
+    trust.write_bytes(dump_trust(scenario.cast.trust()))
+    out = tmp_path / "audit"
+    argv = ["audit", str(export_file), "--trust", str(trust), "--out", str(out)]
+    assert gridledger_main(argv) == 0
+    page = browser.new_page(viewport={"width": A4_WIDTH_PX, "height": 1123})
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    try:
+        page.goto((out / f"{PID}.audit.html").as_uri(), wait_until="load")
+        assert problems == []
+        assert page.locator("[data-verdict]").inner_text() == "PROVISIONAL"
+        sha = hashlib.sha256(export_file.read_bytes()).hexdigest()
+        assert page.locator("[data-export-sha256]").inner_text() == sha
+        assert "SIG_MISSING" in page.inner_text("body")
+        assert page.evaluate("document.documentElement.scrollWidth") <= A4_WIDTH_PX
+        if os.environ.get("GRIDLEDGER_SCREENSHOTS"):
+            page.screenshot(path=str(Path(os.environ["GRIDLEDGER_SCREENSHOTS"]) / "audit.png"))
+    finally:
+        page.close()
