@@ -21,8 +21,8 @@ from typing import Final
 
 import msgspec
 
+from proto.durable_io import append_durably
 from proto.envelope import open_envelope, sha256_hex
-from proto.files import append_durably
 from proto.records import Identifier, UsageEvent
 
 DELIVERY_LOG_FILE: Final = "DELIVERED.jsonl"
