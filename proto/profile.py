@@ -18,7 +18,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from proto.canonical import canonical_json
-from proto.files import read_at_most
+from proto.durable_io import read_at_most
 from proto.keys import SigningKey, key_id, verify
 from proto.records import Identifier
 from proto.trust import TrustFile
