@@ -26,8 +26,8 @@ from devtools.builders import (
     sample,
     signed_terms,
 )
-from ledger.attest import cosign_checkpoint, issue_checkpoint
 from ledger.export import export_placement
+from ledger.issuer import cosign_checkpoint, issue_checkpoint
 from ledger.service import LedgerService
 from ledger.store import Store
 from proto.cosign import cosign
