@@ -37,7 +37,7 @@ from proto.envelope import Opened, open_envelope
 from proto.errors import KeyFileError, ProtoError
 from proto.keys import key_id, load_signing_key
 from proto.records import Assignment, PlacementTerms
-from proto.terms import TermsError, check_terms_signatures, load_terms_file, validate_terms
+from proto.terms import TermsError, load_terms_file, terms_signature_problem, validate_terms
 from proto.trust import TRUST_FORMAT, TrustError, TrustFile, load_trust
 
 
@@ -124,9 +124,9 @@ def _terms(path: Path, found: _Found, listed_by: Path | None = None) -> Placemen
     if envelope is None:
         found.notes.append(f"{where}: unsigned TOML terms (sign them: gridledger terms sign)")
     else:
-        failure = check_terms_signatures(envelope, terms).failure()
+        failure = terms_signature_problem(envelope, terms)
         if failure is not None:
-            found.problems.append(f"{where}: not fully signed: {failure.detail}")
+            found.problems.append(f"{where}: not fully signed: {failure}")
     found.terms[path] = terms
     return terms
 

@@ -90,9 +90,9 @@ from proto.records import (
 from proto.terms import (
     MIN_PLAUSIBLE_MS,
     TermsError,
-    check_terms_signatures,
     in_words,
     load_terms_file,
+    terms_signature_problem,
 )
 from proto.trust import TrustError, load_trust
 
@@ -166,9 +166,9 @@ def _load_terms(path: Path) -> PlacementTerms:
         raise UsageError("; ".join(exc.problems)) from exc
     if envelope is None:
         raise UsageError(f"{path}: unsigned TOML terms; give the signed terms file (JSON)")
-    failure = check_terms_signatures(envelope, terms).failure()
+    failure = terms_signature_problem(envelope, terms)
     if failure is not None:
-        raise UsageError(f"{path}: the terms are not fully signed: {failure.detail}")
+        raise UsageError(f"{path}: the terms are not fully signed: {failure}")
     return terms
 
 

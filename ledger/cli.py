@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import signal
 import sys
@@ -221,7 +222,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "arrival": config.arrival,
                 },
             )
-            server = LedgerHttpServer(api, *config.http, port_file=config.port_file)
+            try:
+                server = LedgerHttpServer(api, *config.http, port_file=config.port_file)
+            except OSError as exc:
+                return _fail(_http_bind_failure(args.config, config.http, exc), 2)
             server.start()
         if isinstance(service, LedgerService):
             stop = threading.Event()
@@ -249,6 +253,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             server.stop()
         service.close()
     return 0
+
+
+def _http_bind_failure(path: Path, http: tuple[str, int], exc: OSError) -> str:
+    """One line for an HTTP address the ledger cannot listen on (taken, not local, no
+    permission), naming the config key that sets it and the way out."""
+    host, port = http
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        why = "the port is already in use (another ledger, or another program)"
+    return (
+        f'{path}: http = "{host}:{port}": cannot listen there: {why}; stop what holds it, '
+        f'or set http to a free port ("{host}:0" picks any free one) or "off"'
+    )
 
 
 async def _run_kafka(

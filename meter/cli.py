@@ -45,7 +45,7 @@ import structlog
 from meter.agent import Agent, AgentConfig, AgentConfigError
 from meter.clock import Clock, RealClock, SimClock, SkewedClock
 from meter.config import ConfigError, MeterConfig, load_meter_config
-from meter.limits import SHIP_DRAIN_TIMEOUT_S, STATS_LOG_INTERVAL_S
+from meter.limits import SHIP_DRAIN_TIMEOUT_S, SIGNAL_DRAIN_TIMEOUT_S, STATS_LOG_INTERVAL_S
 from meter.metrics import MeterMetrics
 from meter.shipper import Shipper, simulated_send_ms
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
@@ -54,7 +54,7 @@ from meter.stream import node_gpus
 from proto.errors import KeyFileError
 from proto.keys import load_signing_key
 from proto.records import PlacementTerms
-from proto.terms import TermsError, check_terms_signatures, load_terms_file, validate_terms
+from proto.terms import TermsError, load_terms_file, terms_signature_problem, validate_terms
 from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked
 
 __all__ = ["EX_CONFIG", "EX_OK", "EX_TEMPFAIL", "build_agent", "load_terms", "register"]
@@ -126,8 +126,7 @@ def load_terms(paths: tuple[Path, ...]) -> tuple[PlacementTerms, ...]:
         if envelope is None:
             problems.append(f"{path}: unsigned TOML terms; the agent meters signed terms only")
             continue
-        report = check_terms_signatures(envelope, terms)
-        failure = report.failure()
+        failure = terms_signature_problem(envelope, terms)
         if failure is not None:
             problems.append(f"{path}: {failure}")
             continue
@@ -191,6 +190,11 @@ def build_agent(
 # ---- the process ------------------------------------------------------------------------
 
 
+def _fail(problem: str) -> None:
+    """One ``FAIL:`` line on stderr, as every gridledger command answers bad input."""
+    print(f"FAIL: {problem}", file=sys.stderr, flush=True)
+
+
 def _run(args: argparse.Namespace) -> int:
     _configure_logging()
     try:
@@ -212,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
             )
     except (ConfigError, SimSpecError) as exc:
         for problem in getattr(exc, "problems", [str(exc)]):
-            _log.error("config_invalid", problem=problem)
+            _fail(problem if problem.startswith(str(args.config)) else f"{args.config}: {problem}")
         return EX_CONFIG
     metrics = MeterMetrics()
     sim_clock: SimClock | None = None
@@ -234,10 +238,14 @@ def _run(args: argparse.Namespace) -> int:
         SpoolLocked,
         SpoolCorrupt,
     ) as exc:
-        _log.error("agent_cannot_start", error=str(exc))
+        for problem in getattr(exc, "problems", [str(exc)]):
+            _fail(f"{args.config}: the agent cannot start: {problem}")
         return EX_CONFIG
     except Exception as exc:  # the GPU library (NVML) could not start
-        _log.error("agent_cannot_start", error=f"{type(exc).__name__}: {exc}")
+        _fail(
+            f"{args.config}: the agent cannot start: {type(exc).__name__}: {exc} "
+            '(no GPU library here? source = "simulate" runs without one)'
+        )
         return EX_CONFIG
     if config.metrics_listen is not None:
         from prometheus_client import start_http_server
@@ -274,10 +282,28 @@ async def _serve(
     metrics: MeterMetrics,
 ) -> int:
     stop = asyncio.Event()
+    abort = asyncio.Event()
+    signals: list[str] = []
+    shipper: Shipper | None = None
+
+    def on_signal(signum: signal.Signals) -> None:
+        signals.append(signum.name)
+        if len(signals) == 1:
+            # Whatever the drain was waiting for, it ends this many seconds from now.
+            loop.call_later(SIGNAL_DRAIN_TIMEOUT_S, abort.set)
+            _log.warning(
+                "stop_requested",
+                signal=signum.name,
+                drain_s=SIGNAL_DRAIN_TIMEOUT_S if shipper is not None else 0,
+                note="a second signal stops at once; what is not shipped stays spooled",
+            )
+        else:
+            abort.set()
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    shipper: Shipper | None = None
+        loop.add_signal_handler(signum, on_signal, signum)
     ship_task: asyncio.Task[bool] | None = None
     ship_stop = asyncio.Event()
     if config.transport == "kafka" and config.kafka is not None:
@@ -346,8 +372,29 @@ async def _serve(
     finally:
         ship_stop.set()
         if ship_task is not None:
-            drained = await ship_task
+            drained = await _drained(ship_task, abort)
             if not drained:
-                _log.error("spool_not_drained", pending=shipper.pending() if shipper else None)
+                _log.error(
+                    "spool_not_drained",
+                    pending=shipper.pending() if shipper else None,
+                    kept="in the spool; the next start ships it",
+                )
                 code = EX_TEMPFAIL
     return code
+
+
+async def _drained(ship_task: asyncio.Task[bool], abort: asyncio.Event) -> bool:
+    """The shipper's drain result (bounded by its own drain timeout), unless ``abort`` is
+    set first (a signal's drain bound passed, or a second signal): then the drain is
+    cancelled and the answer is False."""
+    waiter = asyncio.ensure_future(abort.wait())
+    try:
+        await asyncio.wait({ship_task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if ship_task.done():
+        return ship_task.result()
+    ship_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await ship_task
+    return False

@@ -35,6 +35,7 @@ __all__ = [
     "KafkaSettings",
     "OutRecord",
     "TopicError",
+    "TopicMissing",
     "client_kwargs",
     "create_topic",
     "create_topic_async",
@@ -178,6 +179,14 @@ PRODUCER_BATCH_BYTES: Final = 256 * 1024
 LOG_APPEND_TIME: Final = 1
 
 
+class TopicMissing(Exception):
+    """The broker has no such topic (nothing was sent); ``topic`` names it."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} does not exist")
+        self.topic = topic
+
+
 async def topic_partition_ids(client_owner: Any, topic: str) -> list[int] | None:
     """The sorted partition ids of ``topic`` (None: no such topic) from the cluster metadata
     of a started consumer or admin client. ``consumer.topics()`` discards the partition
@@ -269,6 +278,9 @@ async def publish_kafka(
     try:
         async with asyncio.timeout(timeout_s):
             await own.start()
+            # A producer waits for a missing topic's metadata until its timeout; say so now.
+            if await topic_partition_ids(own, settings.topic) is None:
+                raise TopicMissing(settings.topic)
             await _send_all(own, settings.topic, items, stamps)
     finally:
         async with asyncio.timeout(timeout_s):

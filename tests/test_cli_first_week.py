@@ -1,0 +1,249 @@
+"""The rough edges of a first week, each tried with the real command: one line naming the
+option or file, the fix suggested, a documented non-zero exit, nothing accepted lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from devtools import builders
+from devtools.scenario import write_meter_setup
+from proto.envelope import decode_envelope, encode_envelope
+from proto.keys import SigningKey, write_key_pair
+
+T0 = 1_767_225_600_000
+HOUR = 3_600_000
+ROOT = Path(__file__).resolve().parents[1]
+GRIDLEDGER = Path(sys.executable).with_name("gridledger")
+
+
+def _gridledger(
+    *args: str, cwd: Path = ROOT, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(GRIDLEDGER), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=cwd,
+    )
+
+
+def _fail_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """The FAIL: lines of a run, after checking there is no traceback."""
+    assert "Traceback" not in done.stderr, done.stderr
+    both = done.stderr.splitlines() + done.stdout.splitlines()  # the verifier reports on stdout
+    return [line for line in both if line.startswith("FAIL: ")]
+
+
+def _one_fail(done: subprocess.CompletedProcess[str]) -> str:
+    lines = _fail_lines(done)
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ---- 1. ledger run with its HTTP port taken ------------------------------------------------
+
+
+def test_ledger_run_with_its_http_port_taken_is_one_line(tmp_path: Path) -> None:
+    write_key_pair(SigningKey.generate("ledger-1"), tmp_path / "keys")
+    (tmp_path / "local").mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "ledger.toml"
+        config.write_text(
+            tomli_w.dumps(
+                {
+                    "ledger_id": "ledger-1",
+                    "key_file": "keys/ledger-1.key",
+                    "db": "ledger.duckdb",
+                    "local_dir": "local",
+                    "http": f"127.0.0.1:{port}",
+                }
+            )
+        )
+        done = _gridledger("ledger", "run", "--config", str(config))
+    assert done.returncode == 2, done.stderr
+    line = _one_fail(done)
+    assert f'http = "127.0.0.1:{port}"' in line and str(config) in line
+    assert "already in use" in line and '"127.0.0.1:0"' in line
+
+
+# ---- 4. meter run: config errors as FAIL lines; a signal is heard -----------------------------
+
+
+def _meter(tmp_path: Path, **changes: object) -> Path:
+    cast = builders.make_cast("first-week-meter")
+    terms = builders.make_terms(cast, "pl-m", [builders.gpu("n1", 0)], T0, T0 + HOUR)
+    config = write_meter_setup(tmp_path, cast, "n1", [terms], simulate="seed=1")
+    data = tomllib.loads(config.read_text())
+    data.update(changes)
+    config.write_text(tomli_w.dumps(data))
+    return config
+
+
+def test_meter_config_errors_are_fail_lines(tmp_path: Path) -> None:
+    config = _meter(tmp_path, interval_sec=60)
+    done = _gridledger("meter", "run", "--config", str(config), "--until-ms", str(T0 + HOUR))
+    assert done.returncode == 2
+    line = _one_fail(done)
+    assert "interval_sec" in line and "did you mean interval_s" in line
+    assert not done.stderr.lstrip().startswith("{"), done.stderr
+
+
+def test_meter_that_cannot_start_says_so_in_one_fail_line(tmp_path: Path) -> None:
+    config = _meter(tmp_path)
+    other, _ = write_key_pair(SigningKey.generate("n1-other"), tmp_path / "other")
+    data = tomllib.loads(config.read_text())
+    config.write_text(tomli_w.dumps({**data, "key_file": str(other)}))
+    done = _gridledger("meter", "run", "--config", str(config), "--until-ms", str(T0 + HOUR))
+    assert done.returncode == 2
+    line = _one_fail(done)
+    assert str(config) in line and "key_rebound" in line
+    assert not (tmp_path / "local" / "node-n1").exists()  # nothing was signed
+
+
+def test_meter_with_kafka_down_stops_on_sigterm_and_says_so(tmp_path: Path) -> None:
+    """A running agent whose broker is down: SIGTERM stops it within the signal's drain
+    bound (not the minute-long drain of a clean end), logged; what was signed stays in the
+    spool for the next start."""
+    from meter.limits import SIGNAL_DRAIN_TIMEOUT_S
+
+    cast = builders.make_cast("first-week-signal")
+    now = int(time.time() * 1000)
+    terms = builders.make_terms(cast, "pl-s", [builders.gpu("n1", 0)], now - 60_000, now + HOUR)
+    config = write_meter_setup(
+        tmp_path,
+        cast,
+        "n1",
+        [terms],
+        transport="kafka",
+        interval_s=1,
+        kafka={"bootstrap": f"127.0.0.1:{_free_port()}"},
+        simulate="seed=1",
+    )
+    proc = subprocess.Popen(
+        [str(GRIDLEDGER), "meter", "run", "--config", str(config), "--log-format", "json"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:  # bounded: the process ends or the test's timeout fires
+            if "ship_failed" in line:  # running, and the broker is not there
+                break
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        code = proc.wait(timeout=SIGNAL_DRAIN_TIMEOUT_S + 20)
+        took_s = time.monotonic() - sent
+        rest = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 75, rest
+    assert took_s < SIGNAL_DRAIN_TIMEOUT_S + 15, took_s
+    events = [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
+    asked = [e for e in events if e["event"] == "stop_requested"]
+    assert len(asked) == 1 and asked[0]["signal"] == "SIGTERM", rest
+    left = [e for e in events if e["event"] == "spool_not_drained"]
+    assert len(left) == 1 and "next start" in left[0]["kept"], rest
+
+
+# ---- 5. terms publish: a missing topic, missing signatures by party ----------------------------
+
+
+def _signed_terms(tmp_path: Path, *, drop_desk: bool = False) -> tuple[Path, builders.Cast]:
+    cast = builders.make_cast("first-week")
+    terms = builders.make_terms(cast, "pl-fw", [builders.gpu("n1", 0)], T0, T0 + HOUR)
+    raw = builders.signed_terms(cast, terms)
+    if drop_desk:
+        envelope = decode_envelope(raw)
+        kept = tuple(s for s in envelope.signatures if s.keyid != cast.desk.key_id)
+        raw = encode_envelope(type(envelope)(payload=envelope.payload, signatures=kept))
+    path = tmp_path / "terms.signed.json"
+    path.write_bytes(raw)
+    return path, cast
+
+
+def test_terms_publish_names_a_missing_signature_by_party(tmp_path: Path) -> None:
+    path, cast = _signed_terms(tmp_path, drop_desk=True)
+    (tmp_path / "local").mkdir()
+    done = _gridledger("terms", "publish", str(path), "--local-dir", str(tmp_path / "local"))
+    assert done.returncode == 1
+    line = _one_fail(done)
+    assert f"missing the desk ({cast.desk.name}, key {cast.desk.key_id})" in line, line
+    assert "gridledger terms sign" in line
+    assert list((tmp_path / "local").iterdir()) == []  # nothing published
+
+
+def test_terms_publish_to_a_topic_that_does_not_exist(tmp_path: Path, kafka_bootstrap: str) -> None:
+    path, _ = _signed_terms(tmp_path)
+    started = time.monotonic()
+    done = _gridledger(
+        "terms", "publish", str(path), "--kafka", kafka_bootstrap, "--topic", "gridledger.recrods"
+    )
+    assert time.monotonic() - started < 25
+    assert done.returncode == 2, done.stderr
+    line = _one_fail(done)
+    assert "no topic 'gridledger.recrods' (--topic)" in line and "gridledger.records" in line
+
+
+# ---- 6. verify: a trust file of other parties; a ledger's store --------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One demo run (local transport, a few seconds): its export, store and trust file."""
+    workdir = tmp_path_factory.mktemp("demo") / "demo"
+    done = _gridledger("demo", "--workdir", str(workdir), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return workdir
+
+
+def test_verify_with_a_trust_file_pinning_none_of_the_keys(demo_dir: Path, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    pubs = {}
+    for role in ("operator", "buyer", "desk", "ledger"):
+        _, pub = write_key_pair(SigningKey.generate(f"other-{role}"), keys)
+        pubs[role] = pub
+    trust = tmp_path / "other-trust.json"
+    made = _gridledger(
+        "trust", "init", *(x for r, p in pubs.items() for x in (f"--{r}", str(p))),
+        "--out", str(trust),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    export = demo_dir / "exports" / "pl-demo-0001.duckdb"
+    done = _gridledger("verify", str(export), "--trust", str(trust))
+    assert done.returncode == 1
+    head = done.stdout.splitlines()[0]
+    assert head.startswith("FAIL: ") and "pins none of this placement's keys" in head
+    assert "--trust" in head and "gridledger trust init" in head
+
+
+def test_verify_of_a_ledger_store_says_export_it_first(demo_dir: Path) -> None:
+    done = _gridledger(
+        "verify", str(demo_dir / "ledger.duckdb"), "--trust", str(demo_dir / "trust.json")
+    )
+    assert done.returncode == 2
+    line = _one_fail(done)
+    assert "ledger.duckdb" in line and "a ledger's store, not an export" in line
+    assert "gridledger ledger export PLACEMENT --out FILE.duckdb" in line
