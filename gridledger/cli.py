@@ -148,7 +148,8 @@ def _unknown_command(command: str, known: list[str]) -> int:
     hint = difflib.get_close_matches(command, known, n=1)
     also = f"did you mean gridledger {hint[0]}? " if hint else ""
     print(
-        f"FAIL: unknown command {command!r}; {also}(gridledger --help lists the commands)",
+        f"FAIL: unknown command {command!r}; {also}the commands: {', '.join(sorted(known))} "
+        "(gridledger --help says what each does)",
         file=sys.stderr,
     )
     return 2

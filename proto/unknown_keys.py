@@ -13,5 +13,5 @@ def unknown_key(key: str, known: Iterable[str], *, table: str = "") -> str:
     """The problem line for ``key`` (in ``table``, dotted, when given), with the closest
     known key as a suggestion when one is close enough."""
     hint = difflib.get_close_matches(key, sorted(known), n=1)
-    also = f" (did you mean {table + '.' if table else ''}{hint[0]}?)" if hint else ""
+    also = f" (did you mean {hint[0]}?)" if hint else ""
     return f"unknown key {table + '.' if table else ''}{key}{also}"
