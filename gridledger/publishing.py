@@ -109,7 +109,7 @@ def publish(target: Target, placement_id: str, publisher: str, envelope: bytes) 
             2,
         ) from exc
     except (OSError, TimeoutError, KafkaError) as exc:
-        reason = str(exc) or type(exc).__name__
+        reason = kafka.kafka_error_text(exc, str(target.kafka))
         raise PublishError(
             f"Kafka at {target.kafka} did not acknowledge (topic {target.topic}): {reason}; "
             "nothing was published, try again",

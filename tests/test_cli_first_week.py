@@ -150,6 +150,7 @@ def test_meter_with_kafka_down_stops_on_sigterm_and_says_so(tmp_path: Path) -> N
     try:
         for line in proc.stderr:  # bounded: the process ends or the test's timeout fires
             if "ship_failed" in line:  # running, and the broker is not there
+                assert "no Kafka broker answered at 127.0.0.1:" in line, line  # (item 12)
                 break
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
@@ -164,6 +165,7 @@ def test_meter_with_kafka_down_stops_on_sigterm_and_says_so(tmp_path: Path) -> N
     events = [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
     asked = [e for e in events if e["event"] == "stop_requested"]
     assert len(asked) == 1 and asked[0]["signal"] == "SIGTERM", rest
+    assert not [e for e in events if e.get("logger", "").startswith("aiokafka")], rest
     left = [e for e in events if e["event"] == "spool_not_drained"]
     assert len(left) == 1 and "next start" in left[0]["kept"], rest
 
@@ -247,3 +249,39 @@ def test_verify_of_a_ledger_store_says_export_it_first(demo_dir: Path) -> None:
     line = _one_fail(done)
     assert "ledger.duckdb" in line and "a ledger's store, not an export" in line
     assert "gridledger ledger export PLACEMENT --out FILE.duckdb" in line
+
+
+# ---- 12. Kafka errors in words, one line per attempt ---------------------------------------
+
+
+def test_ledger_with_kafka_down_says_so_once_per_attempt_in_words(tmp_path: Path) -> None:
+    write_key_pair(SigningKey.generate("ledger-1"), tmp_path / "keys")
+    bootstrap = f"127.0.0.1:{_free_port()}"
+    config = tmp_path / "ledger.toml"
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "ledger_id": "ledger-1",
+                "key_file": "keys/ledger-1.key",
+                "db": "ledger.duckdb",
+                "transport": "kafka",
+                "http": "off",
+                "kafka": {
+                    "bootstrap": bootstrap,
+                    "start_backoff_initial_s": 0.01,
+                    "start_backoff_max_s": 0.01,
+                },
+            }
+        )
+    )
+    done = _gridledger("ledger", "run", "--config", str(config), "--log-format", "json")
+    assert done.returncode == 75, done.stderr
+    line = _one_fail(done)
+    assert f"no Kafka broker answered at {bootstrap}" in line, line
+    events = [json.loads(x) for x in done.stderr.splitlines() if x.startswith("{")]
+    attempts = [e for e in events if e["event"] == "kafka_unavailable"]
+    assert len(attempts) == 10, done.stderr  # START_ATTEMPTS, one line each
+    words = f"no Kafka broker answered at {bootstrap} (is it running, and is that its address?)"
+    assert all(e["error"] == words for e in attempts), attempts
+    assert not [e for e in events if e.get("logger", "").startswith("aiokafka")], done.stderr
+    assert "AddressFamily" not in done.stderr and "KafkaConnectionError" not in done.stderr

@@ -39,6 +39,7 @@ __all__ = [
     "client_kwargs",
     "create_topic",
     "create_topic_async",
+    "kafka_error_text",
     "make_consumer",
     "make_producer",
     "partitioner_for",
@@ -177,6 +178,20 @@ PRODUCER_BATCH_BYTES: Final = 256 * 1024
 # ConsumerRecord.timestamp_type / produce acknowledgement timestamp_type of a timestamp the
 # broker stamped at append (message.timestamp.type=LogAppendTime); 0 is CreateTime.
 LOG_APPEND_TIME: Final = 1
+
+
+def kafka_error_text(exc: BaseException, bootstrap: str) -> str:
+    """A Kafka client's failure in a person's words: no Python reprs, no class name said
+    twice (a KafkaError's str() starts with its class name, and is often nothing more)."""
+    name = type(exc).__name__
+    message = str(exc)
+    if message.startswith(f"{name}:"):
+        message = message[len(name) + 1 :].strip()
+    if "Unable to bootstrap" in message or isinstance(exc, ConnectionRefusedError):
+        return f"no Kafka broker answered at {bootstrap} (is it running, and is that its address?)"
+    if isinstance(exc, TimeoutError):
+        return f"Kafka at {bootstrap} did not answer in time"
+    return f"{name}: {message}" if message else name
 
 
 class TopicMissing(Exception):
