@@ -781,11 +781,11 @@ def _witnesses(
     (saved with the time it received them). Both must cosign, or the demo stops: no honest
     run is refused.
     """
-    import os
 
     from ledger.http import LedgerApi, LedgerHttpServer
     from ledger.metrics import LedgerMetrics
     from ledger.store import Store
+    from witness.known import keep
     from witness.runner import EXIT_OK, witness_once
 
     known = workdir / "witness" / "buyer-known"
@@ -795,9 +795,7 @@ def _witnesses(
         ("reclaim.json", _reclaim(keys, terms), RECLAIM_ISSUED_MS),
         ("assignment.signed.json", (workdir / "assignment.signed.json").read_bytes(), HANDOVER_MS),
     ):
-        path = known / name
-        path.write_bytes(raw)
-        os.utime(path, ns=(at_ms * 1_000_000, at_ms * 1_000_000))
+        keep(known, raw, at_ms, name=name)  # as `gridledger witness keep` does
     api = LedgerApi(of_type(store, Store, "the demo's store"), ledger_key, LedgerMetrics())
     server = LedgerHttpServer(api, "127.0.0.1", 0)
     server.start()

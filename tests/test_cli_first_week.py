@@ -285,3 +285,51 @@ def test_ledger_with_kafka_down_says_so_once_per_attempt_in_words(tmp_path: Path
     assert all(e["error"] == words for e in attempts), attempts
     assert not [e for e in events if e.get("logger", "").startswith("aiokafka")], done.stderr
     assert "AddressFamily" not in done.stderr and "KafkaConnectionError" not in done.stderr
+
+
+# ---- 3. the buyer's --known: times from its own receipt log, never a file's mtime ------------
+
+
+def test_witness_known_needs_receipt_times_and_keep_records_them(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    received = tmp_path / "received"
+    received.mkdir()
+    copied = received / "terms.signed.json"
+    copied.write_bytes((demo_dir / "terms.signed.json").read_bytes())  # cp, as the user did
+    witness = (
+        "witness", "run", "--ledger", f"http://127.0.0.1:{_free_port()}",
+        "--terms", str(demo_dir / "terms.signed.json"),
+        "--key", str(demo_dir / "keys" / "inferco-batch.key"),
+        "--state", str(tmp_path / "state"), "--known", str(received),
+    )  # fmt: skip
+    done = _gridledger(*witness)
+    assert done.returncode == 2, done.stderr
+    line = _one_fail(done)
+    assert str(copied) in line and "DELIVERED.jsonl" in line
+    assert f"gridledger witness keep {copied} --known {received}" in line
+    # The party says when it received it; the witness then goes on (to a ledger that is
+    # not there: 75), the known input accepted.
+    at_ms = 1_796_083_100_000
+    kept = _gridledger("witness", "keep", str(copied), "--known", str(received),
+                       "--received-ms", str(at_ms))  # fmt: skip
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.strip() == f"OK: kept {copied}, received 2026-11-30T23:58:20Z"
+    log = [json.loads(x) for x in (received / "DELIVERED.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["delivered_at_ms"]) for e in log] == [("terms", at_ms)]
+    again = _gridledger(*witness)
+    assert again.returncode == 75, again.stderr
+    assert "did not answer" in _one_fail(again)
+
+
+def test_witness_keep_never_replaces_a_kept_input(demo_dir: Path, tmp_path: Path) -> None:
+    received = tmp_path / "received"
+    received.mkdir()
+    (received / "terms.signed.json").write_text("something else\n")
+    done = _gridledger(
+        "witness", "keep", str(demo_dir / "terms.signed.json"), "--known", str(received)
+    )
+    assert done.returncode == 2
+    assert "already holds another input" in _one_fail(done)
+    assert (received / "terms.signed.json").read_text() == "something else\n"
+    assert not (received / "DELIVERED.jsonl").exists()

@@ -2,6 +2,7 @@
 
     gridledger witness run --ledger URL --terms TERMS.signed.json --key PARTY.key --state DIR
                            [--delivery-log FILE ...] [--known DIR]
+    gridledger witness keep FILE... --known DIR [--received-ms T]
     gridledger witness status --state DIR
     gridledger witness refusals --state DIR
 
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from billview.units import iso_utc
 from witness.runner import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, witness_once
 from witness.state import (
     list_refusals,
@@ -46,6 +48,20 @@ def register(sub: Any) -> None:
     )
     run.add_argument("--known", type=Path, help="a directory of signed inputs you sent or received")
     run.set_defaults(handler=_run)
+    keep = wsub.add_parser(
+        "keep",
+        help="keep signed inputs you received or sent in your --known DIR, with the time",
+    )
+    keep.add_argument("files", type=Path, nargs="+", metavar="FILE", help="a signed input file")
+    keep.add_argument("--known", type=Path, required=True, help="your known-inputs directory")
+    keep.add_argument(
+        "--received-ms",
+        type=int,
+        default=None,
+        metavar="T",
+        help="when you received or sent them, epoch milliseconds (default: now)",
+    )
+    keep.set_defaults(handler=_keep)
     status = wsub.add_parser("status", help="what this witness cosigned, per placement")
     status.add_argument("--state", type=Path, required=True, help="the witness's state directory")
     status.set_defaults(handler=_status)
@@ -69,13 +85,39 @@ def _run(args: argparse.Namespace) -> int:
     return result.code
 
 
+def _keep(args: argparse.Namespace) -> int:
+    """``witness keep``: each file into --known DIR, its time into DIR/DELIVERED.jsonl."""
+    from proto.limits import MAX_SAFE_INTEGER
+    from witness.known import KnownError, keep
+
+    at_ms = int(time.time() * 1000) if args.received_ms is None else args.received_ms
+    if not 0 <= at_ms <= MAX_SAFE_INTEGER:
+        print(f"FAIL: --received-ms {at_ms}: give epoch milliseconds", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.known.is_dir():
+        print(f"FAIL: --known {args.known} is not a directory; create it first", file=sys.stderr)
+        return EXIT_USAGE
+    for path in args.files:
+        try:
+            kept = keep(args.known, path.read_bytes(), at_ms, name=path.name)
+        except OSError as exc:
+            print(f"FAIL: cannot read {path}: {exc.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+        except KnownError as exc:
+            print(f"FAIL: {path}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"OK: kept {kept}, received {iso_utc(at_ms)}")
+    return EXIT_OK
+
+
 def _status(args: argparse.Namespace) -> int:
     states = list_states(args.state)
     if not states:
         print(f"no placement witnessed in {args.state}")
     for s in states:
         closed = f"closed at record {s.close_index}" if s.close_index >= 0 else "open"
-        print(f"{s.placement_id}: cosigned size {s.size}, {closed}, at {s.cosigned_at_s}")
+        at = iso_utc(s.cosigned_at_s * 1000)
+        print(f"{s.placement_id}: cosigned size {s.size}, {closed}, at {at}")
     return EXIT_OK
 
 
@@ -84,5 +126,5 @@ def _refusals(args: argparse.Namespace) -> int:
     if not refusals:
         print(f"no refusal in {args.state}")
     for r in refusals:
-        print(f"{r.refused_at_s} {r.placement_id} {r.code}: {r.detail}")
+        print(f"{iso_utc(r.refused_at_s * 1000)} {r.placement_id} {r.code}: {r.detail}")
     return EXIT_OK
