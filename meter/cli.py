@@ -55,6 +55,7 @@ from proto.errors import KeyFileError
 from proto.keys import load_signing_key
 from proto.records import PlacementTerms
 from proto.terms import TermsError, load_terms_file, terms_signature_problem, validate_terms
+from proto.utc import iso_utc
 from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked
 
 __all__ = ["EX_CONFIG", "EX_OK", "EX_TEMPFAIL", "build_agent", "load_terms", "register"]
@@ -323,6 +324,7 @@ async def _serve(
     pace_s = (spec.pace_ms if spec is not None else 0) / 1000
     deadline = time.monotonic() + args.duration_s if args.duration_s is not None else None
     emitted = 0
+    over_at_start = False
     next_stats = time.monotonic() + STATS_LOG_INTERVAL_S
     code = EX_OK
 
@@ -355,6 +357,7 @@ async def _serve(
             emit()
             if due is None:
                 _log.info("all_windows_over")
+                over_at_start = emitted == 0
                 break
             wait_s = min(MAX_WAIT_S, max(0.0, (due - agent.now_ms()) / 1000))
             if deadline is not None:
@@ -380,6 +383,13 @@ async def _serve(
                     kept="in the spool; the next start ships it",
                 )
                 code = EX_TEMPFAIL
+    if over_at_start and code == EX_OK:
+        last_ms = max(t.window_end_ms for t in agent.config.terms)
+        _fail(
+            f"{args.config}: every placement window in its terms is over (the last ended "
+            f"{iso_utc(last_ms)}): nothing to meter; give it the terms of a current placement"
+        )
+        code = EX_CONFIG
     return code
 
 

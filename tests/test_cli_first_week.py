@@ -333,3 +333,65 @@ def test_witness_keep_never_replaces_a_kept_input(demo_dir: Path, tmp_path: Path
     assert "already holds another input" in _one_fail(done)
     assert (received / "terms.signed.json").read_text() == "something else\n"
     assert not (received / "DELIVERED.jsonl").exists()
+
+
+# ---- 8. mid-window statements; a meter or a check after the window ---------------------------
+
+
+def test_a_statement_mid_window_does_not_judge_availability(tmp_path: Path) -> None:
+    from ledger.service import LedgerService, fixed_clock
+    from ledger.store import Store
+    from transport.local import publish_local, publisher_source
+
+    cast = builders.make_cast("first-week-mid")
+    terms = builders.make_terms(cast, "pl-mid", [builders.gpu("n1", 0)], T0, T0 + HOUR)
+    meter = write_meter_setup(tmp_path, cast, "n1", [terms], simulate="seed=1")
+    ran = _gridledger("meter", "run", "--config", str(meter), "--until-ms", str(T0 + 90_000))
+    assert ran.returncode == 0, ran.stderr
+    local = tmp_path / "local"
+    publish_local(local, publisher_source("terms"), [builders.signed_terms(cast, terms)])
+    write_key_pair(cast.ledger, tmp_path / "keys")
+    db = tmp_path / "ledger.duckdb"
+    store = Store(db, ledger_public_key=cast.ledger.public_key)
+    service = LedgerService(
+        store, cast.ledger, ledger_id="l1", local_dir=local, clock=fixed_clock(T0 + 120_000)
+    )
+    try:
+        service.run_until_idle()
+    finally:
+        service.close()
+    config = tmp_path / "ledger.toml"
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "ledger_id": "l1",
+                "key_file": f"keys/{cast.ledger.name}.key",
+                "db": "ledger.duckdb",
+                "local_dir": "local",
+                "http": "off",
+            }
+        )
+    )
+    done = _gridledger("ledger", "statement", "pl-mid", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.lstrip().startswith("Availability"))
+    assert "judged at the close" in line and "misses" not in line, done.stdout
+
+
+def test_a_meter_started_after_its_window_fails(tmp_path: Path) -> None:
+    cast = builders.make_cast("first-week-late")
+    now = int(time.time() * 1000)
+    terms = builders.make_terms(
+        cast, "pl-late", [builders.gpu("n1", 0)], now - 2 * HOUR, now - HOUR
+    )
+    config = write_meter_setup(tmp_path, cast, "n1", [terms], simulate="seed=1")
+    done = _gridledger("meter", "run", "--config", str(config))
+    assert done.returncode == 2, done.stderr
+    line = _one_fail(done)
+    assert str(config) in line and "every placement window in its terms is over" in line
+    assert "give it the terms of a current placement" in line
+    # `gridledger check` says the same before anything runs.
+    checked = _gridledger("check", str(config))
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "every placement in its terms ended" in _one_fail(checked)
+    assert "OK:" not in checked.stdout

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from billview.units import iso_utc
+from proto.utc import iso_utc
 from witness.runner import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, witness_once
 from witness.state import (
     list_refusals,
