@@ -218,6 +218,8 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("demo") / "demo"
     done = _gridledger("demo", "--workdir", str(workdir), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    (workdir.parent / "demo.stdout").write_text(done.stdout)
+    (workdir.parent / "demo.stderr").write_text(done.stderr)
     return workdir
 
 
@@ -395,3 +397,38 @@ def test_a_meter_started_after_its_window_fails(tmp_path: Path) -> None:
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "every placement in its terms ended" in _one_fail(checked)
     assert "OK:" not in checked.stdout
+
+
+# ---- 10. the demo: its narrative alone, said once; a workdir it does not own -------------------
+
+
+def test_demo_tells_its_story_without_log_lines_and_closes_once(demo_dir: Path) -> None:
+    stdout = (demo_dir.parent / "demo.stdout").read_text()
+    stderr = (demo_dir.parent / "demo.stderr").read_text()
+    assert stderr == "", stderr  # no info lines between the narrative's (warning and up only)
+    closed = [line for line in stdout.splitlines() if "placement closed" in line]
+    assert len(closed) == 1, closed
+
+
+def test_demo_refuses_a_workdir_it_does_not_own(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me\n")
+    done = _gridledger("demo", "--workdir", str(mine))
+    assert done.returncode == 2, done.stderr
+    line = _one_fail(done)
+    assert f"--workdir {mine}" in line and "choose a new or empty directory" in line
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert (mine / "notes.txt").read_text() == "keep me\n"
+
+
+def test_make_demo_says_it_is_installing_before_it_does(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    said = next(i for i, x in enumerate(lines) if "installing gridledger" in x)
+    pip = next(i for i, x in enumerate(lines) if "pip" in x and "install -e" in x)
+    assert said < pip, lines
