@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import duckdb
 import msgspec
-import structlog
 
 from billview.units import duration
 from proto.canonical import signed_bytes
