@@ -7,7 +7,7 @@ Keys (relative paths are relative to the directory of the config file)::
     db = "data/ledger.duckdb"         # the store; one writer: this process
     transport = "local"               # "local" (spool directories) or "kafka"
     local_dir = "spool"               # local: one sub-directory per source, read into the
-                                      # intake log "<db>.intake/" (SPEC §6.4)
+                                      # intake log "<local_dir>/.intake-<ledger_id>/" (§6.4)
     batch_max_records = 5000          # inputs per transaction
     close = true                      # publish PlacementClosed when window_end + grace passes
     http = "127.0.0.1:0"              # HTTP API: HOST:PORT; port 0 = any free port, written to

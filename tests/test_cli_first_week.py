@@ -432,3 +432,23 @@ def test_make_demo_says_it_is_installing_before_it_does(tmp_path: Path) -> None:
     said = next(i for i, x in enumerate(lines) if "installing gridledger" in x)
     pip = next(i for i, x in enumerate(lines) if "pip" in x and "install -e" in x)
     assert said < pip, lines
+
+
+# ---- 11. docs that say what the code does -------------------------------------------------------
+
+
+def test_the_example_ledger_toml_names_the_intake_log_where_it_is() -> None:
+    from transport.intake import intake_dir_for
+
+    text = (ROOT / "deploy" / "ledger.example.toml").read_text()
+    where = intake_dir_for(Path("<local_dir>"), "<ledger_id>")
+    assert f'"{where}/"' in text, where
+    assert "<db>.intake" not in text
+
+
+def test_witness_help_names_the_port_the_example_ledger_serves() -> None:
+    example = tomllib.loads((ROOT / "deploy" / "ledger.example.toml").read_text())
+    port = example["http"].rsplit(":", 1)[1]
+    done = _gridledger("witness", "run", "--help")
+    assert done.returncode == 0
+    assert f"http://127.0.0.1:{port}" in " ".join(done.stdout.split()), done.stdout

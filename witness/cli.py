@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
     wsub = parser.add_subparsers(dest="witness_command", metavar="WITNESS_COMMAND")
     run = wsub.add_parser("run", help="fetch the latest checkpoint, check it, cosign or refuse")
     run.add_argument(
-        "--ledger", required=True, help="the ledger's HTTP API, e.g. http://127.0.0.1:8787"
+        "--ledger", required=True, help="the ledger's HTTP API, e.g. http://127.0.0.1:8080"
     )
     run.add_argument("--terms", type=Path, required=True, help="your copy of the signed terms")
     run.add_argument("--key", type=Path, required=True, help="your party's private key file")
