@@ -452,3 +452,64 @@ def test_witness_help_names_the_port_the_example_ledger_serves() -> None:
     done = _gridledger("witness", "run", "--help")
     assert done.returncode == 0
     assert f"http://127.0.0.1:{port}" in " ".join(done.stdout.split()), done.stdout
+
+
+# ---- 13. exports, check, compose and the image ---------------------------------------------------
+
+
+def test_export_compact_is_a_fraction_of_the_default_and_verifies(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    config = demo_dir / "ledger.toml"
+    default = demo_dir / "exports" / "pl-demo-0001.duckdb"
+    compact = tmp_path / "compact.duckdb"
+    done = _gridledger(
+        "ledger", "export", "pl-demo-0001", "--out", str(compact), "--compact",
+        "--config", str(config),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # 124 records: the default's 256 KiB blocks, one per table with rows at least (~2.8 MB);
+    # the compact file's 16 KiB blocks (~0.3 MB).
+    assert compact.stat().st_size * 5 < default.stat().st_size, (
+        compact.stat().st_size,
+        default.stat().st_size,
+    )
+    verified = _gridledger("verify", str(compact), "--trust", str(demo_dir / "trust.json"))
+    assert verified.returncode == 0, verified.stdout
+    assert verified.stdout.startswith(f"OK: {compact}: placement pl-demo-0001, 124 records")
+
+
+def test_check_counts_terms_by_placement(demo_dir: Path, tmp_path: Path) -> None:
+    copies = []
+    for name in ("a.json", "b.json"):
+        copy = tmp_path / name
+        copy.write_bytes((demo_dir / "terms.signed.json").read_bytes())
+        copies.append(str(copy))
+    done = _gridledger("check", str(demo_dir / "terms.signed.json"), *copies)
+    assert done.returncode == 0, done.stderr
+    assert "terms of 1 placement (3 files)" in done.stdout, done.stdout
+
+
+def test_the_compose_placement_closes_within_the_hour_and_the_image_pins_versions() -> None:
+    import yaml
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name in ("setup", "setup-cluster"):
+        command = compose["services"][name]["command"]
+        assert command[command.index("--hours") + 1] == "1", name
+    pins = {}
+    for line in (ROOT / "deploy" / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name] = Version(version)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for text in project["dependencies"]:
+        requirement = Requirement(text)
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not pinned in deploy/constraints.txt"
+        assert pins[name] in requirement.specifier, (name, pins[name], requirement.specifier)
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY pyproject.toml README.md deploy/constraints.txt ./" in dockerfile
+    assert "pip install --constraint constraints.txt ." in dockerfile
