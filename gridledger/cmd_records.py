@@ -288,13 +288,21 @@ def missing_signers(terms: PlacementTerms, envelope: Envelope, record: _RECORD) 
 # ---- the shared flow ----------------------------------------------------------------------
 
 
+def _span(ms: int) -> str:
+    """A span a person reads: ``8.419 s``, ``10 min``, ``1 h 2 min 3 s`` (whole seconds
+    from a minute up)."""
+    from billview.units import duration
+
+    return duration(ms if abs(ms) < 60_000 else ms // 1000 * 1000)
+
+
 def _describe(record: _RECORD, terms: PlacementTerms) -> str:
     if isinstance(record, ReclaimNotice):
-        notice = (record.effective_at_ms - record.issued_at_ms) / 60_000
-        agreed = terms.reclaim_notice_ms / 60_000
+        notice = _span(record.effective_at_ms - record.issued_at_ms)
+        agreed = _span(terms.reclaim_notice_ms)
         return (
             f"reclaim {record.reclaim_id} of {record.placement_id}: all {len(record.gpus)} GPUs "
-            f"at {_iso(record.effective_at_ms)}, dated {notice:g} min ahead ({agreed:g} agreed; "
+            f"at {_iso(record.effective_at_ms)}, dated {notice} ahead ({agreed} agreed; "
             "the notice counts from when it reaches the log)"
         )
     if isinstance(record, Assignment):
@@ -309,11 +317,11 @@ def _describe(record: _RECORD, terms: PlacementTerms) -> str:
             f"{terms.currency}/GPU-h, paid to the desk"
         )
     if isinstance(record, BuyerRelease):
-        agreed = terms.release_notice_ms / 60_000
-        minimum = terms.minimum_duration_ms / 60_000
+        agreed = _span(terms.release_notice_ms)
+        minimum = _span(terms.minimum_duration_ms)
         return (
             f"release {record.release_id} of {record.placement_id}: the buyer ends it at "
-            f"{_iso(record.effective_at_ms)} ({agreed:g} min notice and a {minimum:g} min "
+            f"{_iso(record.effective_at_ms)} ({agreed} notice and a {minimum} "
             "minimum agreed; the notice counts from when it reaches the log, SPEC §7.9)"
         )
     if isinstance(record, Adjustment):

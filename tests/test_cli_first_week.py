@@ -513,3 +513,29 @@ def test_the_compose_placement_closes_within_the_hour_and_the_image_pins_version
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "COPY pyproject.toml README.md deploy/constraints.txt ./" in dockerfile
     assert "pip install --constraint constraints.txt ." in dockerfile
+
+
+# ---- 9. times and spans in a person's words ------------------------------------------------------
+
+
+def test_reclaim_says_its_notice_in_seconds_not_fractions_of_a_minute(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    done = _gridledger(
+        "reclaim", "--terms", "terms.signed.json", "--key", "keys/acme-gpu-cloud.key",
+        "--issued-at", "2026-12-01T00:30:00Z", "--effective-at", "2026-12-01T00:30:08.419Z",
+        "--out", str(tmp_path / "reclaim.json"),
+        cwd=demo_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert " s ahead (10 min agreed;" in first and "0.14" not in first, first
+
+
+def test_witness_status_and_refusals_print_utc_times(demo_dir: Path) -> None:
+    state = demo_dir / "witness" / "buyer"
+    done = _gridledger("witness", "status", "--state", str(state))
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert line.startswith("pl-demo-0001: cosigned size 124, closed at record 123, at 20"), line
+    assert line.endswith("Z"), line
