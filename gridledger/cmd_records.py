@@ -288,14 +288,6 @@ def missing_signers(terms: PlacementTerms, envelope: Envelope, record: _RECORD) 
 # ---- the shared flow ----------------------------------------------------------------------
 
 
-def _span(ms: int) -> str:
-    """A span a person reads: ``8.419 s``, ``10 min``, ``1 h 2 min 3 s`` (whole seconds
-    from a minute up)."""
-    from billview.units import duration
-
-    return duration(ms if abs(ms) < 60_000 else ms // 1000 * 1000)
-
-
 def _describe(record: _RECORD, terms: PlacementTerms) -> str:
     if isinstance(record, ReclaimNotice):
         notice = _span(record.effective_at_ms - record.issued_at_ms)
