@@ -360,7 +360,8 @@ def replay_steps(
     ``export_all``, after the query that finds the closed placements. The store is the
     whole trace's (the steps' later rows are there already; each placement's own commit
     range is as it was when it closed)."""
-    from gridledger.replay import EXPORT_CHUNK, closed_placements
+    from gridledger.replay import closed_placements
+    from gridledger.replay_limits import EXPORT_CHUNK
     from ledger.export import export_all
 
     written: list[str] = []

@@ -45,7 +45,6 @@ def main() -> int:
 
     from fold_micro import as_inputs, generate
 
-    import ledger.store
     from ledger.ingest import Ingestor, tune_gc
     from ledger.store import Batch, Store
 
@@ -74,7 +73,9 @@ def main() -> int:
     for run in range(args.repeat * max(1, len(args.row_group))):
         if args.row_group:
             rows = args.row_group[run % len(args.row_group)]
-            ledger.store.STORE_ROW_GROUP_ROWS = rows  # type: ignore[misc]
+            # The module that defines Store reads it (ledger/store.py or ledger/store/store.py
+            # at older or newer roots).
+            sys.modules[Store.__module__].STORE_ROW_GROUP_ROWS = rows
             print(f"row groups of {rows} rows: ", end="")
         with tempfile.TemporaryDirectory(prefix="store-commit-") as tmp:
             path = Path(tmp) / "replay.duckdb"

@@ -18,7 +18,7 @@ is the rule ``decide`` applies, to first terms and amendments alike. An accepted
 amendment's claims replace those of the terms it amends (a GPU it no longer lists is
 free again). The index's changed rows, and the keys of the rows an amendment or a reclaim
 at the window's start ended, are stored in the same store transaction as the records and
-offsets they came from (``ledger/store.py``, ``capacity_claims``), and loaded back on
+offsets they came from (``ledger/store/``, ``capacity_claims``), and loaded back on
 start.
 """
 

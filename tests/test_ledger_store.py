@@ -137,7 +137,7 @@ def test_wide_rows_inserted_as_columns_equal_the_appenders_at_the_integer_bounds
     """record_rows/input_rows go in as NumPy columns (``Store._insert_columns``): the stored rows
     equal what DuckDB's appender stores, NULLs and 2^53 - 1 included, wherever they sit
     (an object column would have DuckDB guess a narrower type from a sample and fail)."""
-    import ledger.store as store_module
+    import ledger.store.store as store_module
 
     top = 2**53 - 1
     n = 4000
@@ -250,7 +250,8 @@ import sys
 from pathlib import Path
 import duckdb
 sys.path.insert(0, sys.argv[2])
-from ledger.store import STORE_ALIAS, _attach_store
+from ledger.store import STORE_ALIAS
+from ledger.store.store import _attach_store
 con = duckdb.connect(":memory:")
 _attach_store(con, Path(sys.argv[1]))
 con.execute(f"USE {STORE_ALIAS}")
@@ -283,7 +284,7 @@ def test_a_duckdb_without_the_row_group_option_attaches_the_store_with_its_own(
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[0] == "1.0.0" and "[(1,)]" in done.stdout
 
-    from ledger.store import _attach_store
+    from ledger.store.store import _attach_store
 
     with pytest.raises(duckdb.Error):  # a directory is no database file: not swallowed
         _attach_store(duckdb.connect(":memory:"), tmp_path)

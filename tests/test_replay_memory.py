@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-import gridledger.replay as replay
+import gridledger.replay.measure as replay_measure
 from gridledger.replay import ReplayOptions, run_replay
 
 EXCERPT = Path(__file__).parent / "data" / "openb_excerpt"
@@ -34,13 +34,13 @@ def test_the_replay_process_keeps_nothing_per_event(
     tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     samples: list[tuple[int, int]] = []  # (events signed so far, bytes traced now)
-    real = replay._Progress.step
+    real = replay_measure._Progress.step
 
     def step(self: Any, events: int, day: int, days: int, **kwargs: Any) -> None:
         samples.append((events, tracemalloc.get_traced_memory()[0]))
         real(self, events, day, days, **kwargs)
 
-    monkeypatch.setattr(replay._Progress, "step", step)
+    monkeypatch.setattr(replay_measure._Progress, "step", step)
     tracemalloc.start()
     try:
         report = run_replay(

@@ -16,6 +16,9 @@ import duckdb
 import pytest
 
 import gridledger.replay as replay
+import gridledger.replay.ledger_process as replay_ledger
+import gridledger.replay.run as replay_run
+import gridledger.replay.verdicts as replay_verdicts
 from gridledger.replay import (
     ReplayOptions,
     ReplayReport,
@@ -74,9 +77,10 @@ def test_prefix_budgets_take_growing_prefixes_by_fraction_of_the_events() -> Non
 def test_export_stage_in_chunks_writes_what_one_at_a_time_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(replay, "EXPORT_CHUNK", 3)  # several chunks, the last one short
-    monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 2)
-    monkeypatch.setattr(replay, "COMPACT_MAX_RECORDS", 40)  # both formats among 8 placements
+    for module in (replay_run, replay_ledger):  # the replay's exports, the ledger process's
+        monkeypatch.setattr(module, "EXPORT_CHUNK", 3)  # several chunks, the last one short
+    monkeypatch.setattr(replay_verdicts, "MAX_VERIFY_IN_FLIGHT", 2)
+    monkeypatch.setattr(replay_ledger, "COMPACT_MAX_RECORDS", 40)  # both formats among 8 placements
     workdir = tmp_path / "run"
     report = run_replay(
         ReplayOptions(
@@ -102,7 +106,7 @@ def test_export_stage_in_chunks_writes_what_one_at_a_time_writes(
     # The replay's own exports of small placements are compact where the DuckDB writes
     # that format (the project's does), larger ones portable; `ledger export` writes the
     # portable format, with the same rows.
-    assert replay.compact_exports()
+    assert replay_ledger.compact_exports()
     blocks: dict[int, int] = {}
     for path in exports:
         with duckdb.connect(str(path), read_only=True) as con:
@@ -135,9 +139,9 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The agents may run ahead by one step only when a step is over the lag bound.
-    monkeypatch.setattr(replay, "MAX_LEDGER_LAG_EVENTS", 1)
+    monkeypatch.setattr(replay_ledger, "MAX_LEDGER_LAG_EVENTS", 1)
     started: list[Any] = []
-    real = replay._LedgerProcess.__init__
+    real = replay_ledger._LedgerProcess.__init__
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> None:
         real(self, *args, **kwargs)
@@ -146,7 +150,7 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     # Overlap: exports are handed to the verifier while steps still run (before the
     # ledger is told to stop), and the replay process never opens the store itself.
     events: list[str] = []
-    real_submit, real_step = replay._Verdicts.submit, replay._LedgerProcess.step
+    real_submit, real_step = replay_verdicts._Verdicts.submit, replay_ledger._LedgerProcess.step
 
     def submit(self: Any, placement: Any) -> None:
         events.append("submit")
@@ -159,11 +163,11 @@ def test_ledger_process_gives_the_heads_totals_and_verdicts_of_the_ledger_in_pro
     def no_store(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the replay process opened the store")
 
-    monkeypatch.setattr(replay._LedgerProcess, "__init__", spy)
-    monkeypatch.setattr(replay._Verdicts, "submit", submit)
-    monkeypatch.setattr(replay._LedgerProcess, "step", step)
+    monkeypatch.setattr(replay_ledger._LedgerProcess, "__init__", spy)
+    monkeypatch.setattr(replay_verdicts._Verdicts, "submit", submit)
+    monkeypatch.setattr(replay_ledger._LedgerProcess, "step", step)
     with monkeypatch.context() as inside:
-        inside.setattr(replay, "Store", no_store)
+        inside.setattr(replay_run, "Store", no_store)
         split = _kafka_run(tmp_path / "split", kafka_bootstrap, ledger_process=True)
     assert events.count("submit") == 10
     # The excerpt's first task runs for months: the others close, are exported by the
@@ -224,7 +228,7 @@ def test_a_ledger_process_that_fails_is_one_named_error_and_ends(tmp_path: Path)
     LedgerProcessError (one line for the CLI), never waits for it."""
     not_a_store = tmp_path / "ledger.duckdb"
     not_a_store.mkdir()  # a directory where the store file should be
-    job = replay._LedgerJob(
+    job = replay_ledger._LedgerJob(
         db=str(not_a_store),
         seed="openb",
         buyers=4,
@@ -233,7 +237,7 @@ def test_a_ledger_process_that_fails_is_one_named_error_and_ends(tmp_path: Path)
         max_commands=2,
     )
     seconds: dict[str, float] = {}
-    ledger = replay._LedgerProcess(job, seconds)
+    ledger = replay_ledger._LedgerProcess(job, seconds)
     with pytest.raises(replay.LedgerProcessError, match="the ledger process failed: "):
         asyncio.run(ledger.start())
     asyncio.run(ledger.close())
@@ -246,7 +250,7 @@ def test_a_verified_export_is_removed_unless_kept_and_a_failed_one_is_kept(
 ) -> None:
     exports = tmp_path / "run" / "exports"
     exports.mkdir(parents=True)
-    run = replay._ReplayRun(
+    run = replay_run._ReplayRun(
         ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run", keep_exports=keep)
     )
     good, bad = (
@@ -256,8 +260,8 @@ def test_a_verified_export_is_removed_unless_kept_and_a_failed_one_is_kept(
     for p in (good, bad):
         (exports / f"{p.placement_id}.duckdb").write_bytes(b"export")
     totals = dict.fromkeys(("delivered_mgms", *replay.MONEY_FIELDS), 7)
-    run.settle_export(exports, good, replay.VerifySummary("", totals, "EUR", 2, 0.1))  # type: ignore[arg-type]
-    run.settle_export(exports, bad, replay.VerifySummary("CHAIN_BROKEN", None, "", 0, 0.1))  # type: ignore[arg-type]
+    run.settle_export(exports, good, replay_verdicts.VerifySummary("", totals, "EUR", 2, 0.1))  # type: ignore[arg-type]
+    run.settle_export(exports, bad, replay_verdicts.VerifySummary("CHAIN_BROKEN", None, "", 0, 0.1))  # type: ignore[arg-type]
     assert (exports / "pl-good.duckdb").exists() is keep
     assert (exports / "pl-bad.duckdb").exists()
     assert run.report.exports_kept == (2 if keep else 1)
@@ -274,10 +278,10 @@ def test_the_verifier_queue_counts_what_the_ledger_process_exported_once_each(
     MAX_VERIFY_IN_FLIGHT out at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 1)
+    monkeypatch.setattr(replay_verdicts, "MAX_VERIFY_IN_FLIGHT", 1)
     exports = tmp_path / "run" / "exports"
     exports.mkdir(parents=True)
-    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
+    run = replay_run._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
     placements = [
         SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
         for p in ("pl-a", "pl-b", "pl-c")
@@ -285,7 +289,7 @@ def test_the_verifier_queue_counts_what_the_ledger_process_exported_once_each(
     for p in placements[1:]:
         (exports / f"{p.placement_id}.duckdb").write_bytes(b"not an export")
     with ThreadPoolExecutor(1) as pool:
-        verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
+        verdicts = replay_verdicts._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
         verdicts.exported([("pl-a", "no accepted terms"), ("pl-zz", ""), ("pl-b", "")])
         assert len(verdicts.pending) <= 1
         verdicts.exported([("pl-a", ""), ("pl-b", ""), ("pl-c", "")])  # pl-a, pl-b again
@@ -306,7 +310,7 @@ def _small_files(
     (file ``empty`` empty), their placement names and stand-in placements."""
     exports = tmp_path / "run" / "exports"
     exports.mkdir(parents=True)
-    run = replay._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
+    run = replay_run._ReplayRun(ReplayOptions(trace_dir=EXCERPT, workdir=tmp_path / "run"))
     names = [f"pl-{k}" for k in range(n)]
     placements = [
         SimpleNamespace(placement_id=p, task=SimpleNamespace(qos="LS"), model="V100M16")
@@ -326,12 +330,12 @@ def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(replay._Verdicts, "BATCH", 3)
-    monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 3600.0)
+    monkeypatch.setattr(replay_verdicts._Verdicts, "BATCH", 3)
+    monkeypatch.setattr(replay_verdicts._Verdicts, "BATCH_WAIT_S", 3600.0)
 
     run, exports, names, placements = _small_files(tmp_path, 5, empty=2)
     with ThreadPoolExecutor(1) as pool:
-        verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
+        verdicts = replay_verdicts._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
         gate = threading.Event()
         pool.submit(gate.wait)  # the one worker busy: nothing handed settles early
         verdicts.exported([(p, "") for p in names])
@@ -340,7 +344,7 @@ def test_small_exports_go_to_the_verifier_in_batches_counted_in_the_order_handed
         futures = [id(future) for _, future, _ in verdicts.pending]
         assert len(futures) == 3 and len(set(futures)) == 1
         assert [position for _, _, position in verdicts.pending] == [0, 1, 2]
-        monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 0.0)
+        monkeypatch.setattr(replay_verdicts._Verdicts, "BATCH_WAIT_S", 0.0)
         verdicts.settle_ready()  # waited long enough: the two go, one batch
         assert verdicts.queue == []
         assert [position for _, _, position in verdicts.pending][-2:] == [0, 1]
@@ -361,12 +365,12 @@ def test_a_lagging_verifier_is_waited_for_without_breaking_the_batches(
     that lags must not lose the batches' saving exactly when it is needed)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(replay._Verdicts, "BATCH", 3)
-    monkeypatch.setattr(replay._Verdicts, "BATCH_WAIT_S", 3600.0)
-    monkeypatch.setattr(replay, "MAX_VERIFY_IN_FLIGHT", 4)
+    monkeypatch.setattr(replay_verdicts._Verdicts, "BATCH", 3)
+    monkeypatch.setattr(replay_verdicts._Verdicts, "BATCH_WAIT_S", 3600.0)
+    monkeypatch.setattr(replay_verdicts, "MAX_VERIFY_IN_FLIGHT", 4)
     run, exports, names, placements = _small_files(tmp_path, 7)
     with ThreadPoolExecutor(1) as pool:
-        verdicts = replay._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
+        verdicts = replay_verdicts._Verdicts(run, exports, pool, placements)  # type: ignore[arg-type]
         for p in names:
             verdicts.exported([(p, "")])
             assert len(verdicts.pending) + len(verdicts.queue) <= 4  # the bound holds

@@ -219,7 +219,7 @@ def test_a_non_canonical_envelope_is_not_migrated(tmp_path: Path) -> None:
 
 _KILL_MID_MIGRATION = """
 import os, signal, sys
-import ledger.store as store
+import ledger.store.store as store
 migrate = store._migrate
 
 def migrate_then_die(con, version):
@@ -330,7 +330,7 @@ def test_the_write_path_refuses_an_envelope_its_columns_would_not_rebuild(
 ) -> None:
     """Rows reach the store opened (canonical), so this never happens; if it did, the
     batch is refused rather than stored as bytes the views would rebuild differently."""
-    from ledger.store import _signature_columns  # the helper itself: no other way in
+    from ledger.store.rows import _signature_columns  # the helper itself: no other way in
 
     _, db, _ = _ledger(tmp_path)
     with duckdb.connect(str(db), read_only=True) as con:

@@ -24,7 +24,7 @@ from proto.canonical import decode_payload, signed_bytes
 from proto.envelope import Envelope, decode_envelope, encode_envelope, sha256_hex
 from proto.keys import key_id
 from proto.records import LedgerRecord
-from verifier import limits, walk
+from verifier import connections, limits, walk
 from verifier.pairs import (
     ExportFile,
     FastPair,
@@ -117,7 +117,7 @@ def _pooled_as_inline(honest: Scenario, tmp_path: Path, kind: PoolKind) -> None:
         with OpenPool[Any](kind, 2) as pool:
             assert pool.reads_ranges
             pooled = verify_export(export, honest.trust, pool=pool)
-        assert not walk._EXPORT, "the pass left export connections open"
+        assert not connections._EXPORT, "the pass left export connections open"
         assert _whole(pooled) == _whole(verify(export, honest.trust))
     assert not pooled.ok
 
@@ -210,7 +210,7 @@ def test_a_worker_reads_the_export_read_only_with_its_memory_bounded(honest: Sce
     export = ExportFile(
         str(honest.path), (stat.st_dev, stat.st_ino, stat.st_mtime_ns), True, (), ()
     )
-    con = walk._export_connection(export)
+    con = connections.export_connection(export)
     try:
         (limit,) = con.execute("SELECT current_setting('memory_limit')").fetchone()
         assert limit == "61.0 MiB"  # WORKER_DUCKDB_MEMORY_LIMIT "64MB" as DuckDB states it
@@ -219,7 +219,7 @@ def test_a_worker_reads_the_export_read_only_with_its_memory_bounded(honest: Sce
         with pytest.raises(duckdb.Error, match=r"lock_configuration|locked"):
             con.execute("SET memory_limit = '1GB'")
     finally:
-        walk._EXPORT.clear()
+        connections._EXPORT.clear()
         con.close()
 
 

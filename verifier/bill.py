@@ -7,19 +7,15 @@ accepted classified by its own SQL of SPEC §7.1 (``pricing.HEALTH_SQL``), the c
 it checked — and rendered by ``billview``. An auditor needs no ledger for it.
 
 The verdict (FINAL / PROVISIONAL / FAILED) is the verification's, known once the whole
-checklist ran: ``BillParts.doc(report)`` puts it in.
+checklist ran: ``BillParts.doc(report)`` (``verifier/state.py``, beside the report it
+belongs to) puts it in.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
-from billview.build import build
-from billview.doc import BillDoc, GpuRow
 from billview.facts import (
     MAX_ADJUSTMENT_LINES,
     AdjustmentFacts,
@@ -31,7 +27,6 @@ from billview.facts import (
     ReclaimFacts,
     ReleaseFacts,
     StatementFacts,
-    VerdictFacts,
     effective_end,
     signer_names,
 )
@@ -53,36 +48,10 @@ from proto.records import (
 from verifier.pricing import HEALTH_SQL, TOTAL_FIELDS, totals_at
 from verifier.resale import resale_at
 from verifier.source import ALIAS, blob
-from verifier.state import ExportReport, Verification
+from verifier.state import BillParts, Verification
 
 # Samples read per fetch while the timeline is built (bounded memory).
 SAMPLE_FETCH: Final = 10_000
-
-
-@dataclass(frozen=True)
-class BillParts:
-    """What the verification established for the bill, before its verdict is known."""
-
-    facts: BillFacts
-    gpus: list[GpuRow]
-    note: str
-
-    def doc(self, report: ExportReport) -> BillDoc:
-        """The bill with the verification's verdict."""
-        facts = dataclasses.replace(self.facts, verdict=verdict_of(report))
-        return build(facts, self.gpus, self.note)
-
-
-def verdict_of(report: ExportReport) -> VerdictFacts:
-    """FINAL / PROVISIONAL / FAILED as ``gridledger verify`` judged the export."""
-    by = f"verified offline by gridledger verify from {Path(report.path).name}"
-    if not report.ok:
-        reasons = [f.line() for f in report.findings.kept[:20]]
-        return VerdictFacts("FAILED", by, (f"{report.findings.total} finding(s)", *reasons))
-    if report.is_final:
-        witnesses = ", ".join(report.witnessed_by) or "no witness required by the trust file"
-        return VerdictFacts("FINAL", by, (f"witnessed by {witnesses}",))
-    return VerdictFacts("PROVISIONAL", by, tuple(report.provisional))
 
 
 def collect(run: Verification) -> BillParts | None:

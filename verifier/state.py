@@ -8,23 +8,25 @@ attribute is set in ``__init__``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
+from pathlib import Path
+from typing import Any, Final, Literal, NamedTuple
 
+from billview.build import build
+from billview.doc import BillDoc, GpuRow
+from billview.facts import BillFacts, VerdictFacts
 from proto.attestation import AttestationRoot
 from proto.limits import ARRIVAL_REQUIRED_FROM_MS
 from proto.records import PlacementTerms
 from verifier.decisions import Claim, Referee
 from verifier.findings import Findings, Step
+from verifier.merkle_stream import CheckpointRoots
 from verifier.pricing import DeferredPricing
 from verifier.progress import Progress
 from verifier.source import ExportSource, InputRow, RecordRow
-from verifier.step8_merkle import CheckpointRoots
 from verifier.work_tables import WorkTables
 from verifier.workers import OpenPool
-
-if TYPE_CHECKING:
-    from verifier.bill import BillParts
 
 # The verdict on one export: the CLI exits 0, 1 or 2 on it.
 ExportVerdict = Literal["verified", "failed", "unusable"]
@@ -173,3 +175,29 @@ class Verification:
     def bump(self, name: str, n: int = 1) -> None:
         """Count something for the report."""
         self.counts[name] = self.counts.get(name, 0) + n
+
+
+@dataclass(frozen=True)
+class BillParts:
+    """What the verification established for the bill, before its verdict is known."""
+
+    facts: BillFacts
+    gpus: list[GpuRow]
+    note: str
+
+    def doc(self, report: ExportReport) -> BillDoc:
+        """The bill with the verification's verdict."""
+        facts = dataclasses.replace(self.facts, verdict=verdict_of(report))
+        return build(facts, self.gpus, self.note)
+
+
+def verdict_of(report: ExportReport) -> VerdictFacts:
+    """FINAL / PROVISIONAL / FAILED as ``gridledger verify`` judged the export."""
+    by = f"verified offline by gridledger verify from {Path(report.path).name}"
+    if not report.ok:
+        reasons = [f.line() for f in report.findings.kept[:20]]
+        return VerdictFacts("FAILED", by, (f"{report.findings.total} finding(s)", *reasons))
+    if report.is_final:
+        witnesses = ", ".join(report.witnessed_by) or "no witness required by the trust file"
+        return VerdictFacts("FINAL", by, (f"witnessed by {witnesses}",))
+    return VerdictFacts("PROVISIONAL", by, tuple(report.provisional))

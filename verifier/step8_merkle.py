@@ -4,17 +4,17 @@ unsigned, SPEC §8) every record covered by a valid checkpoint.
 
 All of step 8 is here, in three moments of one run: ``read_sizes`` (before the pass: which
 tree sizes the checkpoints name), ``CheckpointRoots.leaf`` (during the pass: each record's
-leaf, keeping the root at each named size) and ``check_checkpoints`` (after it).
+leaf, keeping the root at each named size; ``verifier/merkle_stream.py``, which the run's
+state holds) and ``check_checkpoints`` (after it).
 """
 
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from proto.cosign import cosignature_of
 from proto.errors import ProtoError
-from proto.merkle import leaf_hash
 from proto.note import (
     LEDGER_NOTE_NAME,
     SignedNote,
@@ -23,38 +23,10 @@ from proto.note import (
     parse_note,
 )
 from verifier.findings import Step
-from verifier.merkle_stream import CompactRange
 from verifier.step5_columns import check_checkpoint_size
 
 if TYPE_CHECKING:
     from verifier.state import Verification
-
-MISSING_LEAF: Final = leaf_hash(b"")  # stands in for a record that is missing or unreadable
-
-
-class CheckpointRoots:
-    """The record leaves streamed in chain order, and the root at every checkpoint size."""
-
-    def __init__(self) -> None:
-        self.sizes: set[int] = set()
-        self.roots: dict[int, bytes] = {}
-        self.compact = CompactRange()
-        self.max_size = 0
-
-    def want(self, sizes: set[int]) -> None:
-        """Keep the roots at these tree sizes (and stop hashing past the largest)."""
-        self.sizes = sizes
-        self.max_size = max(sizes, default=0)
-        if 0 in sizes:
-            self.roots[0] = self.compact.root()
-
-    def leaf(self, index: int, leaf: bytes) -> None:
-        """Append the leaf of ``index`` (filling holes) while a checkpoint still needs it."""
-        compact = self.compact
-        while compact.size <= index and compact.size < self.max_size:
-            compact.append(leaf if compact.size == index else MISSING_LEAF)
-            if compact.size in self.sizes:
-                self.roots[compact.size] = compact.root()
 
 
 def read_sizes(run: Verification) -> None:

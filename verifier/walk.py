@@ -27,8 +27,6 @@ and the rows only of what the ordinary checks must see.
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, NamedTuple, cast
 
@@ -43,8 +41,10 @@ from verifier import (
     step7_decisions,
     step9_obligation,
 )
+from verifier.connections import export_connection, forget_exports
 from verifier.decisions import ACCEPTED, PENDING, Claim
 from verifier.invariant import InvariantError
+from verifier.merkle_stream import MISSING_LEAF
 from verifier.opener import Keyring, OpenResult, open_one
 from verifier.pairs import (
     ONE,
@@ -75,7 +75,6 @@ from verifier.source import (
     record_row,
 )
 from verifier.state import Reread, Verification
-from verifier.step8_merkle import MISSING_LEAF
 from verifier.workers import fewer_collections
 
 # One chain index of a batch: (index, its record row, its input rows, its first job,
@@ -144,12 +143,6 @@ class Entry(NamedTuple):
     pair: bool
 
 
-# The worker's connection to the export it reads, by ((pid, thread), path, identity);
-# worker threads share the dict (_EXPORT_LOCK).
-_EXPORT: dict[tuple[tuple[int, int], str, tuple[int, int, int]], Any] = {}
-_EXPORT_LOCK: Final = threading.Lock()
-
-
 def _walk_ranges(run: Verification, context: PairContext) -> None:
     source = run.source
     stat = source.path.stat()
@@ -202,55 +195,6 @@ def _range_jobs(source: ExportSource) -> Iterator[tuple[int, list[tuple[int, int
         lo = source.next_index(hi)
 
 
-def _export_connection(export: ExportFile) -> Any:
-    """This worker's read-only connection to ``export``: one kept per process and thread
-    (a DuckDB connection is not shared between threads, nor used across a fork). The
-    threads of one process connect to one database (DuckDB's instance cache hands the
-    second the first's): its configuration is locked once, by the first."""
-    owner = (os.getpid(), threading.get_ident())
-    key = (owner, export.path, export.identity)
-    con = _EXPORT.get(key)
-    if con is None:
-        with _EXPORT_LOCK:
-            stale = [_EXPORT.pop(k) for k in list(_EXPORT) if k[0] == owner]
-        for old in stale:
-            old.close()
-        stat = os.stat(export.path)
-        if (stat.st_dev, stat.st_ino, stat.st_mtime_ns) != export.identity:
-            raise InvariantError(f"{export.path} changed during the verification")
-        with _EXPORT_LOCK:
-            con = duckdb.connect(
-                export.path,
-                read_only=True,
-                config={
-                    "threads": 1,
-                    "memory_limit": limits.WORKER_DUCKDB_MEMORY_LIMIT,
-                    "enable_external_access": False,
-                },
-            )
-            locked = con.execute("SELECT current_setting('lock_configuration')").fetchall()
-            if not locked[0][0]:
-                con.execute("SET lock_configuration = true")
-            _EXPORT[key] = con
-    return con
-
-
-def forget_exports(close: bool, only: ExportFile | None = None) -> None:
-    """Drop the cached export connections: closed (the pass ended in this process: only
-    its export's), or just forgotten (a forked worker inherited its parent's, which it
-    must not touch)."""
-    mine = os.getpid()
-    with _EXPORT_LOCK:
-        dropped = [
-            (key, _EXPORT.pop(key))
-            for key in list(_EXPORT)
-            if only is None or key[1:] == (only.path, only.identity)
-        ]
-    for key, con in dropped:
-        if close and key[0][0] == mine:
-            con.close()
-
-
 # What ``open_ranges`` returns per range: the FastPairs (packed, or the list itself), the
 # entries, and (unpacked only) the pairs' rows as read, by chain index.
 Ranged = tuple[
@@ -269,7 +213,7 @@ def open_ranges(ranges: Sequence[tuple[int, int]], context: PairContext) -> list
     export = context.export
     if export is None:
         raise InvariantError("open_ranges without an export file")
-    con = _export_connection(export)
+    con = export_connection(export)
     out: list[Ranged] = []
     for lo, hi in ranges:
         plan, jobs, raw = _read_range(con, export, lo, hi)

@@ -138,10 +138,10 @@ class WorkTables:
                 self.filled.add(table)
 
     def _insert_columns(self, table: str, rows: list[tuple[Any, ...]]) -> bool:
-        """Append ``rows`` to ``table`` as one INSERT from numpy arrays, as ``ledger/store.py``
-        writes its batches; False (nothing written) when the table has no column kinds here
-        or a column's values are not all of its kind (the appender then writes them, as
-        before: a NULL, say, or an int beyond BIGINT)."""
+        """Append ``rows`` to ``table`` as one INSERT from numpy arrays, as
+        ``ledger/store/store.py`` writes its batches; False (nothing written) when the table
+        has no column kinds here or a column's values are not all of its kind (the appender
+        then writes them, as before: a NULL, say, or an int beyond BIGINT)."""
         kinds = _KINDS.get(table)
         if kinds is None:
             return False

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any, Generic, Literal, TypeVar
 
 from verifier import limits
+from verifier.connections import forget_exports
 from verifier.opener import Keyring, OpenResult, open_chunk
 
 PoolKind = Literal["inline", "thread", "process"]
@@ -56,8 +57,6 @@ def _worker_started() -> None:
     """A pool process only runs the pass: it keeps the pass's collection threshold. It
     holds no export connection of its parent's (spawned; had it been forked, it would drop
     the ones it inherited: ``verifier/walk.py``)."""
-    from verifier.walk import forget_exports
-
     forget_exports(close=False)
     old = gc.get_threshold()
     gc.set_threshold(max(old[0], limits.GC_GEN0_THRESHOLD), *old[1:])

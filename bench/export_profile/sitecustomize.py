@@ -127,7 +127,8 @@ if _OUT:
         os.replace(_OUT + ".tmp", _OUT)
 
     def _install():
-        import gridledger.replay as replay
+        import gridledger.replay.ledger_process as replay_ledger
+        import gridledger.replay.run as replay_run
         from ledger import attest, export
         from ledger.store import Store
 
@@ -146,8 +147,10 @@ if _OUT:
             "placements",
         ):
             setattr(Store, name, _timed(f"Store.{name}", getattr(Store, name)))
-        replay.closed_placements = _timed("closed_placements", replay.closed_placements)
-        replay.export_chunk = _timed("export_chunk", replay.export_chunk)
+        # Where they are called: the ledger process's exports and the replay's own.
+        for module in (replay_ledger, replay_run):
+            for name in ("closed_placements", "export_chunk"):
+                setattr(module, name, _timed(name, getattr(module, name)))
 
         base = export.ThreadPoolExecutor
 
@@ -161,7 +164,7 @@ if _OUT:
 
         export.ThreadPoolExecutor = Pool
 
-        orig_export_closed = replay.export_closed
+        orig_export_closed = replay_ledger.export_closed
 
         def export_closed(store, key, exports, exported):
             wal = str(store.path) + ".wal" if hasattr(store, "path") else None
@@ -199,7 +202,7 @@ if _OUT:
                     _acc.setdefault("wal_sizes", []).append((w_before, w_after))
                 _dump()
 
-        replay.export_closed = export_closed
+        replay_ledger.export_closed = export_closed
 
     class _Hook(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
