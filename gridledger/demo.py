@@ -117,6 +117,12 @@ class DemoError(Exception):
     """The demo could not run (a broker that does not answer, a busy workdir)."""
 
 
+_NOT_OURS: Final = (
+    "not empty and not a demo's workdir (the demo replaces its own only); choose a new or "
+    "empty directory"
+)
+
+
 class DemoInputError(DemoError):
     """The demo was given something it cannot use (exit 2): a --workdir that holds
     something else."""
@@ -162,10 +168,7 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     workdir = workdir.resolve()
     if workdir.exists():
         if not (workdir / ".gridledger-demo").exists() and any(workdir.iterdir()):
-            raise DemoInputError(
-                f"--workdir {workdir} exists, is not empty and is not a demo's workdir (the "
-                "demo replaces its own only); choose a new or empty directory"
-            )
+            raise DemoInputError(f"--workdir {workdir}: {_NOT_OURS}")
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     (workdir / ".gridledger-demo").write_text("made by gridledger demo\n")

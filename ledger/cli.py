@@ -38,6 +38,7 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,32 +109,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     with_config(statement)
     statement.set_defaults(handler=cmd_statement)
 
-    export = sub.add_parser("export", help="export one placement, or all (EXPORT.md)")
-    export.add_argument("placement", nargs="?", help="the placement id (or --all DIR)")
-    export.add_argument("--out", type=Path, help="FILE.duckdb to write")
-    export.add_argument(
-        "--all",
-        type=Path,
-        metavar="DIR",
-        dest="all_dir",
-        help="export every placement to DIR/<placement>.duckdb (ledger stopped)",
+    _add_export(
+        sub.add_parser("export", help="export one placement, or all (EXPORT.md)"), with_config
     )
-    export.add_argument(
-        "--parquet",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="also write DIR/<table>/<placement>.parquet (glob DIR/<table>/*.parquet)",
-    )
-    export.add_argument(
-        "--compact",
-        action="store_true",
-        help="DuckDB 1.2's storage with 16 KiB blocks: ~0.3 MiB instead of ~2.7 MiB for a "
-        "small placement, the same tables and rows; DuckDB 1.2 and later read it "
-        "(proto/EXPORT.md, Readers); needs the ledger stopped",
-    )
-    with_config(export)
-    export.set_defaults(handler=cmd_export)
 
     listing = sub.add_parser("list", help="every placement: status, records, window, parties")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
@@ -169,6 +147,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     supervise.set_defaults(handler=cmd_supervise)
 
     ledger.set_defaults(handler=lambda args: _usage(ledger))
+
+
+def _add_export(
+    export: argparse.ArgumentParser, with_config: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    """The options of ``ledger export``."""
+    export.add_argument("placement", nargs="?", help="the placement id (or --all DIR)")
+    export.add_argument("--out", type=Path, help="FILE.duckdb to write")
+    export.add_argument(
+        "--all",
+        type=Path,
+        metavar="DIR",
+        dest="all_dir",
+        help="export every placement to DIR/<placement>.duckdb (ledger stopped)",
+    )
+    export.add_argument(
+        "--parquet",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write DIR/<table>/<placement>.parquet (glob DIR/<table>/*.parquet)",
+    )
+    export.add_argument(
+        "--compact",
+        action="store_true",
+        help="DuckDB 1.2's storage with 16 KiB blocks: ~0.3 MiB instead of ~2.7 MiB for a "
+        "small placement, the same tables and rows; DuckDB 1.2 and later read it "
+        "(proto/EXPORT.md, Readers); needs the ledger stopped",
+    )
+    with_config(export)
+    export.set_defaults(handler=cmd_export)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

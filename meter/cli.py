@@ -284,42 +284,14 @@ async def _serve(
 ) -> int:
     stop = asyncio.Event()
     abort = asyncio.Event()
-    signals: list[str] = []
-    shipper: Shipper | None = None
-
-    def on_signal(signum: signal.Signals) -> None:
-        signals.append(signum.name)
-        if len(signals) == 1:
-            # Whatever the drain was waiting for, it ends this many seconds from now.
-            loop.call_later(SIGNAL_DRAIN_TIMEOUT_S, abort.set)
-            _log.warning(
-                "stop_requested",
-                signal=signum.name,
-                drain_s=SIGNAL_DRAIN_TIMEOUT_S if shipper is not None else 0,
-                note="a second signal stops at once; what is not shipped stays spooled",
-            )
-        else:
-            abort.set()
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
     ship_task: asyncio.Task[bool] | None = None
     ship_stop = asyncio.Event()
-    if config.transport == "kafka" and config.kafka is not None:
-        shipper = Shipper(
-            config.spool_dir,
-            config.kafka,
-            metrics=metrics,
-            collect_garbage=agent.collect_garbage,
-            now_ms=agent.now_ms,
-            # A simulation states the simulated time it sent each event (SPEC §6.6).
-            stamp=_simulated_stamp(spec) if sim_clock is not None and spec is not None else None,
-        )
+    shipper = _shipper(agent, config, spec if sim_clock is not None else None, metrics)
+    if shipper is not None:
         ship_task = asyncio.create_task(
             shipper.run(ship_stop, drain_timeout_s=SHIP_DRAIN_TIMEOUT_S)
         )
+    _on_signals(stop, abort, draining=shipper is not None)
     crash_after = spec.crash_after if spec is not None else None
     pace_s = (spec.pace_ms if spec is not None else 0) / 1000
     deadline = time.monotonic() + args.duration_s if args.duration_s is not None else None
@@ -374,23 +346,68 @@ async def _serve(
         code = EX_TEMPFAIL
     finally:
         ship_stop.set()
-        if ship_task is not None:
-            drained = await _drained(ship_task, abort)
-            if not drained:
-                _log.error(
-                    "spool_not_drained",
-                    pending=shipper.pending() if shipper else None,
-                    kept="in the spool; the next start ships it",
-                )
-                code = EX_TEMPFAIL
+        drained = ship_task is None or await _drained(ship_task, abort)
+        if not drained and shipper is not None:
+            _log.error(
+                "spool_not_drained",
+                pending=shipper.pending(),
+                kept="in the spool; the next start ships it",
+            )
+            code = EX_TEMPFAIL
     if over_at_start and code == EX_OK:
-        last_ms = max(t.window_end_ms for t in agent.config.terms)
-        _fail(
-            f"{args.config}: every placement window in its terms is over (the last ended "
-            f"{iso_utc(last_ms)}): nothing to meter; give it the terms of a current placement"
-        )
-        code = EX_CONFIG
+        return _over_at_start(args.config, agent)
     return code
+
+
+def _shipper(
+    agent: Agent, config: MeterConfig, simulated: SimSpec | None, metrics: MeterMetrics
+) -> Shipper | None:
+    """The shipper of a Kafka meter (None on the embedded transport)."""
+    if config.transport != "kafka" or config.kafka is None:
+        return None
+    return Shipper(
+        config.spool_dir,
+        config.kafka,
+        metrics=metrics,
+        collect_garbage=agent.collect_garbage,
+        now_ms=agent.now_ms,
+        # A simulation states the simulated time it sent each event (SPEC §6.6).
+        stamp=_simulated_stamp(simulated) if simulated is not None else None,
+    )
+
+
+def _on_signals(stop: asyncio.Event, abort: asyncio.Event, *, draining: bool) -> None:
+    """SIGTERM/SIGINT stop the agent, said in a log line: the shipper drains for at most
+    SIGNAL_DRAIN_TIMEOUT_S (then ``abort``); a second signal aborts the drain at once."""
+    loop = asyncio.get_running_loop()
+    heard: list[str] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        heard.append(signum.name)
+        if len(heard) == 1:
+            loop.call_later(SIGNAL_DRAIN_TIMEOUT_S, abort.set)
+            _log.warning(
+                "stop_requested",
+                signal=signum.name,
+                drain_s=SIGNAL_DRAIN_TIMEOUT_S if draining else 0,
+                note="a second signal stops at once; what is not shipped stays spooled",
+            )
+        else:
+            abort.set()
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+
+def _over_at_start(config_path: Path, agent: Agent) -> int:
+    """A meter started after every window of its terms: one line, exit 2."""
+    last_ms = max(t.window_end_ms for t in agent.config.terms)
+    _fail(
+        f"{config_path}: every placement window in its terms is over (the last ended "
+        f"{iso_utc(last_ms)}): nothing to meter; give it the terms of a current placement"
+    )
+    return EX_CONFIG
 
 
 async def _drained(ship_task: asyncio.Task[bool], abort: asyncio.Event) -> bool:
