@@ -539,3 +539,35 @@ def test_witness_status_and_refusals_print_utc_times(demo_dir: Path) -> None:
     line = done.stdout.strip()
     assert line.startswith("pl-demo-0001: cosigned size 124, closed at record 123, at 20"), line
     assert line.endswith("Z"), line
+
+
+# ---- 2. replay: a bound that selects nothing; the subset said as one -----------------------------
+
+EXCERPT = ROOT / "tests" / "data" / "openb_excerpt"
+
+
+def test_replay_bound_that_selects_nothing_names_the_smallest_that_does(tmp_path: Path) -> None:
+    done = _gridledger(
+        "replay", str(EXCERPT), "--workdir", str(tmp_path / "run"), "--max-events", "100000"
+    )
+    assert done.returncode == 2, done.stdout[-2000:]
+    line = _one_fail(done)
+    assert "--max-events 100,000 selects no task" in line
+    assert "208,959 usage events alone; give --max-events 208959 or more" in line
+    assert "OK" not in done.stdout and not (tmp_path / "run" / "ledger.duckdb").exists()
+
+
+def test_replay_of_a_subset_says_so(tmp_path: Path) -> None:
+    done = _gridledger(
+        "replay", str(EXCERPT), "--workdir", str(tmp_path / "run"),
+        "--interval-s", "7200", "--limit", "2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("replayed the first 2 of the 245 GPU tasks that ran (--limit 2)")
+    assert not any(line.startswith("trace:") for line in lines)
+    # (9) progress: "done" only once the exports are verified.
+    progress = done.stderr.strip().splitlines()
+    assert progress[-1].startswith("replay: export and verify · 2 of 2 placements")
+    assert progress[-1].endswith("done")
+    assert not any(line.endswith("done") for line in progress[:-1]), progress
