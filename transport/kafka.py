@@ -204,9 +204,11 @@ class TopicMissing(Exception):
 
 async def topic_partition_ids(client_owner: Any, topic: str) -> list[int] | None:
     """The sorted partition ids of ``topic`` (None: no such topic) from the cluster metadata
-    of a started consumer or admin client. ``consumer.topics()`` discards the partition
+    of a started consumer, admin client or producer. ``consumer.topics()`` discards the partition
     lists; the cluster metadata it reads keeps them."""
-    cluster = await client_owner._client.fetch_all_metadata()
+    # A consumer or admin client holds it as _client, a producer as client.
+    client = getattr(client_owner, "_client", None) or client_owner.client
+    cluster = await client.fetch_all_metadata()
     if topic not in cluster.topics():
         return None
     return sorted(cluster.partitions_for_topic(topic) or ())
