@@ -283,8 +283,8 @@ def test_ledger_with_kafka_down_says_so_once_per_attempt_in_words(tmp_path: Path
     events = [json.loads(x) for x in done.stderr.splitlines() if x.startswith("{")]
     attempts = [e for e in events if e["event"] == "kafka_unavailable"]
     assert len(attempts) == 10, done.stderr  # START_ATTEMPTS, one line each
-    words = f"no Kafka broker answered at {bootstrap} (is it running, and is that its address?)"
-    assert all(e["error"] == words for e in attempts), attempts
+    words = f"no Kafka broker answered at {bootstrap} (not running, another address, or its"
+    assert all(e["error"].startswith(words) for e in attempts), attempts
     assert not [e for e in events if e.get("logger", "").startswith("aiokafka")], done.stderr
     assert "AddressFamily" not in done.stderr and "KafkaConnectionError" not in done.stderr
 

@@ -188,7 +188,10 @@ def kafka_error_text(exc: BaseException, bootstrap: str) -> str:
     if message.startswith(f"{name}:"):
         message = message[len(name) + 1 :].strip()
     if "Unable to bootstrap" in message or isinstance(exc, ConnectionRefusedError):
-        return f"no Kafka broker answered at {bootstrap} (is it running, and is that its address?)"
+        return (
+            f"no Kafka broker answered at {bootstrap} (not running, another address, or its "
+            "TLS/SASL settings refused the connection; --log-level debug shows each attempt)"
+        )
     if isinstance(exc, TimeoutError):
         return f"Kafka at {bootstrap} did not answer in time"
     return f"{name}: {message}" if message else name
