@@ -27,7 +27,7 @@ is given for signatures/s and for events/s. No asserts: this prints numbers.
 edited, deleted, duplicated and re-statused; a deleted usage event makes the rest of its
 node's stream disagree): the report is a fail with many findings, and CPU per usage event
 should stay near the honest export's. A verifier whose work grows with size x findings
-(session 9 found one: 200k events took > 15 min) shows here as CPU per event growing with
+(one was found: 200k events took > 15 min) shows here as CPU per event growing with
 ``--events``.
 """
 

@@ -1,4 +1,4 @@
-"""Screenshots of the demo's statement for the README: ``python -m devtools.bill_screenshots``.
+"""Screenshots of the demo's statement for docs/bill.md: ``python -m devtools.bill_screenshots``.
 
 Runs ``gridledger demo`` into a temporary directory, opens the buyer's page that
 ``gridledger verify --html`` wrote there in headless Chromium (``make browser``), and

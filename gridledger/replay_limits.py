@@ -67,7 +67,7 @@ VERIFY_POOL: Final = "inline"
 (``verifier.workers.OpenPool``), not the thread pool ``python -m verifier`` uses. The
 replay's cores are full (agents, broker, ledger, two verifiers): a thread pool's
 hand-overs of the GIL cost CPU without a free core to gain wall time on. A 50k-event
-export (bench/verifier_1m.py, session 14): 112-121 us of CPU per usage event inline
+export (bench/verifier_1m.py): 112-121 us of CPU per usage event inline
 against 123-168 with two threads."""
 
 EXPORT_CHUNK: Final = 64

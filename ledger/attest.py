@@ -166,7 +166,7 @@ def attest_all(store: Store, key: SigningKey, placement_ids: Sequence[str]) -> A
     terms) is skipped and named, as a placement ``export_placement`` would refuse.
     Raises UnknownPlacement (before issuing anything) for a placement without a chain.
 
-    Memory (issue 15): a chain is summed up by DuckDB (count, kinds, close index; its
+    Memory (bench/export_rss.py): a chain is summed up by DuckDB (count, kinds, close index; its
     indexes checked to be 0..n-1), never held in Python row by row; only the leaf hashes
     of the chains that still need a checkpoint are, ATTEST_LEAF_RECORDS at a time (a
     larger chain alone, 32 bytes a record).

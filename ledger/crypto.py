@@ -14,8 +14,9 @@ without the GIL of the fold, so the Kafka service's next batch is checked while 
 folds and commits (``ledger.service``). A worker that dies or stops answering is
 ``CryptoWorkerError`` after at most ``CRYPTO_WAIT_S``, never a hang.
 
-Records are not signed (SPEC §8, issue 15: the ledger signs checkpoints, tree heads,
-not leaves): ``seal_record`` wraps their bytes in an envelope with no signature.
+Records are not signed (SPEC §8, docs/adr/0003-sign-tree-heads.md: the ledger signs
+checkpoints, tree heads, not leaves): ``seal_record`` wraps their bytes in an envelope
+with no signature.
 """
 
 from __future__ import annotations
@@ -282,7 +283,7 @@ def preverify(
 
     ``key_for`` is asked once per (placement, node, key id) of the batch: it reads the
     fold's state, which nothing changes while the batch is opened, and a batch has many
-    events of each stream (~0.7 us of the main thread per input, issue 15)."""
+    events of each stream (~0.7 us of the main thread per input)."""
     pending: list[PendingCheck | None] = [None] * len(opened)
     jobs: list[tuple[int, bytes, bytes, bytes]] = []
     size = executor.chunk if isinstance(executor, CryptoWorker) else CRYPTO_CHUNK

@@ -8,7 +8,7 @@ table as ``<table>/<placement>.parquet`` (same columns), each file also via a re
 an export killed left beside its files (temporary files of a process that is gone) is
 removed by the next one (``_remove_leftovers``).
 
-Cost (issue 15): the rows are copied by DuckDB itself, store to file, with the new file
+Cost (bench/export_many.py): the rows are copied by DuckDB itself, store to file, with the new file
 ATTACHed to a connection of the store (no row passes through Python), and they are read
 through the placement's commit range (``ledger.store``), so one export costs about its
 own rows. ``export_all`` exports many placements in one pass: statements and checkpoints
@@ -21,7 +21,7 @@ every file started from one empty file with the schema, by two threads (DuckDB r
 the GIL). What is left per file is DuckDB's own cost of a file (``bench/export_many.py``
 measures it beside).
 
-Memory (issue 15, ``bench/export_rss.py``): a placement above EXPORT_STAGE_RECORDS is read
+Memory (``bench/export_rss.py``): a placement above EXPORT_STAGE_RECORDS is read
 straight from the store page by page (``_pages``: DuckDB sorts EXPORT_PAGE_RECORDS rows at
 a time, not the whole placement) into a file of small row groups (EXPORT_ROW_GROUP_ROWS),
 so what an export needs of the store's buffer pool does not grow with the placement.
@@ -318,7 +318,7 @@ class _Prepared:
     ``_stage``): it attaches every export file under the same ``alias``, so each INSERT
     is parsed and planned once per writer and only rebound for each file and each chunk
     staged (DuckDB rebinds a prepared statement whose tables changed). Measured per
-    INSERT of a staged placement (issue 15): 0.37 ms against 0.43-0.59 parsed each time."""
+    INSERT of a staged placement: 0.37 ms against 0.43-0.59 parsed each time."""
 
     alias: str
     names: set[str]
@@ -357,7 +357,7 @@ def _copy_rows(
     alias = f"gridledger_export_{next(_ALIASES)}" if prepared is None else prepared.alias
     # Rows read straight from the store (``source.pages``) are written in row groups of
     # EXPORT_ROW_GROUP_ROWS: the transaction buffers a few row groups at a time in the
-    # store's buffer pool, however large the placement (issue 15).
+    # store's buffer pool, however large the placement (bench/export_rss.py).
     options = [f"ROW_GROUP_SIZE {EXPORT_ROW_GROUP_ROWS}"] if source.pages else []
     if template is not None:
         # Made in the storage format and block size wanted (_make_template); the file
@@ -668,8 +668,8 @@ def _export_all(
             ThreadPoolExecutor(max(1, threads), thread_name_prefix="ledger-export") as pool,
         ):
             # Each chunk of placements is written as soon as attested, while the next
-            # chunk is attested (this thread) (issue 15: attestation was a pass of its
-            # own before the writers started).
+            # chunk is attested (this thread): attestation was a pass of its own
+            # before the writers started.
             pending: list[Future[list[tuple[str, dict[str, int], Future[None]]]]] = []
             part = first
             while part is not None:
@@ -727,7 +727,7 @@ _STAGE_PREFIX: Final = "stage_"
 # No fsync by DuckDB (``fsync_mode`` NONE): a writer's DuckDB only ever writes temporary
 # export files, which ``_write_export`` syncs itself (one fsync of the whole file) before
 # renaming them to their final name; DuckDB's own four syncs per file (its checkpoint's
-# blocks and headers) waited on the disk for nothing a crash could keep (issue 15).
+# blocks and headers) waited on the disk for nothing a crash could keep.
 _WRITER_CONFIG: Final[dict[str, str | bool | int | float | list[str]]] = {
     "threads": 1,
     "memory_limit": EXPORT_WRITER_MEMORY_LIMIT,
@@ -756,7 +756,7 @@ def _writer_config() -> dict[str, str | bool | int | float | list[str]]:
 # The only optimizer passes a writer's DuckDB runs (``_keep_optimizers``). Its statements
 # copy one placement's rows, already in their order, from a staged chunk into an empty
 # file (INSERT .. SELECT .. WHERE placement_id = ?) or stage a chunk: the filter pushed
-# into the scan is all that pays. Measured per INSERT, interleaved (issue 15): with a
+# into the scan is all that pays. Measured per INSERT, interleaved: with a
 # staged table of 640 rows 0.57 ms with these two, 0.78 with all ~45 passes; of 20,000
 # rows 0.83 and 0.98 (with none at all 0.57 and 1.93: the scan reads every row).
 _WRITER_OPTIMIZERS: Final = ("expression_rewriter", "filter_pushdown")
@@ -849,7 +849,7 @@ def _handed_over(
 def _arrow_handoff() -> bool:
     """Whether this DuckDB hands a query's rows to another DuckDB as an Arrow C stream
     (a relation's ``__arrow_c_stream__``, scanned where registered; no pyarrow needed).
-    Measured (issue 15, 640 small placements in chunks of 64, 3 rounds interleaved):
+    Measured (640 small placements in chunks of 64, 3 rounds interleaved):
     0.73-0.94 ms CPU and 0.8-1.3 ms wall a placement to stage, against 0.92-0.98 and
     1.1-1.5 through Parquet. DuckDB 2.0 does; 1.0 falls back to Parquet."""
     try:
@@ -878,7 +878,7 @@ def _make_template(path: Path, compact: bool = False) -> None:
 
 
 # The empty export file of each storage format (``compact``), made once per process by
-# ``_template`` (issue 15: ``_make_template`` cost ~120 ms wall and ~50 ms CPU of every
+# ``_template`` (``_make_template`` cost ~120 ms wall and ~50 ms CPU of every
 # ``export_all`` call, and the replay's ledger process calls it after every step).
 _TEMPLATES: dict[bool, _Template] = {}
 _TEMPLATES_LOCK: Final = threading.Lock()
@@ -911,7 +911,7 @@ class _Template:
     writing those runs (one ``pwrite`` each) and extending the file to its size: the
     zero pages stay a hole, which reads as zero bytes. About half of the template is
     zeros (the unused part of a metadata block), and copying the file (``sendfile``)
-    cost ~9 % of ``export_all``'s CPU on small placements (issue 15)."""
+    cost ~9 % of ``export_all``'s CPU on small placements."""
 
     size: int
     runs: tuple[tuple[int, bytes], ...]

@@ -87,7 +87,7 @@ class Outcome(msgspec.Struct, frozen=True, gc=False):
 
         Not made per input on the fold's path: the store keeps the payload and rebuilds
         the envelope in SQL (``ledger.store``), so ~1 KB of base64 per input was made
-        there for nothing but a length check (issue 15)."""
+        there for nothing but a length check."""
         payload = self.record_payload
         return None if payload is None else crypto.seal_record(payload)
 

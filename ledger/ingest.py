@@ -55,7 +55,7 @@ log = structlog.get_logger("ledger.ingest")
 # within the input; CPython's default first-generation threshold (700) runs a cyclic
 # collection every ~15 inputs, which re-traverses the young survivors (states, records
 # of the batch) each time: ~9 us per input of the fold's ~60 (bench/fold_micro.py,
-# BENCHMARKS.md session 6). A larger threshold runs it every ~1000 inputs instead.
+# BENCHMARKS.md). A larger threshold runs it every ~1000 inputs instead.
 # Nothing is freed later than it would be otherwise except cyclic garbage (none on
 # the hot path).
 GC_THRESHOLD: Final = (50_000, 20, 10)
@@ -75,8 +75,8 @@ def pause_collector() -> bool:
     A batch keeps every input's outcome, record and row alive until its commit, so a
     collection inside it (one per ~50,000 allocations even with ``GC_THRESHOLD``)
     traverses tens of thousands of young objects that reference counting frees a moment
-    later anyway: 2.9-4.3 us of the main thread per input, nothing collected (issue 15,
-    measured with ``gc.callbacks``). After the batch its objects are freed and CPython's
+    later anyway: 2.9-4.3 us of the main thread per input, nothing collected
+    (measured with ``gc.callbacks``). After the batch its objects are freed and CPython's
     young-generation count falls with them, so paused collections are not simply moved
     to the end. Cyclic garbage made inside a batch still counts: once enough of it
     survives, the next allocation outside a batch collects it (bounded by the threshold).

@@ -18,7 +18,7 @@ class Item(msgspec.Struct, frozen=True, gc=False):
 
     A frozen Struct, not a frozen dataclass: one is made per consumed input, and a
     frozen dataclass sets each field through ``object.__setattr__`` (~1.3 us of the
-    consume loop per input, issue 15). Untracked by the cyclic collector (``gc=False``):
+    consume loop per input). Untracked by the cyclic collector (``gc=False``):
     its fields are bytes, strings, ints and tuples of strings, which cannot form a cycle.
     """
 

@@ -151,7 +151,7 @@ def price(
     """Every cumulative total from the cumulative inputs (SPEC §7.2, §7.6, §7.9).
 
     Once per accepted usage event: ``billable_mgms`` and ``gross_minor`` written out, and
-    the Totals built positionally (the same values, issue 15)."""
+    the Totals built positionally (the same values)."""
     unit = terms.increment_ms * 1000
     billable = -(-delivered_mgms // unit) * unit  # billable_mgms
     gross = billable * terms.rate_per_gpu_hour_minor // MILLI_GPU_MS_PER_GPU_HOUR  # gross_minor

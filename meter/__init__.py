@@ -1,4 +1,4 @@
-"""The node agent (DESIGN.md, "meter/"): measure GPUs, sign usage, spool first, ship.
+"""The node agent (docs/architecture.md): measure GPUs, sign usage, spool first, ship.
 
 The spool every record goes to first (fsync) is ``transport.spool``. Modules, by concept:
 

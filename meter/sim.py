@@ -315,7 +315,7 @@ class Simulator:
             base = random.Random(f"{self._spec.seed}/{device.uuid}").randint(35, 95)
             self._base[device.uuid] = base
         # ``random.Random(text)`` and its ``randint`` draws, without their Python layers
-        # (~4 of the ~10 us of a reading, issue 15): the same seed integer (version 2 of a
+        # (~4 of the ~10 us of a reading, bench/meter_cpu.py): the same seed integer (version 2 of a
         # str: its UTF-8 bytes and their SHA-512), the C seeding, and ``randint(a, b)`` as
         # ``a + _randbelow(b - a + 1)`` from ``getrandbits`` (``_below``); tests/
         # test_meter_agent.py checks the draws against ``random.Random`` itself.

@@ -3,10 +3,10 @@
 A NodeKeyBinding may carry ``evidence``: a compact JWS (RFC 7515 §7.1,
 ``BASE64URL(header) "." BASE64URL(claims) "." BASE64URL(signature)``, no padding) whose
 claims are an Entity Attestation Token (RFC 9711) in the shape NVIDIA's remote
-attestation service (NRAS) returns (docs/design/attestation.md). It is signed by an
-attestation service with ``ES384`` (ECDSA P-384, SHA-384; the signature is ``R || S``,
-48 bytes each — what NRAS uses) or ``EdDSA`` (Ed25519 — what the tests' attestation
-service uses).
+attestation service (NRAS) returns (docs/adr/0004-hardware-evidence-for-node-keys.md).
+It is signed by an attestation service with ``ES384`` (ECDSA P-384, SHA-384; the
+signature is ``R || S``, 48 bytes each — what NRAS uses) or ``EdDSA`` (Ed25519 — what
+the tests' attestation service uses).
 
 This module decodes the token, computes the two values a token must carry to be bound
 to one key of one node of one placement (the nonce and the key hash), and checks a

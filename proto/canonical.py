@@ -143,7 +143,7 @@ def _diagnose_non_canonical(kind: str, body: bytes) -> tuple[Reason, str]:
 # msgspec checks a ``Meta(pattern=...)`` by calling ``re.Pattern.search`` from C, which
 # builds a match object: ~0.3 us per field, the four pattern fields of a usage event
 # (placement_id, node_id, prev, each sample's uuid) about half of its strict decode
-# (issue 15, BENCHMARKS.md session 10). ``_decode_usage_fast`` decodes into the same
+# (bench/floor.py, "open usage"). ``_decode_usage_fast`` decodes into the same
 # shape without the patterns (same fields, defaults, bounds and strictness otherwise),
 # checks those fields with regexes equivalent to the patterns, and builds the
 # UsageEvent; anything it does not accept goes to the strict decoder, which names the

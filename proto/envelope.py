@@ -45,7 +45,7 @@ _ENVELOPE_DECODER: Final = msgspec.json.Decoder(Envelope)
 
 
 # ``decode_envelope``'s common case without msgspec's pattern check of ``keyid`` (a
-# ``re.Pattern.search`` call from C, ~0.5 us per envelope: issue 15): the same shape
+# ``re.Pattern.search`` call from C, ~0.5 us per envelope): the same shape
 # without that pattern, then the pattern by hand (``proto.canonical``'s usage fast path
 # explains the idea; tests/test_fuzz_decoders.py checks both paths agree).
 class _LooseSignature(Struct, frozen=True, forbid_unknown_fields=True, gc=False):

@@ -696,7 +696,7 @@ def _python_files() -> Iterable[Path]:
 
 
 # Constants kept in a limits module for documentation only: nothing reads them. Each one is
-# a finding in BOUNDS.md (a bound that states a maximum nothing enforces).
+# a known gap in BOUNDS.md (a bound that states a maximum nothing enforces).
 DEAD_LIMITS: dict[str, str] = {}
 
 

@@ -369,7 +369,7 @@ def test_verify_ok_line_with_a_resale_says_the_desk_total_once(
     assert main(["verify", str(demo.export), "--trust", str(demo.trust)]) == 0
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("OK: ")]
     assert line.count("desk receives") == 1 and line.count("in all") == 1, line
-    # As the statement page's desk card (README: fee 0.11, resale fee 0.04).
+    # As the statement page's desk card (docs/bill.md: fee 0.11, resale fee 0.04).
     assert "desk receives 0.15 USD in all (0.11 fee + 0.04 resale fee)" in line
     assert "finetune-labs owes 1.61 USD" in line and "original buyer's net 2.88 USD" in line
     page = (demo.workdir / "statement" / "pl-demo-0001.desk.html").read_text()

@@ -208,7 +208,7 @@ def test_demo_on_the_embedded_transport(tmp_path: Path) -> None:
         check=False,
     )
     assert tampered.returncode == 1
-    # The README's ledger commands work on the demo's store from inside the workdir.
+    # The ledger commands of docs/operating.md work on the demo's store from inside the workdir.
     ledger = subprocess.run(
         [sys.executable, "-m", "gridledger", "ledger", "statement", PLACEMENT_ID, "--json"],
         cwd=result.workdir,

@@ -1,4 +1,4 @@
-"""The ledger's cheaper per-input paths (issue 15, BENCHMARKS.md session 6) give the same
+"""The ledger's cheaper per-input paths (bench/fold_micro.py) give the same
 bytes and decisions as the general ones they stand in for."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The layout shows the architecture (DESIGN.md, "Layout"): each package imports only the
+"""The layout shows the architecture (docs/architecture.md): each package imports only the
 packages below it. ``proto/`` is the wire; ``transport/`` carries it; ``meter/`` and
 ``ledger/`` use both and never each other; ``verifier/`` trusts ``proto/`` alone (plus
 ``billview/``, the pure renderer of the bill, which itself imports only ``proto/``, so

@@ -1,4 +1,4 @@
-"""The transport (DESIGN.md, "Layout"): how records travel from the meters to the ledger.
+"""The transport (docs/architecture.md): how records travel from the meters to the ledger.
 
 Imports ``proto/`` only; ``meter/`` and ``ledger/`` use it. Modules:
 

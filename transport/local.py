@@ -5,7 +5,7 @@ node agents write ``LOCAL_DIR/node-<node_id>/``, publishers of terms, reclaims a
 adjustments ``LOCAL_DIR/publish-<name>/``, the ledger its PlacementClosed records
 ``LOCAL_DIR/ledger-<ledger_id>/``. The ledger reads every subdirectory into its own
 intake log (``transport.intake``), which gives the inputs one total order (SPEC §6.4;
-DESIGN.md, "Embedded default": same records, same results as Kafka).
+docs/architecture.md, "The data's path": same records, same results as Kafka).
 
 Every envelope is opened (``proto.envelope.open_envelope``) before it is written: bytes
 that are not a well-formed envelope are refused with a ProtoError and nothing of the

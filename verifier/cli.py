@@ -197,7 +197,7 @@ def _verify(args: argparse.Namespace) -> int:
     progress = Progress()
     # A process pool by default: its workers read their own chain-index ranges, and a
     # 200k-event export took 15.4 s and 145 us of CPU per event against the thread
-    # pool's 22.8 s and 162 (BENCHMARKS.md, session 14). No process starts before a big
+    # pool's 22.8 s and 162 (bench/verifier_1m.py). No process starts before a big
     # export needs one; a small one is verified in this process unless --pool says so
     # for a file verified alone (several files: ``verify_exports`` keeps small ones inline).
     asked = args.pool is not None

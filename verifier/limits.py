@@ -31,7 +31,7 @@ MAX_BATCHES_IN_FLIGHT: Final = 4
 # cost about a quarter of the main thread's CPU (bench/verifier_1m.py). At 20,000 they
 # still cost 4-6 % of the pass's CPU (a 50k-event export, thread pool: ~10 collections of
 # ~30 ms each, every one finding nothing: the rows in flight and in the work-table buffers
-# are young); at 100,000, one of ~6 ms (BENCHMARKS.md "Session 13"). Restored after the
+# are young); at 100,000, one of ~6 ms (bench/verifier_1m.py). Restored after the
 # pass; the pool's worker processes keep it. Bounds the garbage a cycle may hold meanwhile.
 GC_GEN0_THRESHOLD: Final = 100_000
 

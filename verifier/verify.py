@@ -137,7 +137,7 @@ def verify_exports(
 ) -> list[ExportReport]:
     """``verify_export`` of each path, in order: each report byte-identical to that
     export's alone (but ``elapsed_s``), what the trace replay's workers verify thousands
-    of small exports with (issue #15).
+    of small exports with (docs/replay.md).
 
     A small export's checklist costs most in the obligation's SQL (``w_base`` and
     ``w_totals``: each statement's planning, whatever its few rows), so each small export

@@ -1,4 +1,4 @@
-"""One DuckDB database per process for small exports, locked down once, reused (issue #15).
+"""One DuckDB database per process for small exports, locked down once, reused.
 
 Starting a DuckDB database costs ~14 ms of CPU (it registers the functions of its
 statically linked extensions), about as much as the whole checklist of a placement of a

@@ -19,8 +19,8 @@ from verifier.pricing import TOTAL_FIELDS
 SPILL_ROWS: Final = 8192
 # A buffer of at least this many rows goes to its table as columns (``_insert_columns``):
 # one INSERT from numpy arrays costs ~1 ms more than an appender's flush, and ~1 us less
-# per row of w_records, ~0.5-1 of w_usage and w_samples (bench/verifier_1m.py, BENCHMARKS.md
-# "Session 13"). Fewer rows (small exports) keep the appender.
+# per row of w_records, ~0.5-1 of w_usage and w_samples (bench/verifier_1m.py).
+# Fewer rows (small exports) keep the appender.
 COLUMNS_MIN_ROWS: Final = 1024
 # Each hot table's columns as they travel to DuckDB: "i" BIGINT (a numpy int64 array),
 # "b" BOOLEAN (numpy bool), "s" VARCHAR (Python objects). The tables' DDL is in

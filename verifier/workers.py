@@ -7,7 +7,7 @@ send back compact rows (``reads_ranges``, ``verifier/walk.py``; a thread pool's 
 read their ranges too). ``bench/verifier_1m.py``
 measures both on the same export; ``python -m verifier`` opens a big export with
 processes by default (less wall and less CPU than threads since they read their own
-ranges: BENCHMARKS.md, session 14). ``inline`` runs in the caller, for small exports,
+ranges: bench/verifier_1m.py). ``inline`` runs in the caller, for small exports,
 where the cores are busy anyway (the trace replay's verifier workers), and for debugging.
 
 ``OpenPool.run`` keeps at most MAX_BATCHES_IN_FLIGHT batches in the pool and yields
@@ -79,7 +79,7 @@ class OpenPool(Generic[T]):
         # row object per row and planned the batch, ~4 us of CPU per usage event more than
         # the workers' reads of DuckDB's tuples; bench/verifier_1m.py, BENCHMARKS.md).
         # Inline, when asked (a big export: ~6 % less CPU per usage event than the rows
-        # read and planned, BENCHMARKS.md session 14; a small one pays more for the
+        # read and planned, bench/verifier_1m.py; a small one pays more for the
         # second connection to its file than it saves).
         self.reads_ranges = kind in ("process", "thread") if reads_ranges is None else reads_ranges
         # A range's FastPairs cross a process boundary packed (``pairs.pack_pairs``); a

@@ -60,7 +60,7 @@ def compact_exports() -> bool:
 
     Each export is written for this package's verifier and removed once it verified (the
     store writes any again, in the portable format, with ``gridledger ledger export``).
-    Measured (issue 15, 400 small placements of the trace's store, alternated, load 6-7):
+    Measured (400 small placements of the trace's store, alternated, load 6-7):
     12.5-13.7 against 17.4-21.2 ms of the ledger's CPU per export and 0.38 against 2.81 MB
     of disk; the verifier's CPU per export the same within the noise. Only placements of
     at most COMPACT_MAX_RECORDS records: the verifier reads a large compact file 5-10 %

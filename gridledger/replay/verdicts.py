@@ -140,7 +140,7 @@ class _Verdicts:
         # caller waits for the oldest verdict handed out. The queue is not handed out for
         # it: when the verifier lags, that would make every batch a batch of one (each
         # export then costs its own SQL pass: the whole trace's small exports cost 56 ms
-        # of CPU each in session 14 against ~22 in batches).
+        # of CPU each one by one against ~22 in batches).
         while len(self.pending) + len(self.queue) > MAX_VERIFY_IN_FLIGHT:
             if not self.pending:
                 self.flush()

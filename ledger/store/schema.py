@@ -27,7 +27,7 @@ PLACEMENT_ROWS: Final = "placement_id = ? AND commit_no BETWEEN ? AND ?"
 TOTALS_COLUMNS: Final[tuple[str, ...]] = tuple(f"total_{name}" for name in TOTALS_FIELDS)
 _TOTALS_COLUMNS: Final = ",\n    ".join(f"{name} BIGINT NOT NULL" for name in TOTALS_COLUMNS)
 
-# How ``record_rows`` and ``input_rows`` keep an envelope (issue 15, disk): its payload as
+# How ``record_rows`` and ``input_rows`` keep an envelope (on disk): its payload as
 # bytes, not base64 inside JSON (which DuckDB compresses poorly), and its signatures: the
 # one signature as (keyid, sig), else ``signatures``, the canonical JSON text of the list
 # (``[]`` for a LedgerRecord, SPEC §8; several for terms). Only canonical envelopes are

@@ -14,7 +14,7 @@ or a crash discards it like any other write.
 The connection is shared by the service loop and the HTTP threads; a lock serialises
 them (DuckDB's Python connection is not safe for concurrent use).
 
-Reading one placement costs its own rows, not the store's (issue 15): every row of
+Reading one placement costs its own rows, not the store's (bench/export_many.py): every row of
 ``records`` and ``inputs`` carries ``commit_no``, the number of the batch that wrote it
 (increasing, the same for the whole batch), and ``placement_commits`` keeps, for every
 placement, the first and last batch that wrote rows of it (upserted in the batch's own
@@ -799,7 +799,7 @@ class Store:
         Written before they are published, so a restart republishes the same bytes (the
         fold drops the copy as a duplicate) instead of a second close with another time.
         One transaction for every close due at once: one write-ahead-log commit instead of
-        one per placement (a close alone cost ~4 ms of CPU; issue 15)."""
+        one per placement (a close alone cost ~4 ms of CPU)."""
         first: dict[str, bytes] = {}
         for placement_id, envelope in closes:
             first.setdefault(placement_id, envelope)

@@ -1,6 +1,6 @@
-"""Issue 16 as a person uses it: the operator, the buyer, a new buyer by resale and an
-auditor following README.md on the demo's files. Every refusal is one line naming the
-option the user gave, with an exit code, never a traceback; README's commands exist."""
+"""The CLI as a person uses it: the operator, the buyer, a new buyer by resale and an
+auditor following docs/operating.md on the demo's files. Every refusal is one line naming
+the option the user gave, with an exit code, never a traceback; the docs' commands exist."""
 
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ from proto.attestation import claims_for, issue_evidence
 from proto.keys import SigningKey, load_public_key, write_key_pair
 from proto.terms import load_terms_file
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+OPERATING = ROOT / "docs" / "operating.md"
+# Every page a person copies commands from: the README and the docs.
+DOC_PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 PARTIES = ("acme-gpu-cloud", "inferco-batch", "gridx-desk")
 
 
@@ -34,7 +37,7 @@ PARTIES = ("acme-gpu-cloud", "inferco-batch", "gridx-desk")
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
-    return run_demo(tmp_path_factory.mktemp("issue16") / "demo")
+    return run_demo(tmp_path_factory.mktemp("walkthrough") / "demo")
 
 
 @pytest.fixture
@@ -77,12 +80,16 @@ def trust_init(*extra: str) -> list[str]:
     ]
 
 
-# ---- README's commands ----------------------------------------------------------------------
+# ---- the docs' commands ------------------------------------------------------------------------
 
 
-def _readme_commands() -> list[str]:
-    """Every ``gridledger`` command of README's ``sh`` blocks, continuations joined."""
-    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+def _doc_commands(*pages: Path) -> list[str]:
+    """Every ``gridledger`` command of the pages' ``sh`` blocks, continuations joined."""
+    blocks = [
+        block
+        for page in pages
+        for block in re.findall(r"```sh\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+    ]
     commands: list[str] = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
@@ -102,9 +109,9 @@ def _parser_for(parser: argparse.ArgumentParser, words: list[str]) -> argparse.A
     return parser
 
 
-def test_readme_commands_use_only_options_the_parsers_have() -> None:
-    commands = _readme_commands()
-    # The commands of issue 16 are all there (a README that lost them fails here).
+def test_doc_commands_use_only_options_the_parsers_have() -> None:
+    commands = _doc_commands(*DOC_PAGES)
+    # The commands parties sign records with are all there (docs that lost them fail here).
     for needed in ("release", "assign", "cosign", "bind-key", "trust init", "check"):
         assert any(f"gridledger {needed} " in c for c in commands), needed
     parser = build_parser()
@@ -116,19 +123,19 @@ def test_readme_commands_use_only_options_the_parsers_have() -> None:
         for word in words:
             if word.startswith("--"):
                 option = word.split("=", 1)[0]
-                assert option in known, f"README: {command!r}: {option} is not an option"
+                assert option in known, f"docs: {command!r}: {option} is not an option"
                 checked += 1
-    assert checked > 50  # the README's examples were read, not skipped
+    assert checked > 50  # the docs' examples were read, not skipped
 
 
-def test_readme_release_and_assign_examples_run_on_the_demo(
+def test_operating_release_and_assign_examples_run_on_the_demo(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The resale and release blocks, as written, run on the demo's files (``DIR``: the
     demo's local transport; ``now.duckdb``: its export)."""
     commands = [
         c.replace("now.duckdb", "exports/pl-demo-0001.duckdb").replace(" DIR", " local")
-        for c in _readme_commands()
+        for c in _doc_commands(OPERATING)
         if re.search(r"gridledger (keys new --id resell-co|assign|cosign as-0001|release)\b", c)
     ]
     assert len(commands) == 5, commands
@@ -560,7 +567,7 @@ def test_the_desk_card_shows_its_total_across_both_obligations(
 
     # Offline (verify --html, as the demo wrote it): the desk's page leads with 0.15.
     offline = (demo.workdir / "statement" / f"{PLACEMENT_ID}.desk.html").read_text()
-    fee = 11  # 2.5 % of 4.45, the original terms (README)
+    fee = 11  # 2.5 % of 4.45, the original terms (docs/bill.md)
     resale_fee = 4  # 2.5 % of the resale's 1.61
     assert _card(offline, "desk_total") == fee + resale_fee
     assert "receives in all (0.11 fee + 0.04 resale fee)" in offline

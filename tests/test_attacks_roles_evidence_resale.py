@@ -1,4 +1,5 @@
-"""Issue 16, attacked by each party with its own keys (SPEC §6.3, §6.7, §6.8, §6.9, §7.10).
+"""Resale, release, key bindings and evidence, attacked by each party with its own keys
+(SPEC §6.3, §6.7, §6.8, §6.9, §7.10).
 
 1. One key, one role (SPEC §6.3 keybinding, §6.8 (3)). A key that meters a node (bound by
    the terms or by an accepted binding, revoked or not) is never accepted as a new buyer's
@@ -7,7 +8,7 @@
 2. Fresh evidence (SPEC §6.9 (6)). A token's ``iat`` lies in [arrival -
    MAX_EVIDENCE_AGE_MS, arrival + MAX_CLOCK_SKEW_MS]: an old token of the same key (say,
    from before the GPUs were swapped) is EVIDENCE_INVALID.
-3. The issue's named bad inputs not yet covered elsewhere (an operator-only release), and
+3. Named bad inputs not yet covered elsewhere (an operator-only release), and
    a property: for random resale/release/reclaim sequences every figure of SPEC §7.10
    follows from the one before and the four sides balance to the minor unit.
 
