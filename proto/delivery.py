@@ -4,6 +4,10 @@ One JSON object per line, appended and fsync'd before the party treats an input 
 
     {"delivered_at_ms": T, "input_hash": H, "kind": K, "node_id": N, "placement_id": P, "seq": S}
 
+A party's own known inputs (SPEC §8.3: the buyer's terms, reclaims, adjustments) use the
+same lines, written when it keeps each input (``received_input``; ``gridledger witness
+keep``), with ``node_id`` "" and ``seq`` -1 for an input other than a usage event.
+
 A meter agent writes a line per usage event once the transport has it (Kafka acknowledged
 it, or, on the embedded transport, it is in the spool); the file is never
 garbage-collected with the spool. The operator's witness reads these lines to check that
