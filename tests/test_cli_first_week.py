@@ -571,3 +571,61 @@ def test_replay_of_a_subset_says_so(tmp_path: Path) -> None:
     assert progress[-1].startswith("replay: export and verify · 2 of 2 placements")
     assert progress[-1].endswith("done")
     assert not any(line.endswith("done") for line in progress[:-1]), progress
+
+
+def test_buyer_witness_with_kept_inputs_cosigns_and_a_refusal_reads_in_utc(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    """(3, 9) The buyer keeps the terms with the time it published them and its witness
+    cosigns the honest ledger; kept with a time a day later, the ledger's arrival is
+    before it: the refusal, and `witness refusals`, give times in UTC."""
+    import shutil
+
+    from proto.terms import load_terms_file
+
+    work = tmp_path / "demo"
+    shutil.copytree(demo_dir, work, ignore=shutil.ignore_patterns("exports", "statement"))
+    config = tomllib.loads((work / "ledger.toml").read_text())
+    (work / "ledger.toml").write_text(tomli_w.dumps({**config, "http": "127.0.0.1:0"}))
+    log = (tmp_path / "ledger.log").open("w")  # a file: a pipe nobody reads could fill
+    ledger = subprocess.Popen(
+        [str(GRIDLEDGER), "ledger", "run", "--config", "ledger.toml"],
+        cwd=work, stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    port_file = work / "ledger.duckdb.http.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():  # written once the API listens
+            assert ledger.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "ledger.log"
+            ).read_text()
+            time.sleep(0.1)
+        port = json.loads(port_file.read_text())["port"]
+        created_ms = load_terms_file(work / "terms.signed.json")[0].created_at_ms
+        results = {}
+        for name, at_ms in (("honest", created_ms), ("late", created_ms + 24 * HOUR)):
+            known = work / f"known-{name}"
+            known.mkdir()
+            kept = _gridledger(
+                "witness", "keep", "terms.signed.json", "--known", str(known),
+                "--received-ms", str(at_ms), cwd=work,
+            )  # fmt: skip
+            assert kept.returncode == 0, kept.stderr
+            results[name] = _gridledger(
+                "witness", "run", "--ledger", f"http://127.0.0.1:{port}",
+                "--terms", "terms.signed.json", "--key", "keys/inferco-batch.key",
+                "--state", f"state-{name}", "--known", str(known), cwd=work,
+            )  # fmt: skip
+    finally:
+        ledger.terminate()
+        ledger.wait(timeout=60)
+        log.close()
+    honest, late = results["honest"], results["late"]
+    assert honest.returncode == 0, honest.stdout + honest.stderr
+    assert honest.stdout.startswith("OK: pl-demo-0001: cosigned size 124 (closed)")
+    assert late.returncode == 1, late.stdout + late.stderr
+    assert late.stdout.startswith("REFUSED: pl-demo-0001: W_TIME: record 0 arrived_ms 2026-")
+    assert "is before its input was delivered (2026-" in late.stdout
+    listed = _gridledger("witness", "refusals", "--state", str(work / "state-late"))
+    assert listed.returncode == 0
+    assert listed.stdout.startswith("20") and "Z pl-demo-0001 W_TIME: " in listed.stdout

@@ -27,6 +27,7 @@ from proto.note import (
     parse_checkpoint_body,
 )
 from proto.records import LedgerRecord, PlacementTerms
+from proto.utc import iso_utc
 from witness.known import Known
 from witness.state import Refusal, WitnessState
 
@@ -212,8 +213,8 @@ def _check_time(
     if arrived > latest:
         raise _Refuse(
             "W_TIME",
-            f"record {index} arrived_ms {arrived} is after this witness's clock "
-            f"{now_s * 1000} + {MAX_CLOCK_SKEW_MS}",
+            f"record {index} arrived_ms {_when(arrived)} is after this witness's clock "
+            f"{_when(now_s * 1000)} + {MAX_CLOCK_SKEW_MS} ms",
             index,
             raw,
         )
@@ -221,11 +222,16 @@ def _check_time(
     if sent is not None and arrived < sent - MAX_CLOCK_SKEW_MS:
         raise _Refuse(
             "W_TIME",
-            f"record {index} arrived_ms {arrived} is before its input was delivered "
-            f"({sent}) - {MAX_CLOCK_SKEW_MS}",
+            f"record {index} arrived_ms {_when(arrived)} is before its input was delivered "
+            f"({_when(sent)}) - {MAX_CLOCK_SKEW_MS} ms",
             index,
             raw,
         )
+
+
+def _when(ms: int) -> str:
+    """A time in a refusal: ISO-8601 UTC for the reader, the milliseconds for evidence."""
+    return f"{iso_utc(ms)} ({ms} ms)"
 
 
 def _check_order(known: Sequence[Known], included: dict[str, int]) -> None:
@@ -256,12 +262,13 @@ def _check_complete(
         index = included.get(k.input_hash)
         if index is None:
             missing.append(
-                f"{k.describe()} (delivered at {k.delivered_at_ms} ms) is not in the log"
+                f"{k.describe()} (delivered at {_when(k.delivered_at_ms)}) is not in the log"
             )
         elif index > close_index:
             missing.append(
-                f"{k.describe()} (delivered at {k.delivered_at_ms} ms, before the close "
-                f"deadline {deadline_ms} ms) is at record {index}, after the close at {close_index}"
+                f"{k.describe()} (delivered at {_when(k.delivered_at_ms)}, before the close "
+                f"deadline {_when(deadline_ms)}) is at record {index}, after the close at "
+                f"{close_index}"
             )
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
