@@ -629,3 +629,40 @@ def test_buyer_witness_with_kept_inputs_cosigns_and_a_refusal_reads_in_utc(
     listed = _gridledger("witness", "refusals", "--state", str(work / "state-late"))
     assert listed.returncode == 0
     assert listed.stdout.startswith("20") and "Z pl-demo-0001 W_TIME: " in listed.stdout
+
+
+# ---- 7. a mistyped command or key: the closest one suggested, in one wording ------------------
+
+
+def test_a_mistyped_command_suggests_the_closest() -> None:
+    done = _gridledger("verfy", "x.duckdb")
+    assert done.returncode == 2
+    line = _one_fail(done)
+    assert line.startswith("FAIL: unknown command 'verfy'; did you mean gridledger verify?")
+    sub = _gridledger("ledger", "rnu")
+    assert sub.returncode == 2
+    assert sub.stderr.strip().splitlines()[-1].endswith("; did you mean run?"), sub.stderr
+
+
+def test_unknown_keys_are_worded_alike_in_ledger_and_meter_configs(tmp_path: Path) -> None:
+    write_key_pair(SigningKey.generate("ledger-1"), tmp_path / "keys")
+    (tmp_path / "local").mkdir()
+    ledger = tmp_path / "ledger.toml"
+    ledger.write_text(
+        tomli_w.dumps(
+            {
+                "ledger_id": "ledger-1",
+                "key_file": "keys/ledger-1.key",
+                "db": "ledger.duckdb",
+                "local_dir": "local",
+                "htp": "off",
+            }
+        )
+    )
+    done = _gridledger("ledger", "run", "--config", str(ledger))
+    assert done.returncode == 2
+    assert _one_fail(done) == f"FAIL: {ledger}: unknown key htp (did you mean http?)"
+    meter = _meter(tmp_path / "m", interval_sec=60)
+    ran = _gridledger("meter", "run", "--config", str(meter), "--until-ms", str(T0 + HOUR))
+    assert ran.returncode == 2
+    assert _one_fail(ran) == f"FAIL: {meter}: unknown key interval_sec (did you mean interval_s?)"
