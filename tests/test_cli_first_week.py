@@ -666,3 +666,13 @@ def test_unknown_keys_are_worded_alike_in_ledger_and_meter_configs(tmp_path: Pat
     ran = _gridledger("meter", "run", "--config", str(meter), "--until-ms", str(T0 + HOUR))
     assert ran.returncode == 2
     assert _one_fail(ran) == f"FAIL: {meter}: unknown key interval_sec (did you mean interval_s?)"
+
+
+def test_a_replay_price_table_words_an_unknown_key_alike(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.toml"
+    prices.write_text('currency = "USD"\ncurency_scale = 4\n')
+    done = _gridledger(
+        "replay", str(EXCERPT), "--workdir", str(tmp_path / "run"), "--prices", str(prices)
+    )
+    assert done.returncode == 2
+    assert f"{prices}: unknown key curency_scale (did you mean currency_scale?)" in _one_fail(done)
