@@ -50,6 +50,7 @@ from typing import Final, Literal
 
 from billview.units import iso_utc
 from gridledger.publishing import PublishError, add_target_arguments, publish, target_of
+from proto import authority as proto_authority
 from proto.attestation import (
     Evidence,
     EvidenceError,
@@ -190,55 +191,25 @@ def authority(
     record: _RECORD,
     bound: dict[str, dict[bytes, tuple[int, int]]] | None = None,
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(roles that MUST sign, roles that MAY also sign) for ``record`` under ``terms``.
+    """(roles that MUST sign, roles that MAY also sign) for ``record`` under ``terms``:
+    the ledger's own table (``proto/authority.py``), so the pre-check cannot ask for
+    other signers than the ledger does.
 
     ``bound``: the node key bindings of the current state when known (a dry run);
     otherwise those the terms make: each listed node key for [0, 2^53 - 1).
     """
-    if isinstance(record, ReclaimNotice):
-        return ("operator",), ()
-    if isinstance(record, Assignment):  # §4.0, §6.8: seller, new buyer, desk (+ operator)
-        if terms.resale_requires_operator:
-            return ("buyer", "new_buyer", "desk", "operator"), ()
-        return ("buyer", "new_buyer", "desk"), ("operator",)
-    if isinstance(record, BuyerRelease):
-        return ("buyer",), ("operator",)
-    if isinstance(record, Adjustment):
-        if record.direction == "charge":
-            return ("buyer",), ("desk",)
-        return ("operator", "desk"), ()
-    if bound is None:
-        bound = {n.node_id: {n.key: (0, MAX_SAFE_INTEGER)} for n in terms.nodes}
-    current = bound.get(record.node_id, {}).get(record.key)
-    shortens = (
-        current is not None
-        and record.valid_from_ms == current[0]
-        and record.valid_until_ms < current[1]
-    )
-    # SPEC §4.0, §6.9: evidence for a key bound now, changing no window, only attests.
-    attests = (
-        bool(record.evidence)
-        and current is not None
-        and record.valid_from_ms <= current[0]
-        and record.valid_until_ms == current[1]
-    )
-    return (("operator",), ("buyer",)) if shortens or attests else (("operator", "buyer"), ())
-
-
-def _party(terms: PlacementTerms, role: str, record: _RECORD | None) -> Party:
-    if role == "new_buyer":
-        if not isinstance(record, Assignment):
-            raise ValueError("only an assignment names a new buyer")
-        return record.new_buyer
-    party: Party = getattr(terms, role)
-    return party
+    current = None
+    if isinstance(record, NodeKeyBinding):
+        if bound is None:
+            bound = {n.node_id: {n.key: (0, MAX_SAFE_INTEGER)} for n in terms.nodes}
+        current = bound.get(record.node_id, {}).get(record.key)
+    return proto_authority.signers(terms, record, current)
 
 
 def _role_keys(
     terms: PlacementTerms, roles: Sequence[str], record: _RECORD | None = None
 ) -> dict[str, bytes]:
-    keys = [_party(terms, r, record).key for r in roles]
-    return {key_id(k): k for k in keys}
+    return proto_authority.role_keys(terms, tuple(roles), record)
 
 
 def _role_of(terms: PlacementTerms, keyid: str, record: _RECORD | None = None) -> str:

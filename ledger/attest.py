@@ -336,5 +336,8 @@ def _statements(
         previous = ZERO_HASH
         if statement_period(head, close_index) > 0:
             previous = before[pid]
-        rows.append(_statement(key, envelopes[pid], terms, close_index, previous))
+        try:
+            rows.append(_statement(key, envelopes[pid], terms, close_index, previous))
+        except ProtoError as exc:  # SPEC §7.7: one placement's stored fault, not the run's
+            skipped[pid] = f"placement {pid!r}: its head record does not decode ({exc})"
     return rows, skipped

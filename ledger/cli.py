@@ -75,7 +75,7 @@ from ledger.listing import placement_list, render_table
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.statements import statement_json
 from ledger.store import Store, StoreError
-from proto.errors import KeyFileError
+from proto.errors import KeyFileError, ProtoError
 from proto.invariant import present
 from proto.keys import SigningKey, load_signing_key
 
@@ -335,6 +335,16 @@ def _print_statement(body: dict[str, Any], bill: bytes | None) -> None:
     print(render.to_text(decode_bill(bill)), end="")
 
 
+def _faulted(placement_id: str, exc: ProtoError) -> int:
+    """SPEC §7.7: one placement's stored record that does not decode (a total past
+    2^53 - 1 a ledger older than the bounds stored): one line, not a traceback."""
+    return _fail(
+        f"placement {placement_id}: a stored record does not decode ({exc}); it cannot be "
+        "signed or exported as it is (SPEC §7.7); the other placements are not affected",
+        1,
+    )
+
+
 def _require_store(config: LedgerConfig, config_path: Path) -> None:
     """A stopped ledger's store is opened directly; one that was never started has none."""
     if not config.db.exists():
@@ -364,6 +374,8 @@ def cmd_statement(args: argparse.Namespace) -> int:
         return _fail(str(exc), 2)
     except (UnknownPlacement, ApiError) as exc:
         return _fail(str(exc), 1)
+    except ProtoError as exc:
+        return _faulted(args.placement, exc)
     _print_statement(body, bill)
     return 0
 
@@ -430,6 +442,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _fail(str(exc), 2)
     except (UnknownPlacement, ApiError) as exc:
         return _fail(str(exc), 1)
+    except ProtoError as exc:
+        return _faulted(args.placement, exc)
     print(f"OK: exported {args.placement} to {args.out}")
     return 0
 

@@ -56,7 +56,7 @@ from ledger.state import (
     key_among,
     terms_fields,
 )
-from proto import limits
+from proto import authority, limits
 from proto.attestation import (
     AttestationRoot,
     EvidenceError,
@@ -69,7 +69,7 @@ from proto.canonical import signed_bytes
 from proto.envelope import Opened, check_signatures, open_envelope, sha256_hex
 from proto.errors import ProtoError
 from proto.invariant import InvariantViolation, invariant, of_type
-from proto.keys import key_id, verify
+from proto.keys import verify
 from proto.reasons import Reason
 from proto.records import (
     Adjustment,
@@ -85,7 +85,13 @@ from proto.records import (
     Totals,
     UsageEvent,
 )
-from proto.terms import node_inside_residency, party_keys, validate_terms
+from proto.terms import (
+    adjustment_within_bounds,
+    gross_ceiling_minor,
+    node_inside_residency,
+    party_keys,
+    validate_terms,
+)
 
 # SPEC §6: every input gets exactly one decision.
 Decision = Literal["chained", "dropped", "quarantined", "held"]
@@ -175,6 +181,19 @@ def attribute(
         detail = f"stream key {stream_key!r} differs from placement_id {placement_id!r}"
         return _quarantined(raw, position, placement_id, opened, Reason.PLACEMENT_MISMATCH, detail)
     return None
+
+
+def faulted(opened: Opened, position: str, why: str) -> Verdict:
+    """The quarantine verdict of an input of a placement whose stored state the ledger
+    cannot use (``Fold.faulted``): kept with its bytes, never folded (SPEC §7.7)."""
+    return _quarantined(
+        opened.raw,
+        position,
+        opened.record.placement_id,
+        opened,
+        Reason.PLACEMENT_FAULTED,
+        f"the placement's stored state cannot be used: {why}",
+    )
 
 
 def usage_lookup(state: PlacementState, opened: Opened) -> tuple[str, int] | None:
@@ -842,29 +861,15 @@ def _key_binding(
     roots: tuple[AttestationRoot, ...] | None = None,
 ) -> dict[str, Any]:
     # §4.0: a binding that introduces or extends a key needs the operator and the buyer;
-    # one that only shortens the current binding of (node, key) the operator alone.
+    # one that only shortens (or only attests for) the current binding of (node, key)
+    # the operator alone.
     keys = state.bindings.get(binding.node_id)
     current = None if keys is None else keys.get(binding.key)
-    operator = {key_id(terms.operator.key): terms.operator.key}
-    buyer = {key_id(terms.buyer.key): terms.buyer.key}
-    shortens = (
-        current is not None
-        and binding.valid_from_ms <= current[0]
-        and binding.valid_until_ms < current[1]
-    )
     node_revoked = state.revoked.get(binding.node_id, frozenset())
-    # §4.0, §6.9: evidence for a key bound now, changing no window, needs the operator.
-    attests_only = (
-        bool(binding.evidence)
-        and current is not None
-        and binding.key not in node_revoked
-        and binding.valid_from_ms <= current[0]
-        and binding.valid_until_ms == current[1]
-    )
-    if shortens or attests_only:
-        _require(opened, operator, buyer)
-    else:
-        _require(opened, {**operator, **buyer})
+    revoked = binding.key in node_revoked
+    shortens = authority.only_shortens(binding, current)
+    attests_only = authority.only_attests(binding, current, revoked)
+    _require_roles(opened, terms, binding, current, revoked)
     if keys is None:
         raise _Reject(Reason.NODE_UNKNOWN, f"node {binding.node_id!r} is not in the terms")
     if binding.valid_from_ms >= binding.valid_until_ms:
@@ -880,11 +885,11 @@ def _key_binding(
     if attests_only:
         # §6.9: the binding stays as it is; only the evidence is judged.
         return {"attested": _evidence(state, terms, binding, roots, at)}
-    revoked = dict(state.revoked)
+    now_revoked = dict(state.revoked)
     if shortens and current is not None:
         # §6.3, §6.6: a revocation keeps the start and applies from its arrival on.
         window = (current[0], binding.valid_until_ms)
-        revoked[binding.node_id] = node_revoked | {binding.key}
+        now_revoked[binding.node_id] = node_revoked | {binding.key}
     else:
         # §6.6: an introduction or extension takes effect at its arrival.
         start = binding.valid_from_ms
@@ -899,15 +904,15 @@ def _key_binding(
         if binding.key in node_revoked:
             rest = node_revoked - {binding.key}
             if rest:
-                revoked[binding.node_id] = rest
+                now_revoked[binding.node_id] = rest
             else:
-                del revoked[binding.node_id]
+                del now_revoked[binding.node_id]
     attested = state.attested
     if binding.evidence:  # §6.9, after the checks of §6.3
         attested = _evidence(state, terms, binding, roots, at)
     bindings = dict(state.bindings)
     bindings[binding.node_id] = {**keys, binding.key: window}
-    return {"bindings": bindings, "revoked": revoked, "attested": attested}
+    return {"bindings": bindings, "revoked": now_revoked, "attested": attested}
 
 
 def _party_of_key(state: PlacementState, terms: PlacementTerms, key: bytes) -> str | None:
@@ -1000,7 +1005,7 @@ def _reclaim(
     notice: ReclaimNotice,
     arrived: int | None,
 ) -> dict[str, Any]:
-    _require(opened, {key_id(terms.operator.key): terms.operator.key})
+    _require_roles(opened, terms, notice)
     if state.reclaimed:
         raise _Reject(Reason.RECLAIM_DUPLICATE, "a reclaim was already accepted")
     if not notice.issued_at_ms <= notice.effective_at_ms:
@@ -1037,11 +1042,7 @@ def _release(
     arrived: int | None,
 ) -> dict[str, Any]:
     # §4.0: the buyer signs; the operator may co-sign; nobody else.
-    _require(
-        opened,
-        {key_id(terms.buyer.key): terms.buyer.key},
-        {key_id(terms.operator.key): terms.operator.key},
-    )
+    _require_roles(opened, terms, release)
     if state.release_end_ms is not None:
         raise _Reject(Reason.RELEASE_DUPLICATE, "a release was already accepted")
     if state.assignments:  # §6.7 with a resale: part of the placement is not the buyer's
@@ -1075,27 +1076,28 @@ def _adjustment(
     state: PlacementState, terms: PlacementTerms, opened: Opened, adjustment: Adjustment
 ) -> dict[str, Any]:
     # §4.0: a charge needs the buyer (the desk may co-sign); a credit the operator and desk.
-    desk = {key_id(terms.desk.key): terms.desk.key}
-    if adjustment.direction == "charge":
-        _require(opened, {key_id(terms.buyer.key): terms.buyer.key}, desk)
-    else:
-        _require(opened, {key_id(terms.operator.key): terms.operator.key, **desk})
+    _require_roles(opened, terms, adjustment)
     if adjustment.adjustment_id in state.adjustment_ids:
         raise _Reject(Reason.ADJUSTMENT_DUPLICATE, f"{adjustment.adjustment_id} seen before")
     current = state.totals
+    credit = current.adjustment_credit_minor
+    charge = current.adjustment_charge_minor
     if adjustment.direction == "credit":
-        totals = _reprice(
-            terms,
-            current,
-            adjustment_credit=current.adjustment_credit_minor + adjustment.amount_minor,
-        )
+        credit += adjustment.amount_minor
     else:
-        totals = _reprice(
-            terms,
-            current,
-            adjustment_charge=current.adjustment_charge_minor + adjustment.amount_minor,
+        charge += adjustment.amount_minor
+    # §7.7: bounded against the most the terms let the gross reach, not the gross so far,
+    # so no later input can carry a total past 2^53 - 1 because of this one.
+    if not adjustment_within_bounds(terms, credit, charge):
+        raise _Reject(
+            Reason.ADJUSTMENT_INVALID,
+            f"with Ac = {credit} and Ah = {charge} a total could pass 2^53 - 1 "
+            f"(the terms let the gross and release charge reach {gross_ceiling_minor(terms)})",
         )
+    totals = _reprice(terms, current, adjustment_credit=credit, adjustment_charge=charge)
     if any(value > limits.MAX_SAFE_INTEGER for value in msgspec.structs.astuple(totals)):
+        # Unreachable by §7.7 (G + K ≤ M); kept so a fault in that argument refuses the
+        # input instead of storing a total no record can carry.
         raise _Reject(Reason.ADJUSTMENT_INVALID, "a total would pass 2^53 - 1")
     return {
         "adjustment_ids": state.adjustment_ids.add(adjustment.adjustment_id),
@@ -1113,16 +1115,7 @@ def _assignment(
 ) -> dict[str, Any]:
     # (1) §4.0: seller (the terms' buyer), the new buyer named inside, the desk; the
     # operator too when the terms require it, else it may co-sign.
-    operator = {key_id(terms.operator.key): terms.operator.key}
-    required = {
-        key_id(terms.buyer.key): terms.buyer.key,
-        key_id(assignment.new_buyer.key): assignment.new_buyer.key,
-        key_id(terms.desk.key): terms.desk.key,
-    }
-    if terms.resale_requires_operator:
-        _require(opened, {**required, **operator})
-    else:
-        _require(opened, required, operator)
+    _require_roles(opened, terms, assignment)
     # (2) a new assignment_id
     if any(a.assignment_id == assignment.assignment_id for a in state.assignments):
         raise _Reject(Reason.ASSIGNMENT_DUPLICATE, f"{assignment.assignment_id} seen before")
@@ -1211,7 +1204,7 @@ def resale_of(
 def _close(
     state: PlacementState, terms: PlacementTerms, opened: Opened, close: PlacementClosed
 ) -> dict[str, Any]:
-    _require(opened, {key_id(terms.ledger_key): terms.ledger_key})
+    _require_roles(opened, terms, close)
     due = terms.window_end_ms + terms.late_grace_ms
     if close.closed_at_ms < due:
         raise _Reject(Reason.CLOSE_INVALID, f"closed at {close.closed_at_ms}, due {due}")
@@ -1222,6 +1215,20 @@ def _close(
 
 # §3 signatures, for the kinds whose signers are named by the terms: every ``required``
 # key signs, a ``permitted`` key may (§4.0 "MAY also sign"), nobody else.
+def _require_roles(
+    opened: Opened,
+    terms: PlacementTerms,
+    record: authority.SIGNED_RECORD,
+    current: authority.Window | None = None,
+    revoked: bool = False,
+) -> None:
+    """§4.0 by the one signer table (``proto/authority.py``)."""
+    must, may = authority.signers(terms, record, current, revoked)
+    _require(
+        opened, authority.role_keys(terms, must, record), authority.role_keys(terms, may, record)
+    )
+
+
 def _require(
     opened: Opened, required: dict[str, bytes], permitted: dict[str, bytes] | None = None
 ) -> None:

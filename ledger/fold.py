@@ -41,6 +41,7 @@ from ledger.decide import (
     Verdict,
     attribute,
     decide,
+    faulted,
     usage_lookup,
 )
 from ledger.state import PlacementState
@@ -140,6 +141,10 @@ class Fold:
         self.attestation_roots = attestation_roots
         self._public_key = ledger_key.public_key
         self._cache = PlacementCache(lookup, load_state)
+        # Placements whose stored state does not decode (a total past 2^53 - 1 a ledger
+        # older than SPEC §7.7's bounds stored, or damaged bytes): placement -> why. Their
+        # inputs are quarantined PLACEMENT_FAULTED; every other placement goes on.
+        self.faulted: dict[str, str] = {}
         self._capacity = CapacityIndex()
 
     # ---- folding ------------------------------------------------------------------------
@@ -225,7 +230,15 @@ class Fold:
         if quarantined is not None or isinstance(opened, ProtoError):
             return [quarantined] if quarantined is not None else []
         cache = self._cache
-        state = cache.get(opened.record.placement_id)
+        placement_id = opened.record.placement_id
+        why = self.faulted.get(placement_id)
+        if why is None:
+            try:
+                state = cache.get(placement_id)
+            except snapshot.SnapshotError as exc:  # evicted, and its state no longer decodes
+                why = self.faulted[placement_id] = str(exc)
+        if why is not None:
+            return [faulted(opened, position, why)]
         wanted = usage_lookup(state, opened)
         accepted_at = (
             NOT_LOOKED_UP
@@ -342,7 +355,11 @@ class Fold:
     def restore(self, placement_id: str, data: bytes) -> None:
         """Load a snapshot taken by ``snapshot`` (on start, before any ``apply``); its held
         inputs count towards the ledger-wide bound (SPEC §6.2)."""
-        state = snapshot.decode(placement_id, data)
+        try:
+            state = snapshot.decode(placement_id, data)
+        except snapshot.SnapshotError as exc:
+            self.faulted[placement_id] = str(exc)
+            return
         self._cache.restore(state)
         self.held_bytes += state.held_bytes()
 

@@ -209,7 +209,11 @@ class Ingestor:
             self.fold.restore(placement_id, snapshot)
             restored += 1
         self.fold.restore_capacity(store.capacity_claims())
-        log.info("fold_restored", placements=restored)
+        # SPEC §7.7: a placement whose stored state cannot be used is reported by name and
+        # its inputs quarantined; it never stops the ledger for the others.
+        for placement_id, why in sorted(self.fold.faulted.items()):
+            log.error("placement_faulted", placement=placement_id, why=why)
+        log.info("fold_restored", placements=restored - len(self.fold.faulted))
 
     @property
     def crypto_worker(self) -> CryptoWorker | None:

@@ -146,6 +146,16 @@ class SnapshotError(ValueError):
     """Snapshot bytes that are not a version-1 snapshot of the expected placement."""
 
 
+def _decode_bytes(placement_id: str, data: bytes) -> _Snapshot:
+    """The snapshot in ``data``, or SnapshotError naming the placement: bytes that do not
+    decode, or a value out of its range (a total past 2^53 - 1 that a ledger older than
+    SPEC §7.7's bounds stored) are one placement's fault, never the whole store's."""
+    try:
+        return _DECODER.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise SnapshotError(f"the stored state of {placement_id} does not decode: {exc}") from exc
+
+
 def encode(state: PlacementState, *, holds: bool = True, seen: bool = True) -> bytes:
     """The state as snapshot bytes; ``holds=False``: without its held inputs (their raw
     bytes, positions and arrivals), which the store keeps as rows (``with_holds``);
@@ -221,7 +231,7 @@ def encode(state: PlacementState, *, holds: bool = True, seen: bool = True) -> b
 
 def decode(placement_id: str, data: bytes) -> PlacementState:
     """The state ``encode`` wrote for ``placement_id``."""
-    snap = _DECODER.decode(data)
+    snap = _decode_bytes(placement_id, data)
     if snap.version != SNAPSHOT_VERSION or snap.placement_id != placement_id:
         raise SnapshotError(
             f"snapshot of {snap.placement_id} v{snap.version} is not for {placement_id}"
@@ -313,7 +323,7 @@ def split_holds(placement_id: str, data: bytes) -> tuple[bytes, list[HeldInput]]
     """A snapshot with holds as the store keeps it since version 4 (``with_holds``'s
     inverse): the snapshot without them and its held inputs in the order held (before
     the terms in arrival order, then stream holds by node and seq). None: it holds none."""
-    snap = _DECODER.decode(data)
+    snap = _decode_bytes(placement_id, data)
     if snap.version != SNAPSHOT_VERSION or snap.placement_id != placement_id:
         raise SnapshotError(
             f"snapshot of {snap.placement_id} v{snap.version} is not for {placement_id}"
@@ -339,7 +349,10 @@ def with_holds(placement_id: str, data: bytes, rows: Sequence[HeldInput]) -> byt
     stream hold (accepted terms release the others)."""
     if not rows:
         return data
-    snap = _DECODER.decode(data)
+    try:
+        snap = _decode_bytes(placement_id, data)
+    except SnapshotError:
+        return data  # ``decode`` (the fold's restore) reports this placement's fault
     if snap.version != SNAPSHOT_VERSION or snap.placement_id != placement_id:
         raise SnapshotError(
             f"snapshot of {snap.placement_id} v{snap.version} is not for {placement_id}"
@@ -378,7 +391,10 @@ def with_seen(placement_id: str, data: bytes, hashes: Sequence[str]) -> bytes:
     ``encode`` gives with them."""
     if not hashes:
         return data
-    snap = _decode(placement_id, data)
+    try:
+        snap = _decode(placement_id, data)
+    except SnapshotError:
+        return data  # ``decode`` (the fold's restore) reports this placement's fault
     if snap.seen:
         raise SnapshotError(f"snapshot of {placement_id} carries seen and has seen rows too")
     snap.seen = sorted(hashes)
@@ -386,7 +402,7 @@ def with_seen(placement_id: str, data: bytes, hashes: Sequence[str]) -> bytes:
 
 
 def _decode(placement_id: str, data: bytes) -> _Snapshot:
-    snap = _DECODER.decode(data)
+    snap = _decode_bytes(placement_id, data)
     if snap.version != SNAPSHOT_VERSION or snap.placement_id != placement_id:
         raise SnapshotError(
             f"snapshot of {snap.placement_id} v{snap.version} is not for {placement_id}"

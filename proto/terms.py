@@ -71,6 +71,33 @@ def total_share_milli(terms: PlacementTerms) -> int:
     return sum(g.share_milli for g in terms.gpus)
 
 
+def gross_ceiling_minor(terms: PlacementTerms) -> int:
+    """SPEC §7.7 M = floor((S × W + U) × rate / 3 600 000 000): the most the gross and the
+    release charge together can reach under ``terms``, whatever the usage."""
+    window = terms.window_end_ms - terms.window_start_ms
+    reach = total_share_milli(terms) * window + terms.increment_ms * 1000
+    return reach * terms.rate_per_gpu_hour_minor // limits.MILLI_GPU_MS_PER_GPU_HOUR
+
+
+def payable_minor(terms: PlacementTerms, net_minor: int) -> int:
+    """SPEC §7.7 P(x): what the buyer owes for a net of ``net_minor`` (the fee on top when
+    the buyer pays it)."""
+    if terms.fee_payer == "buyer":
+        return net_minor + net_minor * terms.desk_fee_bps // limits.MAX_BPS
+    return net_minor
+
+
+def adjustment_within_bounds(terms: PlacementTerms, credit_minor: int, charge_minor: int) -> bool:
+    """SPEC §6.3 adjustment, §7.7: whether the cumulative sums Ac = ``credit_minor`` and
+    Ah = ``charge_minor`` after an adjustment keep every total of every later record
+    within 2^53 - 1: ``Ac ≤ 2^53 - 1`` and ``P(M + Ah) ≤ 2^53 - 1``."""
+    return (
+        credit_minor <= limits.MAX_SAFE_INTEGER
+        and payable_minor(terms, gross_ceiling_minor(terms) + charge_minor)
+        <= limits.MAX_SAFE_INTEGER
+    )
+
+
 def validate_terms(terms: PlacementTerms) -> list[str]:
     """Every cross-field rule of SPEC.md "Terms" that ``terms`` breaks (empty: valid)."""
     problems: list[str] = []
@@ -121,6 +148,14 @@ def validate_terms(terms: PlacementTerms) -> list[str]:
         problems.append(
             f"S * (window + reclaim_notice) + increment * 1000 = {reach} exceeds 2^53 - 1"
         )
+    # §5 rule 5, §7.7: the payable ceiling, so usage alone keeps every total in range.
+    if window > 0 and reach <= limits.MAX_SAFE_INTEGER:
+        ceiling = payable_minor(terms, gross_ceiling_minor(terms))
+        if ceiling > limits.MAX_SAFE_INTEGER:
+            problems.append(
+                f"the payable ceiling P(M) = {ceiling} exceeds 2^53 - 1 (SPEC §7.7: "
+                "S x W x rate with the buyer's fee)"
+            )
     # §5 rule 7: the amendment link.
     if (terms.version == 1) != (terms.supersedes == ZERO_HASH):
         problems.append("version 1 exactly when supersedes is ZERO_HASH")

@@ -41,6 +41,7 @@ from proto.terms import (
     MAX_CURRENCY_SCALE,
     MAX_TERMS_FILE_BYTES,
     TermsError,
+    gross_ceiling_minor,
     load_terms_file,
     total_share_milli,
     validate_terms,
@@ -459,10 +460,19 @@ def test_integer_fields_up_to_max_safe_integer_one_more_is_out_of_range() -> Non
 def test_adjustment_carrying_a_total_past_max_safe_integer_is_adjustment_invalid(
     direction: str,
 ) -> None:
+    """SPEC §7.7: a credit up to Ac = 2^53 - 1; a charge up to Ah = 2^53 - 1 - M, M the
+    most the window lets the gross reach (fee paid by the operator: P(x) = x), so that
+    no later usage carries a total past the bound."""
     terms = one_gpu_terms()
     feeder = started(terms)
     pid = terms.placement_id
     top = limits.MAX_SAFE_INTEGER
+    if direction == "charge":
+        top -= gross_ceiling_minor(terms)
+        too_much = b.adjustment(CAST, pid, "adj-past", direction, top + 1, WS)
+        rejected = feeder.one(too_much)
+        chained_rejected(rejected, Reason.ADJUSTMENT_INVALID)
+        assert rejected.record is not None and rejected.record.totals == feeder.fold.totals(pid)
     accepted(feeder.one(b.adjustment(CAST, pid, "adj-top", direction, top, WS)))
     before = feeder.fold.totals(pid)
     assert before is not None
@@ -474,9 +484,8 @@ def test_adjustment_carrying_a_total_past_max_safe_integer_is_adjustment_invalid
     assert outcome.record is not None and outcome.record.totals == before
     assert feeder.fold.totals(pid) == before
     # An amount past the bound does not even decode.
-    assert reason_of(b.adjustment(CAST, pid, "adj-x", direction, top + 1, WS)) is (
-        Reason.OUT_OF_RANGE
-    )
+    past = limits.MAX_SAFE_INTEGER + 1
+    assert reason_of(b.adjustment(CAST, pid, "adj-x", direction, past, WS)) is Reason.OUT_OF_RANGE
 
 
 # ---- inputs held without terms ----------------------------------------------------------------

@@ -326,6 +326,72 @@ def test_resale_vectors_are_reproduced_by_the_fold() -> None:
     assert owed - parties["operator_receives"] - parties["desk_receives"] == 0
 
 
+def test_resale_after_a_release_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.7, §6.8 step 3, §7.10: resale_release.json, every decision, record hash and
+    resale list; the new buyer's delivery ends at the release's end e = minute 40."""
+    data = load("resale_release.json")
+    fold = Fold(vectorgen._cast().ledger)
+    for i, step in enumerate(data["steps"]):
+        raw = base64.b64decode(step["envelope_b64"])
+        outcomes = fold.apply(raw, f"resale-release:{i}", None, step["arrived_ms"])
+        got = [
+            {
+                **row,
+                "resale": None
+                if o.record is None
+                else [msgspec.structs.asdict(e) for e in o.record.resale],
+            }
+            for row, o in zip(_outcome_rows(outcomes), outcomes, strict=True)
+        ]
+        assert got == step["outcomes"], f"step {i}: {step['note']}"
+    assert fold.head("pl-vector") == (data["records"], data["head"])
+    (entry,) = data["steps"][-1]["outcomes"][0]["resale"]
+    assert (entry["delivered_mgms"], entry["gross_minor"]) == (20 * 60_000 * 1000, 133)
+
+
+def test_shortens_is_reproduced_by_the_fold() -> None:
+    """SPEC §4.0, §6.3 keybinding: a binding only shortens with valid_from_ms ≤ f, so the
+    operator alone may sign it; a later start or a later end needs the buyer too."""
+    data = load("shortens.json")
+    fold = Fold(vectorgen._cast().ledger)
+    reasons = _replay_timed(fold, "shortens", data["steps"])
+    assert reasons == [
+        None,
+        None,
+        None,
+        "SIG_MISSING",
+        "SIG_MISSING",
+        None,
+        "NODE_KEY_REVOKED",
+        None,
+    ]
+    assert fold.head("pl-shortens") == (data["records"], data["head"])
+
+
+def test_bounds_are_reproduced_by_the_fold() -> None:
+    """SPEC §5 rule 5, §6.3 adjustment, §7.7: bounds.json, every decision and record hash;
+    every record's totals within 2^53 - 1 (each decodes); the terms cases."""
+    data = load("bounds.json")
+    cast = vectorgen._cast()
+    fold = Fold(cast.ledger)
+    reasons: list[str | None] = []
+    for i, step in enumerate(data["steps"]):
+        outcomes = fold.apply(base64.b64decode(step["envelope_b64"]), f"bounds:{i}", None)
+        assert _outcome_rows(outcomes) == step["outcomes"], f"step {i}: {step['note']}"
+        reasons += [o.reason for o in outcomes]
+        for o in outcomes:
+            envelope = o.record_envelope
+            assert envelope is not None and open_envelope(envelope).record is not None
+    assert reasons.count("ADJUSTMENT_INVALID") == 4
+    assert fold.head("pl-bounds") == (data["records"], data["head"])
+    totals = fold.totals("pl-bounds")
+    assert totals is not None and msgspec.structs.asdict(totals) == data["totals"]
+    for case in data["terms"]:
+        (o,) = Fold(cast.ledger).apply(base64.b64decode(case["envelope_b64"]), "t:0", None)
+        assert (o.status, o.reason) == (case["status"], case["reason"]), case["name"]
+        assert (case["payable_ceiling_minor"] > 2**53 - 1) == (o.reason == "TERMS_INVALID")
+
+
 def test_attestation_is_reproduced_by_the_fold() -> None:
     """SPEC §6.9: the fold with the vectors' attestation root decides every step as the
     vectors say; the worked nonce is the one the SPEC formula gives."""

@@ -460,3 +460,40 @@ def test_verifier_catches_a_ledger_that_releases_a_resold_placement(
     )
     assert [s for k, s, _ in f.chain if k == "release"] == ["accepted"]
     assert "RELEASE_INVALID" in findings(f)  # the verifier says: rejected
+
+
+def test_an_assignment_before_a_release_end_is_billed_only_up_to_it(tmp_path: Path) -> None:
+    """SPEC §6.7, §6.8 step 3, §7.10: a release at minute 10 ends the placement at 40; an
+    assignment from minute 20 (h < e) is accepted, and its new buyer's delivery ends at
+    the effective end in force when each event is folded: e, not the window's end. A
+    7-minute event spanning minute 40 bills the new buyer 20 GPU-min (20..40), not 23."""
+    c = case()
+    f = fold(
+        tmp_path,
+        c,
+        [
+            (10, [*c.events(0, 10), _release(c, 10, 40)]),
+            (20, [*c.events(10, 20), c.assign("a-1", B2, 20, ["GPU-n2-0"], 300)]),
+            (33, c.events(20, 33)),
+            (
+                45,
+                [
+                    (
+                        node_source(n),
+                        w.event(
+                            T0 + 33 * MIN,
+                            T0 + 40 * MIN + 3 * MIN,
+                            [sample(g) for g in c.gpus if g.node_id == n],
+                        ),
+                    )
+                    for n, w in c.writers.items()
+                ],
+            ),
+        ],
+    )
+    assert [(s, r) for k, s, r in f.chain if k == "release"] == [("accepted", "")]
+    assert assignments(f) == [("accepted", "")]
+    (entry,) = f.records[-1].resale
+    # 20 GPU-min at 3.00/GPU-h = 100
+    assert (entry.delivered_mgms, entry.gross_minor) == (20 * MIN * 1000, 100)
+    assert findings(f) == set()  # the verifier clips at e too (no RESALE_MISMATCH)

@@ -652,18 +652,23 @@ def test_buyer_pays_fee(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("direction", ["credit", "charge"])
-@pytest.mark.parametrize("first", [2**53 - 1, 2**53 - 2])
-def test_adjustment_past_max_safe_integer_is_re_derived_from_the_sql_totals(
-    tmp_path: Path, direction: str, first: int
+@pytest.mark.parametrize("below", [0, 1])
+def test_adjustment_past_the_bounds_is_re_derived(
+    tmp_path: Path, direction: str, below: int
 ) -> None:
-    """SPEC §7.7: an adjustment that would carry a total past 2^53 - 1 is rejected
-    ADJUSTMENT_INVALID; the verifier decides it from §7.6 in SQL (``totals_after``).
-    The ledger here always rejects the second one: right after 2^53 - 1, wrong after
-    2^53 - 2 (the total reaches exactly 2^53 - 1, which is allowed)."""
+    """SPEC §7.7: an adjustment after which Ac > 2^53 - 1 or P(M + Ah) > 2^53 - 1 is
+    rejected ADJUSTMENT_INVALID; the verifier decides it from the terms on its own
+    (``verifier/terms_rules.adjustment_bounded``). The first one takes its sum to the
+    limit less ``below``; the ledger here always rejects the second (+1): right at the
+    limit, wrong below it (the sum then reaches the limit exactly, which is allowed)."""
     cast = make_cast("verifier-adjustment-bound")
     name = "p-adj-bound"
     gpus = [gpu("node-a", 0)]
     terms = make_terms(cast, name, gpus, T0, T0 + HOUR, desk_fee_bps=0)
+    # M: one GPU for the hour at the terms' rate, plus one increment (SPEC §7.7)
+    ceiling = (1000 * HOUR + terms.increment_ms * 1000) * terms.rate_per_gpu_hour_minor
+    limit = 2**53 - 1 - (0 if direction == "credit" else ceiling // 3_600_000_000)
+    first = limit - below
     b = ExportBuilder(cast, terms)
     b.add(signed_terms(cast, terms))
     b.add(adjustment(cast, name, "adj-first", direction, first, T0))
@@ -675,7 +680,7 @@ def test_adjustment_past_max_safe_integer_is_re_derived_from_the_sql_totals(
     b.checkpoints_at = [len(b.items)]
     path = b.write(tmp_path / f"{name}.duckdb")
     report = verify(path, cast.trust())
-    if first == 2**53 - 1:
+    if first == limit:
         assert report.ok, explain(report)
         assert report.counts["decided.rejected"] == 1
         return

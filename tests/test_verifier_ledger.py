@@ -9,8 +9,9 @@ in the full scenario, and randomly generated streams with faults.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import duckdb
 import msgspec
@@ -239,13 +240,21 @@ class Mixed(NamedTuple):
     trust: TrustFile
 
 
-def _mixed(ops: list[tuple[str, int]], close: bool, timed: bool) -> Mixed:
+def _mixed(
+    ops: list[tuple[str, int]],
+    close: bool,
+    timed: bool,
+    amounts: Callable[[int], int] | None = None,
+    **terms_changes: Any,
+) -> Mixed:
     """The inputs of ``ops`` (``test_random_mixed_streams_agree`` says which); ``timed``:
-    each input reaches the log when it is dated, never before the one before it."""
+    each input reaches the log when it is dated, never before the one before it;
+    ``amounts``: the amount of the adjustment of op ``n`` (default 100 + n);
+    ``terms_changes``: fields of the terms other than the builders' defaults."""
     cast = make_cast("mixed")
     pid = "p-mixed"
     gpus = [gpu("n1", 0), gpu("n1", 1, share_milli=500)]
-    terms = make_terms(cast, pid, gpus, T0, T0 + HOUR)
+    terms = make_terms(cast, pid, gpus, T0, T0 + HOUR, **terms_changes)
     raws = [signed_terms(cast, terms)]
     dated = [T0 - MINUTE]  # when each input is dated (its arrival, when timed)
     writer = StreamWriter(cast.node_key("n1"), pid, "n1")
@@ -292,7 +301,9 @@ def _mixed(ops: list[tuple[str, int]], close: bool, timed: bool) -> Mixed:
             # one more is sent (accepted or AMENDMENT_TOO_LATE) and no other: two late
             # amendments of one version are two agreements (TERMS_DISPUTED, by design).
             # An odd minute also moves the second GPU to node n2 (its nodes with it).
-            moved = make_terms(cast, pid, [gpus[0], n2_gpu] if at_min % 2 else gpus, T0, T0 + HOUR)
+            moved = make_terms(
+                cast, pid, [gpus[0], n2_gpu] if at_min % 2 else gpus, T0, T0 + HOUR, **terms_changes
+            )
             amended = amendment(
                 terms,
                 late_grace_ms=terms.late_grace_ms + MINUTE,
@@ -312,7 +323,8 @@ def _mixed(ops: list[tuple[str, int]], close: bool, timed: bool) -> Mixed:
             raws.append(release(cast, terms, at, at, f"rl-{n}"))
             dated.append(at)
         elif kind in ("credit", "charge"):
-            raws.append(adjustment(cast, pid, f"adj-{n}", kind, 100 + n, at))
+            amount = 100 + n if amounts is None else amounts(n)
+            raws.append(adjustment(cast, pid, f"adj-{n}", kind, amount, at))
             dated.append(at)
         elif kind == "assign":
             raws.append(assignment(cast, terms, f"as-{n}", new_buyer, at, [gpus[n % 2].uuid], 90))
@@ -385,3 +397,26 @@ def test_random_mixed_streams_restart_anywhere(
     with Store(tmp / "restarts.duckdb", ledger_public_key=key.public_key) as store:
         again = store.query("SELECT chain_index, envelope FROM records ORDER BY chain_index")
     assert [(i, bytes(e)) for i, e in again] == [(i, bytes(e)) for i, e in once]
+
+
+def test_resale_after_a_release_vector_verifies(tmp_path: Path) -> None:
+    """proto/vectors/resale_release.json through the real ledger and the verifier: the
+    verifier re-derives the resale clipped at the release's end e (SPEC §7.10 with §6.7
+    step 5) and finds nothing; before it clipped at a reclaim only (RESALE_MISMATCH)."""
+    import base64
+    import json
+
+    import vectorgen
+
+    data = json.loads((vectorgen.VECTORS_DIR / "resale_release.json").read_text())
+    cast = vectorgen._cast()
+    raws = [base64.b64decode(step["envelope_b64"]) for step in data["steps"]]
+    arrivals: list[int | None] = [step["arrived_ms"] for step in data["steps"]]
+    out = _ledger_export(tmp_path, cast.ledger, "pl-vector", raws, arrivals)
+    base = cast.trust()
+    buyer2 = base64.b64decode(data["new_buyers"]["buyer-2"])
+    trust = msgspec.structs.replace(
+        base, keys=[*base.keys, TrustedKey(id="buyer-2", role="buyer", key=buyer2)]
+    )
+    report = verify(out, trust)
+    assert report.ok, explain(report)

@@ -190,6 +190,26 @@ EDGES: dict[str, tuple[Callable[[], PlacementTerms], bool]] = {
     "node key = party key": (lambda: _with(nodes=[NodeSpec("n1", _key(1), "r", "")]), True),
     "bound reached": (lambda: _bound_edge(0), False),
     "bound passed": (lambda: _bound_edge(1), True),
+    # §5 rule 5, §7.7: the payable ceiling P(M), ~5.1e15 of gross at the highest rate,
+    # doubled by a 100 % fee the buyer pays; the same terms with the operator paying it.
+    "payable ceiling passed": (
+        lambda: msgspec.structs.replace(
+            _many_gpus(20_000_000_000, 0),
+            rate_per_gpu_hour_minor=limits.MAX_RATE_MINOR,
+            desk_fee_bps=10_000,
+            fee_payer="buyer",
+        ),
+        True,
+    ),
+    "payable ceiling kept": (
+        lambda: msgspec.structs.replace(
+            _many_gpus(20_000_000_000, 0),
+            rate_per_gpu_hour_minor=limits.MAX_RATE_MINOR,
+            desk_fee_bps=10_000,
+            fee_payer="operator",
+        ),
+        False,
+    ),
 }
 
 

@@ -920,6 +920,197 @@ def authority_vectors() -> Any:
     }
 
 
+def shortens_vectors() -> Any:
+    """SPEC §4.0, §6.3 keybinding: when a binding only shortens (valid_from_ms ≤ f,
+    valid_until_ms < u), so the operator alone may sign it. A second key of node a is
+    bound by operator and buyer and reaches the log at minute 5, so f = minute 5 (§6.6).
+    The operator alone: a start after f (SIG_MISSING: it moves the start, not a
+    revocation), a start before f with an earlier end (accepted: only shortens, to
+    [f, 30); the key is revoked), an end not earlier (SIG_MISSING: it extends)."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    pid = "pl-shortens"
+    terms = b.make_terms(cast, pid, [b.gpu("node-a", 0)], WS, WS + HOUR)
+    key2 = SigningKey.from_seed_text("node-a-2", "vectors/node-a-2")
+    a2 = b.StreamWriter(key2, pid, "node-a")
+    op, buyer = cast.operator, cast.buyer
+
+    def at(minute: int) -> int:
+        return WS + minute * MINUTE
+
+    def bind(valid_from: int, until: int, signers: list[SigningKey]) -> bytes:
+        return b.key_binding(cast, pid, "node-a", key2, valid_from, until, WS, signers=signers)
+
+    def usage(start: int, end: int) -> bytes:
+        return a2.event(at(start), at(end), [b.sample(terms.gpus[0])])
+
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms", b.signed_terms(cast, terms), WS),
+        (
+            "key 2 for [0, 60), operator and buyer, arrives at 5: f = 5",
+            bind(WS, at(60), [op, buyer]),
+            at(5),
+        ),
+        ("key 2 usage, minutes 5-10", usage(5, 10), at(10)),
+        ("operator alone, [6, 30): starts after f, SIG_MISSING", bind(at(6), at(30), [op]), at(11)),
+        (
+            "operator alone, [0, 60): not earlier than u, SIG_MISSING",
+            bind(WS, at(60), [op]),
+            at(11),
+        ),
+        (
+            "operator alone, [0, 30): before f, only shortens to [5, 30)",
+            bind(WS, at(30), [op]),
+            at(11),
+        ),
+        ("key 2 usage, minutes 10-15: NODE_KEY_REVOKED", usage(10, 15), at(15)),
+        (
+            "operator alone, [5, 20): valid_from = f, only shortens",
+            bind(at(5), at(20), [op]),
+            at(16),
+        ),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"shortens:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head(pid)
+    assert head is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "rule": "only shortens: valid_from_ms <= f and valid_until_ms < u (SPEC §4.0)",
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+    }
+
+
+def bounds_vectors() -> Any:
+    """SPEC §5 rule 5, §6.3 adjustment, §7.7: every total stays within 2^53 - 1 after every
+    input. Terms with the buyer paying a 5 % fee; M (the most G + K can reach) and the
+    largest charge sum P(M + Ah) allows; charges of 2^53 - 1, one past the limit, the
+    limit, one more; credits of 2^53 - 1 and one more; a whole window of usage; the close.
+    Then terms whose payable ceiling P(M) passes 2^53 - 1 (TERMS_INVALID) and the same
+    terms with the operator paying the fee (accepted)."""
+    from ledger.fold import Fold
+    from proto.terms import gross_ceiling_minor, payable_minor
+
+    top = 2**53 - 1
+    cast = _cast()
+    pid = "pl-bounds"
+    terms = b.make_terms(
+        cast, pid, [b.gpu("node-a", 0)], WS, WS + HOUR, fee_payer="buyer", desk_fee_bps=500
+    )
+    ceiling = gross_ceiling_minor(terms)
+    net = top * 10_000 // 10_500
+    while payable_minor(terms, net + 1) <= top:
+        net += 1
+    while payable_minor(terms, net) > top:
+        net -= 1
+    limit = net - ceiling
+    a = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+
+    def adj(aid: str, direction: str, amount: int) -> bytes:
+        return b.adjustment(cast, pid, aid, direction, amount, WS)
+
+    steps_in: list[tuple[str, bytes]] = [
+        ("terms: 1 GPU, 1 h, fee 5 % paid by the buyer", b.signed_terms(cast, terms)),
+        ("charge 2^53 - 1: ADJUSTMENT_INVALID", adj("c-top", "charge", top)),
+        ("charge limit + 1: ADJUSTMENT_INVALID", adj("c-past", "charge", limit + 1)),
+        ("charge limit: accepted", adj("c-limit", "charge", limit)),
+        ("charge 1 more: ADJUSTMENT_INVALID", adj("c-more", "charge", 1)),
+        (
+            "usage, the whole window: buyer_owes = P(G + Ah) <= 2^53 - 1",
+            a.event(WS, WS + HOUR, [b.sample(terms.gpus[0])]),
+        ),
+        ("credit 2^53 - 1: accepted", adj("r-top", "credit", top)),
+        ("credit 1 more: ADJUSTMENT_INVALID", adj("r-more", "credit", 1)),
+        ("close", b.closed(cast, pid, WS + HOUR + terms.late_grace_ms)),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"bounds:{i}", None)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head(pid)
+    totals = fold.totals(pid)
+    assert head is not None and totals is not None
+    gpus = [b.gpu(f"n{i // 8}", i % 8) for i in range(256)]
+    big = b.make_terms(
+        cast,
+        "pl-bounds-big",
+        gpus,
+        WS,
+        WS + 366 * 24 * HOUR,
+        rate_per_gpu_hour_minor=3_600_000_000,
+        desk_fee_bps=10_000,
+        fee_payer="buyer",
+    )
+    terms_cases = []
+    for name, case in (
+        ("256 GPUs, 366 days, top rate, fee 100 % paid by the buyer", big),
+        ("the same, fee paid by the operator", msgspec.structs.replace(big, fee_payer="operator")),
+    ):
+        (o,) = Fold(cast.ledger).apply(b.signed_terms(cast, case), "bounds-terms:0", None)
+        terms_cases.append(
+            {
+                "name": name,
+                "envelope_b64": _b64(b.signed_terms(cast, case)),
+                "payable_ceiling_minor": payable_minor(case, gross_ceiling_minor(case)),
+                "status": o.status,
+                "reason": None if o.reason is None else o.reason.value,
+            }
+        )
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "max_safe_integer": top,
+        "gross_ceiling_minor": ceiling,
+        "charge_limit_minor": limit,
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.structs.asdict(totals),
+        "terms": terms_cases,
+        "worked": [
+            "M = floor((S x W + U) x rate / 3 600 000 000) = floor((1000 x 3 600 000 + "
+            f"60 000 000) x 250 / 3 600 000 000) = {ceiling}",
+            "P(x) = x + floor(x x 500 / 10 000); the largest Ah with P(M + Ah) <= 2^53 - 1 "
+            f"is {limit}",
+        ],
+    }
+
+
 def _placement_terms(
     cast: b.Cast, pid: str, regions: dict[str, str], gpus: list[Any], **overrides: Any
 ) -> PlacementTerms:
@@ -1266,6 +1457,91 @@ def resale_vectors() -> Any:
             "F_0 = 5 % of 400 = 20",
             "buyer-2 owes 400 (to the desk); buyer-1 nets 625 - (400 - 20) = 245; "
             "desk 31 + 20 = 51; 245 + 400 - 594 - 51 = 0",
+        ],
+    }
+
+
+def resale_release_vectors() -> Any:
+    """SPEC §6.7 "With a resale", §6.8 step 3, §7.10: a buyer release that reaches the log at
+    minute 10 and ends the placement at e = 40, then an assignment from minute 20 (h < e:
+    accepted) and one from minute 40 (h = e: ASSIGNMENT_INVALID); an event spanning e
+    counts, for the original terms and for the resale alike, only up to e."""
+    from ledger.fold import Fold
+
+    cast = _cast()
+    terms = _terms(cast, late_grace_ms=0)
+    pid = terms.placement_id
+    b2 = SigningKey.from_seed_text("buyer-2", "vectors/buyer-2")
+    a = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+
+    def samples() -> list[Any]:
+        return [b.sample(g) for g in terms.gpus if g.node_id == "node-a"]
+
+    def at(minute: int) -> int:
+        return WS + minute * MINUTE
+
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms", b.signed_terms(cast, terms), WS),
+        ("node a, minutes 0-10", a.event(at(0), at(10), samples()), at(10)),
+        (
+            "buyer release at minute 10, effective at minute 40: e = 40",
+            b.release(cast, terms, at(10), at(40), "rel-1"),
+            at(10),
+        ),
+        (
+            "GPU-node-a-0 sold to buyer-2 from minute 20 (h = 20 < e): accepted",
+            b.assignment(cast, terms, "as-1", b2, at(20), ["GPU-node-a-0"], 400),
+            at(12),
+        ),
+        (
+            "GPU-node-a-1 sold from minute 40 (h = e): ASSIGNMENT_INVALID",
+            b.assignment(cast, terms, "as-2", b2, at(40), ["GPU-node-a-1"], 400),
+            at(12),
+        ),
+        ("node a, minutes 10-33", a.event(at(10), at(33), samples()), at(33)),
+        ("node a, minutes 33-43: counts to e = 40", a.event(at(33), at(43), samples()), at(43)),
+        ("close", b.closed(cast, pid, at(60)), at(60)),
+    ]
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, (note, raw, arrived) in enumerate(steps_in):
+        outcomes = fold.apply(raw, f"resale-release:{i}", None, arrived)
+        steps.append(
+            {
+                "note": note,
+                "envelope_b64": _b64(raw),
+                "arrived_ms": arrived,
+                "outcomes": [
+                    {
+                        "decision": o.decision,
+                        "status": o.status,
+                        "reason": None if o.reason is None else o.reason.value,
+                        "record_hash": o.record_hash,
+                        "resale": None
+                        if o.record is None
+                        else [msgspec.structs.asdict(e) for e in o.record.resale],
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+    head = fold.head(pid)
+    totals = fold.totals(pid)
+    assert head is not None and totals is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "new_buyers": {"buyer-2": _b64(b2.public_key)},
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.structs.asdict(totals),
+        "worked": [
+            "the release's end e = max(40, arrival 10, usage folded 10) = minute 40",
+            "as-1: h = 20 < e, accepted; as-2: h = 40 >= e, ASSIGNMENT_INVALID",
+            "resale D_0 = GPU-node-a-0 (1 GPU) x [20, 40) = 20 GPU-min = 1 200 000 000 "
+            "milli-GPU-ms (the event 33-43 counts to 40, not 43); "
+            "G_0 = 20/60 x 400 = 133.33 -> 133; F_0 = 5 % of 133 = 6.65 -> 6",
+            "original D = 1.5 GPU x 40 min = 60 GPU-min; G = 60/60 x 250 = 250",
         ],
     }
 
@@ -1696,6 +1972,9 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "pricing.json": pricing_vectors,
     "scenario.json": scenario_vectors,
     "resale.json": resale_vectors,
+    "resale_release.json": resale_release_vectors,
+    "shortens.json": shortens_vectors,
+    "bounds.json": bounds_vectors,
 }
 
 

@@ -6,10 +6,11 @@ re-delivery), ``quarantined`` (could never have been chained) or ``held`` (befor
 terms). The verifier compares this with the ledger's own status and reason, so a valid
 event wrongly rejected is caught as surely as a bad one wrongly accepted.
 
-One decision depends on amounts: an adjustment is rejected ADJUSTMENT_INVALID when it
-would carry a total past 2^53 - 1. The referee leaves an adjustment that passes its
-other checks ``pending``; ``settle_adjustments`` decides those once the SQL pricing knows
-the totals before each one (nothing else depends on an adjustment's fate).
+One decision depends on the adjustments before it: an adjustment is rejected
+ADJUSTMENT_INVALID when the sums Ac, Ah after it break the bounds of SPEC §7.7 (decided
+on the terms and the sums alone). The referee leaves an adjustment that passes its other
+checks ``pending``; ``settle_adjustments`` decides those in chain order (nothing else
+depends on an adjustment's fate).
 
 Pure: no I/O. The one look-up into history (the record hash of an accepted usage event at
 an old seq, needed to tell a re-delivery from an equivocation) is injected.
@@ -47,8 +48,8 @@ from proto.records import (
     UsageEvent,
 )
 from verifier.opener import SIG_VALID, OpenResult
-from verifier.signers import required_of, signer_failure
-from verifier.terms_rules import broken_rules, outside_residency
+from verifier.signers import authority_row, binding_kind, required_of, signer_failure
+from verifier.terms_rules import adjustment_bounded, broken_rules, outside_residency
 
 # What SPEC §6 decides for one input (``pending``: an adjustment waiting for the amounts).
 # The verifier's own words, not the ledger's ``Decision`` (it must not import ledger/).
@@ -366,31 +367,54 @@ class Referee:
             self.streams.setdefault(node.node_id, _Stream())
         return _OK
 
-    def _operator_signed(self, opened: OpenResult) -> Reason | None:
-        return signer_failure(opened.sigs, self.operator_required)
+    def _signed_as_the_table_says(
+        self,
+        opened: OpenResult,
+        record: NodeKeyBinding
+        | Adjustment
+        | Assignment
+        | BuyerRelease
+        | PlacementClosed
+        | ReclaimNotice,
+        resale_requires_operator: bool = False,
+        bound: tuple[int, int] | None = None,
+        revoked: bool = False,
+    ) -> Reason | None:
+        """SPEC §4.0 by the verifier's own table (``verifier/signers.py``)."""
+        must, may = authority_row(record, resale_requires_operator, bound, revoked)
+        return signer_failure(
+            opened.sigs, self._role_keys(must, record), self._role_keys(may, record)
+        )
+
+    def _role_keys(self, roles: tuple[str, ...], record: object) -> dict[str, bytes]:
+        keys: dict[str, bytes] = {}
+        for role in roles:
+            if role == "new_buyer" and isinstance(record, Assignment):
+                keys.update(required_of((record.new_buyer.key,)))
+            else:
+                keys.update(
+                    {
+                        "operator": self.operator_required,
+                        "buyer": self.buyer_required,
+                        "desk": self.desk_required,
+                        "ledger": self.ledger_required,
+                    }[role]
+                )
+        return keys
 
     def _keybinding(self, opened: OpenResult, binding: NodeKeyBinding) -> Verdict:
         # §4.0: a binding that only shortens the current one of (node, key) — same
         # valid_from, earlier valid_until — needs the operator (the buyer may co-sign);
         # anything else introduces or extends a key: operator and buyer.
         current = self.bindings.get(binding.node_id, {}).get(binding.key)
-        revocation = (
-            current is not None
-            and binding.valid_from_ms <= current[0]
-            and binding.valid_until_ms < current[1]
-        )
+        was_revoked = binding.key in self.revoked.get(binding.node_id, set())
+        kind = binding_kind(binding, current, was_revoked)
+        revocation = kind == "only shortens"
         # §6.9: evidence for a key bound now (not revoked) that changes no window.
-        attests = (
-            bool(binding.evidence)
-            and current is not None
-            and binding.key not in self.revoked.get(binding.node_id, set())
-            and binding.valid_from_ms <= current[0]
-            and binding.valid_until_ms == current[1]
+        attests = kind == "only attests"
+        failure = self._signed_as_the_table_says(
+            opened, binding, bound=current, revoked=was_revoked
         )
-        if revocation or attests:
-            failure = signer_failure(opened.sigs, self.operator_required, self.buyer_required)
-        else:
-            failure = signer_failure(opened.sigs, {**self.operator_required, **self.buyer_required})
         if failure is not None:
             return _reject(failure)
         if binding.node_id not in self.bindings:
@@ -590,7 +614,7 @@ class Referee:
         return None
 
     def _reclaim(self, opened: OpenResult, notice: ReclaimNotice, terms: PlacementTerms) -> Verdict:
-        failure = self._operator_signed(opened)
+        failure = self._signed_as_the_table_says(opened, notice)
         if failure is not None:
             return _reject(failure)
         if self.reclaimed:
@@ -615,27 +639,20 @@ class Referee:
     def _adjustment(self, opened: OpenResult, adjustment: Adjustment) -> Verdict:
         # §4.0: a charge costs the buyer (the desk may co-sign), a credit the operator and
         # the desk.
-        if adjustment.direction == "charge":
-            failure = signer_failure(opened.sigs, self.buyer_required, self.desk_required)
-        else:
-            failure = signer_failure(opened.sigs, {**self.operator_required, **self.desk_required})
+        failure = self._signed_as_the_table_says(opened, adjustment)
         if failure is not None:
             return _reject(failure)
         if not self.priced and self.terms is not None:
             # Whether this adjustment is accepted decides whether a later amendment is
-            # too late (§6.3 terms (3)). Nothing is priced, so every total before it is 0:
-            # only a charge can pass 2^53 - 1, through the buyer's fee (§7.6, §7.7).
+            # too late (§6.3 terms (3)). Nothing is priced, so no adjustment was accepted
+            # before it: the sums after it are its own amount (§7.7).
             amount = adjustment.amount_minor
-            buyer_pays = amount + amount * self.terms.desk_fee_bps // 10_000
-            self.priced = not (
-                adjustment.direction == "charge"
-                and self.terms.fee_payer == "buyer"
-                and buyer_pays > proto_limits.MAX_SAFE_INTEGER
-            )
+            credit, charge = (amount, 0) if adjustment.direction == "credit" else (0, amount)
+            self.priced = adjustment_bounded(self.terms, credit, charge)
         return Verdict(PENDING)
 
     def _closed(self, opened: OpenResult, close: PlacementClosed, terms: PlacementTerms) -> Verdict:
-        failure = signer_failure(opened.sigs, self.ledger_required)
+        failure = self._signed_as_the_table_says(opened, close)
         if failure is not None:
             return _reject(failure)
         if close.closed_at_ms < terms.window_end_ms + terms.late_grace_ms:
@@ -650,12 +667,7 @@ class Referee:
         """SPEC §6.8, steps 1-6 in order."""
         # 1. seller (the terms' buyer), the new buyer named inside, the desk; the operator
         # when the terms require it, else it may co-sign
-        named = required_of((assignment.new_buyer.key,))
-        sellers = {**self.buyer_required, **named, **self.desk_required}
-        if terms.resale_requires_operator:
-            failure = signer_failure(opened.sigs, {**sellers, **self.operator_required})
-        else:
-            failure = signer_failure(opened.sigs, sellers, self.operator_required)
+        failure = self._signed_as_the_table_says(opened, assignment, terms.resale_requires_operator)
         if failure is not None:
             return _reject(failure)
         # 2. a new id
@@ -712,7 +724,7 @@ class Referee:
     def _release(self, opened: OpenResult, release: BuyerRelease, terms: PlacementTerms) -> Verdict:
         """SPEC §6.7: the buyer signs (the operator may), once, inside the window, and it
         must end the placement before it already ends."""
-        failure = signer_failure(opened.sigs, self.buyer_required, self.operator_required)
+        failure = self._signed_as_the_table_says(opened, release)
         if failure is not None:
             return _reject(failure)
         if self.release is not None:
@@ -744,21 +756,21 @@ def _placement_of(record: Record) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PendingAdjustment:
-    """An adjustment that passed its signature check, with the totals just before it.
+    """An adjustment that passed its signature check.
 
-    ``totals_after`` computes every total of SPEC §7.6 for given cumulative (Ac, Ah) at
-    this adjustment's index; it comes from ``verifier/pricing.py``.
+    ``bounded`` says whether cumulative (Ac, Ah) after it keep every total within the
+    bounds of SPEC §7.7 (``verifier/terms_rules.adjustment_bounded`` for the terms).
     """
 
     chain_index: int
     adjustment_id: str
     direction: str
     amount_minor: int
-    totals_after: Callable[[int, int], Iterable[int]]
+    bounded: Callable[[int, int], bool]
 
 
 def settle_adjustments(pending: Iterable[PendingAdjustment]) -> Iterator[tuple[int, Verdict]]:
-    """Decide pending adjustments in chain order: duplicates, then the 2^53 bound."""
+    """Decide pending adjustments in chain order: duplicates, then the bounds of §7.7."""
     seen_ids: set[str] = set()
     credit_minor = 0
     charge_minor = 0
@@ -768,8 +780,7 @@ def settle_adjustments(pending: Iterable[PendingAdjustment]) -> Iterator[tuple[i
             continue
         credit_after = credit_minor + (adj.amount_minor if adj.direction == "credit" else 0)
         charge_after = charge_minor + (adj.amount_minor if adj.direction == "charge" else 0)
-        totals = adj.totals_after(credit_after, charge_after)
-        if any(t > proto_limits.MAX_SAFE_INTEGER for t in totals):
+        if not adj.bounded(credit_after, charge_after):
             yield adj.chain_index, _reject(Reason.ADJUSTMENT_INVALID)
             continue
         seen_ids.add(adj.adjustment_id)

@@ -7,16 +7,11 @@ and the effective end, sums and products in HUGEINT (``B × rate`` reaches ~2^85
 totals with window functions. Rounding happens once, on cumulative values, as SPEC §7
 says. A rejected input contributes nothing, so it leaves the totals unchanged.
 
-Two stages, because one decision depends on amounts (ADJUSTMENT_INVALID): ``w_base``
-holds D, B, G, R and Q per index (none depends on adjustments); after the adjustments are
-decided, ``w_totals`` adds Ac, Ah and everything of §7.6.
-
-§7.6 is written once, in SQL (``_settle_sql``), and used twice: for the whole chain
-(``compute_totals``) and, while adjustments are decided, for one index with candidate
-(Ac, Ah) (``totals_after``). The verifier once had a Python copy for the second use; it
-went, because the SQL is the verifier's independent implementation of SPEC §7 (the
-ledger's is the Python fold): a second copy inside the verifier could drift from the SQL
-while every cross-check still compared the ledger with only one of them.
+Two stages: ``w_base`` holds D, B, G, R, Q and K per index (none depends on
+adjustments); after the adjustments are decided (by the bounds of §7.7, on the terms and
+their sums alone: ``verifier/terms_rules.adjustment_bounded``), ``w_totals`` adds Ac, Ah
+and everything of §7.6. §7.6 is written once, in SQL (``_settle_sql``): the SQL is the
+verifier's independent implementation of SPEC §7 (the ledger's is the Python fold).
 """
 
 from __future__ import annotations
@@ -27,7 +22,6 @@ from typing import Any, Final
 
 from proto import limits as proto_limits
 from proto.records import PlacementTerms
-from verifier.invariant import invariant
 from verifier.terms_rules import share_total
 
 TOTAL_FIELDS: Final = (
@@ -173,6 +167,22 @@ def _index_sql(keyed: bool) -> str:
     )
 
 
+def effective_end_sql(index: str) -> str:
+    """SPEC §6.7 step 5, §6.3 reclaim: the placement's effective end in force when the
+    input at chain index ``index`` is folded: the window's end, moved by an accepted
+    reclaim (its effective time) or an accepted release (its end e) chained before it,
+    whichever is earlier. An amendment resets it to its own window's end, but it comes
+    before anything is priced (§6.3 terms (3)), so no reclaim or release precedes it.
+    Reads the relations ``t`` (w_terms), ``rc`` (the first w_reclaim row, columns
+    rc_index, effective_at_ms) and ``rl`` (the first w_release row, rl_index, rl_end),
+    the last two LEFT JOINed. Both §7.1 (``_base_sql``) and §7.10 (``verifier/resale.py``)
+    clip to it, so the two cannot drift apart."""
+    return (
+        f"LEAST(t.we, CASE WHEN rc.rc_index < {index} THEN rc.effective_at_ms ELSE t.we END, "
+        f"CASE WHEN rl.rl_index < {index} THEN rl.rl_end ELSE t.we END)"
+    )
+
+
 def _base_sql(keyed: bool) -> str:
     """SPEC §7.1-§7.3 and §7.5 per chain index. Every product is HUGEINT.
 
@@ -223,10 +233,7 @@ hs AS ({_health_sql(keyed)}),
 ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded))
     SELECT {"u.ek, " if keyed else ""}u.chain_index,
            SUM(g.share_milli::HUGEINT * GREATEST(0,
-               LEAST(u.end_ms, CASE WHEN rc.rc_index < u.chain_index
-                                    THEN rc.effective_at_ms ELSE t.we END,
-                     CASE WHEN rl.rl_index < u.chain_index  -- §6.7: the release end e
-                          THEN rl.rl_end ELSE t.we END)
+               LEAST(u.end_ms, {effective_end_sql("u.chain_index")})
                - GREATEST(u.start_ms, t.ws))) AS d_i
     FROM w_usage u
     JOIN hs s ON s.chain_index = u.chain_index AND s.counts{" AND s.ek = u.ek" if keyed else ""}
@@ -336,15 +343,6 @@ _TOTALS_SQL: Final = "CREATE OR REPLACE TABLE w_totals AS " + _settle_sql(
 _UNADJUSTED: Final = "SELECT b.*, 0::HUGEINT AS ac, 0::HUGEINT AS ah FROM w_base b"
 _TOTALS_UNADJUSTED_SQL: Final = "CREATE OR REPLACE TABLE w_totals AS " + _settle_sql(_UNADJUSTED)
 
-# The same §7.6 at one index, for given cumulative (Ac, Ah): parameters Ac, Ah, index.
-_TOTALS_AFTER_SQL: Final = (
-    f"SELECT {', '.join(TOTAL_FIELDS)} FROM ("
-    + _settle_sql(
-        "SELECT b.*, ?::HUGEINT AS ac, ?::HUGEINT AS ah FROM w_base b WHERE b.chain_index = ?"
-    )
-    + ")"
-)
-
 
 def compute_base(con: Any) -> None:
     """Fill ``w_base``: D, B, G, R, Q at every index (SPEC §7.1-§7.3, §7.5)."""
@@ -355,15 +353,6 @@ def compute_totals(con: Any, adjustments: bool = True) -> None:
     """Fill ``w_totals``: every total of SPEC §7.6 at every index (``adjustments``:
     whether w_adjust may hold a row; False only when it holds none)."""
     con.execute(_TOTALS_SQL if adjustments else _TOTALS_UNADJUSTED_SQL)
-
-
-def totals_after(con: Any, chain_index: int, credit_minor: int, charge_minor: int) -> list[int]:
-    """Every total of SPEC §7.6 at ``chain_index`` (in TOTAL_FIELDS order) if the
-    cumulative accepted adjustments there were ``credit_minor`` (Ac) and ``charge_minor``
-    (Ah): what decides ADJUSTMENT_INVALID (would any total pass 2^53 - 1?)."""
-    rows = con.execute(_TOTALS_AFTER_SQL, [credit_minor, charge_minor, chain_index]).fetchall()
-    invariant(len(rows) == 1, f"w_base has no row for adjustment index {chain_index}")
-    return [int(value) for value in rows[0]]
 
 
 def totals_at(con: Any, chain_index: int) -> dict[str, int] | None:

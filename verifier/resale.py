@@ -21,7 +21,7 @@ from proto.keys import key_id
 from proto.trust import TrustFile
 from verifier import limits
 from verifier.findings import Step
-from verifier.pricing import HEALTH_SQL
+from verifier.pricing import HEALTH_SQL, effective_end_sql
 
 if TYPE_CHECKING:
     from verifier.state import Verification
@@ -38,25 +38,27 @@ RESALE_FIELDS: Final = (
 _MGMS_PER_GPU_HOUR: Final = proto_limits.MILLI_GPU_MS_PER_GPU_HOUR
 _BPS: Final = proto_limits.MAX_BPS
 
-# SPEC §7.10 at every index of the chain from each assignment's own record on.
+# SPEC §7.10 at every index of the chain from each assignment's own record on, each event
+# clipped to [h_k, the effective end in force when it is folded) (§6.7 step 5, §6.3 reclaim).
 _EXPECTED_SQL: Final = f"""
 CREATE OR REPLACE TABLE w_resale_exp AS
 WITH t AS (SELECT * FROM w_terms LIMIT 1),
 rc AS (SELECT chain_index AS rc_index, effective_at_ms
        FROM w_reclaim ORDER BY chain_index LIMIT 1),
+rl AS (SELECT chain_index AS rl_index, end_ms AS rl_end
+       FROM w_release ORDER BY chain_index LIMIT 1),
 hs AS ({HEALTH_SQL}),
 ev AS (  -- share x overlap([start, end), [h_k, effective end when folded)), after k
     SELECT u.chain_index, a.ord,
            SUM(g.share_milli::HUGEINT * GREATEST(0,
-               LEAST(u.end_ms, CASE WHEN rc.rc_index < u.chain_index
-                                    THEN rc.effective_at_ms ELSE t.we END)
+               LEAST(u.end_ms, {effective_end_sql("u.chain_index")})
                - GREATEST(u.start_ms, a.h_ms))) AS d_i
     FROM w_usage u
     JOIN hs s ON s.chain_index = u.chain_index AND s.counts
     JOIN w_gpus g ON g.uuid = s.uuid
     JOIN w_assign_gpus ag ON ag.uuid = s.uuid
     JOIN w_assign a ON a.ord = ag.ord AND a.chain_index < u.chain_index
-    CROSS JOIN t LEFT JOIN rc ON TRUE
+    CROSS JOIN t LEFT JOIN rc ON TRUE LEFT JOIN rl ON TRUE
     GROUP BY u.chain_index, a.ord
 ),
 idx AS (SELECT chain_index FROM w_records UNION SELECT chain_index FROM w_usage),

@@ -17,6 +17,7 @@ from proto.records import (
     BuyerRelease,
     LedgerRecord,
     PlacementClosed,
+    PlacementTerms,
     ReclaimNotice,
     UsageEvent,
 )
@@ -32,9 +33,10 @@ from verifier.decisions import (
 from verifier.findings import Step
 from verifier.invariant import InvariantError
 from verifier.opener import OpenResult, open_one
-from verifier.pricing import CRITICAL_XID_SET, totals_after
+from verifier.pricing import CRITICAL_XID_SET
 from verifier.source import ALIAS, InputRow, blob
 from verifier.step4_envelopes import check_input_hash
+from verifier.terms_rules import adjustment_bounded
 
 if TYPE_CHECKING:
     from verifier.state import Verification
@@ -286,7 +288,7 @@ def check_held(run: Verification) -> None:
 
 
 def decide_adjustments(run: Verification) -> None:
-    """The pending adjustments, in chain order, now that ``w_base`` holds the amounts."""
+    """The pending adjustments, in chain order, by the bounds of SPEC §7.7."""
     con = run.con
     pending: list[PendingAdjustment] = []
     rows = (
@@ -297,12 +299,15 @@ def decide_adjustments(run: Verification) -> None:
         if "w_adjust" in run.work.filled
         else []
     )
+    terms = run.referee.terms
     for index, adjustment_id, direction, amount in rows:
 
-        def after(credit: int, charge: int, index: int = int(index)) -> list[int]:
-            return totals_after(con, index, credit, charge)
+        def bounded(credit: int, charge: int, terms: PlacementTerms | None = terms) -> bool:
+            return terms is not None and adjustment_bounded(terms, credit, charge)
 
-        pending.append(PendingAdjustment(int(index), adjustment_id, direction, int(amount), after))
+        pending.append(
+            PendingAdjustment(int(index), adjustment_id, direction, int(amount), bounded)
+        )
     for index, verdict in settle_adjustments(pending):
         claimed, where = run.pending_claims[index]
         run.bump(f"decided.{verdict.outcome}")

@@ -34,6 +34,24 @@ def share_total(terms: PlacementTerms) -> int:
     return total
 
 
+def payable_ceiling(terms: PlacementTerms, charge_minor: int = 0) -> int:
+    """SPEC §7.7 P(M + Ah), with Ah = ``charge_minor``: the most the buyer can ever owe
+    under ``terms`` with those charges. M = floor((S × W + U) × rate / 3 600 000 000)
+    bounds the gross and the release charge together, whatever the usage; P adds the
+    desk's fee when the buyer pays it."""
+    w = terms.window_end_ms - terms.window_start_ms
+    m = (share_total(terms) * w + terms.increment_ms * 1000) * terms.rate_per_gpu_hour_minor
+    n = m // 3_600_000_000 + charge_minor
+    return n + n * terms.desk_fee_bps // 10_000 if terms.fee_payer == "buyer" else n
+
+
+def adjustment_bounded(terms: PlacementTerms, credit_minor: int, charge_minor: int) -> bool:
+    """SPEC §6.3 adjustment, §7.7: an adjustment after which the sums are Ac =
+    ``credit_minor`` and Ah = ``charge_minor`` keeps every total of every later record
+    within 2^53 - 1 (else ADJUSTMENT_INVALID)."""
+    return credit_minor <= MAX_SAFE and payable_ceiling(terms, charge_minor) <= MAX_SAFE
+
+
 def broken_rules(terms: PlacementTerms) -> list[str]:
     """The §5 rules 1-5 and 7, §5.1 W1-W4 and §5.2 R1, R3 that ``terms`` break, one line
     each (empty: the terms are valid)."""
@@ -73,6 +91,8 @@ def broken_rules(terms: PlacementTerms) -> list[str]:
     # 5. bounds
     if share_total(terms) * (w + terms.reclaim_notice_ms) + terms.increment_ms * 1000 > MAX_SAFE:
         broken.append("§5.5: S x (W + reclaim_notice_ms) + increment_ms x 1000 > 2^53 - 1")
+    elif w > 0 and payable_ceiling(terms) > MAX_SAFE:
+        broken.append("§5.5: the payable ceiling P(M) > 2^53 - 1 (§7.7)")
     # 7. the amendment link: version 1 exactly when supersedes is ZERO_HASH
     if (terms.version == 1) != (terms.supersedes == "0" * 64):
         broken.append("§5.7: version is 1 exactly when supersedes is ZERO_HASH")
