@@ -183,7 +183,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from gridledger.replay import DEFAULT_SEED
     from gridledger.replay_terms import make_replay_cast
-    from ledger.attest import attest_all
+    from ledger.issuer import attest_all
     from ledger.store import Store
 
     key = make_replay_cast(DEFAULT_SEED, 1).ledger

@@ -78,6 +78,7 @@ def build(records: int) -> tuple[object, list[bytes], list[Known]]:
             reason="",
             delivered_mgms=0,
             totals=ZERO_TOTALS,
+            arrived_ms=start + MINUTE,  # SPEC §6.6: when it was delivered
         )
         prev = sha256_hex(signed_bytes(record))
         out.append(seal(record, [cast.ledger]))
@@ -108,7 +109,8 @@ def main() -> int:
                 known,  # type: ignore[arg-type]
                 name=cast.operator.name,
                 key=cast.operator,
-                now_s=1_800_000_000,  # type: ignore[attr-defined]
+                # a witness running as the log grows: a second after the last arrival
+                now_s=(T0 + ((size - 1) // 2 + 1) * MINUTE) // 1000 + 1,
             )
             check_s += time.perf_counter() - started
             assert isinstance(outcome, Cosigned), outcome

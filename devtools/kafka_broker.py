@@ -61,7 +61,7 @@ from devtools.kafka_fetch import (
     require_java,
     tail_text,
 )
-from proto.files import pid_alive
+from proto.durable_io import pid_alive
 from transport.kafka import TopicError, create_topic, run_sync
 
 __all__ = [

@@ -1,11 +1,12 @@
 """The bill as the ledger sees it: its statement, rendered from its own store.
 
 ``bill_doc`` gathers the facts of one placement — the statement through the current head
-(issued and stored as ``GET /statement`` does), the terms in force, the accepted reclaim,
-every chained adjustment with its signers, the close, the checkpoint with the party
-cosignatures it carries, and the samples of every accepted usage event classified by
-the ledger's own §7.1 rule (``ledger.health``) — and hands them to ``billview``, which
-arranges line items, derivations and the timeline. The verifier renders the same page
+(the signed one stored for it, or the same unsigned, a preview: a read signs nothing, as
+``GET /statement``), the terms in force, the accepted reclaim, every chained adjustment
+with its signers, the close, the latest checkpoint with the party cosignatures it
+carries, and the samples of every accepted usage event classified by the ledger's own
+§7.1 rule (``ledger.health``) — and hands them to ``billview``, which arranges line
+items, derivations and the timeline. The verifier renders the same page
 from what it recomputed (``verifier/bill.py``); neither uses the other's figures.
 
 What the ledger cannot say is whether its own figures verify: its verdict is what the
@@ -38,7 +39,7 @@ from billview.facts import (
 )
 from billview.timeline import DELIVERED, UNALLOCATED, UNHEALTHY, TimelineBuilder
 from ledger import health, snapshot
-from ledger.attest import UnknownPlacement, issue_checkpoint, issue_statement
+from ledger.issuer import UnknownPlacement, current_statement
 from ledger.store import Store
 from proto.cosign import cosignature_of
 from proto.envelope import open_envelope
@@ -62,7 +63,8 @@ USAGE_PAGE: Final = 5_000
 
 
 def bill_doc(store: Store, key: SigningKey, placement_id: str) -> BillDoc:
-    """The bill of ``placement_id`` through its current head (raises UnknownPlacement)."""
+    """The bill of ``placement_id`` through its current head (raises UnknownPlacement).
+    It writes nothing; ``key``, the ledger's, signs nothing here either."""
     facts, rows, note = bill_facts(store, key, placement_id)
     return build(facts, rows, note)
 
@@ -71,17 +73,14 @@ def bill_facts(
     store: Store, key: SigningKey, placement_id: str
 ) -> tuple[BillFacts, list[GpuRow], str]:
     """What the bill shows, from the store: the facts, the per-GPU rows, a timeline note."""
-    envelope = issue_statement(store, key, placement_id)
-    statement = open_envelope(envelope).record
-    if not isinstance(statement, Statement):
-        raise UnknownPlacement(f"the stored statement of {placement_id!r} is not a statement")
+    statement, envelope = current_statement(store, placement_id)
     terms = store.terms(placement_id)
     if terms is None:
         raise UnknownPlacement(f"placement {placement_id!r} has no accepted terms")
     through = statement.through_index
     reclaim, adjustments, close = _inputs(store, terms, through)
     left_out = max(0, len(adjustments) - MAX_ADJUSTMENT_LINES)
-    checkpoint = _checkpoint(store, key, terms)
+    checkpoint = _checkpoint(store, terms)
     facts = BillFacts(
         renderer="ledger",
         terms=terms,
@@ -105,7 +104,7 @@ def bill_facts(
         assignments=_assignments(store, terms, through),
         release=_release(store, terms, through, reclaim),
         attestations=_attestations(store, placement_id, through),
-        verdict=_verdict(statement, checkpoint, terms),
+        verdict=_verdict(statement, envelope is not None, checkpoint, terms),
         source=(
             "Rendered by the ledger from its own store. Check it independently, offline: "
             f"gridledger ledger export {placement_id} --out {placement_id}.duckdb; "
@@ -290,9 +289,13 @@ def _periods(store: Store, placement_id: str) -> tuple[PeriodFacts, ...]:
     return tuple(periods)
 
 
-def _checkpoint(store: Store, key: SigningKey, terms: PlacementTerms) -> CheckpointFacts | None:
+def _checkpoint(store: Store, terms: PlacementTerms) -> CheckpointFacts | None:
+    """The latest checkpoint the ledger issued (None: none yet), with its cosigners."""
+    stored = store.checkpoints(terms.placement_id)
+    if not stored:
+        return None
     try:
-        note = parse_note(issue_checkpoint(store, key, terms.placement_id))
+        note = parse_note(max(stored)[1])
         body = parse_checkpoint_body(note.body)
     except ProtoError:
         return None
@@ -305,9 +308,14 @@ def _checkpoint(store: Store, key: SigningKey, terms: PlacementTerms) -> Checkpo
 
 
 def _verdict(
-    statement: Statement, checkpoint: CheckpointFacts | None, terms: PlacementTerms
+    statement: Statement,
+    signed: bool,
+    checkpoint: CheckpointFacts | None,
+    terms: PlacementTerms,
 ) -> VerdictFacts:
     reasons: list[str] = []
+    if not signed:
+        reasons.append("a preview: the ledger has not signed a statement through this record yet")
     if not statement.final:
         reasons.append("open: the placement is not closed yet")
     size = statement.through_index + 1

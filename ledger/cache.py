@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ledger.decide import AcceptedEvent, Verdict
+from ledger.rules import AcceptedEvent, Verdict
 from ledger.snapshot import decode
 from ledger.state import PlacementState, empty
 from proto.invariant import InvariantViolation

@@ -46,7 +46,6 @@ import structlog
 
 from billview import render
 from billview.doc import decode as decode_bill
-from ledger.attest import UnknownPlacement, issue_statement
 from ledger.bill import bill_doc
 from ledger.client import (
     ApiError,
@@ -62,6 +61,7 @@ from ledger.crypto import CryptoWorkerError
 from ledger.export import export_all, export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer
 from ledger.ingest import IngestBroken
+from ledger.issuer import UnknownPlacement, statement_answer
 from ledger.limits import (
     MAX_SHARDS,
     START_ATTEMPTS,
@@ -73,7 +73,6 @@ from ledger.limits import (
 )
 from ledger.listing import placement_list, render_table
 from ledger.service import KafkaLedgerService, LedgerService
-from ledger.statements import statement_json
 from ledger.store import Store, StoreError
 from proto.errors import KeyFileError, ProtoError
 from proto.invariant import present
@@ -238,6 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "transport": config.transport,
                     "arrival": config.arrival,
                 },
+                behind=service.behind_log if isinstance(service, KafkaLedgerService) else None,
             )
             try:
                 server = LedgerHttpServer(api, *config.http, port_file=config.port_file)
@@ -367,7 +367,7 @@ def cmd_statement(args: argparse.Namespace) -> int:
         else:
             _require_store(config, args.config)
             with Store(config.db, ledger_public_key=key.public_key) as store:
-                body = statement_json(issue_statement(store, key, args.placement))
+                body = statement_answer(store, args.placement)
                 if not args.json:
                     bill = render.to_json(bill_doc(store, key, args.placement))
     except (ConfigError, KeyFileError, StoreError) as exc:

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from ledger.config import LedgerConfig
 from ledger.limits import HTTP_CLIENT_TIMEOUT_S
-from proto.files import pid_alive
+from proto.durable_io import pid_alive
 
 _PROBE_TIMEOUT_S: Final = 2.0
 

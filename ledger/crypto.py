@@ -36,8 +36,8 @@ import msgspec
 import structlog
 
 from ledger.crypto_worker import frame, read_frame, verify_chunk
-from ledger.decide import CheckedSignature
 from ledger.limits import CRYPTO_STOP_S, CRYPTO_WAIT_S, CRYPTO_WORKER_CHUNK
+from ledger.rules import CheckedSignature
 from proto.envelope import Opened
 from proto.errors import ProtoError
 from proto.invariant import present

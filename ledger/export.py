@@ -43,7 +43,7 @@ from typing import Any, Final
 
 import duckdb
 
-from ledger.attest import (
+from ledger.issuer import (
     ChainFacts,
     UnknownPlacement,
     attest_chunks,
@@ -58,7 +58,7 @@ from ledger.limits import (
     EXPORT_WRITER_MEMORY_LIMIT,
 )
 from ledger.store import PLACEMENT_ROWS, Store
-from proto.files import fsync_dir, pid_alive
+from proto.durable_io import fsync_dir, pid_alive
 from proto.keys import SigningKey, b64
 
 EXPORT_FORMAT: Final = "gridledger-export"

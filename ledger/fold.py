@@ -1,4 +1,4 @@
-"""The fold as the service runs it: ``decide`` (ledger/decide.py) with its surroundings.
+"""The fold as the service runs it: ``decide`` (ledger/rules.py) with its surroundings.
 
 ``Fold.apply`` takes one raw input and returns its outcomes (more than one when
 accepted terms release held inputs); ``Fold.apply_batch`` does the same for a batch
@@ -34,7 +34,7 @@ from ledger import crypto, snapshot
 from ledger.cache import PlacementCache, StateLoader, UsageLookup
 from ledger.capacity import CapacityIndex, ClaimKey, ClaimRow, scope_of
 from ledger.crypto import PendingCheck
-from ledger.decide import (
+from ledger.rules import (
     INPUT_KINDS,
     NOT_LOOKED_UP,
     Decision,

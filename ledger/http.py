@@ -38,13 +38,12 @@ from urllib.parse import parse_qs, quote, unquote
 import structlog
 
 from billview import render
-from ledger.attest import UnknownPlacement, cosign_checkpoint, issue_checkpoint, issue_statement
 from ledger.bill import bill_doc
 from ledger.export import export_placement
+from ledger.issuer import UnknownPlacement, cosign_checkpoint, issue_checkpoint, statement_answer
 from ledger.limits import HTTP_TIMEOUT_S, MAX_HTTP_BODY_BYTES
 from ledger.listing import placement_list
 from ledger.metrics import LedgerMetrics
-from ledger.statements import statement_json
 from ledger.store import Store
 from proto import merkle
 from proto.errors import ProtoError
@@ -76,15 +75,19 @@ class LedgerApi:
         key: SigningKey,
         metrics: LedgerMetrics,
         health: Callable[[], dict[str, Any]] | None = None,
+        behind: Callable[[], str | None] | None = None,
     ) -> None:
         self.store = store
         self.key = key
         self.metrics = metrics
         self.health = health or (lambda: {})
+        # SPEC §8.4: why the ledger is behind its log (no checkpoint for witnesses), or None
+        self.behind = behind or (lambda: None)
 
     def statement(self, placement_id: str) -> dict[str, Any]:
-        """JSON of the statement through the current head."""
-        return statement_json(issue_statement(self.store, self.key, placement_id))
+        """JSON of the statement through the current head: the signed one stored for it, or
+        an unsigned preview marked so (a GET never writes)."""
+        return statement_answer(self.store, placement_id)
 
     def placements(self) -> dict[str, Any]:
         """JSON of every placement (ledger/listing.py)."""
@@ -112,7 +115,12 @@ class LedgerApi:
         return "text/html; charset=utf-8", render.to_html(doc, party, links).encode()
 
     def checkpoint(self, placement_id: str) -> str:
-        """The checkpoint note through the current head."""
+        """The checkpoint note through the current head — none while the ledger is behind
+        its log (SPEC §8.4: a witness would cosign a tree that inputs already in the log are
+        not in yet, and they would look backdated)."""
+        why = self.behind()
+        if why is not None:
+            raise _HttpError(HTTPStatus.SERVICE_UNAVAILABLE, f"{why}; witness again shortly")
         return issue_checkpoint(self.store, self.key, placement_id)
 
     def cosign(self, placement_id: str, note_text: str) -> str:

@@ -63,6 +63,7 @@ from proto.attestation import AttestationRoot
 from proto.envelope import open_envelope, seal
 from proto.invariant import of_type
 from proto.keys import SigningKey, load_signing_key
+from proto.limits import MAX_CLOCK_SKEW_MS
 from proto.records import PlacementClosed
 from transport.intake import intake_dir_for
 from transport.kafka import publish_kafka
@@ -382,6 +383,10 @@ class KafkaLedgerService(_ServiceCore):
             crypto_worker=crypto_worker,
         )
         self.kafka = kafka
+        # Wall-clock ms when every owned partition was last read to its end offset (and
+        # committed): a checkpoint served to witnesses while behind would be followed by
+        # records appended to the log before the witnesses' cosignature (SPEC §8.4).
+        self.caught_up_ms: int | None = None
         try:
             self.source = KafkaSource(
                 kafka, store.offsets(), max_poll_records=batch_max_records, arrival=arrival
@@ -524,7 +529,20 @@ class KafkaLedgerService(_ServiceCore):
             behind = max(0, lag.end_offset - lag.next_offset)
             self.metrics.lag.labels(f"{self.kafka.topic}:{lag.partition}").set(behind)
             total += behind
+        if total == 0:
+            self.caught_up_ms = int(time.time() * 1000)
         return total
+
+    def behind_log(self) -> str | None:
+        """SPEC §8.4: why no checkpoint is served to witnesses now — None when every owned
+        partition was read to its end within MAX_CLOCK_SKEW_MS / 2 (the other half of the
+        skew is the witness's clock against the broker's)."""
+        if self.caught_up_ms is None:
+            return "the ledger has not read its partitions to their end yet"
+        age = int(time.time() * 1000) - self.caught_up_ms
+        if age > MAX_CLOCK_SKEW_MS // 2:
+            return f"the ledger was last caught up with its log {age} ms ago"
+        return None
 
     async def run_until(
         self,

@@ -25,7 +25,7 @@ from typing import Final
 
 import msgspec
 
-from ledger.persistent import PLog, PMap, PSet
+from ledger.immutable import PLog, PMap, PSet
 from ledger.state import (
     NO_ARRIVALS,
     NO_HASHES,

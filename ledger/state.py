@@ -1,10 +1,10 @@
 """The fold state of one placement: immutable values that ``decide`` reads and replaces.
 
-Nothing here changes after it is built: ``decide`` (ledger/decide.py) returns a new
+Nothing here changes after it is built: ``decide`` (ledger/rules.py) returns a new
 ``PlacementState`` (``msgspec.structs.replace``) and leaves the one it was given as it
 was. Mappings are never mutated once built; a change builds a new mapping (copy on
 write — they are small: one entry per node). The sets and the held list that grow with
-every input are persistent structures (ledger/persistent.py).
+every input are persistent structures (ledger/immutable.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
-from ledger.persistent import PLog, PMap, PSet
+from ledger.immutable import PLog, PMap, PSet
 from ledger.pricing import ZERO_TOTALS
 from proto import limits
 from proto.keys import key_id

@@ -24,20 +24,19 @@ def statement_period(through_index: int, close_index: int | None) -> int:
     return through_index - close_index
 
 
-def make_statement(
+def statement_of(
     record: LedgerRecord,
     record_hash: str,
     terms: PlacementTerms,
     final: bool,
-    key: SigningKey,
     *,
     period: int = 0,
     previous: str = ZERO_HASH,
-) -> StatementRow:
-    """Sign the statement through ``record`` (whose payload hash is ``record_hash``).
+) -> Statement:
+    """The statement through ``record`` (whose payload hash is ``record_hash``), unsigned.
 
     ``period`` and ``previous`` per SPEC §8 "Statement periods" (``statement_period``)."""
-    statement = Statement(
+    return Statement(
         placement_id=record.placement_id,
         through_index=record.index,
         head=record_hash,
@@ -49,6 +48,20 @@ def make_statement(
         previous=previous,
         resale=record.resale,
     )
+
+
+def make_statement(
+    record: LedgerRecord,
+    record_hash: str,
+    terms: PlacementTerms,
+    final: bool,
+    key: SigningKey,
+    *,
+    period: int = 0,
+    previous: str = ZERO_HASH,
+) -> StatementRow:
+    """Sign the statement through ``record`` (``statement_of``), as the store keeps it."""
+    statement = statement_of(record, record_hash, terms, final, period=period, previous=previous)
     return StatementRow(
         placement_id=record.placement_id,
         through_index=record.index,
@@ -74,4 +87,20 @@ def statement_json(envelope: bytes) -> dict[str, Any]:
         raise ValueError(f"expected a Statement envelope, got {opened.kind}")
     body: dict[str, Any] = msgspec.to_builtins(opened.record)
     body["envelope"] = b64(envelope)
+    return body
+
+
+# What an unsigned statement says of itself in its JSON answer (``preview_json``).
+PREVIEW_NOTE = (
+    "unsigned preview through the current head: the ledger signs and stores a statement "
+    "at the close (and when it is exported); a read never signs"
+)
+
+
+def preview_json(statement: Statement) -> dict[str, Any]:
+    """The JSON answer for a statement the ledger has not signed: its fields, no envelope,
+    ``preview`` saying so (``statement_json`` answers for a signed one)."""
+    body: dict[str, Any] = msgspec.to_builtins(statement)
+    body["envelope"] = None
+    body["preview"] = PREVIEW_NOTE
     return body

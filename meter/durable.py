@@ -1,5 +1,5 @@
 """Small state files of the agent: read back with a bound; written with
-``proto.files.write_atomic`` (temp file, fsync, rename, fsync the directory).
+``proto.durable_io.write_atomic`` (temp file, fsync, rename, fsync the directory).
 
 After a crash at any point the file holds either the old or the new content, never a
 mix, and a completed replace survives power loss.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proto.files import write_atomic
+from proto.durable_io import write_atomic
 
 __all__ = ["read_small_file", "write_atomic"]
 

@@ -262,8 +262,8 @@ def load_root_key(path: Path) -> tuple[Alg, bytes]:
         load_pem_public_key,
     )
 
+    from proto.durable_io import read_at_most
     from proto.errors import KeyFileError
-    from proto.files import read_at_most
     from proto.keys import load_public_key
 
     try:

@@ -1,7 +1,7 @@
 """SPEC §4.0, who may sign what: the one signer table of the ledger and the CLI.
 
-The ledger decides with it (``ledger/decide.py``) and the CLI refuses a signer or names
-the missing ones before anything is published with it (``gridledger/cmd_records.py``):
+The ledger decides with it (``ledger/rules.py``) and the CLI refuses a signer or names
+the missing ones before anything is published with it (``gridledger/cmd_records/signers.py``):
 one table, so the two cannot answer differently. The verifier keeps its own table on
 purpose (``verifier/signers.py``, an independent implementation of the same text); a test
 checks that the two agree on every row.

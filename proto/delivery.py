@@ -25,8 +25,8 @@ from typing import Annotated, Final
 
 import msgspec
 
+from proto.durable_io import append_durably
 from proto.envelope import open_envelope, sha256_hex
-from proto.files import append_durably
 from proto.limits import MAX_ID_CHARS
 from proto.records import Identifier, UsageEvent
 

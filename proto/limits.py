@@ -70,6 +70,14 @@ MILLI_GPU_MS_PER_GPU_HOUR: Final = 1000 * MS_PER_HOUR  # 3_600_000_000
 # log's (SPEC §8.3 W_TIME), and a party's from the ledger's when it judges "delivered
 # before the close deadline" (SPEC §8.3 W_MISSING).
 MAX_CLOCK_SKEW_MS: Final = 60_000
+# SPEC §6.6 "Bounded from both sides": a record of an input a party delivered at d says
+# it arrived no later than d (or what the input waited for) + this; and the input is owed
+# to the log once the witness's clock passes d + this + MAX_CLOCK_SKEW_MS (SPEC §8.3).
+MAX_ARRIVAL_LAG_MS: Final = 60_000
+# SPEC §8.2, §9: how often a witness cosigns by default (trust policy witness_interval_s);
+# backdating by any coalition is bounded by this + MAX_CLOCK_SKEW_MS.
+WITNESS_INTERVAL_S: Final = 60
+MAX_WITNESS_INTERVAL_S: Final = 86_400
 
 # SPEC §6.6: every record of a placement whose terms were created at or after this moment
 # (2026-12-01T00:00:00Z) carries arrived_ms; untimed records are accepted only in older

@@ -22,6 +22,7 @@ import msgspec
 
 from proto import limits
 from proto.canonical import signed_bytes
+from proto.durable_io import read_at_most
 from proto.envelope import (
     Envelope,
     Opened,
@@ -30,7 +31,6 @@ from proto.envelope import (
     open_envelope,
 )
 from proto.errors import ProtoError
-from proto.files import read_at_most
 from proto.keys import key_id, load_public_key
 from proto.records import ZERO_HASH, PlacementTerms
 from proto.unknown_keys import unknown_key

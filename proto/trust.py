@@ -14,9 +14,9 @@ import msgspec
 from msgspec import Meta, Struct
 
 from proto.attestation import Alg, AttestationRoot, root_key_ok
-from proto.files import read_at_most
+from proto.durable_io import read_at_most
 from proto.keys import PRIVATE_FORMAT, PUBLIC_FORMAT, key_id
-from proto.limits import MAX_ATTESTATION_ROOTS
+from proto.limits import MAX_ATTESTATION_ROOTS, MAX_WITNESS_INTERVAL_S
 from proto.records import Identifier
 
 TRUST_FORMAT: Final = "gridledger-trust/v1"
@@ -27,6 +27,8 @@ Role = Literal["operator", "buyer", "desk", "ledger", "witness", "attestation"]
 # The witness policy when a trust file names none (SPEC §9): the operator's and the
 # buyer's witnesses must both have cosigned the checkpoint a verdict rests on.
 DEFAULT_COSIGNERS: Final = ("operator", "buyer")
+# The policy entry for every accepted assignment's new buyer (SPEC §8.2, §9).
+NEW_BUYERS: Final = "new-buyers"
 PARTY_ROLES: Final = ("operator", "buyer", "desk")
 
 
@@ -50,6 +52,9 @@ class TrustFile(Struct, frozen=True, forbid_unknown_fields=True):
     # Witness policy (SPEC §9): "operator" | "buyer" | "desk" (that party of the placement)
     # or the id of a key pinned with role "witness". None: DEFAULT_COSIGNERS.
     cosigners: Annotated[list[Identifier], Meta(max_length=64)] | None = None
+    # SPEC §9: how often the policy's witnesses cosign, in seconds; when set, FINAL needs
+    # every record's time witnessed within it (§6.6: the backdating bound). None: not checked.
+    witness_interval_s: Annotated[int, Meta(ge=1, le=MAX_WITNESS_INTERVAL_S)] | None = None
 
     def cosigner_policy(self) -> tuple[str, ...]:
         """The cosigners a final verdict requires."""
@@ -144,6 +149,8 @@ def dump_trust(trust: TrustFile) -> bytes:
     data = msgspec.to_builtins(trust)
     if trust.cosigners is None:
         data.pop("cosigners", None)
+    if trust.witness_interval_s is None:
+        data.pop("witness_interval_s", None)
     for key in data["keys"]:
         if key.get("alg") is None:
             key.pop("alg", None)

@@ -31,7 +31,7 @@ from test_resale_rules import B2, MIN, PID, T0, WINDOW_MS, assignments, case, fi
 
 from devtools import builders
 from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
-from ledger import decide as ledger_decide
+from ledger import rules as ledger_rules
 from ledger.fold import Fold, Outcome
 from proto.attestation import AttestationRoot, claims_for, issue_evidence, parse_evidence
 from proto.keys import SigningKey
@@ -153,12 +153,12 @@ def test_verifier_catches_a_ledger_that_sells_to_a_meter_key(
     assert findings(honest) == set()
     assert all(not r.resale for r in honest.records)
 
-    rule = ledger_decide._assignment
+    rule = ledger_rules._assignment
 
     def lax(state: Any, *args: Any) -> dict[str, Any]:  # forgets the bindings since the terms
         return rule(msgspec.structs.replace(state, bindings={}), *args)
 
-    monkeypatch.setattr(ledger_decide, "_assignment", lax)
+    monkeypatch.setattr(ledger_rules, "_assignment", lax)
     dishonest = fold(tmp_path / "dishonest", c, phases)
     assert assignments(dishonest) == [("accepted", "")]
     assert dishonest.records[-1].resale[0].delivered_mgms > 0  # billed to the meter key
@@ -190,7 +190,7 @@ def test_verifier_catches_a_ledger_that_binds_a_new_buyers_key(
     assert honest.records[-1].resale[0].delivered_mgms == 0
     assert honest.records[-1].totals.delivered_mgms == 0
 
-    monkeypatch.setattr(ledger_decide, "_party_of_key", lambda *args: None)
+    monkeypatch.setattr(ledger_rules, "_party_of_key", lambda *args: None)
     dishonest = fold(tmp_path / "dishonest", c, phases)
     assert [s for k, s, _ in dishonest.chain if k == "keybinding"] == ["accepted"]
     # buyer-2 metered its own GPU: 4 minutes billed to it and to the original buyer
@@ -298,13 +298,13 @@ def test_verifier_catches_a_ledger_that_accepts_stale_evidence(
     assert findings(honest) == set()
     assert honest.report.attestations == []
 
-    rule = ledger_decide._evidence
+    rule = ledger_rules._evidence
 
     def ageless(state: Any, terms: Any, binding: NodeKeyBinding, roots: Any, at: int) -> Any:
         issued = parse_evidence(binding.evidence).claims.iat * 1000  # any age is "fresh"
         return rule(state, terms, binding, roots, issued)
 
-    monkeypatch.setattr(ledger_decide, "_evidence", ageless)
+    monkeypatch.setattr(ledger_rules, "_evidence", ageless)
     dishonest = fold(tmp_path / "dishonest", c, stale)
     assert [s for k, s, _ in dishonest.chain if k == "keybinding"] == ["accepted"]
     assert "EVIDENCE_INVALID" in findings(dishonest)
@@ -320,12 +320,12 @@ def test_verifier_catches_a_ledger_that_refuses_fresh_evidence(
     assert findings(honest) == set()
     assert [a["gpus"] for a in honest.report.attestations] == [["GPU-n1-0", "GPU-n1-1"]]
 
-    rule = ledger_decide._evidence
+    rule = ledger_rules._evidence
 
     def strict(state: Any, terms: Any, binding: NodeKeyBinding, roots: Any, at: int) -> Any:
         return rule(state, terms, binding, roots, at + 2 * MAX_EVIDENCE_AGE_MS)
 
-    monkeypatch.setattr(ledger_decide, "_evidence", strict)
+    monkeypatch.setattr(ledger_rules, "_evidence", strict)
     dishonest = fold(tmp_path / "dishonest", c, fresh)
     assert [(s, r) for k, s, r in dishonest.chain if k == "keybinding"] == [
         ("rejected", "EVIDENCE_INVALID")
@@ -375,14 +375,14 @@ def test_verifier_catches_a_ledger_that_lets_the_operator_release(
     honest = fold(tmp_path / "honest", c, phases)
     assert [(s, r) for k, s, r in honest.chain if k == "release"] == [("rejected", "SIG_MISSING")]
     assert findings(honest) == set()
-    require = ledger_decide._require
+    require = ledger_rules._require
 
     def lax(opened: Any, required: Any, optional: Any = None) -> None:
-        if isinstance(opened.record, ledger_decide.BuyerRelease):
+        if isinstance(opened.record, ledger_rules.BuyerRelease):
             return  # any signer ends the placement
         require(opened, required, optional)
 
-    monkeypatch.setattr(ledger_decide, "_require", lax)
+    monkeypatch.setattr(ledger_rules, "_require", lax)
     dishonest = fold(tmp_path / "dishonest", c, phases)
     assert [s for k, s, _ in dishonest.chain if k == "release"] == ["accepted"]
     # the placement ended at minute 11 against the buyer's will: its later usage is cut

@@ -25,7 +25,7 @@ from billview.render import to_html
 from billview.units import iso_utc
 from devtools import builders
 from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, signed_terms
-from ledger import decide as ledger_decide
+from ledger import rules as ledger_rules
 from ledger.fold import Fold, Outcome
 from proto import limits
 from proto.attestation import AttestationRoot, claims_for, issue_evidence
@@ -233,7 +233,7 @@ def test_the_verifier_catches_a_ledger_that_bills_an_expired_attestation(
     # verifier reads proto.limits itself).
     lax = types.SimpleNamespace(**vars(limits))
     lax.MAX_ATTESTATION_VALIDITY_MS = 10 * DAY
-    monkeypatch.setattr(ledger_decide, "limits", lax)
+    monkeypatch.setattr(ledger_rules, "limits", lax)
     dishonest = fold(tmp_path, c, _phases(c))
     usage = [(s, r) for k, s, r in dishonest.chain if k == "usage"]
     assert usage == [("accepted", "")] * 11  # six minutes billed past the expiry

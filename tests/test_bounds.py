@@ -629,6 +629,7 @@ PACKAGES = (
     "billview",
     "gridledger",
     "devtools",
+    "witness",
 )
 
 

@@ -32,11 +32,11 @@ from devtools.builders import (
     sample,
     signed_terms,
 )
-from ledger.attest import UnknownPlacement
 from ledger.capacity import CapacityIndex, CapClaim, oversold
 from ledger.export import export_placement
 from ledger.ingest import Ingestor
 from ledger.inputs import Item
+from ledger.issuer import UnknownPlacement
 from ledger.store import Store
 from proto.records import PlacementTerms
 from proto.trust import TrustedKey, TrustFile, dump_trust

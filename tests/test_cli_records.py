@@ -52,7 +52,7 @@ class World:
         return str(self.keys / f"{getattr(self.scenario.cast, role).name}.key")
 
     def totals(self) -> dict[str, int]:
-        from ledger.attest import issue_statement
+        from ledger.issuer import issue_statement
         from ledger.statements import statement_json
 
         body = statement_json(

@@ -23,9 +23,9 @@ from test_store_envelopes import to_version_2
 
 from devtools.builders import adjustment, gpu, make_terms, signed_terms
 from gridledger.cli import main as gridledger_main
-from ledger import attest, export
-from ledger.attest import LEAF_HASH_SQL, UnknownPlacement, attest_all, issue_statement
+from ledger import export, issuer
 from ledger.export import TABLES, export_all, export_placement
+from ledger.issuer import LEAF_HASH_SQL, UnknownPlacement, attest_all, issue_statement
 from ledger.limits import EXPORT_STAGE_PLACEMENTS, EXPORT_STAGE_RECORDS
 from ledger.store import STORE_VERSION, Store
 from proto import merkle
@@ -222,7 +222,7 @@ def test_placements_read_from_the_store_in_pages_are_written_as_read_at_once(
 _KILLER = """
 import os, signal, sys
 from pathlib import Path
-from ledger import attest, export
+from ledger import issuer, export
 from proto.keys import load_signing_key
 
 db, out, key, hook, at = sys.argv[1:6]
@@ -338,7 +338,7 @@ def test_attest_all_issues_what_one_at_a_time_issues_leaves_read_in_bounded_batc
     time (3 here: every chain alone or with others, some larger than the bound): the same
     statements (a later period's included: a late charge after the close) and checkpoints,
     byte for byte, as issue_statement and issue_checkpoint one placement at a time."""
-    monkeypatch.setattr(attest, "ATTEST_LEAF_RECORDS", 3)
+    monkeypatch.setattr(issuer, "ATTEST_LEAF_RECORDS", 3)
     scenario = build_scenario("attest-late", placements=3, nodes=1, events=3)
     publish_scenario_local(tmp_path / "spool", scenario.inputs)
     service = local_service(tmp_path, scenario)

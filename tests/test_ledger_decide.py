@@ -1,4 +1,4 @@
-"""``decide`` (ledger/decide.py), the pure fold, against the production wrapper.
+"""``decide`` (ledger/rules.py), the pure fold, against the production wrapper.
 
 Random streams of one placement — valid events, gaps, forks, re-deliveries,
 equivocations, junk, held inputs, bindings, reclaims, adjustments, late inputs after
@@ -35,17 +35,17 @@ from test_ledger_fold import build_stream
 
 from devtools import builders as b
 from ledger import snapshot
-from ledger.decide import (
+from ledger.fold import Fold
+from ledger.immutable import PLog, PMap, PSet
+from ledger.ingest import Ingestor
+from ledger.inputs import Item
+from ledger.rules import (
     NOT_LOOKED_UP,
     Verdict,
     attribute,
     decide,
     usage_lookup,
 )
-from ledger.fold import Fold
-from ledger.ingest import Ingestor
-from ledger.inputs import Item
-from ledger.persistent import PLog, PMap, PSet
 from ledger.state import PlacementState, empty
 from ledger.store import Store
 from proto.envelope import Opened, open_envelope

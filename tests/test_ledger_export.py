@@ -18,8 +18,8 @@ from test_ledger_scenario import (
 )
 
 from devtools.builders import adjustment
-from ledger.attest import UnknownPlacement
 from ledger.export import TABLES, export_placement
+from ledger.issuer import UnknownPlacement
 from proto import merkle
 from proto.envelope import decode_envelope, open_envelope
 from proto.keys import b64, verify
@@ -243,7 +243,7 @@ def test_a_rerun_after_a_killed_export_leaves_only_finished_files(
 ) -> None:
     """kill -9 of ``ledger export --out F --parquet DIR`` before the rename of the export
     file, or of a Parquet file: the rerun removes the dead process's temporary files
-    (export_all's rule, ``proto.files.pid_alive``) and leaves only finished files."""
+    (export_all's rule, ``proto.durable_io.pid_alive``) and leaves only finished files."""
     scenario = build_scenario("export-kill", placements=2, nodes=2, events=3)
     pid = scenario.placement_ids[0]
     publish_scenario_local(tmp_path / "spool", scenario.inputs)

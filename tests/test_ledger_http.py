@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 import structlog
 from support import ledger_toml
 from test_ledger_scenario import (
+    LATE_CLOCK_MS,
     build_scenario,
     ledger_key_file,
     local_service,
@@ -26,11 +28,18 @@ from gridledger.cli import main as gridledger_main
 from ledger.client import find_running
 from ledger.config import load_config
 from ledger.http import LedgerApi, LedgerHttpServer
+from ledger.issuer import issue_statement
+from ledger.service import LedgerService, fixed_clock
+from ledger.store import Store
 from proto import merkle
 from proto.cosign import cosign, cosignature_of
 from proto.envelope import decode_envelope
 from proto.keys import SigningKey, write_key_pair
 from proto.note import LEDGER_NOTE_NAME, parse_checkpoint_body, parse_note
+
+# Cosignatures are dated by the witness's clock, which the ledger bounds by its own
+# (SPEC §8.4).
+_NOW_S = int(time.time())
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -104,7 +113,7 @@ def test_http_api_and_cli(
         assert status == 200 and note.signed_by(LEDGER_NOTE_NAME, scenario.cast.ledger.public_key)
 
         buyer = scenario.cast.buyer
-        signed = cosign(note, buyer.name, buyer, 1_800_000_000).text().encode()
+        signed = cosign(note, buyer.name, buyer, _NOW_S).text().encode()
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", signed)
         assert status == 200, body
         merged = parse_note(body.decode())
@@ -114,10 +123,10 @@ def test_http_api_and_cli(
         assert parse_note(_get(f"{base}/placements/{pid}/checkpoint")[1].decode()) == merged
 
         impostor = SigningKey.from_seed_text(buyer.name, "not the buyer")
-        forged = cosign(note, buyer.name, impostor, 1_800_000_000).text().encode()
+        forged = cosign(note, buyer.name, impostor, _NOW_S).text().encode()
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", forged)
         assert status == 400 and json.loads(body)["reason"] == "SIG_INVALID"
-        stranger = cosign(note, "stranger-1", impostor, 1_800_000_000).text().encode()
+        stranger = cosign(note, "stranger-1", impostor, _NOW_S).text().encode()
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", stranger)
         assert status == 400 and json.loads(body)["reason"] == "SIG_SURPLUS"
         status, body = _post(f"{base}/placements/{pid}/checkpoint/cosign", b"garbage")
@@ -215,4 +224,59 @@ def test_records_are_served_only_under_a_checkpoint(tmp_path: Path, quiet_logs: 
         api.records(pid, 0, None)  # covered already: no second checkpoint
         assert [s for s, _ in store.checkpoints(pid)] == [size]
     finally:
+        service.close()
+
+
+def _row_counts(store: Store) -> dict[str, int]:
+    """Every table of the store -> its rows."""
+    tables = sorted(str(name) for (name,) in store.query("SHOW TABLES"))
+    assert "statements" in tables and "checkpoints" in tables
+    return {t: int(store.query(f'SELECT count(*) FROM "{t}"')[0][0]) for t in tables}
+
+
+def test_reads_never_write(tmp_path: Path, quiet_logs: None) -> None:
+    """A GET never writes: reads of the statement and the bill, of an open placement (no
+    statement stored for its head) and of closed ones, leave every table as it was. The
+    open one's statement is an unsigned preview, marked so, with the very fields the ledger
+    signs when it does issue one (here: an export's ``issue_statement``)."""
+    scenario = build_scenario("http-reads", placements=2, nodes=1, events=3)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    store = Store(tmp_path / "ledger.duckdb", ledger_public_key=scenario.cast.ledger.public_key)
+    service = LedgerService(
+        store,
+        scenario.cast.ledger,
+        ledger_id="ledger-1",
+        local_dir=tmp_path / "spool",
+        clock=fixed_clock(LATE_CLOCK_MS),
+        close=False,  # the placements stay open: nothing signs a statement for them
+    )
+    api = LedgerApi(store, service.key, service.metrics)
+    server = LedgerHttpServer(api, "127.0.0.1", 0)
+    server.start()
+    try:
+        service.run_until_idle()
+        open_pid = scenario.placement_ids[0]
+        before = _row_counts(store)
+        paths = ("statement", "statement.json", "statement.csv", "statement.html?party=buyer")
+        for _ in range(3):
+            for pid in scenario.placement_ids:
+                for path in paths:
+                    status, body = _get(f"{server.url}/placements/{pid}/{path}")
+                    assert status == 200, (pid, path, body[:200])
+        assert _row_counts(store) == before
+        preview = json.loads(_get(f"{server.url}/placements/{open_pid}/statement")[1])
+        assert preview["envelope"] is None and "unsigned preview" in preview["preview"]
+        assert preview["final"] is False
+        bill = json.loads(_get(f"{server.url}/placements/{open_pid}/statement.json")[1])
+        assert "a preview" in json.dumps(bill)
+
+        issue_statement(store, service.key, open_pid)  # the ledger signs (as an export does)
+        assert _row_counts(store)["statements"] == before["statements"] + 1
+        signed = api.statement(open_pid)
+        assert signed["envelope"] and "preview" not in signed
+        assert {k: v for k, v in preview.items() if k not in ("envelope", "preview")} == {
+            k: v for k, v in signed.items() if k != "envelope"
+        }
+    finally:
+        server.stop()
         service.close()

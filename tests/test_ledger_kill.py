@@ -30,7 +30,7 @@ from test_ledger_scenario import (
 )
 
 from devtools.faults.launch import launch
-from ledger.attest import issue_statement
+from ledger.issuer import issue_statement
 from ledger.store import Store
 from transport.kafka import SIMULATION_TOPIC_CONFIG, create_topic
 

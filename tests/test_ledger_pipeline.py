@@ -34,10 +34,10 @@ from devtools.builders import StreamWriter, gpu, make_cast, make_terms, sample, 
 from ledger import crypto
 from ledger.config import ConfigError, KafkaConfig, load_config
 from ledger.crypto import CryptoWorker, CryptoWorkerError
-from ledger.decide import CheckedSignature, decide
 from ledger.fold import Fold, Outcome
 from ledger.ingest import IngestBroken, Ingestor
 from ledger.inputs import Item
+from ledger.rules import CheckedSignature, decide
 from ledger.service import KafkaLedgerService, fixed_clock
 from ledger.store import Store
 from proto.envelope import open_envelope

@@ -36,8 +36,8 @@ from test_ledger_scenario import (
 )
 
 from devtools.faults.launch import launch
-from ledger.attest import issue_statement
 from ledger.config import load_config
+from ledger.issuer import issue_statement
 from ledger.service import LedgerService, fixed_clock
 from ledger.store import Store
 from proto.envelope import open_envelope

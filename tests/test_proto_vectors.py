@@ -512,3 +512,44 @@ def test_attestation_expiry_is_reproduced_by_the_fold() -> None:
         and state.totals.delivered_mgms
         == (data["expiry_ms"] - data["steps"][0]["arrived_ms"] + 10 * 60_000) * 1000
     )
+
+
+def test_arrival_bounds_are_what_the_verifier_and_the_witness_enforce() -> None:
+    """SPEC §6.6 "Bounded from both sides": the verifier's BACKDATED/POSTDATED over the
+    cosigned checkpoints, and the witness's W_TIME window around a party's delivery."""
+    from ledger.pricing import ZERO_TOTALS
+    from proto.limits import MAX_ARRIVAL_LAG_MS, MAX_CLOCK_SKEW_MS
+    from proto.records import ZERO_HASH, LedgerRecord
+    from verifier.cosigned_time import CosignedTimes, Stamp
+    from witness.check import _Refuse, _TimeWindow
+
+    data = load("arrival_bounds.json")
+    assert data["max_clock_skew_ms"] == MAX_CLOCK_SKEW_MS
+    assert data["max_arrival_lag_ms"] == MAX_ARRIVAL_LAG_MS
+    times = CosignedTimes(
+        Stamp(c["size"], f"w{i}", c["cosigned_at_s"]) for i, c in enumerate(data["checkpoints"])
+    )
+    for case in data["cosigned"]:
+        got = times.violation(case["index"], case["arrived_ms"])
+        assert (None if got is None else got.code) == case["finding"], case
+    for case in data["delivered"]:
+        window = _TimeWindow({"h": case["delivered_ms"]}, {"h": case["waited_ms"]}, -1, 0)
+        record = LedgerRecord(
+            placement_id="pl-vector",
+            index=1,
+            prev=ZERO_HASH,
+            kind="reclaim",
+            source="h",
+            status="accepted",
+            reason="",
+            delivered_mgms=0,
+            totals=ZERO_TOTALS,
+            arrived_ms=case["arrived_ms"],
+        )
+        now_s = case["arrived_ms"] // 1000 + 1
+        try:
+            window.check(record, 1, b"", now_s, -1)
+            refused = False
+        except _Refuse:
+            refused = True
+        assert refused == case["refused"], case

@@ -18,7 +18,7 @@ import pytest
 
 from devtools import builders
 from devtools.builders import StreamWriter, gpu, sample
-from ledger import decide as ledger_decide
+from ledger import rules as ledger_rules
 from ledger import snapshot
 from ledger.export import export_placement
 from ledger.service import LedgerService
@@ -347,7 +347,7 @@ def test_verifier_catches_a_ledger_that_drops_the_assignment(
     def drop(state: Any, *args: Any) -> dict[str, Any]:
         return {}  # "accepted", but never billed to the new buyer
 
-    monkeypatch.setattr(ledger_decide, "_assignment", drop)
+    monkeypatch.setattr(ledger_rules, "_assignment", drop)
     f = fold(tmp_path, c, [(0, [c.assign("a-1", B2, 0, ["GPU-n2-0"])]), (10, c.events(0, 10))])
     assert assignments(f) == [("accepted", "")]
     assert f.records[-1].resale == []
@@ -360,9 +360,9 @@ def test_verifier_catches_a_ledger_that_refuses_a_valid_resale(
     c = case()
 
     def refuse(state: Any, *args: Any) -> dict[str, Any]:
-        raise ledger_decide._Reject(ledger_decide.Reason.ASSIGNMENT_INVALID, "no")
+        raise ledger_rules._Reject(ledger_rules.Reason.ASSIGNMENT_INVALID, "no")
 
-    monkeypatch.setattr(ledger_decide, "_assignment", refuse)
+    monkeypatch.setattr(ledger_rules, "_assignment", refuse)
     f = fold(tmp_path, c, [(0, [c.assign("a-1", B2, 0, ["GPU-n2-0"])])])
     assert assignments(f) == [("rejected", "ASSIGNMENT_INVALID")]
     assert "ASSIGNMENT_INVALID" in findings(f)  # the verifier says: accepted
@@ -372,14 +372,14 @@ def test_verifier_catches_a_resale_of_more_than_the_buyer_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c = case()
-    honest = ledger_decide._assignment
+    honest = ledger_rules._assignment
 
     def lax(state: Any, terms: Any, opened: Any, record: Any, arrived: Any) -> dict[str, Any]:
         # accepts GPUs the terms do not have (and bills the ones they do)
         held = [g for g in record.gpus if g in state.gpus]
         return honest(state, terms, opened, msgspec.structs.replace(record, gpus=held), arrived)
 
-    monkeypatch.setattr(ledger_decide, "_assignment", lax)
+    monkeypatch.setattr(ledger_rules, "_assignment", lax)
     f = fold(
         tmp_path,
         c,
@@ -444,12 +444,12 @@ def test_verifier_catches_a_ledger_that_releases_a_resold_placement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c = case()
-    honest = ledger_decide._release
+    honest = ledger_rules._release
 
     def ignore_resale(state: Any, *args: Any) -> dict[str, Any]:
         return honest(msgspec.structs.replace(state, assignments=()), *args)
 
-    monkeypatch.setattr(ledger_decide, "_release", ignore_resale)
+    monkeypatch.setattr(ledger_rules, "_release", ignore_resale)
     f = fold(
         tmp_path,
         c,

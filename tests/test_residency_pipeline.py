@@ -193,7 +193,7 @@ def test_a_verifier_catches_a_ledger_that_folds_out_of_region_usage(
 ) -> None:
     """The verifier's own rule, not the ledger's: an export whose ledger accepted gw's
     usage (here: a ledger built without the check) fails verification."""
-    from ledger import decide
+    from ledger import rules
 
     cast = builders.make_cast("residency-pipeline")
     terms = _terms(cast, PID, "eu:de")
@@ -206,7 +206,7 @@ def test_a_verifier_catches_a_ledger_that_folds_out_of_region_usage(
         store, cast.ledger, ledger_id="ledger-1", local_dir=spool, clock=lambda: T0 + 3 * HOUR
     )
     # a ledger without R2 (the only change; signatures and everything else are real)
-    monkeypatch.setattr(decide, "node_inside_residency", lambda terms, region: True)
+    monkeypatch.setattr(rules, "node_inside_residency", lambda terms, region: True)
     try:
         service.run_until_idle()
         out = tmp_path / "export.duckdb"

@@ -27,7 +27,7 @@ from test_verifier_ledger import _MIXED, _SETTINGS, _ledger_export, _mixed
 from devtools import builders as b
 from devtools.builders import StreamWriter, gpu, sample
 from gridledger.cli import main
-from ledger import decide
+from ledger import rules
 from ledger.fold import Fold
 from ledger.service import LedgerService
 from ledger.store import Store
@@ -79,7 +79,7 @@ def test_a_charge_is_bounded_against_the_windows_most_gross(fee_payer: str) -> N
     ]
     outcomes = [o for i, raw in enumerate(steps) for o in fold.apply(raw, f"t:{i}", None)]
     adjustments = [(o.status, o.reason) for o in outcomes if o.kind == "adjustment"]
-    invalid = decide.Reason.ADJUSTMENT_INVALID
+    invalid = rules.Reason.ADJUSTMENT_INVALID
     assert adjustments == [
         ("rejected", invalid),
         ("rejected", invalid),
@@ -142,7 +142,7 @@ def _faulted_store(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Faulted:
     )
     try:
         with monkeypatch.context() as m:  # the older ledger's rule
-            m.setattr(decide, "adjustment_within_bounds", lambda *_: True)
+            m.setattr(rules, "adjustment_within_bounds", lambda *_: True)
             charge = b.adjustment(cast, "p-bad", "c-big", "charge", TOP, T0)
             publish_local(spool, publisher_source("buyer"), [charge])
             for pid, node in (("p-bad", "n1"), ("p-good", "n2")):

@@ -30,7 +30,7 @@ from devtools.builders import (
     signed_terms,
 )
 from proto.trust import TrustFile
-from verifier import pricing, warm
+from verifier import pricing, small_export_db
 from verifier.pricing import DeferredPricing
 from verifier.report import export_json
 from verifier.verify import verify_export, verify_exports
@@ -274,9 +274,9 @@ def test_only_one_export_is_ever_attached_and_the_batch_database_holds_none(
     that never attaches an export, over rows taken from decoded envelopes."""
     paths, trust = exports
     attached: list[list[str]] = []
-    real_attach = warm.WarmDatabase.attach
+    real_attach = small_export_db.WarmDatabase.attach
 
-    def attach(self: warm.WarmDatabase, path: Path) -> Path:
+    def attach(self: small_export_db.WarmDatabase, path: Path) -> Path:
         link = real_attach(self, path)
         rows = self.con.execute(
             "SELECT database_name FROM duckdb_databases() WHERE NOT internal ORDER BY 1"
@@ -294,7 +294,7 @@ def test_only_one_export_is_ever_attached_and_the_batch_database_holds_none(
         batch_databases.append([str(r[0]) for r in rows])
         return real(con, items)
 
-    monkeypatch.setattr(warm.WarmDatabase, "attach", attach)
+    monkeypatch.setattr(small_export_db.WarmDatabase, "attach", attach)
     monkeypatch.setattr(verify_module, "batch_mismatches", batched)
     batch = [paths[n] for n in ("small-5", "view-statements", "view-beside", "small-11")]
     reports = verify_exports(batch, trust)

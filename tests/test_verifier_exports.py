@@ -258,6 +258,9 @@ class ExportBuilder:
     # Witnesses on every checkpoint (SPEC §8.2); None: the operator's and the buyer's,
     # what a trust file without a policy requires for a FINAL verdict (SPEC §9).
     cosigners: list[tuple[str, SigningKey]] | None = None
+    # When the witnesses cosigned each checkpoint, by size, in seconds (SPEC §8.2); a size
+    # not listed: a second after its last record arrived (``_seen_at_s``).
+    cosigned_at_s: dict[int, int] = field(default_factory=dict)
     dropped_duplicates: int = 0
     trust_the_flag: bool = False  # price like a ledger that ignores §7.1.1
     # EXPORT.md format_version: "2" records unsigned (SPEC §8); "1" each signed by the ledger.
@@ -421,9 +424,18 @@ class ExportBuilder:
                 (self.terms.operator.id, self.cast.operator),
                 (self.terms.buyer.id, self.cast.buyer),
             ]
+        at_s = self.cosigned_at_s.get(size, _seen_at_s(self.items[:size]))
         for name, key in cosigners:
-            note = cosign(note, name, key, COSIGNED_AT_S)
+            note = cosign(note, name, key, at_s)
         return note.text()
+
+
+def _seen_at_s(items: list[Chained]) -> int:
+    """When a witness cosigns a tree of these records by default: a second after the last
+    arrived (SPEC §6.6: it bounds their arrival from above and later ones from below), or
+    COSIGNED_AT_S for untimed records."""
+    arrivals = [i.arrived_ms for i in items if i.arrived_ms is not None]
+    return max(arrivals) // 1000 + 1 if arrivals else COSIGNED_AT_S
 
 
 def write_trust(cast: Cast, path: Path) -> Path:

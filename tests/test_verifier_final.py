@@ -9,6 +9,7 @@ The attacks here need no key: an export edited at rest, or two exports side by s
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def test_honest_final_export_exits_0_and_names_its_witnesses(
     code, out = run(capsys, str(full.path), "--trust", str(full.trust_path))
     assert code == 0, out
     assert "(final, witnessed by operator-1, buyer-1)" in out
+    # SPEC §8 statement periods: FINAL says for which period (the latest)
+    assert re.search(r"records through index \d+, period \d+ \(final,", out), out
 
 
 def test_export_cut_before_the_close_is_provisional_never_ok(

@@ -1,4 +1,4 @@
-"""The pass's fast path (``verifier/pairs.py``, ``verifier/walk.py``): a usage chain index
+"""The pass's fast path (``verifier/pair_worker.py``, ``verifier/walk.py``): a usage chain index
 checked in a worker and returned as a compact row must give exactly the report the
 ordinary per-index checks give, on honest and on tampered exports alike.
 
@@ -22,7 +22,7 @@ from proto.envelope import add_signatures, decode_envelope, encode_envelope
 from proto.keys import key_id
 from verifier import limits, walk
 from verifier.opener import SIG_INVALID, open_one, open_plain
-from verifier.pairs import ONE, PAIR, FastPair, PairContext, SlowPair, open_jobs
+from verifier.pair_worker import ONE, PAIR, FastPair, PairContext, SlowPair, open_jobs
 from verifier.signers import required_of
 from verifier.source import ExportSource, first_per_index
 from verifier.state import ExportReport

@@ -25,7 +25,7 @@ from proto.envelope import Envelope, decode_envelope, encode_envelope, sha256_he
 from proto.keys import key_id
 from proto.records import LedgerRecord
 from verifier import connections, limits, walk
-from verifier.pairs import (
+from verifier.pair_worker import (
     ExportFile,
     FastPair,
     PairContext,

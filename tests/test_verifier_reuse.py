@@ -1,4 +1,4 @@
-"""The process's warm database for small exports (``verifier/warm.py``): reused, and
+"""The process's warm database for small exports (``verifier/small_export_db.py``): reused, and
 nothing of one export reaches another's report; every way of opening an export (warm,
 a small one's own in-memory database, a big one's scratch file) gives one report."""
 
@@ -16,7 +16,7 @@ import duckdb
 import pytest
 from test_verifier_exports import full_scenario, small_scenario
 
-from verifier import limits, source, warm
+from verifier import limits, small_export_db, source
 from verifier.report import export_json
 from verifier.source import ExportSource
 from verifier.verify import verify_export
@@ -55,9 +55,9 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, A
 def fresh_warm_database() -> None:
     """Each test starts on a new warm database (one that has served no export yet: the
     tests that count on reuse must not meet its WARM_DATABASE_MAX_EXPORTS-th export)."""
-    database = warm.acquire()
+    database = small_export_db.acquire()
     if database is not None:
-        warm.release(database, clean=False)
+        small_export_db.release(database, clean=False)
 
 
 def report_text(path: Path, trust: Any) -> str:
@@ -81,14 +81,14 @@ def test_the_warm_database_is_reused_and_left_holding_nothing(
     with ExportSource(path) as first:
         assert first.warm
         con = first.con
-    database = warm.acquire()
+    database = small_export_db.acquire()
     assert database is not None
     try:
         assert database.con is con  # the same database, not a new one per export
         assert database._clean()
         assert list(database.inbox.iterdir()) == []  # the export's link is gone
     finally:
-        warm.release(database, clean=True)
+        small_export_db.release(database, clean=True)
     with ExportSource(path) as second:
         assert second.warm and second.con is con
 
@@ -178,7 +178,7 @@ def test_a_database_left_unclean_is_closed_and_replaced(
     path, trust = exports["small"]
     with ExportSource(path) as opened:
         before = opened.con
-        monkeypatch.setattr(warm.WarmDatabase, "_clean", lambda self: False)
+        monkeypatch.setattr(small_export_db.WarmDatabase, "_clean", lambda self: False)
     monkeypatch.undo()
     with ExportSource(path) as reopened:
         assert reopened.warm and reopened.con is not before
@@ -188,12 +188,12 @@ def test_a_database_left_unclean_is_closed_and_replaced(
 def _verify_in_worker(path: str, trust: Any) -> tuple[str, str, str]:
     """In a pool worker: the verdict, and the warm database's directory and pid."""
     report = verify_export(Path(path), trust)
-    database = warm.acquire()
+    database = small_export_db.acquire()
     assert database is not None
     try:
         return report.verdict, str(database.dir), str(database.pid)
     finally:
-        warm.release(database, clean=True)
+        small_export_db.release(database, clean=True)
 
 
 def test_a_forked_worker_gets_its_own_warm_database_and_removes_it(
@@ -203,10 +203,10 @@ def test_a_forked_worker_gets_its_own_warm_database_and_removes_it(
     with ExportSource(path) as opened:  # the parent's warm database exists before the fork
         assert opened.warm
         parent_con = opened.con
-    database = warm.acquire()
+    database = small_export_db.acquire()
     assert database is not None
     parent_dir = database.dir
-    warm.release(database, clean=True)
+    small_export_db.release(database, clean=True)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
         verdict, child_dir, child_pid = pool.submit(_verify_in_worker, str(path), trust).result()
     assert verdict == "verified"

@@ -1952,7 +1952,62 @@ def capacity_vectors() -> Any:
     }
 
 
+def arrival_bounds_vectors() -> Any:
+    """SPEC §6.6 "Bounded from both sides", computed here from the rule's text: a record's
+    arrival against the cosigned checkpoints (BACKDATED / POSTDATED), and against a
+    party's delivery (the witness's W_TIME window)."""
+    skew, lag = 60_000, 60_000
+    t = 1_796_083_200  # cosignature times, seconds
+    checkpoints = [(3, t), (3, t + 60), (5, t + 120), (8, t + 300)]
+
+    def finding(index: int, arrived: int) -> str | None:
+        floors = [at for size, at in checkpoints if size <= index]
+        if floors and arrived < max(floors) * 1000 - skew:
+            return "BACKDATED"
+        ceilings = [at for size, at in checkpoints if size > index]
+        if ceilings and arrived > min(ceilings) * 1000 + skew:
+            return "POSTDATED"
+        return None
+
+    cases = []
+    for index, arrived in (
+        (2, t * 1000),  # inside every checkpoint, before all cosignatures
+        (2, t * 1000 + skew),  # at the earliest ceiling + skew
+        (2, t * 1000 + skew + 1),  # 1 ms past it
+        (3, (t + 60) * 1000 - skew),  # past size 3: the latest floor - skew
+        (3, (t + 60) * 1000 - skew - 1),  # 1 ms before it (the re-cosignature counts)
+        (4, (t + 120) * 1000 + skew),  # before size 5's cosignature + skew
+        (4, (t + 120) * 1000 + skew + 1),
+        (6, (t + 120) * 1000 - skew - 1),  # past size 5, before it - skew
+        (9, (t + 300) * 1000 - skew),  # past every checkpoint: a floor only
+        (9, (t + 300) * 1000 - skew - 1),
+    ):
+        cases.append({"index": index, "arrived_ms": arrived, "finding": finding(index, arrived)})
+    d = t * 1000
+    delivered = []
+    for waited, arrived in (
+        (d, d - skew),  # earliest: delivered - skew
+        (d, d - skew - 1),
+        (d, d + lag),  # latest: delivered + lag
+        (d, d + lag + 1),
+        (d + 600_000, d + 600_000 + lag),  # held for a lower seq delivered 10 min later
+        (d + 600_000, d + 600_000 + lag + 1),
+    ):
+        refused = arrived < d - skew or arrived > max(d, waited) + lag
+        delivered.append(
+            {"delivered_ms": d, "waited_ms": waited, "arrived_ms": arrived, "refused": refused}
+        )
+    return {
+        "max_clock_skew_ms": skew,
+        "max_arrival_lag_ms": lag,
+        "checkpoints": [{"size": size, "cosigned_at_s": at} for size, at in checkpoints],
+        "cosigned": cases,
+        "delivered": delivered,
+    }
+
+
 GENERATORS: dict[str, Callable[[], Any]] = {
+    "arrival_bounds.json": arrival_bounds_vectors,
     "attestation_expiry.json": attestation_expiry_vectors,
     "resale_keys.json": resale_keys_vectors,
     "evidence_age.json": evidence_age_vectors,

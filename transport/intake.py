@@ -46,7 +46,7 @@ from typing import Final, Self
 
 import msgspec
 
-from proto.files import read_at_most, write_all
+from proto.durable_io import read_at_most, write_all
 from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
     INTAKE_MAX_BYTES,

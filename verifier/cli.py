@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from proto.files import read_at_most
+from proto.durable_io import read_at_most
 from proto.note import MAX_NOTE_BYTES
 from proto.trust import TrustError, TrustFile, load_trust
 from verifier import limits

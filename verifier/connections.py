@@ -18,7 +18,7 @@ from verifier.invariant import InvariantError
 
 
 class ExportFileKey(Protocol):
-    """What names an export file here (``verifier.pairs.ExportFile`` has it): its path and
+    """What names an export file here (``verifier.pair_worker.ExportFile`` has it): its path and
     its identity (st_dev, st_ino, st_mtime_ns) when the run began."""
 
     @property

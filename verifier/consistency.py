@@ -20,9 +20,9 @@ from typing import Any, Final
 import msgspec
 
 from proto import merkle
+from proto.durable_io import read_at_most
 from proto.envelope import decode_envelope
 from proto.errors import ProtoError
-from proto.files import read_at_most
 from proto.note import (
     LEDGER_NOTE_NAME,
     MAX_NOTE_BYTES,

@@ -28,8 +28,8 @@ from typing import Annotated, Final
 import msgspec
 from msgspec import Meta, Struct
 
+from proto.durable_io import read_at_most
 from proto.errors import ProtoError
-from proto.files import read_at_most
 from proto.merkle import inclusion_proof, verify_inclusion
 from proto.note import (
     LEDGER_NOTE_NAME,

@@ -47,11 +47,11 @@ DUCKDB_MEMORY_LIMIT: Final = "512MB"
 WORKER_DUCKDB_MEMORY_LIMIT: Final = "64MB"
 
 # Exports of at most this many bytes get their work tables in memory and their SQL on one
-# thread, on the process's warm database (``verifier/source.py``, ``verifier/warm.py``): a
-# placement of up to a few hundred records is a ~2.4 MB file (DuckDB gives each table its
-# own blocks), one of 50 000 usage events 57 MB (bench/verifier_1m.py), so this is a few
-# thousand events. A setting, not a bound: memory_limit and the spill directory bound
-# both kinds alike.
+# thread, on the process's warm database (``verifier/source.py``,
+# ``verifier/small_export_db.py``): a placement of up to a few hundred records is a ~2.4 MB
+# file (DuckDB gives each table its own blocks), one of 50 000 usage events 57 MB
+# (bench/verifier_1m.py), so this is a few thousand events. A setting, not a bound:
+# memory_limit and the spill directory bound both kinds alike.
 SMALL_EXPORT_BYTES: Final = 8 * 1024 * 1024
 
 # Chain-index rows (ledger_records' and the input tables' together) a small export's
@@ -61,7 +61,7 @@ SMALL_EXPORT_BYTES: Final = 8 * 1024 * 1024
 SHAPE_ROWS_MAX: Final = 40_000
 
 # Exports one warm database serves before it is closed and a new one made
-# (``verifier/warm.py``): its process's RSS grew ~2 MiB per 100 small exports on one
+# (``verifier/small_export_db.py``): its process's RSS grew ~2 MiB per 100 small exports on one
 # database (DuckDB's native memory, not the Python heap), flat when each had its own;
 # a new database costs ~14 ms of CPU, 0.05 ms per export at this count.
 WARM_DATABASE_MAX_EXPORTS: Final = 256

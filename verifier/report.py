@@ -141,9 +141,11 @@ def render_export(report: ExportReport) -> list[str]:
             )
         if report.is_final:
             witnesses = ", ".join(report.witnessed_by) or "no witness required by the trust file"
+            # SPEC §8 statement periods: FINAL says for which (the latest) period
+            period = next((p["period"] for p in report.periods if p["latest"]), 0)
             return [
-                f"OK: {report.path}: placement {report.placement_id}, {records} (final, "
-                f"witnessed by {witnesses}); {amounts}",
+                f"OK: {report.path}: placement {report.placement_id}, {records}, period "
+                f"{period} (final, witnessed by {witnesses}); {amounts}",
                 *periods,
             ]
         return [

@@ -4,7 +4,7 @@ The export is attached READ_ONLY to a scratch DuckDB (in a temporary directory, 
 on close) that holds the verifier's own work tables, so verification never writes to the
 file it checks; a small export (``SMALL_EXPORT_BYTES``) to the process's warm database
 instead, with its work tables in a database of their own, both detached on close
-(``verifier/warm.py``). Every big table is
+(``verifier/small_export_db.py``). Every big table is
 read by chain-index range (``CHAIN_BATCH_INDICES`` at a time): memory stays bounded
 whatever the export's size, and the reader never trusts the export's row order. The
 export is read-only: what is read whole (row counts, small tables) is read once.
@@ -22,14 +22,14 @@ from typing import Any, Final
 
 import duckdb
 
-from verifier import limits, warm
+from verifier import limits, small_export_db
 from verifier.errors import UnusableInput
 
 EXPORT_FORMAT: Final = "gridledger-export"
 EXPORT_FORMAT_VERSION: Final = "2"
 # Versions this verifier reads: 1 (ledger records signed), 2 (unsigned, SPEC §8).
 EXPORT_FORMAT_VERSIONS: Final = ("1", "2")
-ALIAS: Final = warm.EXPORT_ALIAS
+ALIAS: Final = small_export_db.EXPORT_ALIAS
 
 # Whether small exports use the process's warm database (tests switch it off to compare).
 _share_warm = True
@@ -326,13 +326,13 @@ class ExportSource:
         # COMMIT went through the file's write-ahead log, the close through a checkpoint.
         # Its SQL runs on one thread: on a few hundred rows DuckDB's task scheduling costs
         # more than a second thread gives; and on the process's warm database, locked as
-        # this one (``verifier/warm.py``), when free (bench/verify_small.py).
+        # this one (``verifier/small_export_db.py``), when free (bench/verify_small.py).
         self.small = path.stat().st_size <= limits.SMALL_EXPORT_BYTES
         self._counts: dict[str, int] = {}
         self._small: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         self._present: frozenset[str] = frozenset()
         self._plain: PlainShape | None = None
-        self._warm: warm.WarmDatabase | None = None
+        self._warm: small_export_db.WarmDatabase | None = None
         self._link: Path | None = None
         self._scratch: Path | None = None
         if self.small and share and _share_warm:
@@ -349,13 +349,13 @@ class ExportSource:
     def _open_warm(self) -> None:
         """Attach to the process's warm database; on any failure leave it (``_open_own``
         then says what is wrong in its own words)."""
-        shared = warm.acquire()
+        shared = small_export_db.acquire()
         if shared is None:
             return
         try:
             self._link = shared.attach(self.path)
         except (duckdb.Error, OSError):
-            warm.release(shared, clean=False)
+            small_export_db.release(shared, clean=False)
             return
         self._warm = shared
         self.con: Any = shared.con
@@ -389,14 +389,14 @@ class ExportSource:
 
     @property
     def warm(self) -> bool:
-        """True when on the process's warm database (``verifier/warm.py``)."""
+        """True when on the process's warm database (``verifier/small_export_db.py``)."""
         return self._warm is not None
 
     def close(self) -> None:
         """Detach the export and delete the work tables (with their scratch directory)."""
         shared, self._warm = self._warm, None
         if shared is not None and self._link is not None:
-            warm.release(shared, clean=shared.detach(self._link))
+            small_export_db.release(shared, clean=shared.detach(self._link))
             return
         try:
             self.con.close()

@@ -19,6 +19,7 @@ from billview.facts import BillFacts, VerdictFacts
 from proto.attestation import AttestationRoot
 from proto.limits import ARRIVAL_REQUIRED_FROM_MS
 from proto.records import PlacementTerms
+from verifier.cosigned_time import CosignedTimes
 from verifier.decisions import Claim, Referee
 from verifier.findings import Findings, Step
 from verifier.merkle_stream import CheckpointRoots
@@ -138,6 +139,7 @@ class Verification:
         self.prev_hash = ""
         self.close_index: int | None = None  # the first accepted close (7)
         self.last_arrived: int | None = None  # the highest arrived_ms so far (7, SPEC §6.6)
+        self.first_arrived: int | None = None  # record 0's (10: the witnessing interval)
         # rows read again for findings, at most CHAIN_BATCH_INDICES of each (walk._rows_of)
         self.reread: Reread | None = None
         # the range being checked: its pairs' rows as a worker THREAD read them (DuckDB's
@@ -157,6 +159,8 @@ class Verification:
         self.deferred: DeferredPricing | None = None
         # (8) the roots of the checkpoints' tree sizes, kept while the pass streams leaves
         self.roots = CheckpointRoots()
+        # (7) SPEC §6.6: the bounds the cosigned checkpoints put on arrival (set before the pass)
+        self.cosigned = CosignedTimes(())
         # (6) SPEC §8: who signs a LedgerRecord envelope. Version 1: the ledger key, always.
         # Version 2: nobody (a covering checkpoint authenticates it, step 8); a signature
         # that is present must still be the ledger key's and verify.

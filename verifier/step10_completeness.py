@@ -32,6 +32,8 @@ def check_completeness(run: Verification, trust: TrustFile) -> None:
         closed=run.close_index is not None,
         statements=statements,
         checkpoint_notes=notes,
+        new_buyers=[a.new_buyer for a in run.referee.assignments],
+        first_arrived_ms=run.first_arrived,
     )
     for rule, where, expected, actual, message in result.findings:
         run.add(Step.COMPLETENESS, rule, where, expected, actual, message)

@@ -191,7 +191,12 @@ def check_arrival(run: Verification, ledger: LedgerRecord, where: str) -> None:
             arrived,
             "SPEC §6.6: arrival is monotone per placement",
         )
+    bound = run.cosigned.violation(ledger.index, arrived)
+    if bound is not None:
+        run.add(Step.DECISIONS, bound.code, where, bound.expected, arrived, bound.detail)
     run.last_arrived = arrived if last is None else max(last, arrived)
+    if ledger.index == 0:
+        run.first_arrived = arrived
 
 
 def check_premature_close(

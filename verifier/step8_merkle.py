@@ -43,8 +43,7 @@ def read_sizes(run: Verification) -> None:
 
 def check_checkpoints(run: Verification) -> None:
     """After the pass: each checkpoint's note, origin, size, root and cosignatures."""
-    terms = run.terms
-    parties = {p.id: p.key for p in (terms.operator, terms.buyer, terms.desk)}
+    parties = _cosigners(run)
     covered = 0  # the largest valid checkpoint: ledger-signed, this log, root matching
     for size_column, note_text in run.source.small_table("checkpoints", "size, note", "size"):
         run.bump("checkpoints")
@@ -153,6 +152,15 @@ def check_checkpoints(run: Verification) -> None:
                         "a party's cosignature does not verify with its terms key (SPEC §8.2)",
                     )
     check_coverage(run, covered)
+
+
+def _cosigners(run: Verification) -> dict[str, bytes]:
+    """SPEC §8.2: who may cosign — the terms' parties and each accepted assignment's new
+    buyer, by id."""
+    terms = run.terms
+    parties = {a.new_buyer.id: a.new_buyer.key for a in run.referee.assignments}
+    parties.update({p.id: p.key for p in (terms.operator, terms.buyer, terms.desk)})
+    return parties
 
 
 def check_coverage(run: Verification, covered: int) -> None:

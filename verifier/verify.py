@@ -51,6 +51,7 @@ from proto.trust import TrustFile
 from verifier import (
     limits,
     resale,
+    small_export_db,
     step1_format,
     step2_trust,
     step3_terms,
@@ -60,8 +61,8 @@ from verifier import (
     step8_merkle,
     step9_obligation,
     step10_completeness,
-    warm,
 )
+from verifier.cosigned_time import CosignedTimes, read_stamps, trusted_cosigners
 from verifier.errors import UnusableInput
 from verifier.findings import Step
 from verifier.pricing import (
@@ -111,7 +112,8 @@ def verify_export(
     ):
         # Again on a database of its own, as a big export is read: a DuckDB message names
         # the file it read, on the process's warm database a link to the export
-        # (``verifier/warm.py``); the report must not depend on which database read it.
+        # (``verifier/small_export_db.py``); the report must not depend on which database
+        # read it.
         report = _verify(path, trust, pool, progress, bill, share=False)
     report.elapsed_s = time.monotonic() - started
     _log(path, report)
@@ -193,7 +195,7 @@ def verify_exports(
 def _batch_mismatches(batch: list[DeferredPricing]) -> set[int] | None:
     """``pricing.batch_mismatches`` on the process's batch database; None when it cannot
     say (no database, an error: every export of the batch is then verified alone)."""
-    database = warm.acquire("batch")
+    database = small_export_db.acquire("batch")
     if database is None:
         return None
     clean = False
@@ -205,7 +207,7 @@ def _batch_mismatches(batch: list[DeferredPricing]) -> set[int] | None:
         log.warning("batch pricing failed, verifying one by one", exc_info=True)
         return None
     finally:
-        warm.release(database, clean)
+        small_export_db.release(database, clean)
 
 
 def _verify(
@@ -298,6 +300,13 @@ def run_checklist(
     step5_columns.check_meta_records(run)
     step6_chain.check_sets(run)  # the set-based half of (6), SQL over the export
     step8_merkle.read_sizes(run)  # which tree sizes the pass must keep roots for
+    run.cosigned = CosignedTimes(
+        read_stamps(
+            (str(n) for (n,) in source.small_table("checkpoints", "note", "size")),
+            terms,
+            trusted_cosigners(terms, trust),
+        )
+    )  # (7) SPEC §6.6: the floor and ceiling of each record's arrival
     walk(run)  # (4) (5) (6) (7) (8) (9) per chain index: the single pass
     step7_decisions.check_held(run)
     step9_obligation.price_base(run)  # D, B, G, R, Q: what the adjustments depend on

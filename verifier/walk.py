@@ -12,7 +12,7 @@ handed to the steps that look at it, in this order:
     the decision       (7) SPEC §6 re-derived and compared
 
 A chain index holding one record and one usage event (nearly all of a big export) goes to
-the workers as one PAIR job (``verifier/pairs.py``): they do the stateless checks above and
+the workers as one PAIR job (``verifier/pair_worker.py``): they do the stateless checks above and
 return a compact ``FastPair`` when all passed, leaving the main thread only what needs
 the chain's order — the prev link, the leaf, arrival order and the decision. Anything a
 ``FastPair`` cannot settle without a finding (a broken prev link, an arrival out of
@@ -46,7 +46,7 @@ from verifier.decisions import ACCEPTED, PENDING, Claim
 from verifier.invariant import InvariantError
 from verifier.merkle_stream import MISSING_LEAF
 from verifier.opener import Keyring, OpenResult, open_one
-from verifier.pairs import (
+from verifier.pair_worker import (
     ONE,
     PAIR,
     ExportFile,
@@ -127,7 +127,7 @@ def _walk(run: Verification) -> None:
 # With a process pool the main process instead sends (lo, hi) ranges: the worker reads the
 # rows of its range from the export itself (read-only, its own connection), plans and opens
 # them exactly as ``_batch_jobs`` and ``open_jobs`` do, and returns per chain index either
-# a ``FastPair`` (all of a range's in one msgpack blob, ``pairs.pack_pairs``, which the main
+# a ``FastPair`` (all of a range's in one msgpack blob, ``pair_worker.pack_pairs``, which the main
 # process decodes straight into FastPairs and their events, without JSON or pickled
 # Structs; the rows stay in the worker, and ``_check_fast`` reads them again only in the
 # rare case that it must name a finding) or the rows with their results (``Entry``).
@@ -407,6 +407,7 @@ def _check_fast(
     if (
         (arrived is None and (last is not None or run.untimed_arrival_finding))
         or (arrived is not None and last is not None and arrived < last)
+        or (arrived is not None and run.cosigned.violation(index, arrived) is not None)
         or pair.reason == "AFTER_CLOSE"
         or (index == 0 and prev != ZERO_HASH)
         or (index > 0 and run.prev_index == index - 1 and prev != run.prev_hash)
@@ -422,6 +423,8 @@ def _check_fast(
     # (7) step7_decisions.decide, for a timed usage record with no arrival finding
     if arrived is not None:  # step7_decisions.check_arrival without a finding
         run.last_arrived = arrived if last is None else max(last, arrived)
+        if index == 0:
+            run.first_arrived = arrived
     opened = pair.opened
     referee = run.referee
     verdict = referee.decide(opened, index in run.duplicates, index, arrived)

@@ -82,7 +82,7 @@ class OpenPool(Generic[T]):
         # read and planned, bench/verifier_1m.py; a small one pays more for the
         # second connection to its file than it saves).
         self.reads_ranges = kind in ("process", "thread") if reads_ranges is None else reads_ranges
-        # A range's FastPairs cross a process boundary packed (``pairs.pack_pairs``); a
+        # A range's FastPairs cross a process boundary packed (``pair_worker.pack_pairs``); a
         # thread, or the caller's own, hands over the list itself.
         self.packs = kind == "process"
         self.workers = workers or default_workers()
@@ -125,7 +125,7 @@ class OpenPool(Generic[T]):
         chunk: int = limits.OPEN_CHUNK_ROWS,
     ) -> Iterator[tuple[T, list[Any]]]:
         """``run`` with any pure, picklable ``fn(jobs, context) -> one result per job``
-        (``verifier/pairs.py``): chunked (``chunk`` jobs per task), bounded and in order
+        (``verifier/pair_worker.py``): chunked (``chunk`` jobs per task), bounded and in order
         the same way."""
         executor = self._executor
         if executor is None:

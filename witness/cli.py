@@ -1,7 +1,7 @@
 """``gridledger witness``: a party checks the ledger's log and cosigns it, or refuses.
 
     gridledger witness run --ledger URL --terms TERMS.signed.json --key PARTY.key --state DIR
-                           [--delivery-log FILE ...] [--known DIR]
+                           [--delivery-log FILE ...] [--known DIR] [--interval S]
     gridledger witness keep FILE... --known DIR [--received-ms T]
     gridledger witness status --state DIR
     gridledger witness refusals --state DIR
@@ -18,11 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from proto.limits import MAX_WITNESS_INTERVAL_S, WITNESS_INTERVAL_S
 from proto.utc import iso_utc
 from witness.runner import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, witness_once
 from witness.state import (
     list_refusals,
     list_states,
+    note_path,
 )
 
 __all__ = ["EXIT_OK", "EXIT_REFUSED", "EXIT_UNAVAILABLE", "EXIT_USAGE", "register"]
@@ -47,6 +49,18 @@ def register(sub: Any) -> None:
         help="an agent's DELIVERED.jsonl (operator; repeat per node)",
     )
     run.add_argument("--known", type=Path, help="a directory of signed inputs you sent or received")
+    run.add_argument(
+        "--simulation",
+        action="store_true",
+        help='the ledger runs arrival = "sender" (a simulation, SPEC §6.6): a record may '
+        "carry the arrival of the record before it, beyond its own delivery's bound",
+    )
+    run.add_argument(
+        "--interval",
+        default=str(WITNESS_INTERVAL_S),
+        help="re-cosign an unchanged checkpoint once the last cosignature is this many "
+        f"seconds old (default {WITNESS_INTERVAL_S}; run the witness at least this often)",
+    )
     run.set_defaults(handler=_run)
     keep = wsub.add_parser(
         "keep",
@@ -72,6 +86,13 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    interval = _interval(args.interval)
+    if interval is None:
+        print(
+            f"FAIL: --interval takes 1..{MAX_WITNESS_INTERVAL_S} seconds, not {args.interval!r}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     result = witness_once(
         ledger_url=args.ledger,
         terms_path=args.terms,
@@ -80,6 +101,8 @@ def _run(args: argparse.Namespace) -> int:
         delivery_logs=args.delivery_log,
         known_dir=args.known,
         now_s=int(time.time()),
+        interval_s=interval,
+        simulation=args.simulation,
     )
     print(result.line, file=sys.stdout if result.code in (EXIT_OK, EXIT_REFUSED) else sys.stderr)
     return result.code
@@ -116,8 +139,12 @@ def _status(args: argparse.Namespace) -> int:
         print(f"no placement witnessed in {args.state}")
     for s in states:
         closed = f"closed at record {s.close_index}" if s.close_index >= 0 else "open"
+        kept = note_path(args.state, s.placement_id)
         at = iso_utc(s.cosigned_at_s * 1000)
-        print(f"{s.placement_id}: cosigned size {s.size}, {closed}, at {at}")
+        print(
+            f"{s.placement_id}: cosigned size {s.size}, {closed}, at {at}; "
+            f"note kept in {kept} (verify EXPORT --checkpoint {kept})"
+        )
     return EXIT_OK
 
 
@@ -128,3 +155,11 @@ def _refusals(args: argparse.Namespace) -> int:
     for r in refusals:
         print(f"{iso_utc(r.refused_at_s * 1000)} {r.placement_id} {r.code}: {r.detail}")
     return EXIT_OK
+
+
+def _interval(text: str) -> int | None:
+    """``--interval`` in seconds, or None when it is no integer in 1..MAX_WITNESS_INTERVAL_S."""
+    if not text.isdigit() or len(text) > 6:
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_WITNESS_INTERVAL_S else None

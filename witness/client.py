@@ -37,6 +37,8 @@ class LedgerClient:
                 data: bytes = response.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as exc:
             words = exc.read(4096).decode("utf-8", "replace").strip()
+            if exc.code == 503:  # SPEC §8.4: behind its log, no checkpoint yet: try later
+                raise LedgerUnreachable(f"ledger is not ready for {path}: {words}") from exc
             raise LedgerRefused(f"ledger answered HTTP {exc.code} for {path}: {words}") from exc
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)

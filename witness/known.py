@@ -26,10 +26,10 @@ from proto.delivery import (
     read_delivered,
     received_input,
 )
+from proto.durable_io import read_at_most
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
-from proto.files import read_at_most
-from proto.records import UsageEvent
+from proto.records import Assignment, UsageEvent
 
 MAX_KNOWN_FILES: Final = 100_000
 
@@ -48,6 +48,7 @@ class Known:
     seq: int  # -1 unless usage
     delivered_at_ms: int
     origin: str  # where the witness learned of it (file name), for refusals
+    new_buyer: tuple[str, bytes] | None = None  # an assignment's new buyer (id, key)
 
     def describe(self) -> str:
         """How a refusal names this input."""
@@ -156,7 +157,18 @@ def from_envelope_files(directory: Path, placement_id: str) -> list[Known]:
         node_id, seq = ("", -1)
         if isinstance(record, UsageEvent):
             node_id, seq = record.node_id, record.seq
+        new_buyer = None
+        if isinstance(record, Assignment):
+            new_buyer = (record.new_buyer.id, record.new_buyer.key)
         known.append(
-            Known(opened.input_hash, opened.kind, node_id, seq, delivered_at_ms, path.name)
+            Known(
+                opened.input_hash,
+                opened.kind,
+                node_id,
+                seq,
+                delivered_at_ms,
+                path.name,
+                new_buyer,
+            )
         )
     return known

@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from proto.files import read_at_most, write_atomic
+from proto.durable_io import read_at_most, write_atomic
 from proto.frontier import Frontier
 from proto.records import ZERO_HASH
 
@@ -37,6 +37,8 @@ class WitnessState(msgspec.Struct, forbid_unknown_fields=True):
     last_record_hash: str = ZERO_HASH
     close_index: int = -1  # index of the accepted `closed` record, -1 before the close
     included: dict[str, int] = msgspec.field(default_factory=dict)  # input hash -> index
+    terms_arrived_ms: int = -1  # arrived_ms of the accepted terms record (SPEC §6.6)
+    last_arrived_ms: int = -1  # the latest arrived_ms of the records so far
     cosigned_note: str = ""
     cosigned_at_s: int = 0
 
@@ -85,10 +87,17 @@ def load_state(state_dir: Path, placement_id: str) -> WitnessState:
     return state
 
 
+def note_path(state_dir: Path, placement_id: str) -> Path:
+    """The last note this witness cosigned, to keep (``verify --checkpoint``, SPEC §9)."""
+    return state_dir / f"{placement_id}.checkpoint"
+
+
 def store_state(state_dir: Path, state: WitnessState) -> None:
-    """Replace the placement's state file atomically and durably."""
+    """Replace the placement's state file atomically and durably, then the kept note."""
     state_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(state_path(state_dir, state.placement_id), msgspec.json.encode(state))
+    if state.cosigned_note:
+        write_atomic(note_path(state_dir, state.placement_id), state.cosigned_note.encode())
 
 
 def store_refusal(state_dir: Path, refusal: Refusal) -> Path:

@@ -129,11 +129,11 @@ if _OUT:
     def _install():
         import gridledger.replay.ledger_process as replay_ledger
         import gridledger.replay.run as replay_run
-        from ledger import attest, export
+        from ledger import export, issuer
         from ledger.store import Store
 
         for name in ("_summaries", "_leaves", "_statements", "checkpoint_over_leaves"):
-            setattr(attest, name, _timed(f"attest.{name}", getattr(attest, name)))
+            setattr(issuer, name, _timed(f"issuer.{name}", getattr(issuer, name)))
         export.attest_chunks = _timed("attest_chunks(next)", export.attest_chunks)
         for name in ("_stage", "_write_tmp", "_finish", "_pages", "_remove_leftovers"):
             setattr(export, name, _timed(f"export.{name}", getattr(export, name)))

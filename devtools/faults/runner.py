@@ -929,6 +929,7 @@ class _SeedRun:
                         delivery_logs=delivery_logs,
                         known_dir=known_dir,
                         now_s=int(time.time()),
+                        simulation=True,  # arrival = "sender" (SPEC §6.6)
                     )
                     if result.code != EXIT_OK:
                         raise self.fail(

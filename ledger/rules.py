@@ -34,7 +34,7 @@ import msgspec
 
 from ledger import health
 from ledger.capacity import Claims, oversold
-from ledger.persistent import PMap, PSet
+from ledger.immutable import PMap, PSet
 from ledger.pricing import (
     overlap_ms,
     price,
@@ -77,6 +77,7 @@ from proto.records import (
     BuyerRelease,
     LedgerRecord,
     NodeKeyBinding,
+    Party,
     PlacementClosed,
     PlacementTerms,
     ReclaimNotice,
@@ -427,28 +428,7 @@ class _Run:
         except _HoldInStream:
             return _hold_in_stream(state, opened, position, self.arrived, self.room)
         except _Reject as rejection:
-            # A rejection is chained (SPEC §6) and changes nothing else — but a usage
-            # event rejected from §6.3 usage (3) on takes its seq for good.
-            seen = state.seen.add(opened.input_hash)
-            changes: dict[str, Any] = {}
-            if rejection.takes is not None:
-                node_id, seq = rejection.takes
-                taken = dict(state.taken)
-                taken[node_id] = taken.get(node_id, frozenset()) | {seq}
-                changes["taken"] = taken
-            return _chain(
-                state,
-                seen,
-                opened,
-                position,
-                "rejected",
-                rejection.reason,
-                0,
-                rejection.detail,
-                state.totals,
-                changes,
-                self.arrived,
-            )
+            return _chain_rejection(state, opened, position, rejection, self.arrived)
         flush: list[Verdict] = []
         if isinstance(record, PlacementClosed):
             # §6.3 closed: the close flush comes first, then the close record.
@@ -560,46 +540,29 @@ class _Run:
         event: UsageEvent,
         checked: CheckedSignature | None,
     ) -> tuple[dict[str, Any], int]:
-        node_id = event.node_id
-        # (1) the node is in the terms
-        bound = state.bindings.get(node_id)
-        if bound is None:
-            raise _Reject(Reason.NODE_UNKNOWN, f"node {node_id!r} is not in the terms")
-        # (2) one signature, by a key bound to the node, valid, and covering the interval
-        signatures = opened.envelope.signatures
-        if not signatures:
-            raise _Reject(Reason.SIG_MISSING, "usage must be signed by its node")
-        if len(signatures) > 1:
-            raise _Reject(Reason.SIG_SURPLUS, f"{len(signatures)} signatures, want 1")
-        signature = signatures[0]
-        public_key = key_among(bound, signature.keyid)  # state.key_for(node_id, keyid)
-        if public_key is None:
-            raise _Reject(Reason.NODE_KEY_UNKNOWN, f"key {signature.keyid} is not bound to node")
-        valid_from, valid_until = bound[public_key]
-        if checked is not None and checked.public_key == public_key:
-            valid = checked.valid
-        else:
-            valid = verify(public_key, opened.payload, signature.sig)
-        if not valid:
-            raise _Reject(Reason.SIG_INVALID, f"bad signature by key {signature.keyid}")
-        if public_key in state.revoked.get(node_id, ()):
-            # §6.6: a revocation applies at its arrival, whatever interval is claimed.
-            raise _Reject(Reason.NODE_KEY_REVOKED, f"key {signature.keyid} was revoked")
-        if not (valid_from <= event.start_ms and event.end_ms <= valid_until):
-            raise _Reject(
-                Reason.NODE_KEY_NOT_VALID, "the key's binding does not cover the interval"
-            )
+        """SPEC §6.3 usage, step by step (the verifier's ``Referee._usage`` reads alongside)."""
+        # (1) the node is in the terms; (2) its one valid signature covers the interval
+        public_key, keyid = _usage_signer(state, opened, event, checked)
         # (2a) §5.2 R2: the node is inside the terms' residency policy (before the stream
         # position: the event takes no seq, so nothing of the node is held behind it)
-        if terms.residency is not None:
-            region = next((n.region for n in terms.nodes if n.node_id == node_id), "")
-            if not node_inside_residency(terms, region):
-                raise _Reject(
-                    Reason.RESIDENCY,
-                    f"node {node_id} is in region {region!r}, outside the allowed regions "
-                    f"{', '.join(terms.residency.allowed_regions)}",
-                )
+        _usage_residency(terms, event.node_id)
         # (3) the stream position: re-delivery, equivocation, held beyond a gap, fork
+        stream = self._usage_position(state, opened, event)
+        takes = (event.node_id, event.seq)
+        # (4) the interval, (5) the window
+        _usage_content(state, terms, event, stream, self.arrived, takes)
+        # (6) the samples; §7.1 delivered (and §7.10 what an assignment resold)
+        delivered, resold = _usage_delivered(state, terms, event, stream, public_key, keyid, takes)
+        # (7) accepted: advance the stream and fold
+        self.accepted[(event.node_id, event.seq)] = (opened.input_hash, opened.record_hash)
+        return _usage_accepted(state, terms, opened, event, stream, delivered, resold), delivered
+
+    def _usage_position(
+        self, state: PlacementState, opened: Opened, event: UsageEvent
+    ) -> StreamState:
+        """SPEC §6.3 usage (3): the event's stream when it is next and links to the head;
+        raises for a re-delivery, an equivocation, a hold beyond a gap, a fork."""
+        node_id = event.node_id
         stream = state.streams.get(node_id, NEW_STREAM)
         if event.seq < stream.next_seq:
             accepted = self._accepted_at(state, stream, node_id, event.seq)
@@ -612,120 +575,233 @@ class _Run:
             if event.seq in state.stream_held.get(node_id, {}):
                 raise _Reject(Reason.EQUIVOCATION, f"a different event for held seq {event.seq}")
             raise _HoldInStream
-        takes = (node_id, event.seq)
         if event.prev != stream.last_hash:
             raise _Reject(
-                Reason.PREV_MISMATCH, f"prev {event.prev}, expected {stream.last_hash}", takes
+                Reason.PREV_MISMATCH,
+                f"prev {event.prev}, expected {stream.last_hash}",
+                (node_id, event.seq),
             )
-        # (4) the interval
-        if not (
-            event.start_ms < event.end_ms
-            and event.end_ms - event.start_ms <= limits.MAX_INTERVAL_MS
-        ):
-            raise _Reject(Reason.INTERVAL_INVALID, f"[{event.start_ms}, {event.end_ms})", takes)
-        if event.seq > 0 and event.start_ms < stream.last_end_ms:
+        return stream
+
+
+def _usage_signer(
+    state: PlacementState,
+    opened: Opened,
+    event: UsageEvent,
+    checked: CheckedSignature | None,
+) -> tuple[bytes, str]:
+    """SPEC §6.3 usage (1) and (2): the node is in the terms; one signature, by a key bound
+    to the node, valid, not revoked, its binding covering the interval. The key and its id."""
+    node_id = event.node_id
+    bound = state.bindings.get(node_id)
+    if bound is None:
+        raise _Reject(Reason.NODE_UNKNOWN, f"node {node_id!r} is not in the terms")
+    signatures = opened.envelope.signatures
+    if not signatures:
+        raise _Reject(Reason.SIG_MISSING, "usage must be signed by its node")
+    if len(signatures) > 1:
+        raise _Reject(Reason.SIG_SURPLUS, f"{len(signatures)} signatures, want 1")
+    signature = signatures[0]
+    public_key = key_among(bound, signature.keyid)  # state.key_for(node_id, keyid)
+    if public_key is None:
+        raise _Reject(Reason.NODE_KEY_UNKNOWN, f"key {signature.keyid} is not bound to node")
+    valid_from, valid_until = bound[public_key]
+    if checked is not None and checked.public_key == public_key:
+        valid = checked.valid
+    else:
+        valid = verify(public_key, opened.payload, signature.sig)
+    if not valid:
+        raise _Reject(Reason.SIG_INVALID, f"bad signature by key {signature.keyid}")
+    if public_key in state.revoked.get(node_id, ()):
+        # §6.6: a revocation applies at its arrival, whatever interval is claimed.
+        raise _Reject(Reason.NODE_KEY_REVOKED, f"key {signature.keyid} was revoked")
+    if not (valid_from <= event.start_ms and event.end_ms <= valid_until):
+        raise _Reject(Reason.NODE_KEY_NOT_VALID, "the key's binding does not cover the interval")
+    return public_key, signature.keyid
+
+
+def _usage_residency(terms: PlacementTerms, node_id: str) -> None:
+    """SPEC §6.3 usage (2a), §5.2 R2: the node lies inside the residency policy."""
+    if terms.residency is None:
+        return
+    region = next((n.region for n in terms.nodes if n.node_id == node_id), "")
+    if not node_inside_residency(terms, region):
+        raise _Reject(
+            Reason.RESIDENCY,
+            f"node {node_id} is in region {region!r}, outside the allowed regions "
+            f"{', '.join(terms.residency.allowed_regions)}",
+        )
+
+
+def _usage_content(
+    state: PlacementState,
+    terms: PlacementTerms,
+    event: UsageEvent,
+    stream: StreamState,
+    arrived: int | None,
+    takes: tuple[str, int],
+) -> None:
+    """SPEC §6.3 usage (4) the interval and (5) the window (the release, the arrival)."""
+    if not (
+        event.start_ms < event.end_ms and event.end_ms - event.start_ms <= limits.MAX_INTERVAL_MS
+    ):
+        raise _Reject(Reason.INTERVAL_INVALID, f"[{event.start_ms}, {event.end_ms})", takes)
+    if event.seq > 0 and event.start_ms < stream.last_end_ms:
+        raise _Reject(
+            Reason.INTERVAL_OVERLAP,
+            f"starts at {event.start_ms}, the previous ended at {stream.last_end_ms}",
+            takes,
+        )
+    if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
+        raise _Reject(Reason.OUTSIDE_WINDOW, f"[{event.start_ms}, {event.end_ms})", takes)
+    released = state.release_end_ms
+    if released is not None and event.start_ms >= released:
+        # §6.7: the buyer released the placement from ``released`` on.
+        raise _Reject(
+            Reason.AFTER_RELEASE, f"starts at {event.start_ms}, released from {released}", takes
+        )
+    if arrived is not None and event.end_ms > arrived + limits.MAX_CLOCK_SKEW_MS:
+        # §6.6: a node reports what it measured; nothing ends after it arrived.
+        raise _Reject(Reason.FUTURE_DATED, f"ends at {event.end_ms}, arrived at {arrived}", takes)
+
+
+def _usage_delivered(
+    state: PlacementState,
+    terms: PlacementTerms,
+    event: UsageEvent,
+    stream: StreamState,
+    public_key: bytes,
+    keyid: str,
+    takes: tuple[str, int],
+) -> tuple[int, list[int]]:
+    """SPEC §6.3 usage (6) the samples; §7.1 what they deliver, §7.10 what of it each
+    assignment resold (by the assignments' order)."""
+    if len(event.samples) > 1:
+        uuids = [s.uuid for s in event.samples]
+        if len(set(uuids)) != len(uuids):
+            raise _Reject(Reason.SAMPLE_DUPLICATE_GPU, "a GPU is sampled twice", takes)
+    delivered = 0
+    assignments = state.assignments
+    resold = [0] * len(assignments)
+    for sample in event.samples:
+        spec = state.gpus.get(sample.uuid)
+        if spec is None or spec.node_id != event.node_id:
+            raise _Reject(Reason.GPU_NOT_IN_TERMS, f"GPU {sample.uuid} on {event.node_id}", takes)
+        if spec.model != sample.model:
             raise _Reject(
-                Reason.INTERVAL_OVERLAP,
-                f"starts at {event.start_ms}, the previous ended at {stream.last_end_ms}",
+                Reason.GPU_MODEL_MISMATCH,
+                f"GPU {sample.uuid}: {sample.model} != {spec.model}",
                 takes,
             )
-        # (5) the window
-        if not (event.end_ms > terms.window_start_ms and event.start_ms < terms.window_end_ms):
-            raise _Reject(Reason.OUTSIDE_WINDOW, f"[{event.start_ms}, {event.end_ms})", takes)
-        released = state.release_end_ms
-        if released is not None and event.start_ms >= released:
-            # §6.7: the buyer released the placement from ``released`` on.
-            raise _Reject(
-                Reason.AFTER_RELEASE, f"starts at {event.start_ms}, released from {released}", takes
+        if terms.attestation_required:
+            _usage_attested(state, event, sample.uuid, public_key, keyid, takes)
+        if health.counts(sample, event.seq == 0, stream.retired):
+            delivered += spec.share_milli * overlap_ms(
+                event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
             )
-        arrived = self.arrived
-        if arrived is not None and event.end_ms > arrived + limits.MAX_CLOCK_SKEW_MS:
-            # §6.6: a node reports what it measured; nothing ends after it arrived.
-            raise _Reject(
-                Reason.FUTURE_DATED, f"ends at {event.end_ms}, arrived at {arrived}", takes
-            )
-        # (6) the samples; §7.1 delivered
-        if len(event.samples) > 1:
-            uuids = [s.uuid for s in event.samples]
-            if len(set(uuids)) != len(uuids):
-                raise _Reject(Reason.SAMPLE_DUPLICATE_GPU, "a GPU is sampled twice", takes)
-        delivered = 0
-        assignments = state.assignments
-        resold = [0] * len(assignments)
-        for sample in event.samples:
-            spec = state.gpus.get(sample.uuid)
-            if spec is None or spec.node_id != node_id:
-                raise _Reject(Reason.GPU_NOT_IN_TERMS, f"GPU {sample.uuid} on {node_id}", takes)
-            if spec.model != sample.model:
-                raise _Reject(
-                    Reason.GPU_MODEL_MISMATCH,
-                    f"GPU {sample.uuid}: {sample.model} != {spec.model}",
-                    takes,
-                )
-            if terms.attestation_required:
-                # §6.9: only attested keys carry usage, and only for the GPUs attested.
-                attestation = state.attested.get(node_id, {}).get(public_key)
-                if attestation is None or sample.uuid not in attestation.gpus:
-                    raise _Reject(
-                        Reason.NOT_ATTESTED,
-                        f"key {signature.keyid} has no accepted evidence for GPU {sample.uuid}",
-                        takes,
+            # §7.10: the same time on an assigned GPU, from the handover on
+            for k, assigned in enumerate(assignments):
+                if sample.uuid in assigned.gpus:
+                    resold[k] += spec.share_milli * overlap_ms(
+                        event.start_ms, event.end_ms, assigned.handover_ms, state.effective_end_ms
                     )
-                # §6.9 Expiry: judged by the event's end, the whole event
-                expires_ms = attestation.iat * 1000 + limits.MAX_ATTESTATION_VALIDITY_MS
-                if event.end_ms > expires_ms:
-                    raise _Reject(
-                        Reason.NOT_ATTESTED,
-                        f"the attestation of key {signature.keyid} (iat {attestation.iat}) "
-                        f"expired at {expires_ms} (iat + MAX_ATTESTATION_VALIDITY_MS); the "
-                        f"event ends at {event.end_ms}; the operator re-attests with a "
-                        "binding that only attests (SPEC §6.9)",
-                        takes,
-                    )
-            if health.counts(sample, event.seq == 0, stream.retired):
-                delivered += spec.share_milli * overlap_ms(
-                    event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
-                )
-                # §7.10: the same time on an assigned GPU, from the handover on
-                for k, assigned in enumerate(assignments):
-                    if sample.uuid in assigned.gpus:
-                        resold[k] += spec.share_milli * overlap_ms(
-                            event.start_ms,
-                            event.end_ms,
-                            assigned.handover_ms,
-                            state.effective_end_ms,
-                        )
-        # (7) accepted: advance the stream and fold
-        self.accepted[(node_id, event.seq)] = (opened.input_hash, opened.record_hash)
-        streams = dict(state.streams)
-        streams[node_id] = StreamState(
-            event.seq + 1,
-            opened.record_hash,
-            event.end_ms,
-            opened.input_hash,
-            health.retired_after(stream.retired, event.samples),
+    return delivered, resold
+
+
+def _usage_attested(
+    state: PlacementState,
+    event: UsageEvent,
+    uuid: str,
+    public_key: bytes,
+    keyid: str,
+    takes: tuple[str, int],
+) -> None:
+    """SPEC §6.9: only attested keys carry usage, and only for the GPUs attested."""
+    attestation = state.attested.get(event.node_id, {}).get(public_key)
+    if attestation is None or uuid not in attestation.gpus:
+        raise _Reject(
+            Reason.NOT_ATTESTED, f"key {keyid} has no accepted evidence for GPU {uuid}", takes
         )
-        changes: dict[str, Any] = {
-            "streams": streams,
-            "max_usage_end_ms": max(state.max_usage_end_ms, event.end_ms),
-        }
-        if assignments and any(resold):
-            changes["assignments"] = tuple(
-                msgspec.structs.replace(a, delivered_mgms=a.delivered_mgms + extra)
-                for a, extra in zip(assignments, resold, strict=True)
-            )
-        if delivered:
-            current = state.totals  # _reprice(delivered_mgms=...), without its dicts
-            changes["totals"] = price(
-                terms,
-                delivered_mgms=current.delivered_mgms + delivered,
-                reclaim_credit=current.reclaim_credit_minor,
-                sla_credit=current.sla_credit_minor,
-                adjustment_credit=current.adjustment_credit_minor,
-                adjustment_charge=current.adjustment_charge_minor,
-                release_charge=current.release_charge_minor,
-            )
-        return changes, delivered
+    # §6.9 Expiry: judged by the event's end, the whole event
+    expires_ms = attestation.iat * 1000 + limits.MAX_ATTESTATION_VALIDITY_MS
+    if event.end_ms > expires_ms:
+        raise _Reject(
+            Reason.NOT_ATTESTED,
+            f"the attestation of key {keyid} (iat {attestation.iat}) "
+            f"expired at {expires_ms} (iat + MAX_ATTESTATION_VALIDITY_MS); the "
+            f"event ends at {event.end_ms}; the operator re-attests with a "
+            "binding that only attests (SPEC §6.9)",
+            takes,
+        )
+
+
+def _usage_accepted(
+    state: PlacementState,
+    terms: PlacementTerms,
+    opened: Opened,
+    event: UsageEvent,
+    stream: StreamState,
+    delivered: int,
+    resold: list[int],
+) -> dict[str, Any]:
+    """SPEC §6.3 usage (7): the stream advances; the totals and assignments fold."""
+    streams = dict(state.streams)
+    streams[event.node_id] = StreamState(
+        event.seq + 1,
+        opened.record_hash,
+        event.end_ms,
+        opened.input_hash,
+        health.retired_after(stream.retired, event.samples),
+    )
+    changes: dict[str, Any] = {
+        "streams": streams,
+        "max_usage_end_ms": max(state.max_usage_end_ms, event.end_ms),
+    }
+    assignments = state.assignments
+    if assignments and any(resold):
+        changes["assignments"] = tuple(
+            msgspec.structs.replace(a, delivered_mgms=a.delivered_mgms + extra)
+            for a, extra in zip(assignments, resold, strict=True)
+        )
+    if delivered:
+        current = state.totals  # _reprice(delivered_mgms=...), without its dicts
+        changes["totals"] = price(
+            terms,
+            delivered_mgms=current.delivered_mgms + delivered,
+            reclaim_credit=current.reclaim_credit_minor,
+            sla_credit=current.sla_credit_minor,
+            adjustment_credit=current.adjustment_credit_minor,
+            adjustment_charge=current.adjustment_charge_minor,
+            release_charge=current.release_charge_minor,
+        )
+    return changes
+
+
+def _chain_rejection(
+    state: PlacementState, opened: Opened, position: str, rejection: _Reject, arrived: int | None
+) -> tuple[Verdict, PlacementState]:
+    """A rejection is chained (SPEC §6) and changes nothing else — but a usage event
+    rejected from §6.3 usage (3) on takes its seq for good."""
+    seen = state.seen.add(opened.input_hash)
+    changes: dict[str, Any] = {}
+    if rejection.takes is not None:
+        node_id, seq = rejection.takes
+        taken = dict(state.taken)
+        taken[node_id] = taken.get(node_id, frozenset()) | {seq}
+        changes["taken"] = taken
+    return _chain(
+        state,
+        seen,
+        opened,
+        position,
+        "rejected",
+        rejection.reason,
+        0,
+        rejection.detail,
+        state.totals,
+        changes,
+        arrived,
+    )
 
 
 # §6.3 terms (3): whether anything was priced (an amendment comes too late then).
@@ -1125,24 +1201,7 @@ def _assignment(
             Reason.ASSIGNMENT_INVALID, f"{limits.MAX_ASSIGNMENTS} assignments already accepted"
         )
     new_buyer = assignment.new_buyer
-    parties = (terms.operator, terms.buyer, terms.desk)
-    if new_buyer.id in {p.id for p in parties}:
-        raise _Reject(Reason.ASSIGNMENT_INVALID, f"new buyer {new_buyer.id!r} is a party")
-    taken_keys = {p.key for p in parties} | {terms.ledger_key} | {n.key for n in terms.nodes}
-    if new_buyer.key in taken_keys:
-        raise _Reject(Reason.ASSIGNMENT_INVALID, "the new buyer's key is another party's")
-    for node_id, keys in sorted(state.bindings.items()):
-        if new_buyer.key in keys:  # §6.8 (3): bound since the terms, revoked or not
-            raise _Reject(
-                Reason.ASSIGNMENT_INVALID, f"the new buyer's key is a node key of {node_id}"
-            )
-    for earlier in state.assignments:
-        if (earlier.new_buyer.id == new_buyer.id) != (earlier.new_buyer.key == new_buyer.key):
-            raise _Reject(
-                Reason.ASSIGNMENT_INVALID,
-                f"new buyer {new_buyer.id!r} differs in id or key from assignment "
-                f"{earlier.assignment_id}",
-            )
+    _another_party(state, terms, new_buyer)
     if len(set(assignment.gpus)) != len(assignment.gpus):
         raise _Reject(Reason.ASSIGNMENT_INVALID, "a GPU is listed twice")
     unknown = sorted(set(assignment.gpus) - set(state.gpus))
@@ -1183,6 +1242,29 @@ def _assignment(
         assignment.rate_per_gpu_hour_minor,
     )
     return {"assignments": (*state.assignments, accepted)}
+
+
+def _another_party(state: PlacementState, terms: PlacementTerms, new_buyer: Party) -> None:
+    """SPEC §6.8 (3): the new buyer is none of the terms' parties, holds none of their keys
+    nor a node key, and is the same id and key as in every earlier assignment."""
+    parties = (terms.operator, terms.buyer, terms.desk)
+    if new_buyer.id in {p.id for p in parties}:
+        raise _Reject(Reason.ASSIGNMENT_INVALID, f"new buyer {new_buyer.id!r} is a party")
+    taken_keys = {p.key for p in parties} | {terms.ledger_key} | {n.key for n in terms.nodes}
+    if new_buyer.key in taken_keys:
+        raise _Reject(Reason.ASSIGNMENT_INVALID, "the new buyer's key is another party's")
+    for node_id, keys in sorted(state.bindings.items()):
+        if new_buyer.key in keys:  # §6.8 (3): bound since the terms, revoked or not
+            raise _Reject(
+                Reason.ASSIGNMENT_INVALID, f"the new buyer's key is a node key of {node_id}"
+            )
+    for earlier in state.assignments:
+        if (earlier.new_buyer.id == new_buyer.id) != (earlier.new_buyer.key == new_buyer.key):
+            raise _Reject(
+                Reason.ASSIGNMENT_INVALID,
+                f"new buyer {new_buyer.id!r} differs in id or key from assignment "
+                f"{earlier.assignment_id}",
+            )
 
 
 def resale_of(

@@ -1,4 +1,5 @@
-"""Statements and checkpoints issued on request, and party cosignatures of checkpoints.
+"""Statements and checkpoints issued on request, and party cosignatures of checkpoints;
+``current_statement``, the statement through the head for a read, which never signs.
 
 These work from the store alone (committed records), so the HTTP API of a running ledger
 and the CLI on a stopped ledger's file give the same answers. What is issued is stored,
@@ -7,20 +8,34 @@ so asking twice for the same head returns the same bytes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-from ledger.checkpoints import checkpoint_over_leaves, make_checkpoint, merge_cosignature
+from ledger.checkpoints import (
+    CosignTimes,
+    checkpoint_over_leaves,
+    make_checkpoint,
+    merge_cosignature,
+    party_note_keys,
+)
 from ledger.limits import ATTEST_LEAF_RECORDS
-from ledger.statements import ledger_record_of, make_statement, statement_period
+from ledger.statements import (
+    ledger_record_of,
+    make_statement,
+    preview_json,
+    statement_json,
+    statement_of,
+    statement_period,
+)
 from ledger.store import ChainHead, StatementRow, Store, StoreError
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.keys import SigningKey
 from proto.note import parse_checkpoint_body, parse_note
 from proto.reasons import Reason
-from proto.records import ZERO_HASH, PlacementTerms
+from proto.records import ZERO_HASH, Assignment, LedgerRecord, Party, PlacementTerms, Statement
 
 # Placements attested per store transaction by ``attest_all``.
 ATTEST_CHUNK: Final = 256
@@ -59,6 +74,36 @@ def _issue_statement(store: Store, key: SigningKey, placement_id: str) -> bytes:
     existing = store.statement(placement_id, head.chain_index)
     if existing is not None:
         return existing
+    terms, close_index, previous = _statement_context(store, placement_id, head)
+    row = _statement(key, head.envelope, terms, close_index, previous)
+    store.add_statement(row)
+    return row.envelope
+
+
+def current_statement(store: Store, placement_id: str) -> tuple[Statement, bytes | None]:
+    """The statement through the placement's current head without writing anything: the
+    stored one and its envelope, or, where none is stored for the head yet, the same
+    statement unsigned (envelope None): a read serves what ``issue_statement`` would
+    sign, and signs nothing."""
+    head = _head(store, placement_id)
+    existing = store.statement(placement_id, head.chain_index)
+    if existing is not None:
+        stored = open_envelope(existing).record
+        if not isinstance(stored, Statement):
+            raise UnknownPlacement(f"the stored statement of {placement_id!r} is not a statement")
+        return stored, existing
+    terms, close_index, previous = _statement_context(store, placement_id, head)
+    record, record_hash = ledger_record_of(head.envelope)
+    final = close_index is not None and close_index <= record.index
+    period = statement_period(record.index, close_index)
+    unsigned = statement_of(record, record_hash, terms, final, period=period, previous=previous)
+    return unsigned, None
+
+
+def _statement_context(
+    store: Store, placement_id: str, head: ChainHead
+) -> tuple[PlacementTerms, int | None, str]:
+    """(terms, close index, ``previous``) of the statement through ``head`` (SPEC §8)."""
     close_index = store.close_index(placement_id)
     terms = store.terms(placement_id)
     if terms is None:
@@ -70,9 +115,7 @@ def _issue_statement(store: Store, key: SigningKey, placement_id: str) -> bytes:
         if before is None:
             raise UnknownPlacement(f"placement {placement_id!r}: record {head.chain_index - 1}")
         previous = before
-    row = _statement(key, head.envelope, terms, close_index, previous)
-    store.add_statement(row)
-    return row.envelope
+    return terms, close_index, previous
 
 
 def _statement(
@@ -102,13 +145,17 @@ def issue_checkpoint(store: Store, key: SigningKey, placement_id: str) -> str:
 
 
 def cosign_checkpoint(
-    store: Store, key: SigningKey, placement_id: str, note_text: str
+    store: Store, key: SigningKey, placement_id: str, note_text: str, *, now_ms: int | None = None
 ) -> tuple[str, list[str]]:
     """Add the valid party signatures of ``note_text`` to the stored checkpoint it signs.
 
-    Returns (the stored note with every cosignature, parties added). Raises ProtoError for
-    a note that is malformed, over a checkpoint this ledger never issued, or without a
-    new valid party signature; UnknownPlacement for a placement without a chain.
+    A party is one of the terms or an accepted assignment's new buyer (SPEC §8.2); each
+    cosignature is dated between the last covered record's arrival and the ledger's clock
+    (``now_ms``, default the wall clock; never before that arrival), each with its margin
+    (SPEC §8.4). Returns (the stored note with every cosignature, parties added). Raises
+    ProtoError for a note that is malformed, over a checkpoint this ledger never issued,
+    or without a new valid party signature; UnknownPlacement for a placement without a
+    chain.
     """
     submitted = parse_note(note_text)
     checkpoint = parse_checkpoint_body(submitted.body)
@@ -125,9 +172,40 @@ def cosign_checkpoint(
                     f"no checkpoint of size {checkpoint.size} was issued for {placement_id}",
                 )
             stored = issue_checkpoint(store, key, placement_id)
-        merged, added = merge_cosignature(stored, note_text, terms, key.public_key)
+        keys = party_note_keys(terms, _new_buyers(store, placement_id, checkpoint.size))
+        last = _arrived_ms(store, placement_id, checkpoint.size - 1)
+        clock = int(time.time() * 1000) if now_ms is None else now_ms
+        times = CosignTimes(last, max(clock, last or 0))
+        merged, added = merge_cosignature(stored, note_text, keys, key.public_key, times)
         store.put_checkpoint(placement_id, checkpoint.size, merged, replace=True)
     return merged, added
+
+
+def _new_buyers(store: Store, placement_id: str, size: int) -> list[Party]:
+    """The new buyers of the assignments accepted in the first ``size`` records."""
+    rows = store.placement_query(
+        "SELECT envelope FROM inputs WHERE {rows} AND kind = 'assignment' "
+        "AND status = 'accepted' AND chain_index < ? ORDER BY chain_index",
+        placement_id,
+        [size],
+    )
+    out: list[Party] = []
+    for (envelope,) in rows:
+        record = open_envelope(bytes(envelope)).record
+        if isinstance(record, Assignment):
+            out.append(record.new_buyer)
+    return out
+
+
+def _arrived_ms(store: Store, placement_id: str, index: int) -> int | None:
+    """The ``arrived_ms`` of record ``index`` (None: no such record, or untimed)."""
+    rows = store.placement_query(
+        "SELECT envelope FROM records WHERE {rows} AND chain_index = ?", placement_id, [index]
+    )
+    if not rows:
+        return None
+    record = open_envelope(bytes(rows[0][0])).record
+    return record.arrived_ms if isinstance(record, LedgerRecord) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,3 +419,10 @@ def _statements(
         except ProtoError as exc:  # SPEC §7.7: one placement's stored fault, not the run's
             skipped[pid] = f"placement {pid!r}: its head record does not decode ({exc})"
     return rows, skipped
+
+
+def statement_answer(store: Store, placement_id: str) -> dict[str, Any]:
+    """The JSON answer to a read of the statement (``current_statement``): the stored
+    statement's, or the unsigned preview's, marked so."""
+    statement, envelope = current_statement(store, placement_id)
+    return preview_json(statement) if envelope is None else statement_json(envelope)

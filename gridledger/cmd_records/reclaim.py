@@ -1,0 +1,43 @@
+"""`gridledger reclaim`: the operator takes the placement's GPUs back (a ReclaimNotice)."""
+
+from __future__ import annotations
+
+import argparse
+
+from gridledger.cmd_records.common import add_issued, default_out, load_terms, parse_time_ms
+from gridledger.cmd_records.finish import finish, sign_new
+from gridledger.cmd_records.wire import check_record
+from proto.records import ReclaimNotice
+
+
+def command(args: argparse.Namespace) -> int:
+    terms = load_terms(args.terms)
+    issued = parse_time_ms(args.issued_at, "--issued-at")
+    effective = parse_time_ms(args.effective_at, "--effective-at")
+    record = ReclaimNotice(
+        placement_id=terms.placement_id,
+        reclaim_id=args.id or f"reclaim-{issued}",
+        issued_at_ms=issued,
+        effective_at_ms=effective,
+        gpus=[g.uuid for g in terms.gpus],
+        reason=args.reason,
+    )
+    check_record(record)
+    envelope = sign_new(args, terms, record)
+    out = None if args.dry_run else default_out(args, f"reclaim-{record.reclaim_id}")
+    return finish(args, terms, record, envelope, out)
+
+
+def options(p: argparse.ArgumentParser) -> None:
+    """The options of `gridledger reclaim` before the common ones."""
+    p.add_argument(
+        "--effective-at",
+        required=True,
+        metavar="TIME",
+        help="when the GPUs are taken back (ISO time or epoch ms)",
+    )
+    add_issued(p)
+    p.add_argument(
+        "--reason", default="", help="free text shown to the buyer (at most 512 characters)"
+    )
+    p.add_argument("--id", metavar="ID", help="the reclaim id (default reclaim-<issued ms>)")

@@ -1,0 +1,61 @@
+"""`gridledger release`: the buyer ends the placement early (a BuyerRelease, SPEC §6.7)."""
+
+from __future__ import annotations
+
+import argparse
+
+from gridledger.cmd_records.common import (
+    UsageError,
+    add_issued,
+    default_out,
+    iso,
+    load_terms,
+    parse_time_ms,
+)
+from gridledger.cmd_records.finish import finish, sign_new
+from gridledger.cmd_records.wire import check_record
+from proto.records import BuyerRelease
+
+
+def command(args: argparse.Namespace) -> int:
+    terms = load_terms(args.terms)
+    issued = parse_time_ms(args.issued_at, "--issued-at")
+    effective = parse_time_ms(args.effective_at, "--effective-at")
+    if effective < issued:
+        given = "--issued-at" if args.issued_at != "now" else "--issued-at (default: now)"
+        hint = "" if args.issued_at != "now" else "; give --issued-at, when the buyer issues it"
+        raise UsageError(
+            f"--effective-at {iso(effective)} is before {given} {iso(issued)}: a release "
+            f"cannot end the placement before it is issued (SPEC §6.7: RELEASE_INVALID){hint}"
+        )
+    if not terms.window_start_ms <= effective < terms.window_end_ms:
+        raise UsageError(
+            f"--effective-at {iso(effective)} is outside the window [{iso(terms.window_start_ms)}"
+            f", {iso(terms.window_end_ms)}) (SPEC §6.7: RELEASE_INVALID)"
+        )
+    record = BuyerRelease(
+        placement_id=terms.placement_id,
+        release_id=args.id or f"release-{issued}",
+        issued_at_ms=issued,
+        effective_at_ms=effective,
+        reason=args.reason,
+    )
+    check_record(record)
+    envelope = sign_new(args, terms, record)
+    out = None if args.dry_run else default_out(args, f"release-{record.release_id}")
+    return finish(args, terms, record, envelope, out)
+
+
+def options(p: argparse.ArgumentParser) -> None:
+    """The options of `gridledger release` before the common ones."""
+    p.add_argument(
+        "--effective-at",
+        required=True,
+        metavar="TIME",
+        help="when the placement ends (ISO time or epoch ms); never before it reaches the log",
+    )
+    add_issued(p)
+    p.add_argument(
+        "--reason", default="", help="free text shown to the operator (at most 512 characters)"
+    )
+    p.add_argument("--id", metavar="ID", help="the release id (default release-<issued ms>)")
