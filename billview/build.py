@@ -460,17 +460,27 @@ def _availability(facts: BillFacts, totals: Totals, money: _Money, checks: list[
     owed_text = f"{gpus(share)} × {duration(owed_ms)} = {gpu_hours_exact(share * owed_ms)}" + (
         " (to the reclaim)" if end < terms.window_end_ms else ""
     )
+    closed = facts.close_index is not None and facts.close_index <= facts.statement.through_index
+    derivation = (
+        f"D / (S × E) = {gpu_hours_exact(totals.delivered_mgms)} / "
+        f"({owed_text}) = {percent_bps(bps)} (rounded down), "
+        f"{'meets' if met else 'misses'} the target {percent_bps(target)} (SPEC §7.5)"
+    )
+    if not closed:
+        # Over the whole window, mid-window figures read as a miss: say what is known.
+        derivation = (
+            f"delivered so far D = {gpu_hours_exact(totals.delivered_mgms)} of the window's "
+            f"S × E = {owed_text}; availability is judged at the close against the target "
+            f"{percent_bps(target)} (SPEC §7.5)"
+        )
     availability = Line(
         key="availability",
         section="sla",
         label="Availability",
-        quantity=percent_bps(bps),
+        quantity=percent_bps(bps) if closed else "open: judged at the close",
         unit="",
-        derivation=f"D / (S × E) = {gpu_hours_exact(totals.delivered_mgms)} / "
-        f"({owed_text}) = {percent_bps(bps)} (rounded down), "
-        f"{'meets' if met else 'misses'} the target {percent_bps(target)} (SPEC §7.5)",
+        derivation=derivation,
     )
-    closed = facts.close_index is not None and facts.close_index <= facts.statement.through_index
     if not closed:
         derived = 0
         why = "fixed at the close (SPEC §7.5); the placement is open, so it is 0 so far"
