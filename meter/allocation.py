@@ -10,10 +10,12 @@ a MIG instance), and so do the samples; the agent compares the holder with the t
 * ``idle``: nobody holds it;
 * ``unknown``: no source, a failed source, or terms that name no holder (nothing to match).
 
-Two sources, both with their transport injected so that tests run them against fakes of
+Three sources, each with its transport injected so that tests run them against fakes of
 the real shapes: ``KubeletSource`` (the kubelet PodResources API v1 ``List``; ``meter/
-podresources.py`` is its gRPC client, an optional extra) and ``SlurmSource`` (``scontrol -o
--d show jobs``: each running job's account, partition and GPU indices on this node).
+podresources.py`` is its gRPC client, an optional extra), ``SlurmSource`` (``scontrol -o
+-d show jobs``: each running job's account, partition and GPU indices on this node) and
+``SlurmPrologSource`` (what a Slurm prolog wrote of its job's environment, one file per
+running job, removed by the epilog: ``deploy/slurm-prolog.sh``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import re
 import socket
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final, Protocol
 
 import structlog
@@ -29,10 +32,12 @@ import structlog
 from proto.records import Allocation, GpuSpec, PlacementTerms
 
 __all__ = [
+    "ALLOCATION_KINDS",
     "GPU_RESOURCES",
     "MAX_SCHEDULER_OUTPUT_BYTES",
     "AllocationSource",
     "KubeletSource",
+    "SlurmPrologSource",
     "SlurmSource",
     "allocations_for",
     "build_allocation_source",
@@ -44,6 +49,9 @@ GPU_RESOURCES: Final = frozenset({"nvidia.com/gpu"})
 """Device-plugin resource names whose device ids are GPUs; ``nvidia.com/mig-<profile>``
 (the plugin's mixed MIG strategy) is matched by prefix."""
 
+ALLOCATION_KINDS: Final = ("none", "kubelet", "slurm", "slurm-prolog")
+"""meter.toml's ``allocation`` values."""
+DEFAULT_PROLOG_DIR: Final = "/run/gridledger/slurm-jobs"
 MAX_SCHEDULER_OUTPUT_BYTES: Final = 4 * 1024 * 1024
 """The most a scheduler answer may hold (a larger one is a failure: ``unknown``)."""
 MAX_HOSTLIST_NAMES: Final = 4096
@@ -221,12 +229,60 @@ class SlurmSource:
             return None
 
 
+MAX_PROLOG_FILES: Final = 1024
+"""Job files a prolog directory may hold (more: a failure, ``unknown``)."""
+MAX_PROLOG_FILE_BYTES: Final = 65_536
+
+
+class SlurmPrologSource:
+    """Holders from the files a Slurm prolog writes (``deploy/slurm-prolog.sh``): one
+    ``<job id>.env`` per running job, lines ``KEY=VALUE`` of the prolog's environment:
+    ``SLURM_JOB_ACCOUNT``, ``SLURM_JOB_PARTITION`` and ``SLURM_JOB_GPUS`` (the job's GPU
+    indices on this node, comma-separated); the epilog removes the file."""
+
+    def __init__(self, directory: Path, uuid_of_index: Callable[[int], str | None]) -> None:
+        self._directory = directory
+        self._uuid_of_index = uuid_of_index
+
+    def holders(self) -> Mapping[str, str] | None:
+        """Each GPU of a job with a file, held by ``slurm:<account>/<partition>``."""
+        try:
+            if not self._directory.is_dir():  # no prolog wrote here: nobody can say
+                raise FileNotFoundError(f"no directory {self._directory}")
+            files = sorted(self._directory.glob("*.env"))
+            if len(files) > MAX_PROLOG_FILES:
+                raise ValueError(f"{len(files)} job files in {self._directory}")
+            out: dict[str, str] = {}
+            for path in files:
+                with path.open("rb") as f:
+                    text = f.read(MAX_PROLOG_FILE_BYTES + 1)
+                if len(text) > MAX_PROLOG_FILE_BYTES:
+                    raise ValueError(f"{path} is larger than {MAX_PROLOG_FILE_BYTES} bytes")
+                env = dict(
+                    line.split("=", 1)
+                    for line in text.decode("utf-8", "replace").splitlines()
+                    if "=" in line
+                )
+                holder = (
+                    f"slurm:{env.get('SLURM_JOB_ACCOUNT', '')}/{env.get('SLURM_JOB_PARTITION', '')}"
+                )
+                for index in env.get("SLURM_JOB_GPUS", "").split(","):
+                    uuid = self._uuid_of_index(int(index)) if index.strip().isdigit() else None
+                    if uuid is not None:
+                        out[uuid] = holder
+            return out
+        except Exception as exc:  # unreadable, too many, too large: unknown
+            _log.warning("slurm_prolog_files_failed", error=f"{type(exc).__name__}: {exc}")
+            return None
+
+
 def build_allocation_source(
     kind: str,
     *,
     kubelet_socket: str,
     slurm_node: str,
     uuid_of_index: Callable[[int], str | None],
+    slurm_prolog_dir: str = "",
 ) -> AllocationSource | None:
     """The source meter.toml's ``allocation`` names (None for ``none``)."""
     if kind == "kubelet":
@@ -236,6 +292,8 @@ def build_allocation_source(
     if kind == "slurm":
         node = slurm_node or socket.gethostname().split(".")[0]
         return SlurmSource(node, uuid_of_index)
+    if kind == "slurm-prolog":
+        return SlurmPrologSource(Path(slurm_prolog_dir or DEFAULT_PROLOG_DIR), uuid_of_index)
     if kind == "none":
         return None
-    raise ValueError(f"allocation must be 'none', 'kubelet' or 'slurm', not {kind!r}")
+    raise ValueError(f"allocation must be one of {', '.join(ALLOCATION_KINDS)}, not {kind!r}")

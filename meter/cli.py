@@ -197,6 +197,7 @@ def build_agent(
             kubelet_socket=config.kubelet_socket,
             slurm_node=config.slurm_node,
             uuid_of_index=_uuid_of_index(source),
+            slurm_prolog_dir=config.slurm_prolog_dir,
         )
         return Agent(agent_config, source, clock, metrics=metrics, allocation=allocation)
     except BaseException:

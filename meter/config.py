@@ -21,10 +21,12 @@ Keys (relative paths are relative to the directory of meter.toml)::
                                           #   agent refuses to start)
     allocation = "none"                   # who holds each GPU (SPEC §7.1.2): "none" (every
                                           #   sample says allocation "unknown") | "kubelet"
-                                          #   | "slurm" (meter/allocation.py)
+                                          #   | "slurm" | "slurm-prolog" (meter/allocation.py)
     kubelet_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"   # allocation = kubelet
     slurm_node = "gpu01"                  # allocation = slurm: this node's Slurm name
                                           #   (default: the short host name)
+    slurm_prolog_dir = "/run/gridledger/slurm-jobs"  # allocation = slurm-prolog: the job
+                                          #   files deploy/slurm-prolog.sh writes
 
     [kafka]                               # transport = "kafka"
     bootstrap = "127.0.0.1:9092"
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from meter.allocation import ALLOCATION_KINDS, DEFAULT_PROLOG_DIR
 from meter.limits import DEFAULT_INTERVAL_MS, MAX_INTERVAL_MS, MAX_TERMS_FILES, MIN_INTERVAL_MS
 from meter.podresources import DEFAULT_SOCKET
 from proto.unknown_keys import unknown_key
@@ -83,6 +86,7 @@ _TOP_KEYS: Final = frozenset(
         "allocation",
         "kubelet_socket",
         "slurm_node",
+        "slurm_prolog_dir",
     }
 )
 _KAFKA_KEYS: Final = frozenset(
@@ -125,9 +129,10 @@ class MeterConfig:
     kafka: KafkaSettings | None
     metrics_listen: tuple[str, int] | None
     key_rebound: bool = False
-    allocation: Literal["none", "kubelet", "slurm"] = "none"
+    allocation: str = "none"  # one of meter.allocation.ALLOCATION_KINDS
     kubelet_socket: str = DEFAULT_SOCKET
     slurm_node: str = ""  # empty: the short host name
+    slurm_prolog_dir: str = DEFAULT_PROLOG_DIR
 
 
 def load_meter_config(path: Path) -> MeterConfig:
@@ -271,19 +276,20 @@ def _node_settings(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
         problems.append("key_rebound must be true or false")
         key_rebound = False
     allocation = data.get("allocation", "none")
-    if allocation not in ("none", "kubelet", "slurm"):
-        problems.append(f"allocation must be 'none', 'kubelet' or 'slurm', not {allocation!r}")
+    if allocation not in ALLOCATION_KINDS:
+        kinds = ", ".join(repr(k) for k in ALLOCATION_KINDS)
+        problems.append(f"allocation must be one of {kinds}, not {allocation!r}")
         allocation = "none"
-    kubelet_socket = data.get("kubelet_socket", DEFAULT_SOCKET)
-    slurm_node = data.get("slurm_node", "")
-    for name, value in (("kubelet_socket", kubelet_socket), ("slurm_node", slurm_node)):
+    texts = {k: data.get(k, "") for k in ("kubelet_socket", "slurm_node", "slurm_prolog_dir")}
+    for name, value in texts.items():
         if not isinstance(value, str):
             problems.append(f"{name} must be a string")
     return {
         "key_rebound": key_rebound,
         "allocation": allocation,
-        "kubelet_socket": str(kubelet_socket),
-        "slurm_node": str(slurm_node),
+        "kubelet_socket": str(texts["kubelet_socket"] or DEFAULT_SOCKET),
+        "slurm_node": str(texts["slurm_node"]),
+        "slurm_prolog_dir": str(texts["slurm_prolog_dir"] or DEFAULT_PROLOG_DIR),
     }
 
 

@@ -33,6 +33,7 @@ from ledger.store import Store
 from meter.agent import Agent, AgentConfig
 from meter.allocation import (
     KubeletSource,
+    SlurmPrologSource,
     SlurmSource,
     allocations_for,
     build_allocation_source,
@@ -470,8 +471,33 @@ def test_meter_toml_names_the_scheduler(tmp_path: Path) -> None:
     assert isinstance(source, SlurmSource)
     kubelet = parse_meter_config({**base, "allocation": "kubelet"}, path)
     assert kubelet.kubelet_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
-    with pytest.raises(ConfigError, match="allocation must be 'none', 'kubelet' or 'slurm'"):
+    with pytest.raises(ConfigError, match="allocation must be one of 'none', 'kubelet'"):
         parse_meter_config({**base, "allocation": "yarn"}, path)
+    prolog = parse_meter_config({**base, "allocation": "slurm-prolog"}, path)
+    assert prolog.slurm_prolog_dir == "/run/gridledger/slurm-jobs"
+
+
+def test_slurm_prolog_files_say_who_holds_the_gpus(tmp_path: Path) -> None:
+    # What deploy/slurm-prolog.sh writes of the prolog's environment, one file per job.
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "11.env").write_text(
+        "SLURM_JOB_ID=11\nSLURM_JOB_ACCOUNT=acme\nSLURM_JOB_PARTITION=gpu\nSLURM_JOB_GPUS=0,2\n"
+    )
+    (jobs / "12.env").write_text(
+        "SLURM_JOB_ID=12\nSLURM_JOB_ACCOUNT=rival\nSLURM_JOB_PARTITION=gpu\nSLURM_JOB_GPUS=1\n"
+    )
+    source = SlurmPrologSource(jobs, lambda i: f"GPU-node-a-{i}" if i < 4 else None)
+    assert source.holders() == {
+        "GPU-node-a-0": "slurm:acme/gpu",
+        "GPU-node-a-2": "slurm:acme/gpu",
+        "GPU-node-a-1": "slurm:rival/gpu",
+    }
+    (jobs / "12.env").unlink()  # the epilog ran
+    assert source.holders() == {"GPU-node-a-0": "slurm:acme/gpu", "GPU-node-a-2": "slurm:acme/gpu"}
+    (jobs / "13.env").write_bytes(b"x" * 70_000)  # not a prolog's file: unknown, not a guess
+    assert source.holders() is None
+    assert SlurmPrologSource(tmp_path / "missing", lambda i: None).holders() is None
 
 
 def test_the_mig_example_runs_and_its_bill_shows_slices_and_degraded_time(tmp_path: Path) -> None:
