@@ -378,7 +378,7 @@ class Agent:
             samples = samples_for(
                 stream.gpus,
                 reading,
-                allocations_for(stream.terms, stream.gpus, holders if recent else None),
+                allocations_for(stream.terms, stream.gpus, holders) if recent else None,
                 metering is None or metering.idle_billed,
             )
             event = build_event(stream.key, head, start, end, samples)
