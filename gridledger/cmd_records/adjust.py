@@ -7,13 +7,11 @@ from typing import Literal
 
 from gridledger.cmd_records.common import (
     add_issued,
-    default_out,
+    issued_at,
     load_terms,
     parse_amount_minor,
-    parse_time_ms,
 )
-from gridledger.cmd_records.finish import finish, sign_new
-from gridledger.cmd_records.wire import check_record
+from gridledger.cmd_records.finish import issue
 from proto.records import Adjustment
 
 
@@ -21,7 +19,7 @@ def command(args: argparse.Namespace) -> int:
     terms = load_terms(args.terms)
     direction: Literal["credit", "charge"] = "credit" if args.credit is not None else "charge"
     amount = parse_amount_minor(args.credit or args.charge, terms, f"--{direction}")
-    issued = parse_time_ms(args.issued_at, "--issued-at")
+    issued = issued_at(args)
     record = Adjustment(
         placement_id=terms.placement_id,
         adjustment_id=args.id or f"adj-{issued}",
@@ -31,10 +29,7 @@ def command(args: argparse.Namespace) -> int:
         reason=args.reason,
         issued_at_ms=issued,
     )
-    check_record(record)
-    envelope = sign_new(args, terms, record)
-    out = None if args.dry_run else default_out(args, f"adjustment-{record.adjustment_id}")
-    return finish(args, terms, record, envelope, out)
+    return issue(args, terms, record, f"adjustment-{record.adjustment_id}")
 
 
 def options(p: argparse.ArgumentParser) -> None:

@@ -8,15 +8,14 @@ from pathlib import Path
 from gridledger.cmd_records.common import (
     UsageError,
     add_issued,
-    default_out,
     iso,
+    issued_at,
     load_terms,
     parse_amount_minor,
     parse_time_ms,
 )
-from gridledger.cmd_records.finish import finish, sign_new
+from gridledger.cmd_records.finish import issue
 from gridledger.cmd_records.precheck import precheck_new_buyer
-from gridledger.cmd_records.wire import check_record
 from proto.errors import KeyFileError
 from proto.keys import load_public_key
 from proto.records import Assignment, Party
@@ -46,7 +45,7 @@ def command(args: argparse.Namespace) -> int:
             f"--handover-at {iso(handover)} is outside the window "
             f"[{iso(terms.window_start_ms)}, {iso(terms.window_end_ms)})"
         )
-    issued = parse_time_ms(args.issued_at, "--issued-at")
+    issued = issued_at(args)
     record = Assignment(
         placement_id=terms.placement_id,
         assignment_id=args.id or f"assign-{issued}",
@@ -56,10 +55,7 @@ def command(args: argparse.Namespace) -> int:
         rate_per_gpu_hour_minor=parse_amount_minor(args.rate, terms, "--rate"),
         issued_at_ms=issued,
     )
-    check_record(record)
-    envelope = sign_new(args, terms, record)
-    out = None if args.dry_run else default_out(args, f"assignment-{record.assignment_id}")
-    return finish(args, terms, record, envelope, out)
+    return issue(args, terms, record, f"assignment-{record.assignment_id}")
 
 
 def options(p: argparse.ArgumentParser) -> None:

@@ -11,12 +11,12 @@ from gridledger.cmd_records.common import (
     UsageError,
     add_issued,
     default_out,
+    issued_at,
     load_terms,
     parse_time_ms,
 )
 from gridledger.cmd_records.finish import finish, sign_new
 from gridledger.cmd_records.precheck import precheck_fresh, precheck_node_key
-from gridledger.cmd_records.wire import check_record
 from proto.attestation import (
     Evidence,
     EvidenceError,
@@ -48,7 +48,7 @@ def command(args: argparse.Namespace) -> int:
         else parse_time_ms(args.valid_until, "--valid-until")
     )
     start = 0 if args.valid_from == "start" else parse_time_ms(args.valid_from, "--valid-from")
-    issued = parse_time_ms(args.issued_at, "--issued-at")
+    issued = issued_at(args)
     if start >= until:
         raise UsageError("--valid-from must be before --valid-until")
     precheck_node_key(terms, args.node, public, f"--node-key {args.node_key}")  # §6.3
@@ -67,7 +67,6 @@ def command(args: argparse.Namespace) -> int:
         issued_at_ms=issued,
         evidence=evidence,
     )
-    check_record(record)
     envelope = sign_new(args, terms, record)
     if record.evidence:  # once the record is whole: a warning, never beside a refusal
         _warn_unrooted(args.evidence, parse_evidence(record.evidence), args.trust)

@@ -156,6 +156,11 @@ def add_issued(p: argparse.ArgumentParser) -> None:
     )
 
 
+def issued_at(args: argparse.Namespace) -> int:
+    """The ``--issued-at`` of ``add_issued``, in ms."""
+    return parse_time_ms(args.issued_at, "--issued-at")
+
+
 def run_handler(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
         return handler(args)

@@ -12,6 +12,7 @@ from gridledger.cmd_records.common import (
     RECORD,
     Refused,
     UsageError,
+    default_out,
     iso,
     load_keys,
     parse_time_ms,
@@ -19,6 +20,7 @@ from gridledger.cmd_records.common import (
     what_of,
 )
 from gridledger.cmd_records.signers import check_signers, missing_signers
+from gridledger.cmd_records.wire import check_record
 from gridledger.publishing import publish, target_of
 from proto.canonical import signed_bytes
 from proto.envelope import Envelope, encode_envelope, sign_payload
@@ -149,6 +151,17 @@ def _dry_run(
 
 
 def sign_new(args: argparse.Namespace, terms: PlacementTerms, record: RECORD) -> Envelope:
+    """A record the command built: the wire's checks, then the signers' (SPEC §4.0), then
+    the signatures of every ``--key``."""
+    check_record(record)
     keys = load_keys(args.key)
     check_signers(terms, record, keys, what_of(record))
     return sign_payload(signed_bytes(record), keys)
+
+
+def issue(args: argparse.Namespace, terms: PlacementTerms, record: RECORD, name: str) -> int:
+    """Sign a record the command built, then ``finish`` it: written to ``--out`` (default
+    ``name.signed.json``) unless a dry run."""
+    envelope = sign_new(args, terms, record)
+    out = None if args.dry_run else default_out(args, name)
+    return finish(args, terms, record, envelope, out)

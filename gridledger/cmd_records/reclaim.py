@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from gridledger.cmd_records.common import add_issued, default_out, load_terms, parse_time_ms
-from gridledger.cmd_records.finish import finish, sign_new
-from gridledger.cmd_records.wire import check_record
+from gridledger.cmd_records.common import add_issued, issued_at, load_terms, parse_time_ms
+from gridledger.cmd_records.finish import issue
 from proto.records import ReclaimNotice
 
 
 def command(args: argparse.Namespace) -> int:
     terms = load_terms(args.terms)
-    issued = parse_time_ms(args.issued_at, "--issued-at")
+    issued = issued_at(args)
     effective = parse_time_ms(args.effective_at, "--effective-at")
     record = ReclaimNotice(
         placement_id=terms.placement_id,
@@ -22,10 +21,7 @@ def command(args: argparse.Namespace) -> int:
         gpus=[g.uuid for g in terms.gpus],
         reason=args.reason,
     )
-    check_record(record)
-    envelope = sign_new(args, terms, record)
-    out = None if args.dry_run else default_out(args, f"reclaim-{record.reclaim_id}")
-    return finish(args, terms, record, envelope, out)
+    return issue(args, terms, record, f"reclaim-{record.reclaim_id}")
 
 
 def options(p: argparse.ArgumentParser) -> None:

@@ -7,19 +7,18 @@ import argparse
 from gridledger.cmd_records.common import (
     UsageError,
     add_issued,
-    default_out,
     iso,
+    issued_at,
     load_terms,
     parse_time_ms,
 )
-from gridledger.cmd_records.finish import finish, sign_new
-from gridledger.cmd_records.wire import check_record
+from gridledger.cmd_records.finish import issue
 from proto.records import BuyerRelease
 
 
 def command(args: argparse.Namespace) -> int:
     terms = load_terms(args.terms)
-    issued = parse_time_ms(args.issued_at, "--issued-at")
+    issued = issued_at(args)
     effective = parse_time_ms(args.effective_at, "--effective-at")
     if effective < issued:
         given = "--issued-at" if args.issued_at != "now" else "--issued-at (default: now)"
@@ -40,10 +39,7 @@ def command(args: argparse.Namespace) -> int:
         effective_at_ms=effective,
         reason=args.reason,
     )
-    check_record(record)
-    envelope = sign_new(args, terms, record)
-    out = None if args.dry_run else default_out(args, f"release-{record.release_id}")
-    return finish(args, terms, record, envelope, out)
+    return issue(args, terms, record, f"release-{record.release_id}")
 
 
 def options(p: argparse.ArgumentParser) -> None:

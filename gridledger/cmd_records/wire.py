@@ -13,14 +13,7 @@ from proto.durable_io import read_at_most
 from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
 from proto.limits import MAX_ENVELOPE_BYTES
-from proto.records import (
-    Adjustment,
-    Assignment,
-    BuyerRelease,
-    NodeKeyBinding,
-    PlacementTerms,
-    ReclaimNotice,
-)
+from proto.records import Adjustment, PlacementTerms
 from proto.terms import in_words
 
 # A record's field -> the option the user gave it with (messages use the user's words).
@@ -86,9 +79,7 @@ def open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, RECORD]:
     except ProtoError as exc:
         raise UsageError(f"{path} is not a signed record: {exc}") from exc
     record = opened.record
-    if not isinstance(
-        record, ReclaimNotice | Adjustment | NodeKeyBinding | Assignment | BuyerRelease
-    ):
+    if not isinstance(record, RECORD):
         raise UsageError(
             f"{path} holds a {opened.kind} record; this command takes reclaim, adjustment, "
             "keybinding, assignment and release records (terms: gridledger terms sign/publish)"
