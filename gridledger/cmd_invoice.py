@@ -33,26 +33,26 @@ class Refused(Exception):
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``invoice`` and ``focus``."""
-    invoice = sub.add_parser(
+    invoice = _from_exports(
+        sub,
         "invoice",
-        help="invoices and credit notes (JSON and HTML) from FINAL exports",
-        description="One invoice per payer per payee per calendar month, from exports "
+        "invoices and credit notes (JSON and HTML) from FINAL exports",
+        "One invoice per payer per payee per calendar month, from exports "
         "that verify FINAL with the trust file (SPEC §11).",
+        "directory for the documents",
     )
-    _common(invoice)
-    invoice.add_argument("--out", required=True, type=Path, help="directory for the documents")
     invoice.add_argument(
         "--profiles", type=Path, help="directory of signed party profiles (SPEC §12)"
     )
     invoice.set_defaults(handler=_invoice)
-    focus = sub.add_parser(
+    focus = _from_exports(
+        sub,
         "focus",
-        help="FinOps FOCUS rows (CSV or Parquet) from FINAL exports",
-        description="One row per GPU per charge period and one per other charge, "
+        "FinOps FOCUS rows (CSV or Parquet) from FINAL exports",
+        "One row per GPU per charge period and one per other charge, "
         "summing to the invoices (SPEC §11.5).",
+        "FILE.csv or FILE.parquet",
     )
-    _common(focus)
-    focus.add_argument("--out", required=True, type=Path, help="FILE.csv or FILE.parquet")
     focus.set_defaults(handler=_focus)
     audit = sub.add_parser(
         "audit",
@@ -77,10 +77,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     profile.set_defaults(handler=_profile)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _from_exports(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help_text: str,
+    description: str,
+    out_help: str,
+) -> argparse.ArgumentParser:
+    """A command that reads FINAL exports: its exports, ``--trust``, ``--month``, ``--out``."""
+    parser = sub.add_parser(name, help=help_text, description=description)
     parser.add_argument("exports", nargs="+", help="export files (.duckdb) or directories")
     parser.add_argument("--trust", required=True, type=Path, help="trust file")
     parser.add_argument("--month", help="only the documents of this month, YYYY-MM")
+    parser.add_argument("--out", required=True, type=Path, help=out_help)
+    return parser
 
 
 def _fail(message: str) -> int:

@@ -156,6 +156,18 @@ def add_issued(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_ending(p: argparse.ArgumentParser, kind: str, effective: str, reader: str) -> None:
+    """The options of a record that ends the use of GPUs at a time (reclaim, release):
+    ``--effective-at`` (``effective``: its help), ``--issued-at``, ``--reason`` (shown to
+    ``reader``) and ``--id`` (default ``kind-<issued ms>``)."""
+    p.add_argument("--effective-at", required=True, metavar="TIME", help=effective)
+    add_issued(p)
+    p.add_argument(
+        "--reason", default="", help=f"free text shown to the {reader} (at most 512 characters)"
+    )
+    p.add_argument("--id", metavar="ID", help=f"the {kind} id (default {kind}-<issued ms>)")
+
+
 def issued_at(args: argparse.Namespace) -> int:
     """The ``--issued-at`` of ``add_issued``, in ms."""
     return parse_time_ms(args.issued_at, "--issued-at")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gridledger.cmd_records.common import add_issued, issued_at, load_terms, parse_time_ms
+from gridledger.cmd_records.common import add_ending, issued_at, load_terms, parse_time_ms
 from gridledger.cmd_records.finish import issue
 from proto.records import ReclaimNotice
 
@@ -26,14 +26,4 @@ def command(args: argparse.Namespace) -> int:
 
 def options(p: argparse.ArgumentParser) -> None:
     """The options of `gridledger reclaim` before the common ones."""
-    p.add_argument(
-        "--effective-at",
-        required=True,
-        metavar="TIME",
-        help="when the GPUs are taken back (ISO time or epoch ms)",
-    )
-    add_issued(p)
-    p.add_argument(
-        "--reason", default="", help="free text shown to the buyer (at most 512 characters)"
-    )
-    p.add_argument("--id", metavar="ID", help="the reclaim id (default reclaim-<issued ms>)")
+    add_ending(p, "reclaim", "when the GPUs are taken back (ISO time or epoch ms)", "buyer")

@@ -6,7 +6,7 @@ import argparse
 
 from gridledger.cmd_records.common import (
     UsageError,
-    add_issued,
+    add_ending,
     iso,
     issued_at,
     load_terms,
@@ -44,14 +44,5 @@ def command(args: argparse.Namespace) -> int:
 
 def options(p: argparse.ArgumentParser) -> None:
     """The options of `gridledger release` before the common ones."""
-    p.add_argument(
-        "--effective-at",
-        required=True,
-        metavar="TIME",
-        help="when the placement ends (ISO time or epoch ms); never before it reaches the log",
-    )
-    add_issued(p)
-    p.add_argument(
-        "--reason", default="", help="free text shown to the operator (at most 512 characters)"
-    )
-    p.add_argument("--id", metavar="ID", help="the release id (default release-<issued ms>)")
+    effective = "when the placement ends (ISO time or epoch ms); never before it reaches the log"
+    add_ending(p, "release", effective, "operator")
