@@ -21,11 +21,7 @@ from typing import Any
 from proto.limits import MAX_WITNESS_INTERVAL_S, WITNESS_INTERVAL_S
 from proto.utc import iso_utc
 from witness.runner import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, witness_once
-from witness.state import (
-    list_refusals,
-    list_states,
-    note_path,
-)
+from witness.state import WitnessState, list_refusals, list_states, note_path
 
 __all__ = ["EXIT_OK", "EXIT_REFUSED", "EXIT_UNAVAILABLE", "EXIT_USAGE", "register"]
 
@@ -134,26 +130,32 @@ def _keep(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    states = list_states(args.state)
-    if not states:
-        print(f"no placement witnessed in {args.state}")
-    for s in states:
-        closed = f"closed at record {s.close_index}" if s.close_index >= 0 else "open"
-        kept = note_path(args.state, s.placement_id)
-        at = iso_utc(s.cosigned_at_s * 1000)
-        print(
-            f"{s.placement_id}: cosigned size {s.size}, {closed}, at {at}; "
-            f"note kept in {kept} (verify EXPORT --checkpoint {kept})"
-        )
-    return EXIT_OK
+    lines = [_state_line(args.state, s) for s in list_states(args.state)]
+    return _print_lines(lines, f"no placement witnessed in {args.state}")
+
+
+def _state_line(state_dir: Path, s: WitnessState) -> str:
+    closed = f"closed at record {s.close_index}" if s.close_index >= 0 else "open"
+    kept = note_path(state_dir, s.placement_id)
+    at = iso_utc(s.cosigned_at_s * 1000)
+    return (
+        f"{s.placement_id}: cosigned size {s.size}, {closed}, at {at}; "
+        f"note kept in {kept} (verify EXPORT --checkpoint {kept})"
+    )
 
 
 def _refusals(args: argparse.Namespace) -> int:
-    refusals = list_refusals(args.state)
-    if not refusals:
-        print(f"no refusal in {args.state}")
-    for r in refusals:
-        print(f"{iso_utc(r.refused_at_s * 1000)} {r.placement_id} {r.code}: {r.detail}")
+    lines = [
+        f"{iso_utc(r.refused_at_s * 1000)} {r.placement_id} {r.code}: {r.detail}"
+        for r in list_refusals(args.state)
+    ]
+    return _print_lines(lines, f"no refusal in {args.state}")
+
+
+def _print_lines(lines: list[str], none: str) -> int:
+    """Each line on stdout, or ``none`` when there is none."""
+    for line in lines or [none]:
+        print(line)
     return EXIT_OK
 
 
