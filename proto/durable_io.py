@@ -54,12 +54,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically and durably (temp file, fsync, rename,
     fsync of the directory); the file is created 0600."""
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_synced(tmp, os.O_TRUNC, data)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -71,7 +66,13 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def append_durably(path: Path, data: bytes) -> None:
     """Append ``data`` to ``path`` (created 0600) and fsync it before returning."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    _write_synced(path, os.O_APPEND, data)
+
+
+def _write_synced(path: Path, mode: int, data: bytes) -> None:
+    """Write ``data`` to ``path`` (created 0600; ``mode``: ``os.O_TRUNC`` or ``os.O_APPEND``)
+    and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o600)
     try:
         write_all(fd, data)
         os.fsync(fd)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 import nacl.bindings
@@ -227,11 +227,7 @@ def load_signing_key(path: Path) -> SigningKey:
     except OSError as exc:
         raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from exc
     if _is_public_key_file(raw):
-        private = path.with_suffix(".key")
-        raise KeyFileError(
-            f"{path} is a public key file; sign with the private key"
-            + (f" ({private})" if private.exists() else " (ID.key, written beside it)")
-        )
+        raise _other_kind(path, "public")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFileError(
             f"key file {path} is accessible by group or others (mode {stat.S_IMODE(mode):o});"
@@ -249,6 +245,23 @@ def load_signing_key(path: Path) -> SigningKey:
         return SigningKey(parsed.id, parsed.seed)
     except ValueError as exc:
         raise KeyFileError(f"key file {path}: {exc}") from exc
+
+
+# A key file of one kind given where the other is asked for: what to give instead, the
+# suffix of that file, what to say when none is beside it.
+_ASKED_INSTEAD: Final = {
+    "public": ("sign with the private key", ".key", "ID.key, written beside it"),
+    "private": ("give the public key", ".pub", "ID.pub"),
+}
+
+
+def _other_kind(path: Path, given: Literal["public", "private"]) -> KeyFileError:
+    """``path`` holds a ``given`` key file where the other kind is asked for: the error
+    names the file of the other kind beside it where there is one."""
+    ask, suffix, otherwise = _ASKED_INSTEAD[given]
+    other = path.with_suffix(suffix)
+    named = other if other != path and other.exists() else otherwise
+    return KeyFileError(f"{path} is a {given} key file; {ask} ({named})")
 
 
 def _is_public_key_file(raw: bytes) -> bool:
@@ -295,11 +308,7 @@ def load_public_key(path: Path) -> PublicKeyFile:
     except OSError as exc:
         raise KeyFileError(f"cannot read public key {path}: {exc.strerror}") from exc
     if _is_private_key_file(raw):
-        public = path.with_suffix(".pub")
-        raise KeyFileError(
-            f"{path} is a private key file; give the public key"
-            + (f" ({public})" if public != path and public.exists() else " (ID.pub)")
-        )
+        raise _other_kind(path, "private")
     try:
         parsed = msgspec.json.decode(raw, type=PublicKeyFile)
     except msgspec.MsgspecError as exc:

@@ -103,6 +103,32 @@ def test_key_readable_by_others_is_refused(tmp_path: Path) -> None:
         load_signing_key(tmp_path / "n.key")
 
 
+def test_a_key_file_of_the_other_kind_names_the_one_beside_it(tmp_path: Path) -> None:
+    assert main(["keys", "new", "--id", "n", "--out", str(tmp_path)]) == 0
+    private, public = tmp_path / "n.key", tmp_path / "n.pub"
+    with pytest.raises(KeyFileError) as caught:
+        load_signing_key(public)
+    assert (
+        str(caught.value) == f"{public} is a public key file; sign with the private key ({private})"
+    )
+    with pytest.raises(KeyFileError) as caught:
+        load_public_key(private)
+    assert str(caught.value) == f"{private} is a private key file; give the public key ({public})"
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for path in (alone / "n.pub", alone / "n.key"):  # the public key, named either way
+        path.write_bytes(public.read_bytes())
+        path.chmod(0o600)
+    with pytest.raises(KeyFileError, match=r"private key \(ID\.key, written beside it\)$"):
+        load_signing_key(alone / "n.key")  # never names itself as the private key
+    (alone / "n.key").unlink()
+    with pytest.raises(KeyFileError, match=r"private key \(ID\.key, written beside it\)$"):
+        load_signing_key(alone / "n.pub")
+    (alone / "n.pub").write_bytes(private.read_bytes())
+    with pytest.raises(KeyFileError, match=r"public key \(ID\.pub\)$"):
+        load_public_key(alone / "n.pub")
+
+
 def test_pkcs8_pem_key_is_read(tmp_path: Path) -> None:
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(
