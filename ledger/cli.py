@@ -40,7 +40,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -345,6 +345,28 @@ def _faulted(placement_id: str, exc: ProtoError) -> int:
     )
 
 
+# What a command on one placement (statement, export) answers in one line: bad input or
+# store (exit 2), an unknown placement or the running ledger's refusal (1), a stored
+# record that does not decode (1, ``_faulted``).
+_PLACEMENT_ERRORS: Final = (
+    ConfigError,
+    KeyFileError,
+    StoreError,
+    UnknownPlacement,
+    ApiError,
+    ProtoError,
+)
+
+
+def _placement_failed(placement_id: str, exc: Exception) -> int:
+    """The line and exit code of one of ``_PLACEMENT_ERRORS``."""
+    if isinstance(exc, ConfigError | KeyFileError | StoreError):
+        return _fail(str(exc), 2)
+    if isinstance(exc, ProtoError):
+        return _faulted(placement_id, exc)
+    return _fail(str(exc), 1)
+
+
 def _require_store(config: LedgerConfig, config_path: Path) -> None:
     """A stopped ledger's store is opened directly; one that was never started has none."""
     if not config.db.exists():
@@ -370,12 +392,8 @@ def cmd_statement(args: argparse.Namespace) -> int:
                 body = statement_answer(store, args.placement)
                 if not args.json:
                     bill = render.to_json(bill_doc(store, key, args.placement))
-    except (ConfigError, KeyFileError, StoreError) as exc:
-        return _fail(str(exc), 2)
-    except (UnknownPlacement, ApiError) as exc:
-        return _fail(str(exc), 1)
-    except ProtoError as exc:
-        return _faulted(args.placement, exc)
+    except _PLACEMENT_ERRORS as exc:
+        return _placement_failed(args.placement, exc)
     _print_statement(body, bill)
     return 0
 
@@ -438,12 +456,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 parquet_dir=args.parquet,
                 compact=args.compact,
             )
-    except (ConfigError, KeyFileError, StoreError) as exc:
-        return _fail(str(exc), 2)
-    except (UnknownPlacement, ApiError) as exc:
-        return _fail(str(exc), 1)
-    except ProtoError as exc:
-        return _faulted(args.placement, exc)
+    except _PLACEMENT_ERRORS as exc:
+        return _placement_failed(args.placement, exc)
     print(f"OK: exported {args.placement} to {args.out}")
     return 0
 

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Literal, Self
 
 import duckdb
 import numpy
@@ -567,23 +567,23 @@ class Store:
 
     def record_envelopes(self, placement_id: str, through_index: int | None = None) -> list[bytes]:
         """The LedgerRecord envelopes of a placement in index order (optionally a prefix)."""
-        limit = -1 if through_index is None else through_index
-        rows = self.placement_query(
-            "SELECT chain_index, envelope FROM records WHERE {rows} "
-            "AND (? < 0 OR chain_index <= ?) ORDER BY chain_index",
-            placement_id,
-            [limit, limit],
-        )
-        for expected, (index, _) in enumerate(rows):
-            if index != expected:
-                raise StoreError(f"chain of {placement_id} has a hole at index {expected}")
-        return [bytes(env) for _, env in rows]
+        return self._chain_column(placement_id, "envelope", through_index)
 
     def record_payloads(self, placement_id: str, through_index: int | None = None) -> list[bytes]:
         """The signed bytes of each LedgerRecord in index order: the Merkle leaves."""
+        return self._chain_column(placement_id, "payload", through_index)
+
+    def _chain_column(
+        self,
+        placement_id: str,
+        column: Literal["envelope", "payload"],
+        through_index: int | None,
+    ) -> list[bytes]:
+        """``column`` of each record of a placement in index order (through ``through_index``
+        when given); a StoreError where the chain has a hole."""
         limit = -1 if through_index is None else through_index
         rows = self.placement_query(
-            "SELECT chain_index, payload FROM records WHERE {rows} "
+            f"SELECT chain_index, {column} FROM records WHERE {{rows}} "
             "AND (? < 0 OR chain_index <= ?) ORDER BY chain_index",
             placement_id,
             [limit, limit],
@@ -591,7 +591,7 @@ class Store:
         for expected, (index, _) in enumerate(rows):
             if index != expected:
                 raise StoreError(f"chain of {placement_id} has a hole at index {expected}")
-        return [bytes(payload) for _, payload in rows]
+        return [bytes(value) for _, value in rows]
 
     def terms(self, placement_id: str) -> PlacementTerms | None:
         """The placement's terms in force: the last accepted (an amendment replaces the
