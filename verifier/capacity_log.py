@@ -1,0 +1,131 @@
+"""Re-deriving the capacity log's grants (SPEC §6.5 "Across shards: the capacity log").
+
+The verifier does not take a shard's word that its terms' claim requests were granted: it
+folds the capacity records itself, per GPU key in partition order, and compares. Written
+apart from the ledger's fold (``ledger/capacity_log.py``), from SPEC alone:
+
+(1) a record whose key is not a canonical uuid, or whose uuid is not its key, is INVALID;
+    so is a request with a share outside 1..1000 or an empty window;
+(2) a request already seen (placement, terms hash, ledger key) is decided as the first;
+(3) a request appended later than ``terms_arrived_ms + MAX_CAPACITY_WAIT_MS`` is denied
+    CAPACITY_LATE;
+(4) a request that does not fit beside the granted claims of others is denied OVERSOLD,
+    naming the claims covering the first moment it does not fit;
+(5) else granted, replacing its own placement's claim;
+(6) a release by the requesting ledger key ends the claim it names; others are IGNORED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from proto.capacity_log import (
+    DENIED,
+    GRANTED,
+    IGNORED,
+    INVALID,
+    RELEASED,
+    TICK,
+    CapEntry,
+    CapRelease,
+    CapRequest,
+)
+from proto.limits import MAX_CAPACITY_WAIT_MS
+from verifier.terms_rules import spelled
+
+ONE_GPU: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """What the verifier derives for one capacity entry."""
+
+    offset: int
+    outcome: str
+    reason: str | None = None
+    at_ms: int | None = None
+    collided: tuple[int, ...] = ()
+    duplicate_of: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    offset: int
+    terms_hash: str
+    start_ms: int
+    end_ms: int
+    share_milli: int
+
+
+@dataclass
+class _Gpu:
+    # (placement_id, ledger_key) -> its one granted claim on this GPU
+    held: dict[tuple[str, bytes], _Claim] = field(default_factory=dict)
+    seen: dict[tuple[str, str, bytes], Derived] = field(default_factory=dict)
+
+
+def derive(entries: Iterable[CapEntry]) -> list[Derived]:
+    """The decision on each entry, in the order given (one partition's order)."""
+    gpus: dict[str, _Gpu] = {}
+    return [_one(gpus, e) for e in entries]
+
+
+def _one(gpus: dict[str, _Gpu], e: CapEntry) -> Derived:
+    r = e.record
+    if spelled(e.key) != e.key or r.uuid != e.key:  # (1)
+        return Derived(e.offset, INVALID)
+    if isinstance(r, CapRequest):
+        if r.start_ms >= r.end_ms or not 0 < r.share_milli <= ONE_GPU:  # (1)
+            return Derived(e.offset, INVALID)
+        gpu = gpus.setdefault(e.key, _Gpu())
+        seen = gpu.seen.get((r.placement_id, r.terms_hash, r.ledger_key))
+        if seen is not None:  # (2)
+            return replace(seen, offset=e.offset, duplicate_of=seen.offset)
+        result = _judge(gpu, e, r)
+        gpu.seen[(r.placement_id, r.terms_hash, r.ledger_key)] = result
+        return result
+    if isinstance(r, CapRelease):
+        return _release(gpus.get(e.key), e, r)
+    return Derived(e.offset, TICK)
+
+
+def _judge(gpu: _Gpu, e: CapEntry, r: CapRequest) -> Derived:
+    if e.log_ms - r.terms_arrived_ms > MAX_CAPACITY_WAIT_MS:  # (3)
+        return Derived(e.offset, DENIED, "CAPACITY_LATE")
+    others = {k: c for k, c in gpu.held.items() if k != (r.placement_id, r.ledger_key)}
+    # (4) a sweep over the window: shares in use change at starts (+) and ends (-) only
+    changes: dict[int, int] = {r.start_ms: 0}
+    for c in others.values():
+        if c.end_ms <= r.start_ms or c.start_ms >= r.end_ms:
+            continue
+        changes[max(c.start_ms, r.start_ms)] = changes.get(max(c.start_ms, r.start_ms), 0) + (
+            c.share_milli
+        )
+        if c.end_ms < r.end_ms:
+            changes[c.end_ms] = changes.get(c.end_ms, 0) - c.share_milli
+    used = 0
+    for at in sorted(changes):
+        used += changes[at]
+        if used + r.share_milli > ONE_GPU:
+            hit = sorted(c.offset for c in others.values() if c.start_ms <= at < c.end_ms)
+            return Derived(e.offset, DENIED, "OVERSOLD", at, tuple(hit))
+    gpu.held = others  # (5)
+    gpu.held[(r.placement_id, r.ledger_key)] = _Claim(
+        e.offset, r.terms_hash, r.start_ms, r.end_ms, r.share_milli
+    )
+    return Derived(e.offset, GRANTED)
+
+
+def _release(gpu: _Gpu | None, e: CapEntry, r: CapRelease) -> Derived:
+    key = (r.placement_id, r.ledger_key)
+    claim = None if gpu is None else gpu.held.get(key)
+    if gpu is None or claim is None or claim.terms_hash != r.terms_hash:  # (6)
+        return Derived(e.offset, IGNORED)
+    end = min(claim.end_ms, r.end_ms)
+    if end <= claim.start_ms:
+        del gpu.held[key]
+    else:
+        gpu.held[key] = replace(claim, end_ms=end)
+    return Derived(e.offset, RELEASED)
