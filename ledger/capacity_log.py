@@ -67,6 +67,7 @@ class KeyState(msgspec.Struct):
     """What the fold holds for one key (one GPU)."""
 
     claims: list[Granted] = msgspec.field(default_factory=list)
+    latest_ms: int = 0  # the latest log_ms of any entry of the key so far (rule 3)
     # (placement_id, terms_hash, ledger_key) of each request seen -> its decision
     requests: dict[tuple[str, str, bytes], Decision] = msgspec.field(default_factory=dict)
 
@@ -86,6 +87,11 @@ class CapacityFold:
         state = self._keys.get(key)
         return () if state is None else tuple(state.claims)
 
+    def latest_ms(self, key: str) -> int:
+        """The latest ``log_ms`` of any entry of ``key`` read so far (0: none)."""
+        state = self._keys.get(key)
+        return 0 if state is None else state.latest_ms
+
     def decision_of(self, key: str, request: CapRequest) -> Decision | None:
         """The decision on ``request`` if the fold has read it, else None."""
         state = self._keys.get(key)
@@ -96,7 +102,11 @@ class CapacityFold:
     def apply(self, entry: CapEntry) -> Decision:
         """SPEC §6.5 capacity fold rules 1-6 on one entry."""
         record = entry.record
-        if canonical_uuid(entry.key) != entry.key or record.uuid != entry.key:
+        if canonical_uuid(entry.key) != entry.key:
+            return Decision(entry.offset, INVALID)
+        state = self._keys.setdefault(entry.key, KeyState())
+        state.latest_ms = max(state.latest_ms, entry.log_ms)  # the key's time moves first
+        if record.uuid != entry.key:
             return Decision(entry.offset, INVALID)
         if isinstance(record, CapRequest):
             return self._request(entry, record)
@@ -107,7 +117,7 @@ class CapacityFold:
     def _request(self, entry: CapEntry, request: CapRequest) -> Decision:
         if not 1 <= request.share_milli <= WHOLE_GPU or request.start_ms >= request.end_ms:
             return Decision(entry.offset, INVALID)
-        state = self._keys.setdefault(entry.key, KeyState())
+        state = self._keys[entry.key]
         identity = (request.placement_id, request.terms_hash, request.ledger_key)
         first = state.requests.get(identity)
         if first is not None:  # rule 2: the first request decides
@@ -117,7 +127,7 @@ class CapacityFold:
         return decision
 
     def _decide(self, entry: CapEntry, request: CapRequest, state: KeyState) -> Decision:
-        if entry.log_ms > request.terms_arrived_ms + limits.MAX_CAPACITY_WAIT_MS:
+        if state.latest_ms > request.terms_arrived_ms + limits.MAX_CAPACITY_WAIT_MS:
             return Decision(entry.offset, DENIED, Reason.CAPACITY_LATE.value)
         mine = (request.placement_id, request.ledger_key)
         others = [c for c in state.claims if (c.placement_id, c.ledger_key) != mine]

@@ -2039,6 +2039,13 @@ def capacity_log_vectors() -> Any:
             req(two, "pl-f", y, 20, 30),
         ),
         (
+            "shard 2: F2 on y appended before its deadline, after the key's time passed it: "
+            "CAPACITY_LATE (the broker's clock stepped back)",
+            y,
+            WS,
+            req(two, "pl-f2", y, 20, 30),
+        ),
+        (
             "shard 2 releases A's claim (shard 1's): ignored",
             x,
             WS,

@@ -7,8 +7,8 @@ apart from the ledger's fold (``ledger/capacity_log.py``), from SPEC alone:
 (1) a record whose key is not a canonical uuid, or whose uuid is not its key, is INVALID;
     so is a request with a share outside 1..1000 or an empty window;
 (2) a request already seen (placement, terms hash, ledger key) is decided as the first;
-(3) a request appended later than ``terms_arrived_ms + MAX_CAPACITY_WAIT_MS`` is denied
-    CAPACITY_LATE;
+(3) a request is denied CAPACITY_LATE once the key's time (the latest ``log_ms`` of its
+    entries, this one included) passed ``terms_arrived_ms + MAX_CAPACITY_WAIT_MS``;
 (4) a request that does not fit beside the granted claims of others is denied OVERSOLD,
     naming the claims covering the first moment it does not fit;
 (5) else granted, replacing its own placement's claim;
@@ -64,6 +64,7 @@ class _Gpu:
     # (placement_id, ledger_key) -> its one granted claim on this GPU
     held: dict[tuple[str, bytes], _Claim] = field(default_factory=dict)
     seen: dict[tuple[str, str, bytes], Derived] = field(default_factory=dict)
+    clock_ms: int = 0  # the log's latest time on this GPU's key, this entry included
 
 
 def derive(entries: Iterable[CapEntry]) -> list[Derived]:
@@ -74,12 +75,15 @@ def derive(entries: Iterable[CapEntry]) -> list[Derived]:
 
 def _one(gpus: dict[str, _Gpu], e: CapEntry) -> Derived:
     r = e.record
-    if spelled(e.key) != e.key or r.uuid != e.key:  # (1)
+    if spelled(e.key) != e.key:  # (1)
+        return Derived(e.offset, INVALID)
+    gpu = gpus.setdefault(e.key, _Gpu())
+    gpu.clock_ms = max(gpu.clock_ms, e.log_ms)  # (3) any entry of the key moves its time
+    if r.uuid != e.key:  # (1)
         return Derived(e.offset, INVALID)
     if isinstance(r, CapRequest):
         if r.start_ms >= r.end_ms or not 0 < r.share_milli <= ONE_GPU:  # (1)
             return Derived(e.offset, INVALID)
-        gpu = gpus.setdefault(e.key, _Gpu())
         seen = gpu.seen.get((r.placement_id, r.terms_hash, r.ledger_key))
         if seen is not None:  # (2)
             return replace(seen, offset=e.offset, duplicate_of=seen.offset)
@@ -87,12 +91,12 @@ def _one(gpus: dict[str, _Gpu], e: CapEntry) -> Derived:
         gpu.seen[(r.placement_id, r.terms_hash, r.ledger_key)] = result
         return result
     if isinstance(r, CapRelease):
-        return _release(gpus.get(e.key), e, r)
+        return _release(gpu, e, r)
     return Derived(e.offset, TICK)
 
 
 def _judge(gpu: _Gpu, e: CapEntry, r: CapRequest) -> Derived:
-    if e.log_ms - r.terms_arrived_ms > MAX_CAPACITY_WAIT_MS:  # (3)
+    if gpu.clock_ms - r.terms_arrived_ms > MAX_CAPACITY_WAIT_MS:  # (3)
         return Derived(e.offset, DENIED, "CAPACITY_LATE")
     others = {k: c for k, c in gpu.held.items() if k != (r.placement_id, r.ledger_key)}
     # (4) a sweep over the window: shares in use change at starts (+) and ends (-) only
@@ -118,10 +122,10 @@ def _judge(gpu: _Gpu, e: CapEntry, r: CapRequest) -> Derived:
     return Derived(e.offset, GRANTED)
 
 
-def _release(gpu: _Gpu | None, e: CapEntry, r: CapRelease) -> Derived:
+def _release(gpu: _Gpu, e: CapEntry, r: CapRelease) -> Derived:
     key = (r.placement_id, r.ledger_key)
-    claim = None if gpu is None else gpu.held.get(key)
-    if gpu is None or claim is None or claim.terms_hash != r.terms_hash:  # (6)
+    claim = gpu.held.get(key)
+    if claim is None or claim.terms_hash != r.terms_hash:  # (6)
         return Derived(e.offset, IGNORED)
     end = min(claim.end_ms, r.end_ms)
     if end <= claim.start_ms:
