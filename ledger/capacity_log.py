@@ -68,6 +68,8 @@ class KeyState(msgspec.Struct):
 
     claims: list[Granted] = msgspec.field(default_factory=list)
     latest_ms: int = 0  # the latest log_ms of any entry of the key so far (rule 3)
+    # every grant by the offset of its request, to name the claim a denial collided with
+    grants: dict[int, Granted] = msgspec.field(default_factory=dict)
     # (placement_id, terms_hash, ledger_key) of each request seen -> its decision
     requests: dict[tuple[str, str, bytes], Decision] = msgspec.field(default_factory=dict)
 
@@ -86,6 +88,11 @@ class CapacityFold:
         """The claims granted on ``key`` now, in grant order."""
         state = self._keys.get(key)
         return () if state is None else tuple(state.claims)
+
+    def granted_at(self, key: str, offset: int) -> Granted | None:
+        """The claim granted to the request at ``offset`` of ``key`` (as granted)."""
+        state = self._keys.get(key)
+        return None if state is None else state.grants.get(offset)
 
     def latest_ms(self, key: str) -> int:
         """The latest ``log_ms`` of any entry of ``key`` read so far (0: none)."""
@@ -146,6 +153,7 @@ class CapacityFold:
             request.share_milli,
         )
         state.claims = [*others, claim]  # rule 5: replaces the placement's own claim
+        state.grants[entry.offset] = claim
         return Decision(entry.offset, GRANTED)
 
     def _release(self, entry: CapEntry, release: CapRelease) -> Decision:

@@ -73,8 +73,14 @@ class CapEntry(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _DECODER: Final = msgspec.json.Decoder(CapEntry)
+_RECORD_DECODER: Final = msgspec.json.Decoder(CapRecord)
 
 
 def decode_entry(raw: bytes) -> CapEntry:
     """A capacity-log entry from JSON; msgspec's error names the field that was wrong."""
     return _DECODER.decode(raw)
+
+
+def decode_record(raw: bytes) -> CapRecord:
+    """A capacity-log record (a message's value) from JSON; msgspec's error names the field."""
+    return _RECORD_DECODER.decode(raw)

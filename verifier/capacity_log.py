@@ -133,3 +133,24 @@ def _release(gpu: _Gpu, e: CapEntry, r: CapRelease) -> Derived:
     else:
         gpu.held[key] = replace(claim, end_ms=end)
     return Derived(e.offset, RELEASED)
+
+
+def decisions_for_terms(
+    entries: Iterable[CapEntry], placement_id: str, terms_hash: str, ledger_key: bytes
+) -> dict[str, Derived]:
+    """Per GPU key, the derived decision on the first request of these terms (its later
+    copies are decided the same, (2)); a key missing from the result holds no request.
+    The terms were rightly accepted only when every GPU of theirs is here and GRANTED."""
+    found: dict[str, Derived] = {}
+    listed = list(entries)
+    for entry, derived in zip(listed, derive(listed), strict=True):
+        r = entry.record
+        if (
+            isinstance(r, CapRequest)
+            and (r.placement_id, r.terms_hash, r.ledger_key)
+            == (placement_id, terms_hash, ledger_key)
+            and entry.key not in found
+            and derived.outcome != INVALID
+        ):
+            found[entry.key] = derived
+    return found

@@ -1,0 +1,208 @@
+"""SPEC §6.5 across shards, on a real broker: two shards decide terms through one capacity
+topic (keyed by canonical GPU uuid, LogAppendTime).
+
+* the operator sells one GPU through a second desk on the other shard: refused OVERSOLD,
+  the detail naming the granted claim; disjoint windows on that GPU are accepted;
+* terms whose other GPU was denied are rejected, their granted request released, and the
+  GPU sold again;
+* a shard killed after publishing, restarted (reading the topic from offset 0), and a
+  fresh rebuild decide the same, and the claims read back are identical;
+* the verifier re-derives every decision from the topic's records alone;
+* a request reaching the log past its deadline is CAPACITY_LATE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from devtools import builders as b
+from devtools.faults.topic import read_topic
+from ledger.capacity_gate import CapacityOutcome, KafkaCapacityLog, requests_for
+from proto.capacity_log import CapEntry, decode_record
+from proto.envelope import open_envelope
+from proto.limits import MAX_CAPACITY_WAIT_MS
+from proto.records import PlacementTerms
+from transport.kafka import KafkaSettings
+from verifier.capacity_log import decisions_for_terms, derive
+
+PARTITIONS = 2
+HOUR = 3_600_000
+DECIDE_TIMEOUT_S = 30.0
+
+DESK_1 = b.make_cast("capacity-shards")
+DESK_2 = b.make_cast("capacity-shards", desk="desk-2", ledger="ledger-2")  # same operator
+
+
+def _terms(
+    cast: b.Cast, pid: str, gpus: list[tuple[str, int]], start: int, end: int
+) -> PlacementTerms:
+    specs = [b.gpu(node, 0, share_milli=share) for node, share in gpus]
+    return b.make_terms(cast, pid, specs, start, end)
+
+
+def _hash(cast: b.Cast, terms: PlacementTerms) -> str:
+    return open_envelope(b.signed_terms(cast, terms)).record_hash
+
+
+async def _decide(
+    shard: KafkaCapacityLog, cast: b.Cast, terms: PlacementTerms, arrived: int
+) -> CapacityOutcome:
+    async with asyncio.timeout(DECIDE_TIMEOUT_S):
+        return await shard.decide(terms, _hash(cast, terms), arrived)
+
+
+def _topic_entries(settings: KafkaSettings) -> list[CapEntry]:
+    """Every record of the capacity topic, as a verifier reads it: by partition and offset."""
+    return [
+        CapEntry(m.key.decode(), m.offset, m.timestamp_ms, decode_record(m.value))
+        for m in read_topic(settings, PARTITIONS)
+        if m.key is not None
+    ]
+
+
+def _by_partition(entries: list[CapEntry], settings: KafkaSettings) -> list[list[CapEntry]]:
+    parts: dict[int, list[CapEntry]] = {}
+    for m, e in zip(read_topic(settings, PARTITIONS), entries, strict=True):
+        parts.setdefault(m.partition, []).append(e)
+    return list(parts.values())
+
+
+def test_a_second_sale_on_another_shard_is_refused_naming_the_claim(
+    kafka_bootstrap: str, tmp_topic: Callable[..., str]
+) -> None:
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=tmp_topic(PARTITIONS))
+    now = time.time_ns() // 1_000_000
+    start = now + HOUR
+    a = _terms(DESK_1, "pl-a", [("node-a", 1000)], start, start + HOUR)
+    b2 = _terms(DESK_2, "pl-b", [("node-a", 1000)], start + HOUR // 2, start + 2 * HOUR)
+    c = _terms(DESK_2, "pl-c", [("node-a", 1000)], start + HOUR, start + 2 * HOUR)
+    d = _terms(DESK_2, "pl-d", [("node-b", 1000), ("node-a", 500)], start, start + HOUR)
+    e = _terms(DESK_1, "pl-e", [("node-b", 1000)], start, start + HOUR)
+
+    async def run() -> list[CapacityOutcome]:
+        one = KafkaCapacityLog(settings, DESK_1.ledger.public_key)
+        two = KafkaCapacityLog(settings, DESK_2.ledger.public_key)
+        await one.start()
+        await two.start()
+        try:
+            got = [await _decide(one, DESK_1, a, now), await _decide(two, DESK_2, b2, now)]
+            got += [await _decide(two, DESK_2, c, now), await _decide(two, DESK_2, d, now)]
+            # d was rejected (node-a denied): shard 2 releases what it was granted
+            await two.release(
+                d, _hash(DESK_2, d), got[-1].granted, d.window_start_ms, "rejected", "0" * 64
+            )
+            got.append(await _decide(one, DESK_1, e, now))
+            return got
+        finally:
+            await one.stop()
+            await two.stop()
+
+    ok_a, sold_b, ok_c, sold_d, ok_e = asyncio.run(run())
+    assert ok_a.accepted and ok_c.accepted and ok_e.accepted  # touching windows, freed GPU
+    assert sold_b.reason == "OVERSOLD" and not sold_b.granted
+    assert "GPU GPU-node-a-0 is granted to placement pl-a" in sold_b.detail, sold_b.detail
+    assert f"at {start + HOUR // 2}" in sold_b.detail
+    assert sold_d.reason == "OVERSOLD" and sold_d.granted == ("GPU-node-b-0",)
+    assert "placement pl-a" in sold_d.detail
+
+    # The verifier re-derives each terms' decision from the topic alone.
+    entries = _topic_entries(settings)
+    for terms, cast, accepted in (
+        (a, DESK_1, True),
+        (b2, DESK_2, False),
+        (c, DESK_2, True),
+        (d, DESK_2, False),
+        (e, DESK_1, True),
+    ):
+        derived = decisions_for_terms(
+            entries, terms.placement_id, _hash(cast, terms), cast.ledger.public_key
+        )
+        assert set(derived) == {g.uuid for g in terms.gpus}, terms.placement_id
+        assert all(x.outcome == "GRANTED" for x in derived.values()) is accepted, terms.placement_id
+    denial = decisions_for_terms(entries, "pl-b", _hash(DESK_2, b2), DESK_2.ledger.public_key)
+    granted_a = decisions_for_terms(entries, "pl-a", _hash(DESK_1, a), DESK_1.ledger.public_key)
+    assert denial["GPU-node-a-0"].collided == (granted_a["GPU-node-a-0"].offset,)
+
+
+def test_a_restart_and_a_rebuild_decide_the_same(
+    kafka_bootstrap: str, tmp_topic: Callable[..., str]
+) -> None:
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=tmp_topic(PARTITIONS))
+    now = time.time_ns() // 1_000_000
+    a = _terms(DESK_1, "pl-a", [("node-a", 600)], now, now + HOUR)
+    b2 = _terms(DESK_2, "pl-b", [("node-a", 600), ("node-c", 1000)], now, now + HOUR)
+
+    async def run() -> tuple[CapacityOutcome, CapacityOutcome, CapacityOutcome, list[object]]:
+        one = KafkaCapacityLog(settings, DESK_1.ledger.public_key)
+        await one.start()
+        try:
+            await _decide(one, DESK_1, a, now)
+        finally:
+            await one.stop()
+        # shard 2 publishes b's requests and is killed before it read any answer
+        killed = KafkaCapacityLog(settings, DESK_2.ledger.public_key)
+        await killed.start()
+        await killed._send(requests_for(b2, _hash(DESK_2, b2), now, DESK_2.ledger.public_key))
+        await killed.stop()
+        outcomes, claims = [], []
+        for _ in range(3):  # the restarted shard, then two rebuilds from offset 0
+            shard = KafkaCapacityLog(settings, DESK_2.ledger.public_key)
+            await shard.start()
+            try:
+                outcomes.append(await _decide(shard, DESK_2, b2, now))
+                claims.append([shard.fold.claims(k) for k in ("GPU-node-a-0", "GPU-node-c-0")])
+            finally:
+                await shard.stop()
+        return outcomes[0], outcomes[1], outcomes[2], claims
+
+    first, second, third, claims = asyncio.run(run())
+    assert first == second == third
+    assert first.reason == "OVERSOLD" and first.granted == ("GPU-node-c-0",)
+    assert claims[0] == claims[1] == claims[2]
+    entries = _topic_entries(settings)
+    # b's requests were published once by the killed shard; the restarts found them
+    assert sum(1 for x in entries if getattr(x.record, "placement_id", "") == "pl-b") == 2
+    for part in _by_partition(entries, settings):
+        for entry, derived in zip(part, derive(part), strict=True):
+            assert derived.duplicate_of is None, entry
+
+
+def test_a_request_past_its_deadline_is_late(
+    kafka_bootstrap: str, tmp_topic: Callable[..., str]
+) -> None:
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=tmp_topic(PARTITIONS))
+    now = time.time_ns() // 1_000_000
+    arrived = now - MAX_CAPACITY_WAIT_MS - 5_000  # the terms arrived longer ago than the bound
+    late = _terms(DESK_1, "pl-late", [("node-l", 1000)], now, now + HOUR)
+
+    async def run() -> CapacityOutcome:
+        shard = KafkaCapacityLog(settings, DESK_1.ledger.public_key)
+        await shard.start()
+        try:
+            return await _decide(shard, DESK_1, late, arrived)
+        finally:
+            await shard.stop()
+
+    got = asyncio.run(run())
+    assert got.reason == "CAPACITY_LATE" and not got.granted, got
+    key = DESK_1.ledger.public_key
+    derived = decisions_for_terms(_topic_entries(settings), "pl-late", _hash(DESK_1, late), key)
+    assert derived["GPU-node-l-0"].reason == "CAPACITY_LATE"
+
+
+@pytest.mark.parametrize("value", [b"not json", b'{"type":"capreq"}'])
+def test_a_message_that_is_no_capacity_record_is_skipped_and_counted(value: bytes) -> None:
+    from ledger.capacity_gate import entry_of
+
+    class Message:
+        key = b"GPU-x-0"
+        offset = 3
+        timestamp = 1
+
+    message = Message()
+    message.value = value  # type: ignore[attr-defined]
+    assert entry_of(message) is None
