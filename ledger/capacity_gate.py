@@ -91,14 +91,14 @@ def decision_for(fold: CapacityFold, request: CapRequest) -> Decision | None:
 
 def outcome(fold: CapacityFold, requests: Sequence[CapRequest]) -> CapacityOutcome | None:
     """The terms' outcome once every request is decided, else None."""
-    decisions = [decision_for(fold, r) for r in requests]
-    if any(d is None for d in decisions):
-        return None
-    granted = tuple(
-        r.uuid for r, d in zip(requests, decisions, strict=True) if d and d.outcome == GRANTED
-    )
-    for request, decision in zip(requests, decisions, strict=True):
-        assert decision is not None
+    decided: list[tuple[CapRequest, Decision]] = []
+    for request in requests:
+        decision = decision_for(fold, request)
+        if decision is None:
+            return None
+        decided.append((request, decision))
+    granted = tuple(r.uuid for r, d in decided if d.outcome == GRANTED)
+    for request, decision in decided:
         if decision.outcome != GRANTED:
             return CapacityOutcome(decision.reason, _detail(fold, request, decision), granted)
     return CapacityOutcome(None, "", granted)
