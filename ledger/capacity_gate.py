@@ -21,7 +21,7 @@ from typing import Any, Final
 import msgspec
 
 from ledger import limits as ledger_limits
-from ledger.capacity_log import WHOLE_GPU, CapacityFold, Decision
+from ledger.capacity_log import WHOLE_GPU, CapacityFold, Decision, PendingRelease
 from proto import limits
 from proto.capacity_log import (
     DENIED,
@@ -73,6 +73,7 @@ def requests_for(
             terms.window_end_ms,
             arrived_ms,
             ledger_key,
+            terms.supersedes,
         )
         for gpu in terms.gpus
     ]
@@ -244,27 +245,22 @@ class KafkaCapacityLog:
             await self._read()
         return found
 
-    async def release(
-        self,
-        terms: PlacementTerms,
-        terms_hash: str,
-        uuids: Sequence[str],
-        end_ms: int,
-        because: ReleaseCause,
-        record_hash: str,
-    ) -> None:
-        """End this shard's claims of ``terms`` on ``uuids`` at ``end_ms`` (rule 6)."""
+    async def release(self, owed: PendingRelease) -> None:
+        """End this shard's claims of ``owed.terms_hash`` on its GPUs (rule 6)."""
+        because: ReleaseCause = "rejected"
+        if owed.because in ("reclaimed", "amended"):
+            because = "reclaimed" if owed.because == "reclaimed" else "amended"
         await self._send(
             [
                 CapRelease(
-                    terms.placement_id,
-                    terms_hash,
+                    owed.placement_id,
+                    owed.terms_hash,
                     canonical_uuid(uuid),
-                    end_ms,
+                    owed.end_ms,
                     because,
-                    record_hash,
+                    owed.record_hash,
                     self._ledger_key,
                 )
-                for uuid in uuids
+                for uuid in owed.uuids
             ]
         )

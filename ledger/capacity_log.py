@@ -63,6 +63,18 @@ class Decision(msgspec.Struct, frozen=True):
     duplicate_of: int | None = None
 
 
+class PendingRelease(msgspec.Struct, frozen=True):
+    """A release the ledger owes the capacity log after a batch commits (rule 6): the
+    placement's claims under ``terms_hash`` on ``uuids`` end at ``end_ms``."""
+
+    placement_id: str
+    terms_hash: str
+    uuids: tuple[str, ...]
+    end_ms: int
+    because: str
+    record_hash: str
+
+
 class KeyState(msgspec.Struct):
     """What the fold holds for one key (one GPU)."""
 
@@ -136,8 +148,10 @@ class CapacityFold:
     def _decide(self, entry: CapEntry, request: CapRequest, state: KeyState) -> Decision:
         if state.latest_ms > request.terms_arrived_ms + limits.MAX_CAPACITY_WAIT_MS:
             return Decision(entry.offset, DENIED, Reason.CAPACITY_LATE.value)
-        mine = (request.placement_id, request.ledger_key)
-        others = [c for c in state.claims if (c.placement_id, c.ledger_key) != mine]
+        amended = (request.placement_id, request.ledger_key, request.supersedes)
+        others = [
+            c for c in state.claims if (c.placement_id, c.ledger_key, c.terms_hash) != amended
+        ]
         clash = first_clash(others, request.start_ms, request.end_ms, request.share_milli)
         if clash is not None:
             at, covering = clash
@@ -152,7 +166,7 @@ class CapacityFold:
             request.end_ms,
             request.share_milli,
         )
-        state.claims = [*others, claim]  # rule 5: replaces the placement's own claim
+        state.claims.append(claim)  # rule 5: beside the amended terms' claim until released
         state.grants[entry.offset] = claim
         return Decision(entry.offset, GRANTED)
 

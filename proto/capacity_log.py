@@ -16,7 +16,7 @@ from typing import Final, Literal
 import msgspec
 from msgspec import Struct
 
-from proto.records import Hash, Identifier, NonNegInt, PublicKey, ShareMilli, TimeMs
+from proto.records import ZERO_HASH, Hash, Identifier, NonNegInt, PublicKey, ShareMilli, TimeMs
 
 # The decisions of the fold on one record, as written in the vector.
 GRANTED: Final = "GRANTED"
@@ -40,6 +40,9 @@ class CapRequest(Struct, frozen=True, forbid_unknown_fields=True, tag="capreq", 
     end_ms: TimeMs
     terms_arrived_ms: TimeMs
     ledger_key: PublicKey
+    # the terms these amend (their record hash; ZERO_HASH for first terms): the one claim
+    # the request does not collide with (SPEC §6.5 capacity fold rule 4)
+    supersedes: Hash = ZERO_HASH
 
 
 class CapRelease(Struct, frozen=True, forbid_unknown_fields=True, tag="caprel", tag_field="type"):

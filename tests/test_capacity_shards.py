@@ -22,6 +22,7 @@ import pytest
 from devtools import builders as b
 from devtools.faults.topic import read_topic
 from ledger.capacity_gate import CapacityOutcome, KafkaCapacityLog, requests_for
+from ledger.capacity_log import PendingRelease
 from proto.capacity_log import CapEntry, decode_record
 from proto.envelope import open_envelope
 from proto.limits import MAX_CAPACITY_WAIT_MS
@@ -92,9 +93,10 @@ def test_a_second_sale_on_another_shard_is_refused_naming_the_claim(
             got = [await _decide(one, DESK_1, a, now), await _decide(two, DESK_2, b2, now)]
             got += [await _decide(two, DESK_2, c, now), await _decide(two, DESK_2, d, now)]
             # d was rejected (node-a denied): shard 2 releases what it was granted
-            await two.release(
-                d, _hash(DESK_2, d), got[-1].granted, d.window_start_ms, "rejected", "0" * 64
+            owed = PendingRelease(
+                "pl-d", _hash(DESK_2, d), got[-1].granted, 0, "rejected", "0" * 64
             )
+            await two.release(owed)
             got.append(await _decide(one, DESK_1, e, now))
             return got
         finally:

@@ -1991,10 +1991,11 @@ def capacity_log_vectors() -> Any:
         *,
         arrived: int = WS,
         version: str = "1",
+        amends: str = "",
     ) -> CapRequest:
-        return CapRequest(
-            pid, h(pid + version), uuid, share, WS + lo * MINUTE, WS + hi * MINUTE, arrived, shard
-        )
+        window = (WS + lo * MINUTE, WS + hi * MINUTE)
+        supersedes = h(pid + amends) if amends else ZERO_HASH
+        return CapRequest(pid, h(pid + version), uuid, share, *window, arrived, shard, supersedes)
 
     def rel(
         shard: bytes, pid: str, uuid: str, end: int, because: Any, version: str = "1"
@@ -2077,10 +2078,10 @@ def capacity_log_vectors() -> Any:
             req(two, "pl-i", x, 40, 50, 1),
         ),
         (
-            "G amended to [20, 40): granted, replaces G's claim",
+            "G amended to [20, 40): granted beside G's first claim (the one it amends)",
             x,
             WS,
-            req(two, "pl-g", x, 20, 40, 500, version="2"),
+            req(two, "pl-g", x, 20, 40, 500, version="2", amends="1"),
         ),
         (
             "I published again: still the first decision (denied)",
@@ -2089,10 +2090,23 @@ def capacity_log_vectors() -> Any:
             req(two, "pl-i", x, 40, 50, 1),
         ),
         (
-            "release naming G's first terms (replaced): ignored",
+            "shard 2 releases G's first terms, amended: released (G's amendment stays)",
             x,
             WS,
             rel(two, "pl-g", x, 20, "amended"),
+        ),
+        (
+            "shard 2 releases G's first terms again: ignored (no such claim left)",
+            x,
+            WS,
+            rel(two, "pl-g", x, 20, "amended"),
+        ),
+        (
+            "conflicting terms for C by shard 2 (another hash, amending nothing): OVERSOLD "
+            "naming C's own claim",
+            x,
+            WS,
+            req(two, "pl-c", x, 60, 120, version="x"),
         ),
         (
             "shard 2 releases E, its terms rejected: the claim is gone",

@@ -9,10 +9,11 @@ apart from the ledger's fold (``ledger/capacity_log.py``), from SPEC alone:
 (2) a request already seen (placement, terms hash, ledger key) is decided as the first;
 (3) a request is denied CAPACITY_LATE once the key's time (the latest ``log_ms`` of its
     entries, this one included) passed ``terms_arrived_ms + MAX_CAPACITY_WAIT_MS``;
-(4) a request that does not fit beside the granted claims of others is denied OVERSOLD,
-    naming the claims covering the first moment it does not fit;
-(5) else granted, replacing its own placement's claim;
-(6) a release by the requesting ledger key ends the claim it names; others are IGNORED.
+(4) a request that does not fit beside the granted claims (all but the one of the terms it
+    amends) is denied OVERSOLD, naming the claims covering the first moment it does not fit;
+(5) else granted: one more claim (the amended terms keep theirs until released);
+(6) a release by the requesting ledger key ends the claim of the terms it names; others
+    are IGNORED.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class _Claim:
 
 @dataclass
 class _Gpu:
-    # (placement_id, ledger_key) -> its one granted claim on this GPU
-    held: dict[tuple[str, bytes], _Claim] = field(default_factory=dict)
+    # (placement_id, ledger_key, terms_hash) -> its granted claim on this GPU
+    held: dict[tuple[str, bytes, str], _Claim] = field(default_factory=dict)
     seen: dict[tuple[str, str, bytes], Derived] = field(default_factory=dict)
     clock_ms: int = 0  # the log's latest time on this GPU's key, this entry included
 
@@ -98,7 +99,9 @@ def _one(gpus: dict[str, _Gpu], e: CapEntry) -> Derived:
 def _judge(gpu: _Gpu, e: CapEntry, r: CapRequest) -> Derived:
     if gpu.clock_ms - r.terms_arrived_ms > MAX_CAPACITY_WAIT_MS:  # (3)
         return Derived(e.offset, DENIED, "CAPACITY_LATE")
-    others = {k: c for k, c in gpu.held.items() if k != (r.placement_id, r.ledger_key)}
+    others = {
+        k: c for k, c in gpu.held.items() if k != (r.placement_id, r.ledger_key, r.supersedes)
+    }
     # (4) a sweep over the window: shares in use change at starts (+) and ends (-) only
     changes: dict[int, int] = {r.start_ms: 0}
     for c in others.values():
@@ -115,17 +118,16 @@ def _judge(gpu: _Gpu, e: CapEntry, r: CapRequest) -> Derived:
         if used + r.share_milli > ONE_GPU:
             hit = sorted(c.offset for c in others.values() if c.start_ms <= at < c.end_ms)
             return Derived(e.offset, DENIED, "OVERSOLD", at, tuple(hit))
-    gpu.held = others  # (5)
-    gpu.held[(r.placement_id, r.ledger_key)] = _Claim(
+    gpu.held[(r.placement_id, r.ledger_key, r.terms_hash)] = _Claim(  # (5)
         e.offset, r.terms_hash, r.start_ms, r.end_ms, r.share_milli
     )
     return Derived(e.offset, GRANTED)
 
 
 def _release(gpu: _Gpu, e: CapEntry, r: CapRelease) -> Derived:
-    key = (r.placement_id, r.ledger_key)
+    key = (r.placement_id, r.ledger_key, r.terms_hash)
     claim = gpu.held.get(key)
-    if claim is None or claim.terms_hash != r.terms_hash:  # (6)
+    if claim is None:  # (6)
         return Derived(e.offset, IGNORED)
     end = min(claim.end_ms, r.end_ms)
     if end <= claim.start_ms:
