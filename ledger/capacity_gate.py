@@ -22,6 +22,8 @@ import msgspec
 
 from ledger import limits as ledger_limits
 from ledger.capacity_log import WHOLE_GPU, CapacityFold, Decision, PendingRelease
+from ledger.fold import Fold
+from ledger.inputs import Item
 from proto import limits
 from proto.capacity_log import (
     DENIED,
@@ -34,6 +36,8 @@ from proto.capacity_log import (
     ReleaseCause,
     decode_record,
 )
+from proto.envelope import open_envelope
+from proto.errors import ProtoError
 from proto.reasons import Reason
 from proto.records import PlacementTerms
 from proto.terms import canonical_uuid
@@ -264,3 +268,31 @@ class KafkaCapacityLog:
                 for uuid in owed.uuids
             ]
         )
+
+
+async def claim_batch(capacity: KafkaCapacityLog, fold: Fold, items: Sequence[Item]) -> None:
+    """SPEC §6.5 across shards: decide every terms input of a batch through the capacity
+    log before the fold reads it; the fold takes the refusal (or None) by record hash."""
+    refusals = fold.capacity_refusals
+    if refusals is None:
+        refusals = fold.capacity_refusals = {}
+    for item in items:
+        try:
+            opened = open_envelope(item.data)
+        except ProtoError:
+            continue  # the fold names what is wrong with it
+        terms = opened.record
+        if not isinstance(terms, PlacementTerms) or opened.record_hash in refusals:
+            continue
+        arrived = terms.created_at_ms if item.arrived_ms is None else item.arrived_ms
+        found = await capacity.decide(terms, opened.record_hash, arrived)
+        refusal = None if found.reason is None else (Reason(found.reason), found.detail)
+        refusals[opened.record_hash] = refusal
+
+
+async def release_owed(capacity: KafkaCapacityLog, fold: Fold) -> int:
+    """Publish the releases the fold's decisions owe the capacity log; how many."""
+    owed, fold.capacity_releases = fold.capacity_releases, []
+    for release in owed:
+        await capacity.release(release)
+    return len(owed)

@@ -16,13 +16,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
+from test_ledger_kafka import RUN_DEADLINE_S, publish
 
 from devtools import builders as b
 from devtools.faults.topic import read_topic
 from ledger.capacity_gate import CapacityOutcome, KafkaCapacityLog, requests_for
 from ledger.capacity_log import PendingRelease
+from ledger.config import KafkaConfig
+from ledger.service import KafkaLedgerService, fixed_clock
+from ledger.store import Store
 from proto.capacity_log import CapEntry, decode_record
 from proto.envelope import open_envelope
 from proto.limits import MAX_CAPACITY_WAIT_MS
@@ -36,6 +43,7 @@ DECIDE_TIMEOUT_S = 30.0
 
 DESK_1 = b.make_cast("capacity-shards")
 DESK_2 = b.make_cast("capacity-shards", desk="desk-2", ledger="ledger-2")  # same operator
+SECOND_DESK = b.make_cast("capacity-shards", desk="desk-2")  # same operator, same ledger
 
 
 def _terms(
@@ -208,3 +216,107 @@ def test_a_message_that_is_no_capacity_record_is_skipped_and_counted(value: byte
     message = Message()
     message.value = value  # type: ignore[attr-defined]
     assert entry_of(message) is None
+
+
+# ---- the ledger service: two shards of one ledger --------------------------------------
+
+
+def _partition_of(pid: str) -> int:
+    from aiokafka.partitioner import DefaultPartitioner
+
+    every = list(range(PARTITIONS))
+    partition: int = DefaultPartitioner()(pid.encode(), every, every)
+    return partition
+
+
+def _on(partition: int, stem: str) -> str:
+    """A placement id whose key lands on ``partition`` of the records topic."""
+    return next(f"{stem}-{n}" for n in range(100) if _partition_of(f"{stem}-{n}") == partition)
+
+
+def _run_shard(
+    db: Path, shard: int, topic: str, capacity: str, bootstrap: str, now: int
+) -> list[dict[str, Any]]:
+    """Run shard ``shard`` of 2 until caught up; its terms_rejected log lines."""
+
+    async def go() -> None:
+        store = Store(db, ledger_public_key=DESK_1.ledger.public_key)
+        kafka = KafkaConfig(
+            settings=KafkaSettings(bootstrap=bootstrap, topic=topic),
+            shard=shard,
+            shards=PARTITIONS,
+            capacity_topic=capacity,
+        )
+        service = KafkaLedgerService(store, DESK_1.ledger, kafka, clock=fixed_clock(now))
+        await service.start()
+        try:
+            await service.run_until(deadline_s=RUN_DEADLINE_S, idle_poll_ms=100)
+        finally:
+            await service.stop()
+            service.close()
+
+    with capture_logs() as logs:
+        asyncio.run(go())
+    return [line for line in logs if line.get("event") == "terms_rejected"]
+
+
+def _decisions(db: Path) -> dict[str, tuple[str, str]]:
+    with Store(db) as store:
+        rows = store.query("SELECT placement_id, status, reason FROM inputs WHERE kind = 'terms'")
+    return {str(p): (str(s), str(r)) for p, s, r in rows}
+
+
+def test_two_ledger_shards_refuse_the_second_sale_at_admission(
+    tmp_path: Path, kafka_bootstrap: str, tmp_topic: Callable[..., str]
+) -> None:
+    topic, capacity = tmp_topic(PARTITIONS), tmp_topic(PARTITIONS)
+    now = time.time_ns() // 1_000_000
+    start = now + HOUR
+    pa, pb, pc, pd, pe = (
+        _on(0, "pl-a"),
+        _on(1, "pl-b"),
+        _on(1, "pl-c"),
+        _on(1, "pl-d"),
+        _on(0, "pl-e"),
+    )
+    a = _terms(DESK_1, pa, [("node-a", 1000)], start, start + HOUR)
+    b2 = _terms(SECOND_DESK, pb, [("node-a", 1000)], start + HOUR // 2, start + 2 * HOUR)
+    c = _terms(SECOND_DESK, pc, [("node-a", 1000)], start + HOUR, start + 2 * HOUR)
+    publish(kafka_bootstrap, topic, [(pa, b.signed_terms(DESK_1, a))])
+    assert _run_shard(tmp_path / "s0.duckdb", 0, topic, capacity, kafka_bootstrap, now) == []
+    # d: node-b free, node-a sold to a: rejected, and node-b's grant released after it
+    d = _terms(SECOND_DESK, pd, [("node-b", 1000), ("node-a", 500)], start, start + HOUR)
+    e = _terms(DESK_1, pe, [("node-b", 1000)], start, start + HOUR)
+    second = [(pb, b2), (pc, c), (pd, d)]
+    publish(kafka_bootstrap, topic, [(p, b.signed_terms(SECOND_DESK, t)) for p, t in second])
+    rejected = _run_shard(tmp_path / "s1.duckdb", 1, topic, capacity, kafka_bootstrap, now)
+
+    publish(kafka_bootstrap, topic, [(pe, b.signed_terms(DESK_1, e))])
+    assert _run_shard(tmp_path / "s0.duckdb", 0, topic, capacity, kafka_bootstrap, now) == []
+    assert _decisions(tmp_path / "s0.duckdb") == {pa: ("accepted", ""), pe: ("accepted", "")}
+    assert _decisions(tmp_path / "s1.duckdb") == {
+        pb: ("rejected", "OVERSOLD"),
+        pc: ("accepted", ""),
+        pd: ("rejected", "OVERSOLD"),
+    }
+    assert [line["placement"] for line in rejected] == [pb, pd]
+    assert f"GPU GPU-node-a-0 is granted to placement {pa}" in rejected[0]["detail"]
+
+    # shard 1 rebuilt from offset 0 on a fresh store decides the same, naming the same claim
+    again = _run_shard(tmp_path / "s1-again.duckdb", 1, topic, capacity, kafka_bootstrap, now)
+    assert _decisions(tmp_path / "s1-again.duckdb") == _decisions(tmp_path / "s1.duckdb")
+    assert [line["detail"] for line in again] == [line["detail"] for line in rejected]
+
+    # the verifier derives the same from the capacity topic: b denied naming a's grant
+    entries = _topic_entries(KafkaSettings(bootstrap=kafka_bootstrap, topic=capacity))
+    key = DESK_1.ledger.public_key
+    got_a = decisions_for_terms(entries, pa, _hash(DESK_1, a), key)["GPU-node-a-0"]
+    got_b = decisions_for_terms(entries, pb, _hash(SECOND_DESK, b2), key)["GPU-node-a-0"]
+    got_c = decisions_for_terms(entries, pc, _hash(SECOND_DESK, c), key)["GPU-node-a-0"]
+    assert (got_a.outcome, got_c.outcome) == ("GRANTED", "GRANTED")
+    assert (got_b.outcome, got_b.reason, got_b.collided) == ("DENIED", "OVERSOLD", (got_a.offset,))
+    # d's grant on node-b was released, and e granted after it
+    got_d = decisions_for_terms(entries, pd, _hash(SECOND_DESK, d), key)
+    got_e = decisions_for_terms(entries, pe, _hash(DESK_1, e), key)["GPU-node-b-0"]
+    assert got_d["GPU-node-b-0"].outcome == "GRANTED" and got_d["GPU-node-a-0"].outcome == "DENIED"
+    assert got_e.outcome == "GRANTED" and got_e.offset > got_d["GPU-node-b-0"].offset
