@@ -36,11 +36,11 @@ from proto.capacity_log import (
     ReleaseCause,
     decode_record,
 )
-from proto.envelope import open_envelope
+from proto.envelope import Envelope, check_signatures, open_envelope
 from proto.errors import ProtoError
 from proto.reasons import Reason
 from proto.records import PlacementTerms
-from proto.terms import canonical_uuid
+from proto.terms import canonical_uuid, party_keys
 
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
 
@@ -153,6 +153,7 @@ class KafkaCapacityLog:
     ) -> None:
         self._settings = settings
         self._ledger_key = ledger_key
+        self.ledger_key = ledger_key  # the shard's ledger key: the owner of its claims
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self.fold = fold or CapacityFold()
         self.skipped = 0  # messages that are no capacity record (counted, never folded)
@@ -284,10 +285,20 @@ async def claim_batch(capacity: KafkaCapacityLog, fold: Fold, items: Sequence[It
         terms = opened.record
         if not isinstance(terms, PlacementTerms) or opened.record_hash in refusals:
             continue
+        if not _claimable(terms, opened.envelope, capacity.ledger_key):
+            continue  # the fold rejects it for that, before any claim is compared
         arrived = terms.created_at_ms if item.arrived_ms is None else item.arrived_ms
         found = await capacity.decide(terms, opened.record_hash, arrived)
         refusal = None if found.reason is None else (Reason(found.reason), found.detail)
         refusals[opened.record_hash] = refusal
+
+
+def _claimable(terms: PlacementTerms, envelope: Envelope, ledger_key: bytes) -> bool:
+    """Terms for this ledger, signed by exactly their three parties: nobody without the
+    parties' keys can make a shard claim (and so hold back) a GPU."""
+    if terms.ledger_key != ledger_key:
+        return False
+    return check_signatures(envelope, party_keys(terms)).failure() is None
 
 
 async def release_owed(capacity: KafkaCapacityLog, fold: Fold) -> int:

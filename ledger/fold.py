@@ -152,6 +152,7 @@ class Fold:
         # the fold's decisions owe the log, drained by the service after the commit.
         self.capacity_refusals: dict[str, tuple[Reason, str] | None] | None = None
         self.capacity_releases: list[PendingRelease] = []
+        self._decided_by_log: set[str] = set()  # terms the log decided, not yet folded
 
     # ---- folding ------------------------------------------------------------------------
 
@@ -302,6 +303,7 @@ class Fold:
         claims = ShardClaims(self._capacity.claims_for(scope, terms))
         if self.capacity_refusals is not None and record_hash in self.capacity_refusals:
             claims.refusal = self.capacity_refusals.pop(record_hash)
+            self._decided_by_log.add(record_hash)
         return claims
 
     def _owe_releases(
@@ -314,7 +316,13 @@ class Fold:
             if v.opened is None or v.placement_id is None:
                 continue
             done, pid, why = v.opened.record, v.placement_id, v.record_hash or ""
+            decided = (
+                isinstance(done, PlacementTerms) and v.opened.record_hash in self._decided_by_log
+            )
+            self._decided_by_log.discard(v.opened.record_hash)
             if isinstance(done, PlacementTerms) and v.status == "rejected":
+                if not decided:
+                    continue  # refused before it claimed anything (no request was made)
                 uuids = tuple(sorted(g.uuid for g in done.gpus))
                 owed = PendingRelease(pid, v.opened.record_hash, uuids, 0, "rejected", why)
             elif isinstance(done, PlacementTerms) and v.status == "accepted":

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
-from test_ledger_kafka import RUN_DEADLINE_S, publish
+from test_ledger_kafka import RUN_DEADLINE_S, publish, resign_badly
 
 from devtools import builders as b
 from devtools.faults.topic import read_topic
 from ledger.capacity_gate import CapacityOutcome, KafkaCapacityLog, requests_for
 from ledger.capacity_log import PendingRelease
-from ledger.config import KafkaConfig
+from ledger.config import ConfigError, KafkaConfig, config_from_mapping
 from ledger.service import KafkaLedgerService, fixed_clock
 from ledger.store import Store
 from proto.capacity_log import CapEntry, decode_record
@@ -287,8 +287,12 @@ def test_two_ledger_shards_refuse_the_second_sale_at_admission(
     # d: node-b free, node-a sold to a: rejected, and node-b's grant released after it
     d = _terms(SECOND_DESK, pd, [("node-b", 1000), ("node-a", 500)], start, start + HOUR)
     e = _terms(DESK_1, pe, [("node-b", 1000)], start, start + HOUR)
+    # f: node-c, its signature forged: rejected before any claim is requested
+    pf = _on(1, "pl-f")
+    f = _terms(SECOND_DESK, pf, [("node-c", 1000)], start, start + HOUR)
     second = [(pb, b2), (pc, c), (pd, d)]
-    publish(kafka_bootstrap, topic, [(p, b.signed_terms(SECOND_DESK, t)) for p, t in second])
+    signed = [(p, b.signed_terms(SECOND_DESK, t)) for p, t in second]
+    publish(kafka_bootstrap, topic, [*signed, (pf, resign_badly(b.signed_terms(SECOND_DESK, f)))])
     rejected = _run_shard(tmp_path / "s1.duckdb", 1, topic, capacity, kafka_bootstrap, now)
 
     publish(kafka_bootstrap, topic, [(pe, b.signed_terms(DESK_1, e))])
@@ -298,8 +302,9 @@ def test_two_ledger_shards_refuse_the_second_sale_at_admission(
         pb: ("rejected", "OVERSOLD"),
         pc: ("accepted", ""),
         pd: ("rejected", "OVERSOLD"),
+        pf: ("rejected", "SIG_INVALID"),
     }
-    assert [line["placement"] for line in rejected] == [pb, pd]
+    assert [line["placement"] for line in rejected] == [pb, pd, pf]
     assert f"GPU GPU-node-a-0 is granted to placement {pa}" in rejected[0]["detail"]
 
     # shard 1 rebuilt from offset 0 on a fresh store decides the same, naming the same claim
@@ -315,8 +320,21 @@ def test_two_ledger_shards_refuse_the_second_sale_at_admission(
     got_c = decisions_for_terms(entries, pc, _hash(SECOND_DESK, c), key)["GPU-node-a-0"]
     assert (got_a.outcome, got_c.outcome) == ("GRANTED", "GRANTED")
     assert (got_b.outcome, got_b.reason, got_b.collided) == ("DENIED", "OVERSOLD", (got_a.offset,))
+    assert not any(getattr(x.record, "placement_id", "") == pf for x in entries)
     # d's grant on node-b was released, and e granted after it
     got_d = decisions_for_terms(entries, pd, _hash(SECOND_DESK, d), key)
     got_e = decisions_for_terms(entries, pe, _hash(DESK_1, e), key)["GPU-node-b-0"]
     assert got_d["GPU-node-b-0"].outcome == "GRANTED" and got_d["GPU-node-a-0"].outcome == "DENIED"
     assert got_e.outcome == "GRANTED" and got_e.offset > got_d["GPU-node-b-0"].offset
+
+
+def test_ledger_toml_capacity_topic(tmp_path: Path) -> None:
+    base = {"ledger_id": "l", "key_file": "k", "db": "d", "transport": "kafka"}
+    kafka = {"bootstrap": "127.0.0.1:9", "topic": "gl.records"}
+    config = config_from_mapping({**base, "kafka": {**kafka, "capacity_topic": "gl.cap"}}, tmp_path)
+    assert config.kafka is not None and config.kafka.capacity_topic == "gl.cap"
+    plain = config_from_mapping({**base, "kafka": kafka}, tmp_path)
+    assert plain.kafka is not None and plain.kafka.capacity_topic is None
+    for bad in ("gl.records", "", 5):
+        with pytest.raises(ConfigError, match="capacity_topic"):
+            config_from_mapping({**base, "kafka": {**kafka, "capacity_topic": bad}}, tmp_path)
