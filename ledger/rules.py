@@ -277,6 +277,12 @@ class _Reject(Exception):
         self.takes = takes
 
 
+def _weighted(share_milli: int, weight: int, event: UsageEvent, from_ms: int, to_ms: int) -> int:
+    """SPEC §7.1, §7.1.2: a counting sample's delivered milli-GPU-ms over [from_ms, to_ms)."""
+    overlap = overlap_ms(event.start_ms, event.end_ms, from_ms, to_ms)
+    return health.delivered_mgms(share_milli, overlap, weight)
+
+
 class _Run:
     """One call of ``decide``: its inputs from outside, and the usage events it accepted
     (held inputs released by terms can re-deliver one of those)."""
@@ -695,16 +701,14 @@ def _usage_delivered(
             )
         if terms.attestation_required:
             _usage_attested(state, event, sample.uuid, public_key, keyid, takes)
-        if health.counts(sample, event.seq == 0, stream.retired):
-            delivered += spec.share_milli * overlap_ms(
-                event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
-            )
+        if health.counts(sample, event.seq == 0, stream.retired, terms.metering):
+            weight = health.weight_bps(sample, terms.metering)
+            end_ms, share = state.effective_end_ms, spec.share_milli
+            delivered += _weighted(share, weight, event, terms.window_start_ms, end_ms)
             # §7.10: the same time on an assigned GPU, from the handover on
             for k, assigned in enumerate(assignments):
                 if sample.uuid in assigned.gpus:
-                    resold[k] += spec.share_milli * overlap_ms(
-                        event.start_ms, event.end_ms, assigned.handover_ms, state.effective_end_ms
-                    )
+                    resold[k] += _weighted(share, weight, event, assigned.handover_ms, end_ms)
     return delivered, resold
 
 

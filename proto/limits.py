@@ -32,6 +32,7 @@ MAX_TEXT_CHARS: Final = 512
 # Workload, delivery and residency terms (SPEC §5.1, §5.2): acceptance requirements,
 # allowed regions and jurisdictions listed in one terms record.
 MAX_ACCEPTANCE_ITEMS: Final = 16
+MAX_HOLDERS: Final = 16  # SPEC §5.3: workload identities in the terms' metering
 MAX_REGIONS: Final = 64
 MAX_JURISDICTIONS: Final = 16
 

@@ -625,6 +625,108 @@ def health_vectors() -> Any:
     }
 
 
+def measurement_vectors() -> Any:
+    """SPEC §5.3, §7.1.1 (the XID table), §7.1.2: terms with ``metering`` (XID table 2, idle
+    not billed, degraded time at a quarter); node-signed events whose allocation, clock
+    events and XIDs decide each sample, folded; both XID tables with their attribution."""
+    from ledger.fold import Fold
+    from proto.records import Metering
+    from proto.xids import DEGRADING_CLOCK_EVENTS, XID_TABLES
+
+    cast = _cast()
+    metering = Metering(
+        xid_table=2, idle_billed=False, holders=["k8s:team-a", "slurm:acme"], degraded_bps=2_500
+    )
+    terms = _terms(cast, metering=metering)
+    gpu0, gpu1 = [g for g in terms.gpus if g.node_id == "node-a"]
+    a = b.StreamWriter(cast.node_key("node-a"), "pl-vector", "node-a")
+    events: list[tuple[str, list[Any]]] = [
+        (
+            "GPU 0 held by the buyer; GPU 1 by another tenant (flagged allocated all the same)",
+            [b.sample(gpu0, allocation="buyer"), b.sample(gpu1, allocation="other")],
+        ),
+        (
+            "GPU 0 idle, GPU 1 allocation unknown: idle_billed false, neither counts",
+            [b.sample(gpu0, allocation="idle"), b.sample(gpu1)],
+        ),
+        (
+            "GPU 0: hardware thermal slowdown (0x40), at degraded_bps; GPU 1: power cap (0x04)",
+            [
+                b.sample(gpu0, allocation="buyer", clock_events=0x40),
+                b.sample(gpu1, allocation="buyer", clock_events=0x04),
+            ],
+        ),
+        (
+            "GPU 0: XID 13 and 31 (the application's); GPU 1: XID 63 and a correctable remap",
+            [
+                b.sample(gpu0, allocation="buyer", xids=[13, 31]),
+                b.sample(gpu1, allocation="buyer", xids=[63], remapped_correctable=1),
+            ],
+        ),
+        (
+            "GPU 0: XID 119 (driver, GSP timeout); GPU 1: XID 79 (hardware)",
+            [
+                b.sample(gpu0, allocation="buyer", xids=[119]),
+                b.sample(gpu1, allocation="buyer", xids=[79]),
+            ],
+        ),
+    ]
+    inputs = [b.signed_terms(cast, terms)]
+    for i, (_, samples) in enumerate(events):
+        inputs.append(a.event(WS + i * 10 * MINUTE, WS + (i + 1) * 10 * MINUTE, samples))
+    fold = Fold(cast.ledger)
+    steps = []
+    for i, raw in enumerate(inputs):
+        (outcome,) = fold.apply(raw, f"measurement:{i}", None)
+        assert outcome.record is not None and outcome.status == "accepted"
+        opened = open_envelope(raw)
+        steps.append(
+            {
+                "note": "terms" if i == 0 else events[i - 1][0],
+                "signed_bytes_utf8": opened.payload.decode(),
+                "envelope_b64": _b64(raw),
+                "delivered_mgms": outcome.record.delivered_mgms,
+            }
+        )
+    totals = fold.totals("pl-vector")
+    assert totals is not None
+    body = open_envelope(a.event(WS + HOUR, WS + HOUR + MINUTE, [b.sample(gpu0)])).payload
+    key = cast.node_key("node-a")
+    uuid_field = f'"uuid":"{gpu0.uuid}"'.encode()
+    cases = {
+        "allocation written at its default": body.replace(
+            uuid_field, uuid_field + b',"allocation":"unknown"'
+        ),
+        "allocation not one of the four": body.replace(
+            uuid_field, uuid_field + b',"allocation":"mine"'
+        ),
+        "negative clock_events": body.replace(uuid_field, uuid_field + b',"clock_events":-1'),
+    }
+    rejections = []
+    for name, payload in cases.items():
+        raw = encode_envelope(sign_payload(payload, [key]))
+        try:
+            open_envelope(raw)
+        except ProtoError as exc:
+            rejections.append({"name": name, "envelope_b64": _b64(raw), "reason": exc.reason.value})
+        else:  # pragma: no cover - a vector that decodes is a generator bug
+            raise AssertionError(f"vector {name!r} decodes")
+    return {
+        "xid_tables": {
+            str(version): [
+                {"code": e.code, "attribution": e.attribution, "unhealthy": e.unhealthy}
+                for e in sorted(table.values(), key=lambda e: e.code)
+            ]
+            for version, table in XID_TABLES.items()
+        },
+        "degrading_clock_events": DEGRADING_CLOCK_EVENTS,
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "totals": msgspec.to_builtins(totals),
+        "rejections": rejections,
+    }
+
+
 def time_vectors() -> Any:
     """SPEC §6.6: one stream with the time each input reached the log; the decisions and
     the ``arrived_ms`` of every record (monotone; a held input keeps its own), the
@@ -2279,6 +2381,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "attestation.json": attestation_vectors,
     "residency.json": residency_vectors,
     "health.json": health_vectors,
+    "measurement.json": measurement_vectors,
     "time.json": time_vectors,
     "authority.json": authority_vectors,
     "release.json": release_vectors,
