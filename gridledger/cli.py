@@ -34,6 +34,7 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     ),
     "gridledger.cmd_trust": ("trust",),
     "gridledger.cmd_check": ("check",),
+    "gridledger.cmd_fetch": ("fetch",),
     "meter.cli": ("meter",),
     "ledger.cli": ("ledger",),
     "verifier.cli": ("verify",),

@@ -36,6 +36,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ import structlog
 
 from billview import render
 from billview.doc import decode as decode_bill
+from ledger.access import Access
+from ledger.attest_loop import AttestLoop
 from ledger.bill import bill_doc
 from ledger.client import (
     ApiError,
@@ -208,6 +211,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ConfigError, KeyFileError, StoreError, SourceError, ValueError) as exc:
         return _fail(str(exc), 2)
     server: LedgerHttpServer | None = None
+    attest: AttestLoop | None = None
     try:
         if config.http is not None:
             api = LedgerApi(
@@ -220,9 +224,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "arrival": config.arrival,
                 },
                 behind=service.behind_log if isinstance(service, KafkaLedgerService) else None,
+                access=Access(
+                    service.store,
+                    service.key.public_key,
+                    frozenset(config.api_auditors),
+                    clock_s=lambda: int(time.time()),
+                ),
             )
-            server = LedgerHttpServer(api, *config.http, port_file=config.port_file)
+            server = LedgerHttpServer(
+                api, *config.http, port_file=config.port_file, ops=config.ops_http
+            )
             server.start()
+        attest = AttestLoop(service.store, service.key, config.attest_interval_s)
+        attest.start()
         if isinstance(service, LedgerService):
             stop = threading.Event()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -247,6 +261,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
+        if attest is not None:
+            attest.stop()
         service.close()
     return 0
 
@@ -327,9 +343,9 @@ def cmd_statement(args: argparse.Namespace) -> int:
         base = find_running(config)
         bill: bytes | None = None
         if base is not None:
-            body = get_statement(base, args.placement)
+            body = get_statement(base, args.placement, key)
             if not args.json:
-                bill = get_bill(base, args.placement)
+                bill = get_bill(base, args.placement, key)
         else:
             _require_store(config, args.config)
             with Store(config.db, ledger_public_key=key.public_key) as store:
@@ -355,7 +371,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         config, key = _load(args.config, args.shard)
         base = find_running(config)
         if base is not None:
-            placements = get_placements(base)
+            placements = get_placements(base, key)
         else:
             _require_store(config, args.config)
             with Store(config.db, ledger_public_key=key.public_key) as store:
@@ -385,7 +401,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         config, key = _load(args.config, args.shard)
         base = find_running(config)
         if base is not None:
-            download_export(base, args.placement, args.out)
+            download_export(base, args.placement, args.out, key)
             if args.parquet is not None:
                 write_parquet(args.out, args.parquet)
         else:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Final
@@ -20,6 +22,8 @@ from typing import Any, Final
 from ledger.config import LedgerConfig
 from ledger.limits import HTTP_CLIENT_TIMEOUT_S
 from proto.durable_io import pid_alive
+from proto.httpsig import sign_url
+from proto.keys import SigningKey
 
 _PROBE_TIMEOUT_S: Final = 2.0
 
@@ -65,10 +69,14 @@ def find_running(config: LedgerConfig) -> str | None:
     return None
 
 
-def _request(url: str, data: bytes | None = None) -> bytes:
-    request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+def _request(url: str, key: SigningKey, data: bytes | None = None) -> bytes:
+    """One request signed with ``key`` (SPEC §11); ApiError for any failure."""
+    method = "POST" if data is not None else "GET"
+    request = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", "text/plain; charset=utf-8")
+    for name, value in sign_url(key, method, url, data or b"", int(time.time())).items():
+        request.add_header(name, value)
     try:
         with urllib.request.urlopen(request, timeout=HTTP_CLIENT_TIMEOUT_S) as reply:
             body: bytes = reply.read()
@@ -93,31 +101,39 @@ def _request(url: str, data: bytes | None = None) -> bytes:
         raise ApiError(0, message) from exc
 
 
-def get_statement(base: str, placement_id: str) -> dict[str, Any]:
+def get_statement(base: str, placement_id: str, key: SigningKey) -> dict[str, Any]:
     """GET /placements/<id>/statement."""
-    body: dict[str, Any] = json.loads(_request(f"{base}/placements/{placement_id}/statement"))
+    body: dict[str, Any] = json.loads(_request(f"{base}/placements/{placement_id}/statement", key))
     return body
 
 
-def get_placements(base: str) -> list[dict[str, Any]]:
+def get_placements(base: str, key: SigningKey) -> list[dict[str, Any]]:
     """GET /placements."""
-    body: dict[str, Any] = json.loads(_request(f"{base}/placements"))
+    body: dict[str, Any] = json.loads(_request(f"{base}/placements", key))
     return list(body["placements"])
 
 
-def get_bill(base: str, placement_id: str) -> bytes:
+def get_bill(base: str, placement_id: str, key: SigningKey) -> bytes:
     """GET /placements/<id>/statement.json: the bill's line items (``billview`` JSON)."""
-    return _request(f"{base}/placements/{placement_id}/statement.json")
+    return _request(f"{base}/placements/{placement_id}/statement.json", key)
 
 
-def get_checkpoint(base: str, placement_id: str) -> str:
+def get_checkpoint(base: str, placement_id: str, key: SigningKey) -> str:
     """GET /placements/<id>/checkpoint."""
-    return _request(f"{base}/placements/{placement_id}/checkpoint").decode()
+    return _request(f"{base}/placements/{placement_id}/checkpoint", key).decode()
 
 
-def download_export(base: str, placement_id: str, out: Path) -> int:
-    """GET /placements/<id>/export into ``out`` (temp file + rename); bytes written."""
-    data = _request(f"{base}/placements/{placement_id}/export")
+def request_checkpoint(base: str, placement_id: str, key: SigningKey) -> str:
+    """POST /placements/<id>/checkpoint: ask for a statement and checkpoint at the head
+    (SPEC §8.4; rate-limited by the ledger); the latest note."""
+    return _request(f"{base}/placements/{placement_id}/checkpoint", key, b"").decode()
+
+
+def download_export(base: str, placement_id: str, out: Path, key: SigningKey) -> int:
+    """GET /placements/<id>/export into ``out`` (temp file + rename), after asking for a
+    checkpoint at the head (the export runs through the latest); bytes written."""
+    request_checkpoint(base, placement_id, key)
+    data = _request(f"{base}/placements/{placement_id}/export", key)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     with tmp.open("wb") as handle:
@@ -126,3 +142,9 @@ def download_export(base: str, placement_id: str, out: Path) -> int:
         os.fsync(handle.fileno())
     os.replace(tmp, out)
     return len(data)
+
+
+def get_page(base: str, placement_id: str, key: SigningKey, party: str | None = None) -> bytes:
+    """GET /placements/<id>/statement.html: the caller's page (``party``: one of its own)."""
+    query = "" if party is None else "?party=" + urllib.parse.quote(party, safe="")
+    return _request(f"{base}/placements/{placement_id}/statement.html{query}", key)
