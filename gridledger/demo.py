@@ -783,6 +783,7 @@ def _witnesses(
     """
     import os
 
+    from ledger.access import Access
     from ledger.http import LedgerApi, LedgerHttpServer
     from ledger.metrics import LedgerMetrics
     from ledger.store import Store
@@ -798,7 +799,10 @@ def _witnesses(
         path = known / name
         path.write_bytes(raw)
         os.utime(path, ns=(at_ms * 1_000_000, at_ms * 1_000_000))
-    api = LedgerApi(of_type(store, Store, "the demo's store"), ledger_key, LedgerMetrics())
+    ledger_store = of_type(store, Store, "the demo's store")
+    # As between companies (SPEC §11): each witness signs its requests with its party key.
+    access = Access(ledger_store, ledger_key.public_key, clock_s=lambda: int(time.time()))
+    api = LedgerApi(ledger_store, ledger_key, LedgerMetrics(), access=access)
     server = LedgerHttpServer(api, "127.0.0.1", 0)
     server.start()
     try:

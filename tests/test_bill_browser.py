@@ -138,7 +138,9 @@ def test_statement_page_in_chromium(browser: Any, tmp_path: Path) -> None:
             statement["final"] and {k: statement["totals"][k] for k in EXPECTED} == EXPECTED
         )  # the signed statement is what the page must show
         # Operator and buyer witness the closed log, so the offline verdict is FINAL.
-        with urllib.request.urlopen(f"{base}/checkpoint", timeout=60) as reply:
+        # SPEC §8.4: a party asks for a checkpoint (POST); a GET issues none.
+        asked = urllib.request.Request(f"{base}/checkpoint", data=b"", method="POST")
+        with urllib.request.urlopen(asked, timeout=60) as reply:
             note = parse_note(reply.read().decode())
         for party in (cast.operator, cast.buyer):
             signed = cosign(note, party.name, party, _NOW_S).text().encode()
