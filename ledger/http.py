@@ -296,133 +296,135 @@ def _party_query(path: str) -> str | None:
     return texts[0]
 
 
-def _handler(api: LedgerApi, *, ops: bool = False) -> type[BaseHTTPRequestHandler]:
-    """The request handler of the API; ``ops``: the ops listener's (/health, /metrics
-    unsigned, nothing else)."""
+class _Handler(BaseHTTPRequestHandler):
+    """The API's request handler; ``_handler`` binds it to an API (``ops``: the ops
+    listener's: /health and /metrics unsigned, nothing else)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "gridledger-ledger/1"
-        timeout = HTTP_TIMEOUT_S
+    api: LedgerApi
+    ops: bool = False
+    server_version = "gridledger-ledger/1"
+    timeout = HTTP_TIMEOUT_S
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # no access log on stdout; errors are logged with structlog below
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # no access log on stdout; errors are logged with structlog below
 
-        def do_GET(self) -> None:
-            self._dispatch("GET")
+    def do_GET(self) -> None:
+        self._dispatch("GET")
 
-        def do_POST(self) -> None:
-            self._dispatch("POST")
+    def do_POST(self) -> None:
+        self._dispatch("POST")
 
-        def _dispatch(self, method: str) -> None:
-            try:
-                self._route(method)
-            except _HttpError as exc:
-                self._json(exc.status, {"error": str(exc)})
-            except Unauthenticated as exc:
-                self._json(HTTPStatus.UNAUTHORIZED, {"error": str(exc)})
-            except Busy as exc:
-                self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)})
-            except UnknownPlacement as exc:
-                self._json(HTTPStatus.NOT_FOUND, {"error": str(exc)})
-            except ProtoError as exc:
-                self._json(
-                    HTTPStatus.BAD_REQUEST, {"error": exc.detail, "reason": exc.reason.value}
-                )
-            except Exception as exc:  # a request never takes the server down
-                log.exception("http_error", path=self.path)
-                self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": repr(exc)})
+    def _dispatch(self, method: str) -> None:
+        try:
+            self._route(method)
+        except _HttpError as exc:
+            self._json(exc.status, {"error": str(exc)})
+        except Unauthenticated as exc:
+            self._json(HTTPStatus.UNAUTHORIZED, {"error": str(exc)})
+        except Busy as exc:
+            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)})
+        except UnknownPlacement as exc:
+            self._json(HTTPStatus.NOT_FOUND, {"error": str(exc)})
+        except ProtoError as exc:
+            self._json(HTTPStatus.BAD_REQUEST, {"error": exc.detail, "reason": exc.reason.value})
+        except Exception as exc:  # a request never takes the server down
+            log.exception("http_error", path=self.path)
+            self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": repr(exc)})
 
-        def _route(self, method: str) -> None:
-            path, _, query = self.path.partition("?")
-            if method == "GET" and path == "/health":
-                self._json(HTTPStatus.OK, {"status": "ok", **api.health()})
-                return
-            if ops:
-                if method == "GET" and path == "/metrics":
-                    self._metrics()
-                    return
-                raise _HttpError(HTTPStatus.NOT_FOUND, f"no such path {path!r} (ops listener)")
-            body = self._body() if method == "POST" else b""
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            request = Request(method, self.headers.get("Host", ""), path, query, body)
-            caller = api.caller(request, headers)
+    def _route(self, method: str) -> None:
+        path, _, query = self.path.partition("?")
+        if method == "GET" and path == "/health":
+            self._json(HTTPStatus.OK, {"status": "ok", **self.api.health()})
+            return
+        if self.ops:
             if method == "GET" and path == "/metrics":
-                if not caller.everything:
-                    raise _HttpError(HTTPStatus.NOT_FOUND, "no such path '/metrics'")
                 self._metrics()
                 return
-            if method == "GET" and path in ("/placements", "/"):
-                self._json(HTTPStatus.OK, api.placements(caller))
-                return
-            match = _ROUTE.match(path)
-            if match is None:
-                raise _HttpError(HTTPStatus.NOT_FOUND, f"no such path {path!r}")
-            placement_id, action = unquote(match.group(1)), match.group(2)
-            if not _ID.match(placement_id):
-                raise _HttpError(HTTPStatus.BAD_REQUEST, "placement id is not an identifier")
-            roles = api.roles(caller, placement_id)
-            self._placement(method, action, placement_id, roles, body)
+            raise _HttpError(HTTPStatus.NOT_FOUND, f"no such path {path!r} (ops listener)")
+        body = self._body() if method == "POST" else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        request = Request(method, self.headers.get("Host", ""), path, query, body)
+        caller = self.api.caller(request, headers)
+        if method == "GET" and path == "/metrics":
+            if not caller.everything:
+                raise _HttpError(HTTPStatus.NOT_FOUND, "no such path '/metrics'")
+            self._metrics()
+            return
+        if method == "GET" and path in ("/placements", "/"):
+            self._json(HTTPStatus.OK, self.api.placements(caller))
+            return
+        match = _ROUTE.match(path)
+        if match is None:
+            raise _HttpError(HTTPStatus.NOT_FOUND, f"no such path {path!r}")
+        placement_id, action = unquote(match.group(1)), match.group(2)
+        if not _ID.match(placement_id):
+            raise _HttpError(HTTPStatus.BAD_REQUEST, "placement id is not an identifier")
+        roles = self.api.roles(caller, placement_id)
+        self._placement(method, action, placement_id, roles, body)
 
-        def _placement(
-            self, method: str, action: str, placement_id: str, roles: Roles, body: bytes
-        ) -> None:
-            if (method, action) == ("GET", "statement"):
-                if not roles.full:
-                    raise _hidden(placement_id)
-                self._json(HTTPStatus.OK, api.statement(placement_id))
-            elif method == "GET" and action.startswith("statement."):
-                form = action.partition(".")[2]
-                party = _party_query(self.path)
-                self._send(HTTPStatus.OK, *api.bill(placement_id, form, party, roles))
-            elif (method, action) == ("GET", "checkpoint"):
-                self._text(HTTPStatus.OK, api.checkpoint(placement_id))
-            elif (method, action) == ("POST", "checkpoint"):
-                self._text(HTTPStatus.OK, api.request_checkpoint(placement_id))
-            elif (method, action) == ("GET", "export"):
-                self._send(
-                    HTTPStatus.OK, "application/octet-stream", api.export_bytes(placement_id)
-                )
-            elif (method, action) == ("GET", "records"):
-                start, stop = _range_query(self.path)
-                self._text(HTTPStatus.OK, api.records(placement_id, start, stop))
-            elif (method, action) == ("GET", "consistency"):
-                start, stop = _range_query(self.path)
-                self._text(HTTPStatus.OK, api.consistency(placement_id, start, stop))
-            elif (method, action) == ("POST", "checkpoint/cosign"):
-                self._text(HTTPStatus.OK, api.cosign(placement_id, _utf8(body)))
-            else:
-                raise _HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} {action}")
+    def _placement(
+        self, method: str, action: str, placement_id: str, roles: Roles, body: bytes
+    ) -> None:
+        if (method, action) == ("GET", "statement"):
+            if not roles.full:
+                raise _hidden(placement_id)
+            self._json(HTTPStatus.OK, self.api.statement(placement_id))
+        elif method == "GET" and action.startswith("statement."):
+            form = action.partition(".")[2]
+            party = _party_query(self.path)
+            self._send(HTTPStatus.OK, *self.api.bill(placement_id, form, party, roles))
+        elif (method, action) == ("GET", "checkpoint"):
+            self._text(HTTPStatus.OK, self.api.checkpoint(placement_id))
+        elif (method, action) == ("POST", "checkpoint"):
+            self._text(HTTPStatus.OK, self.api.request_checkpoint(placement_id))
+        elif (method, action) == ("GET", "export"):
+            self._send(
+                HTTPStatus.OK, "application/octet-stream", self.api.export_bytes(placement_id)
+            )
+        elif (method, action) == ("GET", "records"):
+            start, stop = _range_query(self.path)
+            self._text(HTTPStatus.OK, self.api.records(placement_id, start, stop))
+        elif (method, action) == ("GET", "consistency"):
+            start, stop = _range_query(self.path)
+            self._text(HTTPStatus.OK, self.api.consistency(placement_id, start, stop))
+        elif (method, action) == ("POST", "checkpoint/cosign"):
+            self._text(HTTPStatus.OK, self.api.cosign(placement_id, _utf8(body)))
+        else:
+            raise _HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} {action}")
 
-        def _metrics(self) -> None:
-            self._send(HTTPStatus.OK, "text/plain; version=0.0.4", api.metrics.exposition())
+    def _metrics(self) -> None:
+        self._send(HTTPStatus.OK, "text/plain; version=0.0.4", self.api.metrics.exposition())
 
-        def _body(self) -> bytes:
-            length_text = self.headers.get("Content-Length", "")
-            if not length_text.isdigit():
-                raise _HttpError(HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
-            length = int(length_text)
-            if length > MAX_HTTP_BODY_BYTES:
-                raise _HttpError(
-                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_HTTP_BODY_BYTES} bytes"
-                )
-            return self.rfile.read(length)
+    def _body(self) -> bytes:
+        length_text = self.headers.get("Content-Length", "")
+        if not length_text.isdigit():
+            raise _HttpError(HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
+        length = int(length_text)
+        if length > MAX_HTTP_BODY_BYTES:
+            raise _HttpError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_HTTP_BODY_BYTES} bytes"
+            )
+        return self.rfile.read(length)
 
-        def _json(self, status: HTTPStatus, body: dict[str, Any]) -> None:
-            self._send(status, "application/json", json.dumps(body, sort_keys=True).encode())
+    def _json(self, status: HTTPStatus, body: dict[str, Any]) -> None:
+        self._send(status, "application/json", json.dumps(body, sort_keys=True).encode())
 
-        def _text(self, status: HTTPStatus, body: str) -> None:
-            self._send(status, "text/plain; charset=utf-8", body.encode())
+    def _text(self, status: HTTPStatus, body: str) -> None:
+        self._send(status, "text/plain; charset=utf-8", body.encode())
 
-        def _send(self, status: HTTPStatus, content_type: str, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if status == HTTPStatus.UNAUTHORIZED:
-                self.send_header("Accept-Signature", ACCEPT_SIGNATURE)
-            self.end_headers()
-            self.wfile.write(body)
+    def _send(self, status: HTTPStatus, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if status == HTTPStatus.UNAUTHORIZED:
+            self.send_header("Accept-Signature", ACCEPT_SIGNATURE)
+        self.end_headers()
+        self.wfile.write(body)
 
-    return Handler
+
+def _handler(api: LedgerApi, *, ops: bool = False) -> type[BaseHTTPRequestHandler]:
+    """The request handler of ``api``; ``ops``: the ops listener's."""
+    return type("Handler", (_Handler,), {"api": api, "ops": ops})
 
 
 def _utf8(body: bytes) -> str:
