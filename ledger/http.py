@@ -424,7 +424,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _handler(api: LedgerApi, *, ops: bool = False) -> type[BaseHTTPRequestHandler]:
     """The request handler of ``api``; ``ops``: the ops listener's."""
-    return type("Handler", (_Handler,), {"api": api, "ops": ops})
+    # The read timeout as it is now (a test shortens it before it builds a server).
+    return type("Handler", (_Handler,), {"api": api, "ops": ops, "timeout": HTTP_TIMEOUT_S})
 
 
 def _utf8(body: bytes) -> str:
