@@ -33,7 +33,7 @@ ALG: Final = "ed25519"
 # between the signer's clock and the verifier's, seconds.
 MAX_SIGNATURE_LIFETIME_S: Final = 300
 MAX_SIGNATURE_SKEW_S: Final = 60
-DEFAULT_LIFETIME_S: Final = 60
+DEFAULT_LIFETIME_S: Final = 120  # room for a signer's clock up to 60 s behind
 _COMPONENTS: Final = ("@method", "@authority", "@path", "@query")
 _WITH_BODY: Final = (*_COMPONENTS, "content-digest")
 _NONCE: Final = re.compile(r"^[A-Za-z0-9_-]{16,64}\Z")
