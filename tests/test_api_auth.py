@@ -8,6 +8,8 @@ import base64
 import dataclasses
 import json
 import logging
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,12 +19,15 @@ from pathlib import Path
 
 import pytest
 import structlog
+from support import ledger_toml
 from test_ledger_scenario import (
     GRACE_MS,
     INTERVAL_MS,
+    LATE_CLOCK_MS,
     T0_MS,
     WINDOW_MS,
     build_scenario,
+    ledger_key_file,
     local_service,
     publish_scenario_local,
 )
@@ -31,6 +36,7 @@ from devtools.builders import Cast, StreamWriter, gpu, make_terms, sample, signe
 from gridledger.cli import main as gridledger_main
 from ledger.access import Access
 from ledger.attest_loop import attest_once, unattested
+from ledger.config import ConfigError, load_config, port_file_for
 from ledger.http import LedgerApi, LedgerHttpServer
 from ledger.service import LedgerService
 from proto.cosign import cosignature_of
@@ -324,3 +330,57 @@ def test_the_witness_signs_its_requests(world: World, tmp_path: Path) -> None:
     note = parse_note(world.service.store.checkpoints(world.pid)[-1][1])
     operator = world.cast.operator
     assert cosignature_of(note, operator.name, operator.public_key) is not None
+
+
+def test_ledger_run_serves_signed_requests_issues_on_its_period_and_opens_ops(
+    tmp_path: Path,
+) -> None:
+    """``ledger run`` (local transport, a subprocess): anonymous 401, the buyer's signed
+    requests answered, the final statement issued by the ledger's own loop (no request
+    asked for it), /metrics unsigned on the ops listener only; bad config keys named."""
+    scenario = build_scenario("net-run", placements=1, nodes=1, events=3)
+    publish_scenario_local(tmp_path / "spool", scenario.inputs)
+    pid = scenario.placement_ids[0]
+    config = ledger_toml(
+        tmp_path / "ledger.toml",
+        ledger_key_file(tmp_path / "keys", scenario.cast),
+        http="127.0.0.1:0",
+        ops_http="127.0.0.1:0",
+        attest_interval_s=0.2,
+        clock_ms=LATE_CLOCK_MS,
+        local_dir=tmp_path / "spool",
+        db=tmp_path / "ledger.duckdb",
+    )
+    log = (tmp_path / "ledger.log").open("wb")
+    ledger = subprocess.Popen(
+        [sys.executable, "-m", "gridledger", "ledger", "run", "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        port_file = port_file_for(tmp_path / "ledger.duckdb")
+        deadline = time.monotonic() + 60
+        final: dict[str, object] = {}
+        while time.monotonic() < deadline and not final.get("envelope"):
+            assert ledger.poll() is None, (tmp_path / "ledger.log").read_text()[-2000:]
+            time.sleep(0.2)
+            if not port_file.exists():
+                continue
+            ports = json.loads(port_file.read_text())
+            url = f"http://{ports['host']}:{ports['port']}"
+            status, body, _ = _call(f"{url}/placements/{pid}/statement", scenario.cast.buyer)
+            if status == 200 and json.loads(body)["final"]:
+                final = json.loads(body)
+        assert final.get("envelope"), "the ledger's loop issued no final statement in 60 s"
+        assert _call(f"{url}/placements/{pid}/statement", None)[0] == 401
+        with urllib.request.urlopen(f"{ports['ops_url']}/metrics", timeout=30) as reply:
+            assert b"gridledger_ledger" in reply.read()
+        assert _call(f"{url}/metrics", scenario.cast.buyer)[0] == 404
+    finally:
+        ledger.terminate()
+        assert ledger.wait(timeout=60) == 0
+        log.close()
+    bad = ledger_toml(tmp_path / "bad.toml", tmp_path / "k", api_auditors=["not a key"])
+    with pytest.raises(ConfigError, match=r"api_auditors\[0\]"):
+        load_config(bad)
