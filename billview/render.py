@@ -13,6 +13,8 @@ import io
 from collections.abc import Sequence
 from typing import Final
 
+import msgspec
+
 from billview.doc import BillDoc, Line, encode
 from billview.facts import PARTY_ROLES
 from billview.timeline import COLORS, STATE_LABELS, STATES, timeline_svg
@@ -407,7 +409,9 @@ def to_html(doc: BillDoc, party: str, links: Sequence[tuple[str, str]] = ()) -> 
     if page is None:
         raise ValueError(f"party must be one of {', '.join(parties)}, not {party!r}")
     party = page
-    who = doc.parties[party] if party in PARTY_ROLES else "new buyer by resale"
+    if party not in PARTY_ROLES:
+        return _new_buyer_html(doc, party, links)
+    who = doc.parties[party]
     rows = [g for g in doc.gpus if g.segments]
     picture = (
         timeline_svg(rows, doc.window_start_ms, doc.window_end_ms)
@@ -462,6 +466,58 @@ through record {doc.statement.through_index}, period {doc.statement.period},
 {_attested(doc)}
 <h2>Statement periods</h2>
 {_periods(doc)}
+<h2>Verification</h2>
+{_verification(doc)}
+<p class="muted">{_e(doc.source)}</p>
+</body></html>
+"""
+
+
+def _new_buyer_html(doc: BillDoc, party: str, links: Sequence[tuple[str, str]]) -> str:
+    """A new buyer's page (SPEC §7.10, §11): its own obligation only — its cards, the line
+    items it pays or receives, and the GPUs it bought; not the original terms' rate, the
+    other parties' amounts or the other GPUs."""
+    mine = [line for line in doc.lines if party in (line.payer, line.payee)]
+    bought = {g for r in doc.resale if r.new_buyer == party for g in r.gpus}
+    gpus = [g for g in doc.gpus if g.uuid in bought]
+    rows = [g for g in gpus if g.segments]
+    picture = (
+        timeline_svg(rows, doc.window_start_ms, doc.window_end_ms)
+        if rows and not doc.timeline_note
+        else f"<p class=muted>{_e(doc.timeline_note or 'no delivery to draw')}</p>"
+    )
+    own = msgspec.structs.replace(
+        doc,
+        gpus=gpus,
+        resale=[r for r in doc.resale if r.new_buyer == party],
+        original_buyer_net_minor=None,
+    )
+    nav = " ".join(f'<a href="{_e(href)}">{_e(label)}</a>' for label, href in links)
+    checks = "".join(f'<p class="checks">CHECK: {_e(c)}</p>' for c in doc.checks)
+    title = f"Statement {doc.placement_id} — {party}"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>{_e(title)}</title><style>{_CSS}</style></head>
+<body data-placement="{_e(doc.placement_id)}" data-party="{_e(party)}">
+<nav class="noprint">{nav}</nav>
+<h1>Statement — placement {_e(doc.placement_id)}</h1>
+<p class="muted">For the {_e(party)} (new buyer by resale) ·
+through record {doc.statement.through_index}, period {doc.statement.period},
+{"final" if doc.statement.final else "not final"} ·
+<span class="badge {_e(doc.verdict.level)}">{_e(doc.verdict.level)}</span></p>
+<div class="summary">{"".join(_resale_cards(own, party))}</div>
+{checks}
+<h2>Line items</h2>
+<table class="lines"><tr><th>item</th><th class=num>quantity</th><th>who pays whom</th>
+<th class=num>amount</th></tr>
+{"".join(_line_row(doc, line, party) for line in mine)}
+</table>
+<h2>Delivery of the GPUs you bought</h2>
+{_gpu_table(own)}
+<div class="timeline">{picture}</div>
+<p class="muted">Times in UTC; each bar is one GPU over the window.</p>
 <h2>Verification</h2>
 {_verification(doc)}
 <p class="muted">{_e(doc.source)}</p>
