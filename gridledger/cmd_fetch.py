@@ -3,6 +3,7 @@
     gridledger fetch statement PLACEMENT --ledger URL --key KEY [--out FILE.json]
     gridledger fetch page PLACEMENT --ledger URL --key KEY [--party P] [--out FILE.html]
     gridledger fetch export PLACEMENT --ledger URL --key KEY [--out FILE.duckdb]
+    (each also takes --cafile PEM: the CA that signed an https ledger's certificate)
 
 Every request is signed with KEY (RFC 9421, Ed25519): the key the placement's terms pin for
 you (operator, buyer, desk, or the new buyer of a resale), or an auditor key the ledger
@@ -18,7 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from proto.keys import SigningKey
 
 EX_TEMPFAIL: Final = 75
 
@@ -37,6 +41,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fetch.add_argument("--key", required=True, type=Path, metavar="KEY", help="your key file")
     fetch.add_argument("--out", type=Path, metavar="FILE", help="where to write it")
     fetch.add_argument("--party", metavar="P", help="page: which of your pages (default: yours)")
+    fetch.add_argument(
+        "--cafile",
+        type=Path,
+        metavar="PEM",
+        help="https: check the ledger's certificate against this CA (default: the system's)",
+    )
     fetch.set_defaults(handler=cmd_fetch)
 
 
@@ -47,7 +57,7 @@ def _fail(message: str, code: int) -> int:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Fetch and write (or print) what was asked for."""
-    from ledger.client import ApiError, download_export, get_page, get_statement
+    from ledger.client import forget_tls, trust_tls
     from proto.errors import KeyFileError
     from proto.keys import load_signing_key
 
@@ -58,6 +68,22 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     base = str(args.ledger).rstrip("/")
     if not base.startswith(("http://", "https://")):
         return _fail(f"--ledger {args.ledger!r}: expected an http:// or https:// URL", 2)
+    if args.cafile is not None:
+        if not args.cafile.is_file():
+            return _fail(f"--cafile {args.cafile}: no such file", 2)
+        try:
+            trust_tls(base, args.cafile)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            return _fail(f"--cafile {args.cafile}: {exc}", 2)
+    try:
+        return _fetch(args, base, key)
+    finally:
+        forget_tls(base)
+
+
+def _fetch(args: argparse.Namespace, base: str, key: SigningKey) -> int:
+    from ledger.client import ApiError, download_export, get_page, get_statement
+
     try:
         if args.what == "export":
             out = args.out or Path(f"{args.placement}.duckdb")

@@ -59,7 +59,7 @@ from ledger.config import ConfigError, LedgerConfig, load_config, parse_shard, s
 from ledger.consume import SourceError, SourceUnavailable
 from ledger.crypto import CryptoWorkerError
 from ledger.export import export_all, export_placement, write_parquet
-from ledger.http import LedgerApi, LedgerHttpServer
+from ledger.http import LedgerApi, LedgerHttpServer, TlsConfigError
 from ledger.ingest import IngestBroken
 from ledger.issuer import UnknownPlacement, statement_answer
 from ledger.limits import (
@@ -232,7 +232,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 ),
             )
             server = LedgerHttpServer(
-                api, *config.http, port_file=config.port_file, ops=config.ops_http
+                api, *config.http, port_file=config.port_file, ops=config.ops_http, tls=config.tls
             )
             server.start()
         attest = AttestLoop(service.store, service.key, config.attest_interval_s)
@@ -258,6 +258,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 # Nothing of the failed batch was stored; a restart resumes after the
                 # last committed one.
                 return _fail(f"{exc}; restart the ledger: it resumes after its last batch", 1)
+    except TlsConfigError as exc:
+        return _fail(str(exc), 2)
     finally:
         if server is not None:
             server.stop()

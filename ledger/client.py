@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -40,20 +41,45 @@ class ApiError(Exception):
         self.message = message
 
 
+# TLS contexts of the ledgers this process talks to, by base URL (``trust_tls``); any
+# other https URL is checked against the system's certificate authorities.
+_TLS: dict[str, ssl.SSLContext] = {}
+
+
+def trust_tls(base: str, cafile: Path, *, check_hostname: bool = True) -> None:
+    """Check the TLS certificate of the ledger at ``base`` against ``cafile``."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    context.check_hostname = check_hostname
+    _TLS[base.rstrip("/")] = context
+
+
+def forget_tls(base: str) -> None:
+    """Undo ``trust_tls`` for ``base``."""
+    _TLS.pop(base.rstrip("/"), None)
+
+
+def _context(url: str) -> ssl.SSLContext | None:
+    return next((c for base, c in _TLS.items() if url.startswith(base + "/")), None)
+
+
 def _candidates(config: LedgerConfig) -> list[str]:
     urls: list[str] = []
+    scheme = "http" if config.tls is None else "https"
     if config.http is not None and config.http[1] != 0:
         host, port = config.http
-        urls.append(f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}")
+        urls.append(f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}")
     try:
         data = json.loads(config.port_file.read_text())
         if pid_alive(int(data["pid"])):
             host = str(data["host"])
             if host in ("0.0.0.0", "", "::"):
                 host = "127.0.0.1"
-            urls.append(f"http://{host}:{int(data['port'])}")
+            urls.append(f"{data.get('scheme', 'http')}://{host}:{int(data['port'])}")
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    if config.tls is not None:
+        for url in urls:  # its own ledger: the certificate it serves, whatever its name
+            trust_tls(url, config.tls[0], check_hostname=False)
     return urls
 
 
@@ -61,7 +87,9 @@ def find_running(config: LedgerConfig) -> str | None:
     """Base URL of the running ledger that owns ``config.db``, or None."""
     for url in _candidates(config):
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=_PROBE_TIMEOUT_S) as reply:
+            with urllib.request.urlopen(
+                f"{url}/health", timeout=_PROBE_TIMEOUT_S, context=_context(f"{url}/health")
+            ) as reply:
                 if reply.status == 200:
                     return url
         except (OSError, urllib.error.URLError):
@@ -78,7 +106,9 @@ def _request(url: str, key: SigningKey, data: bytes | None = None) -> bytes:
     for name, value in sign_url(key, method, url, data or b"", int(time.time())).items():
         request.add_header(name, value)
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_CLIENT_TIMEOUT_S) as reply:
+        with urllib.request.urlopen(
+            request, timeout=HTTP_CLIENT_TIMEOUT_S, context=_context(url)
+        ) as reply:
             body: bytes = reply.read()
             return body
     except urllib.error.HTTPError as exc:

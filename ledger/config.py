@@ -17,6 +17,8 @@ Keys (relative paths are relative to the directory of the config file)::
     api_auditors = []                 # SPEC §11: base64 Ed25519 keys that may read every
                                       # placement over the API (the parties of a placement
                                       # are known from its terms)
+    tls_cert_file = "certs/api.pem"   # TLS on the API (both or neither; PEM): the
+    tls_key_file = "certs/api.key"    # certificate chain and its private key
     attest_interval_s = 10.0          # SPEC §8.4: statements and checkpoints issued at each
                                       # placement's head this often (a read never writes)
     # clock_ms = 1767225600000        # simulated clock (tests, replays): a fixed "now"
@@ -96,6 +98,8 @@ _TOP_KEYS: Final = frozenset(
         "ops_http",
         "api_auditors",
         "attest_interval_s",
+        "tls_cert_file",
+        "tls_key_file",
     }
 )
 # SPEC §11: at most this many auditor keys; attest_interval_s within this range (seconds).
@@ -179,6 +183,8 @@ class LedgerConfig:
     ops_http: tuple[str, int] | None = None
     api_auditors: tuple[bytes, ...] = ()
     attest_interval_s: float = 10.0
+    # TLS on the API: (certificate chain, private key), PEM files; None: plain HTTP.
+    tls: tuple[Path, Path] | None = None
 
     @property
     def port_file(self) -> Path:
@@ -402,10 +408,23 @@ def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
         else None,
         ops_http=parse_http(ops_value),
         api_auditors=_auditors(data.get("api_auditors", [])),
+        tls=_tls(data, base),
         attest_interval_s=_seconds(
             data.get("attest_interval_s", 10.0), "attest_interval_s", *ATTEST_INTERVAL_RANGE_S
         ),
     )
+
+
+def _tls(data: Mapping[str, Any], base: Path) -> tuple[Path, Path] | None:
+    """tls_cert_file and tls_key_file: both (TLS on the API) or neither."""
+    given = [k for k in ("tls_cert_file", "tls_key_file") if k in data]
+    if not given:
+        return None
+    if len(given) == 1:
+        raise ConfigError("tls_cert_file and tls_key_file go together: give both or neither")
+    cert = _path(base, data["tls_cert_file"], "tls_cert_file")
+    key = _path(base, data["tls_key_file"], "tls_key_file")
+    return cert, key
 
 
 def _auditors(data: Any) -> tuple[bytes, ...]:

@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import re
+import ssl
 import tempfile
 import threading
 import time
@@ -435,9 +436,14 @@ def _utf8(body: bytes) -> str:
         raise _HttpError(HTTPStatus.BAD_REQUEST, "body is not UTF-8") from exc
 
 
+class TlsConfigError(Exception):
+    """The TLS certificate or key cannot be used."""
+
+
 class LedgerHttpServer:
     """The API on a background thread; ``start`` binds, ``stop`` shuts it down. ``ops``:
-    the address of the ops listener (``/health``, ``/metrics`` unsigned), or None."""
+    the address of the ops listener (``/health``, ``/metrics`` unsigned), or None;
+    ``tls``: (certificate chain, private key) PEM files to serve the API over TLS."""
 
     def __init__(
         self,
@@ -447,10 +453,28 @@ class LedgerHttpServer:
         *,
         port_file: Path | None = None,
         ops: tuple[str, int] | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.api = api
         self._server = ThreadingHTTPServer((host, port), _handler(api))
         self._server.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:
+            try:
+                context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                context.minimum_version = ssl.TLSVersion.TLSv1_2
+                context.load_cert_chain(str(tls[0]), str(tls[1]))
+            except (OSError, ssl.SSLError) as exc:
+                self._server.server_close()
+                raise TlsConfigError(
+                    f"cannot use TLS certificate {tls[0]} with key {tls[1]}: {exc}"
+                ) from exc
+            # The handshake happens on the request's own thread (its first read, under
+            # the handler's timeout), never in the accept loop.
+            self._server.socket = context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
+            self.scheme = "https"
         self._ops: ThreadingHTTPServer | None = None
         if ops is not None:
             try:
@@ -472,7 +496,7 @@ class LedgerHttpServer:
     def url(self) -> str:
         """Base URL of the API."""
         host, port = self.address
-        return f"http://{host}:{port}"
+        return f"{self.scheme}://{host}:{port}"
 
     @property
     def ops_url(self) -> str | None:
@@ -491,7 +515,7 @@ class LedgerHttpServer:
                 self._threads.append(thread)
         if self.port_file is not None:
             host, port = self.address
-            write_port_file(self.port_file, host, port, ops_url=self.ops_url)
+            write_port_file(self.port_file, host, port, ops_url=self.ops_url, scheme=self.scheme)
         log.info("http_listening", url=self.url, ops_url=self.ops_url)
 
     def stop(self) -> None:
@@ -507,11 +531,15 @@ class LedgerHttpServer:
                 self.port_file.unlink()
 
 
-def write_port_file(path: Path, host: str, port: int, *, ops_url: str | None = None) -> None:
-    """Atomically write {"host", "port", "pid"} (and "ops_url") to ``path``."""
+def write_port_file(
+    path: Path, host: str, port: int, *, ops_url: str | None = None, scheme: str = "http"
+) -> None:
+    """Atomically write {"host", "port", "pid"} (and "ops_url", "scheme") to ``path``."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     data: dict[str, Any] = {"host": host, "port": port, "pid": os.getpid()}
     if ops_url is not None:
         data["ops_url"] = ops_url
+    if scheme != "http":
+        data["scheme"] = scheme
     tmp.write_text(json.dumps(data) + "\n")
     os.replace(tmp, path)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import http.client
+import ipaddress
 import json
 import logging
 import subprocess
@@ -37,10 +39,11 @@ from gridledger.cli import main as gridledger_main
 from ledger.access import Access
 from ledger.attest_loop import attest_once, unattested
 from ledger.config import ConfigError, load_config, port_file_for
-from ledger.http import LedgerApi, LedgerHttpServer
+from ledger.http import LedgerApi, LedgerHttpServer, TlsConfigError
 from ledger.service import LedgerService
 from proto.cosign import cosignature_of
 from proto.httpsig import (
+    DEFAULT_LIFETIME_S,
     Request,
     SignatureRefused,
     sign_url,
@@ -95,7 +98,7 @@ def test_a_signature_covers_method_authority_path_query_and_body() -> None:
         with pytest.raises(SignatureRefused):
             verify_request(changed, headers, now)
     with pytest.raises(SignatureRefused, match="expired"):
-        verify_request(request, headers, now + 61)
+        verify_request(request, headers, now + DEFAULT_LIFETIME_S + 1)
     with pytest.raises(SignatureRefused, match="future"):
         verify_request(request, headers, now - 61)
     body_url = "http://127.0.0.1:8787/placements/p/checkpoint/cosign"
@@ -384,3 +387,75 @@ def test_ledger_run_serves_signed_requests_issues_on_its_period_and_opens_ops(
     bad = ledger_toml(tmp_path / "bad.toml", tmp_path / "k", api_auditors=["not a key"])
     with pytest.raises(ConfigError, match=r"api_auditors\[0\]"):
         load_config(bad)
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 (its own CA) and its key, PEM."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gridledger test ledger")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_file, key_file = directory / "api.pem", directory / "api.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+def test_tls_on_the_api(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """TLS configured: the remote CLI fetches over https, checking the certificate against
+    the CA it is given; without it the certificate is refused; a bad key pair is named."""
+    cert, key = _self_signed(tmp_path / "certs")
+    api = world.server.api
+    server = LedgerHttpServer(api, "127.0.0.1", 0, tls=(cert, key))
+    server.start()
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+        buyer_key, _ = write_key_pair(world.cast.buyer, tmp_path / "buyer")
+        argv = ["fetch", "statement", world.pid, "--ledger", server.url, "--key", str(buyer_key)]
+        assert gridledger_main([*argv, "--cafile", str(cert)]) == 0
+        assert json.loads(capsys.readouterr().out)["placement_id"] == world.pid
+        assert gridledger_main(argv) == 75  # the system's CAs do not know this certificate
+        assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
+        plain = server.url.replace("https://", "http://")
+        assert not _plain_answers(plain)
+    finally:
+        server.stop()
+    with pytest.raises(TlsConfigError, match="cannot use TLS certificate"):
+        LedgerHttpServer(api, "127.0.0.1", 0, tls=(key, cert))
+
+
+def _plain_answers(url: str) -> bool:
+    """Whether plain HTTP to a TLS port gets an HTTP answer (it must not)."""
+    try:
+        urllib.request.urlopen(f"{url}/health", timeout=10)
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        return False
+    return True
