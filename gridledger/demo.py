@@ -169,10 +169,8 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     signed = _sign_apart(terms_toml, workdir / "keys", workdir / "terms.signed.json")
     terms = signed[0]
     _describe_terms(stream, terms)
-    trust_path = workdir / "trust.json"
-    trust_path.write_bytes(dump_trust(_trust(keys)))
     _say(stream, f"   signed by operator, buyer and desk -> {signed[1].name}")
-    _say(stream, f"   trust file pinned by the parties     -> {trust_path.name}")
+    trust_path = _write_trust(workdir, keys, stream, simulation=kafka is not None)
     _say(stream, f"   (it pins {NEW_BUYER} as a buyer too: the verifier checks its signature)")
 
     _say(stream, "\n== 3. Metering one hour on a simulated clock")
@@ -376,14 +374,27 @@ def _sign_apart(toml: Path, keys_dir: Path, out: Path) -> tuple[PlacementTerms, 
     return terms, out
 
 
-def _trust(keys: dict[str, SigningKey]) -> TrustFile:
+def _write_trust(
+    workdir: Path, keys: dict[str, SigningKey], stream: io.TextIOBase | None, *, simulation: bool
+) -> Path:
+    """The parties' trust file. The Kafka run is a simulation (arrival = "sender"): its
+    trust file says it admits one, or the verdict could not be FINAL (SPEC §6.6, §9)."""
+    trust_path = workdir / "trust.json"
+    trust_path.write_bytes(dump_trust(_trust(keys, simulations=simulation)))
+    _say(stream, f"   trust file pinned by the parties     -> {trust_path.name}")
+    if simulation:
+        _say(stream, "   (it admits a simulation: the Kafka run's arrival times are the senders')")
+    return trust_path
+
+
+def _trust(keys: dict[str, SigningKey], *, simulations: bool = False) -> TrustFile:
     pinned = [
         TrustedKey(id=name, role=role, key=keys[name].public_key)  # type: ignore[arg-type]
         for role, name in PARTIES.items()
     ]
     # SPEC §9: an assignment's new buyer is pinned as a buyer under the id it names.
     pinned.append(TrustedKey(id=NEW_BUYER, role="buyer", key=keys[NEW_BUYER].public_key))
-    return TrustFile(format=TRUST_FORMAT, keys=pinned)
+    return TrustFile(format=TRUST_FORMAT, keys=pinned, simulations=simulations)
 
 
 def _describe_terms(out: io.TextIOBase | None, t: PlacementTerms) -> None:

@@ -160,8 +160,9 @@ class ReplayCast:
             self.nodes[node_id] = key
         return key
 
-    def trust(self) -> TrustFile:
-        """A trust file pinning operator, desk, every buyer and the ledger."""
+    def trust(self, *, simulations: bool = False) -> TrustFile:
+        """A trust file pinning operator, desk, every buyer and the ledger; ``simulations``:
+        it admits a simulation's exports as FINAL (SPEC §6.6, §9)."""
         pairs: list[tuple[Role, SigningKey]] = [
             ("operator", self.operator),
             ("desk", self.desk),
@@ -171,6 +172,7 @@ class ReplayCast:
         return TrustFile(
             format=TRUST_FORMAT,
             keys=[TrustedKey(id=k.name, role=role, key=k.public_key) for role, k in pairs],
+            simulations=simulations,
         )
 
 

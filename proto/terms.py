@@ -71,6 +71,20 @@ def total_share_milli(terms: PlacementTerms) -> int:
     return sum(g.share_milli for g in terms.gpus)
 
 
+# SPEC §5 (3): the prefixes NVML writes a device's uuid with (upper case in the one spelling).
+_UUID_PREFIXES = ("gpu-", "mig-")
+
+
+def canonical_uuid(uuid: str) -> str:
+    """SPEC §5 (3): the one spelling of a GPU uuid: lower case, but for a leading ``GPU-`` or
+    ``MIG-`` in upper case (as NVML writes ``GPU-8f2a...``). Two uuids name one device when
+    their canonical spellings are equal; terms carry the canonical spelling only."""
+    lowered = uuid.lower()
+    if lowered.startswith(_UUID_PREFIXES):
+        return lowered[:4].upper() + lowered[4:]
+    return lowered
+
+
 def gross_ceiling_minor(terms: PlacementTerms) -> int:
     """SPEC §7.7 M = floor((S × W + U) × rate / 3 600 000 000): the most the gross and the
     release charge together can reach under ``terms``, whatever the usage."""
@@ -127,8 +141,14 @@ def validate_terms(terms: PlacementTerms) -> list[str]:
     if len(set(node_ids)) != len(node_ids):
         problems.append("a node_id is listed twice in nodes")
     uuids = [g.uuid for g in terms.gpus]
-    if len(set(uuids)) != len(uuids):
+    if len({canonical_uuid(u) for u in uuids}) != len(uuids):
         problems.append("a GPU uuid is listed twice in gpus")
+    for uuid in uuids:
+        if uuid != canonical_uuid(uuid):
+            problems.append(
+                f"GPU uuid {uuid!r} is not in its canonical spelling {canonical_uuid(uuid)!r} "
+                "(SPEC §5 (3): one spelling per device)"
+            )
     known_nodes = set(node_ids)
     for gpu in terms.gpus:
         if gpu.node_id not in known_nodes:

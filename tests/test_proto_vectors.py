@@ -314,6 +314,14 @@ def test_resale_vectors_are_reproduced_by_the_fold() -> None:
     assert terms is not None
     statement = make_statement(last.record, last.record_hash, terms, True, cast.ledger)
     assert base64.b64encode(statement.envelope).decode() == data["final_statement_b64"]
+    # SPEC §6.6, §8: the arrival mode signed; "log" (the default) is omitted from the bytes.
+    sender = make_statement(
+        last.record, last.record_hash, terms, True, cast.ledger, arrival="sender"
+    )
+    assert base64.b64encode(sender.envelope).decode() == data["final_statement_sender_b64"]
+    sender_payload = open_envelope(sender.envelope).envelope.payload
+    assert b'"arrival":"sender"' in sender_payload
+    assert b'"arrival"' not in open_envelope(statement.envelope).envelope.payload
     parties = data["parties_minor"]
     # The worked figures of the vector file, by hand (SPEC §7.10).
     assert parties == {
@@ -461,11 +469,12 @@ def test_resale_keys_are_reproduced_by_the_fold() -> None:
 
 def test_capacity_is_reproduced_by_the_fold() -> None:
     """SPEC §6.5: terms and amendments alike are refused when they oversell; an
-    amendment's claims replace its terms'; a reclaim at the window's start claims nothing."""
+    amendment's claims replace its terms'; a reclaim at the window's start claims nothing;
+    §5 (3): a GPU uuid not in its canonical spelling is TERMS_INVALID."""
     data = load("capacity.json")
     fold = Fold(vectorgen._cast().ledger)
     reasons = _replay_timed(fold, "capacity", data["steps"])
-    assert reasons == [None, None, "OVERSOLD", None, None, None, None, "OVERSOLD"]
+    assert reasons == [None, None, "OVERSOLD", None, None, None, None, "OVERSOLD", "TERMS_INVALID"]
     claims = [
         {"uuid": uuid, "placement_id": pid, "start_ms": lo, "end_ms": hi, "share_milli": share}
         for _, uuid, pid, lo, hi, share in fold.capacity_rows()

@@ -151,7 +151,7 @@ def test_witnesses_cosign_an_honest_run_and_catch_a_dropped_event(
     )
     store.close()
     trust = tmp_path / "trust.json"
-    trust.write_bytes(dump_trust(cast.trust()))
+    trust.write_bytes(dump_trust(cast.trust(simulations=True)))  # arrival = "sender"
     assert gridledger_main(["verify", str(export), "--trust", str(trust)]) == 0
 
     # A dishonest ledger (its key only) folds everything but n2's seq 7 and closes.

@@ -1444,6 +1444,10 @@ def resale_vectors() -> Any:
         "head": head[1],
         "totals": msgspec.structs.asdict(totals),
         "final_statement_b64": _b64(statement.envelope),
+        # SPEC §6.6, §8: the same statement by a simulation's ledger signs its mode.
+        "final_statement_sender_b64": _b64(
+            make_statement(last[0], last[1], terms, True, cast.ledger, arrival="sender").envelope
+        ),
         "parties_minor": {
             "operator_receives": totals.operator_receives_minor,
             "original_buyer_net": totals.buyer_owes_minor - sold_net,
@@ -1904,6 +1908,10 @@ def capacity_vectors() -> Any:
         other = terms(amended.placement_id, node, amended.window_start_ms, amended.window_end_ms)
         return b.amendment(amended, gpus=other.gpus, nodes=other.nodes)
 
+    def shouted(t: PlacementTerms) -> PlacementTerms:  # its GPU uuid in upper case
+        gpus = [msgspec.structs.replace(g, uuid=g.uuid.upper()) for g in t.gpus]
+        return msgspec.structs.replace(t, gpus=gpus)
+
     a, bb = terms("pl-cap-a", "node-a", WS, WS + HOUR), terms("pl-cap-b", "node-b", WS, WS + HOUR)
     onto_b = moved(a, "node-b")
     onto_c = moved(a, "node-c")
@@ -1937,6 +1945,11 @@ def capacity_vectors() -> Any:
             b.signed_terms(
                 cast, terms("pl-cap-e", "node-c", WS + 10 * MINUTE, WS + 20 * MINUTE, 500)
             ),
+            notice_at,
+        ),
+        (
+            "F buys node-d's GPU spelled GPU-NODE-D-0: TERMS_INVALID (§5 (3) canonical uuid)",
+            b.signed_terms(cast, shouted(terms("pl-cap-f", "node-d", WS, WS + HOUR))),
             notice_at,
         ),
     ]

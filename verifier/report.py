@@ -70,6 +70,7 @@ def export_json(report: ExportReport) -> dict[str, Any]:
         "counts": report.counts,
         "checkpoints": report.checkpoints,
         "periods": report.periods,
+        "final_period": final_period(report),  # SPEC §9: which period FINAL is for
         "attestations": report.attestations,
         "attestation_checked": report.attestation_checked,
         "arrival": report.arrival,
@@ -145,12 +146,12 @@ def render_export(report: ExportReport) -> list[str]:
             period = next((p["period"] for p in report.periods if p["latest"]), 0)
             return [
                 f"OK: {report.path}: placement {report.placement_id}, {records}, period "
-                f"{period} (final, witnessed by {witnesses}); {amounts}",
+                f"{period} (final, witnessed by {witnesses}); {_final_for(report)}: {amounts}",
                 *periods,
             ]
         return [
             f"PROVISIONAL: {report.path}: placement {report.placement_id}, {records}; "
-            f"{amounts} so far — not final: {'; '.join(report.provisional)}",
+            f"{amounts} so far — not final, not payable: {'; '.join(report.provisional)}",
             *periods,
         ]
     lines = [
@@ -161,6 +162,25 @@ def render_export(report: ExportReport) -> list[str]:
     for rule, n in sorted(report.findings.not_kept().items()):
         lines.append(f"  ... and {n} more {rule} finding(s) not shown")
     return lines
+
+
+def final_period(report: ExportReport) -> dict[str, object] | None:
+    """SPEC §8, §9: the period a FINAL verdict is for (the latest with a final
+    statement) and its last record; None when the verdict is not FINAL."""
+    if not report.is_final:
+        return None
+    latest = [p for p in report.periods if p.get("latest")] or report.periods[-1:]
+    if not latest:
+        return None
+    return {"period": latest[0]["period"], "through_index": latest[0]["through_index"]}
+
+
+def _final_for(report: ExportReport) -> str:
+    """ "FINAL for period P (through record I)", what a FINAL line says it settles."""
+    p = final_period(report)
+    if p is None:
+        return "FINAL"
+    return f"FINAL for period {p['period']} (through record {p['through_index']})"
 
 
 def render_run(reports: Sequence[ExportReport]) -> list[str]:

@@ -359,7 +359,9 @@ class _SeedRun:
         scenario = self.scenario
         self.workdir.mkdir(parents=True, exist_ok=True)
         key_file, _ = write_key_pair(scenario.cast.ledger, self.workdir / "keys")
-        (self.workdir / "trust.json").write_bytes(dump_trust(scenario.cast.trust()))
+        # A simulation (arrival = "sender"): its trust file admits one (SPEC §6.6, §9).
+        trust = scenario.cast.trust(simulations=True)
+        (self.workdir / "trust.json").write_bytes(dump_trust(trust))
         for name, clock_ms in (
             ("early", scenario.early_clock_ms),
             ("late", scenario.late_clock_ms),

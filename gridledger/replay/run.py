@@ -200,7 +200,10 @@ class _ReplayRun:
                 self.terms[placement.placement_id] = terms
                 self.terms_envelopes[placement.placement_id] = envelope
             self.workdir.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.workdir / "trust.json", dump_trust(self.cast.trust()))
+            # A replay is a simulation (a Kafka one takes arrival from its senders): its
+            # trust file admits one (SPEC §6.6, §9).
+            trust = self.cast.trust(simulations=True)
+            write_atomic(self.workdir / "trust.json", dump_trust(trust))
         self.plan = plan
         return plan
 
