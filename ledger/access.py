@@ -19,6 +19,7 @@ never let through).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -31,6 +32,10 @@ from proto.records import Assignment, PlacementTerms
 # Nonces remembered at once: each for at most MAX_SIGNATURE_LIFETIME_S (300 s), so this
 # bounds the signed requests the API takes to ~333 a second on average.
 MAX_NONCES: Final = 100_000
+# Requests one key may make: a bucket of RATE_BURST, refilled at RATE_PER_S a second
+# (past it: 429, Retry-After). Keys remembered at once: MAX_NONCES (a key signs a nonce).
+RATE_PER_S: Final = 50.0
+RATE_BURST: Final = 500.0
 ROLES: Final = ("operator", "buyer", "desk")
 
 
@@ -40,6 +45,10 @@ class Unauthenticated(Exception):
 
 class Busy(Exception):
     """503: the nonce memory is full; try again shortly."""
+
+
+class RateLimited(Exception):
+    """429: this key asked more often than RATE_PER_S (after a burst of RATE_BURST)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,8 @@ class Access:
     clock_s: Callable[[], int] = field(default=lambda: 0)
     _nonces: dict[tuple[bytes, str], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _buckets: dict[bytes, tuple[float, float]] = field(default_factory=dict)  # tokens, at
+    monotonic: Callable[[], float] = time.monotonic
 
     def authenticate(self, request: Request, headers: Mapping[str, str]) -> Caller:
         """The caller of a signed request, its nonce spent; Unauthenticated or Busy."""
@@ -102,8 +113,23 @@ class Access:
                 if len(self._nonces) >= MAX_NONCES:
                     raise Busy(f"more than {MAX_NONCES} signed requests in flight; retry")
             self._nonces[(signed.public_key, signed.nonce)] = signed.expires
+            self._take(signed.public_key)
         key = signed.public_key
         return Caller(key, key == self.ledger_key or key in self.auditors)
+
+    def _take(self, key: bytes) -> None:
+        """One token of ``key``'s bucket (under the lock); RateLimited when it is empty."""
+        now = self.monotonic()
+        if len(self._buckets) >= MAX_NONCES:  # full buckets forget nothing they limit
+            self._buckets = {
+                k: (t, at) for k, (t, at) in self._buckets.items() if t < RATE_BURST - 1
+            }
+        tokens, at = self._buckets.get(key, (RATE_BURST, now))
+        tokens = min(RATE_BURST, tokens + (now - at) * RATE_PER_S)
+        if tokens < 1:
+            self._buckets[key] = (tokens, now)
+            raise RateLimited(f"more than {RATE_PER_S:g} requests a second from this key")
+        self._buckets[key] = (tokens - 1, now)
 
     def roles(self, caller: Caller, placement_id: str) -> Roles:
         """What ``caller`` is in ``placement_id`` (no roles: it may not see it)."""

@@ -47,13 +47,14 @@ from urllib.parse import parse_qs, quote, unquote
 import structlog
 
 from billview import render
-from ledger.access import Access, Busy, Caller, Roles, Unauthenticated
+from ledger.access import Access, Busy, Caller, RateLimited, Roles, Unauthenticated
 from ledger.bill import bill_doc
 from ledger.export import NotAttested, export_placement
 from ledger.issuer import UnknownPlacement, cosign_checkpoint, issue_statement, statement_answer
 from ledger.limits import HTTP_TIMEOUT_S, MAX_HTTP_BODY_BYTES
 from ledger.listing import placement_list
 from ledger.metrics import LedgerMetrics
+from ledger.openapi import OPENAPI
 from ledger.store import Store
 from proto import merkle
 from proto.errors import ProtoError
@@ -315,6 +316,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's own errors (a bad request line, any method but GET and POST) as
+        JSON like every other: an unknown method is 405, not 501."""
+        status = HTTPStatus.METHOD_NOT_ALLOWED if code == 501 else HTTPStatus(code)
+        self.close_connection = True
+        self._json(status, {"error": message or status.phrase})
+
     def _dispatch(self, method: str) -> None:
         try:
             self._route(method)
@@ -324,6 +332,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.UNAUTHORIZED, {"error": str(exc)})
         except Busy as exc:
             self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)})
+        except RateLimited as exc:
+            self._json(HTTPStatus.TOO_MANY_REQUESTS, {"error": str(exc)})
         except UnknownPlacement as exc:
             self._json(HTTPStatus.NOT_FOUND, {"error": str(exc)})
         except ProtoError as exc:
@@ -336,6 +346,9 @@ class _Handler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         if method == "GET" and path == "/health":
             self._json(HTTPStatus.OK, {"status": "ok", **self.api.health()})
+            return
+        if method == "GET" and path == "/openapi.json" and not self.ops:
+            self._json(HTTPStatus.OK, OPENAPI)
             return
         if self.ops:
             if method == "GET" and path == "/metrics":
@@ -419,6 +432,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if status == HTTPStatus.UNAUTHORIZED:
             self.send_header("Accept-Signature", ACCEPT_SIGNATURE)
+        if status == HTTPStatus.TOO_MANY_REQUESTS:
+            self.send_header("Retry-After", "1")
         self.end_headers()
         self.wfile.write(body)
 
