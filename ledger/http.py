@@ -59,7 +59,7 @@ from ledger.store import Store
 from proto import merkle
 from proto.errors import ProtoError
 from proto.httpsig import Request
-from proto.keys import SigningKey
+from proto.keys import SigningKey, key_id
 
 log = structlog.get_logger("ledger.http")
 
@@ -304,6 +304,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     api: LedgerApi
     ops: bool = False
+    _status: int = 0  # of the answer sent (the access log)
+    _key: str = ""  # key id of the authenticated caller
     server_version = "gridledger-ledger/1"
     timeout = HTTP_TIMEOUT_S
 
@@ -324,6 +326,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(status, {"error": message or status.phrase})
 
     def _dispatch(self, method: str) -> None:
+        started = time.monotonic()
+        self._status = 0
+        self._key = ""
         try:
             self._route(method)
         except _HttpError as exc:
@@ -341,6 +346,16 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a request never takes the server down
             log.exception("http_error", path=self.path)
             self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": repr(exc)})
+        # The access log: one structured line a request (the signer's key id, not a name),
+        # at debug (``ledger run --log-level debug``): a busy API would drown the rest.
+        log.debug(
+            "http_request",
+            method=method,
+            path=self.path.partition("?")[0][:256],
+            status=self._status,
+            key=self._key,
+            ms=round((time.monotonic() - started) * 1000, 1),
+        )
 
     def _route(self, method: str) -> None:
         path, _, query = self.path.partition("?")
@@ -359,6 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         request = Request(method, self.headers.get("Host", ""), path, query, body)
         caller = self.api.caller(request, headers)
+        self._key = key_id(caller.public_key) if caller.public_key else "in-process"
         if method == "GET" and path == "/metrics":
             if not caller.everything:
                 raise _HttpError(HTTPStatus.NOT_FOUND, "no such path '/metrics'")
@@ -427,6 +443,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, "text/plain; charset=utf-8", body.encode())
 
     def _send(self, status: HTTPStatus, content_type: str, body: bytes) -> None:
+        self._status = int(status)
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

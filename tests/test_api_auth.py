@@ -355,8 +355,9 @@ def test_ledger_run_serves_signed_requests_issues_on_its_period_and_opens_ops(
         db=tmp_path / "ledger.duckdb",
     )
     log = (tmp_path / "ledger.log").open("wb")
+    argv = [sys.executable, "-m", "gridledger", "--log-level", "debug", "ledger", "run"]
     ledger = subprocess.Popen(
-        [sys.executable, "-m", "gridledger", "ledger", "run", "--config", str(config)],
+        [*argv, "--config", str(config)],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -384,6 +385,12 @@ def test_ledger_run_serves_signed_requests_issues_on_its_period_and_opens_ops(
         ledger.terminate()
         assert ledger.wait(timeout=60) == 0
         log.close()
+    access_log = [
+        line
+        for line in (tmp_path / "ledger.log").read_text().splitlines()
+        if "http_request" in line
+    ]
+    assert any("401" in line and "/statement" in line for line in access_log), access_log[-5:]
     bad = ledger_toml(tmp_path / "bad.toml", tmp_path / "k", api_auditors=["not a key"])
     with pytest.raises(ConfigError, match=r"api_auditors\[0\]"):
         load_config(bad)
