@@ -466,3 +466,42 @@ def _plain_answers(url: str) -> bool:
     except (urllib.error.URLError, OSError, http.client.HTTPException):
         return False
     return True
+
+
+def test_the_nonce_memory_and_each_keys_rate_are_bounded(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_NONCES signed requests in flight at once, one more is refused as busy (never
+    let through); past RATE_BURST requests a key waits RATE_PER_S (429)."""
+    import ledger.access as access_module
+
+    monkeypatch.setattr(access_module, "MAX_NONCES", 3)
+    clock = [1000.0]
+    access = Access(
+        world.service.store,
+        world.cast.ledger.public_key,
+        clock_s=lambda: int(time.time()),
+        monotonic=lambda: clock[0],
+    )
+    request = Request("GET", "127.0.0.1:1", "/placements", "")
+
+    def ask(key: SigningKey) -> None:
+        url = "http://127.0.0.1:1/placements"
+        headers = sign_url(key, "GET", url, b"", int(time.time()))
+        access.authenticate(request, {k.lower(): v for k, v in headers.items()})
+
+    for _ in range(3):
+        ask(world.cast.buyer)
+    with pytest.raises(access_module.Busy):
+        ask(world.cast.buyer)  # three nonces unexpired: the fourth is not let through
+    monkeypatch.setattr(access_module, "MAX_NONCES", 100_000)
+    monkeypatch.setattr(access_module, "RATE_BURST", 2.0)
+    monkeypatch.setattr(access_module, "RATE_PER_S", 1.0)
+    fresh = SigningKey.from_seed_text("rate", "net/rate")
+    ask(fresh)
+    ask(fresh)
+    with pytest.raises(access_module.RateLimited):
+        ask(fresh)
+    clock[0] += 1.0  # one token back
+    ask(fresh)
+    ask(world.cast.operator)  # another key has its own bucket
