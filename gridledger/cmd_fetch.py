@@ -1,4 +1,4 @@
-"""`gridledger fetch`: a party's statement, page or export from a remote ledger (SPEC §11).
+"""`gridledger fetch`: a party's statement, page or export from a remote ledger (SPEC §13).
 
     gridledger fetch statement PLACEMENT --ledger URL --key KEY [--out FILE.json]
     gridledger fetch page PLACEMENT --ledger URL --key KEY [--party P] [--out FILE.html]

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import duckdb
 import msgspec
-import structlog
 
 from billview.units import duration
 from proto.canonical import signed_bytes
@@ -103,17 +102,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
+    # The narrative is the demo's output; log lines only for what went wrong, unless asked.
+    _LOGGING.update(fmt=args.log_format, level=args.log_level or "warning")
     _quiet_logs()
     try:
         result = run_demo(args.workdir, kafka=args.kafka, out=sys.stdout)
     except DemoError as exc:
         print(f"FAIL: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, DemoInputError) else 1
     return 0 if result.verified and result.tamper_caught else 1
 
 
 class DemoError(Exception):
     """The demo could not run (a broker that does not answer, a busy workdir)."""
+
+
+_NOT_OURS: Final = (
+    "not empty and not a demo's workdir (the demo replaces its own only); choose a new or "
+    "empty directory"
+)
+
+
+class DemoInputError(DemoError):
+    """The demo was given something it cannot use (exit 2): a --workdir that holds
+    something else."""
 
 
 @dataclass(frozen=True)
@@ -133,10 +145,16 @@ class DemoResult:
     tamper_findings: str
 
 
-def _quiet_logs() -> None:
-    import logging
+# How the demo logs (``_handle``): its --log-format, and its --log-level or warning.
+_LOGGING: dict[str, str | None] = {"fmt": None, "level": "warning"}
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+def _quiet_logs() -> None:
+    """The demo's logging, again: a command the demo runs in-process (``main``) sets its
+    own, at info, to the stderr of that moment."""
+    from gridledger.logs import configure_logging
+
+    configure_logging(_LOGGING["fmt"], _LOGGING["level"])
 
 
 def _say(out: io.TextIOBase | None, text: str = "") -> None:
@@ -150,7 +168,7 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     workdir = workdir.resolve()
     if workdir.exists():
         if not (workdir / ".gridledger-demo").exists() and any(workdir.iterdir()):
-            raise DemoError(f"{workdir} exists and is not a demo workdir; choose another")
+            raise DemoInputError(f"--workdir {workdir}: {_NOT_OURS}")
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     (workdir / ".gridledger-demo").write_text("made by gridledger demo\n")
@@ -364,6 +382,7 @@ def _sign_apart(toml: Path, keys_dir: Path, out: Path) -> tuple[PlacementTerms, 
         key_file = keys_dir / f"{PARTIES[role]}.key"
         with contextlib.redirect_stdout(io.StringIO()):
             code = main(["terms", "sign", str(source), "--key", str(key_file), "--out", str(out)])
+        _quiet_logs()
         if code != 0:
             raise DemoError(f"{role} could not sign the terms (exit {code})")
         source = out
@@ -531,6 +550,7 @@ def _resell(
         said = io.StringIO()
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
             code = main(argv)
+        _quiet_logs()
         if code != 0:
             last = said.getvalue().strip().splitlines()[-1:] or [""]
             raise DemoError(f"the {who} could not sign the resale (exit {code}): {last[0]}")
@@ -746,7 +766,7 @@ def _run_timeline(
     try:
         transport.start(store, clock, signed_terms.read_bytes())
         _say(out, f"   {transport.arrival()}")
-        reclaimed = resold = False
+        reclaimed = resold = closed_said = False
         events = 0
         for now in _timeline(terms):
             clock.set(now)
@@ -761,7 +781,8 @@ def _run_timeline(
                 published.append(("operator", _reclaim(keys, terms)))
                 reclaimed = True
             events += transport.deliver(usage, published)
-            _progress(out, terms, store, now, events)
+            if not closed_said:  # nothing changes after the close: said once
+                closed_said = _progress(out, terms, store, now, events)
         transport.finish(store)
         for agent in agents:
             agent.close()
@@ -792,12 +813,12 @@ def _witnesses(
     (saved with the time it received them). Both must cosign, or the demo stops: no honest
     run is refused.
     """
-    import os
 
     from ledger.access import Access
     from ledger.http import LedgerApi, LedgerHttpServer
     from ledger.metrics import LedgerMetrics
     from ledger.store import Store
+    from witness.known import keep
     from witness.runner import EXIT_OK, witness_once
 
     known = workdir / "witness" / "buyer-known"
@@ -807,11 +828,9 @@ def _witnesses(
         ("reclaim.json", _reclaim(keys, terms), RECLAIM_ISSUED_MS),
         ("assignment.signed.json", (workdir / "assignment.signed.json").read_bytes(), HANDOVER_MS),
     ):
-        path = known / name
-        path.write_bytes(raw)
-        os.utime(path, ns=(at_ms * 1_000_000, at_ms * 1_000_000))
+        keep(known, raw, at_ms, name=name)  # as `gridledger witness keep` does
     ledger_store = of_type(store, Store, "the demo's store")
-    # As between companies (SPEC §11): each witness signs its requests with its party key.
+    # As between companies (SPEC §13): each witness signs its requests with its party key.
     access = Access(ledger_store, ledger_key.public_key, clock_s=lambda: int(time.time()))
     api = LedgerApi(ledger_store, ledger_key, LedgerMetrics(), access=access)
     server = LedgerHttpServer(api, "127.0.0.1", 0)
@@ -842,7 +861,8 @@ def _witnesses(
 
 def _progress(
     out: io.TextIOBase | None, terms: PlacementTerms, store: object, now: int, events: int
-) -> None:
+) -> bool:
+    """Say where the timeline is; True once the placement is closed."""
     from ledger.store import Store
 
     ledger = of_type(store, Store, "the demo's store")
@@ -856,6 +876,7 @@ def _progress(
         f"   {label}: {events:>3} events signed and spooled, {records:>3} ledger records"
         + (", placement closed" if closed else ""),
     )
+    return closed
 
 
 def _final_statement(store: object) -> Statement:

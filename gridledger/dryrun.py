@@ -45,7 +45,7 @@ LINES: Final[tuple[tuple[str, str, str], ...]] = (
 
 def current_from_ledger(base_url: str, placement_id: str, key: SigningKey) -> Current:
     """Fetch the export from a running ledger's API (requests signed with ``key``, a party's
-    key, SPEC §11) and rebuild from it."""
+    key, SPEC §13) and rebuild from it."""
     from ledger.client import ApiError, download_export
 
     with tempfile.TemporaryDirectory(prefix="gridledger-dryrun-") as tmp:

@@ -1,4 +1,4 @@
-"""Who is asking, and what they may see (SPEC §11).
+"""Who is asking, and what they may see (SPEC §13).
 
 Every API request is signed with the caller's own Ed25519 key (``proto/httpsig.py``,
 RFC 9421). The key decides what the caller sees:

@@ -5,7 +5,7 @@ statement/export/cosign`` must go through its API; otherwise they open the file
 directly. A ledger is running when its configured fixed ``http`` address, or the address
 in its port file (``<db>.http.json``, written at start, removed at stop), answers
 ``/health``. A port file left by a killed ledger is ignored: its pid is gone or its
-address does not answer. Every request is signed (RFC 9421, SPEC §11) with the key the
+address does not answer. Every request is signed (RFC 9421, SPEC §13) with the key the
 caller passes: the local CLI's is the ledger's own key, which sees every placement; a
 party's (``gridledger fetch``) sees its own. An https ledger's certificate is checked
 against the system's authorities, or a CA given with ``trust_tls``.
@@ -101,7 +101,7 @@ def find_running(config: LedgerConfig) -> str | None:
 
 
 def _request(url: str, key: SigningKey, data: bytes | None = None) -> bytes:
-    """One request signed with ``key`` (SPEC §11); ApiError for any failure."""
+    """One request signed with ``key`` (SPEC §13); ApiError for any failure."""
     method = "POST" if data is not None else "GET"
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None:

@@ -1,4 +1,4 @@
-"""The ledger's HTTP API (stdlib ``http.server``, one thread per request; SPEC §11).
+"""The ledger's HTTP API (stdlib ``http.server``, one thread per request; SPEC §13).
 
 Parties on other machines reach a running ledger here. Every request but ``/health`` is
 signed with the caller's own Ed25519 key (RFC 9421, ``proto/httpsig.py``); what a key may
@@ -159,7 +159,7 @@ class LedgerApi:
         (None: the caller's first page); a page that is not the caller's is 404."""
         doc = bill_doc(self.store, self.key, placement_id)
         if form in ("csv", "json") and not roles.full:
-            raise _hidden(placement_id)  # a new buyer sees its page only (SPEC §11)
+            raise _hidden(placement_id)  # a new buyer sees its page only (SPEC §13)
         if form == "csv":
             return "text/csv; charset=utf-8", render.to_csv(doc).encode()
         if form == "json":
@@ -468,6 +468,10 @@ def _utf8(body: bytes) -> str:
         raise _HttpError(HTTPStatus.BAD_REQUEST, "body is not UTF-8") from exc
 
 
+class OpsBindError(OSError):
+    """The ops listener's address cannot be bound (``ops_http``)."""
+
+
 class TlsConfigError(Exception):
     """The TLS certificate or key cannot be used."""
 
@@ -511,6 +515,9 @@ class LedgerHttpServer:
         if ops is not None:
             try:
                 self._ops = ThreadingHTTPServer(ops, _handler(api, ops=True))
+            except OSError as exc:
+                self._server.server_close()
+                raise OpsBindError(exc.errno, exc.strerror) from exc
             except BaseException:
                 self._server.server_close()
                 raise

@@ -1,5 +1,5 @@
 """The OpenAPI 3.1 description of the ledger's HTTP API (``GET /openapi.json``; SPEC §8.4,
-§11). ``tests/test_api_openapi.py`` checks the running API against it with a
+§13). ``tests/test_api_openapi.py`` checks the running API against it with a
 property-based tester (schemathesis): every answer's status, content type and body are
 the ones described here."""
 
@@ -19,7 +19,7 @@ _ERROR: Final = {
 def _errors(*codes: int) -> dict[str, Any]:
     words = {
         400: "bad request (the reason named)",
-        401: "unsigned, or the signature refused (SPEC §11); Accept-Signature says what to sign",
+        401: "unsigned, or the signature refused (SPEC §13); Accept-Signature says what to sign",
         404: "no such placement for this key (as one that does not exist), or no such path",
         405: "method not allowed on this path",
         411: "Content-Length required",
@@ -89,7 +89,7 @@ OPENAPI: Final[dict[str, Any]] = {
         "version": "1",
         "description": (
             "Every operation but /health and /openapi.json is signed with the caller's own "
-            "Ed25519 key (HTTP Message Signatures, RFC 9421; proto/SPEC.md §11); each key "
+            "Ed25519 key (HTTP Message Signatures, RFC 9421; proto/SPEC.md §13); each key "
             "sees only its own placements. A GET never writes (§8.4)."
         ),
     },
@@ -101,7 +101,7 @@ OPENAPI: Final[dict[str, Any]] = {
                 "name": "Signature",
                 "description": (
                     "RFC 9421 Signature and Signature-Input (and Content-Digest on a POST), "
-                    'label sig1, alg="ed25519", keyid the base64 public key (SPEC §11)'
+                    'label sig1, alg="ed25519", keyid the base64 public key (SPEC §13)'
                 ),
             }
         }

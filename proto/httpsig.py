@@ -1,4 +1,4 @@
-"""HTTP Message Signatures (RFC 9421) with Ed25519, as the ledger API uses them (SPEC §11).
+"""HTTP Message Signatures (RFC 9421) with Ed25519, as the ledger API uses them (SPEC §13).
 
 A request is signed by the caller's own Ed25519 key — the key a party's terms pin, or an
 auditor's key the ledger lists — so no secret is shared with the ledger. ``sign_request``
@@ -7,7 +7,7 @@ for a body); ``verify_request`` rebuilds the signature base (RFC 9421 §2.5) fro
 server received and checks the signature, the covered components, the time window and the
 nonce's form. Replay (a nonce seen before) is the server's check, with its own memory.
 
-Only the subset SPEC §11 requires is accepted: one signature, label ``sig1``, components
+Only the subset SPEC §13 requires is accepted: one signature, label ``sig1``, components
 ``"@method" "@authority" "@path" "@query"`` (and ``"content-digest"`` when the request has
 a body), parameters ``created``, ``expires``, ``nonce``, ``alg="ed25519"`` and ``keyid``
 (the signer's public key, standard base64). Anything else is refused with its name.

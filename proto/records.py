@@ -163,6 +163,9 @@ class PlacementTerms(
     # SPEC §6.9: usage is folded only when signed by a key with accepted hardware evidence
     # naming the sampled GPUs (NOT_ATTESTED); omitted when false.
     attestation_required: bool = False
+    # SPEC §11.2: the tax rate the parties agree on what the terms bill (shown on
+    # invoices as its own line; it changes no figure of §7). Omitted at 0 (none).
+    tax_bps: Bps = 0
 
 
 # ---- records from the operator, the nodes and the desk --------------------------

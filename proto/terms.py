@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import difflib
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ from proto.envelope import (
 from proto.errors import ProtoError
 from proto.keys import key_id, load_public_key
 from proto.records import ZERO_HASH, PlacementTerms
+from proto.unknown_keys import unknown_key
 
 # ISO 4217 minor units of the currencies the ledger knows. A terms' currency_scale must be
 # at least the ISO minor units (no rounding of real money) and at most 9.
@@ -267,6 +267,30 @@ def check_terms_signatures(envelope: Envelope, terms: PlacementTerms) -> Signatu
     return check_signatures(envelope, party_keys(terms))
 
 
+def terms_signature_problem(envelope: Envelope, terms: PlacementTerms) -> str | None:
+    """What is wrong with the terms' signatures, naming each party by role and id (its key
+    id in brackets), or None when all three signed validly: the words a person acts on."""
+    report = check_terms_signatures(envelope, terms)
+
+    def who(keyid: str) -> str:
+        role = role_of_key(terms, keyid)
+        if role is None:
+            return f"key {keyid}, who is not a party to these terms"
+        return f"the {role} ({getattr(terms, role).id}, key {keyid})"
+
+    if report.invalid:
+        return f"bad signature by {who(report.invalid[0])}"
+    if report.unexpected:
+        return f"signed by {who(report.unexpected[0])}"
+    if report.missing:
+        missing = " and ".join(who(k) for k in report.missing)
+        return (
+            f"signed by {len(report.valid)} of 3 parties; missing {missing} "
+            "(each signs with: gridledger terms sign FILE --key THEIR.key)"
+        )
+    return None
+
+
 # ---- TOML ----------------------------------------------------------------------------
 
 _TIME_FIELDS: Final = ("window_start_ms", "window_end_ms", "created_at_ms")
@@ -407,9 +431,8 @@ def _schema_problems(
     problems: list[tuple[Where, str]] = []
     for key in obj:
         if key not in names:
-            hint = difflib.get_close_matches(str(key), names, n=1)
-            also = f" (did you mean {hint[0]}?)" if hint else ""
-            problems.append(((*where, str(key)), f"unknown key {_dotted((*where, key))}{also}"))
+            table = _dotted(where)
+            problems.append(((*where, str(key)), unknown_key(str(key), names, table=table)))
     for f in fields:
         here: Where = (*where, f.encode_name)
         name = _dotted(here)
@@ -610,6 +633,7 @@ __all__ = [
     "residency_problems",
     "role_of_key",
     "terms_from_mapping",
+    "terms_signature_problem",
     "total_share_milli",
     "validate_terms",
     "workload_problems",

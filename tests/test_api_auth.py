@@ -1,4 +1,4 @@
-"""Between companies over a network (SPEC §11): every request signed with the caller's own
+"""Between companies over a network (SPEC §13): every request signed with the caller's own
 Ed25519 key (RFC 9421), each party sees only its own, a GET never writes (SPEC §8.4), and
 the remote CLI fetches as a buyer and as an auditor. All over real HTTP on 127.0.0.1."""
 

@@ -1,6 +1,6 @@
 """The API against its OpenAPI 3.1 document (``ledger/openapi.py``), checked by a
 property-based API tester (schemathesis): generated requests, signed with a party's key
-(SPEC §11), sent over real HTTP on 127.0.0.1; every answer's status, content type and
+(SPEC §13), sent over real HTTP on 127.0.0.1; every answer's status, content type and
 body must be ones the document describes, and none a server error."""
 
 from __future__ import annotations

@@ -186,7 +186,7 @@ def _visible_totals(browser: Any, url: str, shot: Path) -> tuple[str, set[str], 
 
 
 def test_each_partys_page_fetched_with_its_key_in_chromium(browser: Any, tmp_path: Path) -> None:
-    """SPEC §11: each party fetches its own page with its own key (``gridledger fetch
+    """SPEC §13: each party fetches its own page with its own key (``gridledger fetch
     page``) and a person reads it in Chromium: the buyer, operator and desk see theirs; the
     new buyer of a resale sees only its obligation, none of the other parties' amounts."""
     from test_resale import PID as RESALE_PID

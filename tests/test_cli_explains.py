@@ -165,7 +165,7 @@ def test_check_finds_what_disagrees_between_configs(tmp_path: Path) -> None:
     files = [str(p) for p in sorted(stack.glob("*.toml"))] + [str(stack / "trust.json")]
     ok = _gridledger("check", *files, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
-    assert "OK: 2 meter, 1 ledger, 1 terms, 1 trust file(s) agree" in ok.stdout
+    assert "OK: 2 meter, 1 ledger, terms of 1 placement, 1 trust file(s) agree" in ok.stdout
     # A ledger started with another key, a meter with a typo in its spool path.
     write_key_pair(SigningKey.generate("other-ledger"), stack / "keys")
     ledger = tomllib.loads((stack / "ledger.toml").read_text())

@@ -176,7 +176,7 @@ LONG_FUNCTIONS: dict[str, int] = {
     "ledger/export.py::_copy_rows": 89,
     "ledger/export.py::_export_all": 97,
     "meter/agent.py::Agent.__init__": 84,
-    "meter/cli.py::_serve": 86,
+    "meter/cli.py::_serve": 83,
     "meter/config.py::parse_meter_config": 120,
     "transport/spool.py::read_spool": 82,
     "verifier/bill.py::collect": 82,

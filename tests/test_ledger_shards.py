@@ -64,7 +64,7 @@ class _Shard:
     log: Path
     popen: subprocess.Popen[bytes] | None = None
     partitions: list[int] = field(default_factory=list)
-    key: SigningKey | None = None  # signs API requests (SPEC §11): the ledger's own key
+    key: SigningKey | None = None  # signs API requests (SPEC §13): the ledger's own key
 
     def start(self) -> None:
         with self.log.open("ab") as out:

@@ -523,6 +523,38 @@ def test_attestation_expiry_is_reproduced_by_the_fold() -> None:
     )
 
 
+def test_finance_vectors_are_reproduced_by_the_invoice_builder() -> None:
+    """SPEC §11.3 largest remainder, §11.2 numbers, §12 profiles (tests/vectorgen.py
+    computes them from the text, apart from billview/invoice.py)."""
+    import base64
+
+    from billview.invoice import document_number, split
+    from proto.profile import ProfileError, open_profile
+    from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile
+
+    v = load("finance.json")
+    for case in v["splits"]:
+        weights = [(k, w) for k, w in case["weights"]]
+        assert split(case["amount_minor"], weights) == case["parts"]
+    for case in v["numbers"]:
+        number = document_number(
+            case["kind"], case["month"], case["payer"], case["payee"], case["heads"]
+        )
+        assert number == case["number"]
+    p = v["profile"]
+    key = base64.b64decode(p["party_public_key"])
+    trust = TrustFile(
+        format=TRUST_FORMAT, keys=[TrustedKey(id="operator-1", role="operator", key=key)]
+    )
+    profile = open_profile(p["file_utf8"].encode(), trust, "vector")
+    assert profile.legal_name == "Acme GPU Cloud Ltd" and profile.net_days == 30
+    other = TrustFile(
+        format=TRUST_FORMAT, keys=[TrustedKey(id="operator-1", role="witness", key=key)]
+    )
+    with pytest.raises(ProfileError, match="no key pinned"):
+        open_profile(p["file_utf8"].encode(), other, "vector")
+
+
 def test_arrival_bounds_are_what_the_verifier_and_the_witness_enforce() -> None:
     """SPEC §6.6 "Bounded from both sides": the verifier's BACKDATED/POSTDATED over the
     cosigned checkpoints, and the witness's W_TIME window around a party's delivery."""

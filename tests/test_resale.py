@@ -393,7 +393,7 @@ def _signed_get(url: str, key: SigningKey, body: bytes | None = None) -> tuple[i
 
 
 def test_the_new_buyer_sees_only_its_own_obligation_over_the_api(pipeline: Run) -> None:
-    """SPEC §11: signed with its own key, the new buyer lists the placement without the
+    """SPEC §13: signed with its own key, the new buyer lists the placement without the
     seller's parties, reads its own page (not the buyer's, nor the bill's JSON or CSV,
     nor the statement), and may witness and fetch the export it verifies with."""
     access = Access(

@@ -1965,6 +1965,75 @@ def capacity_vectors() -> Any:
     }
 
 
+def _largest_remainder(amount: int, weights: list[tuple[str, int]]) -> dict[str, int]:
+    """SPEC §11.3, written here from the text (apart from ``billview/invoice.py``)."""
+    total = sum(w for _, w in weights)
+    if amount == 0:
+        return {k: 0 for k, _ in weights}
+    if total == 0:
+        first = min(k for k, _ in weights)
+        return {k: amount if k == first else 0 for k, _ in weights}
+    sign, size = (-1 if amount < 0 else 1), abs(amount)
+    parts = {k: size * w // total for k, w in weights}
+    ranked = sorted(weights, key=lambda kw: (-(size * kw[1] % total), kw[0]))
+    for k, _ in ranked[: size - sum(parts.values())]:
+        parts[k] += 1
+    return {k: sign * v for k, v in parts.items()}
+
+
+def finance_vectors() -> Any:
+    """SPEC §11 (largest remainder, document numbers) and §12 (a signed profile)."""
+    import hashlib
+
+    from proto.profile import PartyProfile, profile_bytes, sign_profile
+
+    splits = [
+        (375, [("GPU-a", 3_600_000_000), ("GPU-b", 1_800_000_000)]),
+        (100, [("GPU-x", 1), ("GPU-y", 1), ("GPU-z", 1)]),
+        (458, [("GPU-n0-0", 3_000_000_000), ("GPU-n0-1", 1_200_000_000),
+               ("GPU-n1-0", 2_400_000_000)]),
+        (-7, [("GPU-p", 2), ("GPU-q", 1)]),
+        (5, [("GPU-b", 0), ("GPU-a", 0)]),
+    ]  # fmt: skip
+    numbers = []
+    for kind, prefix, month, heads in (
+        ("invoice", "INV", "2026-01", ["pl-b:0:" + "b" * 64, "pl-a:0:" + "a" * 64]),
+        ("credit_note", "CN", "2026-02", ["pl-a:1:" + "c" * 64]),
+    ):
+        text = "\n".join(["gridledger-invoice/v1", kind, month, "buyer-1", "operator-1",
+                          *sorted(heads)])  # fmt: skip
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12].upper()
+        number = f"{prefix}-{month.replace('-', '')}-{digest}"
+        numbers.append({"kind": kind, "month": month, "payer": "buyer-1", "payee": "operator-1",
+                        "heads": heads, "number": number})  # fmt: skip
+    cast = _cast()
+    profile = PartyProfile(
+        party_id=cast.operator.name,
+        legal_name="Acme GPU Cloud Ltd",
+        address=["1 Dock Road", "Dublin", "Ireland"],
+        tax_id="IE1234567T",
+        net_days=30,
+        remit_to="IBAN IE29 AIBK 9311 5212 3456 78",
+        issued_at_ms=WS,
+    )
+    return {
+        "splits": [
+            {
+                "amount_minor": a,
+                "weights": [list(w) for w in ws],
+                "parts": _largest_remainder(a, ws),
+            }
+            for a, ws in splits
+        ],
+        "numbers": numbers,
+        "profile": {
+            "party_public_key": _b64(cast.operator.public_key),
+            "signed_bytes": _b64(profile_bytes(profile)),
+            "file_utf8": sign_profile(profile, cast.operator).decode(),
+        },
+    }
+
+
 def arrival_bounds_vectors() -> Any:
     """SPEC §6.6 "Bounded from both sides", computed here from the rule's text: a record's
     arrival against the cosigned checkpoints (BACKDATED / POSTDATED), and against a
@@ -2043,6 +2112,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "resale_release.json": resale_release_vectors,
     "shortens.json": shortens_vectors,
     "bounds.json": bounds_vectors,
+    "finance.json": finance_vectors,
 }
 
 

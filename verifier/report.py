@@ -154,14 +154,25 @@ def render_export(report: ExportReport) -> list[str]:
             f"{amounts} so far — not final, not payable: {'; '.join(report.provisional)}",
             *periods,
         ]
-    lines = [
-        f"FAIL: {report.path}: placement {report.placement_id or '?'}: "
-        f"{report.findings.total} finding(s)"
-    ]
+    head = f"FAIL: {report.path}: placement {report.placement_id or '?'}: "
+    if _pins_none(report.findings):
+        head += (
+            "the trust file (--trust) pins none of this placement's keys (operator, buyer, "
+            "desk, ledger): nothing in it can be trusted, not a sign the ledger cheated; "
+            "verify with the trust file of these parties (gridledger trust init); "
+        )
+    lines = [head + f"{report.findings.total} finding(s)"]
     lines += [f"  {f.line()}" for f in report.findings.kept]
     for rule, n in sorted(report.findings.not_kept().items()):
         lines.append(f"  ... and {n} more {rule} finding(s) not shown")
     return lines
+
+
+def _pins_none(findings: Findings) -> bool:
+    """Every party key of the terms and the ledger key unpinned: a wrong trust file."""
+    unpinned = [f for f in findings.kept if f.rule == "TERMS_KEY_NOT_PINNED"]
+    roles = {f.expected.split(" ", 1)[0] for f in unpinned}
+    return "TERMS_LEDGER_NOT_PINNED" in findings.rules() and roles >= {"operator", "buyer", "desk"}
 
 
 def final_period(report: ExportReport) -> dict[str, object] | None:

@@ -469,6 +469,13 @@ class ExportSource:
                 have.setdefault(table, {})[column] = data_type
         if "meta" not in have:
             raise UnusableInput(str(self.path), "no meta table: not a gridledger export")
+        if "terms" not in have and {"records", "input_rows"} <= set(have):
+            raise UnusableInput(
+                str(self.path),
+                "this is a ledger's store, not an export; export a placement from it first: "
+                "gridledger ledger export PLACEMENT --out FILE.duckdb (gridledger ledger list "
+                "names the placements)",
+            )
         problems: list[str] = [
             f"{name} is a view, not a table"
             for name in SCHEMA

@@ -1,6 +1,6 @@
 """The witness's side of the ledger API (SPEC §8.4): checkpoint, records, cosignature.
 
-Every request is signed with the witness's own key (RFC 9421, SPEC §11): the ledger
+Every request is signed with the witness's own key (RFC 9421, SPEC §13): the ledger
 serves a placement only to its parties' keys and the auditors it lists."""
 
 from __future__ import annotations
