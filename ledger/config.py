@@ -237,27 +237,27 @@ def shard_config(config: LedgerConfig, shard: int, shards: int) -> LedgerConfig:
             f"[kafka] shard/shards is set ({config.kafka.shard}/{config.kafka.shards}): that "
             "config is one shard already; remove shard and shards to shard it here"
         )
-    http = config.http
-    if http is not None and http[1] != 0:
-        if http[1] + shards - 1 > 65535:
-            raise ConfigError(
-                f"http port {http[1]} + {shards - 1} shards passes 65535; choose a lower port"
-            )
-        http = (http[0], http[1] + shard)
-    ops = config.ops_http
-    if ops is not None and ops[1] != 0:
-        if ops[1] + shards - 1 > 65535:
-            raise ConfigError(
-                f"ops_http port {ops[1]} + {shards - 1} shards passes 65535; choose a lower port"
-            )
-        ops = (ops[0], ops[1] + shard)
     return replace(
         config,
         db=shard_store(config.db, shard, shards),
-        http=http,
-        ops_http=ops,
+        http=_shard_bind("http", config.http, shard, shards),
+        ops_http=_shard_bind("ops_http", config.ops_http, shard, shards),
         kafka=replace(config.kafka, shard=shard, shards=shards),
     )
+
+
+def _shard_bind(
+    key: str, bind: tuple[str, int] | None, shard: int, shards: int
+) -> tuple[str, int] | None:
+    """``key``'s address for shard ``shard``: the port + shard (port 0 and off stay as they
+    are); a ConfigError when the last shard's port would pass 65535."""
+    if bind is None or bind[1] == 0:
+        return bind
+    if bind[1] + shards - 1 > 65535:
+        raise ConfigError(
+            f"{key} port {bind[1]} + {shards - 1} shards passes 65535; choose a lower port"
+        )
+    return (bind[0], bind[1] + shard)
 
 
 def port_file_for(db: Path) -> Path:

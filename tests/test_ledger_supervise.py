@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +34,14 @@ from test_ledger_scenario import EARLY_CLOCK_MS, Scenario, build_scenario, ledge
 
 from devtools.faults import read_topic
 from gridledger.cli import main as gridledger_main
-from ledger.config import port_file_for, shard_store
+from ledger.config import (
+    ConfigError,
+    LedgerConfig,
+    config_from_mapping,
+    port_file_for,
+    shard_config,
+    shard_store,
+)
 from ledger.store import Store
 from transport.kafka import KafkaSettings
 
@@ -413,3 +421,24 @@ def test_bad_shard_arguments_are_named_before_any_file_is_read(tmp_path: Path) -
             code = gridledger_main(argv)
         lines = err.getvalue().splitlines()
         assert code == 2 and len(lines) == 1 and expect in lines[0], lines
+
+
+def test_each_shard_serves_on_its_port_plus_its_index(tmp_path: Path) -> None:
+    def config(http: str, ops_http: str) -> LedgerConfig:
+        kafka = {"bootstrap": "127.0.0.1:1", "topic": "t"}
+        data = {"ledger_id": "l", "key_file": "k.key", "db": "d.duckdb", "transport": "kafka"}
+        return config_from_mapping(
+            {**data, "kafka": kafka, "http": http, "ops_http": ops_http}, tmp_path
+        )
+
+    shard = shard_config(config("127.0.0.1:8080", "0.0.0.0:9090"), 2, 3)
+    assert (shard.http, shard.ops_http) == (("127.0.0.1", 8082), ("0.0.0.0", 9092))
+    shard = shard_config(config("127.0.0.1:0", "off"), 2, 3)  # any free port; none
+    assert (shard.http, shard.ops_http) == (("127.0.0.1", 0), None)
+    for http, ops_http, expect in (
+        ("127.0.0.1:65534", "off", "http port 65534 + 2 shards passes 65535"),
+        ("127.0.0.1:0", "127.0.0.1:65534", "ops_http port 65534 + 2 shards passes 65535"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(expect)):
+            shard_config(config(http, ops_http), 0, 3)
+    assert shard_config(config("127.0.0.1:65533", "off"), 2, 3).http == ("127.0.0.1", 65535)
