@@ -212,11 +212,16 @@ def read_nodes(path: Path) -> tuple[Node, ...]:
         )
         if node.gpus > 0 and not node.model:
             raise TraceError(path, line, f"node {sn} has {node.gpus} GPUs but no model")
-        if sn in seen:
-            raise TraceError(path, line, f"node {sn} is listed twice")
-        seen.add(sn)
+        _first(seen, sn, path, line, "node")
         nodes.append(node)
     return tuple(nodes)
+
+
+def _first(seen: set[str], name: str, path: Path, line: int, what: str) -> None:
+    """Add ``name`` to ``seen``; a TraceError when it is there already (a row listed twice)."""
+    if name in seen:
+        raise TraceError(path, line, f"{what} {name} is listed twice")
+    seen.add(name)
 
 
 def _spec(path: Path, line: int, text: str) -> frozenset[str]:
@@ -258,9 +263,7 @@ def read_tasks(path: Path) -> tuple[Task, ...]:
             raise TraceError(path, line, f"task {name} has gpu_milli {task.gpu_milli} and no GPU")
         if task.scheduled_time_s is not None and task.scheduled_time_s < task.creation_time_s:
             raise TraceError(path, line, f"task {name} is scheduled before it was created")
-        if name in seen:
-            raise TraceError(path, line, f"task {name} is listed twice")
-        seen.add(name)
+        _first(seen, name, path, line, "task")
         tasks.append(task)
     return tuple(tasks)
 

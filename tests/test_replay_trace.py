@@ -144,6 +144,15 @@ def test_bad_node_rows_are_refused(tmp_path: Path, row: str, needle: str) -> Non
     assert caught.value.line == 2
 
 
+def test_a_node_listed_twice_is_refused_at_its_second_row(tmp_path: Path) -> None:
+    path = tmp_path / NODE_FILE
+    row = "n-1,64000,262144,2,T4"
+    path.write_text(f"sn,cpu_milli,memory_mib,gpu,model\n{row}\nn-2,1,1,0,\n{row}\n")
+    with pytest.raises(TraceError, match="node n-1 is listed twice") as caught:
+        read_nodes(path)
+    assert caught.value.line == 4
+
+
 def test_gpu_spec_lists_models_and_empty_times_are_none(tmp_path: Path) -> None:
     path = tmp_path / TASK_FILE
     path.write_text(
