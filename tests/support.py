@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,24 @@ def ledger_toml(
         data["kafka"] = kafka
     path.write_text(tomli_w.dumps(data), encoding="utf-8")
     return path
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless Chromium (playwright), closed on leaving; the browser tests' fixture."""
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM.exists(), (
+        f"{CHROMIUM} is missing: run `make browser` (apt-get install chromium)"
+    )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--no-sandbox"], timeout=60_000
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()

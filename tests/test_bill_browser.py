@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from bill_scenario import EXPECTED, PID, run_bill_scenario
 from PIL import Image
+from support import chromium
 
 from gridledger.cli import main as gridledger_main
 from ledger.export import export_placement
@@ -30,7 +31,6 @@ from proto.money import format_minor
 from proto.note import parse_note
 from proto.trust import dump_trust
 
-CHROMIUM = Path("/usr/bin/chromium")
 # The amounts a person reads in the summary cards and the settlement lines.
 SHOWN = (
     "buyer_owes_minor",
@@ -53,19 +53,8 @@ _NOW_S = int(time.time())
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert CHROMIUM.exists(), (
-        f"{CHROMIUM} is missing: run `make browser` (apt-get install chromium)"
-    )
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=["--no-sandbox"], timeout=60_000
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 def _look(browser: Any, url: str, shot: Path) -> dict[str, Any]:

@@ -23,31 +23,20 @@ from finance_scenario import (
     finance_trust,
     new_buyer_key,
 )
+from support import chromium
 
 from billview.invoice import decode
 from gridledger.cli import main as gridledger_main
 from proto.profile import PartyProfile, sign_profile
 from proto.trust import dump_trust
 
-CHROMIUM = Path("/usr/bin/chromium")
 A4_WIDTH_PX = 794  # 210 mm at 96 px per inch
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert CHROMIUM.exists(), (
-        f"{CHROMIUM} is missing: run `make browser` (apt-get install chromium)"
-    )
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=["--no-sandbox"], timeout=60_000
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 def _profiles(tmp: Path) -> Path:
