@@ -34,9 +34,11 @@ from devtools.builders import (
     sample,
     signed_terms,
 )
+from ledger.export import export_placement
 from ledger.service import LedgerService
 from ledger.store import Store
 from proto.records import PlacementTerms
+from proto.trust import dump_trust
 from transport.local import node_source, publish_local, publisher_source
 
 PID = "pl-bill-1"
@@ -62,6 +64,15 @@ class BillScenario:
     cast: Cast
     terms: PlacementTerms
     service: LedgerService
+
+    def export(self, directory: Path) -> tuple[Path, Path]:
+        """The placement exported to ``directory/export.duckdb``, beside the cast's trust
+        file ``directory/trust.json``: (export, trust)."""
+        export = directory / "export.duckdb"
+        export_placement(self.service.store, PID, export, key=self.service.key)
+        trust = directory / "trust.json"
+        trust.write_bytes(dump_trust(self.cast.trust()))
+        return export, trust
 
 
 def run_bill_scenario(tmp: Path) -> BillScenario:

@@ -13,7 +13,6 @@ import pytest
 from bill_scenario import PID, run_bill_scenario
 
 from gridledger.cli import main as gridledger_main
-from ledger.export import export_placement
 from proto.keys import key_id
 from proto.trust import dump_trust
 
@@ -22,10 +21,7 @@ def test_the_audit_appendix_records_what_an_audit_file_needs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     scenario = run_bill_scenario(tmp_path)
-    export = tmp_path / "export.duckdb"
-    export_placement(scenario.service.store, PID, export, key=scenario.service.key)
-    trust = tmp_path / "trust.json"
-    trust.write_bytes(dump_trust(scenario.cast.trust()))
+    export, trust = scenario.export(tmp_path)
     out = tmp_path / "audit"
     capsys.readouterr()
     assert gridledger_main(["audit", str(export), "--trust", str(trust), "--out", str(out)]) == 0

@@ -24,7 +24,6 @@ from gridledger.cli import main as gridledger_main
 from ledger.bill import bill_doc, bill_facts
 from ledger.export import export_placement
 from ledger.http import LedgerApi, LedgerHttpServer
-from proto.trust import dump_trust
 from verifier.verify import verify_export
 
 
@@ -172,10 +171,7 @@ def test_verify_html_writes_a_page_per_party(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     scenario = run_bill_scenario(tmp_path)
-    export = tmp_path / "export.duckdb"
-    export_placement(scenario.service.store, PID, export, key=scenario.service.key)
-    trust = tmp_path / "trust.json"
-    trust.write_bytes(dump_trust(scenario.cast.trust()))
+    export, trust = scenario.export(tmp_path)
     out = tmp_path / "bill"
     code = gridledger_main(["verify", str(export), "--trust", str(trust), "--html", str(out)])
     assert code == 3  # verified, not witnessed: PROVISIONAL, and so says every page

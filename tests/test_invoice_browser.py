@@ -178,13 +178,8 @@ def test_audit_appendix_in_chromium(browser: Any, tmp_path: Path) -> None:
 
     from bill_scenario import PID, run_bill_scenario
 
-    from ledger.export import export_placement
-
     scenario = run_bill_scenario(tmp_path)
-    export_file = tmp_path / "export.duckdb"
-    export_placement(scenario.service.store, PID, export_file, key=scenario.service.key)
-    trust = tmp_path / "trust.json"
-    trust.write_bytes(dump_trust(scenario.cast.trust()))
+    export_file, trust = scenario.export(tmp_path)
     out = tmp_path / "audit"
     argv = ["audit", str(export_file), "--trust", str(trust), "--out", str(out)]
     assert gridledger_main(argv) == 0
