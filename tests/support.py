@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import tomllib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -69,3 +70,18 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+def meter_config(tmp: Path, cast_name: str, start_ms: int, end_ms: int, **changes: Any) -> Path:
+    """A simulated meter under ``tmp`` (node n1, one GPU, placement pl-m over [start_ms,
+    end_ms) of cast ``cast_name``): its config file, with ``changes`` written over."""
+    from devtools import builders
+    from devtools.scenario import write_meter_setup
+
+    cast = builders.make_cast(cast_name)
+    terms = builders.make_terms(cast, "pl-m", [builders.gpu("n1", 0)], start_ms, end_ms)
+    config = write_meter_setup(tmp, cast, "n1", [terms], simulate="seed=1")
+    data = tomllib.loads(config.read_text())
+    data.update(changes)
+    config.write_text(tomli_w.dumps(data))
+    return config

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from support import meter_config
 
 from devtools import builders
 from devtools.scenario import write_meter_setup
@@ -92,13 +93,7 @@ def test_ledger_run_with_its_http_port_taken_is_one_line(tmp_path: Path) -> None
 
 
 def _meter(tmp_path: Path, **changes: object) -> Path:
-    cast = builders.make_cast("first-week-meter")
-    terms = builders.make_terms(cast, "pl-m", [builders.gpu("n1", 0)], T0, T0 + HOUR)
-    config = write_meter_setup(tmp_path, cast, "n1", [terms], simulate="seed=1")
-    data = tomllib.loads(config.read_text())
-    data.update(changes)
-    config.write_text(tomli_w.dumps(data))
-    return config
+    return meter_config(tmp_path, "first-week-meter", T0, T0 + HOUR, **changes)
 
 
 def test_meter_config_errors_are_fail_lines(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import tomli_w
 from structlog.testing import capture_logs
+from support import meter_config
 
 from devtools import builders
-from devtools.scenario import write_meter_setup
 from ledger.service import LedgerService, fixed_clock
 from ledger.store import Store
 from proto.keys import SigningKey, write_key_pair
@@ -95,13 +95,7 @@ def test_ledger_with_a_missing_local_dir_fails_at_start(tmp_path: Path) -> None:
 
 
 def _meter(tmp_path: Path, **changes: object) -> Path:
-    cast = builders.make_cast("misconfig-meter")
-    terms = builders.make_terms(cast, "pl-m", [builders.gpu("n1", 0)], T0, T0 + HOUR)
-    config = write_meter_setup(tmp_path, cast, "n1", [terms], simulate="seed=1")
-    data = tomllib.loads(config.read_text())
-    data.update(changes)
-    config.write_text(tomli_w.dumps(data))
-    return config
+    return meter_config(tmp_path, "misconfig-meter", T0, T0 + HOUR, **changes)
 
 
 def test_meter_does_not_create_a_missing_local_dir(tmp_path: Path) -> None:
