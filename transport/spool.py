@@ -65,6 +65,7 @@ from typing import BinaryIO, Final, Self
 
 import structlog
 
+from proto.durable_io import fsync_dir
 from proto.limits import MAX_SAFE_INTEGER
 from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
@@ -284,14 +285,6 @@ def list_segments(directory: Path) -> list[int]:
     return sorted(found)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # ---- writer -----------------------------------------------------------------------------
 
 
@@ -348,7 +341,7 @@ class SpoolWriter:
             path = path.parent
         self._directory.mkdir(parents=True, exist_ok=True)
         for created in reversed(missing):  # make each new directory entry durable
-            _fsync_dir(created.parent)
+            fsync_dir(created.parent)
 
     def _lock(self) -> None:
         fd = os.open(self._directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
@@ -392,7 +385,7 @@ class SpoolWriter:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsync_dir(self._directory)
+        fsync_dir(self._directory)
         self._sizes[self._segment] = offset
         _log.warning(
             "spool_torn_tail_cut",
@@ -514,7 +507,7 @@ class SpoolWriter:
                 segment_path(self._directory, number).unlink()
             freed += self._sizes.pop(number)
         if freed:
-            _fsync_dir(self._directory)
+            fsync_dir(self._directory)
             self._bytes_used -= freed
             _log.info("spool_segments_deleted", directory=str(self._directory), bytes=freed)
         return freed
@@ -547,7 +540,7 @@ class SpoolWriter:
             created = self._segment not in self._sizes
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             if created:
-                _fsync_dir(self._directory)
+                fsync_dir(self._directory)
                 self._sizes[self._segment] = 0
         return self._fd
 
