@@ -205,7 +205,7 @@ def usage_lookup(state: PlacementState, opened: Opened) -> tuple[str, int] | Non
         return None
     stream = state.streams.get(record.node_id)
     if stream is None or record.seq >= stream.next_seq - 1:
-        return None
+        return None  # the stream's head answers it (``_Run._accepted_at``)
     return record.node_id, record.seq
 
 
@@ -275,6 +275,9 @@ class _Reject(Exception):
         self.detail = detail
         # (node_id, seq) a rejected usage event takes for good (SPEC §6.3 usage (3)).
         self.takes = takes
+        # SPEC §6.3 usage, rejected for its content: the record hash the stream advances
+        # to (its seq taken by advancing past it), or None.
+        self.advances: str | None = None
 
 
 class _Run:
@@ -374,7 +377,9 @@ class _Run:
         self, state: PlacementState, stream: StreamState, node_id: str, seq: int
     ) -> AcceptedEvent | None:
         if seq == stream.next_seq - 1:
-            return stream.last_input_hash, stream.last_hash
+            # the head: an accepted event, or a content rejection (SPEC §6.3 usage), which
+            # leaves no input hash: no event was accepted at that seq
+            return (stream.last_input_hash, stream.last_hash) if stream.last_input_hash else None
         mine = self.accepted.get((node_id, seq))
         if mine is not None:
             return mine
@@ -428,7 +433,12 @@ class _Run:
         except _HoldInStream:
             return _hold_in_stream(state, opened, position, self.arrived, self.room)
         except _Reject as rejection:
-            return _chain_rejection(state, opened, position, rejection, self.arrived)
+            verdict, state = _chain_rejection(state, opened, position, rejection, self.arrived)
+            if release and rejection.advances is not None and isinstance(record, UsageEvent):
+                # SPEC §6.3 usage: a content rejection advances the stream like an
+                # accepted event, so the held event at the new next seq comes next.
+                verdict, state = self._after_advance(verdict, state, record.node_id)
+            return verdict, state
         flush: list[Verdict] = []
         if isinstance(record, PlacementClosed):
             # §6.3 closed: the close flush comes first, then the close record.
@@ -451,10 +461,19 @@ class _Run:
         )
         if flush:
             verdict = msgspec.structs.replace(verdict, preceded=tuple(flush))
-        if release and isinstance(record, UsageEvent) and record.node_id in state.stream_held:
-            released, state = self._release_stream(state, record.node_id)
-            if released:
-                verdict = msgspec.structs.replace(verdict, released=tuple(released))
+        if release and isinstance(record, UsageEvent):
+            verdict, state = self._after_advance(verdict, state, record.node_id)
+        return verdict, state
+
+    def _after_advance(
+        self, verdict: Verdict, state: PlacementState, node_id: str
+    ) -> tuple[Verdict, PlacementState]:
+        """SPEC §6.2: the node's stream advanced; its held events that are next follow."""
+        if node_id not in state.stream_held:
+            return verdict, state
+        released, state = self._release_stream(state, node_id)
+        if released:
+            verdict = msgspec.structs.replace(verdict, released=tuple(released))
         return verdict, state
 
     def _release_stream(
@@ -476,7 +495,7 @@ class _Run:
                 state, self.arrived = _released_arrival(state, position, releasing)
                 verdict, state = self._process(state, opened, position, None, release=False)
                 released.append(verdict)
-                if verdict.status != "accepted":
+                if state.streams.get(node_id, NEW_STREAM).next_seq == stream.next_seq:
                     break  # the stream did not advance: the rest waits
         finally:
             self.arrived = releasing
@@ -549,10 +568,18 @@ class _Run:
         # (3) the stream position: re-delivery, equivocation, held beyond a gap, fork
         stream = self._usage_position(state, opened, event)
         takes = (event.node_id, event.seq)
-        # (4) the interval, (5) the window
-        _usage_content(state, terms, event, stream, self.arrived, takes)
-        # (6) the samples; §7.1 delivered (and §7.10 what an assignment resold)
-        delivered, resold = _usage_delivered(state, terms, event, stream, public_key, keyid, takes)
+        try:
+            # (4) the interval, (5) the window
+            _usage_content(state, terms, event, stream, self.arrived, takes)
+            # (6) the samples; §7.1 delivered (and §7.10 what an assignment resold)
+            delivered, resold = _usage_delivered(
+                state, terms, event, stream, public_key, keyid, takes
+            )
+        except _Reject as rejection:
+            if terms.created_at_ms >= limits.REJECTION_ADVANCES_FROM_MS:
+                # §6.3 usage: authentic and in its place, rejected for its content
+                rejection.advances = opened.record_hash
+            raise
         # (7) accepted: advance the stream and fold
         self.accepted[(event.node_id, event.seq)] = (opened.input_hash, opened.record_hash)
         return _usage_accepted(state, terms, opened, event, stream, delivered, resold), delivered
@@ -781,10 +808,21 @@ def _chain_rejection(
     state: PlacementState, opened: Opened, position: str, rejection: _Reject, arrived: int | None
 ) -> tuple[Verdict, PlacementState]:
     """A rejection is chained (SPEC §6) and changes nothing else — but a usage event
-    rejected from §6.3 usage (3) on takes its seq for good."""
+    rejected from §6.3 usage (3) on takes its seq: for its content (terms of
+    REJECTION_ADVANCES_FROM_MS on) by advancing the stream past it, else for good."""
     seen = state.seen.add(opened.input_hash)
     changes: dict[str, Any] = {}
-    if rejection.takes is not None:
+    if rejection.advances is not None and rejection.takes is not None:
+        node_id, seq = rejection.takes
+        streams = dict(state.streams)
+        stream = streams.get(node_id, NEW_STREAM)
+        # last_end_ms and the health evidence stay the last accepted event's; no input
+        # hash: the head is not an accepted event (``_accepted_at``)
+        streams[node_id] = msgspec.structs.replace(
+            stream, next_seq=seq + 1, last_hash=rejection.advances, last_input_hash=""
+        )
+        changes["streams"] = streams
+    elif rejection.takes is not None:
         node_id, seq = rejection.takes
         taken = dict(state.taken)
         taken[node_id] = taken.get(node_id, frozenset()) | {seq}
@@ -812,7 +850,8 @@ def _priced(state: PlacementState) -> bool:
         or state.release_end_ms is not None
         or len(state.adjustment_ids) > 0
         or len(state.assignments) > 0
-        or any(stream.next_seq > 0 for stream in state.streams.values())
+        # an accepted event ends after 0 (§6.3 usage (5)); a content rejection leaves 0
+        or any(stream.last_end_ms > 0 for stream in state.streams.values())
     )
 
 

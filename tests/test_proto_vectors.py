@@ -553,3 +553,30 @@ def test_arrival_bounds_are_what_the_verifier_and_the_witness_enforce() -> None:
         except _Refuse:
             refused = True
         assert refused == case["refused"], case
+
+
+def test_rejection_advances_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.3 usage: rejection_advances.json, every decision and record hash under both
+    rules; a content rejection costs its own interval only from REJECTION_ADVANCES_FROM_MS."""
+    from proto.limits import REJECTION_ADVANCES_FROM_MS
+
+    data = load("rejection_advances.json")
+    assert data["rejection_advances_from_ms"] == REJECTION_ADVANCES_FROM_MS
+    expected = {
+        "advancing": [
+            "GPU_NOT_IN_TERMS",
+            "FUTURE_DATED",
+            "EQUIVOCATION",
+            "INTERVAL_OVERLAP",
+            "NODE_KEY_UNKNOWN",
+        ],
+        "before": ["GPU_NOT_IN_TERMS", "EQUIVOCATION", "NODE_KEY_UNKNOWN", *["SEQ_GAP"] * 6],
+    }
+    for rule in ("advancing", "before"):
+        fold = Fold(vectorgen._cast().ledger)
+        reasons = _replay_timed(fold, f"rejection-{rule}", data[rule]["steps"])
+        assert [r for r in reasons if r is not None and r != "DUPLICATE"] == expected[rule]
+        assert fold.head("pl-rejection") == (data[rule]["records"], data[rule]["head"])
+        totals = fold.totals("pl-rejection")
+        assert totals is not None
+        assert msgspec.to_builtins(totals) == data[rule]["totals"]

@@ -1002,6 +1002,85 @@ def shortens_vectors() -> Any:
     }
 
 
+def rejection_advances_vectors() -> Any:
+    """SPEC §6.3 usage "What a rejected event does": one node's events, the same envelopes
+    folded under terms created at REJECTION_ADVANCES_FROM_MS (a content rejection takes
+    its seq and advances the stream, last_end stays) and 1 ms earlier (the rule of before:
+    the seq is taken and the rest of the window waits, SEQ_GAP at the close)."""
+    from ledger.fold import Fold
+    from proto.limits import MAX_CLOCK_SKEW_MS, REJECTION_ADVANCES_FROM_MS
+
+    cast = _cast()
+    pid = "pl-rejection"
+    start = REJECTION_ADVANCES_FROM_MS
+    gpu = b.gpu("node-a", 0)
+    a = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+
+    def at(minute: int) -> int:
+        return start + minute * MINUTE
+
+    def usage(begin: int, end: int, samples: Any = None) -> bytes:
+        return a.event(at(begin), at(end), [b.sample(gpu)] if samples is None else samples)
+
+    e0 = usage(0, 10)
+    e1 = usage(10, 20, [b.sample(b.gpu("node-a", 7))])  # a GPU outside the terms
+    e1_other = b.StreamWriter(cast.node_key("node-a"), pid, "node-a", seq=1, prev=a.prev)
+    e2 = usage(20, 30)
+    e3 = a.event(at(30), at(52) + MAX_CLOCK_SKEW_MS + 1, [b.sample(gpu)])  # a clock step
+    e4 = usage(40, 50)
+    e5 = usage(45, 55)
+    e6 = usage(50, 58)
+    thief = b.StreamWriter(cast.node_key("node-x"), pid, "node-a", seq=a.seq, prev=a.prev)
+    e7 = usage(58, 60)
+    events: list[tuple[str, bytes, int]] = [
+        ("seq 0, minutes 0-10", e0, at(10)),
+        ("seq 1 names a GPU outside the terms: GPU_NOT_IN_TERMS", e1, at(20)),
+        ("seq 2, chained to the rejected seq 1", e2, at(30)),
+        ("seq 4 before seq 3: held in its stream", e4, at(50)),
+        ("seq 3 ends past its arrival + MAX_CLOCK_SKEW_MS: FUTURE_DATED", e3, at(52)),
+        ("seq 1 again, the same bytes: DUPLICATE", e1, at(53)),
+        (
+            "another event for seq 1: EQUIVOCATION",
+            e1_other.event(at(10), at(20), [b.sample(gpu)]),
+            at(53),
+        ),
+        ("seq 5 starts before the last accepted end: INTERVAL_OVERLAP", e5, at(55)),
+        ("seq 6 starts at the last accepted end", e6, at(58)),
+        (
+            "seq 7 signed by a key not bound to the node: NODE_KEY_UNKNOWN, no seq taken",
+            thief.event(at(58), at(60), [b.sample(gpu)]),
+            at(60),
+        ),
+        ("seq 7, the node's own", e7, at(60)),
+    ]
+    rules = {}
+    for name, created in (("advancing", start), ("before", start - 1)):
+        terms = b.make_terms(cast, pid, [gpu], start, start + HOUR, created_at_ms=created)
+        close_at = terms.window_end_ms + terms.late_grace_ms
+        steps_in = [
+            ("terms", b.signed_terms(cast, terms), start),
+            *events,
+            ("the close", b.closed(cast, pid, close_at), close_at),
+        ]
+        fold = Fold(cast.ledger)
+        steps = _timed_steps(fold, f"rejection-{name}", steps_in)
+        head, totals = fold.head(pid), fold.totals(pid)
+        assert head is not None and totals is not None
+        rules[name] = {
+            "terms_created_at_ms": created,
+            "steps": steps,
+            "records": head[0],
+            "head": head[1],
+            "totals": msgspec.to_builtins(totals),
+        }
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "rejection_advances_from_ms": REJECTION_ADVANCES_FROM_MS,
+        "max_clock_skew_ms": MAX_CLOCK_SKEW_MS,
+        **rules,
+    }
+
+
 def bounds_vectors() -> Any:
     """SPEC §5 rule 5, §6.3 adjustment, §7.7: every total stays within 2^53 - 1 after every
     input. Terms with the buyer paying a 5 % fee; M (the most G + K can reach) and the
@@ -2029,6 +2108,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "resale.json": resale_vectors,
     "resale_release.json": resale_release_vectors,
     "shortens.json": shortens_vectors,
+    "rejection_advances.json": rejection_advances_vectors,
     "bounds.json": bounds_vectors,
 }
 

@@ -112,7 +112,9 @@ class _Stream:
     next_seq: int = 0
     last_hash: str = ZERO_HASH
     last_end_ms: int = 0
-    # Seqs taken by a rejected event of the node (SPEC §6.3 usage (3)): never replaced.
+    # Seqs taken for good by a rejected event of the node that did not advance the stream
+    # (SPEC §6.3 usage (3): PREV_MISMATCH, or any rejection from step 3 on in terms created
+    # before REJECTION_ADVANCES_FROM_MS): never replaced.
     taken: set[int] = field(default_factory=set)
 
 
@@ -552,11 +554,20 @@ class Referee:
             # Held until the close flush (SPEC §6.2); chained, it can only be SEQ_GAP there.
             self._gap = True
             return _reject(Reason.SEQ_GAP)
+        if event.prev != stream.last_hash:
+            stream.taken.add(event.seq)  # the seq is taken, the stream does not advance
+            return _reject(Reason.PREV_MISMATCH)
         failure = self._usage_content(event, stream, terms) or self._attested_for(
             event, sig.key, terms
         )
         if failure is not None:
-            stream.taken.add(event.seq)  # rejected from step 3 on: the seq is taken
+            if terms.created_at_ms >= proto_limits.REJECTION_ADVANCES_FROM_MS:
+                # rejected for its content: the seq is taken by advancing past it; the
+                # last accepted end stays (SPEC §6.3 usage, "What a rejected event does")
+                stream.next_seq += 1
+                stream.last_hash = opened.record_hash
+            else:
+                stream.taken.add(event.seq)  # the rule of before: taken, the stream stops
             return _reject(failure)
         stream.next_seq += 1
         stream.last_hash = opened.record_hash
@@ -568,9 +579,7 @@ class Referee:
     def _usage_content(
         self, event: UsageEvent, stream: _Stream, terms: PlacementTerms
     ) -> Reason | None:
-        """Steps 3 (the link) to 6 of SPEC §6.3 usage: None when the event may be folded."""
-        if event.prev != stream.last_hash:
-            return Reason.PREV_MISMATCH
+        """Steps 4 to 6 of SPEC §6.3 usage: None when the event may be folded."""
         # 4. the interval
         length_ms = event.end_ms - event.start_ms
         if length_ms <= 0 or length_ms > proto_limits.MAX_INTERVAL_MS:
