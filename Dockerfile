@@ -7,7 +7,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md deploy/constraints.txt ./
 COPY gridledger/ gridledger/
 COPY proto/ proto/
 COPY meter/ meter/
@@ -19,7 +19,8 @@ COPY billview/ billview/
 # /var/lib/gridledger/stack is the mount point of the compose `stack` volume: created and
 # owned by uid 10001 here, so a fresh named volume starts with that owner (Docker copies
 # the image directory's ownership into an empty volume) and the services can write it.
-RUN pip install . \
+# Every dependency at the version the tests ran (deploy/constraints.txt), not the newest.
+RUN pip install --constraint constraints.txt . \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/gridledger gridledger \
     && mkdir -p /var/lib/gridledger/data /var/lib/gridledger/spool /var/lib/gridledger/keys \
         /var/lib/gridledger/stack \

@@ -15,11 +15,13 @@ CHROMIUM := /usr/bin/chromium
 .PHONY: demo test lint typecheck pytest venv clean browser
 
 $(RUNTIME_STAMP): pyproject.toml
+	@echo "installing gridledger and its dependencies into $(VENV) (once; about a minute)..."
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e .
 	@touch $(RUNTIME_STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "installing gridledger and its test tools into $(VENV) (once; a minute or two)..."
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e '.[test]'
 	@touch $(STAMP) $(RUNTIME_STAMP)

@@ -100,6 +100,11 @@ def terms_summary(terms: PlacementTerms) -> list[tuple[str, str]]:
             f"credit {percent_bps(terms.sla_credit_bps)} of gross when missed",
         ),
         ("desk fee", f"{percent_bps(terms.desk_fee_bps)} of net, paid by the {terms.fee_payer}"),
+        *(
+            [("tax", f"{percent_bps(terms.tax_bps)}, on invoices (SPEC §11.2)")]
+            if terms.tax_bps
+            else []
+        ),
         ("late grace", duration(terms.late_grace_ms)),
         ("terms version", str(terms.version)),
         *_placement_rows(terms),
@@ -275,8 +280,7 @@ def _resale(facts: BillFacts, resale: list[Resale], money: _Money, checks: list[
     the seller), what reaches the seller, its net, and the desk's total."""
     if not resale:
         return []
-    terms = facts.terms
-    scale = terms.currency_scale
+    terms, scale = facts.terms, facts.terms.currency_scale
     unit = terms.increment_ms * 1000
     known = {a.assignment_id for a in facts.assignments}
     lines: list[Line] = []
@@ -295,6 +299,7 @@ def _resale(facts: BillFacts, resale: list[Resale], money: _Money, checks: list[
             Line(
                 key=f"resale:{r.assignment_id}",
                 section="resale",
+                unit_price=f"{money(r.rate_per_gpu_hour_minor)}/GPU-h",
                 label=f"Resale {r.assignment_id}: {r.new_buyer} owes (paid to the desk)",
                 quantity=format_gpu_hours(r.billable_mgms),
                 unit="GPU-h",
@@ -428,6 +433,7 @@ def _gross(terms: PlacementTerms, totals: Totals, money: _Money, checks: list[st
         Line(
             key="gross",
             section="charges",
+            unit_price=f"{money(terms.rate_per_gpu_hour_minor)}/GPU-h",
             label="Gross",
             quantity=format_gpu_hours(totals.billable_mgms),
             unit="GPU-h",
@@ -454,17 +460,27 @@ def _availability(facts: BillFacts, totals: Totals, money: _Money, checks: list[
     owed_text = f"{gpus(share)} × {duration(owed_ms)} = {gpu_hours_exact(share * owed_ms)}" + (
         " (to the reclaim)" if end < terms.window_end_ms else ""
     )
+    closed = facts.close_index is not None and facts.close_index <= facts.statement.through_index
+    derivation = (
+        f"D / (S × E) = {gpu_hours_exact(totals.delivered_mgms)} / "
+        f"({owed_text}) = {percent_bps(bps)} (rounded down), "
+        f"{'meets' if met else 'misses'} the target {percent_bps(target)} (SPEC §7.5)"
+    )
+    if not closed:
+        # Over the whole window, mid-window figures read as a miss: say what is known.
+        derivation = (
+            f"delivered so far D = {gpu_hours_exact(totals.delivered_mgms)} of the window's "
+            f"S × E = {owed_text}; availability is judged at the close against the target "
+            f"{percent_bps(target)} (SPEC §7.5)"
+        )
     availability = Line(
         key="availability",
         section="sla",
         label="Availability",
-        quantity=percent_bps(bps),
+        quantity=percent_bps(bps) if closed else "open: judged at the close",
         unit="",
-        derivation=f"D / (S × E) = {gpu_hours_exact(totals.delivered_mgms)} / "
-        f"({owed_text}) = {percent_bps(bps)} (rounded down), "
-        f"{'meets' if met else 'misses'} the target {percent_bps(target)} (SPEC §7.5)",
+        derivation=derivation,
     )
-    closed = facts.close_index is not None and facts.close_index <= facts.statement.through_index
     if not closed:
         derived = 0
         why = "fixed at the close (SPEC §7.5); the placement is open, so it is 0 so far"

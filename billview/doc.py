@@ -29,6 +29,7 @@ class Line(Struct, frozen=True, kw_only=True):
     payee: str = ""
     derivation: str = ""
     signers: list[str] = []
+    unit_price: str = ""  # what one unit costs, with its currency: "2.50 USD/GPU-h"
 
 
 class Segment(Struct, frozen=True, array_like=True):

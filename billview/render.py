@@ -13,6 +13,8 @@ import io
 from collections.abc import Sequence
 from typing import Final
 
+import msgspec
+
 from billview.doc import BillDoc, Line, encode
 from billview.facts import PARTY_ROLES
 from billview.timeline import COLORS, STATE_LABELS, STATES, timeline_svg
@@ -145,7 +147,13 @@ tr.total td { font-weight: 600; }
 tr.mine td:first-child { border-left: 3px solid var(--ink); }
 .you-tag { font-size: 11px; border: 1px solid var(--ink); border-radius: 3px; padding: 0 4px;
            margin-left: 6px; }
-td.gpu { white-space: nowrap; }
+td.gpu { word-break: break-all; }
+table.gpus { table-layout: fixed; }
+table.gpus td, table.gpus th { padding: 4px 4px; font-size: 12px; white-space: normal;
+                               letter-spacing: 0; overflow-wrap: anywhere; }
+table.gpus col.gpu { width: 19%; }
+table.lines td.num:nth-child(2), table.lines td.num:nth-child(3) { white-space: normal; }
+details.derivation summary { cursor: pointer; font-size: 12px; }
 .terms td:first-child { width: 180px; color: var(--muted); }
 .legend span { display: inline-block; margin-right: 14px; font-size: 12px; }
 .legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px;
@@ -175,6 +183,20 @@ def _money(doc: BillDoc, minor: int, total: str | None = None) -> str:
     return f"<span{data}>{_e(format_minor(minor, doc.currency_scale))} {_e(doc.currency)}</span>"
 
 
+def _flow_of(doc: BillDoc, line: Line) -> str:
+    """Who pays whom for a line: its payer and payee, and for the settlement totals that
+    name one side only, the other as SPEC §7.6 has it."""
+    if line.payer and line.payee:
+        return f"{line.payer} → {line.payee}"
+    fee_payer = _fee_payer(doc)
+    return {
+        "buyer_owes": "buyer → operator" + (" and desk" if fee_payer == "buyer" else ""),
+        "operator_receives": "buyer → operator"
+        + (" (less the fee it pays the desk)" if fee_payer == "operator" else ""),
+        "desk_receives": f"{fee_payer} → desk",
+    }.get(line.key, "")
+
+
 def _line_row(doc: BillDoc, line: Line, party: str) -> str:
     mine = party in (line.payer, line.payee)
     effect = ""
@@ -202,7 +224,7 @@ def _line_row(doc: BillDoc, line: Line, party: str) -> str:
         else ""
     )
     quantity = f"{_e(line.quantity)} {_e(line.unit)}".strip()
-    flow = f"{_e(line.payer)} → {_e(line.payee)}" if line.payer and line.payee else ""
+    flow = _e(_flow_of(doc, line))
     signers = (
         f'<div class="signers">signed by {_e(", ".join(line.signers))}</div>'
         if line.signers
@@ -216,46 +238,90 @@ def _line_row(doc: BillDoc, line: Line, party: str) -> str:
         )
         if c
     )
+    derivation = (
+        f'<details class="derivation"><summary>how</summary>{_e(line.derivation)}</details>'
+        if line.derivation
+        else ""
+    )
     return (
         f'<tr class="{classes}" data-line="{_e(line.key)}"><td>{_e(line.label)}{effect}'
-        f'<div class="derivation">{_e(line.derivation)}</div>{signers}</td>'
-        f'<td class="num">{quantity}</td><td>{flow}</td><td class="num">{amount}</td></tr>'
+        f"{derivation}{signers}</td>"
+        f'<td class="num">{quantity}</td><td class="num">{_e(line.unit_price)}</td>'
+        f'<td>{flow}</td><td class="num">{amount}</td></tr>'
+    )
+
+
+def _fee_payer(doc: BillDoc) -> str:
+    """Who pays the desk fee (SPEC §7.6): the fee line's payer."""
+    return next((line.payer for line in doc.lines if line.key == "fee"), "operator")
+
+
+def _card(doc: BillDoc, you: bool, text: str, minor: int, total: str, attr: str = "") -> str:
+    return (
+        f'<div class="card{" you" if you else ""}"{attr}><div class="muted">{_e(text)}</div>'
+        f'<div class="amount">{_money(doc, minor, total)}</div></div>'
     )
 
 
 def _resale_cards(doc: BillDoc, party: str) -> list[str]:
-    """SPEC §7.10: what each new buyer owes (to the desk), the original buyer's net."""
+    """SPEC §7.10: what each new buyer pays the desk; what the desk pays the original
+    buyer; the original buyer's net. A new buyer sees its own obligation only."""
+    desk, buyer = doc.parties["desk"], doc.parties["buyer"]
     cards = []
     for r in doc.resale:
         you = party == r.new_buyer
+        if party not in PARTY_ROLES and not you:
+            continue
+        who = "You, the new buyer" if you else "The new buyer"
         cards.append(
-            f'<div class="card{" you" if you else ""}" data-new-buyer="{_e(r.new_buyer)}">'
-            f'<div class="muted">{"You, the " if you else "The "}new buyer ({_e(r.new_buyer)}), '
-            f"owes the desk ({_e(doc.parties['desk'])}) for resale {_e(r.assignment_id)}</div>"
-            f'<div class="amount">{_money(doc, r.gross_minor, f"resale:{r.assignment_id}")}'
-            "</div></div>"
-        )
-    if doc.original_buyer_net_minor is not None:
-        you = party == "buyer"
-        cards.append(
-            f'<div class="card{" you" if you else ""}"><div class="muted">'
-            f"{'You, the ' if you else 'The '}original buyer ({_e(doc.parties['buyer'])}), "
-            "net of the resale (what it owes the operator less what the resale brings it)</div>"
-            f'<div class="amount">{_money(doc, doc.original_buyer_net_minor, "buyer_net")}'
-            "</div></div>"
-        )
+            _card(doc, you, f"{who} ({r.new_buyer}) pays the desk ({desk}) for resale "
+                  f"{r.assignment_id}", r.gross_minor, f"resale:{r.assignment_id}",
+                  f' data-new-buyer="{_e(r.new_buyer)}"')
+        )  # fmt: skip
+    if doc.original_buyer_net_minor is None or party not in PARTY_ROLES:
+        return cards
+    you = party == "buyer"
+    proceeds = sum(r.proceeds_minor for r in doc.resale)
+    to_you = "you" if you else f"the original buyer ({buyer})"
+    cards.append(
+        _card(doc, you, f"The desk ({desk}) pays {to_you} the resale proceeds (less its "
+              "resale fee)", proceeds, "resale_proceeds")
+    )  # fmt: skip
+    net = doc.original_buyer_net_minor
+    verb = "pays" if net >= 0 else "receives"
+    text = (
+        f"Your net: you {verb[:-1]} in all (what you pay the operator less what the desk pays you)"
+        if you
+        else f"The original buyer’s net: {verb} in all (what it pays the operator less what "
+        "the desk pays it)"
+    )
+    cards.append(_card(doc, you, text, net, "buyer_net"))
     return cards
 
 
+def _role_text(doc: BillDoc, role: str) -> str:
+    """What a party's amount is, and to or from whom (SPEC §7.6)."""
+    p, fee_payer = doc.parties, _fee_payer(doc)
+    if role == "buyer":
+        if fee_payer == "buyer":
+            return f"pays the operator ({p['operator']}) the net and the desk ({p['desk']}) its fee"
+        return f"pays the operator ({p['operator']})"
+    if role == "operator":
+        if fee_payer == "operator":
+            return f"receives from the buyer ({p['buyer']}), after paying the desk its fee"
+        return f"receives from the buyer ({p['buyer']})"
+    return f"receives its fee, paid by the {fee_payer}"
+
+
 def _summary(doc: BillDoc, party: str) -> str:
+    if party not in PARTY_ROLES:  # a new buyer: its own obligation only
+        return '<div class="summary">' + "".join(_resale_cards(doc, party)) + "</div>"
     cards: list[str] = []
-    if party not in PARTY_ROLES:  # a new buyer: its own obligation first
-        cards += _resale_cards(doc, party)
     order = [*[p for p in PARTY_ROLES if p == party], *[p for p in PARTY_ROLES if p != party]]
     for role in order:
-        total, verb = _PARTY_AMOUNT[role]
+        total, _ = _PARTY_AMOUNT[role]
         you = role == party
-        amount, name = doc.totals[total], total
+        amount, name, verb = doc.totals[total], total, _role_text(doc, role)
         if role == "desk" and doc.desk_total_minor is not None:
             # SPEC §7.10: the desk's fee on the original terms and its resale fees, in all.
             fee = format_minor(doc.totals[total], doc.currency_scale)
@@ -263,14 +329,33 @@ def _summary(doc: BillDoc, party: str) -> str:
             plural = "s" if len(doc.resale) > 1 else ""
             verb = f"receives in all ({fee} fee + {fees} resale fee{plural})"
             amount, name = doc.desk_total_minor, "desk_total"
-        cards.append(
-            f'<div class="card{" you" if you else ""}"><div class="muted">'
-            f"{'You, the ' if you else 'The '}{_e(role)} ({_e(doc.parties[role])}), {_e(verb)}"
-            f'</div><div class="amount">{_money(doc, amount, name)}</div></div>'
-        )
-    if party in PARTY_ROLES:
-        cards += _resale_cards(doc, party)
+        who = f"{'You, the ' if you else 'The '}{role} ({doc.parties[role]}), {verb}"
+        cards.append(_card(doc, you, who, amount, name))
+    cards += _resale_cards(doc, party)
     return '<div class="summary">' + "".join(cards) + "</div>"
+
+
+def _for_party(doc: BillDoc, party: str) -> BillDoc:
+    """What a page shows ``party``: everything for the three parties; for a new buyer
+    (SPEC §7.10) only its resale lines, its GPUs and its resale terms."""
+    if party in PARTY_ROLES:
+        return doc
+    mine = [r for r in doc.resale if r.new_buyer == party]
+    gpus = {g for r in mine for g in r.gpus}
+    terms = [("seller", doc.parties["buyer"]), ("paid to", f"the desk ({doc.parties['desk']})")]
+    for r in mine:
+        terms += [
+            (f"resale {r.assignment_id}", f"{', '.join(r.gpus)} from {iso_utc(r.handover_ms)}"),
+            ("rate", f"{format_minor(r.rate_per_gpu_hour_minor, doc.currency_scale)} "
+                     f"{doc.currency} per GPU-hour"),
+        ]  # fmt: skip
+    return msgspec.structs.replace(
+        doc,
+        lines=[line for line in doc.lines if party in (line.payer, line.payee)],
+        gpus=[g for g in doc.gpus if g.uuid in gpus],
+        terms=terms,
+        periods=[],
+    )
 
 
 def parties_of(doc: BillDoc) -> list[str]:
@@ -302,7 +387,7 @@ def _gpu_table(doc: BillDoc) -> str:
             f"<td class=num>{_e(g.delivered_gpu_h)} GPU-h</td>"
             f"<td class=num>{_e(g.availability)}</td></tr>"
         )
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f"<table class=gpus><col class=gpu>{head}{''.join(rows)}</table>"
 
 
 def _legend() -> str:
@@ -372,7 +457,9 @@ def _attested(doc: BillDoc) -> str:
     )
 
 
-def _periods(doc: BillDoc) -> str:
+def _periods(doc: BillDoc, party: str) -> str:
+    if party not in PARTY_ROLES:  # a new buyer (SPEC §7.10)
+        return "<p>The periods hold the original terms' figures; yours is the resale above.</p>"
     if not doc.periods:
         return "<p>No period has a final statement yet: the placement is open.</p>"
     rows = "".join(
@@ -407,6 +494,7 @@ def to_html(doc: BillDoc, party: str, links: Sequence[tuple[str, str]] = ()) -> 
     if page is None:
         raise ValueError(f"party must be one of {', '.join(parties)}, not {party!r}")
     party = page
+    doc = _for_party(doc, party)
     who = doc.parties[party] if party in PARTY_ROLES else "new buyer by resale"
     rows = [g for g in doc.gpus if g.segments]
     picture = (
@@ -427,7 +515,7 @@ def to_html(doc: BillDoc, party: str, links: Sequence[tuple[str, str]] = ()) -> 
     for line in doc.lines:
         if line.section != current:
             current = line.section
-            body_rows.append(f'<tr><th colspan="4">{_e(sections.get(current, current))}</th></tr>')
+            body_rows.append(f'<tr><th colspan="5">{_e(sections.get(current, current))}</th></tr>')
         body_rows.append(_line_row(doc, line, party))
     checks = "".join(f'<p class="checks">CHECK: {_e(c)}</p>' for c in doc.checks)
     nav = " ".join(f'<a href="{_e(href)}">{_e(label)}</a>' for label, href in links)
@@ -449,8 +537,8 @@ through record {doc.statement.through_index}, period {doc.statement.period},
 {_summary(doc, party)}
 {checks}
 <h2>Line items</h2>
-<table class="lines"><tr><th>item</th><th class=num>quantity</th><th>who pays whom</th>
-<th class=num>amount</th></tr>
+<table class="lines"><tr><th>item</th><th class=num>quantity</th><th class=num>unit price</th>
+<th>who pays whom</th><th class=num>amount</th></tr>
 {"".join(body_rows)}
 </table>
 <h2>Delivery per GPU</h2>
@@ -461,7 +549,7 @@ through record {doc.statement.through_index}, period {doc.statement.period},
 <table class="terms">{terms}</table>
 {_attested(doc)}
 <h2>Statement periods</h2>
-{_periods(doc)}
+{_periods(doc, party)}
 <h2>Verification</h2>
 {_verification(doc)}
 <p class="muted">{_e(doc.source)}</p>

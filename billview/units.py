@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import datetime
 from typing import Final
 
 from proto.limits import MAX_BPS, MILLI_GPU_MS_PER_GPU_HOUR
 from proto.money import format_gpu_hours, format_minor
+from proto.utc import iso_utc
 
 MINUTE_MS: Final = 60_000
 HOUR_MS: Final = 60 * MINUTE_MS
@@ -40,14 +40,6 @@ def duration(ms: int) -> str:
         if value:
             parts.append(f"{value} {unit}")
     return " ".join(parts)
-
-
-def iso_utc(ms: int) -> str:
-    """Epoch milliseconds as ISO-8601 UTC: ``2026-12-01T00:52:00Z`` (``.123Z`` if needed)."""
-    seconds, millis = divmod(ms, 1000)
-    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
-    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{text}.{millis:03d}Z" if millis else f"{text}Z"
 
 
 def percent_bps(bps: int) -> str:

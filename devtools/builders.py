@@ -49,8 +49,9 @@ class Cast:
             self.nodes[node_id] = SigningKey.from_seed_text(node_id, f"{self.seed}/node/{node_id}")
         return self.nodes[node_id]
 
-    def trust(self) -> TrustFile:
-        """A trust file pinning the three parties and the ledger."""
+    def trust(self, *, simulations: bool = False) -> TrustFile:
+        """A trust file pinning the three parties and the ledger; ``simulations``: it
+        admits a simulation's exports (``arrival = "sender"``, SPEC §6.6, §9) as FINAL."""
         pairs: tuple[tuple[Role, SigningKey], ...] = (
             ("operator", self.operator),
             ("buyer", self.buyer),
@@ -58,7 +59,7 @@ class Cast:
             ("ledger", self.ledger),
         )
         keys = [TrustedKey(id=k.name, role=role, key=k.public_key) for role, k in pairs]
-        return TrustFile(format=TRUST_FORMAT, keys=keys)
+        return TrustFile(format=TRUST_FORMAT, keys=keys, simulations=simulations)
 
 
 def make_cast(

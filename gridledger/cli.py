@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NoReturn, Protocol, cast
 
 
 class _Registers(Protocol):
@@ -34,6 +34,7 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     ),
     "gridledger.cmd_trust": ("trust",),
     "gridledger.cmd_check": ("check",),
+    "gridledger.cmd_invoice": ("invoice", "focus", "audit", "profile"),
     "meter.cli": ("meter",),
     "ledger.cli": ("ledger",),
     "verifier.cli": ("verify",),
@@ -64,14 +65,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser with every installed subcommand, or, when ``command`` is one of
     them, with that one's module only: a run imports what it uses (the whole set costs
     ~0.9 s of imports, DuckDB and NumPy among them), and its help and errors are the same."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gridledger",
         description="Metering and settlement ledger for shared GPU capacity.",
     )
     parser.add_argument(
         "--version", action="version", version=f"gridledger {_version()}", help="print the version"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Subparsers are _Parsers too; the modules' register() takes the base class.
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="COMMAND"),
+    )
     wanted = [m for m, commands in _COMMANDS.items() if command in commands]
     for name in wanted or _COMMAND_MODULES:
         try:
@@ -84,6 +89,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _plain(parser)
     _log_options(parser, top=True)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the closest choice suggested for a mistyped subcommand or value (its
+    subparsers are of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+        import re
+
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if bad:
+            choices = re.findall(r"'([^']*)'", bad.group(2))
+            hint = difflib.get_close_matches(bad.group(1), choices, n=1)
+            if hint:
+                message += f"; did you mean {hint[0]}?"
+        super().error(message)
 
 
 def _log_options(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -120,6 +142,20 @@ def _plain(parser: argparse.ArgumentParser) -> None:
                 _plain(choice)
 
 
+def _unknown_command(command: str, known: list[str]) -> int:
+    """One line for a mistyped command, with the closest one (argparse lists them all)."""
+    import difflib
+
+    hint = difflib.get_close_matches(command, known, n=1)
+    also = f"did you mean gridledger {hint[0]}? " if hint else ""
+    print(
+        f"FAIL: unknown command {command!r}; {also}the commands: {', '.join(sorted(known))} "
+        "(gridledger --help says what each does)",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def _version() -> str:
     """The installed distribution's version (the source tree's when not installed)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -132,7 +168,11 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
-    parser = build_parser(command_of(sys.argv[1:] if argv is None else argv))
+    command = command_of(sys.argv[1:] if argv is None else argv)
+    known = [c for commands in _COMMANDS.values() for c in commands]
+    if command is not None and command not in known:
+        return _unknown_command(command, known)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     from gridledger.logs import configure_logging

@@ -28,16 +28,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from billview.units import iso_utc
 from proto.envelope import Opened, open_envelope
 from proto.errors import KeyFileError, ProtoError
 from proto.keys import key_id, load_signing_key
 from proto.records import Assignment, PlacementTerms
-from proto.terms import TermsError, check_terms_signatures, load_terms_file, validate_terms
+from proto.terms import TermsError, load_terms_file, terms_signature_problem, validate_terms
 from proto.trust import TRUST_FORMAT, TrustError, TrustFile, load_trust
 
 
@@ -124,9 +126,9 @@ def _terms(path: Path, found: _Found, listed_by: Path | None = None) -> Placemen
     if envelope is None:
         found.notes.append(f"{where}: unsigned TOML terms (sign them: gridledger terms sign)")
     else:
-        failure = check_terms_signatures(envelope, terms).failure()
+        failure = terms_signature_problem(envelope, terms)
         if failure is not None:
-            found.problems.append(f"{where}: not fully signed: {failure.detail}")
+            found.problems.append(f"{where}: not fully signed: {failure}")
     found.terms[path] = terms
     return terms
 
@@ -311,11 +313,42 @@ def _cross(found: _Found) -> None:
                 found.problems.append(f"{trust_path}: does not pin the ledger key of {tpath}")
 
 
+def _placements(found: _Found) -> str:
+    """Terms counted by placement: a meter.toml and the files beside it name one terms
+    file several times, or copies of it."""
+    placements = len({t.placement_id for t in found.terms.values()})
+    files = len(found.terms)
+    counted = f"terms of {placements} placement{'s' if placements != 1 else ''}"
+    return counted + (f" ({files} files)" if files != placements else "")
+
+
+def _windows(found: _Found, now_ms: int) -> None:
+    """A meter's placements whose window is over (terms alone are fine: an auditor checks
+    old ones): a problem when all of them are (started now, the meter would meter
+    nothing), else a warning for each."""
+    for path, meter, _ in found.meters:
+        listed = [found.terms[p] for p in meter.terms if p in found.terms]
+        over = [t for t in listed if t.window_end_ms <= now_ms]
+        if listed and len(over) == len(listed):
+            ends = iso_utc(max(t.window_end_ms for t in listed))
+            found.problems.append(
+                f"{path}: every placement in its terms ended (the last at {ends}): the meter "
+                "would meter nothing; give it the terms of a current placement"
+            )
+            continue
+        for terms in over:
+            found.warnings.append(
+                f"{path}: placement {terms.placement_id} ended {iso_utc(terms.window_end_ms)}; "
+                "the meter meters nothing of it"
+            )
+
+
 def _check(args: argparse.Namespace) -> int:
     found = _Found()
     files: list[Path] = args.files
     _load(files, found)
     _cross(found)
+    _windows(found, int(time.time() * 1000))
     for note in found.notes:
         print(f"note: {note}")
     for warning in found.warnings:
@@ -327,7 +360,7 @@ def _check(args: argparse.Namespace) -> int:
     if found.problems:
         return 1
     kinds = (
-        f"{len(found.meters)} meter, {len(found.ledgers)} ledger, {len(found.terms)} terms, "
+        f"{len(found.meters)} meter, {len(found.ledgers)} ledger, {_placements(found)}, "
         f"{len(found.trusts)} trust"
         + (f", {len(found.assignments)} assignment" if found.assignments else "")
     )

@@ -27,6 +27,7 @@ from proto.terms import (
     check_terms_signatures,
     load_terms_file,
     role_of_key,
+    terms_signature_problem,
     validate_terms,
 )
 
@@ -151,7 +152,7 @@ def _publish(args: argparse.Namespace) -> int:
         print("FAIL: unsigned terms cannot be published; sign them first", file=sys.stderr)
         return 1
     problems = validate_terms(terms)
-    failure = check_terms_signatures(envelope, terms).failure()
+    failure = terms_signature_problem(envelope, terms)
     if problems or failure is not None:
         for problem in problems:
             print(f"FAIL: {problem}", file=sys.stderr)

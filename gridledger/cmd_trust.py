@@ -11,7 +11,9 @@ PARTY_ID_MISMATCH). ``--new-buyer [ID=]FILE.pub`` pins a resale's new buyer (SPE
 one id pinned with two keys, is refused. ``--witness ID=FILE.pub`` pins an independent witness;
 ``--attestation ID=FILE`` an attestation service (SPEC §6.9; FILE: a PEM public key,
 P-384 for ES384 or Ed25519 for EdDSA, a JWK of either, or a gridledger .pub file);
-``--cosigners`` sets the witness policy (default: operator and buyer). With ``--terms``
+``--cosigners`` sets the witness policy (default: operator and buyer); ``--simulations``
+admits a simulation's exports (arrival times its senders stated, SPEC §6.6, §9) as FINAL,
+for demos, tests and replays only. With ``--terms``
 the pinned ids and keys are checked against the terms before anything is written.
 
 Exit codes: 0 written; 1 the keys or ids disagree with the terms, or the file exists
@@ -87,6 +89,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="LIST",
         help="comma-separated witness policy: operator, buyer, desk or witness ids "
         "(default operator,buyer; an empty string requires no witness)",
+    )
+    init.add_argument(
+        "--simulations",
+        action="store_true",
+        help="let a simulation's exports (arrival = sender) be FINAL: never in production",
     )
     init.add_argument(
         "--terms", type=Path, metavar="FILE", help="check the pinned ids and keys against these"
@@ -206,7 +213,10 @@ def _init(args: argparse.Namespace) -> int:
         out: Path = args.out
         if out.exists() and not args.force:
             raise _Bad(f"{out} exists; not replacing a trust file (--force replaces it)", 1)
-        data = dump_trust(TrustFile(format=TRUST_FORMAT, keys=keys, cosigners=cosigners))
+        trust = TrustFile(
+            format=TRUST_FORMAT, keys=keys, cosigners=cosigners, simulations=args.simulations
+        )
+        data = dump_trust(trust)
         tmp = out.with_name(f".{out.name}.tmp")
         try:
             tmp.write_bytes(data)
@@ -222,4 +232,6 @@ def _init(args: argparse.Namespace) -> int:
         print(f"   {role:<9} {k.id}" + (f" ({k.alg})" if k.alg else ""))
     policy = "operator, buyer (default)" if cosigners is None else ", ".join(cosigners) or "none"
     print(f"OK: {out} pins {len(keys)} keys; a final verdict needs cosignatures of: {policy}")
+    if args.simulations:
+        print("   it admits simulations (arrival = sender) as FINAL: not for production")
     return 0

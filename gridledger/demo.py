@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import duckdb
 import msgspec
-import structlog
 
 from billview.units import duration
 from proto.canonical import signed_bytes
@@ -103,17 +102,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
+    # The narrative is the demo's output; log lines only for what went wrong, unless asked.
+    _LOGGING.update(fmt=args.log_format, level=args.log_level or "warning")
     _quiet_logs()
     try:
         result = run_demo(args.workdir, kafka=args.kafka, out=sys.stdout)
     except DemoError as exc:
         print(f"FAIL: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, DemoInputError) else 1
     return 0 if result.verified and result.tamper_caught else 1
 
 
 class DemoError(Exception):
     """The demo could not run (a broker that does not answer, a busy workdir)."""
+
+
+_NOT_OURS: Final = (
+    "not empty and not a demo's workdir (the demo replaces its own only); choose a new or "
+    "empty directory"
+)
+
+
+class DemoInputError(DemoError):
+    """The demo was given something it cannot use (exit 2): a --workdir that holds
+    something else."""
 
 
 @dataclass(frozen=True)
@@ -133,10 +145,16 @@ class DemoResult:
     tamper_findings: str
 
 
-def _quiet_logs() -> None:
-    import logging
+# How the demo logs (``_handle``): its --log-format, and its --log-level or warning.
+_LOGGING: dict[str, str | None] = {"fmt": None, "level": "warning"}
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+def _quiet_logs() -> None:
+    """The demo's logging, again: a command the demo runs in-process (``main``) sets its
+    own, at info, to the stderr of that moment."""
+    from gridledger.logs import configure_logging
+
+    configure_logging(_LOGGING["fmt"], _LOGGING["level"])
 
 
 def _say(out: io.TextIOBase | None, text: str = "") -> None:
@@ -150,7 +168,7 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     workdir = workdir.resolve()
     if workdir.exists():
         if not (workdir / ".gridledger-demo").exists() and any(workdir.iterdir()):
-            raise DemoError(f"{workdir} exists and is not a demo workdir; choose another")
+            raise DemoInputError(f"--workdir {workdir}: {_NOT_OURS}")
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     (workdir / ".gridledger-demo").write_text("made by gridledger demo\n")
@@ -169,10 +187,8 @@ def run_demo(workdir: Path, *, kafka: str | None = None, out: object = None) -> 
     signed = _sign_apart(terms_toml, workdir / "keys", workdir / "terms.signed.json")
     terms = signed[0]
     _describe_terms(stream, terms)
-    trust_path = workdir / "trust.json"
-    trust_path.write_bytes(dump_trust(_trust(keys)))
     _say(stream, f"   signed by operator, buyer and desk -> {signed[1].name}")
-    _say(stream, f"   trust file pinned by the parties     -> {trust_path.name}")
+    trust_path = _write_trust(workdir, keys, stream, simulation=kafka is not None)
     _say(stream, f"   (it pins {NEW_BUYER} as a buyer too: the verifier checks its signature)")
 
     _say(stream, "\n== 3. Metering one hour on a simulated clock")
@@ -366,6 +382,7 @@ def _sign_apart(toml: Path, keys_dir: Path, out: Path) -> tuple[PlacementTerms, 
         key_file = keys_dir / f"{PARTIES[role]}.key"
         with contextlib.redirect_stdout(io.StringIO()):
             code = main(["terms", "sign", str(source), "--key", str(key_file), "--out", str(out)])
+        _quiet_logs()
         if code != 0:
             raise DemoError(f"{role} could not sign the terms (exit {code})")
         source = out
@@ -376,14 +393,27 @@ def _sign_apart(toml: Path, keys_dir: Path, out: Path) -> tuple[PlacementTerms, 
     return terms, out
 
 
-def _trust(keys: dict[str, SigningKey]) -> TrustFile:
+def _write_trust(
+    workdir: Path, keys: dict[str, SigningKey], stream: io.TextIOBase | None, *, simulation: bool
+) -> Path:
+    """The parties' trust file. The Kafka run is a simulation (arrival = "sender"): its
+    trust file says it admits one, or the verdict could not be FINAL (SPEC §6.6, §9)."""
+    trust_path = workdir / "trust.json"
+    trust_path.write_bytes(dump_trust(_trust(keys, simulations=simulation)))
+    _say(stream, f"   trust file pinned by the parties     -> {trust_path.name}")
+    if simulation:
+        _say(stream, "   (it admits a simulation: the Kafka run's arrival times are the senders')")
+    return trust_path
+
+
+def _trust(keys: dict[str, SigningKey], *, simulations: bool = False) -> TrustFile:
     pinned = [
         TrustedKey(id=name, role=role, key=keys[name].public_key)  # type: ignore[arg-type]
         for role, name in PARTIES.items()
     ]
     # SPEC §9: an assignment's new buyer is pinned as a buyer under the id it names.
     pinned.append(TrustedKey(id=NEW_BUYER, role="buyer", key=keys[NEW_BUYER].public_key))
-    return TrustFile(format=TRUST_FORMAT, keys=pinned)
+    return TrustFile(format=TRUST_FORMAT, keys=pinned, simulations=simulations)
 
 
 def _describe_terms(out: io.TextIOBase | None, t: PlacementTerms) -> None:
@@ -520,6 +550,7 @@ def _resell(
         said = io.StringIO()
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
             code = main(argv)
+        _quiet_logs()
         if code != 0:
             last = said.getvalue().strip().splitlines()[-1:] or [""]
             raise DemoError(f"the {who} could not sign the resale (exit {code}): {last[0]}")
@@ -735,7 +766,7 @@ def _run_timeline(
     try:
         transport.start(store, clock, signed_terms.read_bytes())
         _say(out, f"   {transport.arrival()}")
-        reclaimed = resold = False
+        reclaimed = resold = closed_said = False
         events = 0
         for now in _timeline(terms):
             clock.set(now)
@@ -750,7 +781,8 @@ def _run_timeline(
                 published.append(("operator", _reclaim(keys, terms)))
                 reclaimed = True
             events += transport.deliver(usage, published)
-            _progress(out, terms, store, now, events)
+            if not closed_said:  # nothing changes after the close: said once
+                closed_said = _progress(out, terms, store, now, events)
         transport.finish(store)
         for agent in agents:
             agent.close()
@@ -781,11 +813,11 @@ def _witnesses(
     (saved with the time it received them). Both must cosign, or the demo stops: no honest
     run is refused.
     """
-    import os
 
     from ledger.http import LedgerApi, LedgerHttpServer
     from ledger.metrics import LedgerMetrics
     from ledger.store import Store
+    from witness.known import keep
     from witness.runner import EXIT_OK, witness_once
 
     known = workdir / "witness" / "buyer-known"
@@ -795,9 +827,7 @@ def _witnesses(
         ("reclaim.json", _reclaim(keys, terms), RECLAIM_ISSUED_MS),
         ("assignment.signed.json", (workdir / "assignment.signed.json").read_bytes(), HANDOVER_MS),
     ):
-        path = known / name
-        path.write_bytes(raw)
-        os.utime(path, ns=(at_ms * 1_000_000, at_ms * 1_000_000))
+        keep(known, raw, at_ms, name=name)  # as `gridledger witness keep` does
     api = LedgerApi(of_type(store, Store, "the demo's store"), ledger_key, LedgerMetrics())
     server = LedgerHttpServer(api, "127.0.0.1", 0)
     server.start()
@@ -827,7 +857,8 @@ def _witnesses(
 
 def _progress(
     out: io.TextIOBase | None, terms: PlacementTerms, store: object, now: int, events: int
-) -> None:
+) -> bool:
+    """Say where the timeline is; True once the placement is closed."""
     from ledger.store import Store
 
     ledger = of_type(store, Store, "the demo's store")
@@ -841,6 +872,7 @@ def _progress(
         f"   {label}: {events:>3} events signed and spooled, {records:>3} ledger records"
         + (", placement closed" if closed else ""),
     )
+    return closed
 
 
 def _final_statement(store: object) -> Statement:

@@ -6,7 +6,8 @@ library, so a meter, a ledger or a witness writes one format to stderr and nothi
 between. ``json`` (one object per line: ``event``, ``level``, ``timestamp``, the event's
 fields, and ``logger`` for library lines) is the default when stderr is not a terminal;
 ``console`` (aligned, readable) when it is. aiokafka's own lines are kept at warning and
-above unless ``--log-level debug``: its reconnect chatter is summarised by our events.
+above unless ``--log-level debug``: its reconnect chatter is summarised by our events, and
+its line per failed bootstrap connection is left out (our event for the attempt says it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,18 @@ FORMATS: Final = ("json", "console")
 LEVELS: Final = ("debug", "info", "warning", "error")
 Format = Literal["json", "console"]
 _HANDLER_NAME: Final = "gridledger-structlog"
+
+
+# aiokafka's line for each failed connection to a bootstrap address: our own event for the
+# attempt (kafka_unavailable, ship_failed) says it once, in words; --log-level debug keeps it.
+_BOOTSTRAP_CHATTER: Final = ('Unable connect to "', "Unable to bootstrap from ")
+
+
+def _said_by_our_events(record: logging.LogRecord) -> bool:
+    """False for a library line that repeats what one of our events already says."""
+    if not record.name.startswith("aiokafka"):
+        return True
+    return not str(record.msg).startswith(_BOOTSTRAP_CHATTER)
 
 
 def default_format() -> Format:
@@ -55,6 +68,8 @@ def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
         )
     )
     handler.set_name(_HANDLER_NAME)
+    if numeric > logging.DEBUG:
+        handler.addFilter(_said_by_our_events)
     root = logging.getLogger()
     # Replace only our own handler (a second call, tests calling main again); others stay.
     root.handlers = [h for h in root.handlers if h.get_name() != _HANDLER_NAME] + [handler]

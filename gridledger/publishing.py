@@ -102,8 +102,14 @@ def publish(target: Target, placement_id: str, publisher: str, envelope: bytes) 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         asyncio.run(kafka.publish_kafka(settings, [(placement_id, raw)]))
+    except kafka.TopicMissing as exc:
+        raise PublishError(
+            f"Kafka at {target.kafka} has no topic {target.topic!r} (--topic); nothing was "
+            f"published: check the name (default {DEFAULT_TOPIC}) or create the topic",
+            2,
+        ) from exc
     except (OSError, TimeoutError, KafkaError) as exc:
-        reason = str(exc) or type(exc).__name__
+        reason = kafka.kafka_error_text(exc, str(target.kafka))
         raise PublishError(
             f"Kafka at {target.kafka} did not acknowledge (topic {target.topic}): {reason}; "
             "nothing was published, try again",

@@ -25,6 +25,7 @@ from proto.keys import SigningKey
 from proto.records import GpuSpec, NodeSpec, Party, PlacementTerms
 from proto.terms import CURRENCY_MINOR_UNITS, require_valid_terms
 from proto.trust import TRUST_FORMAT, Role, TrustedKey, TrustFile
+from proto.unknown_keys import unknown_key
 
 __all__ = [
     "DEFAULT_PRICES",
@@ -101,9 +102,10 @@ def load_price_table(path: Path | None = None) -> PriceTable:
         raise PriceTableError(f"cannot read {path}: {exc.strerror}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PriceTableError(f"{path} is not valid TOML: {exc}") from exc
-    unknown = set(data) - {"currency", "currency_scale", "models", "terms"}
-    if unknown:
-        raise PriceTableError(f"{path}: unknown key(s) {sorted(unknown)}")
+    known = {"currency", "currency_scale", "models", "terms"}
+    if set(data) - known:
+        words = "; ".join(unknown_key(k, known) for k in sorted(set(data) - known))
+        raise PriceTableError(f"{path}: {words}")
     currency = data.get("currency")
     if not isinstance(currency, str) or currency not in CURRENCY_MINOR_UNITS:
         raise PriceTableError(f"{path}: currency {currency!r} is not one the ledger knows")
@@ -160,8 +162,9 @@ class ReplayCast:
             self.nodes[node_id] = key
         return key
 
-    def trust(self) -> TrustFile:
-        """A trust file pinning operator, desk, every buyer and the ledger."""
+    def trust(self, *, simulations: bool = False) -> TrustFile:
+        """A trust file pinning operator, desk, every buyer and the ledger; ``simulations``:
+        it admits a simulation's exports as FINAL (SPEC §6.6, §9)."""
         pairs: list[tuple[Role, SigningKey]] = [
             ("operator", self.operator),
             ("desk", self.desk),
@@ -171,6 +174,7 @@ class ReplayCast:
         return TrustFile(
             format=TRUST_FORMAT,
             keys=[TrustedKey(id=k.name, role=role, key=k.public_key) for role, k in pairs],
+            simulations=simulations,
         )
 
 

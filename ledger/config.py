@@ -7,7 +7,7 @@ Keys (relative paths are relative to the directory of the config file)::
     db = "data/ledger.duckdb"         # the store; one writer: this process
     transport = "local"               # "local" (spool directories) or "kafka"
     local_dir = "spool"               # local: one sub-directory per source, read into the
-                                      # intake log "<db>.intake/" (SPEC §6.4)
+                                      # intake log "<local_dir>/.intake-<ledger_id>/" (§6.4)
     batch_max_records = 5000          # inputs per transaction
     close = true                      # publish PlacementClosed when window_end + grace passes
     http = "127.0.0.1:0"              # HTTP API: HOST:PORT; port 0 = any free port, written to
@@ -67,6 +67,7 @@ from ledger.limits import (
 )
 from proto.attestation import AttestationRoot, root_key_ok
 from proto.limits import MAX_ATTESTATION_ROOTS
+from proto.unknown_keys import unknown_key
 from transport.kafka import DEFAULT_TOPIC, KafkaSettings
 
 DEFAULT_HTTP: Final = "127.0.0.1:0"
@@ -260,7 +261,9 @@ def _kafka(data: Any, base: Path) -> KafkaConfig:
         raise ConfigError("[kafka] must be a table")
     unknown = set(data) - _KAFKA_KEYS
     if unknown:
-        raise ConfigError(f"[kafka]: unknown key(s) {', '.join(sorted(unknown))}")
+        raise ConfigError(
+            "; ".join(unknown_key(k, _KAFKA_KEYS, table="kafka") for k in sorted(unknown))
+        )
     bootstrap = data.get("bootstrap")
     if not isinstance(bootstrap, str) or not bootstrap:
         raise ConfigError("[kafka] bootstrap = 'HOST:PORT' is required")
@@ -324,7 +327,7 @@ def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
     """Validate a ledger.toml mapping; every problem raises ConfigError naming the key."""
     unknown = set(data) - _TOP_KEYS
     if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))}")
+        raise ConfigError("; ".join(unknown_key(k, _TOP_KEYS) for k in sorted(unknown)))
     ledger_id = data.get("ledger_id")
     if not isinstance(ledger_id, str) or not ledger_id or "/" in ledger_id:
         raise ConfigError(f"ledger_id must be a non-empty name without '/', got {ledger_id!r}")

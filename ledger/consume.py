@@ -33,7 +33,7 @@ from aiokafka.structs import TopicPartition
 from ledger.config import Arrival, KafkaConfig
 from ledger.inputs import Item
 from transport.intake import INTAKE_SOURCE, IntakeEntry, IntakeLog, store_read
-from transport.kafka import LOG_APPEND_TIME, make_consumer, topic_partition_ids
+from transport.kafka import LOG_APPEND_TIME, kafka_error_text, make_consumer, topic_partition_ids
 from transport.local import ledger_source, publisher_source
 from transport.positions import (
     PositionError,
@@ -421,9 +421,7 @@ class KafkaSource:
         except (KafkaError, OSError) as exc:
             with contextlib.suppress(Exception):
                 await client.stop()
-            raise SourceUnavailable(
-                f"Kafka at {self.config.settings.bootstrap} did not answer: {exc!r}"
-            ) from exc
+            raise SourceUnavailable(kafka_error_text(exc, self.config.settings.bootstrap)) from exc
 
     async def poll(self, max_records: int, timeout_ms: int) -> list[Item]:
         """Up to ``max_records`` inputs; waits at most ``timeout_ms`` when none are ready."""

@@ -34,6 +34,7 @@ import functools
 import itertools
 import os
 import re
+import shutil
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -416,7 +417,7 @@ def _copy_rows(
                     values,
                 )
             counts["meta"] = len(pairs)
-            con.execute("COMMIT")
+            _commit_closed(con, alias)
         except BaseException:
             con.execute("ROLLBACK")
             raise
@@ -460,19 +461,55 @@ def _write_tmp(
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         counts = _copy_rows(con, tmp, source, meta, kinds, template, compact, prepared)
-        with contextlib.suppress(FileNotFoundError):  # a checkpointed file has no WAL left
-            Path(str(tmp) + ".wal").unlink()
+        _close_side_files(tmp)
     except BaseException:
         _discard(tmp)
         raise
     return tmp, counts
 
 
+def _commit_closed(con: duckdb.DuckDBPyConnection, alias: str) -> None:
+    """COMMIT the export's one transaction and checkpoint the file: a closed file
+    (EXPORT.md), everything in the database file itself and no WAL for a reader to
+    replay (``_close_side_files`` checks that none is left)."""
+    con.execute("COMMIT")
+    con.execute(f"CHECKPOINT {alias}")
+
+
+# DuckDB's side files of a database file (as ``verifier/source.py`` lists them, EXPORT.md
+# "A closed file"): none is left beside an export.
+_SIDE_FILE_SUFFIXES: Final = (".wal", ".wal.checkpoint", ".wal.recovery", ".tmp")
+
+
+def _close_side_files(path: Path) -> None:
+    """After the checkpoint: an empty WAL is removed; a WAL still holding anything means
+    the file alone is not the export (a reader would replay it), so nothing is renamed."""
+    wal = Path(f"{path}.wal")
+    with contextlib.suppress(FileNotFoundError):
+        if wal.stat().st_size > 0:
+            raise RuntimeError(f"{wal}: the export was not checkpointed into one closed file")
+        wal.unlink()
+
+
+def _clear_side_files(out: Path) -> None:
+    """Remove any side file of ``out`` left by an earlier file of that name: DuckDB would
+    replay a stale WAL onto the new export."""
+    for suffix in _SIDE_FILE_SUFFIXES:
+        side = Path(f"{out}{suffix}")
+        if side.is_dir() and not side.is_symlink():
+            shutil.rmtree(side, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                side.unlink()
+
+
 def _finish(tmp: Path, out: Path, *, sync_dir: bool = True) -> None:
     """Sync the whole temporary export file ``tmp`` and rename it to ``out`` (only a
-    synced, whole file ever gets an export's name: kill -9 anywhere leaves a dot file)."""
+    synced, whole file ever gets an export's name: kill -9 anywhere leaves a dot file),
+    with no side file of ``out`` beside it."""
     try:
         _fsync_file(tmp)
+        _clear_side_files(out)
         os.replace(tmp, out)
         if sync_dir:
             fsync_dir(out.parent)

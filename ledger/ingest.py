@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Final, ParamSpec, TypeVar
+from typing import Final, Literal, ParamSpec, TypeVar
 
 import structlog
 
@@ -176,6 +176,7 @@ class Ingestor:
         self.store = store
         self.key = key
         self.metrics = metrics
+        self._arrival_mode: Literal["log", "sender"] | None = None
         tune_gc()
         # The commit running on another thread while the next batch folds (``commit_on``).
         self._committing: Future[None] | None = None
@@ -313,6 +314,13 @@ class Ingestor:
             self._in_flight = 0
             resume_collector(self._collector_was_enabled)
 
+    def _arrival(self) -> Literal["log", "sender"]:
+        """The store's arrival mode (SPEC §6.6), which every statement signs; read once
+        (a store never changes it: ``Store.note_arrival``)."""
+        if self._arrival_mode is None:
+            self._arrival_mode = "sender" if self.store.arrival() == "sender" else "log"
+        return self._arrival_mode
+
     def _settled(self, read: Callable[_P, _R]) -> Callable[_P, _R]:
         """``read`` of the store once the commit under way (``commit_on``), if any, is
         done: the fold of batch N+1 reads the store only as it is after batch N."""
@@ -390,7 +398,9 @@ class Ingestor:
             # record of the placement: batch boundaries differ between runs, this does not.
             terms = self._terms(placement_id)
             batch.statements.append(
-                make_statement(row.record, row.record_hash, terms, True, self.key)
+                make_statement(
+                    row.record, row.record_hash, terms, True, self.key, arrival=self._arrival()
+                )
             )
         # What changed is in the batch now: the next batch may fold before it commits.
         self.fold.clear_dirty()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from ledger.checkpoints import (
     CosignTimes,
@@ -75,7 +75,7 @@ def _issue_statement(store: Store, key: SigningKey, placement_id: str) -> bytes:
     if existing is not None:
         return existing
     terms, close_index, previous = _statement_context(store, placement_id, head)
-    row = _statement(key, head.envelope, terms, close_index, previous)
+    row = _statement(key, head.envelope, terms, close_index, previous, store.arrival())
     store.add_statement(row)
     return row.envelope
 
@@ -96,7 +96,15 @@ def current_statement(store: Store, placement_id: str) -> tuple[Statement, bytes
     record, record_hash = ledger_record_of(head.envelope)
     final = close_index is not None and close_index <= record.index
     period = statement_period(record.index, close_index)
-    unsigned = statement_of(record, record_hash, terms, final, period=period, previous=previous)
+    unsigned = statement_of(
+        record,
+        record_hash,
+        terms,
+        final,
+        period=period,
+        previous=previous,
+        arrival=_mode(store.arrival()),
+    )
     return unsigned, None
 
 
@@ -124,13 +132,29 @@ def _statement(
     terms: PlacementTerms,
     close_index: int | None,
     previous: str,
+    arrival: str,
 ) -> StatementRow:
     """The statement through the head record (``previous``: the hash of the record before
-    it when the head is past the close, SPEC §8 "Statement periods")."""
+    it when the head is past the close, SPEC §8 "Statement periods"; ``arrival``: the
+    store's arrival mode, SPEC §6.6)."""
     record, record_hash = ledger_record_of(head_envelope)
     final = close_index is not None and close_index <= record.index
     period = statement_period(record.index, close_index)
-    return make_statement(record, record_hash, terms, final, key, period=period, previous=previous)
+    return make_statement(
+        record,
+        record_hash,
+        terms,
+        final,
+        key,
+        period=period,
+        previous=previous,
+        arrival=_mode(arrival),
+    )
+
+
+def _mode(arrival: str) -> Literal["log", "sender"]:
+    """The store's arrival mode as a statement signs it (SPEC §6.6)."""
+    return "sender" if arrival == "sender" else "log"
 
 
 def issue_checkpoint(store: Store, key: SigningKey, placement_id: str) -> str:
@@ -402,6 +426,7 @@ def _statements(
     }
     rows: list[StatementRow] = []
     skipped: dict[str, str] = {}
+    arrival = store.arrival()  # SPEC §6.6: every statement signs the store's mode
     for pid in ids:
         if pid not in terms_of:
             skipped[pid] = f"placement {pid!r} has no accepted terms"
@@ -415,7 +440,7 @@ def _statements(
         if statement_period(head, close_index) > 0:
             previous = before[pid]
         try:
-            rows.append(_statement(key, envelopes[pid], terms, close_index, previous))
+            rows.append(_statement(key, envelopes[pid], terms, close_index, previous, arrival))
         except ProtoError as exc:  # SPEC §7.7: one placement's stored fault, not the run's
             skipped[pid] = f"placement {pid!r}: its head record does not decode ({exc})"
     return rows, skipped

@@ -7,7 +7,7 @@ are deterministic, so the same chain always yields byte-identical statements.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -32,10 +32,12 @@ def statement_of(
     *,
     period: int = 0,
     previous: str = ZERO_HASH,
+    arrival: Literal["log", "sender"] = "log",
 ) -> Statement:
     """The statement through ``record`` (whose payload hash is ``record_hash``), unsigned.
 
-    ``period`` and ``previous`` per SPEC §8 "Statement periods" (``statement_period``)."""
+    ``period`` and ``previous`` per SPEC §8 "Statement periods" (``statement_period``);
+    ``arrival``: the ledger's arrival mode, which the statement signs (SPEC §6.6)."""
     return Statement(
         placement_id=record.placement_id,
         through_index=record.index,
@@ -47,6 +49,7 @@ def statement_of(
         period=period,
         previous=previous,
         resale=record.resale,
+        arrival=arrival,
     )
 
 
@@ -59,9 +62,12 @@ def make_statement(
     *,
     period: int = 0,
     previous: str = ZERO_HASH,
+    arrival: Literal["log", "sender"] = "log",
 ) -> StatementRow:
     """Sign the statement through ``record`` (``statement_of``), as the store keeps it."""
-    statement = statement_of(record, record_hash, terms, final, period=period, previous=previous)
+    statement = statement_of(
+        record, record_hash, terms, final, period=period, previous=previous, arrival=arrival
+    )
     return StatementRow(
         placement_id=record.placement_id,
         through_index=record.index,

@@ -45,7 +45,7 @@ import structlog
 from meter.agent import Agent, AgentConfig, AgentConfigError
 from meter.clock import Clock, RealClock, SimClock, SkewedClock
 from meter.config import ConfigError, MeterConfig, load_meter_config
-from meter.limits import SHIP_DRAIN_TIMEOUT_S, STATS_LOG_INTERVAL_S
+from meter.limits import SHIP_DRAIN_TIMEOUT_S, SIGNAL_DRAIN_TIMEOUT_S, STATS_LOG_INTERVAL_S
 from meter.metrics import MeterMetrics
 from meter.shipper import Shipper, simulated_send_ms
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
@@ -54,7 +54,8 @@ from meter.stream import node_gpus
 from proto.errors import KeyFileError
 from proto.keys import load_signing_key
 from proto.records import PlacementTerms
-from proto.terms import TermsError, check_terms_signatures, load_terms_file, validate_terms
+from proto.terms import TermsError, load_terms_file, terms_signature_problem, validate_terms
+from proto.utc import iso_utc
 from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked
 
 __all__ = ["EX_CONFIG", "EX_OK", "EX_TEMPFAIL", "build_agent", "load_terms", "register"]
@@ -126,8 +127,7 @@ def load_terms(paths: tuple[Path, ...]) -> tuple[PlacementTerms, ...]:
         if envelope is None:
             problems.append(f"{path}: unsigned TOML terms; the agent meters signed terms only")
             continue
-        report = check_terms_signatures(envelope, terms)
-        failure = report.failure()
+        failure = terms_signature_problem(envelope, terms)
         if failure is not None:
             problems.append(f"{path}: {failure}")
             continue
@@ -191,6 +191,11 @@ def build_agent(
 # ---- the process ------------------------------------------------------------------------
 
 
+def _fail(problem: str) -> None:
+    """One ``FAIL:`` line on stderr, as every gridledger command answers bad input."""
+    print(f"FAIL: {problem}", file=sys.stderr, flush=True)
+
+
 def _run(args: argparse.Namespace) -> int:
     _configure_logging()
     try:
@@ -212,7 +217,7 @@ def _run(args: argparse.Namespace) -> int:
             )
     except (ConfigError, SimSpecError) as exc:
         for problem in getattr(exc, "problems", [str(exc)]):
-            _log.error("config_invalid", problem=problem)
+            _fail(problem if problem.startswith(str(args.config)) else f"{args.config}: {problem}")
         return EX_CONFIG
     metrics = MeterMetrics()
     sim_clock: SimClock | None = None
@@ -234,10 +239,14 @@ def _run(args: argparse.Namespace) -> int:
         SpoolLocked,
         SpoolCorrupt,
     ) as exc:
-        _log.error("agent_cannot_start", error=str(exc))
+        for problem in getattr(exc, "problems", [str(exc)]):
+            _fail(f"{args.config}: the agent cannot start: {problem}")
         return EX_CONFIG
     except Exception as exc:  # the GPU library (NVML) could not start
-        _log.error("agent_cannot_start", error=f"{type(exc).__name__}: {exc}")
+        _fail(
+            f"{args.config}: the agent cannot start: {type(exc).__name__}: {exc} "
+            '(no GPU library here? source = "simulate" runs without one)'
+        )
         return EX_CONFIG
     if config.metrics_listen is not None:
         from prometheus_client import start_http_server
@@ -274,29 +283,20 @@ async def _serve(
     metrics: MeterMetrics,
 ) -> int:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    shipper: Shipper | None = None
+    abort = asyncio.Event()
     ship_task: asyncio.Task[bool] | None = None
     ship_stop = asyncio.Event()
-    if config.transport == "kafka" and config.kafka is not None:
-        shipper = Shipper(
-            config.spool_dir,
-            config.kafka,
-            metrics=metrics,
-            collect_garbage=agent.collect_garbage,
-            now_ms=agent.now_ms,
-            # A simulation states the simulated time it sent each event (SPEC §6.6).
-            stamp=_simulated_stamp(spec) if sim_clock is not None and spec is not None else None,
-        )
+    shipper = _shipper(agent, config, spec if sim_clock is not None else None, metrics)
+    if shipper is not None:
         ship_task = asyncio.create_task(
             shipper.run(ship_stop, drain_timeout_s=SHIP_DRAIN_TIMEOUT_S)
         )
+    _on_signals(stop, abort, draining=shipper is not None)
     crash_after = spec.crash_after if spec is not None else None
     pace_s = (spec.pace_ms if spec is not None else 0) / 1000
     deadline = time.monotonic() + args.duration_s if args.duration_s is not None else None
     emitted = 0
+    over_at_start = False
     next_stats = time.monotonic() + STATS_LOG_INTERVAL_S
     code = EX_OK
 
@@ -329,6 +329,7 @@ async def _serve(
             emit()
             if due is None:
                 _log.info("all_windows_over")
+                over_at_start = emitted == 0
                 break
             wait_s = min(MAX_WAIT_S, max(0.0, (due - agent.now_ms()) / 1000))
             if deadline is not None:
@@ -345,9 +346,82 @@ async def _serve(
         code = EX_TEMPFAIL
     finally:
         ship_stop.set()
-        if ship_task is not None:
-            drained = await ship_task
-            if not drained:
-                _log.error("spool_not_drained", pending=shipper.pending() if shipper else None)
-                code = EX_TEMPFAIL
+        drained = ship_task is None or await _drained(ship_task, abort)
+        if not drained and shipper is not None:
+            _log.error(
+                "spool_not_drained",
+                pending=shipper.pending(),
+                kept="in the spool; the next start ships it",
+            )
+            code = EX_TEMPFAIL
+    if over_at_start and code == EX_OK:
+        return _over_at_start(args.config, agent)
     return code
+
+
+def _shipper(
+    agent: Agent, config: MeterConfig, simulated: SimSpec | None, metrics: MeterMetrics
+) -> Shipper | None:
+    """The shipper of a Kafka meter (None on the embedded transport)."""
+    if config.transport != "kafka" or config.kafka is None:
+        return None
+    return Shipper(
+        config.spool_dir,
+        config.kafka,
+        metrics=metrics,
+        collect_garbage=agent.collect_garbage,
+        now_ms=agent.now_ms,
+        # A simulation states the simulated time it sent each event (SPEC §6.6).
+        stamp=_simulated_stamp(simulated) if simulated is not None else None,
+    )
+
+
+def _on_signals(stop: asyncio.Event, abort: asyncio.Event, *, draining: bool) -> None:
+    """SIGTERM/SIGINT stop the agent, said in a log line: the shipper drains for at most
+    SIGNAL_DRAIN_TIMEOUT_S (then ``abort``); a second signal aborts the drain at once."""
+    loop = asyncio.get_running_loop()
+    heard: list[str] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        heard.append(signum.name)
+        if len(heard) == 1:
+            loop.call_later(SIGNAL_DRAIN_TIMEOUT_S, abort.set)
+            _log.warning(
+                "stop_requested",
+                signal=signum.name,
+                drain_s=SIGNAL_DRAIN_TIMEOUT_S if draining else 0,
+                note="a second signal stops at once; what is not shipped stays spooled",
+            )
+        else:
+            abort.set()
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+
+def _over_at_start(config_path: Path, agent: Agent) -> int:
+    """A meter started after every window of its terms: one line, exit 2."""
+    last_ms = max(t.window_end_ms for t in agent.config.terms)
+    _fail(
+        f"{config_path}: every placement window in its terms is over (the last ended "
+        f"{iso_utc(last_ms)}): nothing to meter; give it the terms of a current placement"
+    )
+    return EX_CONFIG
+
+
+async def _drained(ship_task: asyncio.Task[bool], abort: asyncio.Event) -> bool:
+    """The shipper's drain result (bounded by its own drain timeout), unless ``abort`` is
+    set first (a signal's drain bound passed, or a second signal): then the drain is
+    cancelled and the answer is False."""
+    waiter = asyncio.ensure_future(abort.wait())
+    try:
+        await asyncio.wait({ship_task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if ship_task.done():
+        return ship_task.result()
+    ship_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await ship_task
+    return False

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from meter.limits import DEFAULT_INTERVAL_MS, MAX_INTERVAL_MS, MAX_TERMS_FILES, MIN_INTERVAL_MS
+from proto.unknown_keys import unknown_key
 from transport.kafka import DEFAULT_TOPIC, KafkaSettings
 from transport.limits import (
     DEFAULT_SEGMENT_MAX_BYTES,
@@ -135,7 +136,7 @@ def _path(base: Path, value: str) -> Path:
 def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
     """Check the parsed TOML of ``path`` (see the module docstring for the keys)."""
     base = path.parent
-    problems: list[str] = [f"unknown key {k!r}" for k in sorted(set(data) - _TOP_KEYS)]
+    problems: list[str] = [unknown_key(k, _TOP_KEYS) for k in sorted(set(data) - _TOP_KEYS)]
 
     def text(key: str, default: str | None = None) -> str:
         value = data.get(key, default)
@@ -259,7 +260,7 @@ def _kafka_settings(value: Any, base: Path, problems: list[str]) -> KafkaSetting
         problems.append("transport 'kafka' needs a [kafka] table with bootstrap")
         return None
     unknown = sorted(set(value) - _KAFKA_KEYS)
-    problems.extend(f"unknown key kafka.{k}" for k in unknown)
+    problems.extend(unknown_key(k, _KAFKA_KEYS, table="kafka") for k in unknown)
     password = value.get("sasl_password")
     env_name = value.get("sasl_password_env")
     if env_name is not None:

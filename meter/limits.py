@@ -62,6 +62,10 @@ SHIP_IDLE_POLL_S: Final = 0.05
 SHIP_DRAIN_TIMEOUT_S: Final = 60.0
 """On a clean stop, the longest wait for the spool to drain into Kafka."""
 
+SIGNAL_DRAIN_TIMEOUT_S: Final = 5.0
+"""After SIGTERM/SIGINT, the longest wait for the spool to drain (a second signal stops
+at once): what is left stays in the spool, and the next start ships it."""
+
 PRODUCER_STOP_TIMEOUT_S: Final = 10.0
 """Longest wait for a producer to stop (it may be flushing to a dead broker)."""
 

@@ -53,6 +53,7 @@ from transport.kafka import (
     LOG_APPEND_TIME,
     KafkaSettings,
     OutRecord,
+    kafka_error_text,
     make_producer,
     partitioner_for,
     send_batched,
@@ -342,7 +343,7 @@ class Shipper:
                     self.metrics.events_pending.set(pending)
                     _log.warning(
                         "ship_failed",
-                        error=f"{type(exc).__name__}: {exc}",
+                        error=kafka_error_text(exc, self._settings.bootstrap),
                         pending=pending,
                         retry_in_s=backoff_s,
                     )

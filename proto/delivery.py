@@ -4,6 +4,10 @@ One JSON object per line, appended and fsync'd before the party treats an input 
 
     {"delivered_at_ms": T, "input_hash": H, "kind": K, "node_id": N, "placement_id": P, "seq": S}
 
+A party's own known inputs (SPEC §8.3: the buyer's terms, reclaims, adjustments) use the
+same lines, written when it keeps each input (``received_input``; ``gridledger witness
+keep``), with ``node_id`` "" and ``seq`` -1 for an input other than a usage event.
+
 A meter agent writes a line per usage event once the transport has it (Kafka acknowledged
 it, or, on the embedded transport, it is in the spool); the file is never
 garbage-collected with the spool. The operator's witness reads these lines to check that
@@ -17,25 +21,33 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 
 from proto.durable_io import append_durably
 from proto.envelope import open_envelope, sha256_hex
+from proto.limits import MAX_ID_CHARS
 from proto.records import Identifier, UsageEvent
 
 DELIVERY_LOG_FILE: Final = "DELIVERED.jsonl"
 MAX_DELIVERY_LINE_BYTES: Final = 1024
 
 
+# A usage event's node, or "" for the other inputs (terms, reclaims, adjustments, ...).
+NodeOrNone = Annotated[
+    str, msgspec.Meta(pattern=r"^([A-Za-z0-9][A-Za-z0-9._:-]*)?$(?!\n)", max_length=MAX_ID_CHARS)
+]
+
+
 class Delivered(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One input a party delivered to the transport."""
+    """One input a party delivered to the transport (or received, for a party's own
+    known inputs: ``received_input``)."""
 
     delivered_at_ms: int
     input_hash: str
     kind: str
-    node_id: Identifier
+    node_id: NodeOrNone
     placement_id: Identifier
     seq: int
 
@@ -61,6 +73,26 @@ def delivered_usage(envelope: bytes, delivered_at_ms: int) -> Delivered:
         node_id=record.node_id,
         placement_id=record.placement_id,
         seq=record.seq,
+    )
+
+
+def received_input(envelope: bytes, received_at_ms: int) -> Delivered:
+    """The line of any signed input a party received or sent (its known inputs, SPEC §8.3):
+    a usage event as ``delivered_usage``; another kind with node_id "" and seq -1."""
+    opened = open_envelope(envelope)
+    record = opened.record
+    if isinstance(record, UsageEvent):
+        return delivered_usage(envelope, received_at_ms)
+    placement_id = getattr(record, "placement_id", None)
+    if not isinstance(placement_id, str):
+        raise DeliveryLogError(f"a {opened.kind} belongs to no placement")
+    return Delivered(
+        delivered_at_ms=received_at_ms,
+        input_hash=sha256_hex(envelope),
+        kind=opened.kind,
+        node_id="",
+        placement_id=placement_id,
+        seq=-1,
     )
 
 

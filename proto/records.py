@@ -163,6 +163,9 @@ class PlacementTerms(
     # SPEC §6.9: usage is folded only when signed by a key with accepted hardware evidence
     # naming the sampled GPUs (NOT_ATTESTED); omitted when false.
     attestation_required: bool = False
+    # SPEC §11.2: the tax rate the parties agree on what the terms bill (shown on
+    # invoices as its own line; it changes no figure of §7). Omitted at 0 (none).
+    tax_bps: Bps = 0
 
 
 # ---- records from the operator, the nodes and the desk --------------------------
@@ -398,7 +401,8 @@ class Statement(
 
     ``period`` (SPEC §8, "Statement periods"): 0 through the close; each record after the
     close opens the next period. ``previous``: ZERO_HASH in period 0, else the record hash
-    of the last record of the period before (``through_index - 1``).
+    of the last record of the period before (``through_index - 1``). ``arrival``: the
+    ledger's arrival mode (SPEC §6.6), signed here so no one relabels it.
     """
 
     placement_id: Identifier
@@ -412,6 +416,9 @@ class Statement(
     previous: Hash = ZERO_HASH
     # SPEC §7.10: the resale list of the record through_index (omitted when empty).
     resale: Annotated[list[ResaleTotals], Meta(max_length=limits.MAX_ASSIGNMENTS)] = []
+    # SPEC §6.6, §8: where the arrival times of the records come from, signed: "log"
+    # (omitted: production) or "sender" (a simulation on a simulated clock).
+    arrival: Literal["log", "sender"] = "log"
 
 
 class Checkpoint(

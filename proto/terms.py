@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import difflib
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ from proto.envelope import (
 from proto.errors import ProtoError
 from proto.keys import key_id, load_public_key
 from proto.records import ZERO_HASH, PlacementTerms
+from proto.unknown_keys import unknown_key
 
 # ISO 4217 minor units of the currencies the ledger knows. A terms' currency_scale must be
 # at least the ISO minor units (no rounding of real money) and at most 9.
@@ -69,6 +69,20 @@ class TermsError(Exception):
 def total_share_milli(terms: PlacementTerms) -> int:
     """S: the sum of the shares of the placement's GPUs, in thousandths of a GPU."""
     return sum(g.share_milli for g in terms.gpus)
+
+
+# SPEC §5 (3): the prefixes NVML writes a device's uuid with (upper case in the one spelling).
+_UUID_PREFIXES = ("gpu-", "mig-")
+
+
+def canonical_uuid(uuid: str) -> str:
+    """SPEC §5 (3): the one spelling of a GPU uuid: lower case, but for a leading ``GPU-`` or
+    ``MIG-`` in upper case (as NVML writes ``GPU-8f2a...``). Two uuids name one device when
+    their canonical spellings are equal; terms carry the canonical spelling only."""
+    lowered = uuid.lower()
+    if lowered.startswith(_UUID_PREFIXES):
+        return lowered[:4].upper() + lowered[4:]
+    return lowered
 
 
 def gross_ceiling_minor(terms: PlacementTerms) -> int:
@@ -127,8 +141,14 @@ def validate_terms(terms: PlacementTerms) -> list[str]:
     if len(set(node_ids)) != len(node_ids):
         problems.append("a node_id is listed twice in nodes")
     uuids = [g.uuid for g in terms.gpus]
-    if len(set(uuids)) != len(uuids):
+    if len({canonical_uuid(u) for u in uuids}) != len(uuids):
         problems.append("a GPU uuid is listed twice in gpus")
+    for uuid in uuids:
+        if uuid != canonical_uuid(uuid):
+            problems.append(
+                f"GPU uuid {uuid!r} is not in its canonical spelling {canonical_uuid(uuid)!r} "
+                "(SPEC §5 (3): one spelling per device)"
+            )
     known_nodes = set(node_ids)
     for gpu in terms.gpus:
         if gpu.node_id not in known_nodes:
@@ -245,6 +265,30 @@ def role_of_key(terms: PlacementTerms, keyid: str) -> str | None:
 def check_terms_signatures(envelope: Envelope, terms: PlacementTerms) -> SignatureReport:
     """Who of operator, buyer and desk has signed, who is missing, what is wrong."""
     return check_signatures(envelope, party_keys(terms))
+
+
+def terms_signature_problem(envelope: Envelope, terms: PlacementTerms) -> str | None:
+    """What is wrong with the terms' signatures, naming each party by role and id (its key
+    id in brackets), or None when all three signed validly: the words a person acts on."""
+    report = check_terms_signatures(envelope, terms)
+
+    def who(keyid: str) -> str:
+        role = role_of_key(terms, keyid)
+        if role is None:
+            return f"key {keyid}, who is not a party to these terms"
+        return f"the {role} ({getattr(terms, role).id}, key {keyid})"
+
+    if report.invalid:
+        return f"bad signature by {who(report.invalid[0])}"
+    if report.unexpected:
+        return f"signed by {who(report.unexpected[0])}"
+    if report.missing:
+        missing = " and ".join(who(k) for k in report.missing)
+        return (
+            f"signed by {len(report.valid)} of 3 parties; missing {missing} "
+            "(each signs with: gridledger terms sign FILE --key THEIR.key)"
+        )
+    return None
 
 
 # ---- TOML ----------------------------------------------------------------------------
@@ -387,9 +431,8 @@ def _schema_problems(
     problems: list[tuple[Where, str]] = []
     for key in obj:
         if key not in names:
-            hint = difflib.get_close_matches(str(key), names, n=1)
-            also = f" (did you mean {hint[0]}?)" if hint else ""
-            problems.append(((*where, str(key)), f"unknown key {_dotted((*where, key))}{also}"))
+            table = _dotted(where)
+            problems.append(((*where, str(key)), unknown_key(str(key), names, table=table)))
     for f in fields:
         here: Where = (*where, f.encode_name)
         name = _dotted(here)
@@ -590,6 +633,7 @@ __all__ = [
     "residency_problems",
     "role_of_key",
     "terms_from_mapping",
+    "terms_signature_problem",
     "total_share_milli",
     "validate_terms",
     "workload_problems",

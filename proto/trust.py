@@ -52,6 +52,9 @@ class TrustFile(Struct, frozen=True, forbid_unknown_fields=True):
     # Witness policy (SPEC §9): "operator" | "buyer" | "desk" (that party of the placement)
     # or the id of a key pinned with role "witness". None: DEFAULT_COSIGNERS.
     cosigners: Annotated[list[Identifier], Meta(max_length=64)] | None = None
+    # SPEC §6.6, §9: whether a verdict may be FINAL for a simulation (arrival times stated
+    # by the senders, ``arrival = "sender"``). False (omitted): never; production.
+    simulations: bool = False
     # SPEC §9: how often the policy's witnesses cosign, in seconds; when set, FINAL needs
     # every record's time witnessed within it (§6.6: the backdating bound). None: not checked.
     witness_interval_s: Annotated[int, Meta(ge=1, le=MAX_WITNESS_INTERVAL_S)] | None = None
@@ -145,10 +148,13 @@ def key_problem(trust: TrustFile) -> str | None:
 
 
 def dump_trust(trust: TrustFile) -> bytes:
-    """Trust file bytes (pretty enough to read and edit); no ``cosigners`` when unset."""
+    """Trust file bytes (pretty enough to read and edit); no ``cosigners`` when unset, no
+    ``simulations`` when false."""
     data = msgspec.to_builtins(trust)
     if trust.cosigners is None:
         data.pop("cosigners", None)
+    if not trust.simulations:
+        data.pop("simulations", None)
     if trust.witness_interval_s is None:
         data.pop("witness_interval_s", None)
     for key in data["keys"]:

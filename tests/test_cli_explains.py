@@ -100,6 +100,11 @@ def test_trust_init_from_pub_files_checked_against_the_terms(demo_files: Path) -
         ("ledger", "gridledger-ledger-1"),
     }
     assert trust.cosigner_policy() == ("operator", "buyer")
+    assert not trust.simulations  # production: a simulation is never FINAL under it
+    assert b"simulations" not in (demo_files / "trust.json").read_bytes()
+    sim = _gridledger("trust", "init", *args, "--simulations", "--out", "sim.json", cwd=demo_files)
+    assert sim.returncode == 0 and "admits simulations" in sim.stdout, sim.stderr
+    assert load_trust(demo_files / "sim.json").simulations
     # Not replaced without --force.
     again = _gridledger("trust", "init", *args, cwd=demo_files)
     assert again.returncode == 1 and "exists" in again.stderr
@@ -160,7 +165,7 @@ def test_check_finds_what_disagrees_between_configs(tmp_path: Path) -> None:
     files = [str(p) for p in sorted(stack.glob("*.toml"))] + [str(stack / "trust.json")]
     ok = _gridledger("check", *files, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
-    assert "OK: 2 meter, 1 ledger, 1 terms, 1 trust file(s) agree" in ok.stdout
+    assert "OK: 2 meter, 1 ledger, terms of 1 placement, 1 trust file(s) agree" in ok.stdout
     # A ledger started with another key, a meter with a typo in its spool path.
     write_key_pair(SigningKey.generate("other-ledger"), stack / "keys")
     ledger = tomllib.loads((stack / "ledger.toml").read_text())
@@ -196,3 +201,20 @@ def test_times_below_the_plausible_bound_read_as_seconds(demo_files: Path) -> No
         except TermsError as exc:
             problems = exc.problems
         assert any("looks like seconds" in p for p in problems) is refused, problems
+
+
+def test_terms_naming_a_gpu_in_another_spelling_are_refused_before_signing(
+    demo_files: Path,
+) -> None:
+    """SPEC §5 (3): one spelling per device; the terms file is refused in one line that
+    names the uuid and its canonical spelling, and nothing is signed."""
+    text = (demo_files / "terms.toml").read_text()
+    assert 'uuid = "GPU-node-a-1"' in text
+    (demo_files / "shout.toml").write_text(text.replace('"GPU-node-a-1"', '"GPU-NODE-A-1"'))
+    done = _gridledger(
+        "terms", "sign", "shout.toml", "--key", "keys/inferco-batch.key", cwd=demo_files
+    )
+    assert done.returncode == 1, done.stderr
+    assert "'GPU-NODE-A-1'" in done.stderr and "'GPU-node-a-1'" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not list(demo_files.glob("shout*.signed*"))

@@ -586,9 +586,15 @@ def test_the_desk_card_shows_its_total_across_both_obligations(
     assert 'data-party="desk"' in page
     (line,) = [ln for ln in doc.lines if ln.key == "desk_total"]
     assert _card(page, "desk_total") == line.amount_minor == doc.desk_total_minor == 15
-    # Every page shows the desk the same total; without a resale the card is unchanged.
-    for party in render.parties_of(doc):
+    # The three parties' pages show the desk the same total; the new buyer's page shows
+    # its own obligation only (the resale it pays the desk), nobody else's figures.
+    for party in render.PARTY_ROLES:
         assert _card(render.to_html(doc, party), "desk_total") == 15
+    new_buyer = render.to_html(doc, "finetune-labs")
+    assert _card(new_buyer, "resale:resale-0001") == 161
+    for other in ("desk_total", "buyer_owes_minor", "buyer_net", "operator_receives_minor"):
+        assert f'data-total="{other}"' not in new_buyer, other
+    # Without a resale the card is unchanged.
     no_resale = msgspec.structs.replace(
         doc, resale=[], original_buyer_net_minor=None, desk_total_minor=None
     )

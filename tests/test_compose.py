@@ -131,7 +131,7 @@ def test_app_services_run_the_stable_commands(compose: dict[str, Any], tmp_path:
     services = _services(compose)
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.M)
-    assert re.search(r"pip install \.", dockerfile)
+    assert re.search(r"pip install --constraint constraints\.txt \.", dockerfile)
     assert 'ENTRYPOINT ["gridledger"]' in dockerfile
     setup = services["setup"]
     assert setup["command"][0] == "example-setup" and "--publish" in setup["command"]

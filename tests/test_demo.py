@@ -232,7 +232,7 @@ def test_demo_cli_exit_code_and_rerun(tmp_path: Path) -> None:
     other = tmp_path / "not-a-demo"
     other.mkdir()
     (other / "precious.txt").write_text("keep me")
-    assert main(["demo", "--workdir", str(other)]) == 1
+    assert main(["demo", "--workdir", str(other)]) == 2  # a workdir it does not own is bad input
     assert (other / "precious.txt").read_text() == "keep me"
 
 

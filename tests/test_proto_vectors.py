@@ -314,6 +314,14 @@ def test_resale_vectors_are_reproduced_by_the_fold() -> None:
     assert terms is not None
     statement = make_statement(last.record, last.record_hash, terms, True, cast.ledger)
     assert base64.b64encode(statement.envelope).decode() == data["final_statement_b64"]
+    # SPEC §6.6, §8: the arrival mode signed; "log" (the default) is omitted from the bytes.
+    sender = make_statement(
+        last.record, last.record_hash, terms, True, cast.ledger, arrival="sender"
+    )
+    assert base64.b64encode(sender.envelope).decode() == data["final_statement_sender_b64"]
+    sender_payload = open_envelope(sender.envelope).envelope.payload
+    assert b'"arrival":"sender"' in sender_payload
+    assert b'"arrival"' not in open_envelope(statement.envelope).envelope.payload
     parties = data["parties_minor"]
     # The worked figures of the vector file, by hand (SPEC §7.10).
     assert parties == {
@@ -461,11 +469,12 @@ def test_resale_keys_are_reproduced_by_the_fold() -> None:
 
 def test_capacity_is_reproduced_by_the_fold() -> None:
     """SPEC §6.5: terms and amendments alike are refused when they oversell; an
-    amendment's claims replace its terms'; a reclaim at the window's start claims nothing."""
+    amendment's claims replace its terms'; a reclaim at the window's start claims nothing;
+    §5 (3): a GPU uuid not in its canonical spelling is TERMS_INVALID."""
     data = load("capacity.json")
     fold = Fold(vectorgen._cast().ledger)
     reasons = _replay_timed(fold, "capacity", data["steps"])
-    assert reasons == [None, None, "OVERSOLD", None, None, None, None, "OVERSOLD"]
+    assert reasons == [None, None, "OVERSOLD", None, None, None, None, "OVERSOLD", "TERMS_INVALID"]
     claims = [
         {"uuid": uuid, "placement_id": pid, "start_ms": lo, "end_ms": hi, "share_milli": share}
         for _, uuid, pid, lo, hi, share in fold.capacity_rows()
@@ -512,6 +521,38 @@ def test_attestation_expiry_is_reproduced_by_the_fold() -> None:
         and state.totals.delivered_mgms
         == (data["expiry_ms"] - data["steps"][0]["arrived_ms"] + 10 * 60_000) * 1000
     )
+
+
+def test_finance_vectors_are_reproduced_by_the_invoice_builder() -> None:
+    """SPEC §11.3 largest remainder, §11.2 numbers, §12 profiles (tests/vectorgen.py
+    computes them from the text, apart from billview/invoice.py)."""
+    import base64
+
+    from billview.invoice import document_number, split
+    from proto.profile import ProfileError, open_profile
+    from proto.trust import TRUST_FORMAT, TrustedKey, TrustFile
+
+    v = load("finance.json")
+    for case in v["splits"]:
+        weights = [(k, w) for k, w in case["weights"]]
+        assert split(case["amount_minor"], weights) == case["parts"]
+    for case in v["numbers"]:
+        number = document_number(
+            case["kind"], case["month"], case["payer"], case["payee"], case["heads"]
+        )
+        assert number == case["number"]
+    p = v["profile"]
+    key = base64.b64decode(p["party_public_key"])
+    trust = TrustFile(
+        format=TRUST_FORMAT, keys=[TrustedKey(id="operator-1", role="operator", key=key)]
+    )
+    profile = open_profile(p["file_utf8"].encode(), trust, "vector")
+    assert profile.legal_name == "Acme GPU Cloud Ltd" and profile.net_days == 30
+    other = TrustFile(
+        format=TRUST_FORMAT, keys=[TrustedKey(id="operator-1", role="witness", key=key)]
+    )
+    with pytest.raises(ProfileError, match="no key pinned"):
+        open_profile(p["file_utf8"].encode(), other, "vector")
 
 
 def test_arrival_bounds_are_what_the_verifier_and_the_witness_enforce() -> None:

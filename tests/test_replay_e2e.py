@@ -165,11 +165,16 @@ def test_cli_json_report(tmp_path: Path, capsys: object) -> None:
     out = captured.out
     data = json.loads(out)
     assert code == 0, out[-2000:]
-    # Progress goes to stderr, never into the JSON: what the run will do, then "done".
+    # Progress goes to stderr, never into the JSON: what the run will do, the metering,
+    # then the exports and their verification, "done" only when those are.
     lines = captured.err.strip().splitlines()
     assert lines[0].startswith("replay: 12 placements on ")
     assert f"{_expected_events(7200, 12):,} events over" in lines[0]
-    assert lines[-1].endswith("done") and f"{data['events_generated']:,} of" in lines[-1]
+    metered = [line for line in lines if "metered (exports and their verification follow)" in line]
+    assert len(metered) == 1 and f"{data['events_generated']:,} of" in metered[0]
+    assert lines[-1].startswith("replay: export and verify · 12 of 12 placements")
+    assert lines[-1].endswith("done")
+    assert not any(line.endswith("done") for line in lines[:-1]), lines
     assert data["format"] == "gridledger-replay-report/v1"
     assert data["delivered_equals_trace"] is True
     assert data["delivered_mgms"] == data["trace"]["weighted_mgms"] > 0

@@ -15,7 +15,6 @@ verifier with the evidence named — and the honest run of each cosigned with no
 from __future__ import annotations
 
 import base64
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,7 +59,7 @@ from proto.trust import TrustedKey, TrustFile, dump_trust
 from transport.local import publish_local, publisher_source
 from verifier.verify import verify_export
 from witness.check import Cosigned, Refused, witness
-from witness.known import Known
+from witness.known import Known, keep
 from witness.runner import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, witness_once
 from witness.state import STATE_FORMAT, WitnessState
 
@@ -484,8 +483,7 @@ def _resold(tmp: Path) -> Resold:
         d = tmp / f"{role}-known"
         d.mkdir()
         for name, raw, ms in files:
-            (d / name).write_bytes(raw)
-            os.utime(d / name, ns=(ms * 1_000_000, ms * 1_000_000))
+            keep(d, raw, ms, name=name)  # the time in the party's own receipt log
         dirs[role] = d
     return Resold(cast, buyer2, terms, store, service, tmp, dirs)
 

@@ -265,6 +265,8 @@ class ExportBuilder:
     trust_the_flag: bool = False  # price like a ledger that ignores §7.1.1
     # EXPORT.md format_version: "2" records unsigned (SPEC §8); "1" each signed by the ledger.
     format_version: str = "2"
+    # SPEC §6.6: the arrival mode the statements sign ("sender": a simulation).
+    arrival: str = "log"
 
     def add(
         self, raw: bytes, status: str = "accepted", reason: str = "", arrived_ms: int | None = None
@@ -404,6 +406,7 @@ class ExportBuilder:
             "totals": record.totals,
             "period": period,
             "previous": ZERO_HASH if before is None else sha256_hex(signed_bytes(before)),
+            "arrival": self.arrival,
         }
         fields.update(changes)
         return seal(Statement(**fields), [key or self.cast.ledger])

@@ -8,7 +8,6 @@ the node, the seq and the input hash.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from proto.keys import SigningKey, write_key_pair
 from proto.trust import dump_trust
 from transport.kafka import SIMULATION_TOPIC_CONFIG, KafkaSettings, create_topic, publish_kafka
 from transport.local import publish_local
+from witness.known import keep
 from witness.runner import EXIT_OK, EXIT_REFUSED, WitnessResult, witness_once
 
 pytestmark = pytest.mark.kafka
@@ -73,8 +73,7 @@ def test_witnesses_cosign_an_honest_run_and_catch_a_dropped_event(
     terms_file.write_bytes(terms_raw)
     buyer_known = tmp_path / "buyer-known"
     buyer_known.mkdir()
-    (buyer_known / "terms.signed.json").write_bytes(terms_raw)
-    os.utime(buyer_known / "terms.signed.json", ns=(T0 * 1_000_000, T0 * 1_000_000))
+    keep(buyer_known, terms_raw, T0, name="terms.signed.json")
     settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=topic)
     clock = SimClock(T0)
     store = Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key)
@@ -151,7 +150,7 @@ def test_witnesses_cosign_an_honest_run_and_catch_a_dropped_event(
     )
     store.close()
     trust = tmp_path / "trust.json"
-    trust.write_bytes(dump_trust(cast.trust()))
+    trust.write_bytes(dump_trust(cast.trust(simulations=True)))  # arrival = "sender"
     assert gridledger_main(["verify", str(export), "--trust", str(trust)]) == 0
 
     # A dishonest ledger (its key only) folds everything but n2's seq 7 and closes.

@@ -1523,6 +1523,10 @@ def resale_vectors() -> Any:
         "head": head[1],
         "totals": msgspec.structs.asdict(totals),
         "final_statement_b64": _b64(statement.envelope),
+        # SPEC §6.6, §8: the same statement by a simulation's ledger signs its mode.
+        "final_statement_sender_b64": _b64(
+            make_statement(last[0], last[1], terms, True, cast.ledger, arrival="sender").envelope
+        ),
         "parties_minor": {
             "operator_receives": totals.operator_receives_minor,
             "original_buyer_net": totals.buyer_owes_minor - sold_net,
@@ -1983,6 +1987,10 @@ def capacity_vectors() -> Any:
         other = terms(amended.placement_id, node, amended.window_start_ms, amended.window_end_ms)
         return b.amendment(amended, gpus=other.gpus, nodes=other.nodes)
 
+    def shouted(t: PlacementTerms) -> PlacementTerms:  # its GPU uuid in upper case
+        gpus = [msgspec.structs.replace(g, uuid=g.uuid.upper()) for g in t.gpus]
+        return msgspec.structs.replace(t, gpus=gpus)
+
     a, bb = terms("pl-cap-a", "node-a", WS, WS + HOUR), terms("pl-cap-b", "node-b", WS, WS + HOUR)
     onto_b = moved(a, "node-b")
     onto_c = moved(a, "node-c")
@@ -2018,6 +2026,11 @@ def capacity_vectors() -> Any:
             ),
             notice_at,
         ),
+        (
+            "F buys node-d's GPU spelled GPU-NODE-D-0: TERMS_INVALID (§5 (3) canonical uuid)",
+            b.signed_terms(cast, shouted(terms("pl-cap-f", "node-d", WS, WS + HOUR))),
+            notice_at,
+        ),
     ]
     fold = Fold(cast.ledger)
     steps = _timed_steps(fold, "capacity", steps_in)
@@ -2028,6 +2041,75 @@ def capacity_vectors() -> Any:
             {"uuid": uuid, "placement_id": pid, "start_ms": lo, "end_ms": hi, "share_milli": share}
             for _, uuid, pid, lo, hi, share in fold.capacity_rows()
         ],
+    }
+
+
+def _largest_remainder(amount: int, weights: list[tuple[str, int]]) -> dict[str, int]:
+    """SPEC §11.3, written here from the text (apart from ``billview/invoice.py``)."""
+    total = sum(w for _, w in weights)
+    if amount == 0:
+        return {k: 0 for k, _ in weights}
+    if total == 0:
+        first = min(k for k, _ in weights)
+        return {k: amount if k == first else 0 for k, _ in weights}
+    sign, size = (-1 if amount < 0 else 1), abs(amount)
+    parts = {k: size * w // total for k, w in weights}
+    ranked = sorted(weights, key=lambda kw: (-(size * kw[1] % total), kw[0]))
+    for k, _ in ranked[: size - sum(parts.values())]:
+        parts[k] += 1
+    return {k: sign * v for k, v in parts.items()}
+
+
+def finance_vectors() -> Any:
+    """SPEC §11 (largest remainder, document numbers) and §12 (a signed profile)."""
+    import hashlib
+
+    from proto.profile import PartyProfile, profile_bytes, sign_profile
+
+    splits = [
+        (375, [("GPU-a", 3_600_000_000), ("GPU-b", 1_800_000_000)]),
+        (100, [("GPU-x", 1), ("GPU-y", 1), ("GPU-z", 1)]),
+        (458, [("GPU-n0-0", 3_000_000_000), ("GPU-n0-1", 1_200_000_000),
+               ("GPU-n1-0", 2_400_000_000)]),
+        (-7, [("GPU-p", 2), ("GPU-q", 1)]),
+        (5, [("GPU-b", 0), ("GPU-a", 0)]),
+    ]  # fmt: skip
+    numbers = []
+    for kind, prefix, month, heads in (
+        ("invoice", "INV", "2026-01", ["pl-b:0:" + "b" * 64, "pl-a:0:" + "a" * 64]),
+        ("credit_note", "CN", "2026-02", ["pl-a:1:" + "c" * 64]),
+    ):
+        text = "\n".join(["gridledger-invoice/v1", kind, month, "buyer-1", "operator-1",
+                          *sorted(heads)])  # fmt: skip
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12].upper()
+        number = f"{prefix}-{month.replace('-', '')}-{digest}"
+        numbers.append({"kind": kind, "month": month, "payer": "buyer-1", "payee": "operator-1",
+                        "heads": heads, "number": number})  # fmt: skip
+    cast = _cast()
+    profile = PartyProfile(
+        party_id=cast.operator.name,
+        legal_name="Acme GPU Cloud Ltd",
+        address=["1 Dock Road", "Dublin", "Ireland"],
+        tax_id="IE1234567T",
+        net_days=30,
+        remit_to="IBAN IE29 AIBK 9311 5212 3456 78",
+        issued_at_ms=WS,
+    )
+    return {
+        "splits": [
+            {
+                "amount_minor": a,
+                "weights": [list(w) for w in ws],
+                "parts": _largest_remainder(a, ws),
+            }
+            for a, ws in splits
+        ],
+        "numbers": numbers,
+        "profile": {
+            "party_public_key": _b64(cast.operator.public_key),
+            "signed_bytes": _b64(profile_bytes(profile)),
+            "file_utf8": sign_profile(profile, cast.operator).decode(),
+        },
     }
 
 
@@ -2110,6 +2192,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "shortens.json": shortens_vectors,
     "rejection_advances.json": rejection_advances_vectors,
     "bounds.json": bounds_vectors,
+    "finance.json": finance_vectors,
 }
 
 

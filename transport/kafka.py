@@ -35,9 +35,11 @@ __all__ = [
     "KafkaSettings",
     "OutRecord",
     "TopicError",
+    "TopicMissing",
     "client_kwargs",
     "create_topic",
     "create_topic_async",
+    "kafka_error_text",
     "make_consumer",
     "make_producer",
     "partitioner_for",
@@ -178,11 +180,38 @@ PRODUCER_BATCH_BYTES: Final = 256 * 1024
 LOG_APPEND_TIME: Final = 1
 
 
+def kafka_error_text(exc: BaseException, bootstrap: str) -> str:
+    """A Kafka client's failure in a person's words: no Python reprs, no class name said
+    twice (a KafkaError's str() starts with its class name, and is often nothing more)."""
+    name = type(exc).__name__
+    message = str(exc)
+    if message.startswith(f"{name}:"):
+        message = message[len(name) + 1 :].strip()
+    if "Unable to bootstrap" in message or isinstance(exc, ConnectionRefusedError):
+        return (
+            f"no Kafka broker answered at {bootstrap} (not running, another address, or its "
+            "TLS/SASL settings refused the connection; --log-level debug shows each attempt)"
+        )
+    if isinstance(exc, TimeoutError):
+        return f"Kafka at {bootstrap} did not answer in time"
+    return f"{name}: {message}" if message else name
+
+
+class TopicMissing(Exception):
+    """The broker has no such topic (nothing was sent); ``topic`` names it."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} does not exist")
+        self.topic = topic
+
+
 async def topic_partition_ids(client_owner: Any, topic: str) -> list[int] | None:
     """The sorted partition ids of ``topic`` (None: no such topic) from the cluster metadata
-    of a started consumer or admin client. ``consumer.topics()`` discards the partition
+    of a started consumer, admin client or producer. ``consumer.topics()`` discards the partition
     lists; the cluster metadata it reads keeps them."""
-    cluster = await client_owner._client.fetch_all_metadata()
+    # A consumer or admin client holds it as _client, a producer as client.
+    client = getattr(client_owner, "_client", None) or client_owner.client
+    cluster = await client.fetch_all_metadata()
     if topic not in cluster.topics():
         return None
     return sorted(cluster.partitions_for_topic(topic) or ())
@@ -269,6 +298,9 @@ async def publish_kafka(
     try:
         async with asyncio.timeout(timeout_s):
             await own.start()
+            # A producer waits for a missing topic's metadata until its timeout; say so now.
+            if await topic_partition_ids(own, settings.topic) is None:
+                raise TopicMissing(settings.topic)
             await _send_all(own, settings.topic, items, stamps)
     finally:
         async with asyncio.timeout(timeout_s):

@@ -34,6 +34,7 @@ from proto.records import BuyerRelease, LedgerRecord, PlacementTerms, ReclaimNot
 from verifier import limits
 from verifier.source import ALIAS, ExportSource, blob
 from verifier.state import FAILED, UNUSABLE, ExportReport
+from verifier.terms_rules import spelled
 
 # One whole GPU, in share-milli (SPEC §4.1: share_milli 1..1000).
 WHOLE_GPU: Final = 1000
@@ -204,11 +205,12 @@ def find_oversold(claims: Iterable[Claim]) -> list[Oversold]:
     """Every maximal stretch, per GPU, whose active shares add up to more than one GPU.
 
     Stretches with the same set of active placements that touch are merged; the result
-    is sorted by GPU and start time.
+    is sorted by GPU (its canonical spelling, SPEC §5 (3)) and start time.
     """
     by_gpu: dict[str, list[Claim]] = defaultdict(list)
     for claim in claims:
-        by_gpu[claim.uuid].append(claim)
+        # SPEC §5 (3): one device whatever the letter case its uuid is spelled in.
+        by_gpu[spelled(claim.uuid)].append(claim)
     found: list[Oversold] = []
     for uuid in sorted(by_gpu):
         gpu_claims = by_gpu[uuid]

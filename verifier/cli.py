@@ -2,11 +2,14 @@
 
 Three shapes of one command:
 
-    verify FILE.duckdb... | DIR --trust TRUST.json [--checkpoint NOTE] [--json] [--html OUT]
+    verify FILE.duckdb... | DIR --trust TRUST.json [--checkpoint NOTE] [--witness-state DIR]
+           [--json] [--html OUT]
         Verify each export (every *.duckdb of DIR); with several, also print one
         reconciliation table per party role, per currency, counting each placement once
         (copies and older views set aside; two views that disagree are equivocation).
         ``--checkpoint NOTE``: a checkpoint you kept — the export must extend it.
+        ``--witness-state DIR``: your witness's state directory — each export must extend
+        the last checkpoint your witness cosigned of its placement (SPEC §9).
         Exit 0 every export FINAL (closed, final statement, witnessed as the trust file
         requires), 3 verified but PROVISIONAL (open, unwitnessed, cut short), 1 some
         export does not check out or the exports disagree, 2 some input unusable.
@@ -56,10 +59,11 @@ from verifier.consistency import (
     make_consistency_bundle,
     read_consistency_files,
 )
-from verifier.copies import CopyFindings, check_kept, compare_copies, kept_placement, read_copy
+from verifier.copies import CopyFindings, compare_copies, kept_placement, read_copy
 from verifier.errors import UnusableInput
 from verifier.findings import Findings
 from verifier.inclusion import make_inclusion_bundle, read_bundle_files, verify_inclusion_bundle
+from verifier.kept import judge_kept, kept_for
 from verifier.progress import Progress
 from verifier.reconcile import reconcile, render
 from verifier.report import (
@@ -107,6 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint",
         type=Path,
         help="a checkpoint note you kept: the export must extend it (inclusion: the note)",
+    )
+    parser.add_argument(
+        "--witness-state",
+        type=Path,
+        metavar="DIR",
+        help="your witness's state directory: each export must extend the last checkpoint "
+        "it cosigned of that placement",
     )
     parser.add_argument("--index", type=int, help="prove: the record index")
     parser.add_argument("--size", type=int, help="prove: the checkpoint size to prove against")
@@ -189,6 +200,8 @@ def _verify(args: argparse.Namespace) -> int:
         trust = _load_trust(args)
         paths = export_paths(args.paths)
         kept = _read_kept(args.checkpoint) if args.checkpoint is not None else None
+        if args.witness_state is not None and not args.witness_state.is_dir():
+            raise UnusableInput(str(args.witness_state), "--witness-state is not a directory")
         if args.html is not None:
             _html_dir(args.html)
     except UnusableInput as exc:
@@ -219,7 +232,10 @@ def _verify(args: argparse.Namespace) -> int:
                         bill=args.html is not None,
                     )
                 )
-    across = _across_exports(reports, trust, kept)
+    try:
+        across = _across_exports(reports, trust, kept, args.witness_state)
+    except UnusableInput as exc:  # a witness state that is not one
+        return _fail(str(exc))
     standing = [r for r in reports if r.path not in across.set_aside]
     code = exit_code(reports, run_failed=across.failed)
     written = _write_bills(standing, args.html) if args.html is not None else []
@@ -321,10 +337,17 @@ class _Across:
         }
 
 
-def _across_exports(reports: list[ExportReport], trust: TrustFile, kept: str | None) -> _Across:
-    """SPEC §9 "Many exports" and "A kept checkpoint"."""
+def _across_exports(
+    reports: list[ExportReport],
+    trust: TrustFile,
+    kept: str | None,
+    witness_state: Path | None = None,
+) -> _Across:
+    """SPEC §9 "Many exports" and "A kept checkpoint" (a kept note, a witness's state)."""
     out = _Across()
     verified = [r for r in reports if r.ok]
+    _judge_kept(out, verified, trust, kept, witness_state)
+    verified = [r for r in verified if r.ok]  # an export a kept checkpoint fails is out
     counts = Counter(r.placement_id for r in verified)
     several = [r for r in verified if counts[r.placement_id] > 1]
     if several:
@@ -344,27 +367,34 @@ def _across_exports(reports: list[ExportReport], trust: TrustFile, kept: str | N
             )
             out.lines += _indent_note("checkpoint A", fork["checkpoint_a"])
             out.lines += _indent_note("checkpoint B", fork["checkpoint_b"])
-    if kept is not None:
-        placement = kept_placement(kept)
-        ledger_keys = [k.key for k in trust.keys if k.role == "ledger"]
-        matching = [r for r in verified if r.placement_id == placement]
-        if not matching:
-            out.failed = True
-            out.lines.append(
-                f"FAIL: the kept checkpoint is of placement {placement}; no verified export "
-                "of it was given"
-            )
-        for r in matching:
-            result = check_kept(r.path, r.placement_id, ledger_keys, r.record_count, kept)
-            out.kept.append(
-                {"path": r.path, "ok": result.ok, "rule": result.rule, "detail": result.detail}
-            )
-            if result.ok:
-                out.lines.append(f"OK: {r.path}: {result.detail}")
+    return out
+
+
+def _judge_kept(
+    out: _Across,
+    verified: list[ExportReport],
+    trust: TrustFile,
+    kept: str | None,
+    witness_state: Path | None,
+) -> None:
+    """Each verified export against the kept checkpoint and the witness's state of its
+    placement: one it does not extend gets the finding (``verifier/kept.py``)."""
+    if kept is not None and not any(r.placement_id == kept_placement(kept) for r in verified):
+        out.failed = True
+        out.lines.append(
+            f"FAIL: the kept checkpoint is of placement {kept_placement(kept)}; no verified "
+            "export of it was given"
+        )
+    for r in verified:
+        for result in judge_kept(r, trust, kept_for(r, kept, witness_state)):
+            out.kept.append(result)
+            if result["ok"]:
+                out.lines.append(f"OK: {r.path}: {result['detail']} ({result['source']})")
             else:
                 out.failed = True
-                out.lines.append(f"FAIL: {r.path}: {result.rule}: {result.detail}")
-    return out
+                out.lines.append(
+                    f"FAIL: {r.path}: {result['rule']}: {result['detail']} ({result['source']})"
+                )
 
 
 def _indent_note(label: str, note: str) -> list[str]:

@@ -72,7 +72,14 @@ SMALL_TABLE_FETCH_ROWS: Final = 1024
 # Rows of the small tables we process at all: more is a finding, not a memory blow-up.
 MAX_SMALL_TABLE_ROWS: Final = 100_000
 
+# Characters of a meta value (key or value) read from an export: read one past the bound, a
+# longer one makes the export unusable (EXPORT.md "A closed file"); honest ones are < 100.
+MAX_META_VALUE_CHARS: Final = 4096
+
 MAX_PROOF_BYTES: Final = 1024 * 1024
+# A witness's state file read for its last cosigned note (``verify --witness-state``): the
+# bound its witness writes it within.
+MAX_WITNESS_STATE_BYTES: Final = 512 * 1024 * 1024
 MAX_RECORD_FILE_BYTES: Final = 512 * 1024
 
 # Exports read from one directory in one run.

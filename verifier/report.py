@@ -70,6 +70,7 @@ def export_json(report: ExportReport) -> dict[str, Any]:
         "counts": report.counts,
         "checkpoints": report.checkpoints,
         "periods": report.periods,
+        "final_period": final_period(report),  # SPEC §9: which period FINAL is for
         "attestations": report.attestations,
         "attestation_checked": report.attestation_checked,
         "arrival": report.arrival,
@@ -145,22 +146,52 @@ def render_export(report: ExportReport) -> list[str]:
             period = next((p["period"] for p in report.periods if p["latest"]), 0)
             return [
                 f"OK: {report.path}: placement {report.placement_id}, {records}, period "
-                f"{period} (final, witnessed by {witnesses}); {amounts}",
+                f"{period} (final, witnessed by {witnesses}); {_final_for(report)}: {amounts}",
                 *periods,
             ]
         return [
             f"PROVISIONAL: {report.path}: placement {report.placement_id}, {records}; "
-            f"{amounts} so far — not final: {'; '.join(report.provisional)}",
+            f"{amounts} so far — not final, not payable: {'; '.join(report.provisional)}",
             *periods,
         ]
-    lines = [
-        f"FAIL: {report.path}: placement {report.placement_id or '?'}: "
-        f"{report.findings.total} finding(s)"
-    ]
+    head = f"FAIL: {report.path}: placement {report.placement_id or '?'}: "
+    if _pins_none(report.findings):
+        head += (
+            "the trust file (--trust) pins none of this placement's keys (operator, buyer, "
+            "desk, ledger): nothing in it can be trusted, not a sign the ledger cheated; "
+            "verify with the trust file of these parties (gridledger trust init); "
+        )
+    lines = [head + f"{report.findings.total} finding(s)"]
     lines += [f"  {f.line()}" for f in report.findings.kept]
     for rule, n in sorted(report.findings.not_kept().items()):
         lines.append(f"  ... and {n} more {rule} finding(s) not shown")
     return lines
+
+
+def _pins_none(findings: Findings) -> bool:
+    """Every party key of the terms and the ledger key unpinned: a wrong trust file."""
+    unpinned = [f for f in findings.kept if f.rule == "TERMS_KEY_NOT_PINNED"]
+    roles = {f.expected.split(" ", 1)[0] for f in unpinned}
+    return "TERMS_LEDGER_NOT_PINNED" in findings.rules() and roles >= {"operator", "buyer", "desk"}
+
+
+def final_period(report: ExportReport) -> dict[str, object] | None:
+    """SPEC §8, §9: the period a FINAL verdict is for (the latest with a final
+    statement) and its last record; None when the verdict is not FINAL."""
+    if not report.is_final:
+        return None
+    latest = [p for p in report.periods if p.get("latest")] or report.periods[-1:]
+    if not latest:
+        return None
+    return {"period": latest[0]["period"], "through_index": latest[0]["through_index"]}
+
+
+def _final_for(report: ExportReport) -> str:
+    """ "FINAL for period P (through record I)", what a FINAL line says it settles."""
+    p = final_period(report)
+    if p is None:
+        return "FINAL"
+    return f"FINAL for period {p['period']} (through record {p['through_index']})"
 
 
 def render_run(reports: Sequence[ExportReport]) -> list[str]:

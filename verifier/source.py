@@ -12,6 +12,8 @@ export is read-only: what is read whole (row counts, small tables) is read once.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -30,6 +32,17 @@ EXPORT_FORMAT_VERSION: Final = "2"
 # Versions this verifier reads: 1 (ledger records signed), 2 (unsigned, SPEC §8).
 EXPORT_FORMAT_VERSIONS: Final = ("1", "2")
 ALIAS: Final = small_export_db.EXPORT_ALIAS
+
+# DuckDB's side files of a database file ``F``: its write-ahead log, what a checkpoint or a
+# recovery leaves beside it, its temporary directory. Every other DuckDB reader that opens
+# ``F`` replays them, so an export is a closed file with none (EXPORT.md "A closed file"):
+# one found beside it is refused, never read past.
+SIDE_FILE_SUFFIXES: Final = (".wal", ".wal.checkpoint", ".wal.recovery", ".tmp")
+
+# Meta rows holding integers (EXPORT.md): decimal ASCII digits, at most 2^53 - 1.
+META_INTEGERS: Final = ("records", "dropped_duplicates")
+_MAX_SAFE_INTEGER: Final = 2**53 - 1
+_DECIMAL: Final = re.compile(r"^(0|[1-9][0-9]{0,15})$")
 
 # Whether small exports use the process's warm database (tests switch it off to compare).
 _share_warm = True
@@ -117,6 +130,29 @@ SCHEMA: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "checkpoints": CHECKPOINT_COLUMNS,
     "held": HELD_COLUMNS,
 }
+
+
+def side_files(path: Path) -> list[str]:
+    """The DuckDB side files beside ``path`` (``SIDE_FILE_SUFFIXES``), by name."""
+    return [path.name + s for s in SIDE_FILE_SUFFIXES if os.path.lexists(f"{path}{s}")]
+
+
+def side_file_message(found: list[str]) -> str:
+    """How a refusal for side files reads (one line)."""
+    return (
+        f"DuckDB side file beside the export: {', '.join(found)}; an export is a closed "
+        "file, and every other DuckDB reader would replay what it holds (EXPORT.md)"
+    )
+
+
+def meta_int(text: str | None) -> int | None:
+    """A meta row's integer, or None when it is not one: decimal ASCII digits without a
+    leading zero, within 0..2^53 - 1, checked on the text before any conversion (a
+    5,000-digit value is refused by its length, never handed to ``int``)."""
+    if text is None or len(text) > 16 or not _DECIMAL.match(text):
+        return None
+    value = int(text)
+    return value if value <= _MAX_SAFE_INTEGER else None
 
 
 def blob(value: Any) -> bytes:
@@ -314,6 +350,9 @@ class ExportSource:
         self.input_tables: tuple[InputTable, ...] = INPUT_TABLES
         if not path.is_file():
             raise UnusableInput(str(path), "no such file")
+        found = side_files(path)
+        if found:
+            raise UnusableInput(str(path), side_file_message(found))
         with path.open("rb") as handle:
             head = handle.read(16)
         # A DuckDB file has the magic "DUCK" at byte 8; anything else is not an export.
@@ -430,6 +469,13 @@ class ExportSource:
                 have.setdefault(table, {})[column] = data_type
         if "meta" not in have:
             raise UnusableInput(str(self.path), "no meta table: not a gridledger export")
+        if "terms" not in have and {"records", "input_rows"} <= set(have):
+            raise UnusableInput(
+                str(self.path),
+                "this is a ledger's store, not an export; export a placement from it first: "
+                "gridledger ledger export PLACEMENT --out FILE.duckdb (gridledger ledger list "
+                "names the placements)",
+            )
         problems: list[str] = [
             f"{name} is a view, not a table"
             for name in SCHEMA
@@ -459,12 +505,24 @@ class ExportSource:
             raise UnusableInput(str(self.path), "export schema: " + "; ".join(problems[:5]))
 
     def _read_meta(self) -> dict[str, str]:
+        # Each text read at most one character past its bound: a huge meta value is
+        # refused by its length, never read whole.
+        cut = limits.MAX_META_VALUE_CHARS + 1
         rows = self.con.execute(
-            f"SELECT key, value FROM {ALIAS}.meta LIMIT {limits.SMALL_TABLE_FETCH_ROWS}"
+            f"SELECT left(key, {cut}), left(value, {cut}) FROM {ALIAS}.meta "
+            f"LIMIT {limits.SMALL_TABLE_FETCH_ROWS}"
         ).fetchall()
         meta: dict[str, str] = {}
         for key, value in rows:
             if isinstance(key, str) and isinstance(value, str):
+                if (
+                    len(key) > limits.MAX_META_VALUE_CHARS
+                    or len(value) > limits.MAX_META_VALUE_CHARS
+                ):
+                    raise UnusableInput(
+                        str(self.path),
+                        f"meta {key[:40]!r}: more than {limits.MAX_META_VALUE_CHARS} characters",
+                    )
                 if key in meta:
                     # Row order carries no meaning (EXPORT.md): which of two values would
                     # be the export's is not for the verifier to pick.

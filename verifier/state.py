@@ -147,6 +147,8 @@ class Verification:
         self.pair_rows: dict[int, tuple[tuple[Any, ...], tuple[Any, ...]]] | None = None
         # (7) SPEC §6.6: an untimed record is a finding in a placement created after the rule
         self.untimed_arrival_finding = terms.created_at_ms >= ARRIVAL_REQUIRED_FROM_MS
+        # SPEC §6.6: the arrival modes the statements sign (step 9), read by step (10).
+        self.arrival_modes: set[str] = set()
         self.pending_claims: dict[int, tuple[Claim, str]] = {}  # adjustments decided later
         # (9) the recomputed totals read at the statements' indices (step9_obligation),
         # by chain index: what the report's head totals are when the head is among them

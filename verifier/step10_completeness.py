@@ -25,6 +25,10 @@ def check_completeness(run: Verification, trust: TrustFile) -> None:
         )
     ]
     notes = [str(n) for (n,) in run.source.small_table("checkpoints", "note", "size")]
+    # SPEC §6.6: a simulation when a statement signs ``sender`` (or the meta row says so:
+    # relabelling that unsigned row can only make a verdict more cautious, never FINAL).
+    if "sender" in run.arrival_modes:
+        run.report.arrival = "sender"
     result = judge(
         terms=run.terms,
         trust=trust,
@@ -32,6 +36,7 @@ def check_completeness(run: Verification, trust: TrustFile) -> None:
         closed=run.close_index is not None,
         statements=statements,
         checkpoint_notes=notes,
+        simulation=run.report.arrival == "sender",
         new_buyers=[a.new_buyer for a in run.referee.assignments],
         first_arrived_ms=run.first_arrived,
     )

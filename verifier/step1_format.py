@@ -1,12 +1,19 @@
 """(1) format: meta.format is gridledger-export and meta.format_version is 1 or 2, else the input
-is unusable (exit 2); the tables read whole must fit their bound."""
+is unusable (exit 2); the tables read whole must fit their bound; meta integers are
+decimal and bounded."""
 
 from __future__ import annotations
 
 from verifier import limits
 from verifier.errors import UnusableInput
 from verifier.findings import Findings, Step
-from verifier.source import EXPORT_FORMAT, EXPORT_FORMAT_VERSIONS, ExportSource
+from verifier.source import (
+    EXPORT_FORMAT,
+    EXPORT_FORMAT_VERSIONS,
+    META_INTEGERS,
+    ExportSource,
+    meta_int,
+)
 
 # SPEC §6.6, EXPORT.md meta ``arrival``: the log's time, or the senders' (simulations).
 ARRIVAL_MODES = ("log", "sender")
@@ -47,4 +54,20 @@ def check_sizes(source: ExportSource, findings: Findings) -> None:
                 f"<= {limits.MAX_SMALL_TABLE_ROWS} rows",
                 rows,
                 "rows beyond the bound are not checked, so the export cannot verify",
+            )
+
+
+def check_meta_integers(source: ExportSource, findings: Findings) -> None:
+    """Every integer meta row (EXPORT.md) is decimal within 0..2^53 - 1, checked on its
+    text before any conversion: anything else is a finding naming the row and its length."""
+    for key in META_INTEGERS:
+        text = source.meta.get(key)
+        if text is not None and meta_int(text) is None:
+            findings.add(
+                Step.FORMAT,
+                "META_COLUMN",
+                f"meta.{key}",
+                "a decimal integer within 0..2^53-1",
+                f"{text[:20]!r}{'...' if len(text) > 20 else ''} ({len(text)} characters)",
+                "a meta integer out of its bounds is refused before it is read",
             )

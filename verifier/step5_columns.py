@@ -48,6 +48,13 @@ def _mismatches(
             findings.add(Step.COLUMNS, "COLUMN_MISMATCH", f"{where}.{name}", want, got, message)
 
 
+def _shown(text: str | None) -> str | None:
+    """A meta value as a finding shows it: at most 64 characters, then its length."""
+    if text is None or len(text) <= 64:
+        return text
+    return f"{text[:64]}... ({len(text)} characters)"
+
+
 def check_meta_terms(source: ExportSource, terms: PlacementTerms, findings: Findings) -> None:
     """meta.placement_id and meta.ledger_key against the accepted terms."""
     meta = source.meta
@@ -61,7 +68,7 @@ def check_meta_terms(source: ExportSource, terms: PlacementTerms, findings: Find
                 "META_COLUMN",
                 f"meta.{key}",
                 expected,
-                meta.get(key),
+                _shown(meta.get(key)),
                 "meta disagrees with the accepted terms",
             )
 
@@ -75,7 +82,7 @@ def check_meta_records(run: Verification) -> None:
             "META_COLUMN",
             "meta.records",
             run.record_count,
-            meta_records,
+            _shown(meta_records),
             "meta.records is not the number of ledger_records rows",
         )
 

@@ -228,11 +228,10 @@ def check_statements(run: Verification) -> None:
                 statement.final,
                 "final is true exactly when the chain through the index holds the close",
             )
-        _check_period(run, where, statement, chain_at)
+        _check_signed_fields(run, where, statement, chain_at)
         if statement.final:
             figures = tuple(getattr(statement.totals, name) for name in TOTAL_FIELDS)
             finals.setdefault(statement.period, {}).setdefault(figures, index)
-        _check_statement_resale(run, where, statement)
         if mine is None:
             continue
         t = statement.totals
@@ -248,6 +247,33 @@ def check_statements(run: Verification) -> None:
                     "the statement's amount differs from SPEC §7 at its index",
                 )
     _report_periods(run, finals)
+    _check_arrival_modes(run)
+
+
+def _check_signed_fields(
+    run: Verification,
+    where: str,
+    statement: Statement,
+    chain_at: dict[int, tuple[str, dict[str, int]]],
+) -> None:
+    """A statement's period and previous (SPEC §8), its resale list (§7.10), and the
+    arrival mode it signs (§6.6: kept for step (10) and ``_check_arrival_modes``)."""
+    _check_period(run, where, statement, chain_at)
+    _check_statement_resale(run, where, statement)
+    run.arrival_modes.add(statement.arrival)
+
+
+def _check_arrival_modes(run: Verification) -> None:
+    """SPEC §6.6: one store, one arrival mode, so every statement signs the same."""
+    if len(run.arrival_modes) > 1:
+        run.add(
+            Step.OBLIGATION,
+            "ARRIVAL_MODE",
+            "statements",
+            "one arrival mode in every statement",
+            ", ".join(sorted(run.arrival_modes)),
+            "a chain never mixes the log's times with times its senders stated",
+        )
 
 
 def _check_statement_resale(run: Verification, where: str, statement: Statement) -> None:

@@ -26,6 +26,17 @@ MAX_WINDOW_MS: Final = 31_622_400_000  # §4.1: 366 days
 MAX_SAFE: Final = 2**53 - 1  # §5 rule 5
 
 
+def device_key(uuid: str) -> str:
+    """SPEC §5 (3): what names one device, whatever the letter case of its uuid."""
+    return uuid.lower()
+
+
+def spelled(uuid: str) -> str:
+    """SPEC §5 (3): a uuid's canonical spelling: lower case but a leading GPU- or MIG-."""
+    key = device_key(uuid)
+    return key[:4].upper() + key[4:] if key[:4] in ("gpu-", "mig-") else key
+
+
 def share_total(terms: PlacementTerms) -> int:
     """S: the sum of ``share_milli`` over ``gpus`` (1000 = one whole GPU)."""
     total = 0
@@ -76,8 +87,11 @@ def broken_rules(terms: PlacementTerms) -> list[str]:
     node_ids = {node.node_id for node in terms.nodes}
     if len(node_ids) != len(terms.nodes):
         broken.append("§5.3: node ids are not unique")
-    if len({gpu.uuid for gpu in terms.gpus}) != len(terms.gpus):
+    if len({device_key(gpu.uuid) for gpu in terms.gpus}) != len(terms.gpus):
         broken.append("§5.3: GPU uuids are not unique")
+    odd = [gpu.uuid for gpu in terms.gpus if gpu.uuid != spelled(gpu.uuid)]
+    if odd:
+        broken.append(f"§5.3: GPU uuid {odd[0]!r} is not canonical (want {spelled(odd[0])!r})")
     if any(gpu.node_id not in node_ids for gpu in terms.gpus):
         broken.append("§5.3: a GPU's node_id is not in nodes")
     # 4. three different party ids; four different keys; no node key among them

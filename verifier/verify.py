@@ -3,8 +3,10 @@
 One module per step, read in order; ``run_checklist`` below runs them, and steps (4)-(9)
 visit the single streaming pass over the chain (``verifier/walk.py``) per chain index.
 
-    step1_format.py      (1) format: meta.format is gridledger-export, meta.format_version
-                         is 1 (else the input is unusable: exit 2)
+    step1_format.py      (1) format: no DuckDB side file beside the export (EXPORT.md "A
+                         closed file"; else the finding EXPORT_NOT_CLOSED, nothing read);
+                         meta.format is gridledger-export, meta.format_version is 1 or 2
+                         (else the input is unusable: exit 2); meta integers bounded
     step2_trust.py       (2) trust: the trust file names which keys belong to which party
                          and role
     step3_terms.py       (3) terms: exactly one accepted terms row, signed by its three
@@ -29,7 +31,8 @@ visit the single streaming pass over the chain (``verifier/walk.py``) per chain 
                          statement
     step10_completeness.py (10) completeness: the log is closed, ends with its final
                          statement, a checkpoint covers the last record and carries the
-                         cosignatures the trust file's policy requires (``witnessed.py``):
+                         cosignatures the trust file's policy requires, and is no
+                         simulation the trust file does not admit (``witnessed.py``):
                          FINAL, else PROVISIONAL naming what is missing (SPEC §9)
 
 Library code: returns an ``ExportReport``, never exits. Unusable input is reported with
@@ -74,7 +77,7 @@ from verifier.pricing import (
     totals_at,
 )
 from verifier.progress import Progress
-from verifier.source import ExportSource
+from verifier.source import ExportSource, meta_int, side_file_message, side_files
 from verifier.state import FAILED, UNUSABLE, VERIFIED, ExportReport, ExportVerdict, Verification
 from verifier.walk import walk
 from verifier.workers import OpenPool
@@ -223,6 +226,18 @@ def _verify(
     """``verify_export`` once (``share``: a small export may use the warm database;
     ``deferred``: the obligation's SQL may wait for a batch, ``verify_exports``)."""
     report = ExportReport(path=str(path))
+    found = side_files(path)
+    if found:  # EXPORT.md "A closed file": refused, nothing beside it read
+        report.findings.add(
+            Step.FORMAT,
+            "EXPORT_NOT_CLOSED",
+            str(path),
+            "a closed export file, nothing beside it",
+            ", ".join(found),
+            side_file_message(found),
+        )
+        report.verdict = FAILED
+        return report
     own_pool = pool is None
     try:
         with ExportSource(path, share=share) as source:
@@ -285,6 +300,7 @@ def run_checklist(
     step1_format.check_format(source)
     report.arrival = source.meta.get("arrival", "log")
     step1_format.check_sizes(source, findings)
+    step1_format.check_meta_integers(source, findings)
     step2_trust.check_trust(trust, findings)
     terms = step3_terms.check_terms(source, trust, report)
     if terms is None:  # nothing further can be checked
@@ -365,4 +381,5 @@ def _summarise(run: Verification) -> None:
 
 
 def _int_or_zero(text: str | None) -> int:
-    return int(text) if text is not None and text.isdigit() else 0
+    value = meta_int(text)  # bounded before conversion (step 1 reports one that is not)
+    return 0 if value is None else value

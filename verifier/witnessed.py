@@ -12,9 +12,11 @@ was already checked, so it only asks what they add up to:
   policy requires (else it is **unwitnessed**): the ``new-buyers`` entry stands for every
   accepted assignment's new buyer (SPEC §8.2);
 * with ``witness_interval_s`` in the trust file, every record's time is witnessed within
-  it by each of those cosigners (SPEC §9; §6.6: the bound on backdating).
+  it by each of those cosigners (SPEC §9; §6.6: the bound on backdating);
+* its arrival times are the log's (``arrival = log``, signed in the statements, SPEC
+  §6.6), unless the trust file admits simulations (``"simulations": true``).
 
-FINAL needs all four; PROVISIONAL names what is missing; a finding makes it FAILED.
+FINAL needs all of these; PROVISIONAL names what is missing; a finding makes it FAILED.
 """
 
 from __future__ import annotations
@@ -83,14 +85,21 @@ def judge(
     checkpoint_notes: Sequence[str],
     new_buyers: Sequence[Party] = (),
     first_arrived_ms: int | None = None,
+    simulation: bool = False,
 ) -> Completeness:
     """Step (10) over what steps (1)-(9) verified; see the module docstring.
 
     ``statements`` are (through_index, final) pairs; ``checkpoint_notes`` the note texts;
     ``new_buyers`` those of the accepted assignments; ``first_arrived_ms`` record 0's
-    arrival (where the witnessing interval starts).
+    arrival (where the witnessing interval starts); ``simulation``: the statements (or the
+    meta row) say ``arrival = sender`` (SPEC §6.6).
     """
     result = Completeness()
+    if simulation and not trust.simulations:
+        result.reasons.append(
+            "a simulation: arrival times stated by the senders (arrival = sender), which "
+            'the trust file does not admit ("simulations": true)'
+        )
     last = record_count - 1
     if not closed:
         result.reasons.append("open: the log holds no accepted close")

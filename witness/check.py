@@ -27,6 +27,7 @@ from proto.note import (
     parse_checkpoint_body,
 )
 from proto.records import LedgerRecord, PlacementTerms
+from proto.utc import iso_utc
 from witness.known import Known
 from witness.state import Refusal, WitnessState
 
@@ -264,17 +265,17 @@ class _TimeWindow:
         if arrived > latest:
             raise _Refuse(
                 "W_TIME",
-                f"record {index} arrived_ms {arrived} is after this witness's clock "
-                f"{now_s * 1000} + {MAX_CLOCK_SKEW_MS}",
+                f"record {index} arrived_ms {_when(arrived)} is after this witness's clock "
+                f"{_when(now_s * 1000)} + {MAX_CLOCK_SKEW_MS} ms",
                 index,
                 raw,
             )
         if self.cosigned_ms >= 0 and arrived < self.cosigned_ms - MAX_CLOCK_SKEW_MS:
             raise _Refuse(
                 "W_TIME",
-                f"record {index} arrived_ms {arrived} is backdated: this witness cosigned the "
-                f"tree of size {self.cosigned_size} without it at {self.cosigned_ms} ms "
-                f"(- {MAX_CLOCK_SKEW_MS})",
+                f"record {index} arrived_ms {_when(arrived)} is backdated: this witness "
+                f"cosigned the tree of size {self.cosigned_size} without it at "
+                f"{_when(self.cosigned_ms)} (- {MAX_CLOCK_SKEW_MS} ms)",
                 index,
                 raw,
             )
@@ -284,8 +285,8 @@ class _TimeWindow:
         if arrived < sent - MAX_CLOCK_SKEW_MS:
             raise _Refuse(
                 "W_TIME",
-                f"record {index} arrived_ms {arrived} is before its input was delivered "
-                f"({sent}) - {MAX_CLOCK_SKEW_MS}",
+                f"record {index} arrived_ms {_when(arrived)} is before its input was delivered "
+                f"({_when(sent)}) - {MAX_CLOCK_SKEW_MS} ms",
                 index,
                 raw,
             )
@@ -297,11 +298,17 @@ class _TimeWindow:
         if arrived > bound + MAX_ARRIVAL_LAG_MS:
             raise _Refuse(
                 "W_TIME",
-                f"record {index} arrived_ms {arrived} is delayed: its input was delivered at "
-                f"{sent} (waiting for nothing later than {bound}) + {MAX_ARRIVAL_LAG_MS}",
+                f"record {index} arrived_ms {_when(arrived)} is delayed: its input was "
+                f"delivered at {_when(sent)} (waiting for nothing later than {_when(bound)}) "
+                f"+ {MAX_ARRIVAL_LAG_MS} ms",
                 index,
                 raw,
             )
+
+
+def _when(ms: int) -> str:
+    """A time in a refusal: ISO-8601 UTC for the reader, the milliseconds for evidence."""
+    return f"{iso_utc(ms)} ({ms} ms)"
 
 
 def _streams(known: Sequence[Known]) -> dict[str, list[Known]]:
@@ -341,12 +348,13 @@ def _check_complete(
         index = included.get(k.input_hash)
         if index is None:
             missing.append(
-                f"{k.describe()} (delivered at {k.delivered_at_ms} ms) is not in the log"
+                f"{k.describe()} (delivered at {_when(k.delivered_at_ms)}) is not in the log"
             )
         elif index > close_index:
             missing.append(
-                f"{k.describe()} (delivered at {k.delivered_at_ms} ms, before the close "
-                f"deadline {deadline_ms} ms) is at record {index}, after the close at {close_index}"
+                f"{k.describe()} (delivered at {_when(k.delivered_at_ms)}, before the close "
+                f"deadline {_when(deadline_ms)}) is at record {index}, after the close at "
+                f"{close_index}"
             )
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -366,8 +374,8 @@ def _check_owed(known: Sequence[Known], included: dict[str, int], now_s: int) ->
             if held_in_stream:
                 held.add(after.input_hash)
     missing = [
-        f"{k.describe()} (delivered at {k.delivered_at_ms} ms) is not in the log at "
-        f"{now_s * 1000} ms, {MAX_ARRIVAL_LAG_MS} + {MAX_CLOCK_SKEW_MS} ms later"
+        f"{k.describe()} (delivered at {_when(k.delivered_at_ms)}) is not in the log at "
+        f"{_when(now_s * 1000)}, {MAX_ARRIVAL_LAG_MS} + {MAX_CLOCK_SKEW_MS} ms later"
         for k in sorted(known, key=lambda k: (k.delivered_at_ms, k.kind, k.input_hash))
         if k.delivered_at_ms < owed_before
         and k.input_hash not in included

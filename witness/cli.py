@@ -2,6 +2,7 @@
 
     gridledger witness run --ledger URL --terms TERMS.signed.json --key PARTY.key --state DIR
                            [--delivery-log FILE ...] [--known DIR] [--interval S]
+    gridledger witness keep FILE... --known DIR [--received-ms T]
     gridledger witness status --state DIR
     gridledger witness refusals --state DIR
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from proto.limits import MAX_WITNESS_INTERVAL_S, WITNESS_INTERVAL_S
+from proto.utc import iso_utc
 from witness.runner import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, witness_once
 from witness.state import (
     list_refusals,
@@ -34,7 +36,7 @@ def register(sub: Any) -> None:
     wsub = parser.add_subparsers(dest="witness_command", metavar="WITNESS_COMMAND")
     run = wsub.add_parser("run", help="fetch the latest checkpoint, check it, cosign or refuse")
     run.add_argument(
-        "--ledger", required=True, help="the ledger's HTTP API, e.g. http://127.0.0.1:8787"
+        "--ledger", required=True, help="the ledger's HTTP API, e.g. http://127.0.0.1:8080"
     )
     run.add_argument("--terms", type=Path, required=True, help="your copy of the signed terms")
     run.add_argument("--key", type=Path, required=True, help="your party's private key file")
@@ -60,6 +62,20 @@ def register(sub: Any) -> None:
         f"seconds old (default {WITNESS_INTERVAL_S}; run the witness at least this often)",
     )
     run.set_defaults(handler=_run)
+    keep = wsub.add_parser(
+        "keep",
+        help="keep signed inputs you received or sent in your --known DIR, with the time",
+    )
+    keep.add_argument("files", type=Path, nargs="+", metavar="FILE", help="a signed input file")
+    keep.add_argument("--known", type=Path, required=True, help="your known-inputs directory")
+    keep.add_argument(
+        "--received-ms",
+        type=int,
+        default=None,
+        metavar="T",
+        help="when you received or sent them, epoch milliseconds (default: now)",
+    )
+    keep.set_defaults(handler=_keep)
     status = wsub.add_parser("status", help="what this witness cosigned, per placement")
     status.add_argument("--state", type=Path, required=True, help="the witness's state directory")
     status.set_defaults(handler=_status)
@@ -92,6 +108,31 @@ def _run(args: argparse.Namespace) -> int:
     return result.code
 
 
+def _keep(args: argparse.Namespace) -> int:
+    """``witness keep``: each file into --known DIR, its time into DIR/DELIVERED.jsonl."""
+    from proto.limits import MAX_SAFE_INTEGER
+    from witness.known import KnownError, keep
+
+    at_ms = int(time.time() * 1000) if args.received_ms is None else args.received_ms
+    if not 0 <= at_ms <= MAX_SAFE_INTEGER:
+        print(f"FAIL: --received-ms {at_ms}: give epoch milliseconds", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.known.is_dir():
+        print(f"FAIL: --known {args.known} is not a directory; create it first", file=sys.stderr)
+        return EXIT_USAGE
+    for path in args.files:
+        try:
+            kept = keep(args.known, path.read_bytes(), at_ms, name=path.name)
+        except OSError as exc:
+            print(f"FAIL: cannot read {path}: {exc.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+        except KnownError as exc:
+            print(f"FAIL: {path}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"OK: kept {kept}, received {iso_utc(at_ms)}")
+    return EXIT_OK
+
+
 def _status(args: argparse.Namespace) -> int:
     states = list_states(args.state)
     if not states:
@@ -99,8 +140,9 @@ def _status(args: argparse.Namespace) -> int:
     for s in states:
         closed = f"closed at record {s.close_index}" if s.close_index >= 0 else "open"
         kept = note_path(args.state, s.placement_id)
+        at = iso_utc(s.cosigned_at_s * 1000)
         print(
-            f"{s.placement_id}: cosigned size {s.size}, {closed}, at {s.cosigned_at_s}; "
+            f"{s.placement_id}: cosigned size {s.size}, {closed}, at {at}; "
             f"note kept in {kept} (verify EXPORT --checkpoint {kept})"
         )
     return EXIT_OK
@@ -111,7 +153,7 @@ def _refusals(args: argparse.Namespace) -> int:
     if not refusals:
         print(f"no refusal in {args.state}")
     for r in refusals:
-        print(f"{r.refused_at_s} {r.placement_id} {r.code}: {r.detail}")
+        print(f"{iso_utc(r.refused_at_s * 1000)} {r.placement_id} {r.code}: {r.detail}")
     return EXIT_OK
 
 

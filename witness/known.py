@@ -3,8 +3,12 @@
 * Delivery logs (``proto.delivery``): the usage events an agent of the operator
   delivered, with the time it delivered them.
 * Known envelope files: any signed input the party holds (the terms it signed, a reclaim
-  it published or received, an adjustment), one envelope per file; its delivery time is
-  the file's modification time, when the party saved it.
+  it published or received, an adjustment), one envelope per file in one directory, and
+  beside them that directory's own ``DELIVERED.jsonl``: the time the party received or
+  sent each one, written when it kept the file (``keep``; ``gridledger witness keep``).
+  A file's modification time is never taken for it (a copy made later would date the
+  input late, and the witness would refuse an honest ledger): a file with no line there
+  is bad input, named with the command that records it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from pathlib import Path
 from typing import Final
 
 from proto import limits
-from proto.delivery import DeliveryLogError, read_delivered
+from proto.delivery import (
+    DELIVERY_LOG_FILE,
+    DeliveryLogError,
+    append_delivered,
+    read_delivered,
+    received_input,
+)
 from proto.durable_io import read_at_most
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
@@ -70,19 +80,64 @@ def from_delivery_logs(paths: Iterable[Path], placement_id: str) -> list[Known]:
     return list(found.values())
 
 
-def from_envelope_files(directory: Path, placement_id: str) -> list[Known]:
-    """Signed inputs of ``placement_id`` saved as files in ``directory`` (others skipped)."""
+def keep(directory: Path, envelope: bytes, received_at_ms: int, name: str | None = None) -> Path:
+    """Keep a signed input the party received or sent in ``directory`` (its ``--known``):
+    the envelope as a file (``name``, else ``<kind>-<hash prefix>.json``) and the time in
+    the directory's ``DELIVERED.jsonl``, appended and fsync'd. Returns the file."""
+    raw = envelope.rstrip(b"\n")
     try:
-        paths = sorted(p for p in directory.iterdir() if p.is_file())
+        line = received_input(raw, received_at_ms)
+    except (ProtoError, DeliveryLogError) as exc:
+        raise KnownError(f"not a signed input of a placement: {exc}") from exc
+    path = directory / (name or f"{line.kind}-{line.input_hash[:16]}.json")
+    if path.name == DELIVERY_LOG_FILE:
+        raise KnownError(f"{path}: that name is the directory's receipt log")
+    try:
+        if path.exists():
+            if path.read_bytes().rstrip(b"\n") != raw:
+                raise KnownError(f"{path} already holds another input; nothing was kept")
+        else:
+            path.write_bytes(raw + b"\n")
+        append_delivered(directory / DELIVERY_LOG_FILE, [line])
+    except OSError as exc:
+        raise KnownError(f"cannot write to {directory}: {exc.strerror}") from exc
+    return path
+
+
+def _receipt_times(directory: Path) -> dict[str, int]:
+    """Input hash -> the earliest time the directory's receipt log gives it."""
+    log_path = directory / DELIVERY_LOG_FILE
+    if not log_path.exists():
+        return {}
+    times: dict[str, int] = {}
+    try:
+        for line in read_delivered(log_path):
+            times[line.input_hash] = min(
+                times.get(line.input_hash, line.delivered_at_ms), line.delivered_at_ms
+            )
+    except OSError as exc:
+        raise KnownError(f"cannot read {log_path}: {exc.strerror}") from exc
+    except DeliveryLogError as exc:
+        raise KnownError(str(exc)) from exc
+    return times
+
+
+def from_envelope_files(directory: Path, placement_id: str) -> list[Known]:
+    """Signed inputs of ``placement_id`` saved as files in ``directory`` (others skipped),
+    each at the time the directory's receipt log gives it."""
+    try:
+        paths = sorted(
+            p for p in directory.iterdir() if p.is_file() and p.name != DELIVERY_LOG_FILE
+        )
     except OSError as exc:
         raise KnownError(f"cannot read known-inputs directory {directory}: {exc.strerror}") from exc
     if len(paths) > MAX_KNOWN_FILES:
         raise KnownError(f"{directory} holds more than {MAX_KNOWN_FILES} files")
+    times = _receipt_times(directory)
     known: list[Known] = []
     for path in paths:
         try:
             raw = read_at_most(path, limits.MAX_ENVELOPE_BYTES + 1).rstrip(b"\n")
-            delivered_at_ms = int(path.stat().st_mtime * 1000)
         except OSError as exc:
             raise KnownError(f"cannot read {path}: {exc.strerror}") from exc
         try:
@@ -91,6 +146,13 @@ def from_envelope_files(directory: Path, placement_id: str) -> list[Known]:
             raise KnownError(f"{path} is not a signed input: {exc}") from exc
         if getattr(opened.record, "placement_id", None) != placement_id:
             continue
+        delivered_at_ms = times.get(opened.input_hash)
+        if delivered_at_ms is None:
+            raise KnownError(
+                f"{path}: no time for it in {directory / DELIVERY_LOG_FILE}: say when you "
+                f"received or sent it with gridledger witness keep {path} --known {directory} "
+                "[--received-ms T] (a copied file's own time is not taken)"
+            )
         record = opened.record
         node_id, seq = ("", -1)
         if isinstance(record, UsageEvent):

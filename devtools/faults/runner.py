@@ -359,7 +359,9 @@ class _SeedRun:
         scenario = self.scenario
         self.workdir.mkdir(parents=True, exist_ok=True)
         key_file, _ = write_key_pair(scenario.cast.ledger, self.workdir / "keys")
-        (self.workdir / "trust.json").write_bytes(dump_trust(scenario.cast.trust()))
+        # A simulation (arrival = "sender"): its trust file admits one (SPEC §6.6, §9).
+        trust = scenario.cast.trust(simulations=True)
+        (self.workdir / "trust.json").write_bytes(dump_trust(trust))
         for name, clock_ms in (
             ("early", scenario.early_clock_ms),
             ("late", scenario.late_clock_ms),
@@ -880,11 +882,11 @@ class _SeedRun:
         ledger's API (SPEC §8.3), as the parties would: the operator with its agents'
         delivery logs, the buyer with the terms it signed. However faulty the run (kills,
         broker restarts, duplicates, a lost store), an honest ledger is never refused."""
-        import os
 
         from ledger.http import LedgerApi, LedgerHttpServer
         from ledger.metrics import LedgerMetrics
         from proto.delivery import DELIVERY_LOG_FILE
+        from witness.known import keep
         from witness.runner import EXIT_OK, witness_once
 
         cast = self.scenario.cast
@@ -910,10 +912,13 @@ class _SeedRun:
                 terms_file.write_bytes(builders.signed_terms(cast, terms))
                 known = base / f"{pid}.buyer-known"
                 known.mkdir(parents=True, exist_ok=True)
-                (known / "terms.signed.json").write_bytes(terms_file.read_bytes())
                 # The buyer published its terms at the simulated time they state.
-                at_ns = self.scenario.early_clock_ms * 1_000_000
-                os.utime(known / "terms.signed.json", ns=(at_ns, at_ns))
+                keep(
+                    known,
+                    terms_file.read_bytes(),
+                    self.scenario.early_clock_ms,
+                    name="terms.signed.json",
+                )
                 for role, key, delivery_logs, known_dir in (
                     ("operator", cast.operator, logs, None),
                     ("buyer", cast.buyer, [], known),

@@ -25,7 +25,7 @@ from proto.records import (
     PlacementTerms,
     ReclaimNotice,
 )
-from proto.terms import MIN_PLAUSIBLE_MS, TermsError, check_terms_signatures, load_terms_file
+from proto.terms import MIN_PLAUSIBLE_MS, TermsError, load_terms_file, terms_signature_problem
 
 EX_OK: Final = 0
 
@@ -90,6 +90,16 @@ def parse_amount_minor(text: str, terms: PlacementTerms, what: str = "amount") -
     return int(minor)
 
 
+def span(ms: int) -> str:
+    """A duration as a person says it: 61 s, 24 h, 25.5 h, 365 days (to a tenth)."""
+    for unit_ms, below, name in ((1000, 120_000, "s"), (60_000, 7_200_000, "min")):
+        if ms < below:
+            return f"{round(ms / unit_ms, 1):g} {name}"
+    if ms < 172_800_000:
+        return f"{round(ms / 3_600_000, 1):g} h"
+    return f"{round(ms / 86_400_000, 1):.15g} days"
+
+
 def load_terms(path: Path) -> PlacementTerms:
     try:
         terms, envelope = load_terms_file(path)
@@ -97,9 +107,9 @@ def load_terms(path: Path) -> PlacementTerms:
         raise UsageError("; ".join(exc.problems)) from exc
     if envelope is None:
         raise UsageError(f"{path}: unsigned TOML terms; give the signed terms file (JSON)")
-    failure = check_terms_signatures(envelope, terms).failure()
+    failure = terms_signature_problem(envelope, terms)
     if failure is not None:
-        raise UsageError(f"{path}: the terms are not fully signed: {failure.detail}")
+        raise UsageError(f"{path}: the terms are not fully signed: {failure}")
     return terms
 
 

@@ -15,6 +15,7 @@ from gridledger.cmd_records.common import (
     iso,
     load_keys,
     parse_time_ms,
+    span,
     what_of,
 )
 from gridledger.cmd_records.signers import check_signers, missing_signers
@@ -27,11 +28,11 @@ from proto.records import Adjustment, Assignment, BuyerRelease, PlacementTerms, 
 
 def _describe(record: RECORD, terms: PlacementTerms) -> str:
     if isinstance(record, ReclaimNotice):
-        notice = (record.effective_at_ms - record.issued_at_ms) / 60_000
-        agreed = terms.reclaim_notice_ms / 60_000
+        notice = span(record.effective_at_ms - record.issued_at_ms)
+        agreed = span(terms.reclaim_notice_ms)
         return (
             f"reclaim {record.reclaim_id} of {record.placement_id}: all {len(record.gpus)} GPUs "
-            f"at {iso(record.effective_at_ms)}, dated {notice:g} min ahead ({agreed:g} agreed; "
+            f"at {iso(record.effective_at_ms)}, dated {notice} ahead ({agreed} agreed; "
             "the notice counts from when it reaches the log)"
         )
     if isinstance(record, Assignment):
@@ -46,11 +47,11 @@ def _describe(record: RECORD, terms: PlacementTerms) -> str:
             f"{terms.currency}/GPU-h, paid to the desk"
         )
     if isinstance(record, BuyerRelease):
-        agreed = terms.release_notice_ms / 60_000
-        minimum = terms.minimum_duration_ms / 60_000
+        agreed = span(terms.release_notice_ms)
+        minimum = span(terms.minimum_duration_ms)
         return (
             f"release {record.release_id} of {record.placement_id}: the buyer ends it at "
-            f"{iso(record.effective_at_ms)} ({agreed:g} min notice and a {minimum:g} min "
+            f"{iso(record.effective_at_ms)} ({agreed} notice and a {minimum} "
             "minimum agreed; the notice counts from when it reaches the log, SPEC §7.9)"
         )
     if isinstance(record, Adjustment):

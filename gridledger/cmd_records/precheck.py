@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gridledger.cmd_records.common import RECORD, UsageError, iso
+from gridledger.cmd_records.common import RECORD, UsageError, iso, span
 from proto.attestation import EvidenceError, parse_evidence
 from proto.limits import MAX_CLOCK_SKEW_MS, MAX_EVIDENCE_AGE_MS
 from proto.records import Assignment, NodeKeyBinding, Party, PlacementTerms
@@ -62,16 +62,6 @@ def precheck_node_key(terms: PlacementTerms, node_id: str, key: bytes, key_said:
         )
 
 
-def _span(ms: int) -> str:
-    """A duration as a person says it: 61 s, 24 h, 25.5 h, 365 days (to a tenth)."""
-    for unit_ms, below, name in ((1000, 120_000, "s"), (60_000, 7_200_000, "min")):
-        if ms < below:
-            return f"{round(ms / unit_ms, 1):g} {name}"
-    if ms < 172_800_000:
-        return f"{round(ms / 3_600_000, 1):g} h"
-    return f"{round(ms / 86_400_000, 1):.15g} days"
-
-
 def precheck_fresh(token: str, issued_ms: int, what: str, given: str, hint: str = "") -> None:
     """SPEC §6.9 (6): ``iat`` within [issued - MAX_EVIDENCE_AGE_MS, issued +
     MAX_CLOCK_SKEW_MS] of the binding's issued time (the ledger judges against the
@@ -80,16 +70,16 @@ def precheck_fresh(token: str, issued_ms: int, what: str, given: str, hint: str 
     iat_ms = parse_evidence(token).claims.iat * 1000
     if iat_ms < issued_ms - MAX_EVIDENCE_AGE_MS:
         raise UsageError(
-            f"{what}: issued at {iso(iat_ms)} (iat), {_span(issued_ms - iat_ms)} before "
+            f"{what}: issued at {iso(iat_ms)} (iat), {span(issued_ms - iat_ms)} before "
             f"{given} {iso(issued_ms)}: older than MAX_EVIDENCE_AGE_MS "
-            f"({_span(MAX_EVIDENCE_AGE_MS)}); the ledger refuses stale evidence (SPEC §6.9: "
+            f"({span(MAX_EVIDENCE_AGE_MS)}); the ledger refuses stale evidence (SPEC §6.9: "
             "EVIDENCE_INVALID); attest the node again for a fresh token"
         )
     if iat_ms > issued_ms + MAX_CLOCK_SKEW_MS:
         raise UsageError(
-            f"{what}: issued at {iso(iat_ms)} (iat), {_span(iat_ms - issued_ms)} after "
+            f"{what}: issued at {iso(iat_ms)} (iat), {span(iat_ms - issued_ms)} after "
             f"{given} {iso(issued_ms)}: more than MAX_CLOCK_SKEW_MS "
-            f"({_span(MAX_CLOCK_SKEW_MS)}) in its future; the ledger refuses evidence from "
+            f"({span(MAX_CLOCK_SKEW_MS)}) in its future; the ledger refuses evidence from "
             f"the future (SPEC §6.9: EVIDENCE_INVALID); check the clocks{hint}"
         )
 

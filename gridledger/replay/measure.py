@@ -37,7 +37,7 @@ class _Progress:
         rate = events / elapsed if elapsed > 0 else 0.0
         left = max(0, self.total - events)
         eta = (
-            "done"
+            "metered (exports and their verification follow)"
             if final or left == 0
             else (f"ETA {_duration(left / rate)}" if rate > 0 else "ETA unknown")
         )
@@ -46,6 +46,35 @@ class _Progress:
             f"{rate:,.0f} events/s · "
             + ("" if lag is None else f"ledger {lag:,} records behind · ")
             + f"{_duration(elapsed)} elapsed · {eta}"
+        )
+
+
+class _VerifyProgress:
+    """One line per PROGRESS_EVERY_S while exports are written and verified: placements
+    settled of those to settle, rate and time left; "done" with the last."""
+
+    def __init__(self, emit: Callable[[str], None] | None, total: int) -> None:
+        self.emit = emit
+        self.total = total
+        self.started = time.monotonic()
+        self.last = self.started
+
+    def step(self, settled: int) -> None:
+        """``settled``: placements whose export has a verdict (verified or failed)."""
+        if self.emit is None:
+            return
+        now = time.monotonic()
+        final = settled >= self.total
+        if not final and now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        elapsed = now - self.started
+        rate = settled / elapsed if elapsed > 0 else 0.0
+        left = self.total - settled
+        eta = "done" if final else (f"ETA {_duration(left / rate)}" if rate > 0 else "ETA unknown")
+        self.emit(
+            f"replay: export and verify · {settled:,} of {self.total:,} placements · "
+            f"{rate:,.1f} placements/s · {_duration(elapsed)} elapsed · {eta}"
         )
 
 

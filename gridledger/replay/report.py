@@ -71,6 +71,7 @@ class ReplayReport:
     interval_s: int
     tasks: int = 0
     trace: TraceUsage | None = None
+    subset: str = ""  # how a bounded run's tasks relate to the trace ("": all of it)
     placements: int = 0
     unplaceable: list[tuple[str, str]] = field(default_factory=list)
     nodes: int = 0
@@ -143,6 +144,7 @@ class ReplayReport:
         return {
             "format": REPORT_FORMAT,
             "trace_dir": self.trace_dir,
+            "subset": self.subset,
             "transport": self.transport,
             "interval_s": self.interval_s,
             "tasks": self.tasks,
@@ -203,8 +205,9 @@ class ReplayReport:
         lines = [f"replay of {self.trace_dir} ({self.transport}, interval {self.interval_s} s)"]
         trace = self.trace
         if trace is not None:
+            what = f"replayed {self.subset}: " if self.subset else "trace: "
             lines.append(
-                f"trace: {self.tasks} tasks, {trace.gpu_tasks} GPU tasks, {trace.ran_tasks} ran; "
+                f"{what}{self.tasks} tasks, {trace.gpu_tasks} GPU tasks, {trace.ran_tasks} ran; "
                 f"GPU-hours whole {format_gpu_hours(trace.whole_mgms)}, "
                 f"weighted {format_gpu_hours(trace.weighted_mgms)} "
                 f"({trace.weighted_mgms} milli-GPU-ms)"

@@ -26,7 +26,14 @@ from gridledger.replay.ledger_process import (
     export_chunk,
     store_counts,
 )
-from gridledger.replay.measure import _Progress, _Timer, cpu_seconds, own_peak_rss_mib, peak_rss_mib
+from gridledger.replay.measure import (
+    _Progress,
+    _Timer,
+    _VerifyProgress,
+    cpu_seconds,
+    own_peak_rss_mib,
+    peak_rss_mib,
+)
 from gridledger.replay.report import Money, ReplayReport
 from gridledger.replay.verdicts import VerifySummary, _Verdicts
 from gridledger.replay_cluster import ReplayCluster
@@ -123,7 +130,25 @@ def select_tasks(
         if events > max_events:
             break
         chosen.append(task)
+    if ran and not chosen:
+        raise ValueError(
+            f"--max-events {max_events:,} selects no task: the first GPU task that ran is "
+            f"{events:,} usage events alone; give --max-events {events} or more"
+        )
     return tuple(chosen)
+
+
+def _subset(every: Sequence[Task], chosen: Sequence[Task], options: ReplayOptions) -> str:
+    """How the replayed tasks relate to the trace ("" when they are all of it)."""
+    if options.limit is None and options.max_events is None:
+        return ""
+    ran = sum(1 for t in every if t.ran)
+    bounds = [
+        f"--{name} {value}"
+        for name, value in (("limit", options.limit), ("max-events", options.max_events))
+        if value is not None
+    ]
+    return f"the first {len(chosen):,} of the {ran:,} GPU tasks that ran ({', '.join(bounds)})"
 
 
 def prefix_budgets(
@@ -174,6 +199,9 @@ class _ReplayRun:
         self.by_qos: Counter[str] = Counter()
         self.by_model: Counter[str] = Counter()
         self.planned_events = 0
+        # Export and verification progress (set once their number is known).
+        self.verify_progress = _VerifyProgress(None, 0)
+        self.settled = 0  # exports with a verdict
 
     # 1-3: trace, plan, keys and terms
     def prepare(self) -> Plan:
@@ -188,6 +216,7 @@ class _ReplayRun:
             self.planned_events = planned_events(tasks, self.options.interval_s * 1000)
             self.report.tasks = len(tasks)
             self.report.trace = trace_usage(tasks)
+            self.report.subset = _subset(trace.tasks, tasks, self.options)
             plan = plan_placements(
                 trace.nodes, tasks, epoch_ms=TRACE_EPOCH_MS, buyers=self.options.buyers
             )
@@ -200,7 +229,10 @@ class _ReplayRun:
                 self.terms[placement.placement_id] = terms
                 self.terms_envelopes[placement.placement_id] = envelope
             self.workdir.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.workdir / "trust.json", dump_trust(self.cast.trust()))
+            # A replay is a simulation (a Kafka one takes arrival from its senders): its
+            # trust file admits one (SPEC §6.6, §9).
+            trust = self.cast.trust(simulations=True)
+            write_atomic(self.workdir / "trust.json", dump_trust(trust))
         self.plan = plan
         return plan
 
@@ -334,6 +366,7 @@ class _ReplayRun:
         shippers and ledger go on with the next steps. The replay process never opens
         the store (DuckDB): its memory does not grow with the store."""
         exports = self.reset_exports()
+        self.verify_progress = _VerifyProgress(self.options.progress, len(plan.placements))
         job = _LedgerJob(
             db=str(self.workdir / "ledger.duckdb"),
             seed=self.options.seed,
@@ -443,6 +476,7 @@ class _ReplayRun:
             else:
                 self.report.failed.append((placement.placement_id, "never closed"))
         del closed
+        self.verify_progress = _VerifyProgress(self.options.progress, len(to_export))
         started = time.perf_counter()
         with self.verify_pool() as pool:
             verdicts = _Verdicts(self, exports, pool)
@@ -485,6 +519,8 @@ class _ReplayRun:
         """Count one export's verdict, then keep its file or (verified, and exports not
         kept) remove it: the disk holds the store, not a second copy of every placement."""
         self.count_verdict(placement, summary)
+        self.settled += 1
+        self.verify_progress.step(self.settled)
         path = exports / f"{placement.placement_id}.duckdb"
         if self.options.keep_exports or summary.why or summary.totals is None:
             self.report.exports_kept += int(path.exists())

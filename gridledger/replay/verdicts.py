@@ -112,7 +112,7 @@ class _Verdicts:
         self.run = run
         self.exports = exports
         self.pool = pool
-        self.trust = dump_trust(run.cast.trust())
+        self.trust = dump_trust(run.cast.trust(simulations=True))  # a simulation: §6.6
         # (placement, its future, its position in the future's batch; None: verify_one's)
         self.pending: deque[tuple[Placement, Future[Any], int | None]] = deque()
         self.queue: list[Placement] = []  # small exports not handed to a worker yet
