@@ -507,3 +507,34 @@ def test_a_rejection_costs_its_own_interval_vector_verifies(tmp_path: Path, rule
     assert minutes == (40 if rule == "advancing" else 10)
     report = verify(out, cast.trust())
     assert report.ok, explain(report)
+
+
+@pytest.mark.parametrize("rule", ["advancing", "before"])
+def test_a_ledger_folding_by_the_other_rejection_rule_is_caught(
+    tmp_path: Path, rule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verifier decides which rule a placement's terms take on its own: a ledger that
+    folded the vector's stream by the other rule (it flushed SEQ_GAP where the terms say a
+    content rejection advances, or advanced where they say it stops) signs decisions the
+    verifier's referee does not make."""
+    import base64
+    import json
+
+    import vectorgen
+
+    from proto import limits as proto_limits
+
+    data = json.loads((vectorgen.VECTORS_DIR / "rejection_advances.json").read_text())[rule]
+    cast = vectorgen._cast()
+    raws = [base64.b64decode(step["envelope_b64"]) for step in data["steps"]]
+    arrivals: list[int | None] = [step["arrived_ms"] for step in data["steps"]]
+    with monkeypatch.context() as patch:  # the dishonest ledger's date
+        wrong = 2**62 if rule == "advancing" else 0
+        patch.setattr(proto_limits, "REJECTION_ADVANCES_FROM_MS", wrong)
+        out = _ledger_export(tmp_path, cast.ledger, "pl-rejection", raws, arrivals)
+    report = verify(out, cast.trust())
+    assert not report.ok
+    rules = {f.rule for f in report.findings.kept}
+    # the decisions differ (the referee wants SEQ_GAP where the ledger accepted, or the
+    # reverse), and so does every amount the billed minutes make
+    assert {"SEQ_GAP", "TOTAL_DELIVERED_MGMS", "STATEMENT_TOTALS"} <= rules, rules
