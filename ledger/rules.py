@@ -595,6 +595,10 @@ class _Run:
             accepted = self._accepted_at(state, stream, node_id, event.seq)
             if accepted is not None and accepted[1] == opened.record_hash:
                 raise _Drop
+            if accepted is None:  # §6.3 usage: taken by a content rejection
+                raise _Reject(
+                    Reason.EQUIVOCATION, f"seq {event.seq} was taken by an event rejected before"
+                )
             raise _Reject(Reason.EQUIVOCATION, f"a different event for accepted seq {event.seq}")
         if event.seq in state.taken.get(node_id, ()):
             raise _Reject(Reason.EQUIVOCATION, f"seq {event.seq} was taken by a rejected event")

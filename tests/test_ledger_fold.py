@@ -223,6 +223,8 @@ def test_bad_usage_is_rejected_and_takes_its_seq(
         # SPEC §6.3 usage (3): a node never replaces a seq it signed — another seq 0 is an
         # equivocation.
         rejected(replacement, Reason.EQUIVOCATION)
+        if advancing and reason is not Reason.PREV_MISMATCH:
+            assert "taken by an event rejected before" in replacement.detail
         chained = b.StreamWriter(
             s.cast.node_key("node-a"), PID, "node-a", seq=1, prev=open_envelope(bad).record_hash
         )
