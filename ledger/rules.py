@@ -83,6 +83,7 @@ from proto.records import (
     ReclaimNotice,
     ResaleTotals,
     Status,
+    StreamResume,
     Totals,
     UsageEvent,
 )
@@ -99,10 +100,20 @@ Decision = Literal["chained", "dropped", "quarantined", "held"]
 DECISIONS: Final[tuple[Decision, ...]] = get_args(Decision)
 
 INPUT_KINDS: Final = frozenset(
-    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment", "release"}
+    {
+        "terms",
+        "keybinding",
+        "usage",
+        "reclaim",
+        "adjustment",
+        "closed",
+        "assignment",
+        "release",
+        "resume",
+    }
 )
 _AFTER_CLOSE_KINDS: Final = frozenset(
-    {"usage", "keybinding", "reclaim", "closed", "assignment", "release"}
+    {"usage", "keybinding", "reclaim", "closed", "assignment", "release", "resume"}
 )
 
 # (input hash, record hash) of an accepted usage event.
@@ -426,6 +437,8 @@ class _Run:
                 new = _assignment(state, terms, opened, record, self.arrived)
             elif isinstance(record, BuyerRelease):
                 new = _release(state, terms, opened, record, self.arrived)
+            elif isinstance(record, StreamResume):
+                new = _resume(state, terms, opened, record)
             else:  # pragma: no cover - attribute() lets only INPUT_KINDS through
                 raise InvariantViolation(f"no rule for kind {opened.kind}")
         except _Drop:
@@ -443,6 +456,9 @@ class _Run:
         if isinstance(record, PlacementClosed):
             # §6.3 closed: the close flush comes first, then the close record.
             flush, state = _close_flush(state, self.arrived)
+        elif isinstance(record, StreamResume):
+            # §6.3 resume: the resume flush comes first, then the resume record.
+            flush, state = _resume_flush(state, record, self.arrived)
         totals: Totals = new.pop("totals", state.totals)
         # Accepted usage events are recognised by their stream position, not in ``seen``.
         seen = state.seen if isinstance(record, UsageEvent) else state.seen.add(opened.input_hash)
@@ -461,7 +477,7 @@ class _Run:
         )
         if flush:
             verdict = msgspec.structs.replace(verdict, preceded=tuple(flush))
-        if release and isinstance(record, UsageEvent):
+        if release and isinstance(record, UsageEvent | StreamResume):
             verdict, state = self._after_advance(verdict, state, record.node_id)
         return verdict, state
 
@@ -949,25 +965,54 @@ def _close_flush(
     for node_id in sorted(holds):
         expected = state.streams.get(node_id, NEW_STREAM).next_seq
         for seq in sorted(holds[node_id]):
-            raw, position, input_hash = holds[node_id][seq]
-            opened = open_envelope(raw)  # it decoded when it was held
             detail = f"seq {seq} still held at the close; the stream expected {expected}"
-            state, flushed_at = _released_arrival(state, position, arrived)
-            verdict, state = _chain(
-                state,
-                state.seen.add(input_hash),
-                opened,
-                position,
-                "rejected",
-                Reason.SEQ_GAP,
-                0,
-                detail,
-                state.totals,
-                {},
-                flushed_at,
-            )
-            verdicts.append(verdict)
+            state = _flushed(state, holds[node_id][seq], detail, arrived, verdicts)
     return verdicts, state
+
+
+# §6.3 resume: the resume flush — the node's held events below from_seq, rejected SEQ_GAP.
+def _resume_flush(
+    state: PlacementState, resume: StreamResume, arrived: int | None
+) -> tuple[list[Verdict], PlacementState]:
+    held = state.stream_held.get(resume.node_id)
+    verdicts: list[Verdict] = []
+    if not held:
+        return verdicts, state
+    gone = sorted(seq for seq in held if seq < resume.from_seq)
+    for seq in gone:
+        entry = held[seq]
+        state = _without_held(state, resume.node_id, seq, len(entry[0]))
+        detail = f"seq {seq} still held when the stream resumed at seq {resume.from_seq}"
+        state = _flushed(state, entry, detail, arrived, verdicts)
+    return verdicts, state
+
+
+def _flushed(
+    state: PlacementState,
+    entry: tuple[bytes, str, str],
+    detail: str,
+    arrived: int | None,
+    verdicts: list[Verdict],
+) -> PlacementState:
+    """One held event chained as rejected SEQ_GAP (a flush); its verdict appended."""
+    raw, position, input_hash = entry
+    opened = open_envelope(raw)  # it decoded when it was held
+    state, flushed_at = _released_arrival(state, position, arrived)
+    verdict, state = _chain(
+        state,
+        state.seen.add(input_hash),
+        opened,
+        position,
+        "rejected",
+        Reason.SEQ_GAP,
+        0,
+        detail,
+        state.totals,
+        {},
+        flushed_at,
+    )
+    verdicts.append(verdict)
+    return state
 
 
 # §6.3 keybinding
@@ -1188,6 +1233,41 @@ def _release(
         "effective_end_ms": end,
         "totals": _reprice(terms, state.totals, release_charge=charge),
     }
+
+
+# §6.3 resume
+def _resume(
+    state: PlacementState, terms: PlacementTerms, opened: Opened, resume: StreamResume
+) -> dict[str, Any]:
+    """SPEC §6.3 resume: node ``node_id``'s stream restarts at ``from_seq``, chained to this
+    record, nothing before ``from_ms`` (the resume flush is ``_resume_flush``)."""
+    _require_roles(opened, terms, resume)  # §4.0: operator and buyer
+    node_id = resume.node_id
+    if node_id not in state.bindings:
+        raise _Reject(Reason.NODE_UNKNOWN, f"node {node_id!r} is not in the terms")
+    stream = state.streams.get(node_id, NEW_STREAM)
+    lowest = max(stream.next_seq, 1, max(state.taken.get(node_id, ()), default=-1) + 1)
+    if resume.from_seq < lowest:
+        raise _Reject(
+            Reason.RESUME_INVALID,
+            f"from_seq {resume.from_seq} is below {lowest}: the stream's next seq (at least "
+            "1), past every seq a rejected event took; a resume never reuses a seq",
+        )
+    if resume.from_ms < stream.last_end_ms:
+        raise _Reject(
+            Reason.RESUME_INVALID,
+            f"from_ms {resume.from_ms} is before the last accepted end {stream.last_end_ms}",
+        )
+    streams = dict(state.streams)
+    # no input hash: no event was accepted at from_seq - 1 (``_Run._accepted_at``)
+    streams[node_id] = msgspec.structs.replace(
+        stream,
+        next_seq=resume.from_seq,
+        last_hash=opened.record_hash,
+        last_end_ms=resume.from_ms,
+        last_input_hash="",
+    )
+    return {"streams": streams}
 
 
 # §6.3 adjustment; §7.4 adjustments, §7.7 bounds

@@ -621,3 +621,21 @@ def test_rejection_advances_is_reproduced_by_the_fold() -> None:
         totals = fold.totals("pl-rejection")
         assert totals is not None
         assert msgspec.to_builtins(totals) == data[rule]["totals"]
+
+
+def test_resume_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.3 resume: resume.json, every decision and record hash; the node reimaged
+    mid-window is billed again from the resume on (40 of 60 minutes)."""
+    data = load("resume.json")
+    fold = Fold(vectorgen._cast().ledger)
+    reasons = _replay_timed(fold, "resume", data["steps"])
+    assert [r for r in reasons if r is not None] == [
+        "EQUIVOCATION",
+        "SIG_MISSING",
+        "RESUME_INVALID",
+        "RESUME_INVALID",
+        "SEQ_GAP",
+        "EQUIVOCATION",
+    ]
+    assert fold.head("pl-resume") == (data["records"], data["head"])
+    assert data["totals"]["delivered_mgms"] == 40 * 60_000 * 1000

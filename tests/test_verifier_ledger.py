@@ -33,6 +33,7 @@ from devtools.builders import (
     make_terms,
     reclaim,
     release,
+    resume,
     sample,
     signed_terms,
 )
@@ -40,6 +41,7 @@ from ledger.export import export_placement
 from ledger.ingest import Ingestor
 from ledger.inputs import Item
 from ledger.store import Store
+from proto.envelope import open_envelope
 from proto.keys import SigningKey
 from proto.limits import REJECTION_ADVANCES_FROM_MS
 from proto.trust import TrustedKey, TrustFile
@@ -228,6 +230,7 @@ _MIXED = st.lists(
                 "foreign_gpu",
                 "clock_step",
                 "overlap",
+                "resume",
                 "usage_key2",
                 "usage_n2",
                 "gap",
@@ -313,6 +316,11 @@ def _mixed(
             raws.append(writer.event(start, start + MINUTE, [sample(gpus[0])]))
             dated.append(start + MINUTE)
             minute = max(minute, 1)
+        elif kind == "resume":  # the node lost its spool: its stream restarts 3 seqs on
+            raw = resume(cast, pid, "n1", writer.seq + 3, T0 + minute * MINUTE, f"rs-{n}")
+            raws.append(raw)
+            dated.append(T0 + minute * MINUTE)
+            writer.seq, writer.prev = writer.seq + 3, open_envelope(raw).record_hash
         elif kind == "gap":  # the node's next event skips a seq: held beyond the gap
             writer.seq += 1
         elif kind == "gap_n2":
@@ -409,7 +417,8 @@ def test_random_mixed_streams_agree(
     of a GPU, repeats, gaps in a node's seqs (held, then SEQ_GAP at the close flush, in
     node then seq order), an event before the terms, events rejected for their content (a
     GPU outside the terms, a clock step, an overlap: under terms of REJECTION_ADVANCES_FROM_MS
-    on each advances its stream) — through the real ledger: it never raises, and the
+    on each advances its stream), resumes of the node's stream (SPEC §6.3 resume: some
+    flush held events, some come too late) — through the real ledger: it never raises, and the
     verifier re-derives every decision and amount from the export."""
     mixed = _mixed(ops, close, timed, **_created(advancing))
     tmp = tmp_path_factory.mktemp("mixed")
@@ -538,3 +547,30 @@ def test_a_ledger_folding_by_the_other_rejection_rule_is_caught(
     # the decisions differ (the referee wants SEQ_GAP where the ledger accepted, or the
     # reverse), and so does every amount the billed minutes make
     assert {"SEQ_GAP", "TOTAL_DELIVERED_MGMS", "STATEMENT_TOTALS"} <= rules, rules
+
+
+def test_a_node_resumed_after_losing_its_spool_vector_verifies(tmp_path: Path) -> None:
+    """proto/vectors/resume.json through the real ledger, stopped and started again after
+    every input, and the verifier: the resume flush, the resumed stream's event chained
+    to the resume record and billed, the old node's stray events refused; the verifier
+    re-derives every decision and amount."""
+    import base64
+    import json
+
+    import vectorgen
+
+    data = json.loads((vectorgen.VECTORS_DIR / "resume.json").read_text())
+    cast = vectorgen._cast()
+    raws = [base64.b64decode(step["envelope_b64"]) for step in data["steps"]]
+    arrivals: list[int | None] = [step["arrived_ms"] for step in data["steps"]]
+    for item in _items("pl-resume", raws, arrivals):  # restarted anywhere
+        with Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+            Ingestor(store, cast.ledger).ingest([item])
+    out = tmp_path / "export.duckdb"
+    with Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+        heads = store.query("SELECT count(*) FROM records WHERE placement_id = 'pl-resume'")
+        export_placement(store, "pl-resume", out, key=cast.ledger)
+    assert heads[0][0] == data["records"]
+    report = verify(out, cast.trust())
+    assert report.ok, explain(report)
+    assert report.totals is not None and report.totals["delivered_mgms"] == 40 * 60_000 * 1000

@@ -1081,6 +1081,78 @@ def rejection_advances_vectors() -> Any:
     }
 
 
+def resume_vectors() -> Any:
+    """SPEC §6.3 resume: node a signs seq 0-2, loses seq 3 with its spool (seq 4 arrived:
+    held), is reimaged; seq 0 again is EQUIVOCATION; resumes signed by the operator alone
+    (SIG_MISSING), below the next seq and before the last accepted end (RESUME_INVALID);
+    the resume at seq 10 from minute 50 (the resume flush rejects the held seq 4
+    SEQ_GAP); the new stream's seq 10 chained to the resume (accepted); an old event for
+    seq 5 still in flight (EQUIVOCATION); the close. 40 of 60 minutes delivered."""
+    from ledger.fold import Fold
+    from proto.envelope import open_envelope
+    from proto.limits import REJECTION_ADVANCES_FROM_MS
+
+    cast = _cast()
+    pid = "pl-resume"
+    start = REJECTION_ADVANCES_FROM_MS
+    gpu = b.gpu("node-a", 0)
+    terms = b.make_terms(cast, pid, [gpu], start, start + HOUR)
+    old = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+
+    def at(minute: int) -> int:
+        return start + minute * MINUTE
+
+    def usage(writer: b.StreamWriter, begin: int, end: int) -> bytes:
+        return writer.event(at(begin), at(end), [b.sample(gpu)])
+
+    first = [usage(old, 10 * i, 10 * (i + 1)) for i in range(3)]
+    usage(old, 30, 40)  # seq 3: lost with the spool
+    held = usage(old, 40, 50)
+    in_flight = usage(old, 50, 60)
+    reimaged = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+    good = b.resume(cast, pid, "node-a", 10, at(50))
+    resumed = b.StreamWriter(
+        cast.node_key("node-a"), pid, "node-a", seq=10, prev=open_envelope(good).record_hash
+    )
+    close_at = terms.window_end_ms + terms.late_grace_ms
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms", b.signed_terms(cast, terms), start),
+        *((f"seq {i}", raw, at(10 * (i + 1))) for i, raw in enumerate(first)),
+        ("seq 4 (seq 3 was lost): held", held, at(50)),
+        ("the reimaged node starts at seq 0 again: EQUIVOCATION", usage(reimaged, 50, 51), at(51)),
+        (
+            "a resume signed by the operator alone: SIG_MISSING",
+            b.resume(cast, pid, "node-a", 10, at(50), "r0", [cast.operator]),
+            at(52),
+        ),
+        (
+            "a resume at seq 2, below the next seq 3: RESUME_INVALID",
+            b.resume(cast, pid, "node-a", 2, at(50), "r1"),
+            at(52),
+        ),
+        (
+            "a resume from minute 25, before the last accepted end: RESUME_INVALID",
+            b.resume(cast, pid, "node-a", 10, at(25), "r2"),
+            at(52),
+        ),
+        ("the resume at seq 10 from minute 50: seq 4 flushed SEQ_GAP first", good, at(53)),
+        ("the new stream's seq 10, chained to the resume", usage(resumed, 50, 60), at(60)),
+        ("the old node's seq 5, still in flight: EQUIVOCATION", in_flight, at(60)),
+        ("the close", b.closed(cast, pid, close_at), close_at),
+    ]
+    fold = Fold(cast.ledger)
+    steps = _timed_steps(fold, "resume", steps_in)
+    head, totals = fold.head(pid), fold.totals(pid)
+    assert head is not None and totals is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.to_builtins(totals),
+    }
+
+
 def bounds_vectors() -> Any:
     """SPEC §5 rule 5, §6.3 adjustment, §7.7: every total stays within 2^53 - 1 after every
     input. Terms with the buyer paying a 5 % fee; M (the most G + K can reach) and the
@@ -2191,6 +2263,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "resale_release.json": resale_release_vectors,
     "shortens.json": shortens_vectors,
     "rejection_advances.json": rejection_advances_vectors,
+    "resume.json": resume_vectors,
     "bounds.json": bounds_vectors,
     "finance.json": finance_vectors,
 }

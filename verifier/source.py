@@ -89,11 +89,13 @@ INPUT_TABLES: Final = (
     # SPEC §6.8, appended (EXPORT.md): exports written before it have no such table.
     InputTable("assignment", "assignments", ()),
     InputTable("release", "releases", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
+    # SPEC §6.3 resume, appended (EXPORT.md).
+    InputTable("resume", "resumes", (("node_id", "VARCHAR"),)),
 )
 TABLE_OF_KIND: Final = {t.kind: t for t in INPUT_TABLES}
 # Input tables appended after format version 1 shipped (SPEC §6.7, §6.8): an export
 # written before them has none, and reads as if the table were empty.
-OPTIONAL_TABLES: Final = frozenset({"assignments", "releases"})
+OPTIONAL_TABLES: Final = frozenset({"assignments", "releases", "resumes"})
 
 RECORD_COLUMNS: Final = (
     ("chain_index", "BIGINT"),
