@@ -19,6 +19,9 @@ Keys (relative paths are relative to the directory of meter.toml)::
     key_rebound = false                   # true: key_file is not the node key the terms
                                           #   name but one a NodeKeyBinding bound (else the
                                           #   agent refuses to start)
+    resume_files = ["resume.json"]        # signed resumes (gridledger resume, SPEC §6.3)
+                                          #   of this node's streams: a stream with no event
+                                          #   in the spool goes on from its resume
 
     [kafka]                               # transport = "kafka"
     bootstrap = "127.0.0.1:9092"
@@ -73,6 +76,7 @@ _TOP_KEYS: Final = frozenset(
         "local_dir",
         "kafka",
         "key_rebound",
+        "resume_files",
     }
 )
 _KAFKA_KEYS: Final = frozenset(
@@ -115,6 +119,7 @@ class MeterConfig:
     kafka: KafkaSettings | None
     metrics_listen: tuple[str, int] | None
     key_rebound: bool = False
+    resume_files: tuple[Path, ...] = ()
 
 
 def load_meter_config(path: Path) -> MeterConfig:
@@ -235,6 +240,13 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         problems.append("key_rebound must be true or false")
         key_rebound = False
 
+    resume_files: tuple[Path, ...] = ()
+    listed = data.get("resume_files", [])
+    if not isinstance(listed, list) or not all(isinstance(f, str) for f in listed):
+        problems.append("resume_files must be a list of file names")
+    else:
+        resume_files = tuple(_path(base, f) for f in listed)
+
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return MeterConfig(
@@ -252,6 +264,7 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         kafka=kafka,
         metrics_listen=metrics_listen,
         key_rebound=key_rebound,
+        resume_files=resume_files,
     )
 
 
