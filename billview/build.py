@@ -137,8 +137,8 @@ def _one_line(text: str) -> str:
 
 
 def _placement_rows(terms: PlacementTerms) -> list[tuple[str, str]]:
-    """SPEC §5.1-§5.2: workload, delivery and residency rows, only when the terms carry
-    them (terms without them show exactly the rows they always did)."""
+    """SPEC §5.1-§5.3: workload, delivery, residency and metering rows, only when the terms
+    carry them (terms without them show exactly the rows they always did)."""
     rows = _placement_text_rows(terms)
     return [(label, _one_line(value)) for label, value in rows]
 
@@ -161,6 +161,12 @@ def _placement_text_rows(terms: PlacementTerms) -> list[tuple[str, str]]:
         rows.append(("residency", "regions " + ", ".join(r.allowed_regions)))
         if r.jurisdictions:
             rows.append(("jurisdictions", ", ".join(r.jurisdictions)))
+    m = terms.metering
+    if m is not None:  # SPEC §5.3
+        idle = "billed" if m.idle_billed else "not billed (only the buyer's workload's time)"
+        rows.append(("metering", f"XID table {m.xid_table}; idle GPUs {idle}"))
+        rows.append(("buyer's workloads", ", ".join(m.holders) or "(none named)"))
+        rows.append(("degraded time", f"counted at {percent_bps(m.degraded_bps)}"))
     return rows
 
 
@@ -384,6 +390,16 @@ def _delivery(
         ):
             if row.ms[state]:
                 parts.append(f"{duration(row.ms[state])} {words}")
+        if row.degraded_ms and terms.metering is not None:
+            parts.append(
+                f"of the delivered, {duration(row.degraded_ms)} degraded (throttled), "
+                f"counted at {percent_bps(terms.metering.degraded_bps)}"
+            )
+        if row.allocation_unknown_ms:
+            parts.append(
+                f"of the delivered, {duration(row.allocation_unknown_ms)} allocation unknown "
+                "(no scheduler said who held the GPU)"
+            )
         lines.append(
             Line(
                 key=f"gpu:{row.uuid}",

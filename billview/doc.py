@@ -53,6 +53,10 @@ class GpuRow(Struct, frozen=True, kw_only=True):
     delivered_gpu_h: str
     availability: str
     segments: list[Segment] = []
+    # SPEC §7.1.2: delivered time priced at the terms' degraded share, and delivered time
+    # no scheduler vouched for (allocation "unknown").
+    degraded_ms: int = 0
+    allocation_unknown_ms: int = 0
 
 
 class Period(Struct, frozen=True, kw_only=True):

@@ -6,8 +6,11 @@ gives each: ``delivered`` (it counts), ``unallocated`` (``allocated = false``) o
 ``unhealthy`` (flagged, or unhealthy by its evidence, §7.1.1). The builder clips to the
 window, cuts at the effective end (after a reclaim the rest of the window is
 ``reclaimed``), fills what no accepted event covers as ``unreported``, merges neighbours
-of one state, and counts milliseconds per state. A GPU's delivered milli-GPU-ms are its
-share times its delivered milliseconds: summed over the GPUs they are D (SPEC §7.1).
+of one state, and counts milliseconds per state. A GPU's delivered milli-GPU-ms are, per
+sample, its share times the sample's delivered milliseconds times its weight (SPEC §7.1,
+§7.1.2: 10 000 bps but for degraded time the terms price at a share): summed over the
+GPUs they are D. Delivered time is also counted where it was degraded, and where no
+scheduler said who held the GPU (``allocation = "unknown"``, §7.1.2): the bill shows both.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Final
 
 from billview.doc import GpuRow, Segment
 from billview.units import format_gpu_hours, format_minor
+from proto.limits import MAX_BPS
 from proto.records import PlacementTerms
 
 DELIVERED: Final = "delivered"
@@ -53,6 +57,9 @@ class _Gpu:
     cursor: int
     ms: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
     segments: list[list[int | str]] = field(default_factory=list)
+    delivered_mgms: int = 0
+    degraded_ms: int = 0
+    unknown_ms: int = 0
 
 
 class TimelineBuilder:
@@ -73,9 +80,20 @@ class TimelineBuilder:
         self.truncated = False
         self.ignored = 0  # samples of GPUs the terms do not list (none in an honest log)
         self._gpus = {g.uuid: _Gpu(self.start) for g in terms.gpus}
+        self._share = {g.uuid: g.share_milli for g in terms.gpus}
 
-    def add(self, uuid: str, start_ms: int, end_ms: int, state: str) -> None:
-        """One sample of an accepted event: GPU ``uuid`` was in ``state`` over [start, end)."""
+    def add(
+        self,
+        uuid: str,
+        start_ms: int,
+        end_ms: int,
+        state: str,
+        weight_bps: int = MAX_BPS,
+        allocation_unknown: bool = False,
+    ) -> None:
+        """One sample of an accepted event: GPU ``uuid`` was in ``state`` over [start, end);
+        delivered at ``weight_bps`` (SPEC §7.1.2), with no scheduler's word on its holder
+        when ``allocation_unknown``."""
         gpu = self._gpus.get(uuid)
         if gpu is None or state not in (DELIVERED, UNHEALTHY, UNALLOCATED):
             self.ignored += 1
@@ -87,6 +105,12 @@ class TimelineBuilder:
         if lo > gpu.cursor:
             self._put(gpu, gpu.cursor, lo, UNREPORTED)
         self._put(gpu, lo, hi, state)
+        if state == DELIVERED:
+            gpu.delivered_mgms += self._share[uuid] * (hi - lo) * weight_bps // MAX_BPS
+            if weight_bps != MAX_BPS:
+                gpu.degraded_ms += hi - lo
+            if allocation_unknown:
+                gpu.unknown_ms += hi - lo
 
     def _put(self, gpu: _Gpu, lo: int, hi: int, state: str) -> None:
         gpu.ms[state] += hi - lo
@@ -111,7 +135,7 @@ class TimelineBuilder:
                 self._put(gpu, gpu.cursor, self.end, UNREPORTED)
             if self.end < self.terms.window_end_ms:
                 self._put(gpu, self.end, self.terms.window_end_ms, RECLAIMED)
-            delivered = spec.share_milli * gpu.ms[DELIVERED]
+            delivered = gpu.delivered_mgms
             availability = 10_000 if owed == 0 else 10_000 * gpu.ms[DELIVERED] // owed
             rows.append(
                 GpuRow(
@@ -124,6 +148,8 @@ class TimelineBuilder:
                     delivered_mgms=delivered,
                     delivered_gpu_h=format_gpu_hours(delivered),
                     availability=f"{format_minor(availability, 2)} %",
+                    degraded_ms=gpu.degraded_ms,
+                    allocation_unknown_ms=gpu.unknown_ms,
                     segments=[]
                     if self.truncated
                     else [Segment(int(a), int(b), str(s)) for a, b, s in gpu.segments],

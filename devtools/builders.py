@@ -17,6 +17,7 @@ from proto.keys import SigningKey
 from proto.records import (
     ZERO_HASH,
     Adjustment,
+    Allocation,
     Assignment,
     BuyerRelease,
     GpuSample,
@@ -169,9 +170,12 @@ def sample(
     ecc_uncorrectable: int = 0,
     retired_pages: int = 0,
     present: bool = True,
+    allocation: Allocation = "unknown",
+    clock_events: int = 0,
+    remapped_correctable: int = 0,
 ) -> GpuSample:
     """A plausible sample of one GPU; the keywords after ``utilisation_pct`` set its
-    health evidence (SPEC §7.1.1)."""
+    health evidence (SPEC §7.1.1) and its allocation and degradation (§7.1.2)."""
     codes = list(xids)
     return GpuSample(
         uuid=gpu_spec.uuid,
@@ -189,6 +193,9 @@ def sample(
         ecc_uncorrectable=ecc_uncorrectable,
         retired_pages=retired_pages,
         present=present,
+        allocation=allocation,
+        clock_events=clock_events,
+        remapped_correctable=remapped_correctable,
     )
 
 

@@ -51,6 +51,7 @@ from proto.records import (
     Assignment,
     BuyerRelease,
     LedgerRecord,
+    Metering,
     PlacementClosed,
     PlacementTerms,
     ReclaimNotice,
@@ -112,7 +113,7 @@ def bill_facts(
         ),
     )
     timeline = TimelineBuilder(terms, effective_end(facts))
-    _classify_usage(store, placement_id, through, timeline)
+    _classify_usage(store, placement_id, through, timeline, terms.metering)
     rows, note = timeline.finish()
     return facts, rows, note
 
@@ -349,7 +350,11 @@ def _usage_pages(store: Store, placement_id: str, through: int) -> Iterator[byte
 
 
 def _classify_usage(
-    store: Store, placement_id: str, through: int, timeline: TimelineBuilder
+    store: Store,
+    placement_id: str,
+    through: int,
+    timeline: TimelineBuilder,
+    metering: Metering | None = None,
 ) -> None:
     """Every sample of the accepted usage events, in chain order, with its §7.1 state."""
     retired: dict[str, dict[str, int]] = {}  # per node stream: the retired-page baseline
@@ -359,11 +364,18 @@ def _classify_usage(
             continue
         before = retired.get(event.node_id, {})
         for sample in event.samples:
-            if health.counts(sample, event.seq == 0, before):
+            if health.counts(sample, event.seq == 0, before, metering):
                 state = DELIVERED
-            elif not sample.allocated:
+            elif not sample.allocated or not health.held(sample, metering):
                 state = UNALLOCATED
             else:
                 state = UNHEALTHY
-            timeline.add(sample.uuid, event.start_ms, event.end_ms, state)
+            timeline.add(
+                sample.uuid,
+                event.start_ms,
+                event.end_ms,
+                state,
+                health.weight_bps(sample, metering),
+                sample.allocation == "unknown",
+            )
         retired[event.node_id] = dict(health.retired_after(before, event.samples))

@@ -41,6 +41,10 @@ Keys (relative paths are relative to the directory of the config file)::
     # sasl_username = "ledger"
     # sasl_password_file = "secrets/kafka-password"   # never the password itself
     # ssl_cafile = "certs/ca.pem"
+    # capacity_topic = "gridledger.capacity"  # SPEC §6.5 across shards: terms claim their
+                                      # GPUs through this topic (LogAppendTime, keyed by
+                                      # GPU uuid) before they are accepted; left out:
+                                      # claims are compared within each partition only
     start_backoff_initial_s = 0.5     # Kafka unreachable at start: wait this long before the
     start_backoff_max_s = 10.0        # next of START_ATTEMPTS (10) attempts, doubling up to
                                       # the max; then exit 75. Both in 0.01..600 s, initial
@@ -103,6 +107,7 @@ _KAFKA_KEYS: Final = frozenset(
         "ssl_cafile",
         "start_backoff_initial_s",
         "start_backoff_max_s",
+        "capacity_topic",
     }
 )
 # [kafka] start_backoff_initial_s / start_backoff_max_s: each in this range (seconds).
@@ -132,6 +137,9 @@ class KafkaConfig:
     # doubled per attempt up to the max (ledger.limits START_BACKOFF_*, START_ATTEMPTS).
     start_backoff_initial_s: float = START_BACKOFF_INITIAL_S
     start_backoff_max_s: float = START_BACKOFF_MAX_S
+    # SPEC §6.5 across shards: the capacity topic through which terms claim their GPUs
+    # (None: claims compared within each ordered stream only).
+    capacity_topic: str | None = None
 
     @property
     def topic(self) -> str:
@@ -313,6 +321,14 @@ def _kafka(data: Any, base: Path) -> KafkaConfig:
         initial_s,
         hi,
     )
+    capacity_topic = data.get("capacity_topic")
+    if capacity_topic is not None and (
+        not isinstance(capacity_topic, str) or not capacity_topic or capacity_topic == topic
+    ):
+        raise ConfigError(
+            f"[kafka] capacity_topic must be a non-empty string other than topic, got "
+            f"{capacity_topic!r}"
+        )
     return KafkaConfig(
         settings=settings,
         partitions=partitions,
@@ -320,6 +336,7 @@ def _kafka(data: Any, base: Path) -> KafkaConfig:
         shards=shards,
         start_backoff_initial_s=initial_s,
         start_backoff_max_s=max_s,
+        capacity_topic=capacity_topic,
     )
 
 

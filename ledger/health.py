@@ -16,25 +16,57 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from proto.records import GpuSample
+from proto.limits import MAX_BPS
+from proto.records import GpuSample, Metering
+from proto.xids import DEGRADING_CLOCK_EVENTS, unhealthy_xids
 
-# SPEC §7.1: XIDs that mean the device lost work or left the bus (48 double-bit ECC, 63/64
-# page retirement / row remapping event or failure, 74 NVLink error, 79 fell off the bus,
-# 92 high single-bit ECC rate, 94/95 contained / uncontained ECC error).
-CRITICAL_XIDS: Final = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
+# SPEC §7.1.1: the XIDs that make a sample unhealthy, per table (§5.3 ``xid_table``;
+# terms without ``metering``: table 1, 48 63 64 74 79 92 94 95).
+_UNHEALTHY: Final = {version: unhealthy_xids(version) for version in (1, 2)}
+CRITICAL_XIDS: Final = _UNHEALTHY[1]
 
 
-def counts(sample: GpuSample, first_event: bool, retired_before: Mapping[str, int]) -> bool:
-    """Whether ``sample`` counts towards delivered (SPEC §7.1)."""
+def counts(
+    sample: GpuSample,
+    first_event: bool,
+    retired_before: Mapping[str, int],
+    metering: Metering | None = None,
+) -> bool:
+    """Whether ``sample`` counts towards delivered (SPEC §7.1, §7.1.1, §7.1.2)."""
+    table = _UNHEALTHY[metering.xid_table] if metering is not None else CRITICAL_XIDS
     return (
         sample.allocated
         and sample.healthy
         and sample.present
         and sample.power_mw > 0
         and sample.ecc_uncorrectable == 0
-        and CRITICAL_XIDS.isdisjoint(sample.xids)
+        and table.isdisjoint(sample.xids)
         and (first_event or sample.retired_pages <= retired_before.get(sample.uuid, 0))
+        and held(sample, metering)
     )
+
+
+def held(sample: GpuSample, metering: Metering | None) -> bool:
+    """SPEC §7.1.2: the GPU was the buyer's to use: not held by another workload, and,
+    where the terms bill only while the buyer's workload holds it, held by it."""
+    if sample.allocation == "other":
+        return False
+    return metering is None or metering.idle_billed or sample.allocation == "buyer"
+
+
+def weight_bps(sample: GpuSample, metering: Metering | None) -> int:
+    """SPEC §7.1.2: the share (basis points) of a counting sample's time that is
+    delivered: the terms' ``degraded_bps`` when its clock events degrade it, else all."""
+    if metering is not None and sample.clock_events & DEGRADING_CLOCK_EVENTS:
+        return metering.degraded_bps
+    return MAX_BPS
+
+
+def delivered_mgms(share_milli: int, overlap_ms: int, weight: int) -> int:
+    """SPEC §7.1: one sample's delivered milli-GPU-ms: ``floor(share × overlap × w / 10 000)``."""
+    if weight == MAX_BPS:
+        return share_milli * overlap_ms
+    return share_milli * overlap_ms * weight // MAX_BPS
 
 
 def retired_after(retired_before: Mapping[str, int], samples: list[GpuSample]) -> Mapping[str, int]:

@@ -33,7 +33,7 @@ from typing import Any, Final, Literal, get_args
 import msgspec
 
 from ledger import health
-from ledger.capacity import Claims, oversold
+from ledger.capacity import Claims, capacity_refusal
 from ledger.immutable import PMap, PSet
 from ledger.pricing import (
     overlap_ms,
@@ -289,6 +289,12 @@ class _Reject(Exception):
         # SPEC §6.3 usage, rejected for its content: the record hash the stream advances
         # to (its seq taken by advancing past it), or None.
         self.advances: str | None = None
+
+
+def _weighted(share_milli: int, weight: int, event: UsageEvent, from_ms: int, to_ms: int) -> int:
+    """SPEC §7.1, §7.1.2: a counting sample's delivered milli-GPU-ms over [from_ms, to_ms)."""
+    overlap = overlap_ms(event.start_ms, event.end_ms, from_ms, to_ms)
+    return health.delivered_mgms(share_milli, overlap, weight)
 
 
 class _Run:
@@ -560,9 +566,9 @@ class _Run:
                 Reason.AMENDMENT_TOO_LATE,
                 "usage, a reclaim, an adjustment, an assignment or the close was already accepted",
             )
-        over = None if self.claims is None else oversold(terms, self.claims)
-        if over is not None:  # §6.5: capacity is sold once
-            raise _Reject(Reason.OVERSOLD, over)
+        refusal = None if self.claims is None else capacity_refusal(terms, self.claims)
+        if refusal is not None:  # §6.5: capacity is sold once
+            raise _Reject(*refusal)
         # (4) accepted: the terms (or the amendment) in force from here on
         return terms_fields(terms, opened.payload, opened.record_hash)
 
@@ -742,16 +748,14 @@ def _usage_delivered(
             )
         if terms.attestation_required:
             _usage_attested(state, event, sample.uuid, public_key, keyid, takes)
-        if health.counts(sample, event.seq == 0, stream.retired):
-            delivered += spec.share_milli * overlap_ms(
-                event.start_ms, event.end_ms, terms.window_start_ms, state.effective_end_ms
-            )
+        if health.counts(sample, event.seq == 0, stream.retired, terms.metering):
+            weight = health.weight_bps(sample, terms.metering)
+            end_ms, share = state.effective_end_ms, spec.share_milli
+            delivered += _weighted(share, weight, event, terms.window_start_ms, end_ms)
             # §7.10: the same time on an assigned GPU, from the handover on
             for k, assigned in enumerate(assignments):
                 if sample.uuid in assigned.gpus:
-                    resold[k] += spec.share_milli * overlap_ms(
-                        event.start_ms, event.end_ms, assigned.handover_ms, state.effective_end_ms
-                    )
+                    resold[k] += _weighted(share, weight, event, assigned.handover_ms, end_ms)
     return delivered, resold
 
 

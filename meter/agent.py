@@ -30,6 +30,7 @@ from typing import Final
 import msgspec
 import structlog
 
+from meter.allocation import AllocationSource, allocations_for
 from meter.clock import Clock
 from meter.durable import read_small_file, write_atomic
 from meter.limits import (
@@ -209,9 +210,10 @@ class Agent:
         clock: Clock,
         *,
         metrics: MeterMetrics | None = None,
+        allocation: AllocationSource | None = None,
     ) -> None:
         self.config = config
-        self._source = source
+        self._source, self._allocation = source, allocation  # allocation: SPEC §7.1.2
         # A pure source is asked only for the GPUs of the streams due in an interval; the
         # others are read whole, once per interval (NVML: counters since the last read).
         self._pure_source = source if isinstance(source, PureGpuSource) else None
@@ -221,8 +223,7 @@ class Agent:
         self.metrics = metrics if metrics is not None else MeterMetrics()
         self._streams: list[_Stream] = []
         for terms in sorted(config.terms, key=lambda t: t.placement_id):
-            node_ids = {n.node_id for n in terms.nodes}
-            if config.node_id not in node_ids:
+            if config.node_id not in {n.node_id for n in terms.nodes}:
                 _log.warning(
                     "terms_without_this_node", placement=terms.placement_id, node=config.node_id
                 )
@@ -397,6 +398,7 @@ class Agent:
             wanted = {}
             for stream, start, end in jobs:
                 wanted.setdefault((start, end), set()).update(stream.uuids)
+        holders = self._holders()
         heads = {s.key: s.head for s in self._streams}
         sealed: list[tuple[_Stream, SealedEvent, StreamHead]] = []
         key, key_id, sign = self.config.signing_key, self._key_id, self._sign
@@ -408,7 +410,17 @@ class Agent:
                     start, end, None if wanted is None else wanted[interval]
                 )
             head = heads[stream.key]
-            event = build_event(stream.key, head, start, end, samples_for(stream.gpus, reading))
+            # The scheduler says who holds a GPU now: that is evidence for an interval
+            # that ends within one interval of now, not for one caught up from the past.
+            recent = holders is not None and now_ms - end < self.config.interval_ms
+            metering = stream.terms.metering
+            samples = samples_for(
+                stream.gpus,
+                reading,
+                allocations_for(stream.terms, stream.gpus, holders) if recent else None,
+                metering is None or metering.idle_billed,
+            )
+            event = build_event(stream.key, head, start, end, samples)
             item = seal_event(event, key, key_id, sign)
             heads[stream.key] = after = head.after(event, item.record_hash)
             sealed.append((stream, item, after))
@@ -457,6 +469,17 @@ class Agent:
             )
             return
         self.collect_garbage(read)
+
+    def _holders(self) -> Mapping[str, str] | None:
+        """The allocation source's holders now (None: no source, or it failed)."""
+        if self._allocation is None:
+            return None
+        try:
+            return self._allocation.holders()
+        except Exception as exc:  # a source's own failure: unknown, never a crash
+            self.metrics.source_errors.inc()
+            _log.error("allocation_source_failed", error=f"{type(exc).__name__}: {exc}")
+            return None
 
     def _read_source(
         self, start_ms: int, end_ms: int, uuids: set[str] | None = None

@@ -43,6 +43,7 @@ from typing import Final
 import structlog
 
 from meter.agent import Agent, AgentConfig, AgentConfigError
+from meter.allocation import build_allocation_source
 from meter.clock import Clock, RealClock, SimClock, SkewedClock
 from meter.config import ConfigError, MeterConfig, load_meter_config
 from meter.limits import SHIP_DRAIN_TIMEOUT_S, SIGNAL_DRAIN_TIMEOUT_S, STATS_LOG_INTERVAL_S
@@ -194,6 +195,15 @@ def _epoch_ms(node_id: str, terms: tuple[PlacementTerms, ...]) -> int:
     return min(mine or [t.window_start_ms for t in terms])
 
 
+def _uuid_of_index(source: GpuSource) -> Callable[[int], str | None]:
+    """GPU index -> uuid for Slurm (NVML's order; a simulator's device order)."""
+    if isinstance(source, Simulator):
+        devices = source.devices
+        return lambda i: devices[i].uuid if 0 <= i < len(devices) else None
+    by_index = getattr(source, "uuid_of_index", None)
+    return by_index if callable(by_index) else (lambda i: None)
+
+
 def build_agent(
     config: MeterConfig, spec: SimSpec | None, clock: Clock, metrics: MeterMetrics
 ) -> Agent:
@@ -226,7 +236,14 @@ def build_agent(
         resumes=load_resumes(config.resume_files, config.node_id, terms),
     )
     try:
-        return Agent(agent_config, source, clock, metrics=metrics)
+        allocation = build_allocation_source(
+            config.allocation,
+            kubelet_socket=config.kubelet_socket,
+            slurm_node=config.slurm_node,
+            uuid_of_index=_uuid_of_index(source),
+            slurm_prolog_dir=config.slurm_prolog_dir,
+        )
+        return Agent(agent_config, source, clock, metrics=metrics, allocation=allocation)
     except BaseException:
         source.close()
         raise

@@ -19,6 +19,14 @@ Keys (relative paths are relative to the directory of meter.toml)::
     key_rebound = false                   # true: key_file is not the node key the terms
                                           #   name but one a NodeKeyBinding bound (else the
                                           #   agent refuses to start)
+    allocation = "none"                   # who holds each GPU (SPEC §7.1.2): "none" (every
+                                          #   sample says allocation "unknown") | "kubelet"
+                                          #   | "slurm" | "slurm-prolog" (meter/allocation.py)
+    kubelet_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"   # allocation = kubelet
+    slurm_node = "gpu01"                  # allocation = slurm: this node's Slurm name
+                                          #   (default: the short host name)
+    slurm_prolog_dir = "/run/gridledger/slurm-jobs"  # allocation = slurm-prolog: the job
+                                          #   files deploy/slurm-prolog.sh writes
     resume_files = ["resume.json"]        # signed resumes (gridledger resume, SPEC §6.3)
                                           #   of this node's streams: a stream with no event
                                           #   in the spool goes on from its resume
@@ -48,7 +56,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from meter.allocation import ALLOCATION_KINDS, DEFAULT_PROLOG_DIR
 from meter.limits import DEFAULT_INTERVAL_MS, MAX_INTERVAL_MS, MAX_TERMS_FILES, MIN_INTERVAL_MS
+from meter.podresources import DEFAULT_SOCKET
 from proto.unknown_keys import unknown_key
 from transport.kafka import DEFAULT_TOPIC, KafkaSettings
 from transport.limits import (
@@ -76,6 +86,10 @@ _TOP_KEYS: Final = frozenset(
         "local_dir",
         "kafka",
         "key_rebound",
+        "allocation",
+        "kubelet_socket",
+        "slurm_node",
+        "slurm_prolog_dir",
         "resume_files",
     }
 )
@@ -119,6 +133,10 @@ class MeterConfig:
     kafka: KafkaSettings | None
     metrics_listen: tuple[str, int] | None
     key_rebound: bool = False
+    allocation: str = "none"  # one of meter.allocation.ALLOCATION_KINDS
+    kubelet_socket: str = DEFAULT_SOCKET
+    slurm_node: str = ""  # empty: the short host name
+    slurm_prolog_dir: str = DEFAULT_PROLOG_DIR
     resume_files: tuple[Path, ...] = ()
 
 
@@ -235,10 +253,7 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         else:
             metrics_listen = (host, int(port))
 
-    key_rebound = data.get("key_rebound", False)
-    if not isinstance(key_rebound, bool):
-        problems.append("key_rebound must be true or false")
-        key_rebound = False
+    node_settings = _node_settings(data, problems)
 
     resume_files: tuple[Path, ...] = ()
     listed = data.get("resume_files", [])
@@ -263,9 +278,33 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         transport=transport,
         kafka=kafka,
         metrics_listen=metrics_listen,
-        key_rebound=key_rebound,
+        **node_settings,
         resume_files=resume_files,
     )
+
+
+def _node_settings(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``key_rebound``; ``allocation``, ``kubelet_socket`` and ``slurm_node`` (SPEC §7.1.2)."""
+    key_rebound = data.get("key_rebound", False)
+    if not isinstance(key_rebound, bool):
+        problems.append("key_rebound must be true or false")
+        key_rebound = False
+    allocation = data.get("allocation", "none")
+    if allocation not in ALLOCATION_KINDS:
+        kinds = ", ".join(repr(k) for k in ALLOCATION_KINDS)
+        problems.append(f"allocation must be one of {kinds}, not {allocation!r}")
+        allocation = "none"
+    texts = {k: data.get(k, "") for k in ("kubelet_socket", "slurm_node", "slurm_prolog_dir")}
+    for name, value in texts.items():
+        if not isinstance(value, str):
+            problems.append(f"{name} must be a string")
+    return {
+        "key_rebound": key_rebound,
+        "allocation": allocation,
+        "kubelet_socket": str(texts["kubelet_socket"] or DEFAULT_SOCKET),
+        "slurm_node": str(texts["slurm_node"]),
+        "slurm_prolog_dir": str(texts["slurm_prolog_dir"] or DEFAULT_PROLOG_DIR),
+    }
 
 
 def _kafka_settings(value: Any, base: Path, problems: list[str]) -> KafkaSettings | None:

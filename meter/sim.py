@@ -16,6 +16,8 @@ Spec grammar (``gridledger meter run --simulate SPEC``)::
            | "ecc=" UUID "@" MS "-" MS         uncorrectable ECC errors in [MS, MS)
            | "retire=" UUID "@" MS             one more page retired at MS (cumulative)
            | "nopower=" UUID "@" MS "-" MS     the power reading is 0 W in [MS, MS)
+           | "throttle=" UUID "@" MS "-" MS    hardware thermal slowdown (clock event
+                                               0x40, SPEC §7.1.2) in [MS, MS)
            | "claim_healthy=" ("0" | "1")      1: every reading is flagged healthy whatever
                                                the evidence (a lying or broken agent, for
                                                tests of SPEC §7.1.1)
@@ -25,9 +27,14 @@ Spec grammar (``gridledger meter run --simulate SPEC``)::
                                                spooled this many events (crash tests)
            | "pace_ms=" INT                    with --until-ms: wall-clock pause per step
 
-``unhealthy``, ``vanish``, ``xid``, ``ecc``, ``retire`` and ``nopower`` may repeat. Each
-evidence fault (``xid``, ``ecc``, ``retire``, ``nopower``) also clears the reading's
-``healthy`` flag, unless ``claim_healthy=1``. MS values are milliseconds after the
+``unhealthy``, ``vanish``, ``xid``, ``ecc``, ``retire``, ``nopower`` and ``throttle`` may
+repeat. Each evidence fault (``xid`` of a code the latest XID table marks unhealthy,
+``ecc``, ``retire``, ``nopower``) also clears the reading's ``healthy`` flag, unless
+``claim_healthy=1``; an application's XID (13, 31, ...) and a throttle do not.
+
+MIG (SPEC §7.1.2): a device whose model names a MIG profile (``… MIG 3g.20gb``) is a MIG
+instance and reads as NVML reads one: no utilisation or energy of its own (0), its own
+memory, its parent's power. MS values are milliseconds after the
 simulation's epoch: the earliest ``window_start_ms`` of the agent's terms. Example::
 
     seed=7,gpus=4,unhealthy=GPU-x@600000-900000,vanish=GPU-y@1200000,skew_ms=250
@@ -43,7 +50,8 @@ from dataclasses import dataclass, field
 from hashlib import sha512 as _sha512
 from typing import Final
 
-from meter.sources import GpuReading
+from meter.mig import profile_of
+from meter.sources import UNHEALTHY_XIDS, GpuReading
 
 __all__ = ["SimDevice", "SimSpec", "SimSpecError", "Simulator", "parse_sim_spec"]
 
@@ -93,9 +101,11 @@ class _Evidence:
     retired_pages: int  # cumulative: every retire fault at or before the interval
     retired_now: bool  # a page was retired during the interval
     no_power: bool
+    clock_events: int = 0
 
 
 _NO_EVIDENCE: Final = _Evidence((), 0, 0, False, False)
+THROTTLE_CLOCK_EVENTS: Final = 0x40  # NVML's hardware thermal slowdown
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +123,7 @@ class SimSpec:
     ecc: tuple[Fault, ...] = ()
     retire: tuple[Fault, ...] = ()
     nopower: tuple[Fault, ...] = ()
+    throttle: tuple[Fault, ...] = ()
     claim_healthy: bool = False
     text: str = field(default="", compare=False)
 
@@ -148,7 +159,7 @@ def parse_sim_spec(text: str) -> SimSpec:
     unhealthy: list[Fault] = []
     vanish: list[Fault] = []
     xid: list[tuple[int, Fault]] = []
-    evidence: dict[str, list[Fault]] = {"ecc": [], "retire": [], "nopower": []}
+    evidence: dict[str, list[Fault]] = {"ecc": [], "retire": [], "nopower": [], "throttle": []}
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
@@ -164,7 +175,7 @@ def parse_sim_spec(text: str) -> SimSpec:
             if not slash:
                 raise SimSpecError(f"xid={value!r}: want CODE/UUID@START_MS-END_MS")
             xid.append((_int(key, code), _fault(key, fault, need_end=True)))
-        elif key in ("ecc", "nopower"):
+        elif key in ("ecc", "nopower", "throttle"):
             evidence[key].append(_fault(key, value, need_end=True))
         elif key == "retire":
             retired = _fault(key, value, need_end=False)
@@ -195,6 +206,7 @@ def parse_sim_spec(text: str) -> SimSpec:
         ecc=tuple(evidence["ecc"]),
         retire=tuple(evidence["retire"]),
         nopower=tuple(evidence["nopower"]),
+        throttle=tuple(evidence["throttle"]),
         claim_healthy=values.get("claim_healthy") == 1,
         text=text,
     )
@@ -234,6 +246,7 @@ class Simulator:
                 ("ecc", spec.ecc),
                 ("retire", spec.retire),
                 ("nopower", spec.nopower),
+                ("throttle", spec.throttle),
             )
             for fault in faults
         ]
@@ -248,8 +261,16 @@ class Simulator:
         # Without any fault every device is present and healthy and its evidence empty:
         # the hot path of long simulations (the trace replay) skips the fault scans.
         self._faulty = bool(
-            spec.unhealthy or spec.vanish or spec.xid or spec.ecc or spec.retire or spec.nopower
+            spec.unhealthy
+            or spec.vanish
+            or spec.xid
+            or spec.ecc
+            or spec.retire
+            or spec.nopower
+            or spec.throttle
         )
+        # MIG instances (a profile in the model): read as NVML reads them.
+        self._mig = frozenset(d.uuid for d in listed if profile_of(d.model))
         # A device's typical load: fixed per (seed, device), drawn once.
         self._base: dict[str, int] = {}
         # Re-seeded for every reading (``_reading``): a generator of its own per interval.
@@ -305,6 +326,7 @@ class Simulator:
             retired_pages=len(retired),
             retired_now=any(rel_start <= f.start_ms for f in retired),
             no_power=bool(hits(spec.nopower)),
+            clock_events=THROTTLE_CLOCK_EVENTS if hits(spec.throttle) else 0,
         )
 
     def _reading(self, device: SimDevice, start_ms: int, end_ms: int, *, sick: bool) -> GpuReading:
@@ -337,26 +359,28 @@ class Simulator:
             power_mw = 0
         faulty = (
             sick
-            or bool(evidence.xids)
+            or not UNHEALTHY_XIDS.isdisjoint(evidence.xids)
             or evidence.ecc_uncorrectable > 0
             or evidence.retired_now
             or evidence.no_power
         )
+        mig = device.uuid in self._mig
         return GpuReading(
             uuid=device.uuid,
             model=device.model,
             healthy=self._spec.claim_healthy or not faulty,
-            utilisation_pct=utilisation,
+            utilisation_pct=0 if mig else utilisation,
             memory_used_mib=used,
             memory_total_mib=device.memory_total_mib,
             power_mw=power_mw,
-            # mW x ms = uJ; / 1000 = mJ.
-            energy_mj=power_mw * max(0, end_ms - start_ms) // 1000,
+            # mW x ms = uJ; / 1000 = mJ. A MIG instance has no energy counter of its own.
+            energy_mj=0 if mig else power_mw * max(0, end_ms - start_ms) // 1000,
             xid_errors=(1 + _below(bits, 3, 2) if sick else 0) + len(evidence.xids),
             ecc_errors=evidence.ecc_uncorrectable,
             xids=evidence.xids,
             ecc_uncorrectable=evidence.ecc_uncorrectable,
             retired_pages=evidence.retired_pages,
+            clock_events=evidence.clock_events,
         )
 
     def close(self) -> None:

@@ -13,11 +13,23 @@ from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
 from proto import limits as proto_limits
+from proto.xids import LATEST_XID_TABLE, XID_TABLES, unhealthy_xids
 
-__all__ = ["CRITICAL_XIDS", "GpuReading", "GpuSource", "PureGpuSource", "bounded_xids"]
+__all__ = [
+    "CRITICAL_XIDS",
+    "UNHEALTHY_XIDS",
+    "GpuReading",
+    "GpuSource",
+    "PureGpuSource",
+    "bounded_xids",
+]
 
-# SPEC §7.1.1: the XIDs that make a sample unhealthy whatever its flag.
-CRITICAL_XIDS: Final = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
+# SPEC §7.1.1: the XIDs that make a sample unhealthy whatever its flag, under any table
+# (kept first when a sample lists more than MAX_XIDS codes).
+CRITICAL_XIDS: Final = frozenset().union(*(unhealthy_xids(v) for v in XID_TABLES))
+# The codes a source flags unhealthy itself: the latest table's (driver or hardware
+# faults); an application's own XID (13, 31, 43, ...) leaves the GPU healthy.
+UNHEALTHY_XIDS: Final = unhealthy_xids(LATEST_XID_TABLE)
 
 
 def bounded_xids(codes: Iterable[int]) -> tuple[int, ...]:
@@ -56,6 +68,10 @@ class GpuReading:
     xids: tuple[int, ...] = ()
     ecc_uncorrectable: int = 0
     retired_pages: int = 0
+    # SPEC §7.1.2: NVML's clock-event (throttle) reasons for the interval (bitmask), and the
+    # rows remapped for correctable errors so far (evidence only).
+    clock_events: int = 0
+    remapped_correctable: int = 0
 
 
 class GpuSource(Protocol):

@@ -24,7 +24,7 @@ from proto import limits as proto_limits
 from proto.canonical import signed_bytes
 from proto.envelope import Envelope, Signature, encode_envelope, sha256_hex, sign_payload
 from proto.keys import SigningKey
-from proto.records import ZERO_HASH, GpuSample, GpuSpec, PlacementTerms, UsageEvent
+from proto.records import ZERO_HASH, Allocation, GpuSample, GpuSpec, PlacementTerms, UsageEvent
 
 __all__ = [
     "HandOff",
@@ -109,21 +109,33 @@ def _usable_model(model: str) -> bool:
 _MAX: Final = proto_limits.MAX_SAFE_INTEGER
 
 
-def samples_for(gpus: Sequence[GpuSpec], readings: Mapping[str, GpuReading]) -> list[GpuSample]:
-    """One sample per GPU of the terms on this node, allocated to the placement.
+def samples_for(
+    gpus: Sequence[GpuSpec],
+    readings: Mapping[str, GpuReading],
+    allocations: Mapping[str, Allocation] | None = None,
+    idle_billed: bool = True,
+) -> list[GpuSample]:
+    """One sample per GPU of the terms on this node.
 
     A GPU the source does not see is reported unhealthy with zero readings: it delivered
     nothing. Readings are clamped into the record's ranges (a device is input too).
+    ``allocations``: each GPU's SPEC §7.1.2 ``allocation`` (``meter.allocation``; absent:
+    ``unknown``); ``allocated`` is false where the sample is not held for the buyer
+    (another workload's GPU, or, with ``idle_billed`` false, any GPU not the buyer's).
     """
     samples = []
     for spec in gpus:
         reading = readings.get(spec.uuid)
+        allocation: Allocation = "unknown"
+        if allocations is not None:
+            allocation = allocations.get(spec.uuid, "unknown")
+        allocated = allocation != "other" and (idle_billed or allocation == "buyer")
         if reading is None or not _usable_model(reading.model):
             samples.append(
                 GpuSample(
                     uuid=spec.uuid,
                     model=spec.model,
-                    allocated=True,
+                    allocated=allocated,
                     healthy=False,
                     utilisation_pct=0,
                     memory_used_mib=0,
@@ -133,6 +145,7 @@ def samples_for(gpus: Sequence[GpuSpec], readings: Mapping[str, GpuReading]) -> 
                     xid_errors=_bounded(reading.xid_errors) if reading is not None else 0,
                     ecc_errors=_bounded(reading.ecc_errors) if reading is not None else 0,
                     present=reading is not None,
+                    allocation=allocation,
                 )
             )
             continue
@@ -147,11 +160,13 @@ def samples_for(gpus: Sequence[GpuSpec], readings: Mapping[str, GpuReading]) -> 
         ee = reading.ecc_errors
         eu = reading.ecc_uncorrectable
         rp = reading.retired_pages
+        ce = reading.clock_events
+        rc = reading.remapped_correctable
         samples.append(
             GpuSample(
                 spec.uuid,
                 reading.model,
-                True,
+                allocated,
                 bool(reading.healthy),
                 u if u.__class__ is int and 0 <= u <= 100 else _bounded(u, 100),
                 mu if mu.__class__ is int and 0 <= mu <= _MAX else _bounded(mu),
@@ -163,6 +178,10 @@ def samples_for(gpus: Sequence[GpuSpec], readings: Mapping[str, GpuReading]) -> 
                 list(bounded_xids(_bounded(x) for x in reading.xids)) if reading.xids else [],
                 eu if eu.__class__ is int and 0 <= eu <= _MAX else _bounded(eu),
                 rp if rp.__class__ is int and 0 <= rp <= _MAX else _bounded(rp),
+                True,
+                allocation,
+                ce if ce.__class__ is int and 0 <= ce <= _MAX else _bounded(ce),
+                rc if rc.__class__ is int and 0 <= rc <= _MAX else _bounded(rc),
             )
         )
     return samples

@@ -23,6 +23,7 @@ from proto.invariant import of_type
 from proto.reasons import Reason
 from proto.records import (
     KIND_TO_TYPE,
+    Allocation,
     GpuSample,
     Model,
     NonNegInt,
@@ -173,6 +174,9 @@ class _LooseGpuSample(
     ecc_uncorrectable: NonNegInt = 0
     retired_pages: NonNegInt = 0
     present: bool = True
+    allocation: Allocation = "unknown"
+    clock_events: NonNegInt = 0
+    remapped_correctable: NonNegInt = 0
 
 
 class _LooseUsageEvent(
@@ -232,6 +236,9 @@ def _decode_usage_fast(body: bytes) -> UsageEvent | None:
                 s.ecc_uncorrectable,
                 s.retired_pages,
                 s.present,
+                s.allocation,
+                s.clock_events,
+                s.remapped_correctable,
             )
         )
     return UsageEvent(

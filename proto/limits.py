@@ -32,6 +32,7 @@ MAX_TEXT_CHARS: Final = 512
 # Workload, delivery and residency terms (SPEC §5.1, §5.2): acceptance requirements,
 # allowed regions and jurisdictions listed in one terms record.
 MAX_ACCEPTANCE_ITEMS: Final = 16
+MAX_HOLDERS: Final = 16  # SPEC §5.3: workload identities in the terms' metering
 MAX_REGIONS: Final = 64
 MAX_JURISDICTIONS: Final = 16
 
@@ -78,6 +79,10 @@ MAX_ARRIVAL_LAG_MS: Final = 60_000
 # backdating by any coalition is bounded by this + MAX_CLOCK_SKEW_MS.
 WITNESS_INTERVAL_S: Final = 60
 MAX_WITNESS_INTERVAL_S: Final = 86_400
+
+# SPEC §6.5 across shards: a claim request reaching the capacity log later than this after
+# its terms arrived is denied CAPACITY_LATE, so a shard waits at most this long for it.
+MAX_CAPACITY_WAIT_MS: Final = 60_000
 
 # SPEC §6.6: every record of a placement whose terms were created at or after this moment
 # (2026-12-01T00:00:00Z) carries arrived_ms; untimed records are accepted only in older

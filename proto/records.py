@@ -79,6 +79,17 @@ class GpuSpec(Struct, frozen=True, forbid_unknown_fields=True):
 NonEmptyText = Annotated[str, Meta(min_length=1, max_length=limits.MAX_TEXT_CHARS)]
 
 
+class Metering(Struct, frozen=True, forbid_unknown_fields=True):
+    """SPEC §5.3: how the GPUs are measured: the XID table, whether a GPU held by nobody
+    is billed, the buyer's workload identities on the scheduler, and the share at which
+    degraded (throttled) time is billed."""
+
+    xid_table: Literal[1, 2]
+    idle_billed: bool
+    holders: Annotated[list[NonEmptyText], Meta(max_length=limits.MAX_HOLDERS)]
+    degraded_bps: Bps
+
+
 class Workload(Struct, frozen=True, forbid_unknown_fields=True):
     """SPEC §5.1: what runs on the capacity. ``class`` on the wire (a Python keyword)."""
 
@@ -166,6 +177,9 @@ class PlacementTerms(
     # SPEC §11.2: the tax rate the parties agree on what the terms bill (shown on
     # invoices as its own line; it changes no figure of §7). Omitted at 0 (none).
     tax_bps: Bps = 0
+    # SPEC §5.3: how the GPUs are measured; absent (omitted): XID table 1, idle billed,
+    # degraded time billed in full.
+    metering: Metering | None = None
 
 
 # ---- records from the operator, the nodes and the desk --------------------------
@@ -198,6 +212,9 @@ class NodeKeyBinding(
     evidence: EvidenceToken = ""
 
 
+Allocation = Literal["unknown", "buyer", "idle", "other"]
+
+
 class GpuSample(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """What the node saw of one GPU during the event's interval.
 
@@ -224,6 +241,12 @@ class GpuSample(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=T
     ecc_uncorrectable: NonNegInt = 0
     retired_pages: NonNegInt = 0
     present: bool = True
+    # SPEC §7.1.2, appended with defaults (omitted at them): who held the GPU per the
+    # node's scheduler source; the clock-event (throttle) reasons seen in the interval
+    # (NVML bitmask); correctable remapped rows so far (evidence only, never unhealthy).
+    allocation: Allocation = "unknown"
+    clock_events: NonNegInt = 0
+    remapped_correctable: NonNegInt = 0
 
 
 class UsageEvent(

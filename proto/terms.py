@@ -213,6 +213,9 @@ def workload_problems(terms: PlacementTerms) -> list[str]:
                 )
     if delivery is not None and len(set(delivery.acceptance)) != len(delivery.acceptance):
         problems.append("W4: delivery.acceptance lists a requirement twice")
+    metering = terms.metering
+    if metering is not None and len(set(metering.holders)) != len(metering.holders):
+        problems.append("M1: metering.holders lists a workload identity twice")
     return problems
 
 

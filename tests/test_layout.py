@@ -177,7 +177,7 @@ LONG_FUNCTIONS: dict[str, int] = {
     "ledger/http.py::_handler": 96,
     "meter/agent.py::Agent.__init__": 84,
     "meter/cli.py::_serve": 83,
-    "meter/config.py::parse_meter_config": 120,
+    "meter/config.py::parse_meter_config": 116,
     "transport/spool.py::read_spool": 82,
     "verifier/bill.py::collect": 82,
     "verifier/inclusion.py::verify_inclusion_bundle": 98,

@@ -36,6 +36,23 @@ class FakeDevice:
     retired_pages: int | None = 0  # None: not supported (Ampere and later)
     remapped_rows: tuple[int, int] | None = None  # (corrected, uncorrected); None: pre-Ampere
     lost: bool = False
+    clock_events: int = 0  # nvmlClocksEventReason* bits
+    mig: list[FakeMig] | None = None  # None: no MIG support; a list: MIG mode on
+    mig_slices: int = 7  # nvmlDeviceGetMaxMigDeviceCount
+
+
+@dataclass
+class FakeMig:
+    """A MIG instance as NVML's MIG device handle shows it."""
+
+    uuid: str
+    name: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    slices: int
+    used_mib: int = 1_000
+    total_mib: int = 19_968
+    lost: bool = False
 
 
 @dataclass
@@ -47,7 +64,7 @@ class FakeNvml:
     registered: set[str] = field(default_factory=set)
     initialised: int = 0
 
-    def _dev(self, handle: FakeDevice) -> FakeDevice:
+    def _dev(self, handle: Any) -> Any:
         if handle.lost:
             raise pynvml.NVMLError_GpuIsLost()
         return handle
@@ -101,6 +118,26 @@ class FakeNvml:
                 raise pynvml.NVMLError_NotSupported()
             return (*d.remapped_rows, 0, 0)
 
+        def mig_mode(h: FakeDevice) -> list[int]:
+            if self._dev(h).mig is None:
+                raise pynvml.NVMLError_NotSupported()
+            return [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
+
+        def mig_count(h: FakeDevice) -> int:
+            if self._dev(h).mig is None:
+                raise pynvml.NVMLError_NotSupported()
+            return int(h.mig_slices)
+
+        def mig_handle(h: FakeDevice, index: int) -> FakeMig:
+            instances = self._dev(h).mig or []
+            if index >= len(instances):
+                raise pynvml.NVMLError_NotFound()
+            return instances[index]
+
+        def memory(h: Any) -> Any:
+            d = self._dev(h)
+            return SimpleNamespace(used=d.used_mib * MIB, total=d.total_mib * MIB)
+
         functions = {
             "nvmlInit": init,
             "nvmlShutdown": shutdown,
@@ -108,9 +145,7 @@ class FakeNvml:
             "nvmlDeviceGetHandleByIndex": lambda i: self.devices[i],
             "nvmlDeviceGetUUID": lambda h: self._dev(h).uuid.encode(),
             "nvmlDeviceGetName": lambda h: self._dev(h).name,
-            "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(
-                used=self._dev(h).used_mib * MIB, total=self._dev(h).total_mib * MIB
-            ),
+            "nvmlDeviceGetMemoryInfo": memory,
             "nvmlDeviceGetUtilizationRates": lambda h: SimpleNamespace(
                 gpu=self._dev(h).util_pct, memory=10
             ),
@@ -124,6 +159,17 @@ class FakeNvml:
             "nvmlEventSetWait_v2": wait,
             "nvmlDeviceGetRetiredPages": retired_pages,
             "nvmlDeviceGetRemappedRows": remapped_rows,
+            "nvmlDeviceGetCurrentClocksEventReasons": lambda h: self._dev(h).clock_events,
+            "nvmlDeviceGetMigMode": mig_mode,
+            "nvmlDeviceGetMaxMigDeviceCount": mig_count,
+            "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+            "nvmlDeviceGetGpuInstanceId": lambda h: self._dev(h).gpu_instance_id,
+            "nvmlDeviceGetComputeInstanceId": lambda h: self._dev(h).compute_instance_id,
+            "nvmlDeviceGetAttributes": lambda h: SimpleNamespace(
+                gpuInstanceSliceCount=self._dev(h).slices,
+                computeInstanceSliceCount=self._dev(h).slices,
+                memorySizeMB=self._dev(h).total_mib,
+            ),
         }
         for name, fn in functions.items():
             assert hasattr(pynvml, name), name  # the real module has it: same names
@@ -250,7 +296,9 @@ def test_health_evidence_fields_from_nvml(tmp_path: Path, monkeypatch: pytest.Mo
     clock.advance(MINUTE_MS)
     fake.devices[3].energy_mj += 300 * MINUTE_MS  # 300 W over the minute
     s = _samples(agent.tick())
-    assert [s[u].retired_pages for u in uuids] == [2, 1, 0, 0]
+    # A row remapped for a correctable error is evidence, not a retired page (§7.1.2).
+    assert [s[u].retired_pages for u in uuids] == [2, 0, 0, 0]
+    assert [s[u].remapped_correctable for u in uuids] == [0, 1, 0, 0]
     assert all(x.xids == [] and x.ecc_uncorrectable == 0 and x.present for x in s.values())
     assert s["GPU-n1-3"].power_mw == 300_000
 
@@ -265,7 +313,8 @@ def test_health_evidence_fields_from_nvml(tmp_path: Path, monkeypatch: pytest.Mo
     s = _samples(agent.tick())
     a0, a1, a2 = s["GPU-n1-0"], s["GPU-n1-1"], s["GPU-n1-2"]
     assert (a0.xids, a0.xid_errors, a0.retired_pages) == ([13, 79], 3, 3)
-    assert (a1.ecc_uncorrectable, a1.ecc_errors, a1.retired_pages) == (2, 2, 2)
+    assert (a1.ecc_uncorrectable, a1.ecc_errors, a1.retired_pages) == (2, 2, 1)
+    assert a1.remapped_correctable == 1
     assert (a2.present, a2.healthy, a2.power_mw) == (False, False, 0)
     assert s["GPU-n1-3"].power_mw == 0  # no energy used: 0 W, and §7.1.1 says unhealthy
     agent.close()
@@ -281,3 +330,91 @@ def test_xid_storm_keeps_the_critical_codes(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(reading.xids) == 16 and {48, 95} <= set(reading.xids)
     assert list(reading.xids) == sorted(reading.xids) and reading.xid_errors == len(codes)
     source.close()
+
+
+def test_application_xids_leave_the_gpu_healthy_and_throttling_is_evidence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SPEC §7.1.1 table 2: 13/31/43 are the application's; 79 the hardware's. §7.1.2: the
+    # clock-event reasons are carried as NVML reports them.
+    fake = FakeNvml([FakeDevice("GPU-a"), FakeDevice("GPU-b"), FakeDevice("GPU-c")])
+    fake.install(monkeypatch)
+    source = NvmlSource()
+    fake.events += [(fake.devices[0], 13), (fake.devices[0], 31), (fake.devices[1], 79)]
+    fake.devices[2].clock_events = (
+        pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonSwPowerCap
+    )
+    r = source.read(T0, T0 + MINUTE_MS)
+    assert (r["GPU-a"].healthy, r["GPU-a"].xids, r["GPU-a"].xid_errors) == (True, (13, 31), 2)
+    assert (r["GPU-b"].healthy, r["GPU-b"].xids) == (False, (79,))
+    assert r["GPU-c"].healthy and r["GPU-c"].clock_events == 0x44
+    assert r["GPU-a"].clock_events == 0
+    source.close()
+
+
+def _mig_parent() -> FakeDevice:
+    return FakeDevice(
+        "GPU-parent",
+        name="NVIDIA A100-SXM4-40GB",
+        mig=[
+            FakeMig("MIG-aaaa", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 1, 0, 3),
+            FakeMig("MIG-bbbb", "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 2, 0, 2, total_mib=9_856),
+            FakeMig("MIG-cccc", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 7, 0, 1, total_mib=4_864),
+        ],
+    )
+
+
+def test_mig_instances_are_listed_and_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml([_mig_parent(), FakeDevice("GPU-whole")])
+    fake.install(monkeypatch)
+    source = NvmlSource()
+    listed = source.mig_instances()
+    assert [
+        (m.uuid, m.parent_uuid, m.gpu_instance_id, m.profile, m.share_milli) for m in listed
+    ] == [
+        ("MIG-aaaa", "GPU-parent", 1, "3g.20gb", 428),
+        ("MIG-bbbb", "GPU-parent", 2, "2g.10gb", 285),
+        ("MIG-cccc", "GPU-parent", 7, "1g.5gb", 142),
+    ]
+    assert listed[1].memory_mib == 9_856 and listed[0].parent_slices == 7
+    fake.events.append((fake.devices[0], 94))  # a contained ECC error on the parent
+    r = source.read(T0, T0 + MINUTE_MS)
+    assert sorted(r) == ["GPU-parent", "GPU-whole", "MIG-aaaa", "MIG-bbbb", "MIG-cccc"]
+    slice_ = r["MIG-bbbb"]
+    assert (slice_.model, slice_.memory_total_mib, slice_.utilisation_pct) == (
+        "NVIDIA A100-SXM4-40GB MIG 2g.10gb",
+        9_856,
+        0,
+    )
+    # The parent's power and its health evidence, on every instance.
+    assert slice_.power_mw == 300_000 and slice_.xids == (94,) and not slice_.healthy
+    assert r["GPU-whole"].healthy
+    source.close()
+
+
+def test_the_gpu_check_script_runs_against_the_fake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # devtools/gpu_check.py is run on a real GPU by a later session; here it must run,
+    # whole GPUs and MIG slices alike, against the fake of the same shapes.
+    import json
+
+    from devtools import gpu_check
+
+    fake = FakeNvml([_mig_parent(), FakeDevice("GPU-whole")])
+    fake.install(monkeypatch)
+    out = tmp_path / "gpu_check.json"
+    args = ["--seconds", "0.25", "--interval-s", "0.1", "--no-load"]
+    code = gpu_check.main([*args, "--out", str(out), "--workdir", str(tmp_path / "w")])
+    result = json.loads(out.read_text())
+    assert code == 0, [c for c in result["agent"]["checks"] if not c["ok"]]
+    assert [g["uuid"] for g in result["agent"]["gpus"]] == [
+        "GPU-whole",
+        "MIG-aaaa",
+        "MIG-bbbb",
+        "MIG-cccc",
+    ]  # the MIG parent is sold as its slices
+    assert [m["share_milli"] for m in result["agent"]["mig_instances"]] == [428, 285, 142]
+    assert result["nvml"]["gpus"][0]["name"] == "NVIDIA A100-SXM4-40GB"
+    fake.devices[1].power_mw = 0  # a check that can fail does
+    assert gpu_check.main([*args, "--out", str(out), "--workdir", str(tmp_path / "x")]) == 1

@@ -639,3 +639,32 @@ def test_resume_is_reproduced_by_the_fold() -> None:
     ]
     assert fold.head("pl-resume") == (data["records"], data["head"])
     assert data["totals"]["delivered_mgms"] == 40 * 60_000 * 1000
+
+
+def test_measurement_is_reproduced_by_the_fold() -> None:
+    """SPEC §5.3, §7.1.1 (XID tables), §7.1.2: allocation, degradation and attribution decide
+    each event's delivered; the tables and the degrading bits are the code's."""
+    from proto.xids import DEGRADING_CLOCK_EVENTS, XID_TABLES
+
+    data = load("measurement.json")
+    cast = vectorgen._cast()
+    assert base64.b64encode(cast.ledger.public_key).decode() == data["ledger_public_key"]
+    fold = Fold(cast.ledger)
+    for i, step in enumerate(data["steps"]):
+        raw = base64.b64decode(step["envelope_b64"])
+        assert open_envelope(raw).payload.decode() == step["signed_bytes_utf8"]
+        (outcome,) = fold.apply(raw, f"vector:{i}", None)
+        assert outcome.record is not None, step["note"]
+        assert outcome.record.delivered_mgms == step["delivered_mgms"], step["note"]
+    totals = fold.totals("pl-vector")
+    assert totals is not None and msgspec.to_builtins(totals) == data["totals"]
+    for case in data["rejections"]:
+        with pytest.raises(ProtoError) as caught:
+            open_envelope(base64.b64decode(case["envelope_b64"]))
+        assert caught.value.reason.value == case["reason"], case["name"]
+    assert data["degrading_clock_events"] == DEGRADING_CLOCK_EVENTS
+    for version, entries in data["xid_tables"].items():
+        table = XID_TABLES[int(version)]
+        assert {e["code"]: (e["attribution"], e["unhealthy"]) for e in entries} == {
+            c: (x.attribution, x.unhealthy) for c, x in table.items()
+        }

@@ -126,14 +126,14 @@ def collect(run: Verification) -> BillParts | None:
     timeline = TimelineBuilder(terms, effective_end(facts))
     cursor = run.con.execute(
         f"WITH hs AS ({HEALTH_SQL}) SELECT hs.uuid, u.start_ms, u.end_ms, hs.counts, "
-        "hs.allocated FROM hs JOIN w_usage u USING (chain_index) WHERE u.chain_index <= ? "
-        "ORDER BY hs.uuid, u.start_ms",
+        "hs.allocated, hs.weight_bps, hs.allocation_unknown FROM hs JOIN w_usage u "
+        "USING (chain_index) WHERE u.chain_index <= ? ORDER BY hs.uuid, u.start_ms",
         [through],
     )
     while batch := cursor.fetchmany(SAMPLE_FETCH):
-        for uuid, start_ms, end_ms, counts, allocated in batch:
+        for uuid, start_ms, end_ms, counts, allocated, weight, unknown in batch:
             state = DELIVERED if counts else (UNHEALTHY if allocated else UNALLOCATED)
-            timeline.add(str(uuid), int(start_ms), int(end_ms), state)
+            timeline.add(str(uuid), int(start_ms), int(end_ms), state, int(weight), bool(unknown))
     gpus, note = timeline.finish()
     return BillParts(facts, gpus, note)
 

@@ -41,10 +41,12 @@ TOTAL_FIELDS: Final = (
     "release_charge_minor",
 )
 
-# SPEC §7.1 "Health from evidence": a sample with one of these XIDs never counts.
+# SPEC §7.1 "Health from evidence": a sample with one of these XIDs never counts (XID
+# table 1, for terms without ``metering``; §5.3 names table 2 in ``proto/xids.py``).
 CRITICAL_XIDS: Final = (48, 63, 64, 74, 79, 92, 94, 95)
-# w_samples.critical_xid: whether a sample's xids hold any of them, computed as the row is
-# written (a BOOLEAN appends several times faster than a BIGINT[] list per sample).
+# w_samples.critical_xid: whether a sample's xids hold any of the terms' table, computed
+# as the row is written (a BOOLEAN appends several times faster than a BIGINT[] list per
+# sample); so are ``held`` and ``weight_bps`` (§7.1.2: ``verifier/step7_decisions.py``).
 CRITICAL_XID_SET: Final = frozenset(CRITICAL_XIDS)
 
 _MGMS_PER_GPU_HOUR: Final = proto_limits.MILLI_GPU_MS_PER_GPU_HOUR
@@ -60,7 +62,7 @@ WORK_TABLES: Final = (
     "record_hash VARCHAR, start_ms BIGINT, end_ms BIGINT)",
     "CREATE TABLE w_samples(chain_index BIGINT, uuid VARCHAR, allocated BOOLEAN, healthy BOOLEAN, "
     "power_mw BIGINT, critical_xid BOOLEAN, ecc_uncorrectable BIGINT, retired_pages BIGINT, "
-    "present BOOLEAN)",
+    "present BOOLEAN, held BOOLEAN, weight_bps BIGINT, allocation_unknown BOOLEAN)",
     "CREATE TABLE w_reclaim(chain_index BIGINT, notice_from_ms BIGINT, effective_at_ms BIGINT, "
     "arrived_ms BIGINT)",
     "CREATE TABLE w_adjust(chain_index BIGINT, adjustment_id VARCHAR, direction VARCHAR, "
@@ -144,8 +146,9 @@ def _health_sql(keyed: bool) -> str:
     kept apart (``verify_exports``)."""
     ek, by, using = ("s.ek, ", "s.ek, ", "ek, ") if keyed else ("", "", "")
     return f"""
-    SELECT {ek}s.chain_index, s.uuid, s.allocated,
-           s.allocated AND s.healthy AND s.present AND s.power_mw > 0
+    SELECT {ek}s.chain_index, s.uuid, s.allocated AND s.held AS allocated, s.weight_bps,
+           s.allocation_unknown,
+           s.allocated AND s.held AND s.healthy AND s.present AND s.power_mw > 0
            AND s.ecc_uncorrectable = 0
            AND NOT s.critical_xid
            AND (u.seq = 0 OR s.retired_pages <= COALESCE(MAX(s.retired_pages) OVER (
@@ -234,7 +237,7 @@ ev AS (  -- §7.1: share x overlap([start, end), [ws, effective end when folded)
     SELECT {"u.ek, " if keyed else ""}u.chain_index,
            SUM(g.share_milli::HUGEINT * GREATEST(0,
                LEAST(u.end_ms, {effective_end_sql("u.chain_index")})
-               - GREATEST(u.start_ms, t.ws))) AS d_i
+               - GREATEST(u.start_ms, t.ws)) * s.weight_bps // {_BPS}) AS d_i
     FROM w_usage u
     JOIN hs s ON s.chain_index = u.chain_index AND s.counts{" AND s.ek = u.ek" if keyed else ""}
     JOIN w_gpus g ON g.uuid = s.uuid{" AND g.ek = u.ek" if keyed else ""}

@@ -52,7 +52,7 @@ ev AS (  -- share x overlap([start, end), [h_k, effective end when folded)), aft
     SELECT u.chain_index, a.ord,
            SUM(g.share_milli::HUGEINT * GREATEST(0,
                LEAST(u.end_ms, {effective_end_sql("u.chain_index")})
-               - GREATEST(u.start_ms, a.h_ms))) AS d_i
+               - GREATEST(u.start_ms, a.h_ms)) * s.weight_bps // 10000) AS d_i
     FROM w_usage u
     JOIN hs s ON s.chain_index = u.chain_index AND s.counts
     JOIN w_gpus g ON g.uuid = s.uuid

@@ -21,6 +21,7 @@ from proto.records import (
     ReclaimNotice,
     UsageEvent,
 )
+from proto.xids import DEGRADING_CLOCK_EVENTS, unhealthy_xids
 from verifier.decisions import (
     ACCEPTED,
     PENDING,
@@ -140,6 +141,8 @@ def work_usage(run: Verification, index: int, record: UsageEvent, record_hash: s
     run.work.usage.append(
         (index, record.node_id, record.seq, record_hash, record.start_ms, record.end_ms)
     )
+    metering = run.terms.metering
+    unhealthy = CRITICAL_XID_SET if metering is None else unhealthy_xids(metering.xid_table)
     run.work.samples.extend(
         (
             index,
@@ -147,10 +150,18 @@ def work_usage(run: Verification, index: int, record: UsageEvent, record_hash: s
             s.allocated,
             s.healthy,
             s.power_mw,
-            not CRITICAL_XID_SET.isdisjoint(s.xids),  # any of CRITICAL_XIDS (SPEC §7.1)
+            not unhealthy.isdisjoint(s.xids),  # any of the terms' XID table (SPEC §7.1.1)
             s.ecc_uncorrectable,
             s.retired_pages,
             s.present,
+            # §7.1.2: not another workload's, and the buyer's where idle is not billed
+            s.allocation != "other"
+            and (metering is None or metering.idle_billed or s.allocation == "buyer"),
+            # §7.1.2: a degraded sample's share of its time
+            metering.degraded_bps
+            if metering is not None and s.clock_events & DEGRADING_CLOCK_EVENTS
+            else 10_000,
+            s.allocation == "unknown",  # shown on the bill (§7.1.2)
         )
         for s in record.samples
     )

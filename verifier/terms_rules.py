@@ -135,6 +135,10 @@ def _workload_rules(terms: PlacementTerms) -> list[str]:
     # W4: no acceptance requirement twice
     if d is not None and len(frozenset(d.acceptance)) < len(d.acceptance):
         broken.append("§5.1 W4: an acceptance requirement repeats")
+    # §5.3 M1: no workload identity twice
+    m = terms.metering
+    if m is not None and len(frozenset(m.holders)) < len(m.holders):
+        broken.append("§5.3 M1: a metering holder repeats")
     return broken
 
 

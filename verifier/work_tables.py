@@ -27,7 +27,7 @@ COLUMNS_MIN_ROWS: Final = 1024
 # ``verifier/pricing.py``.
 _KINDS: Final = {
     "w_usage": "isisii",
-    "w_samples": "isbbibiib",
+    "w_samples": "isbbibiibbib",
     "w_records": "isi" + "i" * len(TOTAL_FIELDS),
 }
 
