@@ -266,11 +266,7 @@ class Agent:
             )
             now_ms = clock.now_ms()
             for stream in self._streams:
-                if stream.key in recovered:
-                    stream.head, envelope = recovered[stream.key]
-                    self._last_envelopes[stream.key] = envelope
-                else:
-                    stream.head = self._without_spool(stream, now_ms)
+                stream.head = self._recovered(stream, recovered, now_ms)
                 _log.info(
                     "stream_recovered",
                     placement=stream.key.placement_id,
@@ -290,6 +286,19 @@ class Agent:
         self._hand_off: HandOff | None = None
         # The agent (re)starts now: that is when each stream decides where it resumes.
         self._decide_starts(clock.now_ms())
+
+    def _recovered(
+        self,
+        stream: _Stream,
+        recovered: Mapping[StreamKey, tuple[StreamHead, bytes]],
+        now_ms: int,
+    ) -> StreamHead:
+        """The head a stream starts from: its last event in the spool, else a resume's."""
+        if stream.key not in recovered:
+            return self._without_spool(stream, now_ms)
+        head, envelope = recovered[stream.key]
+        self._last_envelopes[stream.key] = envelope
+        return head
 
     def _without_spool(self, stream: _Stream, now_ms: int) -> StreamHead:
         """The head of a stream the spool has no event of: a resume's (SPEC §6.3 resume),
