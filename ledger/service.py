@@ -388,7 +388,7 @@ class KafkaLedgerService(_ServiceCore):
         self.capacity: KafkaCapacityLog | None = None
         if kafka.capacity_topic is not None:
             settings = replace(kafka.settings, topic=kafka.capacity_topic)
-            self.capacity = KafkaCapacityLog(settings, key.public_key)
+            self.capacity = KafkaCapacityLog(settings, key, kafka.capacity_ledger_keys)
         # Wall-clock ms when every owned partition was last read to its end offset (and
         # committed): a checkpoint served to witnesses while behind would be followed by
         # records appended to the log before the witnesses' cosignature (SPEC §8.4).
