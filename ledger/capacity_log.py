@@ -114,6 +114,15 @@ class CapacityFold:
         state = self._keys.get(key)
         return () if state is None else tuple(state.claims)
 
+    def held_by(self, ledger_key: bytes) -> list[tuple[str, Granted]]:
+        """Every claim granted to ``ledger_key`` and not released, with its key (uuid)."""
+        return [
+            (key, claim)
+            for key, state in sorted(self._keys.items())
+            for claim in state.claims
+            if claim.ledger_key == ledger_key
+        ]
+
     def granted_at(self, key: str, offset: int) -> Granted | None:
         """The claim granted to the request at ``offset`` of ``key`` (as granted)."""
         state = self._keys.get(key)

@@ -45,6 +45,7 @@ from pathlib import Path
 import structlog
 
 from ledger.capacity_gate import KafkaCapacityLog, claim_batch, release_owed
+from ledger.capacity_owed import release_owed_at_start
 from ledger.config import Arrival, KafkaConfig, LedgerConfig
 from ledger.consume import KafkaSource, LocalSource
 from ledger.ingest import BatchReport, Folded, Ingestor, Prepared
@@ -442,6 +443,10 @@ class KafkaLedgerService(_ServiceCore):
         await self.source.start()
         if self.capacity is not None:
             await self.capacity.start()
+            # SPEC §6.5 rule 6: releases a shard killed after a commit did not publish
+            owed = await release_owed_at_start(self.capacity, self.store)
+            if owed:
+                log.info("capacity_releases_owed_at_start", releases=owed)
 
     async def stop(self) -> None:
         """Disconnect the consumer (batches polled or folded ahead are dropped: not

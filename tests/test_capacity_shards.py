@@ -380,3 +380,57 @@ def test_ledger_toml_capacity_topic(tmp_path: Path) -> None:
             config_from_mapping(
                 {**base, "kafka": {**kafka, "capacity_ledger_keys": wrong}}, tmp_path
             )
+
+
+def _releases(entries: list[CapEntry], pid: str) -> int:
+    return sum(
+        1 for x in entries if isinstance(open_capacity(x.envelope), CapRelease) and _pid(x) == pid
+    )
+
+
+def test_a_shard_killed_after_a_commit_releases_what_it_owes_at_start(
+    tmp_path: Path,
+    kafka_bootstrap: str,
+    tmp_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shard 1 commits the batch that rejects d (node-a sold to a; node-b granted to d) and
+    is killed before it publishes d's release: node-b stays claimed in the log. Restarted,
+    it derives the release from its store's decision and the log's claims and publishes it
+    before anything else; e on shard 0 then gets node-b. A third start owes nothing."""
+    topic, capacity = tmp_topic(PARTITIONS), tmp_topic(PARTITIONS)
+    cap = KafkaSettings(bootstrap=kafka_bootstrap, topic=capacity)
+    now = time.time_ns() // 1_000_000
+    start = now + HOUR
+    pa, pd, pe = _on(0, "pl-a"), _on(1, "pl-d"), _on(0, "pl-e")
+    a = _terms(DESK_1, pa, [("node-a", 1000)], start, start + HOUR)
+    d = _terms(SECOND_DESK, pd, [("node-b", 1000), ("node-a", 500)], start, start + HOUR)
+    e = _terms(DESK_1, pe, [("node-b", 1000)], start, start + HOUR)
+    publish(kafka_bootstrap, topic, [(pa, b.signed_terms(DESK_1, a))])
+    assert _run_shard(tmp_path / "s0.duckdb", 0, topic, capacity, kafka_bootstrap, now) == []
+    publish(kafka_bootstrap, topic, [(pd, b.signed_terms(SECOND_DESK, d))])
+
+    async def killed(*_: object) -> int:
+        raise RuntimeError("killed after the commit")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("ledger.service.release_owed", killed)
+        with pytest.raises(RuntimeError, match="killed after the commit"):
+            _run_shard(tmp_path / "s1.duckdb", 1, topic, capacity, kafka_bootstrap, now)
+    assert _decisions(tmp_path / "s1.duckdb") == {pd: ("rejected", "OVERSOLD")}  # committed
+    assert _releases(_topic_entries(cap), pd) == 0  # and its release never published
+
+    # restarted (no new input for it: only the start can publish d's release)
+    _run_shard(tmp_path / "s1.duckdb", 1, topic, capacity, kafka_bootstrap, now)
+    entries = _topic_entries(cap)
+    assert _releases(entries, pd) == 1
+    keys = [DESK_1.ledger.public_key]
+    got_d = decisions_for_terms(entries, pd, _hash(SECOND_DESK, d), keys[0], keys)
+    assert got_d["GPU-node-b-0"].outcome == "GRANTED"  # granted, then released at start
+
+    publish(kafka_bootstrap, topic, [(pe, b.signed_terms(DESK_1, e))])
+    assert _run_shard(tmp_path / "s0.duckdb", 0, topic, capacity, kafka_bootstrap, now) == []
+    assert _decisions(tmp_path / "s0.duckdb")[pe] == ("accepted", "")
+    # started again: nothing owed, nothing published
+    _run_shard(tmp_path / "s1.duckdb", 1, topic, capacity, kafka_bootstrap, now)
+    assert _releases(_topic_entries(cap), pd) == 1
