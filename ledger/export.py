@@ -241,6 +241,7 @@ class _Rows:
 
     placement_id: str
     pages: tuple[_Page, ...] = ()
+    records: int | None = None  # read from the store: only the first ``records`` (None: all)
 
     def of(self, table: str) -> list[tuple[str, list[Any]]]:
         """The FROM .. clauses (through ORDER BY) that read the rows of export table
@@ -250,7 +251,15 @@ class _Rows:
             return [(f"FROM {_STAGE_PREFIX}{table} WHERE placement_id = ?", [self.placement_id])]
         order = f"ORDER BY {_ORDER[table]}"
         if table in ("statements", "checkpoints"):
-            return [(f"FROM {table} WHERE placement_id = ? {order}", [self.placement_id])]
+            if self.records is None:
+                return [(f"FROM {table} WHERE placement_id = ? {order}", [self.placement_id])]
+            bound = "through_index < ?" if table == "statements" else "size <= ?"
+            return [
+                (
+                    f"FROM {table} WHERE placement_id = ? AND {bound} {order}",
+                    [self.placement_id, self.records],
+                )
+            ]
         source, kind = "records", []
         if table != "ledger_records":
             source, kind = "inputs", [INPUT_TABLES[table][0]]
@@ -264,6 +273,9 @@ class _Rows:
             if page.end_index is not None:
                 where += " AND chain_index < ?"
                 params.append(page.end_index)
+            if self.records is not None:
+                where += " AND chain_index < ?"
+                params.append(self.records)
             clauses.append((f"FROM {source} WHERE {where} {order}", params))
         return clauses
 
@@ -533,6 +545,7 @@ def export_placement(
     key: SigningKey,
     parquet_dir: Path | None = None,
     compact: bool = False,
+    issue: bool = True,
 ) -> dict[str, int]:
     """Write the export of ``placement_id`` to ``out`` (and ``parquet_dir``); row counts.
 
@@ -540,12 +553,15 @@ def export_placement(
     process is writing (it is opened, used and closed here). ``key`` is the ledger key:
     it signs the statement and checkpoint issued for the head if none exists yet.
     Raises UnknownPlacement when the store has no chain for the placement. ``compact``:
-    the compact storage (EXPORT.md "Readers": DuckDB 1.2 and later read it).
+    the compact storage (EXPORT.md "Readers": DuckDB 1.2 and later read it). ``issue``
+    False: a read (the HTTP API, SPEC §8.4), which signs nothing: the export runs through
+    the latest stored statement and its checkpoint, and raises NotAttested when there is
+    none yet.
     """
     if isinstance(store_or_path, Store):
-        return _export(store_or_path, placement_id, out, key, parquet_dir, compact)
+        return _export(store_or_path, placement_id, out, key, parquet_dir, compact, issue)
     with Store(store_or_path, ledger_public_key=key.public_key) as store:
-        return _export(store, placement_id, out, key, parquet_dir, compact)
+        return _export(store, placement_id, out, key, parquet_dir, compact, issue)
 
 
 def _export(
@@ -555,11 +571,16 @@ def _export(
     key: SigningKey,
     parquet_dir: Path | None,
     compact: bool = False,
+    issue: bool = True,
 ) -> dict[str, int]:
     if store.head(placement_id) is None:
         raise UnknownPlacement(f"no records for placement {placement_id!r}")
-    issue_statement(store, key, placement_id)
-    issue_checkpoint(store, key, placement_id)
+    attested: int | None = None  # issue False: the records the latest pair covers
+    if issue:
+        issue_statement(store, key, placement_id)
+        issue_checkpoint(store, key, placement_id)
+    else:
+        attested = _attested(store, placement_id)
     commits = store.commit_range(placement_id)
     if commits is None:  # a chain has a commit range (written in the same transaction)
         raise UnknownPlacement(f"no records for placement {placement_id!r}")
@@ -575,13 +596,36 @@ def _export(
     try:
         head = store.head(placement_id)
         records = 0 if head is None else head.chain_index + 1
-        source = _Rows(placement_id, _pages(con, placement_id, commits, records))
+        if attested is not None:
+            records = min(records, attested)
+        source = _Rows(placement_id, _pages(con, placement_id, commits, records), attested)
         counts = _write_export(con, source, out, meta, compact=compact)
     finally:
         con.close()
     if parquet_dir is not None:
         write_parquet(out, Path(parquet_dir))
     return counts
+
+
+class NotAttested(LookupError):
+    """A read-only export found no stored statement with its checkpoint."""
+
+
+def _attested(store: Store, placement_id: str) -> int:
+    """The records a read-only export holds: through the latest stored statement that a
+    stored checkpoint of exactly its size covers (``issue_statement`` stores both)."""
+    sizes = {n for n, _ in store.checkpoints(placement_id)}
+    rows = store.query(
+        "SELECT through_index FROM statements WHERE placement_id = ? ORDER BY through_index DESC",
+        [placement_id],
+    )
+    for (through,) in rows:
+        if int(through) + 1 in sizes:
+            return int(through) + 1
+    raise NotAttested(
+        f"placement {placement_id!r}: no statement with its checkpoint issued yet; the ledger "
+        "issues them on its period, or when a party asks (POST /placements/<id>/checkpoint)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
