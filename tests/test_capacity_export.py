@@ -73,6 +73,7 @@ def _export(tmp_path: Path, rows: list[Row]) -> Path:
     builder.add(RAW, arrived_ms=ARRIVED)
     path = builder.write(tmp_path / "x.duckdb")
     con = duckdb.connect(str(path))
+    # as an editor at rest may write it: without NOT NULL
     con.execute(f"CREATE TABLE {TABLE} ({', '.join(f'{c} {t}' for c, t in COLUMNS)})")
     if rows:
         con.executemany(f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?)", rows)
@@ -102,6 +103,9 @@ def test_an_honest_export_re_derives_the_grant(tmp_path: Path) -> None:
         (lambda rows: _rows(signer=OUTSIDER), "CAPACITY_DECISION"),  # release re-signed
         (lambda rows: [*rows, (*rows[0][:5], rows[1][5])], "CAPACITY_RECORDS"),  # two at 3
         (lambda rows: _rows(arrived=ARRIVED - 1), "CAPACITY_REQUEST_MISMATCH"),
+        (lambda rows: [*rows, (HASH, UUID, 0, 9, None, rows[0][5])], "CAPACITY_RECORDS"),
+        (lambda rows: [*rows, (HASH, UUID, 1, 9, ARRIVED, rows[0][5])], "CAPACITY_RECORDS"),
+        (lambda rows: [*rows, (HASH, UUID, 0, 9, ARRIVED, b"not an envelope")], "CAPACITY_RECORDS"),
     ],
 )
 def test_records_removed_or_altered_fail_with_a_named_finding(

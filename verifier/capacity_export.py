@@ -87,6 +87,16 @@ def _entries(rows: Iterable[Sequence[Any]], findings: Findings) -> dict[str, lis
     listed: set[tuple[int, int]] = set()
     for _, uuid, partition, offset, log_ms, envelope in rows:
         where = f"capacity record {partition}:{offset}"
+        if None in (uuid, partition, offset, log_ms, envelope):
+            findings.add(
+                Step.DECISIONS,
+                "CAPACITY_RECORDS",
+                where,
+                "every column set",
+                "a NULL",
+                "EXPORT.md capacity_records: every column is NOT NULL",
+            )
+            continue
         place, value = (int(partition), int(offset)), (str(uuid), int(log_ms), bytes(envelope))
         if at.setdefault(place, value) != value:
             findings.add(
