@@ -307,9 +307,8 @@ def _claimable(terms: PlacementTerms, envelope: Envelope, ledger_key: bytes) -> 
     return check_signatures(envelope, party_keys(terms)).failure() is None
 
 
-async def release_owed(capacity: KafkaCapacityLog, fold: Fold) -> int:
-    """Publish the releases the fold's decisions owe the capacity log; how many."""
-    owed, fold.capacity_releases = fold.capacity_releases, []
+async def release_owed(capacity: KafkaCapacityLog, owed: Sequence[PendingRelease]) -> int:
+    """Publish the releases a committed batch's decisions owe the capacity log; how many."""
     for release in owed:
         await capacity.release(release)
     return len(owed)
