@@ -2220,15 +2220,20 @@ def capacity_vectors() -> Any:
 
 def capacity_log_vectors() -> Any:
     """SPEC §6.5 across shards: one capacity partition holding two GPU keys, records of two
-    shards interleaved; the decision on every entry and the claims left per key."""
+    shards interleaved, each signed (by its shard, or forged); the decision on every entry
+    and the claims left per key."""
     import hashlib
 
     from ledger.capacity_log import CapacityFold
-    from proto.capacity_log import CapEntry, CapRelease, CapRequest, CapTick
+    from proto.capacity_log import CapEntry, CapRelease, CapRequest, CapTick, sealed_entry
+    from proto.envelope import Envelope
     from proto.limits import MAX_CAPACITY_WAIT_MS
 
-    one = SigningKey.from_seed_text("shard-1", "capacity-log shard 1").public_key
-    two = SigningKey.from_seed_text("shard-2", "capacity-log shard 2").public_key
+    one_key = SigningKey.from_seed_text("shard-1", "capacity-log shard 1")
+    two_key = SigningKey.from_seed_text("shard-2", "capacity-log shard 2")
+    outsider = SigningKey.from_seed_text("outsider", "capacity-log outsider")
+    one, two = one_key.public_key, two_key.public_key
+    signers = {one: one_key, two: two_key, outsider.public_key: outsider}
     x, y = "GPU-x-0", "GPU-y-0"
 
     def h(text: str) -> str:
@@ -2258,7 +2263,7 @@ def capacity_log_vectors() -> Any:
         )
 
     late = WS + MAX_CAPACITY_WAIT_MS
-    steps: list[tuple[str, str, int, Any]] = [
+    steps: list[tuple[str, str, int, Any]] = [  # a record, or (record, its signer or None)
         ("shard 1: A whole [0, 60): granted", x, WS, req(one, "pl-a", x, 0, 60)),
         (
             "shard 2: B whole [30, 90), the operator's second desk: OVERSOLD naming A",
@@ -2279,7 +2284,7 @@ def capacity_log_vectors() -> Any:
             WS,
             req(two, "pl-d", x, 0, 30, 500),
         ),
-        ("a tick on the idle key y", y, late, CapTick(y)),
+        ("a tick on the idle key y", y, late, CapTick(y, one)),
         (
             "shard 2: E on y appended MAX_CAPACITY_WAIT_MS after its terms arrived: granted",
             y,
@@ -2310,6 +2315,36 @@ def capacity_log_vectors() -> Any:
             x,
             WS,
             req(two, "pl-a", x, 0, 60, 500, version="2"),
+        ),
+        (
+            "forged: A's release naming shard 1's key, signed by shard 2: invalid",
+            x,
+            WS,
+            (rel(one, "pl-a", x, 0, "rejected"), two_key),
+        ),
+        (
+            "forged: A's release naming shard 1's key, signed by an outsider: invalid",
+            x,
+            WS,
+            (rel(one, "pl-a", x, 0, "rejected"), outsider),
+        ),
+        (
+            "forged: A's release naming shard 1's key, unsigned: invalid",
+            x,
+            WS,
+            (rel(one, "pl-a", x, 0, "rejected"), None),
+        ),
+        (
+            "an outsider's own request, self-signed (its key is no shard's): invalid",
+            y,
+            late,
+            req(outsider.public_key, "pl-o", y, 50, 60, arrived=late),
+        ),
+        (
+            "shard 2: K half [10, 20) beside A: still OVERSOLD (the forged releases freed nothing)",
+            x,
+            WS,
+            req(two, "pl-k2", x, 10, 20, 500),
         ),
         ("shard 1 releases A, reclaimed at 20", x, WS, rel(one, "pl-a", x, 20, "reclaimed")),
         (
@@ -2382,20 +2417,26 @@ def capacity_log_vectors() -> Any:
         ("uuid not the key: invalid", x, late, req(one, "pl-k", y, 0, 10, arrived=late)),
         ("empty window: invalid", x, late, req(one, "pl-k", x, 10, 10, arrived=late)),
     ]
-    fold = CapacityFold()
+    fold = CapacityFold((one, two))
     out = []
-    for offset, (note, key, log_ms, record) in enumerate(steps):
-        entry = CapEntry(key, offset, log_ms, record)
+    for offset, (note, key, log_ms, step) in enumerate(steps):
+        record, by = step if isinstance(step, tuple) else (step, signers[step.ledger_key])
+        entry = sealed_entry(key, offset, log_ms, record, by) if by else None
+        if entry is None:
+            unsigned = sealed_entry(key, offset, log_ms, record, one_key).envelope
+            entry = CapEntry(key, offset, log_ms, Envelope(unsigned.payload, []))
         decision = fold.apply(entry)
         out.append(
             {
                 "note": note,
+                "record": msgspec.to_builtins(record),
                 "entry": msgspec.to_builtins(entry),
                 "decision": msgspec.to_builtins(decision),
             }
         )
     return {
         "max_capacity_wait_ms": MAX_CAPACITY_WAIT_MS,
+        "ledger_keys": msgspec.to_builtins([one, two]),
         "steps": out,
         "claims": {key: msgspec.to_builtins(fold.claims(key)) for key in (x, y)},
     }
