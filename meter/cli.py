@@ -97,7 +97,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "notice-serve", help="answer GET /reclaim on loopback from the node's notice file"
     )
     serve.add_argument("--config", type=Path, required=True, help="meter.toml")
-    serve.add_argument("--listen", default="127.0.0.1:9741", metavar="HOST:PORT")
+    serve.add_argument(
+        "--listen",
+        default="127.0.0.1:9741",
+        metavar="HOST:PORT",
+        help="where to answer GET /reclaim (default 127.0.0.1:9741; keep it on loopback)",
+    )
     serve.add_argument("--duration-s", type=float, help="stop after N seconds (tests)")
     serve.set_defaults(handler=_notice_serve)
 
