@@ -8,7 +8,7 @@ from pathlib import Path
 from gridledger.cmd_records.common import (
     UsageError,
     add_issued,
-    iso,
+    in_window,
     issued_at,
     load_terms,
     parse_amount_minor,
@@ -39,12 +39,7 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError("--gpus lists each GPU of the terms at most once, at least one")
     key_said = f"--new-buyer-key {args.new_buyer_key}"
     precheck_new_buyer(terms, args.new_buyer, public, "--new-buyer", key_said)  # §6.8 (3)
-    handover = parse_time_ms(args.handover_at, "--handover-at")
-    if not terms.window_start_ms <= handover < terms.window_end_ms:
-        raise UsageError(
-            f"--handover-at {iso(handover)} is outside the window "
-            f"[{iso(terms.window_start_ms)}, {iso(terms.window_end_ms)})"
-        )
+    handover = in_window(terms, "--handover-at", parse_time_ms(args.handover_at, "--handover-at"))
     issued = issued_at(args)
     record = Assignment(
         placement_id=terms.placement_id,

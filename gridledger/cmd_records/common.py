@@ -131,6 +131,17 @@ def iso(ms: int) -> str:
     return iso_utc(ms)
 
 
+def in_window(terms: PlacementTerms, option: str, ms: int, why: str = "") -> int:
+    """``ms``, given as ``option``, when it lies in the terms' window [start, end); else a
+    UsageError naming the window (``why`` after it)."""
+    if not terms.window_start_ms <= ms < terms.window_end_ms:
+        raise UsageError(
+            f"{option} {iso(ms)} is outside the window [{iso(terms.window_start_ms)}, "
+            f"{iso(terms.window_end_ms)}){why}"
+        )
+    return ms
+
+
 def what_of(record: RECORD) -> str:
     if isinstance(record, ReclaimNotice):
         return "a reclaim"

@@ -7,6 +7,7 @@ import argparse
 from gridledger.cmd_records.common import (
     UsageError,
     add_ending,
+    in_window,
     iso,
     issued_at,
     load_terms,
@@ -27,11 +28,7 @@ def command(args: argparse.Namespace) -> int:
             f"--effective-at {iso(effective)} is before {given} {iso(issued)}: a release "
             f"cannot end the placement before it is issued (SPEC §6.7: RELEASE_INVALID){hint}"
         )
-    if not terms.window_start_ms <= effective < terms.window_end_ms:
-        raise UsageError(
-            f"--effective-at {iso(effective)} is outside the window [{iso(terms.window_start_ms)}"
-            f", {iso(terms.window_end_ms)}) (SPEC §6.7: RELEASE_INVALID)"
-        )
+    in_window(terms, "--effective-at", effective, " (SPEC §6.7: RELEASE_INVALID)")
     record = BuyerRelease(
         placement_id=terms.placement_id,
         release_id=args.id or f"release-{issued}",

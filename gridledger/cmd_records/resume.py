@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from gridledger.cmd_records.common import UsageError, iso, load_terms, parse_time_ms
+from gridledger.cmd_records.common import UsageError, in_window, load_terms, parse_time_ms
 from gridledger.cmd_records.finish import issue
 from proto.records import StreamResume
 
@@ -24,11 +24,7 @@ def command(args: argparse.Namespace) -> int:
             "the node signed before it lost its spool (SPEC §6.3 resume: RESUME_INVALID)"
         )
     from_ms = parse_time_ms(args.from_time, "--from")
-    if not terms.window_start_ms <= from_ms < terms.window_end_ms:
-        raise UsageError(
-            f"--from {iso(from_ms)} is outside the window [{iso(terms.window_start_ms)}, "
-            f"{iso(terms.window_end_ms)}): the resumed stream would bill nothing"
-        )
+    in_window(terms, "--from", from_ms, ": the resumed stream would bill nothing")
     record = StreamResume(
         placement_id=terms.placement_id,
         resume_id=args.id or f"resume-{args.node}-{args.from_seq}",
