@@ -59,8 +59,11 @@ from ledger.limits import (
     EXPORT_WRITER_MEMORY_LIMIT,
 )
 from ledger.store import PLACEMENT_ROWS, Store
+from proto import merkle
 from proto.durable_io import fsync_dir, pid_alive
+from proto.errors import ProtoError
 from proto.keys import SigningKey, b64
+from proto.note import LEDGER_NOTE_NAME, checkpoint_origin, parse_checkpoint_body, parse_note
 
 EXPORT_FORMAT: Final = "gridledger-export"
 EXPORT_FORMAT_VERSION: Final = "2"  # records unsigned, covered by checkpoints (SPEC §8)
@@ -241,6 +244,8 @@ class _Rows:
 
     placement_id: str
     pages: tuple[_Page, ...] = ()
+    # An export since a checkpoint of this size (SPEC §8.5): rows from it on; None: all.
+    since: int | None = None
 
     def of(self, table: str) -> list[tuple[str, list[Any]]]:
         """The FROM .. clauses (through ORDER BY) that read the rows of export table
@@ -250,7 +255,15 @@ class _Rows:
             return [(f"FROM {_STAGE_PREFIX}{table} WHERE placement_id = ?", [self.placement_id])]
         order = f"ORDER BY {_ORDER[table]}"
         if table in ("statements", "checkpoints"):
-            return [(f"FROM {table} WHERE placement_id = ? {order}", [self.placement_id])]
+            if self.since is None:
+                return [(f"FROM {table} WHERE placement_id = ? {order}", [self.placement_id])]
+            column = _ORDER[table]
+            return [
+                (
+                    f"FROM {table} WHERE placement_id = ? AND {column} >= ? {order}",
+                    [self.placement_id, self.since],
+                )
+            ]
         source, kind = "records", []
         if table != "ledger_records":
             source, kind = "inputs", [INPUT_TABLES[table][0]]
@@ -264,6 +277,9 @@ class _Rows:
             if page.end_index is not None:
                 where += " AND chain_index < ?"
                 params.append(page.end_index)
+            if self.since is not None:
+                where += " AND chain_index >= ?"
+                params.append(self.since)
             clauses.append((f"FROM {source} WHERE {where} {order}", params))
         return clauses
 
@@ -405,7 +421,10 @@ def _copy_rows(
                 ("records", str(counts["ledger_records"])),
                 ("dropped_duplicates", meta["dropped_duplicates"]),
                 ("arrival", meta.get("arrival", "log")),
+                *((key, meta[key]) for key in _SINCE_META if key in meta),
             ]
+            if "since_size" in meta:
+                _write_consistency(con, alias, meta)
             values = [value for pair in pairs for value in pair]
             if prepared is not None:
                 numbered = (f"(${2 * i + 1}, ${2 * i + 2})" for i in range(len(pairs)))
@@ -424,6 +443,23 @@ def _copy_rows(
     finally:
         con.execute(f"DETACH {alias}")
     return counts
+
+
+# The meta rows of an export since a checkpoint (EXPORT.md "Since a checkpoint"), and
+# what ``_write_consistency`` reads (not a meta row).
+_SINCE_META: Final = ("since_size", "since_root")
+
+
+def _write_consistency(con: duckdb.DuckDBPyConnection, alias: str, meta: dict[str, str]) -> None:
+    """The ``consistency`` table of an export since a checkpoint: its one row."""
+    con.execute(
+        f"CREATE TABLE {alias}.consistency (first_size BIGINT NOT NULL, size BIGINT NOT NULL, "
+        "proof VARCHAR NOT NULL)"
+    )
+    con.execute(
+        f"INSERT INTO {alias}.consistency VALUES (?, ?, ?)",
+        [int(meta["since_size"]), int(meta["proof_size"]), meta["proof"]],
+    )
 
 
 def _write_export(
@@ -533,6 +569,7 @@ def export_placement(
     key: SigningKey,
     parquet_dir: Path | None = None,
     compact: bool = False,
+    since: str | None = None,
 ) -> dict[str, int]:
     """Write the export of ``placement_id`` to ``out`` (and ``parquet_dir``); row counts.
 
@@ -540,12 +577,47 @@ def export_placement(
     process is writing (it is opened, used and closed here). ``key`` is the ledger key:
     it signs the statement and checkpoint issued for the head if none exists yet.
     Raises UnknownPlacement when the store has no chain for the placement. ``compact``:
-    the compact storage (EXPORT.md "Readers": DuckDB 1.2 and later read it).
+    the compact storage (EXPORT.md "Readers": DuckDB 1.2 and later read it). ``since``:
+    the text of a checkpoint note this ledger issued for the placement: only what came
+    after it, with a consistency proof to it (SPEC §8.5); raises SinceRefused for a note
+    that is not one.
     """
     if isinstance(store_or_path, Store):
-        return _export(store_or_path, placement_id, out, key, parquet_dir, compact)
+        return _export(store_or_path, placement_id, out, key, parquet_dir, compact, since)
     with Store(store_or_path, ledger_public_key=key.public_key) as store:
-        return _export(store, placement_id, out, key, parquet_dir, compact)
+        return _export(store, placement_id, out, key, parquet_dir, compact, since)
+
+
+class SinceRefused(ValueError):
+    """``export --since NOTE`` with a note that is not this ledger's checkpoint of the
+    placement (SPEC §8.5); the message names what is wrong."""
+
+
+def _since_meta(store: Store, placement_id: str, note_text: str, key: SigningKey) -> dict[str, str]:
+    """The meta rows (and the proof) of an export since the checkpoint ``note_text``."""
+    try:
+        note = parse_note(note_text)
+        checkpoint = parse_checkpoint_body(note.body)
+    except ProtoError as exc:
+        raise SinceRefused(f"--since: not a checkpoint note: {exc}") from exc
+    if checkpoint.origin != checkpoint_origin(placement_id):
+        raise SinceRefused(f"--since: a checkpoint of {checkpoint.origin!r}, not of {placement_id}")
+    if not note.signed_by(LEDGER_NOTE_NAME, key.public_key):
+        raise SinceRefused("--since: the note is not signed by this ledger's key")
+    payloads = store.record_payloads(placement_id)
+    size = checkpoint.size
+    if not 0 < size <= len(payloads) or store.checkpoint(placement_id, size) is None:
+        raise SinceRefused(f"--since: this ledger issued no checkpoint of size {size}")
+    leaves = [merkle.leaf_hash(p) for p in payloads]
+    if merkle.root_from_leaf_hashes(leaves[:size]) != checkpoint.root:
+        raise SinceRefused(f"--since: the root of size {size} is not this ledger's")
+    proof = merkle.consistency_proof(leaves, size) if size < len(leaves) else []
+    return {
+        "since_size": str(size),
+        "since_root": b64(checkpoint.root),
+        "proof_size": str(len(leaves)),
+        "proof": "\n".join(b64(h) for h in proof),
+    }
 
 
 def _export(
@@ -555,6 +627,7 @@ def _export(
     key: SigningKey,
     parquet_dir: Path | None,
     compact: bool = False,
+    since: str | None = None,
 ) -> dict[str, int]:
     if store.head(placement_id) is None:
         raise UnknownPlacement(f"no records for placement {placement_id!r}")
@@ -568,6 +641,8 @@ def _export(
         "dropped_duplicates": str(store.dropped_count(placement_id)),
         "arrival": store.arrival(),
     }
+    if since is not None:
+        meta.update(_since_meta(store, placement_id, since, key))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(out.parent, only=out.name)
@@ -575,7 +650,11 @@ def _export(
     try:
         head = store.head(placement_id)
         records = 0 if head is None else head.chain_index + 1
-        source = _Rows(placement_id, _pages(con, placement_id, commits, records))
+        first = None if since is None else int(meta["since_size"])
+        pages = _pages(con, placement_id, commits, records)
+        if first is not None:  # the pages wholly before the checkpoint hold nothing to copy
+            pages = tuple(p for p in pages if p.end_index is None or p.end_index > first)
+        source = _Rows(placement_id, pages, first)
         counts = _write_export(con, source, out, meta, compact=compact)
     finally:
         con.close()
