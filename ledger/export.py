@@ -413,16 +413,7 @@ def _copy_rows(
                     for clause, params in source.of(table)
                 )
             counts["held"] = 0
-            pairs = [
-                ("format", EXPORT_FORMAT),
-                ("format_version", EXPORT_FORMAT_VERSION),
-                ("placement_id", source.placement_id),
-                ("ledger_key", meta["ledger_key"]),
-                ("records", str(counts["ledger_records"])),
-                ("dropped_duplicates", meta["dropped_duplicates"]),
-                ("arrival", meta.get("arrival", "log")),
-                *((key, meta[key]) for key in _SINCE_META if key in meta),
-            ]
+            pairs = _meta_pairs(source.placement_id, meta, counts["ledger_records"])
             if "since_size" in meta:
                 _write_consistency(con, alias, meta)
             values = [value for pair in pairs for value in pair]
@@ -448,6 +439,20 @@ def _copy_rows(
 # The meta rows of an export since a checkpoint (EXPORT.md "Since a checkpoint"), and
 # what ``_write_consistency`` reads (not a meta row).
 _SINCE_META: Final = ("since_size", "since_root")
+
+
+def _meta_pairs(placement_id: str, meta: dict[str, str], records: int) -> list[tuple[str, str]]:
+    """The rows of an export's ``meta`` table (EXPORT.md), in order."""
+    return [
+        ("format", EXPORT_FORMAT),
+        ("format_version", EXPORT_FORMAT_VERSION),
+        ("placement_id", placement_id),
+        ("ledger_key", meta["ledger_key"]),
+        ("records", str(records)),
+        ("dropped_duplicates", meta["dropped_duplicates"]),
+        ("arrival", meta.get("arrival", "log")),
+        *((key, meta[key]) for key in _SINCE_META if key in meta),
+    ]
 
 
 def _write_consistency(con: duckdb.DuckDBPyConnection, alias: str, meta: dict[str, str]) -> None:
