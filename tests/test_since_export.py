@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,6 +81,20 @@ def _chain_of_periods(tmp: Path, export: object = _period) -> tuple[list[Path], 
     return paths, _trust(tmp)
 
 
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One chain of period exports and its ledger, built once; tests use copies."""
+    tmp = tmp_path_factory.mktemp("since-chain")
+    _chain_of_periods(tmp)
+    return tmp
+
+
+def _copy_of_chain(chain: Path, tmp: Path) -> tuple[list[Path], Path]:
+    """A copy of ``chain`` in ``tmp``: its period exports (in order) and trust file."""
+    shutil.copytree(chain, tmp, dirs_exist_ok=True)
+    return sorted((tmp / "out").glob("period-*.duckdb")), tmp / "trust.json"
+
+
 def _resumed_chain(paths: list[Path], trust_path: Path, tmp: Path) -> list[int]:
     """``verify`` the first export whole, the others each from the state before; codes."""
     state = tmp / "state.json"
@@ -91,9 +106,9 @@ def _resumed_chain(paths: list[Path], trust_path: Path, tmp: Path) -> list[int]:
 
 
 def test_a_chain_of_period_exports_reaches_the_full_exports_head_and_totals(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    chain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    paths, trust_path = _chain_of_periods(tmp_path)
+    paths, trust_path = _copy_of_chain(chain, tmp_path)
     # the last period's export holds only its own records
     with duckdb.connect(str(paths[-1]), read_only=True) as con:
         first = con.execute("SELECT min(chain_index) FROM ledger_records").fetchone()
@@ -172,9 +187,9 @@ def test_periods_after_a_kill_9_chain_as_one_full_export(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("field", ["totals", "frontier", "head", "note"])
 def test_an_edited_state_file_is_refused_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str
+    chain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str
 ) -> None:
-    paths, trust_path = _chain_of_periods(tmp_path)
+    paths, trust_path = _copy_of_chain(chain, tmp_path)
     state_path = tmp_path / "state.json"
     assert verify_main([str(paths[0]), "--trust", str(trust_path), "--state-out", str(state_path)])
     state = json.loads(state_path.read_text())
@@ -197,17 +212,17 @@ def test_an_edited_state_file_is_refused_in_one_line(
 
 
 def test_an_export_since_is_never_read_as_a_whole_log(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    chain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    paths, trust_path = _chain_of_periods(tmp_path)
+    paths, trust_path = _copy_of_chain(chain, tmp_path)
     capsys.readouterr()
     assert verify_main([str(paths[1]), "--trust", str(trust_path)]) == 2
     out = capsys.readouterr()
     assert "--state" in out.out + out.err
 
 
-def test_the_ledger_refuses_a_note_it_did_not_issue(tmp_path: Path) -> None:
-    paths, _ = _chain_of_periods(tmp_path)
+def test_the_ledger_refuses_a_note_it_did_not_issue(chain: Path, tmp_path: Path) -> None:
+    paths, _ = _copy_of_chain(chain, tmp_path)
     scenario = build_scenario(SEED, placements=1, nodes=2, events=6)
     note = _note(paths[0])
     forged = note.replace(note.splitlines()[1], str(int(note.splitlines()[1]) + 100), 1)
@@ -242,8 +257,10 @@ def test_the_ledger_refuses_a_note_it_did_not_issue(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_a_tampered_export_since_fails_from_the_state(tmp_path: Path, sql: str, rule: str) -> None:
-    paths, _ = _chain_of_periods(tmp_path)
+def test_a_tampered_export_since_fails_from_the_state(
+    chain: Path, tmp_path: Path, sql: str, rule: str
+) -> None:
+    paths, _ = _copy_of_chain(chain, tmp_path)
     trust = build_scenario(SEED, placements=1).cast.trust()
     state = tmp_path / "state.json"
     write_state(state, state_of_export(paths[0], verify_export(paths[0], trust)))
@@ -251,3 +268,17 @@ def test_a_tampered_export_since_fails_from_the_state(tmp_path: Path, sql: str, 
         con.execute(sql)
     report, nxt = verify_since(paths[1], trust, read_state(state, trust))
     assert nxt is None and rule in report.findings.rules(), report.findings
+
+
+def test_an_export_since_without_its_proof_is_unusable_in_one_line(
+    chain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths, trust_path = _copy_of_chain(chain, tmp_path)
+    state = tmp_path / "state.json"
+    assert verify_main([str(paths[0]), "--trust", str(trust_path), "--state-out", str(state)])
+    with duckdb.connect(str(paths[1])) as con:
+        con.execute("DROP TABLE consistency")
+    capsys.readouterr()
+    code = verify_main([str(paths[1]), "--trust", str(trust_path), "--state", str(state)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("FAIL: ") and err.count("\n") == 1, err

@@ -187,7 +187,8 @@ def _connect(path: Path) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(str(path), read_only=True)
     except duckdb.Error as exc:
-        raise UnusableInput(str(path), f"not a DuckDB export: {str(exc)[:200]}") from exc
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise UnusableInput(str(path), f"not a DuckDB export: {first}") from exc
 
 
 def _meta(con: duckdb.DuckDBPyConnection, path: Path) -> dict[str, str]:
@@ -278,38 +279,44 @@ def verify_since(
 ) -> tuple[ExportReport, VerifierState | None]:
     """Check the export since a checkpoint ``path`` from ``resumed`` (SPEC §8.5): the report,
     and the state at its head (a ``VerifierState``; None when there was a finding)."""
-    report = ExportReport(path=str(path))
-    state = resumed.state
     with contextlib.closing(_connect(path)) as con:
-        meta = _meta(con, path)
-        _check_meta(path, meta, resumed)
-        report.placement_id = state.placement_id
-        checkpoints = _checkpoints(con, report, resumed)
-        statements = _statements(con, report, resumed)
-        walk = _Walk(
-            report,
-            resumed.frontier,
-            resumed.head_hash,
-            set(checkpoints) | {resumed.size},
-            {resumed.size: resumed.root},
-            {},
-            {},
-        )
-        n = _walk_records(con, walk, resumed, set(statements))
-        if n == resumed.size and walk.last is None:
-            walk.last = ledger_record(base64.b64decode(state.head))
-        _judge_checkpoints(con, report, walk, checkpoints, resumed, n)
-        _judge_statements(report, walk, statements)
+        try:
+            return _verify_since(con, path, resumed)
+        except duckdb.Error as exc:  # a table or column missing: not what EXPORT.md says
+            first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise UnusableInput(str(path), f"not an export since a checkpoint: {first}") from exc
+
+
+def _verify_since(
+    con: duckdb.DuckDBPyConnection, path: Path, resumed: Resumed
+) -> tuple[ExportReport, VerifierState | None]:
+    report = ExportReport(path=str(path))
+    _check_meta(path, _meta(con, path), resumed)
+    report.placement_id = resumed.state.placement_id
+    checkpoints = _checkpoints(con, report, resumed)
+    statements = _statements(con, report, resumed)
+    walk = _Walk(
+        report,
+        resumed.frontier,
+        resumed.head_hash,
+        set(checkpoints) | {resumed.size},
+        {resumed.size: resumed.root},
+        {},
+        {},
+    )
+    n = _walk_records(con, walk, resumed, set(statements))
+    if n == resumed.size and walk.last is None:
+        walk.last = ledger_record(base64.b64decode(resumed.state.head))
+    _judge_checkpoints(con, report, walk, checkpoints, resumed, n)
+    _judge_statements(report, walk, statements)
     report.record_count = n - resumed.size
     report.head_index = n - 1
     if walk.last is not None:
         report.totals = totals_of(walk.last)
-    final = (
-        max(statements, default=-1) == n - 1 and statements[n - 1].final if statements else False
-    )
-    report.final = final
+    latest = statements.get(n - 1)
+    report.final = latest is not None and latest.final
     report.provisional = [NOT_RE_DERIVED.format(m=resumed.size, n=n - 1)]
-    if not final:
+    if not report.final:
         report.provisional.append("the placement is open: no final statement covers the log")
     if report.findings.total:
         return report, None
