@@ -14,7 +14,8 @@ state it kept at that checkpoint (``--state``/``--state-out``; the first period 
 Printed per period: the ledger's CPU for the period's inputs (this process's CPU over
 the ingest), the export's wall time (statement, checkpoint and file), the verifier
 child's CPU (its whole run, the interpreter's start included), the ledger's RSS (this
-process: the verifier runs elsewhere), the store's size (file + WAL) and the export's.
+process: the verifier runs elsewhere; DuckDB's own share, ``duckdb_memory()``, beside it),
+the store's size (file + WAL) and the export's.
 The last two lines:
 
     period_cost_ratio last/first R     (ledger CPU + export + verify, last period / first)
@@ -153,12 +154,15 @@ def main() -> int:
                 since = last_note(out)
                 wal = Path(f"{db}.wal")
                 disk = db.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+                row = store._rows("SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
+                duck = int(row[0][0] or 0) / 2**20
                 costs.append(ledger_cpu + export_s + verify_s)
                 rss.append(rss_mib())
                 print(
                     f"period {p:3d} events {len(inputs):7d} ledger_cpu {ledger_cpu:7.2f}s "
                     f"export {export_s:6.2f}s verify {verify_s:6.2f}s "
-                    f"ledger_rss {rss[-1]:7.1f} MiB store {disk / 2**20:7.1f} MiB "
+                    f"ledger_rss {rss[-1]:7.1f} MiB (duckdb {duck:6.1f}) "
+                    f"store {disk / 2**20:7.1f} MiB "
                     f"export_file {out.stat().st_size / 2**20:6.1f} MiB",
                     flush=True,
                 )
