@@ -34,6 +34,7 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     ),
     "gridledger.cmd_trust": ("trust",),
     "gridledger.cmd_check": ("check",),
+    "gridledger.cmd_fetch": ("fetch",),
     "gridledger.cmd_invoice": ("invoice", "focus", "audit", "profile"),
     "meter.cli": ("meter",),
     "ledger.cli": ("ledger",),

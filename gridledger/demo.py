@@ -814,6 +814,7 @@ def _witnesses(
     run is refused.
     """
 
+    from ledger.access import Access
     from ledger.http import LedgerApi, LedgerHttpServer
     from ledger.metrics import LedgerMetrics
     from ledger.store import Store
@@ -828,7 +829,10 @@ def _witnesses(
         ("assignment.signed.json", (workdir / "assignment.signed.json").read_bytes(), HANDOVER_MS),
     ):
         keep(known, raw, at_ms, name=name)  # as `gridledger witness keep` does
-    api = LedgerApi(of_type(store, Store, "the demo's store"), ledger_key, LedgerMetrics())
+    ledger_store = of_type(store, Store, "the demo's store")
+    # As between companies (SPEC §13): each witness signs its requests with its party key.
+    access = Access(ledger_store, ledger_key.public_key, clock_s=lambda: int(time.time()))
+    api = LedgerApi(ledger_store, ledger_key, LedgerMetrics(), access=access)
     server = LedgerHttpServer(api, "127.0.0.1", 0)
     server.start()
     try:

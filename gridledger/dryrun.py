@@ -19,7 +19,7 @@ from typing import Final
 
 from billview.units import iso_utc
 from ledger.dryrun import Current, DryRun, DryRunError, rebuild
-from proto.keys import key_id
+from proto.keys import SigningKey, key_id
 from proto.money import format_gpu_hours, format_minor
 from proto.records import PlacementTerms, ResaleTotals, Totals
 
@@ -43,14 +43,15 @@ LINES: Final[tuple[tuple[str, str, str], ...]] = (
 )
 
 
-def current_from_ledger(base_url: str, placement_id: str) -> Current:
-    """Fetch the export from a running ledger's API and rebuild from it."""
+def current_from_ledger(base_url: str, placement_id: str, key: SigningKey) -> Current:
+    """Fetch the export from a running ledger's API (requests signed with ``key``, a party's
+    key, SPEC §13) and rebuild from it."""
     from ledger.client import ApiError, download_export
 
     with tempfile.TemporaryDirectory(prefix="gridledger-dryrun-") as tmp:
         path = Path(tmp) / f"{placement_id}.duckdb"
         try:
-            download_export(base_url.rstrip("/"), placement_id, path)
+            download_export(base_url.rstrip("/"), placement_id, path, key)
         except ApiError as exc:
             raise DryRunError(str(exc)) from exc
         return rebuild(path, placement_id, source=f"{base_url} (ledger API)")

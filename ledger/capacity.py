@@ -29,6 +29,7 @@ from typing import Final
 
 import msgspec
 
+from proto.reasons import Reason
 from proto.records import PlacementTerms
 
 WHOLE_GPU: Final = 1000  # share-milli of one whole GPU
@@ -51,6 +52,23 @@ ClaimRow = tuple[str, str, str, int, int, int]
 
 # (scope, uuid, placement_id): the key of a stored row.
 ClaimKey = tuple[str, str, str]
+
+
+class ShardClaims(dict[str, tuple[CapClaim, ...]]):
+    """The claims of one stream on the GPUs of terms, with the capacity log's refusal of
+    those terms when a ledger runs several streams (SPEC §6.5 across shards): the
+    reason (OVERSOLD or CAPACITY_LATE) and the detail naming the granted claim."""
+
+    refusal: tuple[Reason, str] | None = None
+
+
+def capacity_refusal(terms: PlacementTerms, claims: Claims) -> tuple[Reason, str] | None:
+    """SPEC §6.5: why the terms may not claim their GPUs (the capacity log's refusal
+    first, then the rule within one stream), or None."""
+    if isinstance(claims, ShardClaims) and claims.refusal is not None:
+        return claims.refusal
+    over = oversold(terms, claims)
+    return None if over is None else (Reason.OVERSOLD, over)
 
 
 def scope_of(position: str) -> str:

@@ -39,6 +39,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ import structlog
 
 from billview import render
 from billview.doc import decode as decode_bill
+from ledger.access import Access
+from ledger.attest_loop import AttestLoop
 from ledger.bill import bill_doc
 from ledger.client import (
     ApiError,
@@ -60,7 +63,7 @@ from ledger.config import ConfigError, LedgerConfig, load_config, parse_shard, s
 from ledger.consume import SourceError, SourceUnavailable
 from ledger.crypto import CryptoWorkerError
 from ledger.export import SinceRefused, export_all, export_placement, write_parquet
-from ledger.http import LedgerApi, LedgerHttpServer
+from ledger.http import LedgerApi, LedgerHttpServer, OpsBindError, TlsConfigError
 from ledger.ingest import IngestBroken
 from ledger.issuer import UnknownPlacement, statement_answer
 from ledger.limits import (
@@ -237,24 +240,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ConfigError, KeyFileError, StoreError, SourceError, ValueError) as exc:
         return _fail(str(exc), 2)
     server: LedgerHttpServer | None = None
+    attest: AttestLoop | None = None
     try:
         if config.http is not None:
-            api = LedgerApi(
-                service.store,
-                service.key,
-                service.metrics,
-                health=lambda: {
-                    "counts": service.store.counts(),
-                    "transport": config.transport,
-                    "arrival": config.arrival,
-                },
-                behind=service.behind_log if isinstance(service, KafkaLedgerService) else None,
-            )
             try:
-                server = LedgerHttpServer(api, *config.http, port_file=config.port_file)
+                server = _api_server(config, service)
+            except OpsBindError as exc:
+                ops = present(config.ops_http, "ops_http")
+                return _fail(_http_bind_failure(args.config, ops, exc, "ops_http"), 2)
             except OSError as exc:
                 return _fail(_http_bind_failure(args.config, config.http, exc), 2)
             server.start()
+        attest = AttestLoop(service.store, service.key, config.attest_interval_s)
+        attest.start()
         if isinstance(service, LedgerService):
             stop = threading.Event()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -276,23 +274,56 @@ def cmd_run(args: argparse.Namespace) -> int:
                 # Nothing of the failed batch was stored; a restart resumes after the
                 # last committed one.
                 return _fail(f"{exc}; restart the ledger: it resumes after its last batch", 1)
+    except TlsConfigError as exc:
+        return _fail(str(exc), 2)
     finally:
         if server is not None:
             server.stop()
+        if attest is not None:
+            attest.stop()
         service.close()
     return 0
 
 
-def _http_bind_failure(path: Path, http: tuple[str, int], exc: OSError) -> str:
+def _api_server(
+    config: LedgerConfig, service: LedgerService | KafkaLedgerService
+) -> LedgerHttpServer:
+    """The HTTP API of a running ledger (SPEC §8.4, §13), bound, not started yet: every
+    request authenticated by ``Access``. OSError (OpsBindError) when an address is taken."""
+    http = present(config.http, "http")
+    api = LedgerApi(
+        service.store,
+        service.key,
+        service.metrics,
+        health=lambda: {
+            "counts": service.store.counts(),
+            "transport": config.transport,
+            "arrival": config.arrival,
+        },
+        behind=service.behind_log if isinstance(service, KafkaLedgerService) else None,
+        access=Access(
+            service.store,
+            service.key.public_key,
+            frozenset(config.api_auditors),
+            clock_s=lambda: int(time.time()),
+        ),
+    )
+    return LedgerHttpServer(
+        api, *http, port_file=config.port_file, ops=config.ops_http, tls=config.tls
+    )
+
+
+def _http_bind_failure(path: Path, http: tuple[str, int], exc: OSError, key: str = "http") -> str:
     """One line for an HTTP address the ledger cannot listen on (taken, not local, no
-    permission), naming the config key that sets it and the way out."""
+    permission), naming the config key that sets it (``http``, ``ops_http``) and the way
+    out."""
     host, port = http
     why = exc.strerror or str(exc)
     if exc.errno == errno.EADDRINUSE:
         why = "the port is already in use (another ledger, or another program)"
     return (
-        f'{path}: http = "{host}:{port}": cannot listen there: {why}; stop what holds it, '
-        f'or set http to a free port ("{host}:0" picks any free one) or "off"'
+        f'{path}: {key} = "{host}:{port}": cannot listen there: {why}; stop what holds it, '
+        f'or set {key} to a free port ("{host}:0" picks any free one) or "off"'
     )
 
 
@@ -372,9 +403,9 @@ def cmd_statement(args: argparse.Namespace) -> int:
         base = find_running(config)
         bill: bytes | None = None
         if base is not None:
-            body = get_statement(base, args.placement)
+            body = get_statement(base, args.placement, key)
             if not args.json:
-                bill = get_bill(base, args.placement)
+                bill = get_bill(base, args.placement, key)
         else:
             _require_store(config, args.config)
             with Store(config.db, ledger_public_key=key.public_key) as store:
@@ -400,7 +431,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         config, key = _load(args.config, args.shard)
         base = find_running(config)
         if base is not None:
-            placements = get_placements(base)
+            placements = get_placements(base, key)
         else:
             _require_store(config, args.config)
             with Store(config.db, ledger_public_key=key.public_key) as store:
@@ -453,7 +484,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             return _fail("--since: the running ledger serves whole exports; stop it first", 2)
         since = None if args.since is None else _read_note(args.since)
         if base is not None:
-            download_export(base, args.placement, args.out)
+            download_export(base, args.placement, args.out, key)
             if args.parquet is not None:
                 write_parquet(args.out, args.parquet)
         else:

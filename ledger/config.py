@@ -12,6 +12,15 @@ Keys (relative paths are relative to the directory of the config file)::
     close = true                      # publish PlacementClosed when window_end + grace passes
     http = "127.0.0.1:0"              # HTTP API: HOST:PORT; port 0 = any free port, written to
                                       # the port file "<db>.http.json"; "off" = no API
+    ops_http = "off"                  # /health and /metrics unsigned on their own HOST:PORT
+                                      # (for probes and Prometheus; "off": none)
+    api_auditors = []                 # SPEC §13: base64 Ed25519 keys that may read every
+                                      # placement over the API (the parties of a placement
+                                      # are known from its terms)
+    tls_cert_file = "certs/api.pem"   # TLS on the API (both or neither; PEM): the
+    tls_key_file = "certs/api.key"    # certificate chain and its private key
+    attest_interval_s = 10.0          # SPEC §8.4: statements and checkpoints issued at each
+                                      # placement's head this often (a read never writes)
     # clock_ms = 1767225600000        # simulated clock (tests, replays): a fixed "now"
     arrival = "log"                   # SPEC §6.6: an input's arrival time is the log's
                                       # (Kafka LogAppendTime; the intake log's clock).
@@ -41,6 +50,10 @@ Keys (relative paths are relative to the directory of the config file)::
     # sasl_username = "ledger"
     # sasl_password_file = "secrets/kafka-password"   # never the password itself
     # ssl_cafile = "certs/ca.pem"
+    # capacity_topic = "gridledger.capacity"  # SPEC §6.5 across shards: terms claim their
+                                      # GPUs through this topic (LogAppendTime, keyed by
+                                      # GPU uuid) before they are accepted; left out:
+                                      # claims are compared within each partition only
     start_backoff_initial_s = 0.5     # Kafka unreachable at start: wait this long before the
     start_backoff_max_s = 10.0        # next of START_ATTEMPTS (10) attempts, doubling up to
                                       # the max; then exit 75. Both in 0.01..600 s, initial
@@ -87,8 +100,16 @@ _TOP_KEYS: Final = frozenset(
         "crypto_worker",
         "kafka",
         "attestation_roots",
+        "ops_http",
+        "api_auditors",
+        "attest_interval_s",
+        "tls_cert_file",
+        "tls_key_file",
     }
 )
+# SPEC §13: at most this many auditor keys; attest_interval_s within this range (seconds).
+MAX_API_AUDITORS: Final = 64
+ATTEST_INTERVAL_RANGE_S: Final = (0.05, 3600.0)
 _KAFKA_KEYS: Final = frozenset(
     {
         "bootstrap",
@@ -103,6 +124,7 @@ _KAFKA_KEYS: Final = frozenset(
         "ssl_cafile",
         "start_backoff_initial_s",
         "start_backoff_max_s",
+        "capacity_topic",
     }
 )
 # [kafka] start_backoff_initial_s / start_backoff_max_s: each in this range (seconds).
@@ -132,6 +154,9 @@ class KafkaConfig:
     # doubled per attempt up to the max (ledger.limits START_BACKOFF_*, START_ATTEMPTS).
     start_backoff_initial_s: float = START_BACKOFF_INITIAL_S
     start_backoff_max_s: float = START_BACKOFF_MAX_S
+    # SPEC §6.5 across shards: the capacity topic through which terms claim their GPUs
+    # (None: claims compared within each ordered stream only).
+    capacity_topic: str | None = None
 
     @property
     def topic(self) -> str:
@@ -164,6 +189,11 @@ class LedgerConfig:
     kafka: KafkaConfig | None = None
     # SPEC §6.9: None when ledger.toml names no attestation root.
     attestation_roots: tuple[AttestationRoot, ...] | None = None
+    ops_http: tuple[str, int] | None = None
+    api_auditors: tuple[bytes, ...] = ()
+    attest_interval_s: float = 10.0
+    # TLS on the API: (certificate chain, private key), PEM files; None: plain HTTP.
+    tls: tuple[Path, Path] | None = None
 
     @property
     def port_file(self) -> Path:
@@ -214,10 +244,18 @@ def shard_config(config: LedgerConfig, shard: int, shards: int) -> LedgerConfig:
                 f"http port {http[1]} + {shards - 1} shards passes 65535; choose a lower port"
             )
         http = (http[0], http[1] + shard)
+    ops = config.ops_http
+    if ops is not None and ops[1] != 0:
+        if ops[1] + shards - 1 > 65535:
+            raise ConfigError(
+                f"ops_http port {ops[1]} + {shards - 1} shards passes 65535; choose a lower port"
+            )
+        ops = (ops[0], ops[1] + shard)
     return replace(
         config,
         db=shard_store(config.db, shard, shards),
         http=http,
+        ops_http=ops,
         kafka=replace(config.kafka, shard=shard, shards=shards),
     )
 
@@ -313,6 +351,14 @@ def _kafka(data: Any, base: Path) -> KafkaConfig:
         initial_s,
         hi,
     )
+    capacity_topic = data.get("capacity_topic")
+    if capacity_topic is not None and (
+        not isinstance(capacity_topic, str) or not capacity_topic or capacity_topic == topic
+    ):
+        raise ConfigError(
+            f"[kafka] capacity_topic must be a non-empty string other than topic, got "
+            f"{capacity_topic!r}"
+        )
     return KafkaConfig(
         settings=settings,
         partitions=partitions,
@@ -320,6 +366,7 @@ def _kafka(data: Any, base: Path) -> KafkaConfig:
         shards=shards,
         start_backoff_initial_s=initial_s,
         start_backoff_max_s=max_s,
+        capacity_topic=capacity_topic,
     )
 
 
@@ -346,6 +393,9 @@ def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
     http_value = data.get("http", DEFAULT_HTTP)
     if not isinstance(http_value, str):
         raise ConfigError(f"http must be a string 'HOST:PORT' or 'off', got {http_value!r}")
+    ops_value = data.get("ops_http", "off")
+    if not isinstance(ops_value, str):
+        raise ConfigError(f"ops_http must be a string 'HOST:PORT' or 'off', got {ops_value!r}")
     clock = data.get("clock_ms")
     arrival = data.get("arrival", "log")
     if arrival not in ARRIVAL_MODES:
@@ -376,7 +426,41 @@ def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:
         attestation_roots=_roots(data["attestation_roots"])
         if "attestation_roots" in data
         else None,
+        ops_http=parse_http(ops_value),
+        api_auditors=_auditors(data.get("api_auditors", [])),
+        tls=_tls(data, base),
+        attest_interval_s=_seconds(
+            data.get("attest_interval_s", 10.0), "attest_interval_s", *ATTEST_INTERVAL_RANGE_S
+        ),
     )
+
+
+def _tls(data: Mapping[str, Any], base: Path) -> tuple[Path, Path] | None:
+    """tls_cert_file and tls_key_file: both (TLS on the API) or neither."""
+    given = [k for k in ("tls_cert_file", "tls_key_file") if k in data]
+    if not given:
+        return None
+    if len(given) == 1:
+        raise ConfigError("tls_cert_file and tls_key_file go together: give both or neither")
+    cert = _path(base, data["tls_cert_file"], "tls_cert_file")
+    key = _path(base, data["tls_key_file"], "tls_key_file")
+    return cert, key
+
+
+def _auditors(data: Any) -> tuple[bytes, ...]:
+    """api_auditors: a list of base64 Ed25519 public keys (32 bytes each)."""
+    if not isinstance(data, list) or len(data) > MAX_API_AUDITORS:
+        raise ConfigError(f"api_auditors must be a list of at most {MAX_API_AUDITORS} keys")
+    keys: list[bytes] = []
+    for i, text in enumerate(data):
+        try:
+            raw = base64.b64decode(text, validate=True) if isinstance(text, str) else b""
+        except binascii.Error:
+            raw = b""
+        if len(raw) != 32:
+            raise ConfigError(f"api_auditors[{i}] is not a base64 32-byte Ed25519 public key")
+        keys.append(raw)
+    return tuple(keys)
 
 
 def _roots(data: Any) -> tuple[AttestationRoot, ...]:

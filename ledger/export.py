@@ -244,6 +244,7 @@ class _Rows:
 
     placement_id: str
     pages: tuple[_Page, ...] = ()
+    records: int | None = None  # read from the store: only the first ``records`` (None: all)
     # An export since a checkpoint of this size (SPEC §8.5): rows from it on; None: all.
     since: int | None = None
 
@@ -255,15 +256,15 @@ class _Rows:
             return [(f"FROM {_STAGE_PREFIX}{table} WHERE placement_id = ?", [self.placement_id])]
         order = f"ORDER BY {_ORDER[table]}"
         if table in ("statements", "checkpoints"):
-            if self.since is None:
-                return [(f"FROM {table} WHERE placement_id = ? {order}", [self.placement_id])]
-            column = _ORDER[table]
-            return [
-                (
-                    f"FROM {table} WHERE placement_id = ? AND {column} >= ? {order}",
-                    [self.placement_id, self.since],
-                )
-            ]
+            bounds: list[Any] = [self.placement_id]
+            clause = "WHERE placement_id = ?"
+            if self.records is not None:
+                clause += " AND through_index < ?" if table == "statements" else " AND size <= ?"
+                bounds.append(self.records)
+            if self.since is not None:
+                clause += f" AND {_ORDER[table]} >= ?"
+                bounds.append(self.since)
+            return [(f"FROM {table} {clause} {order}", bounds)]
         source, kind = "records", []
         if table != "ledger_records":
             source, kind = "inputs", [INPUT_TABLES[table][0]]
@@ -277,6 +278,9 @@ class _Rows:
             if page.end_index is not None:
                 where += " AND chain_index < ?"
                 params.append(page.end_index)
+            if self.records is not None:
+                where += " AND chain_index < ?"
+                params.append(self.records)
             if self.since is not None:
                 where += " AND chain_index >= ?"
                 params.append(self.since)
@@ -414,8 +418,6 @@ def _copy_rows(
                 )
             counts["held"] = 0
             pairs = _meta_pairs(source.placement_id, meta, counts["ledger_records"])
-            if "since_size" in meta:
-                _write_consistency(con, alias, meta)
             values = [value for pair in pairs for value in pair]
             if prepared is not None:
                 numbered = (f"(${2 * i + 1}, ${2 * i + 2})" for i in range(len(pairs)))
@@ -426,6 +428,8 @@ def _copy_rows(
                     f"INSERT INTO {alias}.meta VALUES " + ", ".join(["(?, ?)"] * len(pairs)),
                     values,
                 )
+            if "since_size" in meta:
+                _write_consistency(con, alias, meta)
             counts["meta"] = len(pairs)
             _commit_closed(con, alias)
         except BaseException:
@@ -574,6 +578,7 @@ def export_placement(
     key: SigningKey,
     parquet_dir: Path | None = None,
     compact: bool = False,
+    issue: bool = True,
     since: str | None = None,
 ) -> dict[str, int]:
     """Write the export of ``placement_id`` to ``out`` (and ``parquet_dir``); row counts.
@@ -582,15 +587,17 @@ def export_placement(
     process is writing (it is opened, used and closed here). ``key`` is the ledger key:
     it signs the statement and checkpoint issued for the head if none exists yet.
     Raises UnknownPlacement when the store has no chain for the placement. ``compact``:
-    the compact storage (EXPORT.md "Readers": DuckDB 1.2 and later read it). ``since``:
-    the text of a checkpoint note this ledger issued for the placement: only what came
-    after it, with a consistency proof to it (SPEC §8.5); raises SinceRefused for a note
-    that is not one.
+    the compact storage (EXPORT.md "Readers": DuckDB 1.2 and later read it). ``issue``
+    False: a read (the HTTP API, SPEC §8.4), which signs nothing: the export runs through
+    the latest stored statement and its checkpoint, and raises NotAttested when there is
+    none yet. ``since``: the text of a checkpoint note this ledger issued for the
+    placement: only what came after it, with a consistency proof to it (SPEC §8.5);
+    raises SinceRefused for a note that is not one.
     """
     if isinstance(store_or_path, Store):
-        return _export(store_or_path, placement_id, out, key, parquet_dir, compact, since)
+        return _export(store_or_path, placement_id, out, key, parquet_dir, compact, issue, since)
     with Store(store_or_path, ledger_public_key=key.public_key) as store:
-        return _export(store, placement_id, out, key, parquet_dir, compact, since)
+        return _export(store, placement_id, out, key, parquet_dir, compact, issue, since)
 
 
 class SinceRefused(ValueError):
@@ -598,7 +605,9 @@ class SinceRefused(ValueError):
     placement (SPEC §8.5); the message names what is wrong."""
 
 
-def _since_meta(store: Store, placement_id: str, note_text: str, key: SigningKey) -> dict[str, str]:
+def _since_meta(
+    store: Store, placement_id: str, note_text: str, key: SigningKey, records: int
+) -> dict[str, str]:
     """The meta rows (and the proof) of an export since the checkpoint ``note_text``."""
     try:
         note = parse_note(note_text)
@@ -609,7 +618,7 @@ def _since_meta(store: Store, placement_id: str, note_text: str, key: SigningKey
         raise SinceRefused(f"--since: a checkpoint of {checkpoint.origin!r}, not of {placement_id}")
     if not note.signed_by(LEDGER_NOTE_NAME, key.public_key):
         raise SinceRefused("--since: the note is not signed by this ledger's key")
-    payloads = store.record_payloads(placement_id)
+    payloads = store.record_payloads(placement_id, records - 1)
     size = checkpoint.size
     if not 0 < size <= len(payloads) or store.checkpoint(placement_id, size) is None:
         raise SinceRefused(f"--since: this ledger issued no checkpoint of size {size}")
@@ -632,12 +641,17 @@ def _export(
     key: SigningKey,
     parquet_dir: Path | None,
     compact: bool = False,
+    issue: bool = True,
     since: str | None = None,
 ) -> dict[str, int]:
     if store.head(placement_id) is None:
         raise UnknownPlacement(f"no records for placement {placement_id!r}")
-    issue_statement(store, key, placement_id)
-    issue_checkpoint(store, key, placement_id)
+    attested: int | None = None  # issue False: the records the latest pair covers
+    if issue:
+        issue_statement(store, key, placement_id)
+        issue_checkpoint(store, key, placement_id)
+    else:
+        attested = _attested(store, placement_id)
     commits = store.commit_range(placement_id)
     if commits is None:  # a chain has a commit range (written in the same transaction)
         raise UnknownPlacement(f"no records for placement {placement_id!r}")
@@ -646,8 +660,6 @@ def _export(
         "dropped_duplicates": str(store.dropped_count(placement_id)),
         "arrival": store.arrival(),
     }
-    if since is not None:
-        meta.update(_since_meta(store, placement_id, since, key))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(out.parent, only=out.name)
@@ -655,17 +667,42 @@ def _export(
     try:
         head = store.head(placement_id)
         records = 0 if head is None else head.chain_index + 1
-        first = None if since is None else int(meta["since_size"])
+        if attested is not None:
+            records = min(records, attested)
+        first = None
         pages = _pages(con, placement_id, commits, records)
-        if first is not None:  # the pages wholly before the checkpoint hold nothing to copy
+        if since is not None:  # the pages wholly before the checkpoint hold nothing to copy
+            meta.update(_since_meta(store, placement_id, since, key, records))
+            first = int(meta["since_size"])
             pages = tuple(p for p in pages if p.end_index is None or p.end_index > first)
-        source = _Rows(placement_id, pages, first)
+        source = _Rows(placement_id, pages, attested, first)
         counts = _write_export(con, source, out, meta, compact=compact)
     finally:
         con.close()
     if parquet_dir is not None:
         write_parquet(out, Path(parquet_dir))
     return counts
+
+
+class NotAttested(LookupError):
+    """A read-only export found no stored statement with its checkpoint."""
+
+
+def _attested(store: Store, placement_id: str) -> int:
+    """The records a read-only export holds: through the latest stored statement that a
+    stored checkpoint of exactly its size covers (``issue_statement`` stores both)."""
+    sizes = {n for n, _ in store.checkpoints(placement_id)}
+    rows = store.query(
+        "SELECT through_index FROM statements WHERE placement_id = ? ORDER BY through_index DESC",
+        [placement_id],
+    )
+    for (through,) in rows:
+        if int(through) + 1 in sizes:
+            return int(through) + 1
+    raise NotAttested(
+        f"placement {placement_id!r}: no statement with its checkpoint issued yet; the ledger "
+        "issues them on its period, or when a party asks (POST /placements/<id>/checkpoint)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ import msgspec
 
 from ledger import crypto, snapshot
 from ledger.cache import PlacementCache, StateLoader, UsageLookup
-from ledger.capacity import CapacityIndex, ClaimKey, ClaimRow, scope_of
+from ledger.capacity import CapacityIndex, ClaimKey, ClaimRow, Claims, ShardClaims, scope_of
+from ledger.capacity_log import PendingRelease
 from ledger.crypto import PendingCheck
 from ledger.rules import (
     INPUT_KINDS,
@@ -146,6 +147,12 @@ class Fold:
         # inputs are quarantined PLACEMENT_FAULTED; every other placement goes on.
         self.faulted: dict[str, str] = {}
         self._capacity = CapacityIndex()
+        # SPEC §6.5 across shards (set by a service deciding terms through the capacity
+        # log): the log's refusal of terms by record hash (None: granted), and the releases
+        # the fold's decisions owe the log, drained by the service after the commit.
+        self.capacity_refusals: dict[str, tuple[Reason, str] | None] | None = None
+        self.capacity_releases: list[PendingRelease] = []
+        self._decided_by_log: set[str] = set()  # terms the log decided, not yet folded
 
     # ---- folding ------------------------------------------------------------------------
 
@@ -247,7 +254,7 @@ class Fold:
         )
         record = opened.record
         claims = (  # §6.5: first terms and amendments alike
-            self._capacity.claims_for(scope_of(position), record)
+            self._claims_for(scope_of(position), record, opened.record_hash)
             if isinstance(record, PlacementTerms)
             else None
         )
@@ -286,9 +293,50 @@ class Fold:
                 self._capacity.accept_reclaim(
                     done.placement_id, [g.uuid for g in new.gpus.values()], new.release_end_ms
                 )
+        if self.capacity_refusals is not None:
+            self._owe_releases(state, new, verdicts)
         if new is not state:
             cache.put(new, verdicts)
         return verdicts
+
+    def _claims_for(self, scope: str, terms: PlacementTerms, record_hash: str) -> Claims:
+        claims = ShardClaims(self._capacity.claims_for(scope, terms))
+        if self.capacity_refusals is not None and record_hash in self.capacity_refusals:
+            claims.refusal = self.capacity_refusals.pop(record_hash)
+            self._decided_by_log.add(record_hash)
+        return claims
+
+    def _owe_releases(
+        self, state: PlacementState, new: PlacementState, verdicts: Sequence[Verdict]
+    ) -> None:
+        """SPEC §6.5 across shards: rejected terms give back what the log granted them; an
+        accepted amendment the claims of the terms it amends (they stand beside its own
+        until released); an accepted reclaim the GPUs it names, from its effective time."""
+        for v in verdicts:
+            if v.opened is None or v.placement_id is None:
+                continue
+            done, pid, why = v.opened.record, v.placement_id, v.record_hash or ""
+            decided = (
+                isinstance(done, PlacementTerms) and v.opened.record_hash in self._decided_by_log
+            )
+            self._decided_by_log.discard(v.opened.record_hash)
+            if isinstance(done, PlacementTerms) and v.status == "rejected":
+                if not decided:
+                    continue  # refused before it claimed anything (no request was made)
+                uuids = tuple(sorted(g.uuid for g in done.gpus))
+                owed = PendingRelease(pid, v.opened.record_hash, uuids, 0, "rejected", why)
+            elif isinstance(done, PlacementTerms) and v.status == "accepted":
+                if not state.terms_record_hash:
+                    continue  # first terms: nothing amended
+                uuids = tuple(sorted(state.gpus))
+                owed = PendingRelease(pid, state.terms_record_hash, uuids, 0, "amended", why)
+            elif isinstance(done, ReclaimNotice) and v.status == "accepted":
+                at = done.effective_at_ms
+                uuids = tuple(sorted(done.gpus))
+                owed = PendingRelease(pid, new.terms_record_hash, uuids, at, "reclaimed", why)
+            else:
+                continue
+            self.capacity_releases.append(owed)
 
     def _bound_key(self, placement_id: str, node_id: str, keyid: str) -> bytes | None:
         state = self._cache.peek(placement_id)

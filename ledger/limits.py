@@ -93,6 +93,15 @@ SUPERVISE_STOP_TIMEOUT_S: Final = 60.0
 # How long `supervise` waits for the topic's metadata (its partition count) at start.
 SUPERVISE_METADATA_TIMEOUT_S: Final = 10.0
 
+# SPEC §6.5 across shards: a shard deciding terms waits for its claim requests at most
+# MAX_CAPACITY_WAIT_MS + MAX_CLOCK_SKEW_MS (its clock against the broker's) plus this
+# margin, then stops with CapacityUnavailable (the input stays unfolded, nothing lost);
+# while waiting past the deadline it publishes a tick to each undecided key at most this
+# often; and it reads at most this many capacity records per poll.
+CAPACITY_GIVE_UP_MARGIN_S: Final = 30.0
+CAPACITY_TICK_INTERVAL_S: Final = 1.0
+CAPACITY_POLL_RECORDS: Final = 1000
+
 # ``export_all`` reads the rows of up to this many placements (and this many records) from
 # the store with one query per table, then writes each placement's file from them; a
 # larger placement is read alone, straight from the store as ``export_placement`` does.

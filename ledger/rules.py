@@ -33,7 +33,7 @@ from typing import Any, Final, Literal, get_args
 import msgspec
 
 from ledger import health
-from ledger.capacity import Claims, oversold
+from ledger.capacity import Claims, capacity_refusal
 from ledger.immutable import PMap, PSet
 from ledger.pricing import (
     overlap_ms,
@@ -531,9 +531,9 @@ class _Run:
                 Reason.AMENDMENT_TOO_LATE,
                 "usage, a reclaim, an adjustment, an assignment or the close was already accepted",
             )
-        over = None if self.claims is None else oversold(terms, self.claims)
-        if over is not None:  # §6.5: capacity is sold once
-            raise _Reject(Reason.OVERSOLD, over)
+        refusal = None if self.claims is None else capacity_refusal(terms, self.claims)
+        if refusal is not None:  # §6.5: capacity is sold once
+            raise _Reject(*refusal)
         # (4) accepted: the terms (or the amendment) in force from here on
         return terms_fields(terms, opened.payload, opened.record_hash)
 

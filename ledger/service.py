@@ -39,11 +39,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
 
+from ledger.capacity_gate import KafkaCapacityLog, claim_batch, release_owed
 from ledger.config import Arrival, KafkaConfig, LedgerConfig
 from ledger.consume import KafkaSource, LocalSource
 from ledger.ingest import BatchReport, Folded, Ingestor, Prepared
@@ -383,6 +384,11 @@ class KafkaLedgerService(_ServiceCore):
             crypto_worker=crypto_worker,
         )
         self.kafka = kafka
+        # SPEC §6.5 across shards: terms claim their GPUs through the capacity topic.
+        self.capacity: KafkaCapacityLog | None = None
+        if kafka.capacity_topic is not None:
+            settings = replace(kafka.settings, topic=kafka.capacity_topic)
+            self.capacity = KafkaCapacityLog(settings, key.public_key)
         # Wall-clock ms when every owned partition was last read to its end offset (and
         # committed): a checkpoint served to witnesses while behind would be followed by
         # records appended to the log before the witnesses' cosignature (SPEC §8.4).
@@ -434,6 +440,8 @@ class KafkaLedgerService(_ServiceCore):
         stored offsets)."""
         self.ingestor.start()
         await self.source.start()
+        if self.capacity is not None:
+            await self.capacity.start()
 
     async def stop(self) -> None:
         """Disconnect the consumer (batches polled or folded ahead are dropped: not
@@ -443,6 +451,8 @@ class KafkaLedgerService(_ServiceCore):
             folded, self._folded = self._folded, None
             self.ingestor.discard(folded[0])
         await self.source.stop()
+        if self.capacity is not None:
+            await self.capacity.stop()
 
     async def step(self, timeout_ms: int = POLL_TIMEOUT_MS) -> BatchReport | None:
         """Commit one batch: the one the step before folded ahead, else the next one
@@ -468,6 +478,7 @@ class KafkaLedgerService(_ServiceCore):
                 prepared = ingestor.prepare(polled)
             if not ahead:
                 await self._poll_ahead([prepared], POLL_AHEAD_MS)
+            await self._claim(prepared.items)
             folded, items = ingestor.fold_batch(prepared), prepared.items
         commit = ingestor.commit_on(self._committer, folded)
         try:
@@ -475,12 +486,20 @@ class KafkaLedgerService(_ServiceCore):
                 await self._poll_ahead(list(ahead), POLL_AHEAD_MS if not ahead else 0)
             if ahead:
                 following = ahead.popleft()
+                await self._claim(following.items)
                 self._folded = (ingestor.fold_batch(following), following.items)
         finally:
             commit.result()  # never leave the store to the thread (also if cancelled)
         report = ingestor.finish(folded)
         self.source.advance(items)
+        if self.capacity is not None:
+            await release_owed(self.capacity, ingestor.fold)
         return report
+
+    async def _claim(self, items: Sequence[Item]) -> None:
+        """SPEC §6.5 across shards: the batch's terms decided by the capacity log."""
+        if self.capacity is not None:
+            await claim_batch(self.capacity, self.ingestor.fold, items)
 
     async def _poll_ahead(self, unfolded: list[Prepared], timeout_ms: int) -> None:
         """Poll a batch and open it (its checks to the worker) behind ``unfolded``."""

@@ -84,6 +84,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--until-ms", type=int, help="simulated clock: run from the window start to T, fast"
     )
     run.set_defaults(handler=_run)
+    notice = sub.add_parser(
+        "notice",
+        help="show a signed reclaim to this node's workloads (meter/notice.py)",
+    )
+    notice.add_argument("reclaim", type=Path, metavar="RECLAIM.json", help="the signed reclaim")
+    notice.add_argument("--config", type=Path, required=True, help="meter.toml")
+    notice.set_defaults(handler=_notice)
+    serve = sub.add_parser(
+        "notice-serve", help="answer GET /reclaim on loopback from the node's notice file"
+    )
+    serve.add_argument("--config", type=Path, required=True, help="meter.toml")
+    serve.add_argument("--listen", default="127.0.0.1:9741", metavar="HOST:PORT")
+    serve.add_argument("--duration-s", type=float, help="stop after N seconds (tests)")
+    serve.set_defaults(handler=_notice_serve)
 
     def _help(_: argparse.Namespace) -> int:
         meter.print_help(sys.stderr)
@@ -374,6 +388,66 @@ async def _serve(
     if over_at_start and code == EX_OK:
         return _over_at_start(args.config, agent)
     return code
+
+
+# ---- reclaim notices (meter/notice.py) ---------------------------------------------------
+
+
+def _notice(args: argparse.Namespace) -> int:
+    """``meter notice RECLAIM.json``: check it against the metered terms, write the file."""
+    from meter.notice import NoticeRefused, check_notice, notice_path, write_notice
+
+    try:
+        config = load_meter_config(args.config)
+        terms = load_terms(config.terms)
+        raw = args.reclaim.read_bytes()
+    except (ConfigError, TermsError) as exc:
+        print(f"FAIL: {'; '.join(exc.problems)}", file=sys.stderr)
+        return EX_CONFIG
+    except OSError as exc:
+        print(f"FAIL: cannot read {args.reclaim}: {exc.strerror}", file=sys.stderr)
+        return EX_CONFIG
+    try:
+        notice = check_notice(raw, terms, config.node_id)
+    except NoticeRefused as exc:
+        print(f"FAIL: {args.reclaim}: {exc}", file=sys.stderr)
+        return 1
+    path = notice_path(config.spool_dir)
+    write_notice(path, notice)
+    print(f"OK: reclaim {notice.reclaim_id} of {', '.join(notice.gpus)} shown at {path}")
+    return EX_OK
+
+
+def _notice_serve(args: argparse.Namespace) -> int:
+    """``meter notice-serve``: GET /reclaim on loopback until stopped."""
+    import threading
+
+    from meter.notice import NoticeServer, notice_path
+
+    try:
+        config = load_meter_config(args.config)
+    except ConfigError as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    host, _, port = str(args.listen).rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        print(f"FAIL: --listen {args.listen!r}: expected HOST:PORT", file=sys.stderr)
+        return EX_CONFIG
+    try:
+        server = NoticeServer(notice_path(config.spool_dir), host.strip("[]"), int(port))
+    except OSError as exc:
+        print(f"FAIL: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
+        return EX_CONFIG
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    print(f"OK: reclaim notices at {server.url}/reclaim", flush=True)
+    try:
+        stop.wait(args.duration_s)
+    finally:
+        server.stop()
+    return EX_OK
 
 
 def _shipper(

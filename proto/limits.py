@@ -80,6 +80,10 @@ MAX_ARRIVAL_LAG_MS: Final = 60_000
 WITNESS_INTERVAL_S: Final = 60
 MAX_WITNESS_INTERVAL_S: Final = 86_400
 
+# SPEC §6.5 across shards: a claim request reaching the capacity log later than this after
+# its terms arrived is denied CAPACITY_LATE, so a shard waits at most this long for it.
+MAX_CAPACITY_WAIT_MS: Final = 60_000
+
 # SPEC §6.6: every record of a placement whose terms were created at or after this moment
 # (2026-12-01T00:00:00Z) carries arrived_ms; untimed records are accepted only in older
 # placements (chained before time from the log existed).

@@ -138,7 +138,9 @@ def test_statement_page_in_chromium(browser: Any, tmp_path: Path) -> None:
             statement["final"] and {k: statement["totals"][k] for k in EXPECTED} == EXPECTED
         )  # the signed statement is what the page must show
         # Operator and buyer witness the closed log, so the offline verdict is FINAL.
-        with urllib.request.urlopen(f"{base}/checkpoint", timeout=60) as reply:
+        # SPEC §8.4: a party asks for a checkpoint (POST); a GET issues none.
+        asked = urllib.request.Request(f"{base}/checkpoint", data=b"", method="POST")
+        with urllib.request.urlopen(asked, timeout=60) as reply:
             note = parse_note(reply.read().decode())
         for party in (cast.operator, cast.buyer):
             signed = cosign(note, party.name, party, _NOW_S).text().encode()
@@ -161,3 +163,63 @@ def test_statement_page_in_chromium(browser: Any, tmp_path: Path) -> None:
     shot = tmp_path / "offline.png"
     seen = _look(browser, (out / f"{PID}.buyer.html").as_uri(), shot)
     _check(seen, shot, "FINAL")
+
+
+def _visible_totals(browser: Any, url: str, shot: Path) -> tuple[str, set[str], list[str]]:
+    """(data-party, the visible data-total names, console problems) of a page."""
+    page = browser.new_page(viewport={"width": 1100, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    try:
+        page.goto(url, wait_until="load", timeout=60_000)
+        page.screenshot(path=str(shot), full_page=True)
+        party = str(page.locator("body").get_attribute("data-party"))
+        totals = {
+            str(el.get_attribute("data-total"))
+            for el in page.query_selector_all("[data-total]")
+            if el.is_visible()
+        }
+    finally:
+        page.close()
+    return party, totals, problems
+
+
+def test_each_partys_page_fetched_with_its_key_in_chromium(browser: Any, tmp_path: Path) -> None:
+    """SPEC §13: each party fetches its own page with its own key (``gridledger fetch
+    page``) and a person reads it in Chromium: the buyer, operator and desk see theirs; the
+    new buyer of a resale sees only its obligation, none of the other parties' amounts."""
+    from test_resale import PID as RESALE_PID
+    from test_resale import _run_pipeline
+
+    from ledger.access import Access
+    from proto.keys import write_key_pair
+
+    run = _run_pipeline(tmp_path / "resale")
+    access = Access(run.store, run.cast.ledger.public_key, clock_s=lambda: int(time.time()))
+    server = LedgerHttpServer(
+        LedgerApi(run.store, run.service.key, run.service.metrics, access=access), "127.0.0.1", 0
+    )
+    server.start()
+    seen: dict[str, tuple[str, set[str], list[str]]] = {}
+    try:
+        for who, key in (
+            ("buyer", run.cast.buyer),
+            ("operator", run.cast.operator),
+            ("desk", run.cast.desk),
+            ("buyer-2", run.buyer2),
+        ):
+            key_file, _ = write_key_pair(key, tmp_path / "keys" / who)
+            out = tmp_path / f"{who}.html"
+            argv = ["fetch", "page", RESALE_PID, "--ledger", server.url, "--key", str(key_file)]
+            assert gridledger_main([*argv, "--out", str(out)]) == 0
+            seen[who] = _visible_totals(browser, out.as_uri(), tmp_path / f"{who}.png")
+    finally:
+        server.stop()
+        run.service.close()
+    for who, (party, _totals, problems) in seen.items():
+        assert party == who and problems == [], (who, problems)
+    assert {"buyer_owes_minor", "buyer_net"} <= seen["buyer"][1]
+    assert "operator_receives_minor" in seen["operator"][1]
+    assert "desk_total" in seen["desk"][1]
+    assert seen["buyer-2"][1] == {"resale:as-1"}, seen["buyer-2"][1]

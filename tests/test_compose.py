@@ -111,8 +111,16 @@ def test_topic_init_creates_the_records_topic(compose: dict[str, Any]) -> None:
     assert "--create" in command and "--if-not-exists" in command
     assert command[command.index("--topic") + 1] == TOPIC
     assert int(command[command.index("--partitions") + 1]) >= 2
-    configs = {command[i + 1] for i, part in enumerate(command) if part == "--config"}
-    assert "retention.ms=-1" in configs
+    configs = dict(
+        command[i + 1].split("=", 1) for i, part in enumerate(command) if part == "--config"
+    )
+    from transport.kafka import replicated_topic_config
+
+    # What the ledger demands of its topic (LogAppendTime: it refuses a CreateTime record,
+    # ledger/consume.py), at this replication factor: the launcher's own settings.
+    replicas = int(command[command.index("--replication-factor") + 1])
+    assert configs == replicated_topic_config(replicas)
+    assert configs["message.timestamp.type"] == "LogAppendTime"
 
 
 def test_every_service_has_a_valid_image_or_build(compose: dict[str, Any]) -> None:

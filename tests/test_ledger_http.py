@@ -108,7 +108,10 @@ def test_http_api_and_cli(
         status, body = _get(f"{base}/placements/{pid}/elsewhere")
         assert status == 404
 
+        # SPEC §8.4: a GET never issues one; a party asks with a POST.
         status, body = _get(f"{base}/placements/{pid}/checkpoint")
+        assert status == 503 and "POST" in json.loads(body)["error"]
+        status, body = _post(f"{base}/placements/{pid}/checkpoint", b"")
         note = parse_note(body.decode())
         assert status == 200 and note.signed_by(LEDGER_NOTE_NAME, scenario.cast.ledger.public_key)
 
@@ -201,7 +204,8 @@ def test_http_api_and_cli(
 
 def test_records_are_served_only_under_a_checkpoint(tmp_path: Path, quiet_logs: None) -> None:
     """SPEC §8.4: records are unsigned, so ``/records`` never serves one that no checkpoint
-    covers: past the latest checkpoint, the ledger issues one for the head first."""
+    covers, and a read issues none: past the latest checkpoint it is a 400; once the ledger
+    issued one (its loop, or a party's POST), the records under it are served."""
     scenario = build_scenario("http-cover", placements=1, nodes=1, events=3)
     publish_scenario_local(tmp_path / "spool", scenario.inputs)
     service = local_service(tmp_path, scenario)
@@ -212,16 +216,20 @@ def test_records_are_served_only_under_a_checkpoint(tmp_path: Path, quiet_logs: 
         size = store.heads()[pid][0] + 1
         assert store.checkpoints(pid) == []  # folding alone issues none
         api = LedgerApi(store, service.key, service.metrics)
+        assert api.records(pid, 0, 0) == ""
+        with pytest.raises(Exception, match=r"outside 0\.\.0"):
+            api.records(pid, 0, 2)
+        assert store.checkpoints(pid) == []  # the read issued nothing
+        api.request_checkpoint(pid)
         lines = api.records(pid, 0, 2).splitlines()
         assert len(lines) == 2
         assert all(decode_envelope(base64.b64decode(x)).signatures == [] for x in lines)
-        sizes = [s for s, _ in store.checkpoints(pid)]
-        assert sizes == [size]  # issued for the head before the records went out
+        assert [s for s, _ in store.checkpoints(pid)] == [size]
         payloads = store.record_payloads(pid, size - 1)
         note = parse_note(store.checkpoints(pid)[0][1])
         assert note.signed_by(LEDGER_NOTE_NAME, service.key.public_key)
         assert parse_checkpoint_body(note.body).root == merkle.root(payloads)
-        api.records(pid, 0, None)  # covered already: no second checkpoint
+        assert len(api.records(pid, 0, None).splitlines()) == size
         assert [s for s, _ in store.checkpoints(pid)] == [size]
     finally:
         service.close()

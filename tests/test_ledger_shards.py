@@ -41,7 +41,8 @@ from devtools import builders
 from devtools.faults import read_topic
 from ledger.config import port_file_for
 from proto.envelope import open_envelope
-from proto.keys import write_key_pair
+from proto.httpsig import sign_url
+from proto.keys import SigningKey, write_key_pair
 from proto.records import Statement
 from proto.trust import dump_trust
 from transport.kafka import KafkaSettings
@@ -63,6 +64,7 @@ class _Shard:
     log: Path
     popen: subprocess.Popen[bytes] | None = None
     partitions: list[int] = field(default_factory=list)
+    key: SigningKey | None = None  # signs API requests (SPEC §13): the ledger's own key
 
     def start(self) -> None:
         with self.log.open("ab") as out:
@@ -87,8 +89,12 @@ class _Shard:
         url = self.url()
         if url is None:
             return None
+        request = urllib.request.Request(url + path)
+        if self.key is not None:
+            for name, value in sign_url(self.key, "GET", url + path, b"", int(time.time())).items():
+                request.add_header(name, value)
         try:
-            with urllib.request.urlopen(url + path, timeout=5) as response:
+            with urllib.request.urlopen(request, timeout=5) as response:
                 return json.loads(response.read())
         except (urllib.error.URLError, ConnectionError, ValueError):
             return None
@@ -144,7 +150,8 @@ def test_shard_processes_equal_one_and_a_lost_shard_is_rebuilt_elsewhere(
             http="127.0.0.1:0",
             clock_ms=LATE_CLOCK_MS,
         )
-        return _Shard(name, config, host / "data" / "ledger.duckdb", host / "ledger.log")
+        db = host / "data" / "ledger.duckdb"
+        return _Shard(name, config, db, host / "ledger.log", key=cast.ledger)
 
     def final_at(ledger: _Shard, placements: list[str]) -> bool:
         for pid in placements:

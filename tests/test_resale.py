@@ -24,6 +24,8 @@ Figures, hand-computed from SPEC §7 and §7.10 (rate 2.50 USD/GPU-h, S = 2.5 GP
 
 from __future__ import annotations
 
+import json
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ import pytest
 from billview.doc import BillDoc
 from devtools import builders
 from gridledger.cli import main as gridledger_main
+from ledger.access import Access
 from ledger.bill import bill_doc
 from ledger.export import export_placement
 from ledger.http import LedgerApi, LedgerHttpServer
@@ -45,6 +48,7 @@ from meter.clock import SimClock
 from meter.sim import SimDevice, Simulator, parse_sim_spec
 from meter.stream import node_gpus
 from proto.envelope import open_envelope, seal
+from proto.httpsig import sign_url
 from proto.keys import SigningKey
 from proto.records import LedgerRecord, PlacementTerms, Statement
 from proto.trust import TrustedKey, TrustFile, dump_trust
@@ -372,6 +376,50 @@ def test_ledger_statements_per_party_show_both_obligations(pipeline: Run) -> Non
         assert 'data-total="buyer_net" data-minor="291"' in page
         status, page = _get(f"{base}?party=buyer-3")  # refused: not a party of this bill
         assert status == 400 and "buyer-2" in page
+    finally:
+        server.stop()
+
+
+def _signed_get(url: str, key: SigningKey, body: bytes | None = None) -> tuple[int, str]:
+    method = "POST" if body is not None else "GET"
+    request = urllib.request.Request(url, data=body, method=method)
+    for name, value in sign_url(key, method, url, body or b"", int(time.time())).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_new_buyer_sees_only_its_own_obligation_over_the_api(pipeline: Run) -> None:
+    """SPEC §13: signed with its own key, the new buyer lists the placement without the
+    seller's parties, reads its own page (not the buyer's, nor the bill's JSON or CSV,
+    nor the statement), and may witness and fetch the export it verifies with."""
+    access = Access(
+        pipeline.store, pipeline.cast.ledger.public_key, clock_s=lambda: int(time.time())
+    )
+    api = LedgerApi(pipeline.store, pipeline.service.key, pipeline.service.metrics, access=access)
+    server = LedgerHttpServer(api, "127.0.0.1", 0)
+    server.start()
+    try:
+        base = f"{server.url}/placements/{PID}"
+        status, body = _signed_get(f"{server.url}/placements", pipeline.buyer2)
+        (entry,) = json.loads(body)["placements"]
+        assert entry["roles"] == ["buyer-2"] and entry["new_buyers"] == ["buyer-2"]
+        assert not {"operator", "buyer", "desk", "head"} & set(entry)
+        status, page = _signed_get(f"{base}/statement.html", pipeline.buyer2)
+        assert status == 200 and 'data-party="buyer-2"' in page
+        assert 'data-total="resale:as-1" data-minor="266"' in page
+        assert 'data-total="buyer_net"' not in page and "statement.csv" not in page
+        for path in ("statement.html?party=buyer", "statement", "statement.json", "statement.csv"):
+            assert _signed_get(f"{base}/{path}", pipeline.buyer2)[0] == 404, path
+        assert _signed_get(f"{base}/checkpoint", pipeline.buyer2, b"")[0] == 200
+        assert _signed_get(f"{base}/export", pipeline.buyer2)[0] == 200
+        # The original buyer's own page is the buyer's, with its net.
+        status, page = _signed_get(f"{base}/statement.html", pipeline.cast.buyer)
+        assert status == 200 and 'data-total="buyer_net" data-minor="291"' in page
+        assert _signed_get(f"{base}/statement.html?party=buyer-2", pipeline.cast.buyer)[0] == 404
     finally:
         server.stop()
 

@@ -2067,6 +2067,189 @@ def capacity_vectors() -> Any:
     }
 
 
+def capacity_log_vectors() -> Any:
+    """SPEC §6.5 across shards: one capacity partition holding two GPU keys, records of two
+    shards interleaved; the decision on every entry and the claims left per key."""
+    import hashlib
+
+    from ledger.capacity_log import CapacityFold
+    from proto.capacity_log import CapEntry, CapRelease, CapRequest, CapTick
+    from proto.limits import MAX_CAPACITY_WAIT_MS
+
+    one = SigningKey.from_seed_text("shard-1", "capacity-log shard 1").public_key
+    two = SigningKey.from_seed_text("shard-2", "capacity-log shard 2").public_key
+    x, y = "GPU-x-0", "GPU-y-0"
+
+    def h(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def req(
+        shard: bytes,
+        pid: str,
+        uuid: str,
+        lo: int,
+        hi: int,
+        share: int = 1000,
+        *,
+        arrived: int = WS,
+        version: str = "1",
+        amends: str = "",
+    ) -> CapRequest:
+        window = (WS + lo * MINUTE, WS + hi * MINUTE)
+        supersedes = h(pid + amends) if amends else ZERO_HASH
+        return CapRequest(pid, h(pid + version), uuid, share, *window, arrived, shard, supersedes)
+
+    def rel(
+        shard: bytes, pid: str, uuid: str, end: int, because: Any, version: str = "1"
+    ) -> CapRelease:
+        return CapRelease(
+            pid, h(pid + version), uuid, WS + end * MINUTE, because, h("record " + pid), shard
+        )
+
+    late = WS + MAX_CAPACITY_WAIT_MS
+    steps: list[tuple[str, str, int, Any]] = [
+        ("shard 1: A whole [0, 60): granted", x, WS, req(one, "pl-a", x, 0, 60)),
+        (
+            "shard 2: B whole [30, 90), the operator's second desk: OVERSOLD naming A",
+            x,
+            WS,
+            req(two, "pl-b", x, 30, 90),
+        ),
+        ("shard 2: C whole [60, 120), touching A: granted", x, WS, req(two, "pl-c", x, 60, 120)),
+        (
+            "shard 1 restarted, publishes A's request again: decided as the first",
+            x,
+            WS + 1,
+            req(one, "pl-a", x, 0, 60),
+        ),
+        (
+            "shard 2: D half [0, 30) inside A: OVERSOLD at 0 naming A",
+            x,
+            WS,
+            req(two, "pl-d", x, 0, 30, 500),
+        ),
+        ("a tick on the idle key y", y, late, CapTick(y)),
+        (
+            "shard 2: E on y appended MAX_CAPACITY_WAIT_MS after its terms arrived: granted",
+            y,
+            late,
+            req(two, "pl-e", y, 0, 10),
+        ),
+        (
+            "shard 2: F on y appended 1 ms later than that: CAPACITY_LATE",
+            y,
+            late + 1,
+            req(two, "pl-f", y, 20, 30),
+        ),
+        (
+            "shard 2: F2 on y appended before its deadline, after the key's time passed it: "
+            "CAPACITY_LATE (the broker's clock stepped back)",
+            y,
+            WS,
+            req(two, "pl-f2", y, 20, 30),
+        ),
+        (
+            "shard 2 releases A's claim (shard 1's): ignored",
+            x,
+            WS,
+            rel(two, "pl-a", x, 0, "rejected"),
+        ),
+        (
+            "shard 2 requests under A's placement id: its claim is another's, OVERSOLD",
+            x,
+            WS,
+            req(two, "pl-a", x, 0, 60, 500, version="2"),
+        ),
+        ("shard 1 releases A, reclaimed at 20", x, WS, rel(one, "pl-a", x, 20, "reclaimed")),
+        (
+            "shard 2: G half [20, 60): granted (A ends at 20)",
+            x,
+            WS,
+            req(two, "pl-g", x, 20, 60, 500),
+        ),
+        (
+            "shard 2: H half [25, 60): granted (G + H = one GPU)",
+            x,
+            WS,
+            req(two, "pl-h", x, 25, 60, 500),
+        ),
+        (
+            "shard 2: I 1 share-milli [40, 50): OVERSOLD at 40 naming G and H",
+            x,
+            WS,
+            req(two, "pl-i", x, 40, 50, 1),
+        ),
+        (
+            "G amended to [20, 40): granted beside G's first claim (the one it amends)",
+            x,
+            WS,
+            req(two, "pl-g", x, 20, 40, 500, version="2", amends="1"),
+        ),
+        (
+            "I published again: still the first decision (denied)",
+            x,
+            WS,
+            req(two, "pl-i", x, 40, 50, 1),
+        ),
+        (
+            "shard 2 releases G's first terms, amended: released (G's amendment stays)",
+            x,
+            WS,
+            rel(two, "pl-g", x, 20, "amended"),
+        ),
+        (
+            "shard 2 releases G's first terms again: ignored (no such claim left)",
+            x,
+            WS,
+            rel(two, "pl-g", x, 20, "amended"),
+        ),
+        (
+            "conflicting terms for C by shard 2 (another hash, amending nothing): OVERSOLD "
+            "naming C's own claim",
+            x,
+            WS,
+            req(two, "pl-c", x, 60, 120, version="x"),
+        ),
+        (
+            "shard 2 releases E, its terms rejected: the claim is gone",
+            y,
+            late,
+            rel(two, "pl-e", y, 0, "rejected"),
+        ),
+        (
+            "shard 1: J whole [0, 10) on y: granted (E released)",
+            y,
+            late,
+            req(one, "pl-j", y, 0, 10, arrived=late),
+        ),
+        (
+            "key not canonical (GPU-Y-0): invalid",
+            "GPU-Y-0",
+            late,
+            req(one, "pl-k", "GPU-Y-0", 0, 10, arrived=late),
+        ),
+        ("uuid not the key: invalid", x, late, req(one, "pl-k", y, 0, 10, arrived=late)),
+        ("empty window: invalid", x, late, req(one, "pl-k", x, 10, 10, arrived=late)),
+    ]
+    fold = CapacityFold()
+    out = []
+    for offset, (note, key, log_ms, record) in enumerate(steps):
+        entry = CapEntry(key, offset, log_ms, record)
+        decision = fold.apply(entry)
+        out.append(
+            {
+                "note": note,
+                "entry": msgspec.to_builtins(entry),
+                "decision": msgspec.to_builtins(decision),
+            }
+        )
+    return {
+        "max_capacity_wait_ms": MAX_CAPACITY_WAIT_MS,
+        "steps": out,
+        "claims": {key: msgspec.to_builtins(fold.claims(key)) for key in (x, y)},
+    }
+
+
 def _largest_remainder(amount: int, weights: list[tuple[str, int]]) -> dict[str, int]:
     """SPEC §11.3, written here from the text (apart from ``billview/invoice.py``)."""
     total = sum(w for _, w in weights)
@@ -2204,6 +2387,7 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "release.json": release_vectors,
     "keys.json": keys_vectors,
     "capacity.json": capacity_vectors,
+    "capacity_log.json": capacity_log_vectors,
     "signatures.json": signatures_vectors,
     "records.json": records_vectors,
     "rejections.json": rejections_vectors,

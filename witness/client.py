@@ -1,13 +1,20 @@
-"""The witness's side of the ledger API (SPEC §8.4): checkpoint, records, cosignature."""
+"""The witness's side of the ledger API (SPEC §8.4): checkpoint, records, cosignature.
+
+Every request is signed with the witness's own key (RFC 9421, SPEC §13): the ledger
+serves a placement only to its parties' keys and the auditors it lists."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Final
+
+from proto.httpsig import sign_url
+from proto.keys import SigningKey
 
 MAX_RESPONSE_BYTES: Final = 512 * 1024 * 1024
 MAX_PAGES: Final = 10_000
@@ -25,13 +32,17 @@ class LedgerRefused(Exception):
 class LedgerClient:
     """Talks to one ledger's HTTP API about one placement."""
 
-    def __init__(self, base_url: str, placement_id: str) -> None:
+    def __init__(self, base_url: str, placement_id: str, key: SigningKey) -> None:
         self.base = base_url.rstrip("/")
         self.placement = urllib.parse.quote(placement_id, safe="")
+        self.key = key
 
     def _request(self, path: str, body: bytes | None = None) -> bytes:
         url = f"{self.base}/placements/{self.placement}/{path}"
-        request = urllib.request.Request(url, data=body, method="POST" if body else "GET")
+        method = "POST" if body is not None else "GET"
+        request = urllib.request.Request(url, data=body, method=method)
+        for name, value in sign_url(self.key, method, url, body or b"", int(time.time())).items():
+            request.add_header(name, value)
         try:
             with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
                 data: bytes = response.read(MAX_RESPONSE_BYTES + 1)
@@ -48,8 +59,9 @@ class LedgerClient:
         return data
 
     def checkpoint(self) -> str:
-        """The ledger's latest checkpoint note for the placement."""
-        return self._request("checkpoint").decode("utf-8", "replace")
+        """A checkpoint at the ledger's head, asked for (SPEC §8.4: a POST, rate-limited
+        by the ledger, which answers with its latest note)."""
+        return self._request("checkpoint", b"").decode("utf-8", "replace")
 
     def records(self, start: int, stop: int) -> list[bytes]:
         """Record envelopes [start, stop), paging as the ledger serves them."""

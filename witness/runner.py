@@ -80,7 +80,7 @@ def witness_once(
             f"FAIL: the key {key_path} is not a party key of placement {pid}, nor the new "
             "buyer's of an assignment among the known inputs",
         )
-    client = LedgerClient(ledger_url, pid)
+    client = LedgerClient(ledger_url, pid, key)
     try:
         note = parse_note(client.checkpoint())
         size = parse_checkpoint_body(note.body).size

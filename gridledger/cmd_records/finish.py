@@ -126,7 +126,10 @@ def _dry_run(
         if export is not None:
             current = dryrun.rebuild(export, terms.placement_id)
         elif ledger is not None:
-            current = dryrun.current_from_ledger(ledger, terms.placement_id)
+            keys = load_keys(args.key)
+            if not keys:
+                raise UsageError("--dry-run --ledger URL signs its requests with --key")
+            current = dryrun.current_from_ledger(ledger, terms.placement_id, keys[0])
         else:
             raise UsageError("--dry-run needs the current state: --export FILE or --ledger URL")
     except dryrun.DryRunError as exc:
