@@ -18,14 +18,17 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from support import ledger_toml
 from test_ledger_scenario import (
     EARLY_CLOCK_MS,
     LATE_CLOCK_MS,
     build_scenario,
+    ledger_key_file,
     local_service,
     publish_scenario_local,
 )
 
+from gridledger.cli import main as gridledger_main
 from ledger.export import SinceRefused, export_placement
 from proto.trust import dump_trust
 from verifier.cli import main as verify_main
@@ -282,3 +285,30 @@ def test_an_export_since_without_its_proof_is_unusable_in_one_line(
     code = verify_main([str(paths[1]), "--trust", str(trust_path), "--state", str(state)])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("FAIL: ") and err.count("\n") == 1, err
+
+
+def test_cli_export_since_a_note_and_its_refusals(
+    chain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths, trust_path = _copy_of_chain(chain, tmp_path)
+    cast = build_scenario(SEED, placements=1).cast
+    pid = build_scenario(SEED, placements=1).placement_ids[0]
+    config = ledger_toml(
+        tmp_path / "ledger.toml",
+        ledger_key_file(tmp_path / "keys", cast),
+        db=tmp_path / "ledger.duckdb",
+        local_dir=tmp_path / "spool",
+    )
+    note = tmp_path / "p0.note"
+    note.write_text(_note(paths[0]))
+    out = tmp_path / "cli.duckdb"
+    argv = ["ledger", "export", pid, "--out", str(out), "--since", str(note)]
+    assert gridledger_main([*argv, "--config", str(config)]) == 0, capsys.readouterr().err
+    state = tmp_path / "cli-state.json"
+    assert verify_main([str(paths[0]), "--trust", str(trust_path), "--state-out", str(state)])
+    assert verify_main([str(out), "--trust", str(trust_path), "--state", str(state)]) == 3
+    note.write_text("not a note")
+    capsys.readouterr()
+    assert gridledger_main([*argv, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("FAIL: --since: not a checkpoint note") and err.count("\n") == 1, err
