@@ -48,8 +48,10 @@ from ledger.issuer import (
     ChainFacts,
     UnknownPlacement,
     attest_chunks,
+    frontier_at,
     issue_checkpoint,
     issue_statement,
+    payloads_between,
 )
 from ledger.limits import (
     EXPORT_PAGE_RECORDS,
@@ -618,18 +620,20 @@ def _since_meta(
         raise SinceRefused(f"--since: a checkpoint of {checkpoint.origin!r}, not of {placement_id}")
     if not note.signed_by(LEDGER_NOTE_NAME, key.public_key):
         raise SinceRefused("--since: the note is not signed by this ledger's key")
-    payloads = store.record_payloads(placement_id, records - 1)
     size = checkpoint.size
-    if not 0 < size <= len(payloads) or store.checkpoint(placement_id, size) is None:
+    if not 0 < size <= records or store.checkpoint(placement_id, size) is None:
         raise SinceRefused(f"--since: this ledger issued no checkpoint of size {size}")
-    leaves = [merkle.leaf_hash(p) for p in payloads]
-    if merkle.root_from_leaf_hashes(leaves[:size]) != checkpoint.root:
+    # The frontier at the note's size and the records after it: what the export holds,
+    # not the log (``issuer.frontier_at`` keeps the frontiers of the last checkpoints).
+    frontier = frontier_at(store, placement_id, size)
+    if frontier.root() != checkpoint.root:
         raise SinceRefused(f"--since: the root of size {size} is not this ledger's")
-    proof = merkle.consistency_proof(leaves, size) if size < len(leaves) else []
+    leaves = [merkle.leaf_hash(p) for p in payloads_between(store, placement_id, size, records)]
+    proof = frontier.consistency_proof(leaves)
     return {
         "since_size": str(size),
         "since_root": b64(checkpoint.root),
-        "proof_size": str(len(leaves)),
+        "proof_size": str(records),
         "proof": "\n".join(b64(h) for h in proof),
     }
 

@@ -29,7 +29,11 @@ from test_ledger_scenario import (
 )
 
 from gridledger.cli import main as gridledger_main
+from ledger import issuer
 from ledger.export import SinceRefused, export_placement
+from ledger.store import Store
+from proto import merkle
+from proto.frontier import Frontier
 from proto.trust import dump_trust
 from verifier.cli import main as verify_main
 from verifier.resume import read_state, state_of_export, verify_since, write_state
@@ -312,3 +316,33 @@ def test_cli_export_since_a_note_and_its_refusals(
     assert gridledger_main([*argv, "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("FAIL: --since: not a checkpoint note") and err.count("\n") == 1, err
+
+
+def test_a_proof_from_a_frontier_is_rfc_9162s_over_every_leaf() -> None:
+    for n in range(1, 40):
+        leaves = [merkle.leaf_hash(str(i).encode()) for i in range(n)]
+        for m in range(1, n + 1):
+            frontier = Frontier.empty()
+            for leaf in leaves[:m]:
+                frontier = frontier.append_leaf_hash(leaf)
+            want = merkle.consistency_proof(leaves, m) if m < n else []
+            assert frontier.consistency_proof(leaves[m:]) == want, (m, n)
+
+
+def test_a_kept_frontier_that_no_stored_checkpoint_gives_is_not_used(
+    chain: Path, tmp_path: Path
+) -> None:
+    """``issuer.frontier_at`` extends a kept frontier only while the stored checkpoint of
+    its size has its root (a batch rolled back after it was kept: from 0 instead)."""
+    paths, _ = _copy_of_chain(chain, tmp_path)
+    scenario = build_scenario(SEED, placements=1, nodes=2, events=6)
+    pid = scenario.placement_ids[0]
+    first = int(_note(paths[0]).splitlines()[1])
+    with Store(tmp_path / "ledger.duckdb", ledger_public_key=scenario.cast.ledger.public_key) as s:
+        payloads = s.record_payloads(pid)
+        want = merkle.root([*payloads])
+        poisoned = Frontier(first, (merkle.leaf_hash(b"not the log"),) * bin(first).count("1"))
+        issuer._FRONTIERS.setdefault(s, {})[pid] = {first: poisoned}
+        assert issuer.frontier_at(s, pid, len(payloads)).root() == want
+        kept = issuer._FRONTIERS[s][pid]
+        assert kept[len(payloads)].root() == want and first not in kept
