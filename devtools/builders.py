@@ -28,6 +28,7 @@ from proto.records import (
     PlacementClosed,
     PlacementTerms,
     ReclaimNotice,
+    StreamResume,
     UsageEvent,
 )
 from proto.trust import TRUST_FORMAT, Role, TrustedKey, TrustFile
@@ -260,6 +261,28 @@ def release(
         reason="the buyer no longer needs the capacity",
     )
     return seal(record, list(signers) if signers is not None else [cast.buyer])
+
+
+def resume(
+    cast: Cast,
+    placement_id: str,
+    node_id: str,
+    from_seq: int,
+    from_ms: int,
+    resume_id: str = "resume-1",
+    signers: Sequence[SigningKey] | None = None,
+) -> bytes:
+    """A resume of node ``node_id``'s stream at ``from_seq`` from ``from_ms`` (SPEC §6.3
+    resume), signed by operator and buyer unless ``signers`` says otherwise."""
+    record = StreamResume(
+        placement_id=placement_id,
+        resume_id=resume_id,
+        node_id=node_id,
+        from_seq=from_seq,
+        from_ms=from_ms,
+        reason="the node lost its spool (disk replaced)",
+    )
+    return seal(record, list(signers) if signers is not None else [cast.operator, cast.buyer])
 
 
 def adjustment(

@@ -27,6 +27,7 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
         "reclaim",
         "release",
         "adjust",
+        "resume",
         "bind-key",
         "assign",
         "cosign",

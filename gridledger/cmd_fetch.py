@@ -35,8 +35,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    fetch.add_argument("what", choices=("statement", "page", "export"))
-    fetch.add_argument("placement", metavar="PLACEMENT")
+    fetch.add_argument(
+        "what",
+        choices=("statement", "page", "export"),
+        help="statement (signed JSON), page (HTML bill) or export (DuckDB file)",
+    )
+    fetch.add_argument("placement", metavar="PLACEMENT", help="the placement id")
     fetch.add_argument("--ledger", required=True, metavar="URL", help="the ledger's API URL")
     fetch.add_argument("--key", required=True, type=Path, metavar="KEY", help="your key file")
     fetch.add_argument("--out", type=Path, metavar="FILE", help="where to write it")

@@ -67,12 +67,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="sign a party profile (legal name, address, tax id, payment terms; SPEC §12)",
     )
     profile.add_argument("--key", required=True, type=Path, help="the party's private key file")
-    profile.add_argument("--legal-name", required=True)
+    profile.add_argument("--legal-name", required=True, help="the party's registered legal name")
     profile.add_argument("--address", action="append", default=[], help="one line; repeat")
-    profile.add_argument("--tax-id", default="")
+    profile.add_argument("--tax-id", default="", help="VAT or tax registration number (optional)")
     profile.add_argument("--net-days", type=int, default=0, help="payment terms (0: on issue)")
     profile.add_argument("--remit-to", default="", help="where payments go (bank details)")
-    profile.add_argument("--issued-at-ms", type=int, required=True)
+    profile.add_argument(
+        "--issued-at-ms",
+        type=int,
+        required=True,
+        help="when the party signed the profile (ms since the epoch, UTC)",
+    )
     profile.add_argument("--out", required=True, type=Path, help="FILE.profile.json")
     profile.set_defaults(handler=_profile)
 

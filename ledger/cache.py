@@ -39,6 +39,10 @@ class PlacementCache:
         self._dirty: set[str] = set()
         # Usage events accepted since the last commit (not in the store yet).
         self._recent: dict[tuple[str, str, int], AcceptedEvent] = {}
+        # Whether ``_recent`` holds every usage event ever accepted (no store behind the
+        # cache, nothing forgotten or restored): then an event it lacks was not accepted
+        # (a seq taken by a content rejection, SPEC §6.3 usage).
+        self._complete = lookup is None and load_state is None
 
     def get(self, placement_id: str) -> PlacementState:
         """The placement's state (loaded from the store if it was evicted)."""
@@ -68,6 +72,7 @@ class PlacementCache:
 
     def restore(self, state: PlacementState) -> None:
         """Load a stored state (on start, before any input)."""
+        self._complete = False
         self._states[state.placement_id] = state
 
     def accepted_at(self, placement_id: str, node_id: str, seq: int) -> AcceptedEvent | None:
@@ -77,6 +82,8 @@ class PlacementCache:
             return recent
         lookup = self._lookup
         if lookup is None:
+            if self._complete:
+                return None
             raise InvariantViolation(
                 f"usage {placement_id}/{node_id}/{seq} was accepted before this cache: "
                 "it needs the store's lookup"
@@ -93,6 +100,7 @@ class PlacementCache:
 
     def forget_accepted(self) -> None:
         """The events accepted so far are in the store (``accepted_at`` asks it)."""
+        self._complete = False
         self._recent.clear()
 
     def evict(self, placement_id: str) -> None:

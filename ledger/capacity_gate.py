@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 
@@ -34,15 +34,15 @@ from proto.capacity_log import (
     CapRequest,
     CapTick,
     ReleaseCause,
-    decode_record,
+    entry_from_message,
+    seal_capacity,
 )
 from proto.envelope import Envelope, check_signatures, open_envelope
 from proto.errors import ProtoError
+from proto.keys import SigningKey
 from proto.reasons import Reason
 from proto.records import PlacementTerms
 from proto.terms import canonical_uuid, party_keys
-
-_ENCODER: Final = msgspec.json.Encoder(order="sorted")
 
 
 class CapacityUnavailable(Exception):
@@ -131,12 +131,14 @@ def _detail(fold: CapacityFold, request: CapRequest, decision: Decision) -> str:
 
 
 def entry_of(message: Any) -> CapEntry | None:
-    """A consumed capacity-topic message as a fold entry; None when its key or value does
-    not decode (such a message is no record of the log: SPEC §6.5 rule 1)."""
+    """A consumed capacity-topic message as a fold entry; None when its key or value is no
+    envelope (such a message is no record of the log: SPEC §6.5 rule 1). A record that is
+    an envelope but unsigned, badly signed or of another payload is the fold's INVALID."""
+    if not isinstance(message.key, bytes) or not isinstance(message.value, bytes):
+        return None
     try:
-        key = message.key.decode()
-        return CapEntry(key, message.offset, message.timestamp, decode_record(message.value))
-    except (AttributeError, UnicodeDecodeError, msgspec.DecodeError):
+        return entry_from_message(message.key, message.offset, message.timestamp, message.value)
+    except ProtoError:
         return None
 
 
@@ -146,16 +148,18 @@ class KafkaCapacityLog:
     def __init__(
         self,
         settings: Any,
-        ledger_key: bytes,
+        key: SigningKey,
+        ledger_keys: Sequence[bytes] = (),
         *,
         clock_ms: Callable[[], int] | None = None,
-        fold: CapacityFold | None = None,
     ) -> None:
         self._settings = settings
-        self._ledger_key = ledger_key
-        self.ledger_key = ledger_key  # the shard's ledger key: the owner of its claims
+        self._key = key
+        self._ledger_key = key.public_key
+        self.ledger_key = key.public_key  # the shard's ledger key: the owner of its claims
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
-        self.fold = fold or CapacityFold()
+        # the shards whose records count (SPEC §6.5): this shard's and the pinned others'
+        self.fold = CapacityFold({key.public_key, *ledger_keys})
         self.skipped = 0  # messages that are no capacity record (counted, never folded)
         self._producer: Any = None
         self._consumer: Any = None
@@ -200,7 +204,9 @@ class KafkaCapacityLog:
 
     async def _send(self, records: Sequence[CapRecord]) -> None:
         sent = [
-            await self._producer.send(self._settings.topic, _ENCODER.encode(r), key=r.uuid.encode())
+            await self._producer.send(
+                self._settings.topic, seal_capacity(r, self._key), key=r.uuid.encode()
+            )
             for r in records
         ]
         await asyncio.gather(*sent)
@@ -245,7 +251,7 @@ class KafkaCapacityLog:
                 and now - ticked_at >= ledger_limits.CAPACITY_TICK_INTERVAL_S
             ):
                 undecided = [r.uuid for r in requests if decision_for(self.fold, r) is None]
-                await self._send([CapTick(uuid) for uuid in undecided])
+                await self._send([CapTick(uuid, self._ledger_key) for uuid in undecided])
                 ticked_at = now
             await self._read()
         return found
@@ -301,9 +307,8 @@ def _claimable(terms: PlacementTerms, envelope: Envelope, ledger_key: bytes) -> 
     return check_signatures(envelope, party_keys(terms)).failure() is None
 
 
-async def release_owed(capacity: KafkaCapacityLog, fold: Fold) -> int:
-    """Publish the releases the fold's decisions owe the capacity log; how many."""
-    owed, fold.capacity_releases = fold.capacity_releases, []
+async def release_owed(capacity: KafkaCapacityLog, owed: Sequence[PendingRelease]) -> int:
+    """Publish the releases a committed batch's decisions owe the capacity log; how many."""
     for release in owed:
         await capacity.release(release)
     return len(owed)

@@ -7,6 +7,11 @@ in one partition, in one order. ``CapacityFold`` folds that order, one record at
 a decision depends only on the records of its key before it, so each shard, a rebuild
 from offset 0 and a verifier derive the same grants, and nobody issues one.
 
+Every record is signed by the ledger key it names (``ledger_key``), one of the shards'
+ledger keys the fold is given (``[kafka] capacity_ledger_keys`` with the shard's own): an
+unsigned or badly signed record, or one of a key the fold does not know, is INVALID, so
+nobody who can merely write to the topic can claim, or free, a shard's GPU.
+
 State per key: the granted claims, at most one per (placement, requesting ledger key), and
 the decision of every request seen (rule 2: a republished request is decided as the
 first). ``fold_capacity`` is the pure function over a whole sequence; a fold resumed after
@@ -29,9 +34,14 @@ from proto.capacity_log import (
     RELEASED,
     TICK,
     CapEntry,
+    CapRecord,
     CapRelease,
     CapRequest,
+    open_capacity,
 )
+from proto.envelope import check_signatures
+from proto.errors import ProtoError
+from proto.keys import key_id
 from proto.reasons import Reason
 from proto.terms import canonical_uuid
 
@@ -89,7 +99,10 @@ class KeyState(msgspec.Struct):
 class CapacityFold:
     """The capacity fold over entries in partition order (one key's order is what counts)."""
 
-    def __init__(self, state: dict[str, KeyState] | None = None) -> None:
+    def __init__(
+        self, ledger_keys: Iterable[bytes], state: dict[str, KeyState] | None = None
+    ) -> None:
+        self._ledger_keys: dict[bytes, dict[str, bytes]] = {k: {key_id(k): k} for k in ledger_keys}
         self._keys: dict[str, KeyState] = {} if state is None else state
 
     def state(self) -> dict[str, KeyState]:
@@ -100,6 +113,15 @@ class CapacityFold:
         """The claims granted on ``key`` now, in grant order."""
         state = self._keys.get(key)
         return () if state is None else tuple(state.claims)
+
+    def held_by(self, ledger_key: bytes) -> list[tuple[str, Granted]]:
+        """Every claim granted to ``ledger_key`` and not released, with its key (uuid)."""
+        return [
+            (key, claim)
+            for key, state in sorted(self._keys.items())
+            for claim in state.claims
+            if claim.ledger_key == ledger_key
+        ]
 
     def granted_at(self, key: str, offset: int) -> Granted | None:
         """The claim granted to the request at ``offset`` of ``key`` (as granted)."""
@@ -120,18 +142,29 @@ class CapacityFold:
 
     def apply(self, entry: CapEntry) -> Decision:
         """SPEC §6.5 capacity fold rules 1-6 on one entry."""
-        record = entry.record
         if canonical_uuid(entry.key) != entry.key:
             return Decision(entry.offset, INVALID)
         state = self._keys.setdefault(entry.key, KeyState())
         state.latest_ms = max(state.latest_ms, entry.log_ms)  # the key's time moves first
-        if record.uuid != entry.key:
+        record = self._signed(entry)
+        if record is None or record.uuid != entry.key:
             return Decision(entry.offset, INVALID)
         if isinstance(record, CapRequest):
             return self._request(entry, record)
         if isinstance(record, CapRelease):
             return self._release(entry, record)
         return Decision(entry.offset, TICK)
+
+    def _signed(self, entry: CapEntry) -> CapRecord | None:
+        """The entry's record when it is signed by exactly the known ledger key it names."""
+        try:
+            record = open_capacity(entry.envelope)
+        except ProtoError:
+            return None
+        required = self._ledger_keys.get(record.ledger_key)
+        if required is None or check_signatures(entry.envelope, required).failure() is not None:
+            return None
+        return record
 
     def _request(self, entry: CapEntry, request: CapRequest) -> Decision:
         if not 1 <= request.share_milli <= WHOLE_GPU or request.start_ms >= request.end_ms:
@@ -207,7 +240,7 @@ def first_clash(
     return None
 
 
-def fold_capacity(entries: Iterable[CapEntry]) -> list[Decision]:
+def fold_capacity(entries: Iterable[CapEntry], ledger_keys: Iterable[bytes]) -> list[Decision]:
     """The decision on every entry, in order (a fresh fold: SPEC §6.5 is a pure function)."""
-    fold = CapacityFold()
+    fold = CapacityFold(ledger_keys)
     return [fold.apply(entry) for entry in entries]

@@ -54,6 +54,9 @@ Keys (relative paths are relative to the directory of the config file)::
                                       # GPUs through this topic (LogAppendTime, keyed by
                                       # GPU uuid) before they are accepted; left out:
                                       # claims are compared within each partition only
+    # capacity_ledger_keys = ["<base64>"]  # the other shards' ledger public keys: only
+                                      # capacity records signed by one of them (or this
+                                      # shard's key) count; pinned like any other key
     start_backoff_initial_s = 0.5     # Kafka unreachable at start: wait this long before the
     start_backoff_max_s = 10.0        # next of START_ATTEMPTS (10) attempts, doubling up to
                                       # the max; then exit 75. Both in 0.01..600 s, initial
@@ -125,8 +128,11 @@ _KAFKA_KEYS: Final = frozenset(
         "start_backoff_initial_s",
         "start_backoff_max_s",
         "capacity_topic",
+        "capacity_ledger_keys",
     }
 )
+# [kafka] capacity_ledger_keys: at most this many shards' keys.
+MAX_CAPACITY_LEDGER_KEYS: Final = 1024
 # [kafka] start_backoff_initial_s / start_backoff_max_s: each in this range (seconds).
 START_BACKOFF_RANGE_S: Final = (0.01, 600.0)
 
@@ -157,6 +163,9 @@ class KafkaConfig:
     # SPEC §6.5 across shards: the capacity topic through which terms claim their GPUs
     # (None: claims compared within each ordered stream only).
     capacity_topic: str | None = None
+    # the other shards' ledger public keys, pinned: only capacity records signed by one of
+    # them or by this shard's own key count (SPEC §6.5 capacity fold rule 1).
+    capacity_ledger_keys: tuple[bytes, ...] = ()
 
     @property
     def topic(self) -> str:
@@ -367,7 +376,25 @@ def _kafka(data: Any, base: Path) -> KafkaConfig:
         start_backoff_initial_s=initial_s,
         start_backoff_max_s=max_s,
         capacity_topic=capacity_topic,
+        capacity_ledger_keys=_ledger_keys(data.get("capacity_ledger_keys", [])),
     )
+
+
+def _ledger_keys(value: Any) -> tuple[bytes, ...]:
+    """[kafka] capacity_ledger_keys: a list of base64 Ed25519 public keys (32 bytes each)."""
+    where = "[kafka] capacity_ledger_keys"
+    if not isinstance(value, list) or len(value) > MAX_CAPACITY_LEDGER_KEYS:
+        raise ConfigError(f"{where} must be a list of at most {MAX_CAPACITY_LEDGER_KEYS} keys")
+    keys = []
+    for n, text in enumerate(value):
+        try:
+            key = base64.b64decode(str(text), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ConfigError(f"{where}[{n}] is not base64") from exc
+        if len(key) != 32:
+            raise ConfigError(f"{where}[{n}] is {len(key)} bytes, an Ed25519 key is 32")
+        keys.append(key)
+    return tuple(keys)
 
 
 def config_from_mapping(data: Mapping[str, Any], base: Path) -> LedgerConfig:

@@ -101,6 +101,8 @@ INPUT_TABLES: Final[dict[str, tuple[str, tuple[tuple[str, str], ...]]]] = {
     "assignments": ("assignment", ()),
     # SPEC §6.7; optional for readers (exports written before it have no such table).
     "releases": ("release", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
+    # SPEC §6.3 resume; optional for readers (exports written before it have no such table).
+    "resumes": ("resume", (("node_id", "VARCHAR"),)),
 }
 
 

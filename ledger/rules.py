@@ -83,6 +83,7 @@ from proto.records import (
     ReclaimNotice,
     ResaleTotals,
     Status,
+    StreamResume,
     Totals,
     UsageEvent,
 )
@@ -99,10 +100,20 @@ Decision = Literal["chained", "dropped", "quarantined", "held"]
 DECISIONS: Final[tuple[Decision, ...]] = get_args(Decision)
 
 INPUT_KINDS: Final = frozenset(
-    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment", "release"}
+    {
+        "terms",
+        "keybinding",
+        "usage",
+        "reclaim",
+        "adjustment",
+        "closed",
+        "assignment",
+        "release",
+        "resume",
+    }
 )
 _AFTER_CLOSE_KINDS: Final = frozenset(
-    {"usage", "keybinding", "reclaim", "closed", "assignment", "release"}
+    {"usage", "keybinding", "reclaim", "closed", "assignment", "release", "resume"}
 )
 
 # (input hash, record hash) of an accepted usage event.
@@ -205,7 +216,7 @@ def usage_lookup(state: PlacementState, opened: Opened) -> tuple[str, int] | Non
         return None
     stream = state.streams.get(record.node_id)
     if stream is None or record.seq >= stream.next_seq - 1:
-        return None
+        return None  # the stream's head answers it (``_Run._accepted_at``)
     return record.node_id, record.seq
 
 
@@ -275,6 +286,9 @@ class _Reject(Exception):
         self.detail = detail
         # (node_id, seq) a rejected usage event takes for good (SPEC §6.3 usage (3)).
         self.takes = takes
+        # SPEC §6.3 usage, rejected for its content: the record hash the stream advances
+        # to (its seq taken by advancing past it), or None.
+        self.advances: str | None = None
 
 
 def _weighted(share_milli: int, weight: int, event: UsageEvent, from_ms: int, to_ms: int) -> int:
@@ -380,7 +394,9 @@ class _Run:
         self, state: PlacementState, stream: StreamState, node_id: str, seq: int
     ) -> AcceptedEvent | None:
         if seq == stream.next_seq - 1:
-            return stream.last_input_hash, stream.last_hash
+            # the head: an accepted event, or a content rejection (SPEC §6.3 usage), which
+            # leaves no input hash: no event was accepted at that seq
+            return (stream.last_input_hash, stream.last_hash) if stream.last_input_hash else None
         mine = self.accepted.get((node_id, seq))
         if mine is not None:
             return mine
@@ -427,6 +443,8 @@ class _Run:
                 new = _assignment(state, terms, opened, record, self.arrived)
             elif isinstance(record, BuyerRelease):
                 new = _release(state, terms, opened, record, self.arrived)
+            elif isinstance(record, StreamResume):
+                new = _resume(state, terms, opened, record)
             else:  # pragma: no cover - attribute() lets only INPUT_KINDS through
                 raise InvariantViolation(f"no rule for kind {opened.kind}")
         except _Drop:
@@ -434,11 +452,19 @@ class _Run:
         except _HoldInStream:
             return _hold_in_stream(state, opened, position, self.arrived, self.room)
         except _Reject as rejection:
-            return _chain_rejection(state, opened, position, rejection, self.arrived)
+            verdict, state = _chain_rejection(state, opened, position, rejection, self.arrived)
+            if release and rejection.advances is not None and isinstance(record, UsageEvent):
+                # SPEC §6.3 usage: a content rejection advances the stream like an
+                # accepted event, so the held event at the new next seq comes next.
+                verdict, state = self._after_advance(verdict, state, record.node_id)
+            return verdict, state
         flush: list[Verdict] = []
         if isinstance(record, PlacementClosed):
             # §6.3 closed: the close flush comes first, then the close record.
             flush, state = _close_flush(state, self.arrived)
+        elif isinstance(record, StreamResume):
+            # §6.3 resume: the resume flush comes first, then the resume record.
+            flush, state = _resume_flush(state, record, self.arrived)
         totals: Totals = new.pop("totals", state.totals)
         # Accepted usage events are recognised by their stream position, not in ``seen``.
         seen = state.seen if isinstance(record, UsageEvent) else state.seen.add(opened.input_hash)
@@ -457,10 +483,19 @@ class _Run:
         )
         if flush:
             verdict = msgspec.structs.replace(verdict, preceded=tuple(flush))
-        if release and isinstance(record, UsageEvent) and record.node_id in state.stream_held:
-            released, state = self._release_stream(state, record.node_id)
-            if released:
-                verdict = msgspec.structs.replace(verdict, released=tuple(released))
+        if release and isinstance(record, UsageEvent | StreamResume):
+            verdict, state = self._after_advance(verdict, state, record.node_id)
+        return verdict, state
+
+    def _after_advance(
+        self, verdict: Verdict, state: PlacementState, node_id: str
+    ) -> tuple[Verdict, PlacementState]:
+        """SPEC §6.2: the node's stream advanced; its held events that are next follow."""
+        if node_id not in state.stream_held:
+            return verdict, state
+        released, state = self._release_stream(state, node_id)
+        if released:
+            verdict = msgspec.structs.replace(verdict, released=tuple(released))
         return verdict, state
 
     def _release_stream(
@@ -482,7 +517,7 @@ class _Run:
                 state, self.arrived = _released_arrival(state, position, releasing)
                 verdict, state = self._process(state, opened, position, None, release=False)
                 released.append(verdict)
-                if verdict.status != "accepted":
+                if state.streams.get(node_id, NEW_STREAM).next_seq == stream.next_seq:
                     break  # the stream did not advance: the rest waits
         finally:
             self.arrived = releasing
@@ -555,10 +590,18 @@ class _Run:
         # (3) the stream position: re-delivery, equivocation, held beyond a gap, fork
         stream = self._usage_position(state, opened, event)
         takes = (event.node_id, event.seq)
-        # (4) the interval, (5) the window
-        _usage_content(state, terms, event, stream, self.arrived, takes)
-        # (6) the samples; §7.1 delivered (and §7.10 what an assignment resold)
-        delivered, resold = _usage_delivered(state, terms, event, stream, public_key, keyid, takes)
+        try:
+            # (4) the interval, (5) the window
+            _usage_content(state, terms, event, stream, self.arrived, takes)
+            # (6) the samples; §7.1 delivered (and §7.10 what an assignment resold)
+            delivered, resold = _usage_delivered(
+                state, terms, event, stream, public_key, keyid, takes
+            )
+        except _Reject as rejection:
+            if terms.created_at_ms >= limits.REJECTION_ADVANCES_FROM_MS:
+                # §6.3 usage: authentic and in its place, rejected for its content
+                rejection.advances = opened.record_hash
+            raise
         # (7) accepted: advance the stream and fold
         self.accepted[(event.node_id, event.seq)] = (opened.input_hash, opened.record_hash)
         return _usage_accepted(state, terms, opened, event, stream, delivered, resold), delivered
@@ -574,6 +617,10 @@ class _Run:
             accepted = self._accepted_at(state, stream, node_id, event.seq)
             if accepted is not None and accepted[1] == opened.record_hash:
                 raise _Drop
+            if accepted is None:  # §6.3 usage: taken by a content rejection
+                raise _Reject(
+                    Reason.EQUIVOCATION, f"seq {event.seq} was taken by an event rejected before"
+                )
             raise _Reject(Reason.EQUIVOCATION, f"a different event for accepted seq {event.seq}")
         if event.seq in state.taken.get(node_id, ()):
             raise _Reject(Reason.EQUIVOCATION, f"seq {event.seq} was taken by a rejected event")
@@ -785,10 +832,21 @@ def _chain_rejection(
     state: PlacementState, opened: Opened, position: str, rejection: _Reject, arrived: int | None
 ) -> tuple[Verdict, PlacementState]:
     """A rejection is chained (SPEC §6) and changes nothing else — but a usage event
-    rejected from §6.3 usage (3) on takes its seq for good."""
+    rejected from §6.3 usage (3) on takes its seq: for its content (terms of
+    REJECTION_ADVANCES_FROM_MS on) by advancing the stream past it, else for good."""
     seen = state.seen.add(opened.input_hash)
     changes: dict[str, Any] = {}
-    if rejection.takes is not None:
+    if rejection.advances is not None and rejection.takes is not None:
+        node_id, seq = rejection.takes
+        streams = dict(state.streams)
+        stream = streams.get(node_id, NEW_STREAM)
+        # last_end_ms and the health evidence stay the last accepted event's; no input
+        # hash: the head is not an accepted event (``_accepted_at``)
+        streams[node_id] = msgspec.structs.replace(
+            stream, next_seq=seq + 1, last_hash=rejection.advances, last_input_hash=""
+        )
+        changes["streams"] = streams
+    elif rejection.takes is not None:
         node_id, seq = rejection.takes
         taken = dict(state.taken)
         taken[node_id] = taken.get(node_id, frozenset()) | {seq}
@@ -816,7 +874,8 @@ def _priced(state: PlacementState) -> bool:
         or state.release_end_ms is not None
         or len(state.adjustment_ids) > 0
         or len(state.assignments) > 0
-        or any(stream.next_seq > 0 for stream in state.streams.values())
+        # an accepted event ends after 0 (§6.3 usage (5)); a content rejection leaves 0
+        or any(stream.last_end_ms > 0 for stream in state.streams.values())
     )
 
 
@@ -910,25 +969,54 @@ def _close_flush(
     for node_id in sorted(holds):
         expected = state.streams.get(node_id, NEW_STREAM).next_seq
         for seq in sorted(holds[node_id]):
-            raw, position, input_hash = holds[node_id][seq]
-            opened = open_envelope(raw)  # it decoded when it was held
             detail = f"seq {seq} still held at the close; the stream expected {expected}"
-            state, flushed_at = _released_arrival(state, position, arrived)
-            verdict, state = _chain(
-                state,
-                state.seen.add(input_hash),
-                opened,
-                position,
-                "rejected",
-                Reason.SEQ_GAP,
-                0,
-                detail,
-                state.totals,
-                {},
-                flushed_at,
-            )
-            verdicts.append(verdict)
+            state = _flushed(state, holds[node_id][seq], detail, arrived, verdicts)
     return verdicts, state
+
+
+# §6.3 resume: the resume flush — the node's held events below from_seq, rejected SEQ_GAP.
+def _resume_flush(
+    state: PlacementState, resume: StreamResume, arrived: int | None
+) -> tuple[list[Verdict], PlacementState]:
+    held = state.stream_held.get(resume.node_id)
+    verdicts: list[Verdict] = []
+    if not held:
+        return verdicts, state
+    gone = sorted(seq for seq in held if seq < resume.from_seq)
+    for seq in gone:
+        entry = held[seq]
+        state = _without_held(state, resume.node_id, seq, len(entry[0]))
+        detail = f"seq {seq} still held when the stream resumed at seq {resume.from_seq}"
+        state = _flushed(state, entry, detail, arrived, verdicts)
+    return verdicts, state
+
+
+def _flushed(
+    state: PlacementState,
+    entry: tuple[bytes, str, str],
+    detail: str,
+    arrived: int | None,
+    verdicts: list[Verdict],
+) -> PlacementState:
+    """One held event chained as rejected SEQ_GAP (a flush); its verdict appended."""
+    raw, position, input_hash = entry
+    opened = open_envelope(raw)  # it decoded when it was held
+    state, flushed_at = _released_arrival(state, position, arrived)
+    verdict, state = _chain(
+        state,
+        state.seen.add(input_hash),
+        opened,
+        position,
+        "rejected",
+        Reason.SEQ_GAP,
+        0,
+        detail,
+        state.totals,
+        {},
+        flushed_at,
+    )
+    verdicts.append(verdict)
+    return state
 
 
 # §6.3 keybinding
@@ -1149,6 +1237,41 @@ def _release(
         "effective_end_ms": end,
         "totals": _reprice(terms, state.totals, release_charge=charge),
     }
+
+
+# §6.3 resume
+def _resume(
+    state: PlacementState, terms: PlacementTerms, opened: Opened, resume: StreamResume
+) -> dict[str, Any]:
+    """SPEC §6.3 resume: node ``node_id``'s stream restarts at ``from_seq``, chained to this
+    record, nothing before ``from_ms`` (the resume flush is ``_resume_flush``)."""
+    _require_roles(opened, terms, resume)  # §4.0: operator and buyer
+    node_id = resume.node_id
+    if node_id not in state.bindings:
+        raise _Reject(Reason.NODE_UNKNOWN, f"node {node_id!r} is not in the terms")
+    stream = state.streams.get(node_id, NEW_STREAM)
+    lowest = max(stream.next_seq, 1, max(state.taken.get(node_id, ()), default=-1) + 1)
+    if resume.from_seq < lowest:
+        raise _Reject(
+            Reason.RESUME_INVALID,
+            f"from_seq {resume.from_seq} is below {lowest}: the stream's next seq (at least "
+            "1), past every seq a rejected event took; a resume never reuses a seq",
+        )
+    if resume.from_ms < stream.last_end_ms:
+        raise _Reject(
+            Reason.RESUME_INVALID,
+            f"from_ms {resume.from_ms} is before the last accepted end {stream.last_end_ms}",
+        )
+    streams = dict(state.streams)
+    # no input hash: no event was accepted at from_seq - 1 (``_Run._accepted_at``)
+    streams[node_id] = msgspec.structs.replace(
+        stream,
+        next_seq=resume.from_seq,
+        last_hash=opened.record_hash,
+        last_end_ms=resume.from_ms,
+        last_input_hash="",
+    )
+    return {"streams": streams}
 
 
 # §6.3 adjustment; §7.4 adjustments, §7.7 bounds

@@ -45,6 +45,8 @@ from pathlib import Path
 import structlog
 
 from ledger.capacity_gate import KafkaCapacityLog, claim_batch, release_owed
+from ledger.capacity_log import PendingRelease
+from ledger.capacity_owed import release_owed_at_start
 from ledger.config import Arrival, KafkaConfig, LedgerConfig
 from ledger.consume import KafkaSource, LocalSource
 from ledger.ingest import BatchReport, Folded, Ingestor, Prepared
@@ -388,7 +390,7 @@ class KafkaLedgerService(_ServiceCore):
         self.capacity: KafkaCapacityLog | None = None
         if kafka.capacity_topic is not None:
             settings = replace(kafka.settings, topic=kafka.capacity_topic)
-            self.capacity = KafkaCapacityLog(settings, key.public_key)
+            self.capacity = KafkaCapacityLog(settings, key, kafka.capacity_ledger_keys)
         # Wall-clock ms when every owned partition was last read to its end offset (and
         # committed): a checkpoint served to witnesses while behind would be followed by
         # records appended to the log before the witnesses' cosignature (SPEC §8.4).
@@ -407,6 +409,9 @@ class KafkaLedgerService(_ServiceCore):
         # The next batch, folded while the step before committed (not committed either:
         # the next step commits it; dropped on stop like the batches ahead).
         self._folded: tuple[Folded, Sequence[Item]] | None = None
+        # SPEC §6.5 rule 6: the capacity releases the folded-ahead batch owes, published
+        # only once that batch is committed (the fold's list holds the next batch's too)
+        self._folded_owed: list[PendingRelease] = []
         # A batch's store commit runs here (DuckDB releases the GIL) while the event loop
         # polls and opens the batch after next and folds the next; joined before the step
         # returns.
@@ -442,6 +447,10 @@ class KafkaLedgerService(_ServiceCore):
         await self.source.start()
         if self.capacity is not None:
             await self.capacity.start()
+            # SPEC §6.5 rule 6: releases a shard killed after a commit did not publish
+            owed = await release_owed_at_start(self.capacity, self.store)
+            if owed:
+                log.info("capacity_releases_owed_at_start", releases=owed)
 
     async def stop(self) -> None:
         """Disconnect the consumer (batches polled or folded ahead are dropped: not
@@ -450,6 +459,7 @@ class KafkaLedgerService(_ServiceCore):
         if self._folded is not None:
             folded, self._folded = self._folded, None
             self.ingestor.discard(folded[0])
+            self._folded_owed = []  # its releases with it: owed only once it is committed
         await self.source.stop()
         if self.capacity is not None:
             await self.capacity.stop()
@@ -468,6 +478,7 @@ class KafkaLedgerService(_ServiceCore):
         ingestor = self.ingestor
         if self._folded is not None:
             (folded, items), self._folded = self._folded, None
+            owed, self._folded_owed = self._folded_owed, []
         else:
             if ahead:
                 prepared = ahead.popleft()
@@ -480,6 +491,7 @@ class KafkaLedgerService(_ServiceCore):
                 await self._poll_ahead([prepared], POLL_AHEAD_MS)
             await self._claim(prepared.items)
             folded, items = ingestor.fold_batch(prepared), prepared.items
+            owed = self._take_owed()
         commit = ingestor.commit_on(self._committer, folded)
         try:
             if len(ahead) < AHEAD_BATCHES:
@@ -488,13 +500,20 @@ class KafkaLedgerService(_ServiceCore):
                 following = ahead.popleft()
                 await self._claim(following.items)
                 self._folded = (ingestor.fold_batch(following), following.items)
+                self._folded_owed = self._take_owed()
         finally:
             commit.result()  # never leave the store to the thread (also if cancelled)
         report = ingestor.finish(folded)
         self.source.advance(items)
         if self.capacity is not None:
-            await release_owed(self.capacity, ingestor.fold)
+            await release_owed(self.capacity, owed)
         return report
+
+    def _take_owed(self) -> list[PendingRelease]:
+        """The capacity releases the batch just folded owes (taken from the fold)."""
+        fold = self.ingestor.fold
+        owed, fold.capacity_releases = fold.capacity_releases, []
+        return owed
 
     async def _claim(self, items: Sequence[Item]) -> None:
         """SPEC §6.5 across shards: the batch's terms decided by the capacity log."""

@@ -61,7 +61,7 @@ from proto.envelope import open_envelope
 from proto.errors import ProtoError
 from proto.invariant import present
 from proto.keys import SigningKey, key_id, signer
-from proto.records import GpuSpec, PlacementTerms, UsageEvent
+from proto.records import GpuSpec, PlacementTerms, StreamResume, UsageEvent
 from transport.intake import ReadByLedgers
 from transport.limits import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SPOOL_MAX_BYTES
 from transport.positions import SpoolPosition
@@ -95,6 +95,10 @@ class AgentConfig:
     # (``gridledger bind-key``). Without it a key that differs from the terms' stops the
     # agent: every event it signed would be rejected NODE_KEY_UNKNOWN.
     key_rebound: bool = False
+    # SPEC §6.3 resume: signed resumes of this node's streams, each with its record hash.
+    # A stream with no event in the spool (a spool lost mid-window) goes on from one:
+    # its next event carries from_seq and, as prev, the resume's record hash.
+    resumes: tuple[tuple[StreamResume, str], ...] = ()
     # Kafka mode: an acknowledged segment being written is sealed (and collected) once it
     # holds this many bytes (``Agent.collect_garbage``).
     seal_acked_bytes: int = SPOOL_SEAL_ACKED_BYTES
@@ -260,10 +264,9 @@ class Agent:
             recovered = recover_heads(
                 config.spool_dir, [s.key for s in self._streams], self.metrics
             )
+            now_ms = clock.now_ms()
             for stream in self._streams:
-                if stream.key in recovered:
-                    stream.head, envelope = recovered[stream.key]
-                    self._last_envelopes[stream.key] = envelope
+                stream.head = self._recovered(stream, recovered, now_ms)
                 _log.info(
                     "stream_recovered",
                     placement=stream.key.placement_id,
@@ -283,6 +286,51 @@ class Agent:
         self._hand_off: HandOff | None = None
         # The agent (re)starts now: that is when each stream decides where it resumes.
         self._decide_starts(clock.now_ms())
+
+    def _recovered(
+        self,
+        stream: _Stream,
+        recovered: Mapping[StreamKey, tuple[StreamHead, bytes]],
+        now_ms: int,
+    ) -> StreamHead:
+        """The head a stream starts from: its last event in the spool, else a resume's."""
+        if stream.key not in recovered:
+            return self._without_spool(stream, now_ms)
+        head, envelope = recovered[stream.key]
+        self._last_envelopes[stream.key] = envelope
+        return head
+
+    def _without_spool(self, stream: _Stream, now_ms: int) -> StreamHead:
+        """The head of a stream the spool has no event of: a resume's (SPEC §6.3 resume),
+        else seq 0. Mid-window that seq 0 is the ledger's EQUIVOCATION if the node signed
+        before (a lost spool): the log says so and names the one command to run."""
+        key = stream.key
+        for resume, record_hash in self.config.resumes:
+            if (resume.placement_id, resume.node_id) == (key.placement_id, key.node_id):
+                _log.info(
+                    "stream_resumed",
+                    placement=key.placement_id,
+                    node=key.node_id,
+                    resume_id=resume.resume_id,
+                    from_seq=resume.from_seq,
+                )
+                return StreamHead(resume.from_seq, record_hash, resume.from_ms)
+        terms = stream.terms
+        if terms.window_start_ms + self.config.interval_ms < now_ms < terms.window_end_ms:
+            _log.warning(
+                "stream_without_spool",
+                placement=key.placement_id,
+                node=key.node_id,
+                advice=(
+                    "the spool has no event of this stream mid-window: if the node signed "
+                    "for it before (a lost spool), seq 0 is EQUIVOCATION; stop the agent "
+                    "and have operator and buyer sign `gridledger resume --terms TERMS "
+                    f"--node {key.node_id} --from-seq SEQ --from TIME` (SEQ past the "
+                    "ledger's next seq, TIME not before its last accepted end), then add "
+                    "it to resume_files in meter.toml (docs/runbook.md)"
+                ),
+            )
+        return StreamHead()
 
     # -- introspection --
 

@@ -52,9 +52,11 @@ from meter.shipper import Shipper, simulated_send_ms
 from meter.sim import SimDevice, SimSpec, SimSpecError, Simulator, parse_sim_spec
 from meter.sources import GpuSource
 from meter.stream import node_gpus
-from proto.errors import KeyFileError
+from proto.authority import role_keys, signers
+from proto.envelope import check_signatures, open_envelope
+from proto.errors import KeyFileError, ProtoError
 from proto.keys import load_signing_key
-from proto.records import PlacementTerms
+from proto.records import PlacementTerms, StreamResume
 from proto.terms import TermsError, load_terms_file, terms_signature_problem, validate_terms
 from proto.utc import iso_utc
 from transport.spool import SpoolCorrupt, SpoolFull, SpoolLocked
@@ -95,7 +97,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "notice-serve", help="answer GET /reclaim on loopback from the node's notice file"
     )
     serve.add_argument("--config", type=Path, required=True, help="meter.toml")
-    serve.add_argument("--listen", default="127.0.0.1:9741", metavar="HOST:PORT")
+    serve.add_argument(
+        "--listen",
+        default="127.0.0.1:9741",
+        metavar="HOST:PORT",
+        help="where to answer GET /reclaim (default 127.0.0.1:9741; keep it on loopback)",
+    )
     serve.add_argument("--duration-s", type=float, help="stop after N seconds (tests)")
     serve.set_defaults(handler=_notice_serve)
 
@@ -153,6 +160,47 @@ def load_terms(paths: tuple[Path, ...]) -> tuple[PlacementTerms, ...]:
     return tuple(loaded)
 
 
+def load_resumes(
+    paths: tuple[Path, ...], node_id: str, terms: tuple[PlacementTerms, ...]
+) -> tuple[tuple[StreamResume, str], ...]:
+    """The signed resumes of meter.toml's resume_files (SPEC §6.3 resume), each with its
+    record hash; TermsError lists every file that is not a resume of this node's stream
+    in a placement the agent meters, signed by the terms' operator and buyer."""
+    problems: list[str] = []
+    loaded: list[tuple[StreamResume, str]] = []
+    by_placement = {t.placement_id: t for t in terms}
+    for path in paths:
+        try:
+            opened = open_envelope(path.read_bytes().rstrip(b"\n"))
+        except OSError as exc:
+            problems.append(f"{path}: cannot read it: {exc.strerror}")
+            continue
+        except ProtoError as exc:
+            problems.append(f"{path}: not a signed record: {exc}")
+            continue
+        record = opened.record
+        if not isinstance(record, StreamResume):
+            problems.append(f"{path}: a {opened.kind} record, not a resume (gridledger resume)")
+            continue
+        placement = by_placement.get(record.placement_id)
+        if record.node_id != node_id or placement is None:
+            problems.append(
+                f"{path}: resumes node {record.node_id} of {record.placement_id}; this agent "
+                f"is node {node_id} of {', '.join(sorted(by_placement)) or 'no placement'}"
+            )
+            continue
+        wanted = role_keys(placement, signers(placement, record)[0], record)
+        report = check_signatures(opened.envelope, wanted)
+        failure = report.failure()
+        if failure is not None:
+            problems.append(f"{path}: {failure.detail} (operator and buyer sign a resume)")
+            continue
+        loaded.append((record, opened.record_hash))
+    if problems:
+        raise TermsError(problems)
+    return tuple(loaded)
+
+
 def _sim_devices(node_id: str, terms: tuple[PlacementTerms, ...]) -> list[SimDevice]:
     devices: dict[str, SimDevice] = {}
     for placement in terms:
@@ -204,6 +252,7 @@ def build_agent(
         delivered_on_spool=config.transport != "kafka",
         collect_read=config.transport != "kafka",
         key_rebound=config.key_rebound,
+        resumes=load_resumes(config.resume_files, config.node_id, terms),
     )
     try:
         allocation = build_allocation_source(

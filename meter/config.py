@@ -27,6 +27,9 @@ Keys (relative paths are relative to the directory of meter.toml)::
                                           #   (default: the short host name)
     slurm_prolog_dir = "/run/gridledger/slurm-jobs"  # allocation = slurm-prolog: the job
                                           #   files deploy/slurm-prolog.sh writes
+    resume_files = ["resume.json"]        # signed resumes (gridledger resume, SPEC §6.3)
+                                          #   of this node's streams: a stream with no event
+                                          #   in the spool goes on from its resume
 
     [kafka]                               # transport = "kafka"
     bootstrap = "127.0.0.1:9092"
@@ -87,6 +90,7 @@ _TOP_KEYS: Final = frozenset(
         "kubelet_socket",
         "slurm_node",
         "slurm_prolog_dir",
+        "resume_files",
     }
 )
 _KAFKA_KEYS: Final = frozenset(
@@ -133,6 +137,7 @@ class MeterConfig:
     kubelet_socket: str = DEFAULT_SOCKET
     slurm_node: str = ""  # empty: the short host name
     slurm_prolog_dir: str = DEFAULT_PROLOG_DIR
+    resume_files: tuple[Path, ...] = ()
 
 
 def load_meter_config(path: Path) -> MeterConfig:
@@ -248,7 +253,7 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
         else:
             metrics_listen = (host, int(port))
 
-    node_settings = _node_settings(data, problems)
+    node_settings = _node_settings(data, problems, base)
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return MeterConfig(
@@ -269,8 +274,18 @@ def parse_meter_config(data: dict[str, Any], path: Path) -> MeterConfig:
     )
 
 
-def _node_settings(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    """``key_rebound``; ``allocation``, ``kubelet_socket`` and ``slurm_node`` (SPEC §7.1.2)."""
+def _resume_files(data: dict[str, Any], base: Path, problems: list[str]) -> dict[str, Any]:
+    """``resume_files``: signed resumes of this node's streams (SPEC §6.3 resume)."""
+    listed = data.get("resume_files", [])
+    if not isinstance(listed, list) or not all(isinstance(f, str) for f in listed):
+        problems.append("resume_files must be a list of file names")
+        return {}
+    return {"resume_files": tuple(_path(base, f) for f in listed)}
+
+
+def _node_settings(data: dict[str, Any], problems: list[str], base: Path) -> dict[str, Any]:
+    """``key_rebound``; ``allocation``, ``kubelet_socket`` and ``slurm_node`` (SPEC §7.1.2);
+    ``resume_files`` (SPEC §6.3 resume)."""
     key_rebound = data.get("key_rebound", False)
     if not isinstance(key_rebound, bool):
         problems.append("key_rebound must be true or false")
@@ -290,6 +305,7 @@ def _node_settings(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
         "kubelet_socket": str(texts["kubelet_socket"] or DEFAULT_SOCKET),
         "slurm_node": str(texts["slurm_node"]),
         "slurm_prolog_dir": str(texts["slurm_prolog_dir"] or DEFAULT_PROLOG_DIR),
+        **_resume_files(data, base, problems),
     }
 
 

@@ -25,6 +25,7 @@ from proto.records import (
     PlacementClosed,
     PlacementTerms,
     ReclaimNotice,
+    StreamResume,
 )
 
 Roles = tuple[str, ...]
@@ -34,7 +35,13 @@ Row = tuple[Roles, Roles]
 Window = tuple[int, int]
 
 SIGNED_RECORD = (
-    ReclaimNotice | Adjustment | NodeKeyBinding | Assignment | BuyerRelease | PlacementClosed
+    ReclaimNotice
+    | Adjustment
+    | NodeKeyBinding
+    | Assignment
+    | BuyerRelease
+    | PlacementClosed
+    | StreamResume
 )
 
 _TERMS: Final[Row] = (("operator", "buyer", "desk"), ())
@@ -47,6 +54,7 @@ _CLOSED: Final[Row] = (("ledger",), ())
 _RESALE: Final[Row] = (("buyer", "new_buyer", "desk"), ("operator",))
 _RESALE_WITH_OPERATOR: Final[Row] = (("buyer", "new_buyer", "desk", "operator"), ())
 _RELEASE: Final[Row] = (("buyer",), ("operator",))
+_RESUME: Final[Row] = (("operator", "buyer"), ())
 
 
 def terms_signers() -> Row:
@@ -104,6 +112,8 @@ def signers(
             return _RELEASE
         case PlacementClosed():
             return _CLOSED
+        case StreamResume():
+            return _RESUME
 
 
 def role_party(terms: PlacementTerms, role: str, record: SIGNED_RECORD | None = None) -> Party:

@@ -3,10 +3,13 @@
 Claims on one GPU are decided in their own ordered stream, keyed by the GPU's canonical
 uuid: a shard publishes a ``CapRequest`` per GPU of terms it is deciding, a ``CapRelease``
 when the terms were rejected, reclaimed or amended away from the GPU, and a ``CapTick``
-to move the log's time on an idle key. Each record reaches the fold as a ``CapEntry``:
-the record with the place and time (``log_ms``, the broker's append time) the log gave
-it. Only the schemas live here; the fold is implemented apart by the ledger
-(``ledger/capacity_log.py``) and the verifier (``verifier/capacity_log.py``).
+to move the log's time on an idle key. Each record travels in an envelope (the message
+value, ``proto/envelope.py``) signed by the publishing shard's ledger key, over the bytes
+``gridledger/<type>/v1\n`` + the record's canonical JSON, and reaches the fold as a
+``CapEntry``: the envelope with the place and time (``log_ms``, the broker's append time)
+the log gave it. Only the schemas and the bytes live here; the fold, signatures included,
+is implemented apart by the ledger (``ledger/capacity_log.py``) and the verifier
+(``verifier/capacity_log.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ from typing import Final, Literal
 import msgspec
 from msgspec import Struct
 
+from proto.canonical import canonical_json
+from proto.envelope import Envelope, decode_envelope, encode_envelope, sign_payload
+from proto.errors import ProtoError
+from proto.keys import SigningKey
+from proto.reasons import Reason
 from proto.records import ZERO_HASH, Hash, Identifier, NonNegInt, PublicKey, ShareMilli, TimeMs
 
 # The decisions of the fold on one record, as written in the vector.
@@ -61,29 +69,70 @@ class CapTick(Struct, frozen=True, forbid_unknown_fields=True, tag="captick", ta
     """Nothing but a time on the key: the broker stamps it as it appends it."""
 
     uuid: Identifier
+    ledger_key: PublicKey
 
 
 CapRecord = CapRequest | CapRelease | CapTick
 
 
 class CapEntry(Struct, frozen=True, forbid_unknown_fields=True):
-    """One record of a capacity partition with the key, offset and time the log gave it."""
+    """One message of a capacity partition: its envelope (signatures not yet checked) with
+    the key, offset and time the log gave it."""
 
     key: Identifier
     offset: NonNegInt
     log_ms: TimeMs
-    record: CapRecord
+    envelope: Envelope
 
 
 _DECODER: Final = msgspec.json.Decoder(CapEntry)
 _RECORD_DECODER: Final = msgspec.json.Decoder(CapRecord)
+_PREFIXES: Final = {
+    t: f"gridledger/{t.__struct_config__.tag}/v1\n".encode()
+    for t in (CapRequest, CapRelease, CapTick)
+}
+
+
+def capacity_bytes(record: CapRecord) -> bytes:
+    """The exact bytes a shard signs for ``record``: its prefix line, then canonical JSON."""
+    return _PREFIXES[type(record)] + canonical_json(record)
+
+
+def seal_capacity(record: CapRecord, key: SigningKey) -> bytes:
+    """The message value for ``record``: canonical envelope bytes signed by ``key``."""
+    return encode_envelope(sign_payload(capacity_bytes(record), [key]))
+
+
+def sealed_entry(key: str, offset: int, log_ms: int, record: CapRecord, by: SigningKey) -> CapEntry:
+    """A ``CapEntry`` for ``record`` signed by ``by`` (tests and vectors)."""
+    return CapEntry(key, offset, log_ms, sign_payload(capacity_bytes(record), [by]))
+
+
+def entry_from_message(key: bytes, offset: int, log_ms: int, value: bytes) -> CapEntry:
+    """A consumed message as an entry; ProtoError when its key or value is no envelope
+    (such a message is no entry of the log; counted by the reader, never folded)."""
+    try:
+        text = key.decode()
+    except UnicodeDecodeError as exc:
+        raise ProtoError(Reason.MALFORMED, "capacity message: key is not UTF-8") from exc
+    return CapEntry(text, offset, log_ms, decode_envelope(value))
+
+
+def open_capacity(envelope: Envelope) -> CapRecord:
+    """The capacity record an envelope carries; ProtoError when the payload is not one
+    canonical capacity record under its own prefix line. Signatures are not checked."""
+    line, sep, body = envelope.payload.partition(b"\n")
+    try:
+        record = _RECORD_DECODER.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ProtoError(Reason.MALFORMED, f"capacity record: {exc}") from exc
+    if not sep or capacity_bytes(record) != envelope.payload:
+        raise ProtoError(
+            Reason.NON_CANONICAL, f"capacity record: prefix {line[:48]!r} or body not canonical"
+        )
+    return record
 
 
 def decode_entry(raw: bytes) -> CapEntry:
     """A capacity-log entry from JSON; msgspec's error names the field that was wrong."""
     return _DECODER.decode(raw)
-
-
-def decode_record(raw: bytes) -> CapRecord:
-    """A capacity-log record (a message's value) from JSON; msgspec's error names the field."""
-    return _RECORD_DECODER.decode(raw)

@@ -89,6 +89,11 @@ MAX_CAPACITY_WAIT_MS: Final = 60_000
 # placements (chained before time from the log existed).
 ARRIVAL_REQUIRED_FROM_MS: Final = 1_796_083_200_000
 
+# SPEC §6.3 usage: in a placement whose terms in force were created at or after this moment
+# (2026-01-01T00:00:00Z), a usage event rejected for its content (steps 4-6) takes its seq
+# and advances the stream; in older placements it takes its seq and stops the stream.
+REJECTION_ADVANCES_FROM_MS: Final = 1_767_225_600_000
+
 # SPEC §6.9: hardware evidence on a key binding — a compact JWS (an EAT) of at most this
 # many characters; at most this many GPUs (``submods``) in it, and this many attestation
 # roots pinned by a trust file or a ledger.toml.

@@ -74,3 +74,5 @@ class Reason(StrEnum):
     # Hardware evidence (SPEC §6.9), appended.
     EVIDENCE_INVALID = "EVIDENCE_INVALID"
     NOT_ATTESTED = "NOT_ATTESTED"
+    # A node's stream restarted after a lost spool (SPEC §6.3 resume), appended.
+    RESUME_INVALID = "RESUME_INVALID"

@@ -310,6 +310,19 @@ class BuyerRelease(
     reason: Text
 
 
+class StreamResume(Struct, frozen=True, forbid_unknown_fields=True, tag="resume", tag_field="type"):
+    """Operator and buyer: node ``node_id``'s usage stream restarts at ``from_seq``, its
+    next event chained to this record, no interval before ``from_ms`` (SPEC §6.3 resume:
+    a node that lost its spool)."""
+
+    placement_id: Identifier
+    resume_id: Identifier
+    node_id: Identifier
+    from_seq: NonNegInt
+    from_ms: TimeMs
+    reason: Text
+
+
 # ---- records from the ledger ----------------------------------------------------------
 
 
@@ -375,7 +388,15 @@ class Totals(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True
 
 
 RecordKind = Literal[
-    "terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment", "release"
+    "terms",
+    "keybinding",
+    "usage",
+    "reclaim",
+    "adjustment",
+    "closed",
+    "assignment",
+    "release",
+    "resume",
 ]
 Status = Literal["accepted", "rejected"]
 
@@ -465,6 +486,7 @@ Record = (
     | Statement
     | Assignment
     | BuyerRelease
+    | StreamResume
 )
 
 # Kinds that travel inside envelopes, in the order of SPEC.md.
@@ -479,6 +501,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     Statement,
     Assignment,
     BuyerRelease,
+    StreamResume,
 )
 
 

@@ -127,12 +127,14 @@ def test_usage_ending_at_the_expiry_is_billed_one_ms_later_is_not_attested() -> 
     assert (got.status, got.reason) == ("rejected", "NOT_ATTESTED")
     assert f"expired at {EXPIRY}" in got.detail and "only attests" in got.detail, got.detail
     assert "MAX_ATTESTATION_VALIDITY_MS" in got.detail
-    # chained as evidence, the seq taken; totals, attestations, streams as they were
+    # chained as evidence; totals and attestations as they were; rejected for its content,
+    # it took seq 2 by advancing the stream, whose last accepted end stays (SPEC §6.3 usage)
     assert got.record is not None and got.record.index == head[0]
     assert got.record.totals == before[0] and got.record.delivered_mgms == 0
-    assert _settled(w.fold) == before
-    state = w.fold.state(PID)
-    assert state is not None and 2 in state.taken.get("n1", ())
+    after = _settled(w.fold)
+    assert after[:2] == before[:2]
+    stream, was = after[2]["n1"], before[2]["n1"]
+    assert (stream["next_seq"], stream["last_end_ms"]) == (3, was["last_end_ms"])
 
 
 def test_an_event_straddling_the_expiry_is_refused_whole() -> None:

@@ -8,12 +8,15 @@ topic (keyed by canonical GPU uuid, LogAppendTime).
 * a shard killed after publishing, restarted (reading the topic from offset 0), and a
   fresh rebuild decide the same, and the claims read back are identical;
 * the verifier re-derives every decision from the topic's records alone;
+* a release of a shard's claim forged by another writer of the topic (the right
+  ``ledger_key`` field, another signer) frees nothing;
 * a request reaching the log past its deadline is CAPACITY_LATE.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +33,13 @@ from ledger.capacity_log import PendingRelease
 from ledger.config import ConfigError, KafkaConfig, config_from_mapping
 from ledger.service import KafkaLedgerService, fixed_clock
 from ledger.store import Store
-from proto.capacity_log import CapEntry, decode_record
+from proto.capacity_log import (
+    CapEntry,
+    CapRelease,
+    entry_from_message,
+    open_capacity,
+    seal_capacity,
+)
 from proto.envelope import open_envelope
 from proto.limits import MAX_CAPACITY_WAIT_MS
 from proto.records import PlacementTerms
@@ -44,6 +53,15 @@ DECIDE_TIMEOUT_S = 30.0
 DESK_1 = b.make_cast("capacity-shards")
 DESK_2 = b.make_cast("capacity-shards", desk="desk-2", ledger="ledger-2")  # same operator
 SECOND_DESK = b.make_cast("capacity-shards", desk="desk-2")  # same operator, same ledger
+LEDGER_KEYS = (DESK_1.ledger.public_key, DESK_2.ledger.public_key)  # the shards' pinned keys
+
+
+def _shard(settings: KafkaSettings, cast: b.Cast) -> KafkaCapacityLog:
+    return KafkaCapacityLog(settings, cast.ledger, LEDGER_KEYS)
+
+
+def _pid(entry: CapEntry) -> str:
+    return getattr(open_capacity(entry.envelope), "placement_id", "")
 
 
 def _terms(
@@ -67,7 +85,7 @@ async def _decide(
 def _topic_entries(settings: KafkaSettings) -> list[CapEntry]:
     """Every record of the capacity topic, as a verifier reads it: by partition and offset."""
     return [
-        CapEntry(m.key.decode(), m.offset, m.timestamp_ms, decode_record(m.value))
+        entry_from_message(m.key, m.offset, m.timestamp_ms, m.value)
         for m in read_topic(settings, PARTITIONS)
         if m.key is not None
     ]
@@ -93,12 +111,19 @@ def test_a_second_sale_on_another_shard_is_refused_naming_the_claim(
     e = _terms(DESK_1, "pl-e", [("node-b", 1000)], start, start + HOUR)
 
     async def run() -> list[CapacityOutcome]:
-        one = KafkaCapacityLog(settings, DESK_1.ledger.public_key)
-        two = KafkaCapacityLog(settings, DESK_2.ledger.public_key)
+        one, two = _shard(settings, DESK_1), _shard(settings, DESK_2)
         await one.start()
         await two.start()
         try:
-            got = [await _decide(one, DESK_1, a, now), await _decide(two, DESK_2, b2, now)]
+            got = [await _decide(one, DESK_1, a, now)]
+            # shard 2 (or anyone who can write the topic) forges a's release: right
+            # ledger_key field, its own signature. It frees nothing: b is still refused.
+            forged = CapRelease(
+                "pl-a", _hash(DESK_1, a), "GPU-node-a-0", 0, "rejected", "0" * 64, LEDGER_KEYS[0]
+            )
+            value = seal_capacity(forged, DESK_2.ledger)
+            await two._producer.send_and_wait(settings.topic, value, key=b"GPU-node-a-0")
+            got.append(await _decide(two, DESK_2, b2, now))
             got += [await _decide(two, DESK_2, c, now), await _decide(two, DESK_2, d, now)]
             # d was rejected (node-a denied): shard 2 releases what it was granted
             owed = PendingRelease(
@@ -129,12 +154,16 @@ def test_a_second_sale_on_another_shard_is_refused_naming_the_claim(
         (e, DESK_1, True),
     ):
         derived = decisions_for_terms(
-            entries, terms.placement_id, _hash(cast, terms), cast.ledger.public_key
+            entries, terms.placement_id, _hash(cast, terms), cast.ledger.public_key, LEDGER_KEYS
         )
         assert set(derived) == {g.uuid for g in terms.gpus}, terms.placement_id
         assert all(x.outcome == "GRANTED" for x in derived.values()) is accepted, terms.placement_id
-    denial = decisions_for_terms(entries, "pl-b", _hash(DESK_2, b2), DESK_2.ledger.public_key)
-    granted_a = decisions_for_terms(entries, "pl-a", _hash(DESK_1, a), DESK_1.ledger.public_key)
+    denial = decisions_for_terms(
+        entries, "pl-b", _hash(DESK_2, b2), DESK_2.ledger.public_key, LEDGER_KEYS
+    )
+    granted_a = decisions_for_terms(
+        entries, "pl-a", _hash(DESK_1, a), DESK_1.ledger.public_key, LEDGER_KEYS
+    )
     assert denial["GPU-node-a-0"].collided == (granted_a["GPU-node-a-0"].offset,)
 
 
@@ -147,20 +176,20 @@ def test_a_restart_and_a_rebuild_decide_the_same(
     b2 = _terms(DESK_2, "pl-b", [("node-a", 600), ("node-c", 1000)], now, now + HOUR)
 
     async def run() -> tuple[CapacityOutcome, CapacityOutcome, CapacityOutcome, list[object]]:
-        one = KafkaCapacityLog(settings, DESK_1.ledger.public_key)
+        one = _shard(settings, DESK_1)
         await one.start()
         try:
             await _decide(one, DESK_1, a, now)
         finally:
             await one.stop()
         # shard 2 publishes b's requests and is killed before it read any answer
-        killed = KafkaCapacityLog(settings, DESK_2.ledger.public_key)
+        killed = _shard(settings, DESK_2)
         await killed.start()
         await killed._send(requests_for(b2, _hash(DESK_2, b2), now, DESK_2.ledger.public_key))
         await killed.stop()
         outcomes, claims = [], []
         for _ in range(3):  # the restarted shard, then two rebuilds from offset 0
-            shard = KafkaCapacityLog(settings, DESK_2.ledger.public_key)
+            shard = _shard(settings, DESK_2)
             await shard.start()
             try:
                 outcomes.append(await _decide(shard, DESK_2, b2, now))
@@ -175,9 +204,9 @@ def test_a_restart_and_a_rebuild_decide_the_same(
     assert claims[0] == claims[1] == claims[2]
     entries = _topic_entries(settings)
     # b's requests were published once by the killed shard; the restarts found them
-    assert sum(1 for x in entries if getattr(x.record, "placement_id", "") == "pl-b") == 2
+    assert sum(1 for x in entries if _pid(x) == "pl-b") == 2
     for part in _by_partition(entries, settings):
-        for entry, derived in zip(part, derive(part), strict=True):
+        for entry, derived in zip(part, derive(part, LEDGER_KEYS), strict=True):
             assert derived.duplicate_of is None, entry
 
 
@@ -190,7 +219,7 @@ def test_a_request_past_its_deadline_is_late(
     late = _terms(DESK_1, "pl-late", [("node-l", 1000)], now, now + HOUR)
 
     async def run() -> CapacityOutcome:
-        shard = KafkaCapacityLog(settings, DESK_1.ledger.public_key)
+        shard = _shard(settings, DESK_1)
         await shard.start()
         try:
             return await _decide(shard, DESK_1, late, arrived)
@@ -200,11 +229,14 @@ def test_a_request_past_its_deadline_is_late(
     got = asyncio.run(run())
     assert got.reason == "CAPACITY_LATE" and not got.granted, got
     key = DESK_1.ledger.public_key
-    derived = decisions_for_terms(_topic_entries(settings), "pl-late", _hash(DESK_1, late), key)
+    entries = _topic_entries(settings)
+    derived = decisions_for_terms(entries, "pl-late", _hash(DESK_1, late), key, LEDGER_KEYS)
     assert derived["GPU-node-l-0"].reason == "CAPACITY_LATE"
 
 
-@pytest.mark.parametrize("value", [b"not json", b'{"type":"capreq"}'])
+@pytest.mark.parametrize(
+    "value", [b"not json", b'{"type":"capreq"}', b'{"payload":"eA==","signatures":[]}x']
+)
 def test_a_message_that_is_no_capacity_record_is_skipped_and_counted(value: bytes) -> None:
     from ledger.capacity_gate import entry_of
 
@@ -314,16 +346,16 @@ def test_two_ledger_shards_refuse_the_second_sale_at_admission(
 
     # the verifier derives the same from the capacity topic: b denied naming a's grant
     entries = _topic_entries(KafkaSettings(bootstrap=kafka_bootstrap, topic=capacity))
-    key = DESK_1.ledger.public_key
-    got_a = decisions_for_terms(entries, pa, _hash(DESK_1, a), key)["GPU-node-a-0"]
-    got_b = decisions_for_terms(entries, pb, _hash(SECOND_DESK, b2), key)["GPU-node-a-0"]
-    got_c = decisions_for_terms(entries, pc, _hash(SECOND_DESK, c), key)["GPU-node-a-0"]
+    key, keys = DESK_1.ledger.public_key, [DESK_1.ledger.public_key]
+    got_a = decisions_for_terms(entries, pa, _hash(DESK_1, a), key, keys)["GPU-node-a-0"]
+    got_b = decisions_for_terms(entries, pb, _hash(SECOND_DESK, b2), key, keys)["GPU-node-a-0"]
+    got_c = decisions_for_terms(entries, pc, _hash(SECOND_DESK, c), key, keys)["GPU-node-a-0"]
     assert (got_a.outcome, got_c.outcome) == ("GRANTED", "GRANTED")
     assert (got_b.outcome, got_b.reason, got_b.collided) == ("DENIED", "OVERSOLD", (got_a.offset,))
-    assert not any(getattr(x.record, "placement_id", "") == pf for x in entries)
+    assert not any(_pid(x) == pf for x in entries)
     # d's grant on node-b was released, and e granted after it
-    got_d = decisions_for_terms(entries, pd, _hash(SECOND_DESK, d), key)
-    got_e = decisions_for_terms(entries, pe, _hash(DESK_1, e), key)["GPU-node-b-0"]
+    got_d = decisions_for_terms(entries, pd, _hash(SECOND_DESK, d), key, keys)
+    got_e = decisions_for_terms(entries, pe, _hash(DESK_1, e), key, keys)["GPU-node-b-0"]
     assert got_d["GPU-node-b-0"].outcome == "GRANTED" and got_d["GPU-node-a-0"].outcome == "DENIED"
     assert got_e.outcome == "GRANTED" and got_e.offset > got_d["GPU-node-b-0"].offset
 
@@ -338,3 +370,67 @@ def test_ledger_toml_capacity_topic(tmp_path: Path) -> None:
     for bad in ("gl.records", "", 5):
         with pytest.raises(ConfigError, match="capacity_topic"):
             config_from_mapping({**base, "kafka": {**kafka, "capacity_topic": bad}}, tmp_path)
+    keys = [base64.b64encode(k).decode() for k in LEDGER_KEYS]
+    pinned = config_from_mapping(
+        {**base, "kafka": {**kafka, "capacity_ledger_keys": keys}}, tmp_path
+    )
+    assert pinned.kafka is not None and pinned.kafka.capacity_ledger_keys == LEDGER_KEYS
+    for wrong, named in (("k", "list"), (["!!"], "base64"), ([keys[0][:8]], "32")):
+        with pytest.raises(ConfigError, match=named):
+            config_from_mapping(
+                {**base, "kafka": {**kafka, "capacity_ledger_keys": wrong}}, tmp_path
+            )
+
+
+def _releases(entries: list[CapEntry], pid: str) -> int:
+    return sum(
+        1 for x in entries if isinstance(open_capacity(x.envelope), CapRelease) and _pid(x) == pid
+    )
+
+
+def test_a_shard_killed_after_a_commit_releases_what_it_owes_at_start(
+    tmp_path: Path,
+    kafka_bootstrap: str,
+    tmp_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shard 1 commits the batch that rejects d (node-a sold to a; node-b granted to d) and
+    is killed before it publishes d's release: node-b stays claimed in the log. Restarted,
+    it derives the release from its store's decision and the log's claims and publishes it
+    before anything else; e on shard 0 then gets node-b. A third start owes nothing."""
+    topic, capacity = tmp_topic(PARTITIONS), tmp_topic(PARTITIONS)
+    cap = KafkaSettings(bootstrap=kafka_bootstrap, topic=capacity)
+    now = time.time_ns() // 1_000_000
+    start = now + HOUR
+    pa, pd, pe = _on(0, "pl-a"), _on(1, "pl-d"), _on(0, "pl-e")
+    a = _terms(DESK_1, pa, [("node-a", 1000)], start, start + HOUR)
+    d = _terms(SECOND_DESK, pd, [("node-b", 1000), ("node-a", 500)], start, start + HOUR)
+    e = _terms(DESK_1, pe, [("node-b", 1000)], start, start + HOUR)
+    publish(kafka_bootstrap, topic, [(pa, b.signed_terms(DESK_1, a))])
+    assert _run_shard(tmp_path / "s0.duckdb", 0, topic, capacity, kafka_bootstrap, now) == []
+    publish(kafka_bootstrap, topic, [(pd, b.signed_terms(SECOND_DESK, d))])
+
+    async def killed(*_: object) -> int:
+        raise RuntimeError("killed after the commit")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("ledger.service.release_owed", killed)
+        with pytest.raises(RuntimeError, match="killed after the commit"):
+            _run_shard(tmp_path / "s1.duckdb", 1, topic, capacity, kafka_bootstrap, now)
+    assert _decisions(tmp_path / "s1.duckdb") == {pd: ("rejected", "OVERSOLD")}  # committed
+    assert _releases(_topic_entries(cap), pd) == 0  # and its release never published
+
+    # restarted (no new input for it: only the start can publish d's release)
+    _run_shard(tmp_path / "s1.duckdb", 1, topic, capacity, kafka_bootstrap, now)
+    entries = _topic_entries(cap)
+    assert _releases(entries, pd) == 1
+    keys = [DESK_1.ledger.public_key]
+    got_d = decisions_for_terms(entries, pd, _hash(SECOND_DESK, d), keys[0], keys)
+    assert got_d["GPU-node-b-0"].outcome == "GRANTED"  # granted, then released at start
+
+    publish(kafka_bootstrap, topic, [(pe, b.signed_terms(DESK_1, e))])
+    assert _run_shard(tmp_path / "s0.duckdb", 0, topic, capacity, kafka_bootstrap, now) == []
+    assert _decisions(tmp_path / "s0.duckdb")[pe] == ("accepted", "")
+    # started again: nothing owed, nothing published
+    _run_shard(tmp_path / "s1.duckdb", 1, topic, capacity, kafka_bootstrap, now)
+    assert _releases(_topic_entries(cap), pd) == 1

@@ -312,3 +312,35 @@ def test_placements_listed_by_the_api_and_by_ledger_list(
     assert main(["ledger", "list", "--config", str(config)]) == 0
     table = capsys.readouterr().out
     assert world.pid in table and "open" in table and "waiting for terms (1 held)" in table
+
+
+def test_resume_needs_operator_and_buyer_and_dry_runs(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gridledger resume` (SPEC §6.3 resume): the operator alone is not enough; a dry run
+    says what the ledger decides (below the stream's next seq: RESUME_INVALID); signed by
+    both and published, the ledger accepts it."""
+    node = world.terms.nodes[0].node_id
+    base = ["resume", "--terms", str(world.signed_terms), "--node", node,
+            "--from", _iso(T0_MS + 10 * 60_000), "--reason", "disk replaced"]  # fmt: skip
+    dry = ["--dry-run", "--export", str(world.export)]
+    both = ["--key", world.key("operator"), "--key", world.key("buyer")]
+    assert main([*base, "--from-seq", "1", *both, *dry]) == 1
+    assert "rejected RESUME_INVALID" in capsys.readouterr().out
+    assert main([*base, "--from-seq", "20", *both, *dry]) == 0
+    assert "the ledger would accept it" in capsys.readouterr().out
+    out = world.tmp / "resume.json"
+    assert main([*base, "--from-seq", "20", "--key", world.key("operator"), "--out", str(out)]) == 0
+    assert "missing: buyer" in capsys.readouterr().out
+    assert main(["cosign", str(out), "--terms", str(world.signed_terms), "--key",
+                 world.key("buyer"), "--local-dir", str(world.tmp / "spool")]) == 0  # fmt: skip
+    world.service.run_until_idle()
+    assert world.last_record() == ("resume", "accepted", "")
+    # A node the terms do not name: one line, exit 2.
+    done = subprocess.run(
+        [sys.executable, "-m", "gridledger", *base[:3], "--node", "node-zz", *base[5:],
+         "--from-seq", "20", *both],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "node-zz" in done.stderr, done.stderr

@@ -175,7 +175,7 @@ LONG_FUNCTIONS: dict[str, int] = {
     "gridledger/demo.py::run_demo": 85,
     "ledger/export.py::_copy_rows": 83,
     "ledger/export.py::_export_all": 97,
-    "meter/agent.py::Agent.__init__": 84,
+    "meter/agent.py::Agent.__init__": 83,
     "meter/cli.py::_serve": 83,
     "meter/config.py::parse_meter_config": 116,
     "transport/spool.py::read_spool": 82,

@@ -48,6 +48,7 @@ from ledger.rules import (
 )
 from ledger.state import PlacementState, empty
 from ledger.store import Store
+from proto import limits as proto_limits
 from proto.envelope import Opened, open_envelope
 from proto.errors import ProtoError
 from proto.invariant import InvariantViolation
@@ -372,12 +373,25 @@ def test_an_event_beyond_a_gap_waits_and_creates_no_stream() -> None:
 # and `supersedes` and adjustments and key bindings their SPEC §4.0 signers (new bytes:
 # the decisions stay those of the old pin — the same counts per decision and reason),
 # and when `version`/`supersedes` at their defaults were omitted again (SPEC §2 (4): the
-# terms keep their original bytes). Any other change here is a regression.
+# terms keep their original bytes). Any other change here is a regression. Those pins hold
+# for terms of the rule of before (created before REJECTION_ADVANCES_FROM_MS); terms of
+# the rule now (a content rejection advances its stream, SPEC §6.3 usage) have their own.
 OLD_SNAPSHOTS_SHA256: Final = "8a79ea3945e6b0a7e0819168a2f2e21abd96c6dd1da60927ed62d2c43d12ff47"
 OLD_OUTCOMES_SHA256: Final = "274c6e501da1bb2f31111711f548ebcc4b6feca022c3d1ad7df37f7403e39223"
+ADVANCING_SNAPSHOTS_SHA256: Final = (
+    "3515593178b0f1edf9bc773ea3b2c5f4a45e53321b9de49b4b9526635a0380ae"
+)
+ADVANCING_OUTCOMES_SHA256: Final = (
+    "bfab58fc005371cc8add5d4b4f35770befc573cf6e96bed3ffaed4db97579db5"
+)
 
 
-def test_snapshot_bytes_and_outcomes_match_the_fold_before_decide() -> None:
+@pytest.mark.parametrize("advancing", [False, True])
+def test_snapshot_bytes_and_outcomes_match_the_fold_before_decide(
+    advancing: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not advancing:  # the same streams as if their terms were older than the rule
+        monkeypatch.setattr(proto_limits, "REJECTION_ADVANCES_FROM_MS", 2**62)
     snapshots, outcomes = hashlib.sha256(), hashlib.sha256()
     for seed in range(20):
         cast, inputs = build_stream(seed)
@@ -388,8 +402,12 @@ def test_snapshot_bytes_and_outcomes_match_the_fold_before_decide() -> None:
                     fields = (o.decision, o.position, o.status, o.reason, o.record_hash, o.detail)
                     outcomes.update(repr(fields).encode())
                 snapshots.update(fold.snapshot(FOLD_PID) if FOLD_PID in fold.dirty() else b"-")
-    assert snapshots.hexdigest() == OLD_SNAPSHOTS_SHA256
-    assert outcomes.hexdigest() == OLD_OUTCOMES_SHA256
+    if advancing:
+        assert snapshots.hexdigest() == ADVANCING_SNAPSHOTS_SHA256
+        assert outcomes.hexdigest() == ADVANCING_OUTCOMES_SHA256
+    else:
+        assert snapshots.hexdigest() == OLD_SNAPSHOTS_SHA256
+        assert outcomes.hexdigest() == OLD_OUTCOMES_SHA256
 
 
 @settings(max_examples=200, deadline=None)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from devtools import builders as b
 from ledger.fold import Fold, Outcome
+from proto import limits as proto_limits
 from proto.canonical import signed_bytes
 from proto.envelope import Envelope, encode_envelope, open_envelope, seal, sign_payload
 from proto.keys import SigningKey
@@ -190,12 +191,20 @@ _NOT_THE_NODES = frozenset(
 )
 
 
+@pytest.mark.parametrize("advancing", [True, False], ids=["advancing", "rule-before"])
 @pytest.mark.parametrize(
     ("make", "reason"), [c[1:] for c in BAD_USAGE], ids=[c[0] for c in BAD_USAGE]
 )
 def test_bad_usage_is_rejected_and_takes_its_seq(
-    make: Callable[[Scenario], bytes], reason: Reason
+    make: Callable[[Scenario], bytes],
+    reason: Reason,
+    advancing: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """``advancing``: the terms are of REJECTION_ADVANCES_FROM_MS on (they are: WS), else
+    the rule of before applies (the date moved past them)."""
+    if not advancing:
+        monkeypatch.setattr(proto_limits, "REJECTION_ADVANCES_FROM_MS", 2**62)
     s = Scenario()
     s.start()
     bad = make(s)
@@ -203,7 +212,7 @@ def test_bad_usage_is_rejected_and_takes_its_seq(
     rejected(outcome, reason)
     assert s.fold is not None
     totals_before = s.fold.totals(PID)
-    # A rejected input changes no total and does not advance the stream.
+    # A rejected input changes no total.
     assert outcome.record is not None and outcome.record.totals == totals_before
     s.writers["node-a"] = b.StreamWriter(s.cast.node_key("node-a"), PID, "node-a")
     replacement = s.one(s.event("node-a", WS, WS + MINUTE))
@@ -212,10 +221,25 @@ def test_bad_usage_is_rejected_and_takes_its_seq(
         assert replacement.status == "accepted"
     else:
         # SPEC §6.3 usage (3): a node never replaces a seq it signed — another seq 0 is an
-        # equivocation, and the node's later events wait for the seq that never comes.
+        # equivocation.
         rejected(replacement, Reason.EQUIVOCATION)
-        later = s.fold.apply(s.event("node-a", WS + MINUTE, WS + 2 * MINUTE), "p", PID)
-        assert [o.decision for o in later] == ["held"]
+        if advancing and reason is not Reason.PREV_MISMATCH:
+            assert "taken by an event rejected before" in replacement.detail
+        chained = b.StreamWriter(
+            s.cast.node_key("node-a"), PID, "node-a", seq=1, prev=open_envelope(bad).record_hash
+        )
+        later = s.fold.apply(chained.event(WS, WS + MINUTE, s.samples("node-a")), "p", PID)
+        if advancing and reason is not Reason.PREV_MISMATCH:
+            # Rejected for its content, it advanced the stream; last_end stayed, so the
+            # next event may cover the same minute: the rejection cost its own interval.
+            assert [o.status for o in later] == ["accepted"]
+            totals = s.fold.totals(PID)
+            assert totals is not None and totals_before is not None
+            assert totals.delivered_mgms > totals_before.delivered_mgms
+        else:
+            # A fork (PREV_MISMATCH), or the rule of before: the seq is taken for good and
+            # the node's later events wait for the seq that never comes
+            assert [o.decision for o in later] == ["held"]
     # The same bad bytes again are a re-delivery: dropped, not chained twice.
     again = s.one(bad)
     assert again.decision == "dropped" and again.reason is Reason.DUPLICATE

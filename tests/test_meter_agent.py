@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+import structlog.testing
 from support import usage_events
 
 from devtools import builders
@@ -19,7 +20,7 @@ from meter.sources import GpuReading
 from meter.stream import node_gpus, seal_event
 from proto.envelope import open_envelope, require_signatures, seal
 from proto.keys import key_id, signer
-from proto.records import ZERO_HASH, PlacementTerms, UsageEvent
+from proto.records import ZERO_HASH, PlacementTerms, StreamResume, UsageEvent
 from transport.positions import SpoolPosition
 from transport.spool import SpoolFull, list_segments, read_spool
 
@@ -646,3 +647,102 @@ def test_the_hand_off_is_what_opening_the_envelope_gives(tmp_path: Path) -> None
     assert [handed_off.take(open_envelope(e).input_hash) is not None for e in more] == (
         [False] * 5 + [True] * 45
     )
+
+
+def test_a_node_that_lost_its_spool_goes_on_from_a_signed_resume(tmp_path: Path) -> None:
+    """SPEC §6.3 resume, end to end through the ledger's fold: a node reimaged mid-window
+    signs seq 0 again without its spool (EQUIVOCATION, the agent logs the one command to
+    run); with the resume operator and buyer signed in its config, the new agent's events
+    carry from_seq on, chained to the resume, and are billed."""
+    from ledger.fold import Fold
+
+    cast, terms = _scenario()
+    fold = Fold(cast.ledger)
+    for t in terms:
+        assert fold.apply(builders.signed_terms(cast, t), f"terms-{t.placement_id}", None)
+
+    def fold_p1(envelopes: list[bytes]) -> list[tuple[str | None, str | None]]:
+        out = []
+        for i, raw in enumerate(envelopes):
+            if open_envelope(raw).record.placement_id == "p1":
+                for o in fold.apply(raw, f"p1-{len(out)}-{i}", None):
+                    out.append((o.status, None if o.reason is None else o.reason.value))
+        return out
+
+    clock = SimClock(T0)
+    agent = _agent(tmp_path, clock, spool="spool-1")
+    clock.advance(10 * MINUTE_MS)
+    assert set(fold_p1(agent.tick())) == {("accepted", None)}
+    agent.close()
+    delivered = fold.totals("p1")
+    assert delivered is not None and delivered.delivered_mgms > 0
+    # Reimaged at minute 20: no spool, no resume: seq 0 again.
+    clock.advance(10 * MINUTE_MS)
+    with structlog.testing.capture_logs() as logs:
+        lost = _agent(tmp_path, clock, spool="spool-2")
+    warned = [e for e in logs if e["event"] == "stream_without_spool"]
+    assert {e["placement"] for e in warned} == {"p1", "p2"}
+    assert "gridledger resume --terms TERMS --node n1" in warned[0]["advice"]
+    clock.advance(2 * MINUTE_MS)
+    assert ("rejected", "EQUIVOCATION") in fold_p1(lost.tick())
+    lost.close()
+    # Operator and buyer sign the resume at seq 30 from minute 20; the ledger accepts it.
+    raw = builders.resume(cast, "p1", "n1", 30, T0 + 20 * MINUTE_MS)
+    assert [o.status for o in fold.apply(raw, "resume", None)] == ["accepted"]
+    resume_record = open_envelope(raw)
+    assert isinstance(resume_record.record, StreamResume)
+    cast_terms = _scenario()[1]
+    devices = sorted(
+        {g.uuid: SimDevice(g.uuid, g.model, g.memory_mib) for t in cast_terms
+         for g in node_gpus(t, "n1")}.values(),
+        key=lambda d: d.uuid,
+    )  # fmt: skip
+    resumed = Agent(
+        AgentConfig(
+            node_id="n1",
+            signing_key=cast.node_key("n1"),
+            terms=tuple(cast_terms),
+            spool_dir=tmp_path / "spool-3",
+            interval_ms=MINUTE_MS,
+            resumes=((resume_record.record, resume_record.record_hash),),
+        ),
+        Simulator(parse_sim_spec("seed=7"), devices, T0),
+        clock,
+    )
+    clock.advance(5 * MINUTE_MS)
+    events = resumed.tick()
+    resumed.close()
+    first = next(
+        e for e in (open_envelope(r).record for r in events) if isinstance(e, UsageEvent)
+        and e.placement_id == "p1"
+    )  # fmt: skip
+    assert (first.seq, first.prev) == (30, resume_record.record_hash)
+    assert set(fold_p1(events)) == {("accepted", None)}
+    after = fold.totals("p1")
+    assert after is not None and after.delivered_mgms > delivered.delivered_mgms
+
+
+def test_resume_files_are_checked_before_the_agent_signs(tmp_path: Path) -> None:
+    """meter.toml resume_files (SPEC §6.3 resume): a file that is not a resume of this
+    node's stream, or that the buyer did not sign, is refused with the file named."""
+    from meter.cli import load_resumes
+    from proto.terms import TermsError
+
+    cast, terms = _scenario()
+    good = tmp_path / "good.json"
+    good.write_bytes(builders.resume(cast, "p1", "n1", 30, T0) + b"\n")
+    ((record, record_hash),) = load_resumes((good,), "n1", tuple(terms))
+    assert (record.from_seq, record_hash) == (
+        30,
+        open_envelope(good.read_bytes().rstrip()).record_hash,
+    )
+    cases = {
+        "operator-only.json": builders.resume(cast, "p1", "n1", 30, T0, signers=[cast.operator]),
+        "other-node.json": builders.resume(cast, "p1", "n2", 30, T0),
+        "a-close.json": builders.closed(cast, "p1", T0 + HOUR_MS),
+    }
+    for name, raw in cases.items():
+        (tmp_path / name).write_bytes(raw)
+        with pytest.raises(TermsError) as caught:
+            load_resumes((tmp_path / name,), "n1", tuple(terms))
+        assert name in str(caught.value), caught.value

@@ -596,6 +596,51 @@ def test_arrival_bounds_are_what_the_verifier_and_the_witness_enforce() -> None:
         assert refused == case["refused"], case
 
 
+def test_rejection_advances_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.3 usage: rejection_advances.json, every decision and record hash under both
+    rules; a content rejection costs its own interval only from REJECTION_ADVANCES_FROM_MS."""
+    from proto.limits import REJECTION_ADVANCES_FROM_MS
+
+    data = load("rejection_advances.json")
+    assert data["rejection_advances_from_ms"] == REJECTION_ADVANCES_FROM_MS
+    expected = {
+        "advancing": [
+            "GPU_NOT_IN_TERMS",
+            "FUTURE_DATED",
+            "EQUIVOCATION",
+            "INTERVAL_OVERLAP",
+            "NODE_KEY_UNKNOWN",
+        ],
+        "before": ["GPU_NOT_IN_TERMS", "EQUIVOCATION", "NODE_KEY_UNKNOWN", *["SEQ_GAP"] * 6],
+    }
+    for rule in ("advancing", "before"):
+        fold = Fold(vectorgen._cast().ledger)
+        reasons = _replay_timed(fold, f"rejection-{rule}", data[rule]["steps"])
+        assert [r for r in reasons if r is not None and r != "DUPLICATE"] == expected[rule]
+        assert fold.head("pl-rejection") == (data[rule]["records"], data[rule]["head"])
+        totals = fold.totals("pl-rejection")
+        assert totals is not None
+        assert msgspec.to_builtins(totals) == data[rule]["totals"]
+
+
+def test_resume_is_reproduced_by_the_fold() -> None:
+    """SPEC §6.3 resume: resume.json, every decision and record hash; the node reimaged
+    mid-window is billed again from the resume on (40 of 60 minutes)."""
+    data = load("resume.json")
+    fold = Fold(vectorgen._cast().ledger)
+    reasons = _replay_timed(fold, "resume", data["steps"])
+    assert [r for r in reasons if r is not None] == [
+        "EQUIVOCATION",
+        "SIG_MISSING",
+        "RESUME_INVALID",
+        "RESUME_INVALID",
+        "SEQ_GAP",
+        "EQUIVOCATION",
+    ]
+    assert fold.head("pl-resume") == (data["records"], data["head"])
+    assert data["totals"]["delivered_mgms"] == 40 * 60_000 * 1000
+
+
 def test_measurement_is_reproduced_by_the_fold() -> None:
     """SPEC §5.3, §7.1.1 (XID tables), §7.1.2: allocation, degradation and attribution decide
     each event's delivered; the tables and the degrading bits are the code's."""

@@ -59,10 +59,17 @@ def test_prefix_budgets_take_growing_prefixes_by_fraction_of_the_events() -> Non
     total = planned_events(tasks, interval_ms)
     budgets = prefix_budgets(tasks, [10, 80, 90, 100], interval_ms)
     assert budgets == [total * 10 // 100, total * 80 // 100, total * 90 // 100, None]
-    chosen = [select_tasks(tasks, None, max_events=b, interval_ms=interval_ms) for b in budgets]
+    # The excerpt's first task runs for months (78 % of its events): 10 % holds no task,
+    # and a bound that selects nothing is refused, naming the smallest one that selects some.
+    first = planned_events(select_tasks(tasks, 1, interval_ms=interval_ms), interval_ms)
+    with pytest.raises(ValueError, match=f"give --max-events {first} or more"):
+        select_tasks(tasks, None, max_events=budgets[0], interval_ms=interval_ms)
+    assert select_tasks(tasks, None, max_events=first, interval_ms=interval_ms) != ()
+    chosen = [()] + [
+        select_tasks(tasks, None, max_events=b, interval_ms=interval_ms) for b in budgets[1:]
+    ]
     sizes = [planned_events(c, interval_ms) for c in chosen]
-    # The excerpt's first task runs for months (78 % of its events): 10 % holds no task.
-    assert chosen[0] == () and len(chosen[1]) == 1
+    assert len(chosen[1]) == 1
     for size, budget in zip(sizes, budgets, strict=True):
         assert size <= (budget if budget is not None else total)
     assert sizes[1] < sizes[2] < sizes[3] == total

@@ -33,6 +33,7 @@ from devtools.builders import (
     make_terms,
     reclaim,
     release,
+    resume,
     sample,
     signed_terms,
 )
@@ -40,7 +41,9 @@ from ledger.export import export_placement
 from ledger.ingest import Ingestor
 from ledger.inputs import Item
 from ledger.store import Store
+from proto.envelope import open_envelope
 from proto.keys import SigningKey
+from proto.limits import REJECTION_ADVANCES_FROM_MS
 from proto.trust import TrustedKey, TrustFile
 
 
@@ -116,7 +119,18 @@ def test_real_ledger_export_of_the_full_scenario_verifies(tmp_path: Path) -> Non
 
 # ---- random streams with faults, through both implementations ---------------------------
 
-_FAULTS = ("ok", "ok", "ok", "gap", "overlap", "stranger", "unhealthy", "outside", "repeat")
+_FAULTS = (
+    "ok",
+    "ok",
+    "ok",
+    "gap",
+    "overlap",
+    "stranger",
+    "unhealthy",
+    "outside",
+    "repeat",
+    "foreign_gpu",
+)
 
 
 @settings(
@@ -133,6 +147,7 @@ _FAULTS = ("ok", "ok", "ok", "gap", "overlap", "stranger", "unhealthy", "outside
     fee_payer=st.sampled_from(["operator", "buyer"]),
     interruptible=st.booleans(),
     close=st.booleans(),
+    advancing=st.booleans(),
 )
 def test_random_streams_agree(
     tmp_path_factory: pytest.TempPathFactory,
@@ -142,7 +157,10 @@ def test_random_streams_agree(
     fee_payer: str,
     interruptible: bool,
     close: bool,
+    advancing: bool,
 ) -> None:
+    """``advancing``: terms created from REJECTION_ADVANCES_FROM_MS on (a content rejection
+    advances its stream, SPEC §6.3 usage), else before (it stops the stream)."""
     tmp = tmp_path_factory.mktemp("random")
     cast = make_cast("random")
     pid = "p-random"
@@ -156,6 +174,7 @@ def test_random_streams_agree(
         fee_payer=fee_payer,
         interruptible=interruptible,
         minimum_duration_ms=30 * MINUTE,
+        created_at_ms=REJECTION_ADVANCES_FROM_MS if advancing else T0,
     )
     raws = [signed_terms(cast, terms)]
     writer = StreamWriter(cast.node_key("n1"), pid, "n1")
@@ -163,6 +182,8 @@ def test_random_streams_agree(
     for fault in faults:
         start, end = T0 + minute * MINUTE, T0 + (minute + 1) * MINUTE
         samples = [sample(gpus[0]), sample(gpus[1], healthy=fault != "unhealthy")]
+        if fault == "foreign_gpu":  # a driver hiccup names a GPU outside the terms
+            samples.append(sample(gpu("n1", 7)))
         if fault == "gap":
             writer.seq += 1
         elif fault == "overlap":
@@ -206,6 +227,10 @@ _MIXED = st.lists(
                 "usage",
                 "usage",
                 "usage",
+                "foreign_gpu",
+                "clock_step",
+                "overlap",
+                "resume",
                 "usage_key2",
                 "usage_n2",
                 "gap",
@@ -276,6 +301,26 @@ def _mixed(
                 raws.append(writer.event(start, start + MINUTE, samples))
             dated.append(start + MINUTE)
             minute += 1
+        elif kind == "foreign_gpu":  # rejected for its content (GPU_NOT_IN_TERMS)
+            start = T0 + minute * MINUTE
+            raws.append(writer.event(start, start + MINUTE, [sample(gpu("n1", 7))]))
+            dated.append(start + MINUTE)
+            minute += 1
+        elif kind == "clock_step":  # ends 2 minutes past its arrival when timed: FUTURE_DATED
+            start = T0 + minute * MINUTE
+            raws.append(writer.event(start, start + 3 * MINUTE, [sample(gpus[0])]))
+            dated.append(start + MINUTE)
+            minute += 3
+        elif kind == "overlap":  # starts a minute before the last end: INTERVAL_OVERLAP
+            start = T0 + max(minute - 1, 0) * MINUTE
+            raws.append(writer.event(start, start + MINUTE, [sample(gpus[0])]))
+            dated.append(start + MINUTE)
+            minute = max(minute, 1)
+        elif kind == "resume":  # the node lost its spool: its stream restarts 3 seqs on
+            raw = resume(cast, pid, "n1", writer.seq + 3, T0 + minute * MINUTE, f"rs-{n}")
+            raws.append(raw)
+            dated.append(T0 + minute * MINUTE)
+            writer.seq, writer.prev = writer.seq + 3, open_envelope(raw).record_hash
         elif kind == "gap":  # the node's next event skips a seq: held beyond the gap
             writer.seq += 1
         elif kind == "gap_n2":
@@ -352,21 +397,30 @@ _SETTINGS = settings(
 )
 
 
+def _created(advancing: bool) -> dict[str, int]:
+    """Terms of the rule now (a content rejection advances its stream) or of before."""
+    return {"created_at_ms": REJECTION_ADVANCES_FROM_MS if advancing else T0}
+
+
 @settings(_SETTINGS, max_examples=12)
-@given(ops=_MIXED, close=st.booleans(), timed=st.booleans())
+@given(ops=_MIXED, close=st.booleans(), timed=st.booleans(), advancing=st.booleans())
 def test_random_mixed_streams_agree(
     tmp_path_factory: pytest.TempPathFactory,
     ops: list[tuple[str, int]],
     close: bool,
     timed: bool,
+    advancing: bool,
 ) -> None:
     """Every kind a party signs, in random order and at random times — usage by the
     node's key and a second bound (then revoked) key, amendments (some moving a GPU to
     another node, whose events then count), reclaims, releases, credits, charges, resales
     of a GPU, repeats, gaps in a node's seqs (held, then SEQ_GAP at the close flush, in
-    node then seq order), an event before the terms — through the real ledger: it never
-    raises, and the verifier re-derives every decision and amount from the export."""
-    mixed = _mixed(ops, close, timed)
+    node then seq order), an event before the terms, events rejected for their content (a
+    GPU outside the terms, a clock step, an overlap: under terms of REJECTION_ADVANCES_FROM_MS
+    on each advances its stream), resumes of the node's stream (SPEC §6.3 resume: some
+    flush held events, some come too late) — through the real ledger: it never raises, and the
+    verifier re-derives every decision and amount from the export."""
+    mixed = _mixed(ops, close, timed, **_created(advancing))
     tmp = tmp_path_factory.mktemp("mixed")
     out = _ledger_export(tmp, mixed.cast.ledger, mixed.pid, mixed.raws, mixed.arrivals)
     report = verify(out, mixed.trust)
@@ -374,17 +428,19 @@ def test_random_mixed_streams_agree(
 
 
 @settings(_SETTINGS, max_examples=6)
-@given(ops=_MIXED, close=st.booleans(), timed=st.booleans())
+@given(ops=_MIXED, close=st.booleans(), timed=st.booleans(), advancing=st.booleans())
 def test_random_mixed_streams_restart_anywhere(
     tmp_path_factory: pytest.TempPathFactory,
     ops: list[tuple[str, int]],
     close: bool,
     timed: bool,
+    advancing: bool,
 ) -> None:
     """The same streams folded once in batches and once with the ledger stopped and
     started again after every input (its state back from the store each time: bindings,
-    revocations, holds, releases, resales, amendments): the same records, byte for byte."""
-    mixed = _mixed(ops, close, timed)
+    revocations, holds, releases, resales, amendments, streams advanced by content
+    rejections): the same records, byte for byte."""
+    mixed = _mixed(ops, close, timed, **_created(advancing))
     tmp = tmp_path_factory.mktemp("restart")
     items = _items(mixed.pid, mixed.raws, mixed.arrivals)
     key = mixed.cast.ledger
@@ -420,3 +476,101 @@ def test_resale_after_a_release_vector_verifies(tmp_path: Path) -> None:
     )
     report = verify(out, trust)
     assert report.ok, explain(report)
+
+
+@pytest.mark.parametrize("rule", ["advancing", "before"])
+def test_a_rejection_costs_its_own_interval_vector_verifies(tmp_path: Path, rule: str) -> None:
+    """proto/vectors/rejection_advances.json through the real ledger, stopped and started
+    again after every input, and the verifier: a GPU outside the terms at minute 10 and a
+    clock step at minute 30 cost their own minutes only (40 of 60 minutes billed) under
+    terms of REJECTION_ADVANCES_FROM_MS on; under older terms the rest of the window is
+    flushed SEQ_GAP (10 minutes billed). Both exports verify."""
+    import base64
+    import json
+
+    import vectorgen
+
+    data = json.loads((vectorgen.VECTORS_DIR / "rejection_advances.json").read_text())[rule]
+    cast = vectorgen._cast()
+    raws = [base64.b64decode(step["envelope_b64"]) for step in data["steps"]]
+    arrivals: list[int | None] = [step["arrived_ms"] for step in data["steps"]]
+    items = _items("pl-rejection", raws, arrivals)
+    for item in items:  # restarted anywhere
+        with Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+            Ingestor(store, cast.ledger).ingest([item])
+    out = tmp_path / "export.duckdb"
+    with Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+        reasons = store.query(
+            "SELECT reason FROM records WHERE status = 'rejected' ORDER BY chain_index"
+        )
+        export_placement(store, "pl-rejection", out, key=cast.ledger)
+    expected = [
+        reason
+        for step in data["steps"]
+        for o in step["outcomes"]
+        if o["status"] == "rejected"
+        for reason in [o["reason"]]
+    ]
+    assert [r for (r,) in reasons] == expected
+    minutes = data["totals"]["delivered_mgms"] // (1000 * MINUTE)
+    assert minutes == (40 if rule == "advancing" else 10)
+    report = verify(out, cast.trust())
+    assert report.ok, explain(report)
+
+
+@pytest.mark.parametrize("rule", ["advancing", "before"])
+def test_a_ledger_folding_by_the_other_rejection_rule_is_caught(
+    tmp_path: Path, rule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verifier decides which rule a placement's terms take on its own: a ledger that
+    folded the vector's stream by the other rule (it flushed SEQ_GAP where the terms say a
+    content rejection advances, or advanced where they say it stops) signs decisions the
+    verifier's referee does not make."""
+    import base64
+    import json
+
+    import vectorgen
+
+    from proto import limits as proto_limits
+
+    data = json.loads((vectorgen.VECTORS_DIR / "rejection_advances.json").read_text())[rule]
+    cast = vectorgen._cast()
+    raws = [base64.b64decode(step["envelope_b64"]) for step in data["steps"]]
+    arrivals: list[int | None] = [step["arrived_ms"] for step in data["steps"]]
+    with monkeypatch.context() as patch:  # the dishonest ledger's date
+        wrong = 2**62 if rule == "advancing" else 0
+        patch.setattr(proto_limits, "REJECTION_ADVANCES_FROM_MS", wrong)
+        out = _ledger_export(tmp_path, cast.ledger, "pl-rejection", raws, arrivals)
+    report = verify(out, cast.trust())
+    assert not report.ok
+    rules = {f.rule for f in report.findings.kept}
+    # the decisions differ (the referee wants SEQ_GAP where the ledger accepted, or the
+    # reverse), and so does every amount the billed minutes make
+    assert {"SEQ_GAP", "TOTAL_DELIVERED_MGMS", "STATEMENT_TOTALS"} <= rules, rules
+
+
+def test_a_node_resumed_after_losing_its_spool_vector_verifies(tmp_path: Path) -> None:
+    """proto/vectors/resume.json through the real ledger, stopped and started again after
+    every input, and the verifier: the resume flush, the resumed stream's event chained
+    to the resume record and billed, the old node's stray events refused; the verifier
+    re-derives every decision and amount."""
+    import base64
+    import json
+
+    import vectorgen
+
+    data = json.loads((vectorgen.VECTORS_DIR / "resume.json").read_text())
+    cast = vectorgen._cast()
+    raws = [base64.b64decode(step["envelope_b64"]) for step in data["steps"]]
+    arrivals: list[int | None] = [step["arrived_ms"] for step in data["steps"]]
+    for item in _items("pl-resume", raws, arrivals):  # restarted anywhere
+        with Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+            Ingestor(store, cast.ledger).ingest([item])
+    out = tmp_path / "export.duckdb"
+    with Store(tmp_path / "ledger.duckdb", ledger_public_key=cast.ledger.public_key) as store:
+        heads = store.query("SELECT count(*) FROM records WHERE placement_id = 'pl-resume'")
+        export_placement(store, "pl-resume", out, key=cast.ledger)
+    assert heads[0][0] == data["records"]
+    report = verify(out, cast.trust())
+    assert report.ok, explain(report)
+    assert report.totals is not None and report.totals["delivered_mgms"] == 40 * 60_000 * 1000

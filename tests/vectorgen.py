@@ -1104,6 +1104,157 @@ def shortens_vectors() -> Any:
     }
 
 
+def rejection_advances_vectors() -> Any:
+    """SPEC §6.3 usage "What a rejected event does": one node's events, the same envelopes
+    folded under terms created at REJECTION_ADVANCES_FROM_MS (a content rejection takes
+    its seq and advances the stream, last_end stays) and 1 ms earlier (the rule of before:
+    the seq is taken and the rest of the window waits, SEQ_GAP at the close)."""
+    from ledger.fold import Fold
+    from proto.limits import MAX_CLOCK_SKEW_MS, REJECTION_ADVANCES_FROM_MS
+
+    cast = _cast()
+    pid = "pl-rejection"
+    start = REJECTION_ADVANCES_FROM_MS
+    gpu = b.gpu("node-a", 0)
+    a = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+
+    def at(minute: int) -> int:
+        return start + minute * MINUTE
+
+    def usage(begin: int, end: int, samples: Any = None) -> bytes:
+        return a.event(at(begin), at(end), [b.sample(gpu)] if samples is None else samples)
+
+    e0 = usage(0, 10)
+    e1 = usage(10, 20, [b.sample(b.gpu("node-a", 7))])  # a GPU outside the terms
+    e1_other = b.StreamWriter(cast.node_key("node-a"), pid, "node-a", seq=1, prev=a.prev)
+    e2 = usage(20, 30)
+    e3 = a.event(at(30), at(52) + MAX_CLOCK_SKEW_MS + 1, [b.sample(gpu)])  # a clock step
+    e4 = usage(40, 50)
+    e5 = usage(45, 55)
+    e6 = usage(50, 58)
+    thief = b.StreamWriter(cast.node_key("node-x"), pid, "node-a", seq=a.seq, prev=a.prev)
+    e7 = usage(58, 60)
+    events: list[tuple[str, bytes, int]] = [
+        ("seq 0, minutes 0-10", e0, at(10)),
+        ("seq 1 names a GPU outside the terms: GPU_NOT_IN_TERMS", e1, at(20)),
+        ("seq 2, chained to the rejected seq 1", e2, at(30)),
+        ("seq 4 before seq 3: held in its stream", e4, at(50)),
+        ("seq 3 ends past its arrival + MAX_CLOCK_SKEW_MS: FUTURE_DATED", e3, at(52)),
+        ("seq 1 again, the same bytes: DUPLICATE", e1, at(53)),
+        (
+            "another event for seq 1: EQUIVOCATION",
+            e1_other.event(at(10), at(20), [b.sample(gpu)]),
+            at(53),
+        ),
+        ("seq 5 starts before the last accepted end: INTERVAL_OVERLAP", e5, at(55)),
+        ("seq 6 starts at the last accepted end", e6, at(58)),
+        (
+            "seq 7 signed by a key not bound to the node: NODE_KEY_UNKNOWN, no seq taken",
+            thief.event(at(58), at(60), [b.sample(gpu)]),
+            at(60),
+        ),
+        ("seq 7, the node's own", e7, at(60)),
+    ]
+    rules = {}
+    for name, created in (("advancing", start), ("before", start - 1)):
+        terms = b.make_terms(cast, pid, [gpu], start, start + HOUR, created_at_ms=created)
+        close_at = terms.window_end_ms + terms.late_grace_ms
+        steps_in = [
+            ("terms", b.signed_terms(cast, terms), start),
+            *events,
+            ("the close", b.closed(cast, pid, close_at), close_at),
+        ]
+        fold = Fold(cast.ledger)
+        steps = _timed_steps(fold, f"rejection-{name}", steps_in)
+        head, totals = fold.head(pid), fold.totals(pid)
+        assert head is not None and totals is not None
+        rules[name] = {
+            "terms_created_at_ms": created,
+            "steps": steps,
+            "records": head[0],
+            "head": head[1],
+            "totals": msgspec.to_builtins(totals),
+        }
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "rejection_advances_from_ms": REJECTION_ADVANCES_FROM_MS,
+        "max_clock_skew_ms": MAX_CLOCK_SKEW_MS,
+        **rules,
+    }
+
+
+def resume_vectors() -> Any:
+    """SPEC §6.3 resume: node a signs seq 0-2, loses seq 3 with its spool (seq 4 arrived:
+    held), is reimaged; seq 0 again is EQUIVOCATION; resumes signed by the operator alone
+    (SIG_MISSING), below the next seq and before the last accepted end (RESUME_INVALID);
+    the resume at seq 10 from minute 50 (the resume flush rejects the held seq 4
+    SEQ_GAP); the new stream's seq 10 chained to the resume (accepted); an old event for
+    seq 5 still in flight (EQUIVOCATION); the close. 40 of 60 minutes delivered."""
+    from ledger.fold import Fold
+    from proto.envelope import open_envelope
+    from proto.limits import REJECTION_ADVANCES_FROM_MS
+
+    cast = _cast()
+    pid = "pl-resume"
+    start = REJECTION_ADVANCES_FROM_MS
+    gpu = b.gpu("node-a", 0)
+    terms = b.make_terms(cast, pid, [gpu], start, start + HOUR)
+    old = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+
+    def at(minute: int) -> int:
+        return start + minute * MINUTE
+
+    def usage(writer: b.StreamWriter, begin: int, end: int) -> bytes:
+        return writer.event(at(begin), at(end), [b.sample(gpu)])
+
+    first = [usage(old, 10 * i, 10 * (i + 1)) for i in range(3)]
+    usage(old, 30, 40)  # seq 3: lost with the spool
+    held = usage(old, 40, 50)
+    in_flight = usage(old, 50, 60)
+    reimaged = b.StreamWriter(cast.node_key("node-a"), pid, "node-a")
+    good = b.resume(cast, pid, "node-a", 10, at(50))
+    resumed = b.StreamWriter(
+        cast.node_key("node-a"), pid, "node-a", seq=10, prev=open_envelope(good).record_hash
+    )
+    close_at = terms.window_end_ms + terms.late_grace_ms
+    steps_in: list[tuple[str, bytes, int]] = [
+        ("terms", b.signed_terms(cast, terms), start),
+        *((f"seq {i}", raw, at(10 * (i + 1))) for i, raw in enumerate(first)),
+        ("seq 4 (seq 3 was lost): held", held, at(50)),
+        ("the reimaged node starts at seq 0 again: EQUIVOCATION", usage(reimaged, 50, 51), at(51)),
+        (
+            "a resume signed by the operator alone: SIG_MISSING",
+            b.resume(cast, pid, "node-a", 10, at(50), "r0", [cast.operator]),
+            at(52),
+        ),
+        (
+            "a resume at seq 2, below the next seq 3: RESUME_INVALID",
+            b.resume(cast, pid, "node-a", 2, at(50), "r1"),
+            at(52),
+        ),
+        (
+            "a resume from minute 25, before the last accepted end: RESUME_INVALID",
+            b.resume(cast, pid, "node-a", 10, at(25), "r2"),
+            at(52),
+        ),
+        ("the resume at seq 10 from minute 50: seq 4 flushed SEQ_GAP first", good, at(53)),
+        ("the new stream's seq 10, chained to the resume", usage(resumed, 50, 60), at(60)),
+        ("the old node's seq 5, still in flight: EQUIVOCATION", in_flight, at(60)),
+        ("the close", b.closed(cast, pid, close_at), close_at),
+    ]
+    fold = Fold(cast.ledger)
+    steps = _timed_steps(fold, "resume", steps_in)
+    head, totals = fold.head(pid), fold.totals(pid)
+    assert head is not None and totals is not None
+    return {
+        "ledger_public_key": _b64(cast.ledger.public_key),
+        "steps": steps,
+        "records": head[0],
+        "head": head[1],
+        "totals": msgspec.to_builtins(totals),
+    }
+
+
 def bounds_vectors() -> Any:
     """SPEC §5 rule 5, §6.3 adjustment, §7.7: every total stays within 2^53 - 1 after every
     input. Terms with the buyer paying a 5 % fee; M (the most G + K can reach) and the
@@ -2069,15 +2220,20 @@ def capacity_vectors() -> Any:
 
 def capacity_log_vectors() -> Any:
     """SPEC §6.5 across shards: one capacity partition holding two GPU keys, records of two
-    shards interleaved; the decision on every entry and the claims left per key."""
+    shards interleaved, each signed (by its shard, or forged); the decision on every entry
+    and the claims left per key."""
     import hashlib
 
     from ledger.capacity_log import CapacityFold
-    from proto.capacity_log import CapEntry, CapRelease, CapRequest, CapTick
+    from proto.capacity_log import CapEntry, CapRelease, CapRequest, CapTick, sealed_entry
+    from proto.envelope import Envelope
     from proto.limits import MAX_CAPACITY_WAIT_MS
 
-    one = SigningKey.from_seed_text("shard-1", "capacity-log shard 1").public_key
-    two = SigningKey.from_seed_text("shard-2", "capacity-log shard 2").public_key
+    one_key = SigningKey.from_seed_text("shard-1", "capacity-log shard 1")
+    two_key = SigningKey.from_seed_text("shard-2", "capacity-log shard 2")
+    outsider = SigningKey.from_seed_text("outsider", "capacity-log outsider")
+    one, two = one_key.public_key, two_key.public_key
+    signers = {one: one_key, two: two_key, outsider.public_key: outsider}
     x, y = "GPU-x-0", "GPU-y-0"
 
     def h(text: str) -> str:
@@ -2107,7 +2263,7 @@ def capacity_log_vectors() -> Any:
         )
 
     late = WS + MAX_CAPACITY_WAIT_MS
-    steps: list[tuple[str, str, int, Any]] = [
+    steps: list[tuple[str, str, int, Any]] = [  # a record, or (record, its signer or None)
         ("shard 1: A whole [0, 60): granted", x, WS, req(one, "pl-a", x, 0, 60)),
         (
             "shard 2: B whole [30, 90), the operator's second desk: OVERSOLD naming A",
@@ -2128,7 +2284,7 @@ def capacity_log_vectors() -> Any:
             WS,
             req(two, "pl-d", x, 0, 30, 500),
         ),
-        ("a tick on the idle key y", y, late, CapTick(y)),
+        ("a tick on the idle key y", y, late, CapTick(y, one)),
         (
             "shard 2: E on y appended MAX_CAPACITY_WAIT_MS after its terms arrived: granted",
             y,
@@ -2159,6 +2315,36 @@ def capacity_log_vectors() -> Any:
             x,
             WS,
             req(two, "pl-a", x, 0, 60, 500, version="2"),
+        ),
+        (
+            "forged: A's release naming shard 1's key, signed by shard 2: invalid",
+            x,
+            WS,
+            (rel(one, "pl-a", x, 0, "rejected"), two_key),
+        ),
+        (
+            "forged: A's release naming shard 1's key, signed by an outsider: invalid",
+            x,
+            WS,
+            (rel(one, "pl-a", x, 0, "rejected"), outsider),
+        ),
+        (
+            "forged: A's release naming shard 1's key, unsigned: invalid",
+            x,
+            WS,
+            (rel(one, "pl-a", x, 0, "rejected"), None),
+        ),
+        (
+            "an outsider's own request, self-signed (its key is no shard's): invalid",
+            y,
+            late,
+            req(outsider.public_key, "pl-o", y, 50, 60, arrived=late),
+        ),
+        (
+            "shard 2: K half [10, 20) beside A: still OVERSOLD (the forged releases freed nothing)",
+            x,
+            WS,
+            req(two, "pl-k2", x, 10, 20, 500),
         ),
         ("shard 1 releases A, reclaimed at 20", x, WS, rel(one, "pl-a", x, 20, "reclaimed")),
         (
@@ -2231,20 +2417,26 @@ def capacity_log_vectors() -> Any:
         ("uuid not the key: invalid", x, late, req(one, "pl-k", y, 0, 10, arrived=late)),
         ("empty window: invalid", x, late, req(one, "pl-k", x, 10, 10, arrived=late)),
     ]
-    fold = CapacityFold()
+    fold = CapacityFold((one, two))
     out = []
-    for offset, (note, key, log_ms, record) in enumerate(steps):
-        entry = CapEntry(key, offset, log_ms, record)
+    for offset, (note, key, log_ms, step) in enumerate(steps):
+        record, by = step if isinstance(step, tuple) else (step, signers[step.ledger_key])
+        entry = sealed_entry(key, offset, log_ms, record, by) if by else None
+        if entry is None:
+            unsigned = sealed_entry(key, offset, log_ms, record, one_key).envelope
+            entry = CapEntry(key, offset, log_ms, Envelope(unsigned.payload, []))
         decision = fold.apply(entry)
         out.append(
             {
                 "note": note,
+                "record": msgspec.to_builtins(record),
                 "entry": msgspec.to_builtins(entry),
                 "decision": msgspec.to_builtins(decision),
             }
         )
     return {
         "max_capacity_wait_ms": MAX_CAPACITY_WAIT_MS,
+        "ledger_keys": msgspec.to_builtins([one, two]),
         "steps": out,
         "claims": {key: msgspec.to_builtins(fold.claims(key)) for key in (x, y)},
     }
@@ -2398,6 +2590,8 @@ GENERATORS: dict[str, Callable[[], Any]] = {
     "resale.json": resale_vectors,
     "resale_release.json": resale_release_vectors,
     "shortens.json": shortens_vectors,
+    "rejection_advances.json": rejection_advances_vectors,
+    "resume.json": resume_vectors,
     "bounds.json": bounds_vectors,
     "finance.json": finance_vectors,
 }

@@ -5,7 +5,9 @@ folds the capacity records itself, per GPU key in partition order, and compares.
 apart from the ledger's fold (``ledger/capacity_log.py``), from SPEC alone:
 
 (1) a record whose key is not a canonical uuid, or whose uuid is not its key, is INVALID;
-    so is a request with a share outside 1..1000 or an empty window;
+    so is a request with a share outside 1..1000 or an empty window, and a record that is
+    not signed by exactly the ledger key it names, validly, or whose ledger key is not one
+    of the shards' ledger keys the verifier was given (the trust policy's);
 (2) a request already seen (placement, terms hash, ledger key) is decided as the first;
 (3) a request is denied CAPACITY_LATE once the key's time (the latest ``log_ms`` of its
     entries, this one included) passed ``terms_arrived_ms + MAX_CAPACITY_WAIT_MS``;
@@ -30,9 +32,14 @@ from proto.capacity_log import (
     RELEASED,
     TICK,
     CapEntry,
+    CapRecord,
     CapRelease,
     CapRequest,
+    open_capacity,
 )
+from proto.envelope import Envelope, check_signatures
+from proto.errors import ProtoError
+from proto.keys import key_id
 from proto.limits import MAX_CAPACITY_WAIT_MS
 from verifier.terms_rules import spelled
 
@@ -68,19 +75,33 @@ class _Gpu:
     clock_ms: int = 0  # the log's latest time on this GPU's key, this entry included
 
 
-def derive(entries: Iterable[CapEntry]) -> list[Derived]:
-    """The decision on each entry, in the order given (one partition's order)."""
+def derive(entries: Iterable[CapEntry], ledger_keys: Iterable[bytes]) -> list[Derived]:
+    """The decision on each entry, in the order given (one partition's order), records
+    counting only when signed by one of ``ledger_keys``."""
     gpus: dict[str, _Gpu] = {}
-    return [_one(gpus, e) for e in entries]
+    known = frozenset(ledger_keys)
+    return [_one(gpus, known, e) for e in entries]
 
 
-def _one(gpus: dict[str, _Gpu], e: CapEntry) -> Derived:
-    r = e.record
+def record_of(envelope: Envelope, known: frozenset[bytes]) -> CapRecord | None:
+    """(1) The record, when one known ledger key signed it, the one it names, and no other."""
+    try:
+        r = open_capacity(envelope)
+    except ProtoError:
+        return None
+    if r.ledger_key not in known:
+        return None
+    report = check_signatures(envelope, {key_id(r.ledger_key): r.ledger_key})
+    return r if report.failure() is None else None
+
+
+def _one(gpus: dict[str, _Gpu], known: frozenset[bytes], e: CapEntry) -> Derived:
     if spelled(e.key) != e.key:  # (1)
         return Derived(e.offset, INVALID)
     gpu = gpus.setdefault(e.key, _Gpu())
     gpu.clock_ms = max(gpu.clock_ms, e.log_ms)  # (3) any entry of the key moves its time
-    if r.uuid != e.key:  # (1)
+    r = record_of(e.envelope, known)
+    if r is None or r.uuid != e.key:  # (1)
         return Derived(e.offset, INVALID)
     if isinstance(r, CapRequest):
         if r.start_ms >= r.end_ms or not 0 < r.share_milli <= ONE_GPU:  # (1)
@@ -138,15 +159,20 @@ def _release(gpu: _Gpu, e: CapEntry, r: CapRelease) -> Derived:
 
 
 def decisions_for_terms(
-    entries: Iterable[CapEntry], placement_id: str, terms_hash: str, ledger_key: bytes
+    entries: Iterable[CapEntry],
+    placement_id: str,
+    terms_hash: str,
+    ledger_key: bytes,
+    ledger_keys: Iterable[bytes],
 ) -> dict[str, Derived]:
     """Per GPU key, the derived decision on the first request of these terms (its later
     copies are decided the same, (2)); a key missing from the result holds no request.
     The terms were rightly accepted only when every GPU of theirs is here and GRANTED."""
     found: dict[str, Derived] = {}
     listed = list(entries)
-    for entry, derived in zip(listed, derive(listed), strict=True):
-        r = entry.record
+    known = frozenset(ledger_keys)
+    for entry, derived in zip(listed, derive(listed, known), strict=True):
+        r = record_of(entry.envelope, known)
         if (
             isinstance(r, CapRequest)
             and (r.placement_id, r.terms_hash, r.ledger_key)

@@ -45,6 +45,7 @@ from proto.records import (
     PlacementTerms,
     ReclaimNotice,
     Record,
+    StreamResume,
     UsageEvent,
 )
 from verifier.opener import SIG_VALID, OpenResult
@@ -63,9 +64,21 @@ HELD: Final[Outcome] = "held"
 PENDING: Final[Outcome] = "pending"
 
 INPUT_KINDS: Final = frozenset(
-    {"terms", "keybinding", "usage", "reclaim", "adjustment", "closed", "assignment", "release"}
+    {
+        "terms",
+        "keybinding",
+        "usage",
+        "reclaim",
+        "adjustment",
+        "closed",
+        "assignment",
+        "release",
+        "resume",
+    }
 )
-_CLOSED_TO: Final = frozenset({"usage", "keybinding", "reclaim", "closed", "assignment", "release"})
+_CLOSED_TO: Final = frozenset(
+    {"usage", "keybinding", "reclaim", "closed", "assignment", "release", "resume"}
+)
 _FOREVER_MS: Final = proto_limits.MAX_SAFE_INTEGER
 
 # Looks up the record hash of the accepted usage event (node_id, seq), if any.
@@ -112,7 +125,9 @@ class _Stream:
     next_seq: int = 0
     last_hash: str = ZERO_HASH
     last_end_ms: int = 0
-    # Seqs taken by a rejected event of the node (SPEC §6.3 usage (3)): never replaced.
+    # Seqs taken for good by a rejected event of the node that did not advance the stream
+    # (SPEC §6.3 usage (3): PREV_MISMATCH, or any rejection from step 3 on in terms created
+    # before REJECTION_ADVANCES_FROM_MS): never replaced.
     taken: set[int] = field(default_factory=set)
 
 
@@ -231,6 +246,8 @@ class Referee:
         elif self.flush:
             if isinstance(record, PlacementClosed) and verdict == _OK:
                 self._check_flush_order()
+            elif isinstance(record, StreamResume) and verdict == _OK:
+                self._check_resume_flush(record)
             else:
                 self.finish()
         return verdict
@@ -260,6 +277,16 @@ class Referee:
                     )
                 )
         self.flush.clear()
+
+    def _check_resume_flush(self, resume: StreamResume) -> None:
+        """SPEC §6.3 resume: the resume flush holds only the resumed node's events below
+        ``from_seq``, in seq order; any other candidate was chained out of a flush."""
+        keys = [(node_id, seq) for _, node_id, seq in self.flush]
+        mine = all(n == resume.node_id and seq < resume.from_seq for n, seq in keys)
+        if mine and keys == sorted(keys):
+            self.flush.clear()
+            return
+        self.finish()
 
     def _decide(self, opened: OpenResult, duplicate: bool) -> Verdict:
         # §6.1 step 1: what does not decode, is not an input, or names another placement
@@ -302,6 +329,8 @@ class Referee:
                 return self._assignment(opened, record, terms)
             case BuyerRelease():
                 return self._release(opened, record, terms)
+            case StreamResume():
+                return self._resume(opened, record)
         return Verdict(QUARANTINED, Reason.KIND_MISMATCH.value)
 
     # ---- per kind (SPEC §6.3) -----------------------------------------------------------
@@ -375,7 +404,8 @@ class Referee:
         | Assignment
         | BuyerRelease
         | PlacementClosed
-        | ReclaimNotice,
+        | ReclaimNotice
+        | StreamResume,
         resale_requires_operator: bool = False,
         bound: tuple[int, int] | None = None,
         revoked: bool = False,
@@ -552,11 +582,20 @@ class Referee:
             # Held until the close flush (SPEC §6.2); chained, it can only be SEQ_GAP there.
             self._gap = True
             return _reject(Reason.SEQ_GAP)
+        if event.prev != stream.last_hash:
+            stream.taken.add(event.seq)  # the seq is taken, the stream does not advance
+            return _reject(Reason.PREV_MISMATCH)
         failure = self._usage_content(event, stream, terms) or self._attested_for(
             event, sig.key, terms
         )
         if failure is not None:
-            stream.taken.add(event.seq)  # rejected from step 3 on: the seq is taken
+            if terms.created_at_ms >= proto_limits.REJECTION_ADVANCES_FROM_MS:
+                # rejected for its content: the seq is taken by advancing past it; the
+                # last accepted end stays (SPEC §6.3 usage, "What a rejected event does")
+                stream.next_seq += 1
+                stream.last_hash = opened.record_hash
+            else:
+                stream.taken.add(event.seq)  # the rule of before: taken, the stream stops
             return _reject(failure)
         stream.next_seq += 1
         stream.last_hash = opened.record_hash
@@ -568,9 +607,7 @@ class Referee:
     def _usage_content(
         self, event: UsageEvent, stream: _Stream, terms: PlacementTerms
     ) -> Reason | None:
-        """Steps 3 (the link) to 6 of SPEC §6.3 usage: None when the event may be folded."""
-        if event.prev != stream.last_hash:
-            return Reason.PREV_MISMATCH
+        """Steps 4 to 6 of SPEC §6.3 usage: None when the event may be folded."""
         # 4. the interval
         length_ms = event.end_ms - event.start_ms
         if length_ms <= 0 or length_ms > proto_limits.MAX_INTERVAL_MS:
@@ -721,6 +758,9 @@ class Referee:
         self.priced = True
         return _OK
 
+    def _resume(self, opened: OpenResult, resume: StreamResume) -> Verdict:
+        return _resume_of(self, opened, resume)
+
     def _release(self, opened: OpenResult, release: BuyerRelease, terms: PlacementTerms) -> Verdict:
         """SPEC §6.7: the buyer signs (the operator may), once, inside the window, and it
         must end the placement before it already ends."""
@@ -745,6 +785,25 @@ class Referee:
         self.effective_end_ms = end_ms
         self.priced = True
         return _OK
+
+
+def _resume_of(referee: Referee, opened: OpenResult, resume: StreamResume) -> Verdict:
+    """SPEC §6.3 resume: operator and buyer sign; the node is in the terms; the stream
+    restarts at from_seq (never a seq it reached, never 0) from from_ms (never before the
+    last accepted end), chained to this record."""
+    failure = referee._signed_as_the_table_says(opened, resume)
+    if failure is not None:
+        return _reject(failure)
+    stream = referee.streams.get(resume.node_id)
+    if resume.node_id not in referee.bindings or stream is None:
+        return _reject(Reason.NODE_UNKNOWN)
+    lowest = max(stream.next_seq, 1, max(stream.taken, default=-1) + 1)
+    if resume.from_seq < lowest or resume.from_ms < stream.last_end_ms:
+        return _reject(Reason.RESUME_INVALID)
+    stream.next_seq = resume.from_seq
+    stream.last_hash = opened.record_hash
+    stream.last_end_ms = resume.from_ms
+    return _OK
 
 
 def _placement_of(record: Record) -> str:

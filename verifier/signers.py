@@ -18,6 +18,7 @@ from proto.records import (
     NodeKeyBinding,
     PlacementClosed,
     ReclaimNotice,
+    StreamResume,
 )
 from verifier.opener import SIG_VALID, SigResult
 
@@ -68,6 +69,7 @@ AUTHORITY: Final[dict[str, Row]] = {
     "assignment": (("buyer", "new_buyer", "desk"), ("operator",)),
     "assignment/operator required": (("buyer", "new_buyer", "desk", "operator"), ()),
     "release": (("buyer",), ("operator",)),
+    "resume": (("operator", "buyer"), ()),
 }
 
 
@@ -108,6 +110,8 @@ def authority_row(
         return AUTHORITY["reclaim"]
     if isinstance(record, BuyerRelease):
         return AUTHORITY["release"]
+    if isinstance(record, StreamResume):
+        return AUTHORITY["resume"]
     if isinstance(record, PlacementClosed):
         return AUTHORITY["closed"]
     raise TypeError(f"SPEC §4.0 has no row for {type(record).__name__}")

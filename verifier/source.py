@@ -25,6 +25,8 @@ from typing import Any, Final
 import duckdb
 
 from verifier import limits, small_export_db
+from verifier.capacity_export import COLUMNS as CAPACITY_COLUMNS
+from verifier.capacity_export import TABLE as CAPACITY_TABLE
 from verifier.errors import UnusableInput
 
 EXPORT_FORMAT: Final = "gridledger-export"
@@ -89,11 +91,15 @@ INPUT_TABLES: Final = (
     # SPEC §6.8, appended (EXPORT.md): exports written before it have no such table.
     InputTable("assignment", "assignments", ()),
     InputTable("release", "releases", (("issued_at_ms", "BIGINT"), ("effective_at_ms", "BIGINT"))),
+    # SPEC §6.3 resume, appended (EXPORT.md).
+    InputTable("resume", "resumes", (("node_id", "VARCHAR"),)),
 )
 TABLE_OF_KIND: Final = {t.kind: t for t in INPUT_TABLES}
 # Input tables appended after format version 1 shipped (SPEC §6.7, §6.8): an export
 # written before them has none, and reads as if the table were empty.
-OPTIONAL_TABLES: Final = frozenset({"assignments", "releases"})
+# ``capacity_records`` (SPEC §6.5): written by a ledger that decides terms through the
+# capacity log; absent, nothing is checked against it.
+OPTIONAL_TABLES: Final = frozenset({"assignments", "releases", "resumes", CAPACITY_TABLE})
 
 RECORD_COLUMNS: Final = (
     ("chain_index", "BIGINT"),
@@ -129,6 +135,7 @@ SCHEMA: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "statements": STATEMENT_COLUMNS,
     "checkpoints": CHECKPOINT_COLUMNS,
     "held": HELD_COLUMNS,
+    CAPACITY_TABLE: CAPACITY_COLUMNS,
 }
 
 
@@ -615,6 +622,10 @@ class ExportSource:
             f"SELECT '{records}', {stats}, 0 FROM {ALIAS}.ledger_records UNION ALL "
             f"SELECT '{inputs}', {stats}, count(DISTINCT envelope) FROM ({tagged})"
         )
+
+    def has_table(self, table: str) -> bool:
+        """Whether the export holds ``table`` (an optional one may be absent)."""
+        return table in self._present
 
     def small_table(self, table: str, columns: str, order: str) -> list[tuple[Any, ...]]:
         """At most MAX_SMALL_TABLE_ROWS rows of a table that is small in an honest export

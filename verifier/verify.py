@@ -52,6 +52,7 @@ import structlog
 from proto.keys import key_id
 from proto.trust import TrustFile
 from verifier import (
+    capacity_export,
     limits,
     resale,
     small_export_db,
@@ -325,6 +326,7 @@ def run_checklist(
     )  # (7) SPEC §6.6: the floor and ceiling of each record's arrival
     walk(run)  # (4) (5) (6) (7) (8) (9) per chain index: the single pass
     step7_decisions.check_held(run)
+    _check_capacity(run, trust)  # (7) SPEC §6.5: terms decided through the capacity log
     step9_obligation.price_base(run)  # D, B, G, R, Q: what the adjustments depend on
     step7_decisions.decide_adjustments(run)
     step9_obligation.check_records(run)
@@ -334,6 +336,19 @@ def run_checklist(
     step10_completeness.check_completeness(run, trust)
     _summarise(run)
     return run
+
+
+def _check_capacity(run: Verification, trust: TrustFile) -> None:
+    """The export's capacity records re-fold to its terms' decisions (when it has them)."""
+    if run.source.has_table(capacity_export.TABLE):
+        rows = run.source.small_table(
+            capacity_export.TABLE,
+            ", ".join(c for c, _ in capacity_export.COLUMNS),
+            "log_partition, log_offset",
+        )
+        keys = {run.ledger_key, *(k.key for k in trust.keys if k.role == "ledger")}
+        inputs = capacity_export.terms_inputs(run.source)
+        capacity_export.check_capacity_records(rows, inputs, keys, run.findings)
 
 
 def _gather_bill(run: Verification) -> None:

@@ -24,6 +24,7 @@ from proto.records import (
     NodeKeyBinding,
     PlacementTerms,
     ReclaimNotice,
+    StreamResume,
 )
 from proto.terms import MIN_PLAUSIBLE_MS, TermsError, load_terms_file, terms_signature_problem
 
@@ -33,7 +34,7 @@ EX_REFUSED: Final = 1
 
 EX_USAGE: Final = 2
 
-RECORD = ReclaimNotice | Adjustment | NodeKeyBinding | Assignment | BuyerRelease
+RECORD = ReclaimNotice | Adjustment | NodeKeyBinding | Assignment | BuyerRelease | StreamResume
 
 
 class UsageError(Exception):
@@ -139,6 +140,8 @@ def what_of(record: RECORD) -> str:
         return f"a {record.direction}"
     if isinstance(record, Assignment):
         return "an assignment"
+    if isinstance(record, StreamResume):
+        return "a resume"
     return "this key binding"
 
 

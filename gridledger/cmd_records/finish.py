@@ -23,7 +23,14 @@ from gridledger.publishing import publish, target_of
 from proto.canonical import signed_bytes
 from proto.envelope import Envelope, encode_envelope, sign_payload
 from proto.keys import key_id
-from proto.records import Adjustment, Assignment, BuyerRelease, PlacementTerms, ReclaimNotice
+from proto.records import (
+    Adjustment,
+    Assignment,
+    BuyerRelease,
+    PlacementTerms,
+    ReclaimNotice,
+    StreamResume,
+)
 
 
 def _describe(record: RECORD, terms: PlacementTerms) -> str:
@@ -45,6 +52,12 @@ def _describe(record: RECORD, terms: PlacementTerms) -> str:
             f"({', '.join(record.gpus)}) to {record.new_buyer.id} from "
             f"{iso(record.handover_at_ms)} (or its arrival in the log, if later) at {rate} "
             f"{terms.currency}/GPU-h, paid to the desk"
+        )
+    if isinstance(record, StreamResume):
+        return (
+            f"resume {record.resume_id} of {record.placement_id}: node {record.node_id}'s "
+            f"stream goes on at seq {record.from_seq}, chained to this record, billed from "
+            f"{iso(record.from_ms)} (SPEC §6.3 resume)"
         )
     if isinstance(record, BuyerRelease):
         agreed = span(terms.release_notice_ms)

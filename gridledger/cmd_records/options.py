@@ -2,6 +2,7 @@
 
     gridledger reclaim  --terms T --key OPERATOR.key --effective-at TIME ...
     gridledger release  --terms T --key BUYER.key --effective-at TIME ...  # the buyer ends early
+    gridledger resume   --terms T --node NODE --from-seq SEQ --from TIME --key K [--key K]
     gridledger adjust   --terms T (--credit | --charge) AMOUNT --reason TEXT --key K [--key K]
     gridledger bind-key --terms T --node NODE --node-key NODE.pub --valid-from TIME ...
     gridledger assign   --terms T --new-buyer ID --new-buyer-key NEW.pub --handover-at TIME
@@ -14,7 +15,8 @@ and publishes it once every signature SPEC §4.0 requires is there: a reclaim ne
 operator; a charge the buyer (the desk may co-sign); a credit the operator **and** the
 desk; a key binding the operator and the buyer (one that only shortens a binding, the
 operator alone); an assignment (a resale, SPEC §6.8) the buyer, the new buyer and the
-desk (and the operator when the terms say ``resale_requires_operator``). Several
+desk (and the operator when the terms say ``resale_requires_operator``); a resume of a
+node's stream (a node that lost its spool) the operator and the buyer. Several
 ``--key`` sign at once; otherwise one party signs, sends the
 file, and the next runs ``gridledger cosign``.
 
@@ -45,7 +47,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-from gridledger.cmd_records import adjust, assign, bind_key, cosign, publish, reclaim, release
+from gridledger.cmd_records import (
+    adjust,
+    assign,
+    bind_key,
+    cosign,
+    publish,
+    reclaim,
+    release,
+    resume,
+)
 from gridledger.cmd_records.common import run_handler
 from gridledger.publishing import add_target_arguments
 
@@ -101,6 +112,12 @@ COMMANDS: Final[tuple[tuple[str, str, ModuleType, bool], ...]] = (
     ("release", "buyer: end the placement early (a BuyerRelease, SPEC §6.7)", release, True),
     ("adjust", "a credit to the buyer or a charge, signed by whom it costs", adjust, True),
     (
+        "resume",
+        "operator and buyer: a node that lost its spool goes on (a StreamResume, SPEC §6.3)",
+        resume,
+        True,
+    ),
+    (
         "bind-key",
         "operator and buyer: a node signs with this key (NodeKeyBinding)",
         bind_key,
@@ -115,13 +132,14 @@ COMMANDS: Final[tuple[tuple[str, str, ModuleType, bool], ...]] = (
     (
         "cosign",
         "add your signature to a signed record (reclaim, release, adjustment, key binding, "
-        "assignment)",
+        "assignment, resume)",
         cosign,
         True,
     ),
     (
         "publish",
-        "publish a fully signed record (reclaim, release, adjustment, key binding, assignment)",
+        "publish a fully signed record (reclaim, release, adjustment, key binding, assignment, "
+        "resume)",
         publish,
         False,
     ),
@@ -129,7 +147,7 @@ COMMANDS: Final[tuple[tuple[str, str, ModuleType, bool], ...]] = (
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add reclaim, release, adjust, bind-key, assign, cosign and publish."""
+    """Add reclaim, release, adjust, resume, bind-key, assign, cosign and publish."""
     for name, help_text, module, signs in COMMANDS:
         p = sub.add_parser(
             name,

@@ -20,6 +20,7 @@ from proto.records import (
     NodeKeyBinding,
     PlacementTerms,
     ReclaimNotice,
+    StreamResume,
 )
 from proto.terms import in_words
 
@@ -27,6 +28,9 @@ from proto.terms import in_words
 _OPTION_OF: Final = {
     "reclaim_id": "--id",
     "release_id": "--id",
+    "resume_id": "--id",
+    "from_seq": "--from-seq",
+    "from_ms": "--from",
     "adjustment_id": "--id",
     "assignment_id": "--id",
     "new_buyer.id": "--new-buyer",
@@ -87,11 +91,13 @@ def open_record(path: Path, terms: PlacementTerms) -> tuple[Opened, RECORD]:
         raise UsageError(f"{path} is not a signed record: {exc}") from exc
     record = opened.record
     if not isinstance(
-        record, ReclaimNotice | Adjustment | NodeKeyBinding | Assignment | BuyerRelease
+        record,
+        ReclaimNotice | Adjustment | NodeKeyBinding | Assignment | BuyerRelease | StreamResume,
     ):
         raise UsageError(
             f"{path} holds a {opened.kind} record; this command takes reclaim, adjustment, "
-            "keybinding, assignment and release records (terms: gridledger terms sign/publish)"
+            "keybinding, assignment, release and resume records (terms: gridledger terms "
+            "sign/publish)"
         )
     if record.placement_id != terms.placement_id:
         raise UsageError(

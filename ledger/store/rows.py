@@ -21,6 +21,7 @@ from proto.records import (
     NodeKeyBinding,
     PlacementClosed,
     ReclaimNotice,
+    StreamResume,
     Totals,
     UsageEvent,
 )
@@ -168,6 +169,8 @@ def _input_columns(record: object) -> tuple[Any, ...]:
             )
         case PlacementClosed():
             return (*none11[:10], record.closed_at_ms)
+        case StreamResume():
+            return (record.node_id, *none11[1:])
         case _:
             return none11
 
