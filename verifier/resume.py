@@ -40,7 +40,7 @@ from verifier.errors import UnusableInput
 from verifier.findings import Step
 from verifier.limits import MAX_SMALL_TABLE_ROWS
 from verifier.pricing import TOTAL_FIELDS
-from verifier.source import side_file_message, side_files
+from verifier.source import INPUT_TABLES, side_file_message, side_files
 from verifier.state import VERIFIED, ExportReport
 
 STATE_FORMAT: Final = "gridledger-verifier-state/v1"
@@ -49,17 +49,6 @@ MAX_STATE_BYTES: Final = 256 * 1024
 MAX_FRONTIER: Final = 64
 # Records read from the export per query.
 BATCH: Final = 4096
-# The input tables of an export (EXPORT.md), in its order.
-INPUT_TABLES: Final = (
-    "terms",
-    "key_bindings",
-    "usage_events",
-    "reclaims",
-    "adjustments",
-    "closes",
-    "assignments",
-    "releases",
-)
 NOT_RE_DERIVED: Final = "decisions and totals of records {m}..{n} not re-derived (resumed)"
 
 
@@ -411,7 +400,7 @@ def _statements(
 
 def _input_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     names = {str(r[0]) for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-    return [t for t in INPUT_TABLES if t in names]
+    return [t.name for t in INPUT_TABLES if t.name in names]
 
 
 def _inputs(
