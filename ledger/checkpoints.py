@@ -36,11 +36,14 @@ def checkpoint_over_leaves(
     placement_id: str, leaf_hashes: Sequence[bytes], key: SigningKey
 ) -> SignedNote:
     """The same note from the RFC 9162 leaf hashes of the payloads, in index order."""
-    checkpoint = Checkpoint(
-        origin=checkpoint_origin(placement_id),
-        size=len(leaf_hashes),
-        root=merkle.root_from_leaf_hashes(leaf_hashes),
+    return sign_checkpoint(
+        placement_id, len(leaf_hashes), merkle.root_from_leaf_hashes(leaf_hashes), key
     )
+
+
+def sign_checkpoint(placement_id: str, size: int, root: bytes, key: SigningKey) -> SignedNote:
+    """The ledger-signed checkpoint note of a tree of ``size`` records with ``root``."""
+    checkpoint = Checkpoint(origin=checkpoint_origin(placement_id), size=size, root=root)
     return sign_note(checkpoint_body(checkpoint), LEDGER_NOTE_NAME, key)
 
 

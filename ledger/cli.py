@@ -8,6 +8,7 @@ the ledger's own tools.
     gridledger ledger statement PLACEMENT [--json] [--config ledger.toml]
     gridledger ledger list [--json] [--config ledger.toml]
     gridledger ledger export PLACEMENT --out FILE.duckdb [--parquet DIR] [--compact]
+        [--since NOTE]
                              [--config ledger.toml]
     gridledger ledger export --all DIR [--compact] [--config ledger.toml]
 
@@ -61,7 +62,7 @@ from ledger.client import (
 from ledger.config import ConfigError, LedgerConfig, load_config, parse_shard, shard_config
 from ledger.consume import SourceError, SourceUnavailable
 from ledger.crypto import CryptoWorkerError
-from ledger.export import export_all, export_placement, write_parquet
+from ledger.export import SinceRefused, export_all, export_placement, write_parquet
 from ledger.http import LedgerApi, LedgerHttpServer, OpsBindError, TlsConfigError
 from ledger.ingest import IngestBroken
 from ledger.issuer import UnknownPlacement, statement_answer
@@ -77,9 +78,11 @@ from ledger.limits import (
 from ledger.listing import placement_list, render_table
 from ledger.service import KafkaLedgerService, LedgerService
 from ledger.store import Store, StoreError
+from proto.durable_io import read_at_most
 from proto.errors import KeyFileError, ProtoError
 from proto.invariant import present
 from proto.keys import SigningKey, load_signing_key
+from proto.note import MAX_NOTE_BYTES
 
 # Exit code when Kafka stayed unreachable: try again later (sysexits EX_TEMPFAIL).
 EX_TEMPFAIL = 75
@@ -177,6 +180,14 @@ def _add_export(
         help="DuckDB 1.2's storage with 16 KiB blocks: ~0.3 MiB instead of ~2.7 MiB for a "
         "small placement, the same tables and rows; DuckDB 1.2 and later read it "
         "(proto/EXPORT.md, Readers); needs the ledger stopped",
+    )
+    export.add_argument(
+        "--since",
+        type=Path,
+        default=None,
+        metavar="NOTE",
+        help="only the records after this checkpoint note (one this ledger issued), with a "
+        "consistency proof to it (SPEC §8.5); needs the ledger stopped",
     )
     with_config(export)
     export.set_defaults(handler=cmd_export)
@@ -377,12 +388,13 @@ def _faulted(placement_id: str, exc: ProtoError) -> int:
 
 
 # What a command on one placement (statement, export) answers in one line: bad input or
-# store (exit 2), an unknown placement or the running ledger's refusal (1), a stored
-# record that does not decode (1, ``_faulted``).
+# store, an export's --since refused (exit 2), an unknown placement or the running
+# ledger's refusal (1), a stored record that does not decode (1, ``_faulted``).
 _PLACEMENT_ERRORS: Final = (
     ConfigError,
     KeyFileError,
     StoreError,
+    SinceRefused,
     UnknownPlacement,
     ApiError,
     ProtoError,
@@ -391,7 +403,7 @@ _PLACEMENT_ERRORS: Final = (
 
 def _placement_failed(placement_id: str, exc: Exception) -> int:
     """The line and exit code of one of ``_PLACEMENT_ERRORS``."""
-    if isinstance(exc, ConfigError | KeyFileError | StoreError):
+    if isinstance(exc, ConfigError | KeyFileError | StoreError | SinceRefused):
         return _fail(str(exc), 2)
     if isinstance(exc, ProtoError):
         return _faulted(placement_id, exc)
@@ -458,6 +470,20 @@ def cmd_list(args: argparse.Namespace) -> int:
 # ---- export ------------------------------------------------------------------------------------
 
 
+def _read_note(path: Path) -> str:
+    """The text of the checkpoint note file ``path`` (``export --since``)."""
+    try:
+        raw = read_at_most(path, MAX_NOTE_BYTES)
+    except OSError as exc:
+        raise SinceRefused(f"--since: cannot read {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_NOTE_BYTES:
+        raise SinceRefused(f"--since: {path} is larger than a note ({MAX_NOTE_BYTES} bytes)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SinceRefused(f"--since: {path} is not UTF-8 text") from exc
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """``ledger export``: the export file (and Parquet tables) of one placement, or all."""
     if args.all_dir is not None:
@@ -473,6 +499,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                 "stop it to write a compact one, or leave out --compact",
                 2,
             )
+        if base is not None and args.since is not None:
+            return _fail("--since: the running ledger serves whole exports; stop it first", 2)
+        since = None if args.since is None else _read_note(args.since)
         if base is not None:
             download_export(base, args.placement, args.out, key)
             if args.parquet is not None:
@@ -486,6 +515,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 key=key,
                 parquet_dir=args.parquet,
                 compact=args.compact,
+                since=since,
             )
     except _PLACEMENT_ERRORS as exc:
         return _placement_failed(args.placement, exc)

@@ -48,8 +48,10 @@ from ledger.issuer import (
     ChainFacts,
     UnknownPlacement,
     attest_chunks,
+    frontier_at,
     issue_checkpoint,
     issue_statement,
+    payloads_between,
 )
 from ledger.limits import (
     EXPORT_PAGE_RECORDS,
@@ -59,8 +61,11 @@ from ledger.limits import (
     EXPORT_WRITER_MEMORY_LIMIT,
 )
 from ledger.store import PLACEMENT_ROWS, Store
+from proto import merkle
 from proto.durable_io import fsync_dir, pid_alive
+from proto.errors import ProtoError
 from proto.keys import SigningKey, b64
+from proto.note import LEDGER_NOTE_NAME, checkpoint_origin, parse_checkpoint_body, parse_note
 
 EXPORT_FORMAT: Final = "gridledger-export"
 EXPORT_FORMAT_VERSION: Final = "2"  # records unsigned, covered by checkpoints (SPEC §8)
@@ -244,6 +249,8 @@ class _Rows:
     placement_id: str
     pages: tuple[_Page, ...] = ()
     records: int | None = None  # read from the store: only the first ``records`` (None: all)
+    # An export since a checkpoint of this size (SPEC §8.5): rows from it on; None: all.
+    since: int | None = None
 
     def of(self, table: str) -> list[tuple[str, list[Any]]]:
         """The FROM .. clauses (through ORDER BY) that read the rows of export table
@@ -253,15 +260,15 @@ class _Rows:
             return [(f"FROM {_STAGE_PREFIX}{table} WHERE placement_id = ?", [self.placement_id])]
         order = f"ORDER BY {_ORDER[table]}"
         if table in ("statements", "checkpoints"):
-            if self.records is None:
-                return [(f"FROM {table} WHERE placement_id = ? {order}", [self.placement_id])]
-            bound = "through_index < ?" if table == "statements" else "size <= ?"
-            return [
-                (
-                    f"FROM {table} WHERE placement_id = ? AND {bound} {order}",
-                    [self.placement_id, self.records],
-                )
-            ]
+            bounds: list[Any] = [self.placement_id]
+            clause = "WHERE placement_id = ?"
+            if self.records is not None:
+                clause += " AND through_index < ?" if table == "statements" else " AND size <= ?"
+                bounds.append(self.records)
+            if self.since is not None:
+                clause += f" AND {_ORDER[table]} >= ?"
+                bounds.append(self.since)
+            return [(f"FROM {table} {clause} {order}", bounds)]
         source, kind = "records", []
         if table != "ledger_records":
             source, kind = "inputs", [INPUT_TABLES[table][0]]
@@ -278,6 +285,9 @@ class _Rows:
             if self.records is not None:
                 where += " AND chain_index < ?"
                 params.append(self.records)
+            if self.since is not None:
+                where += " AND chain_index >= ?"
+                params.append(self.since)
             clauses.append((f"FROM {source} WHERE {where} {order}", params))
         return clauses
 
@@ -411,15 +421,7 @@ def _copy_rows(
                     for clause, params in source.of(table)
                 )
             counts["held"] = 0
-            pairs = [
-                ("format", EXPORT_FORMAT),
-                ("format_version", EXPORT_FORMAT_VERSION),
-                ("placement_id", source.placement_id),
-                ("ledger_key", meta["ledger_key"]),
-                ("records", str(counts["ledger_records"])),
-                ("dropped_duplicates", meta["dropped_duplicates"]),
-                ("arrival", meta.get("arrival", "log")),
-            ]
+            pairs = _meta_pairs(source.placement_id, meta, counts["ledger_records"])
             values = [value for pair in pairs for value in pair]
             if prepared is not None:
                 numbered = (f"(${2 * i + 1}, ${2 * i + 2})" for i in range(len(pairs)))
@@ -430,6 +432,8 @@ def _copy_rows(
                     f"INSERT INTO {alias}.meta VALUES " + ", ".join(["(?, ?)"] * len(pairs)),
                     values,
                 )
+            if "since_size" in meta:
+                _write_consistency(con, alias, meta)
             counts["meta"] = len(pairs)
             _commit_closed(con, alias)
         except BaseException:
@@ -438,6 +442,37 @@ def _copy_rows(
     finally:
         con.execute(f"DETACH {alias}")
     return counts
+
+
+# The meta rows of an export since a checkpoint (EXPORT.md "Since a checkpoint"), and
+# what ``_write_consistency`` reads (not a meta row).
+_SINCE_META: Final = ("since_size", "since_root")
+
+
+def _meta_pairs(placement_id: str, meta: dict[str, str], records: int) -> list[tuple[str, str]]:
+    """The rows of an export's ``meta`` table (EXPORT.md), in order."""
+    return [
+        ("format", EXPORT_FORMAT),
+        ("format_version", EXPORT_FORMAT_VERSION),
+        ("placement_id", placement_id),
+        ("ledger_key", meta["ledger_key"]),
+        ("records", str(records)),
+        ("dropped_duplicates", meta["dropped_duplicates"]),
+        ("arrival", meta.get("arrival", "log")),
+        *((key, meta[key]) for key in _SINCE_META if key in meta),
+    ]
+
+
+def _write_consistency(con: duckdb.DuckDBPyConnection, alias: str, meta: dict[str, str]) -> None:
+    """The ``consistency`` table of an export since a checkpoint: its one row."""
+    con.execute(
+        f"CREATE TABLE {alias}.consistency (first_size BIGINT NOT NULL, size BIGINT NOT NULL, "
+        "proof VARCHAR NOT NULL)"
+    )
+    con.execute(
+        f"INSERT INTO {alias}.consistency VALUES (?, ?, ?)",
+        [int(meta["since_size"]), int(meta["proof_size"]), meta["proof"]],
+    )
 
 
 def _write_export(
@@ -548,6 +583,7 @@ def export_placement(
     parquet_dir: Path | None = None,
     compact: bool = False,
     issue: bool = True,
+    since: str | None = None,
 ) -> dict[str, int]:
     """Write the export of ``placement_id`` to ``out`` (and ``parquet_dir``); row counts.
 
@@ -558,12 +594,50 @@ def export_placement(
     the compact storage (EXPORT.md "Readers": DuckDB 1.2 and later read it). ``issue``
     False: a read (the HTTP API, SPEC §8.4), which signs nothing: the export runs through
     the latest stored statement and its checkpoint, and raises NotAttested when there is
-    none yet.
+    none yet. ``since``: the text of a checkpoint note this ledger issued for the
+    placement: only what came after it, with a consistency proof to it (SPEC §8.5);
+    raises SinceRefused for a note that is not one.
     """
     if isinstance(store_or_path, Store):
-        return _export(store_or_path, placement_id, out, key, parquet_dir, compact, issue)
+        return _export(store_or_path, placement_id, out, key, parquet_dir, compact, issue, since)
     with Store(store_or_path, ledger_public_key=key.public_key) as store:
-        return _export(store, placement_id, out, key, parquet_dir, compact, issue)
+        return _export(store, placement_id, out, key, parquet_dir, compact, issue, since)
+
+
+class SinceRefused(ValueError):
+    """``export --since NOTE`` with a note that is not this ledger's checkpoint of the
+    placement (SPEC §8.5); the message names what is wrong."""
+
+
+def _since_meta(
+    store: Store, placement_id: str, note_text: str, key: SigningKey, records: int
+) -> dict[str, str]:
+    """The meta rows (and the proof) of an export since the checkpoint ``note_text``."""
+    try:
+        note = parse_note(note_text)
+        checkpoint = parse_checkpoint_body(note.body)
+    except ProtoError as exc:
+        raise SinceRefused(f"--since: not a checkpoint note: {exc}") from exc
+    if checkpoint.origin != checkpoint_origin(placement_id):
+        raise SinceRefused(f"--since: a checkpoint of {checkpoint.origin!r}, not of {placement_id}")
+    if not note.signed_by(LEDGER_NOTE_NAME, key.public_key):
+        raise SinceRefused("--since: the note is not signed by this ledger's key")
+    size = checkpoint.size
+    if not 0 < size <= records or store.checkpoint(placement_id, size) is None:
+        raise SinceRefused(f"--since: this ledger issued no checkpoint of size {size}")
+    # The frontier at the note's size and the records after it: what the export holds,
+    # not the log (``issuer.frontier_at`` keeps the frontiers of the last checkpoints).
+    frontier = frontier_at(store, placement_id, size)
+    if frontier.root() != checkpoint.root:
+        raise SinceRefused(f"--since: the root of size {size} is not this ledger's")
+    leaves = [merkle.leaf_hash(p) for p in payloads_between(store, placement_id, size, records)]
+    proof = frontier.consistency_proof(leaves)
+    return {
+        "since_size": str(size),
+        "since_root": b64(checkpoint.root),
+        "proof_size": str(records),
+        "proof": "\n".join(b64(h) for h in proof),
+    }
 
 
 def _export(
@@ -574,6 +648,7 @@ def _export(
     parquet_dir: Path | None,
     compact: bool = False,
     issue: bool = True,
+    since: str | None = None,
 ) -> dict[str, int]:
     if store.head(placement_id) is None:
         raise UnknownPlacement(f"no records for placement {placement_id!r}")
@@ -600,7 +675,13 @@ def _export(
         records = 0 if head is None else head.chain_index + 1
         if attested is not None:
             records = min(records, attested)
-        source = _Rows(placement_id, _pages(con, placement_id, commits, records), attested)
+        first = None
+        pages = _pages(con, placement_id, commits, records)
+        if since is not None:  # the pages wholly before the checkpoint hold nothing to copy
+            meta.update(_since_meta(store, placement_id, since, key, records))
+            first = int(meta["since_size"])
+            pages = tuple(p for p in pages if p.end_index is None or p.end_index > first)
+        source = _Rows(placement_id, pages, attested, first)
         counts = _write_export(con, source, out, meta, compact=compact)
     finally:
         con.close()

@@ -9,6 +9,7 @@ so asking twice for the same head returns the same bytes.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -16,9 +17,9 @@ from typing import Any, Final, Literal
 from ledger.checkpoints import (
     CosignTimes,
     checkpoint_over_leaves,
-    make_checkpoint,
     merge_cosignature,
     party_note_keys,
+    sign_checkpoint,
 )
 from ledger.limits import ATTEST_LEAF_RECORDS
 from ledger.statements import (
@@ -30,8 +31,10 @@ from ledger.statements import (
     statement_period,
 )
 from ledger.store import ChainHead, StatementRow, Store, StoreError
+from proto import merkle
 from proto.envelope import open_envelope
 from proto.errors import ProtoError
+from proto.frontier import Frontier
 from proto.keys import SigningKey
 from proto.note import parse_checkpoint_body, parse_note
 from proto.reasons import Reason
@@ -164,8 +167,62 @@ def issue_checkpoint(store: Store, key: SigningKey, placement_id: str) -> str:
     existing = store.checkpoint(placement_id, size)
     if existing is not None:
         return existing
-    note = make_checkpoint(placement_id, store.record_payloads(placement_id, head.chain_index), key)
+    root = frontier_at(store, placement_id, size).root()
+    note = sign_checkpoint(placement_id, size, root, key)
     return store.put_checkpoint(placement_id, size, note.text(), replace=False)
+
+
+# Per store and placement, the frontiers (RFC 9162 compact ranges) of the last few tree
+# sizes a checkpoint was issued or an export cut at: the next checkpoint, and the proof of
+# an export since one (SPEC §8.5), hash only the records after it, not the whole log.
+_FRONTIERS: weakref.WeakKeyDictionary[Store, dict[str, dict[int, Frontier]]] = (
+    weakref.WeakKeyDictionary()
+)
+KEPT_FRONTIERS: Final = 4
+
+
+def frontier_at(store: Store, placement_id: str, size: int) -> Frontier:
+    """The frontier of the placement's first ``size`` records: a kept one at or below
+    ``size`` whose stored checkpoint it still gives (a kept frontier of records that a
+    rolled-back batch took away gives none: the log from 0 then), extended by the records
+    after it."""
+    kept = _FRONTIERS.setdefault(store, {}).setdefault(placement_id, {})
+    base = max((s for s in kept if s <= size), default=0)
+    frontier = kept.get(base, Frontier.empty())
+    if base and not _stored_root_is(store, placement_id, base, frontier.root()):
+        kept.clear()
+        base, frontier = 0, Frontier.empty()
+    for payload in payloads_between(store, placement_id, base, size):
+        frontier = frontier.append_leaf_hash(merkle.leaf_hash(payload))
+    kept[size] = frontier
+    while len(kept) > KEPT_FRONTIERS:
+        del kept[min(kept)]
+    return frontier
+
+
+def _stored_root_is(store: Store, placement_id: str, size: int, root: bytes) -> bool:
+    note = store.checkpoint(placement_id, size)
+    if note is None:
+        return False
+    try:
+        return parse_checkpoint_body(parse_note(note).body).root == root
+    except ProtoError:
+        return False
+
+
+def payloads_between(store: Store, placement_id: str, lo: int, hi: int) -> list[bytes]:
+    """The signed bytes of records lo..hi-1 of the placement, in index order."""
+    if hi <= lo:
+        return []
+    rows = store.placement_query(
+        "SELECT chain_index, payload FROM records WHERE {rows} "
+        "AND chain_index >= ? AND chain_index < ? ORDER BY chain_index",
+        placement_id,
+        [lo, hi],
+    )
+    if [int(index) for index, _ in rows] != list(range(lo, hi)):
+        raise StoreError(f"chain of {placement_id} has a hole in {lo}..{hi - 1}")
+    return [bytes(payload) for _, payload in rows]
 
 
 def cosign_checkpoint(

@@ -173,7 +173,7 @@ LONG_FUNCTIONS: dict[str, int] = {
     "billview/build.py::_settlement": 84,
     "billview/build.py::build": 86,
     "gridledger/demo.py::run_demo": 85,
-    "ledger/export.py::_copy_rows": 89,
+    "ledger/export.py::_copy_rows": 83,
     "ledger/export.py::_export_all": 97,
     "meter/agent.py::Agent.__init__": 83,
     "meter/cli.py::_serve": 83,

@@ -76,6 +76,8 @@ from verifier.report import (
     render_export,
     run_json,
 )
+from verifier.resume import read_state, state_of_export, verify_since, write_state
+from verifier.state import VERIFIED
 from verifier.verify import ExportReport, small_export, verify_export, verify_exports
 from verifier.workers import OpenPool
 
@@ -118,6 +120,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="your witness's state directory: each export must extend the last checkpoint "
         "it cosigned of that placement",
+    )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        metavar="FILE",
+        help="resume from your verified state at a checkpoint: the export is one since it "
+        "(SPEC §8.5)",
+    )
+    parser.add_argument(
+        "--state-out",
+        type=Path,
+        metavar="FILE",
+        help="keep your verified state at the export's head checkpoint (SPEC §8.5)",
     )
     parser.add_argument("--index", type=int, help="prove: the record index")
     parser.add_argument("--size", type=int, help="prove: the checkpoint size to prove against")
@@ -196,6 +211,8 @@ def export_paths(operands: list[str]) -> list[Path]:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if args.state is not None or args.state_out is not None:
+        return _verify_resumable(args)
     try:
         trust = _load_trust(args)
         paths = export_paths(args.paths)
@@ -257,6 +274,39 @@ def _verify(args: argparse.Namespace) -> int:
         if args.html is not None:
             lines += _bill_lines(standing, written)
         print("\n".join(lines))
+    return code
+
+
+def _verify_resumable(args: argparse.Namespace) -> int:
+    """``verify EXPORT [--state FILE] [--state-out FILE]`` (SPEC §8.5): one export, checked
+    from the state at the checkpoint it is since (``--state``) or whole, and the state at
+    its head kept (``--state-out``) when nothing was found."""
+    try:
+        trust = _load_trust(args)
+        paths = export_paths(args.paths)
+        if len(paths) != 1:
+            raise UnusableInput("--state", "one export at a time")
+        path = paths[0]
+        if args.state is not None:
+            report, state = verify_since(path, trust, read_state(args.state, trust))
+        else:
+            report = verify_export(path, trust)
+            state = None
+            if args.state_out is not None and report.verdict == VERIFIED:
+                state = state_of_export(path, report)
+        if args.state_out is not None and state is not None:
+            write_state(args.state_out, state)
+    except UnusableInput as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"{args.state_out}: cannot write the state: {exc.strerror}")
+    code = exit_code([report], run_failed=False)
+    if args.json:
+        data = run_json([report], {"exit_code": code})
+        data["exports"] = [export_json(report)]
+        print(json.dumps(data, indent=2))
+    else:
+        print("\n".join(render_export(report)))
     return code
 
 

@@ -35,6 +35,12 @@ def check_format(source: ExportSource) -> None:
             f"meta.format_version is {meta.get('format_version')!r}, "
             f"this verifier reads {' or '.join(map(repr, EXPORT_FORMAT_VERSIONS))}",
         )
+    if "since_size" in meta:  # EXPORT.md "Since a checkpoint": never read as a whole log
+        raise UnusableInput(
+            str(source.path),
+            f"an export since checkpoint {meta['since_size'][:20]}: verify it with --state, "
+            "your verified state at that checkpoint (SPEC §8.5)",
+        )
     if meta.get("arrival", "log") not in ARRIVAL_MODES:
         raise UnusableInput(
             str(source.path),
