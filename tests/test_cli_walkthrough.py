@@ -558,6 +558,7 @@ def test_the_desk_card_shows_its_total_across_both_obligations(
     demo: DemoResult, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from billview import render
+    from ledger.access import Roles
     from ledger.bill import bill_doc
     from ledger.config import load_config
     from ledger.http import LedgerApi
@@ -578,8 +579,9 @@ def test_the_desk_card_shows_its_total_across_both_obligations(
     key = load_signing_key(config.key_file)
     with Store(config.db, ledger_public_key=key.public_key) as store:
         api = LedgerApi(store, key, LedgerMetrics())
-        _, by_id = api.bill(PLACEMENT_ID, "html", "gridx-desk")
-        _, by_role = api.bill(PLACEMENT_ID, "html", "desk")
+        ledger_view = Roles(everything=True)  # the ledger's own key: any page (SPEC §13)
+        _, by_id = api.bill(PLACEMENT_ID, "html", "gridx-desk", ledger_view)
+        _, by_role = api.bill(PLACEMENT_ID, "html", "desk", ledger_view)
         doc = bill_doc(store, key, PLACEMENT_ID)
     assert by_id == by_role
     page = by_id.decode()
@@ -678,7 +680,8 @@ def test_publishing_before_everyone_signed_names_the_file_and_who_is_missing(
     assert "gridledger publish as-0001.json" in line and "FILE" not in line
     assert "gridledger cosign as-0001.json" in out
     help_text = build_parser().format_help()
-    assert "assignment)" in help_text  # cosign and publish say they take an assignment
+    # cosign and publish say they take an assignment (and a resume, listed after it)
+    assert help_text.count("assignment, resume)") == 2
 
 
 def test_check_takes_an_assignment_and_wants_its_new_buyer_pinned(
