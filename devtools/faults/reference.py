@@ -38,6 +38,7 @@ from pathlib import Path
 
 from devtools.faults.scenario import NodePlan, Phase, Scenario
 from devtools.faults.topic import TopicMessage
+from ledger.attest_loop import attest_once
 from ledger.service import LedgerService, fixed_clock
 from ledger.store import Store
 from meter.cli import build_agent
@@ -198,6 +199,9 @@ def fold_local(
                         local, source, [e for e, _ in stamped], stamps_ms=[t for _, t in stamped]
                     )
             service.run_until_idle()
+        # A stopping ledger attests each head its loop has not yet (SPEC §8.4), as the
+        # faulty run's ledger did when it was stopped.
+        attest_once(store, key)
     finally:
         service.close()
     return read_ledger_state(db)
@@ -228,6 +232,7 @@ def rebuild_local(
     )
     try:
         service.run_until_idle()
+        attest_once(store, key)  # as fold_local's ledger did when it stopped
     finally:
         service.close()
     return read_ledger_state(db)
@@ -273,7 +278,8 @@ def read_ledger_state(db: Path) -> LedgerState:
         totals: dict[str, tuple[int, Totals]] = {}
         for placement_id, envelope in store.query(
             "SELECT placement_id, envelope FROM statements WHERE final"
-        ):
+            " ORDER BY placement_id, through_index"
+        ):  # the latest final statement of each placement
             statement = open_envelope(bytes(envelope)).record
             assert isinstance(statement, Statement)
             finals[str(placement_id)] = bytes(envelope)
