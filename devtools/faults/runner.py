@@ -73,6 +73,7 @@ from devtools.faults.reference import (
 from devtools.faults.scenario import NodePlan, Phase, Segment, generate_scenario, write_node_configs
 from devtools.faults.schedule import Fault, FaultKind, Schedule, make_schedule
 from devtools.faults.topic import publish, read_topic
+from ledger.attest_loop import attest_once
 from ledger.config import KafkaConfig
 from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, fixed_clock
@@ -852,6 +853,9 @@ class _SeedRun:
                     await service.run_until(deadline_s=FINAL_RUN_TIMEOUT_S, idle_poll_ms=200)
                 finally:
                     await service.stop()
+                # As a stopping `ledger run` does (its attest loop's last round, SPEC §8.4):
+                # each head gets its statement and checkpoint.
+                attest_once(store, self.scenario.cast.ledger)
             finally:
                 service.close()
 
