@@ -73,6 +73,7 @@ from devtools.faults.reference import (
 from devtools.faults.scenario import NodePlan, Phase, Segment, generate_scenario, write_node_configs
 from devtools.faults.schedule import Fault, FaultKind, Schedule, make_schedule
 from devtools.faults.topic import publish, read_topic
+from ledger.attest_loop import attest_once
 from ledger.config import KafkaConfig
 from ledger.export import export_placement
 from ledger.service import KafkaLedgerService, fixed_clock
@@ -834,7 +835,8 @@ class _SeedRun:
             self.pause(TOPIC_POLL_S)
 
     def _final_run(self) -> None:
-        """The last recovery: an in-process ledger catches up with everything."""
+        """The last recovery: an in-process ledger catches up with everything and attests
+        at the heads on its way out, as ``ledger run`` does."""
 
         async def go() -> None:
             store = Store(self.db, ledger_public_key=self.scenario.cast.ledger.public_key)
@@ -852,6 +854,8 @@ class _SeedRun:
                     await service.run_until(deadline_s=FINAL_RUN_TIMEOUT_S, idle_poll_ms=200)
                 finally:
                     await service.stop()
+                # what ``ledger run`` issues on its way out (ledger/attest_loop.py)
+                attest_once(store, self.scenario.cast.ledger)
             finally:
                 service.close()
 
