@@ -735,3 +735,44 @@ def test_every_named_limit_is_read_by_code(module: str, name: str) -> None:
         if uses > 0:
             readers.append(path.relative_to(ROOT))
     assert readers, f"{module}: nothing reads {name}"
+
+
+def test_terms_metering_names_at_most_max_holders() -> None:
+    # SPEC §5.3: the buyer's workload identities in the terms' metering; MAX_HOLDERS of
+    # them decode, one more is refused naming the field.
+    import msgspec
+
+    from proto.records import Metering
+
+    def metering(n: int) -> bytes:
+        holders = [f"k8s:team-{i}" for i in range(n)]
+        return msgspec.json.encode(
+            {"xid_table": 2, "idle_billed": True, "holders": holders, "degraded_bps": 10_000}
+        )
+
+    at = msgspec.json.decode(metering(limits.MAX_HOLDERS), type=Metering)
+    assert len(at.holders) == limits.MAX_HOLDERS
+    with pytest.raises(msgspec.ValidationError, match=r"holders"):
+        msgspec.json.decode(metering(limits.MAX_HOLDERS + 1), type=Metering)
+
+
+def test_capacity_ledger_keys_are_at_most_max_capacity_ledger_keys(tmp_path: Path) -> None:
+    import base64
+
+    from ledger.config import MAX_CAPACITY_LEDGER_KEYS, ConfigError, config_from_mapping
+
+    base = {"ledger_id": "l", "key_file": "k", "db": "d", "transport": "kafka"}
+    key = base64.b64encode(SigningKey.generate("ledger-b").public_key).decode()
+
+    def config(n: int) -> Any:
+        kafka = {
+            "bootstrap": "127.0.0.1:9",
+            "topic": "gl.records",
+            "capacity_topic": "gl.cap",
+            "capacity_ledger_keys": [key] * n,
+        }
+        return config_from_mapping({**base, "kafka": kafka}, tmp_path)
+
+    assert len(config(MAX_CAPACITY_LEDGER_KEYS).kafka.capacity_ledger_keys) > 0
+    with pytest.raises(ConfigError, match=f"at most {MAX_CAPACITY_LEDGER_KEYS} keys"):
+        config(MAX_CAPACITY_LEDGER_KEYS + 1)

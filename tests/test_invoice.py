@@ -248,7 +248,7 @@ def test_an_export_that_is_not_final_is_refused_in_one_line(
     assert "placement pl-b is also in" in line
 
 
-def test_focus_rows_sum_to_the_invoices_and_read_back_in_duckdb(
+def test_focus_rows_sum_to_the_invoices_and_read_back_in_duckdb_and_arrow(
     setup: Setup, tmp_path: Path
 ) -> None:
     assert _invoice(setup, tmp_path / "inv") == 0
@@ -291,6 +291,19 @@ def test_focus_rows_sum_to_the_invoices_and_read_back_in_duckdb(
         f"SELECT list(DISTINCT typeof(ChargePeriodStart)) FROM read_parquet('{parquet_path}')"
     ).fetchone() or ([],)
     assert kinds == ["TIMESTAMP"]
+    # A FinOps tool reading with Arrow (pyarrow) sees the same exact decimals.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(parquet_path)
+    assert pa.types.is_decimal(table.schema.field("BilledCost").type)
+    assert pa.types.is_timestamp(table.schema.field("ChargePeriodStart").type)
+    arrow: dict[str, Decimal] = defaultdict(Decimal)
+    for number, cost in zip(
+        table.column("InvoiceId").to_pylist(), table.column("BilledCost").to_pylist(), strict=True
+    ):
+        arrow[number] += cost
+    assert arrow == by_invoice
 
 
 def test_focus_refuses_an_unknown_suffix(setup: Setup, capsys: pytest.CaptureFixture[str]) -> None:

@@ -418,3 +418,21 @@ def test_the_gpu_check_script_runs_against_the_fake(
     assert result["nvml"]["gpus"][0]["name"] == "NVIDIA A100-SXM4-40GB"
     fake.devices[1].power_mw = 0  # a check that can fail does
     assert gpu_check.main([*args, "--out", str(out), "--workdir", str(tmp_path / "x")]) == 1
+
+
+def test_at_most_max_mig_per_gpu_instances_are_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # MAX_MIG_PER_GPU bounds the MIG device handles the source asks NVML for per GPU: a
+    # driver reporting more (none does today: an A100/H100 has at most 7) lists the first
+    # MAX_MIG_PER_GPU, never an unbounded loop.
+    from meter.nvml import MAX_MIG_PER_GPU
+
+    many = [
+        FakeMig(f"MIG-{i:04x}", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", i + 1, 0, 1)
+        for i in range(MAX_MIG_PER_GPU + 1)
+    ]
+    parent = FakeDevice("GPU-parent", name="NVIDIA A100-SXM4-40GB", mig=many, mig_slices=64)
+    FakeNvml([parent]).install(monkeypatch)
+    source = NvmlSource()
+    listed = source.mig_instances()
+    assert [m.uuid for m in listed] == [m.uuid for m in many[:MAX_MIG_PER_GPU]]
+    source.close()

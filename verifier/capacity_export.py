@@ -193,7 +193,18 @@ def _compare(
     """The request that decided is the terms' own: window, share, amends, arrival."""
     entry = next(e for e in entries if e.offset == (found.duplicate_of or found.offset))
     request = record_of(entry.envelope, known)
-    assert isinstance(request, CapRequest)  # decisions_for_terms found a valid request
+    if not isinstance(request, CapRequest):
+        # decisions_for_terms decided on this entry, so it opens as a request; were it
+        # not one, the decision rests on no request of the terms: name it, never crash.
+        findings.add(
+            Step.DECISIONS,
+            "CAPACITY_REQUEST_MISSING",
+            item.where,
+            f"a signed claim request for GPU {uuid}",
+            f"entry at offset {entry.offset} is not one",
+            "SPEC §6.5: the decision rests on the terms' own claim request",
+        )
+        return
     terms = item.terms
     share = next(g.share_milli for g in terms.gpus if spelled(g.uuid) == uuid)
     want: tuple[object, ...] = (terms.window_start_ms, terms.window_end_ms, share, terms.supersedes)

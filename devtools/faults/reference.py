@@ -209,6 +209,8 @@ def fold_local(
                         local, source, [e for e, _ in stamped], stamps_ms=[t for _, t in stamped]
                     )
             service.run_until_idle()
+        # A stopping ledger attests each head its loop has not yet (SPEC §8.4), as the
+        # faulty run's ledger did when it was stopped.
         attest_once(store, key)
     finally:
         service.close()
@@ -240,7 +242,7 @@ def rebuild_local(
     )
     try:
         service.run_until_idle()
-        attest_once(store, key)
+        attest_once(store, key)  # as fold_local's ledger did when it stopped
     finally:
         service.close()
     return read_ledger_state(db)
@@ -285,8 +287,9 @@ def read_ledger_state(db: Path) -> LedgerState:
         finals: dict[str, bytes] = {}
         totals: dict[str, tuple[int, Totals]] = {}
         for placement_id, envelope in store.query(
-            "SELECT placement_id, envelope FROM statements WHERE final ORDER BY through_index"
-        ):  # the latest period's final statement is the one kept (SPEC §8)
+            "SELECT placement_id, envelope FROM statements WHERE final"
+            " ORDER BY placement_id, through_index"
+        ):  # the latest final statement of each placement
             statement = open_envelope(bytes(envelope)).record
             assert isinstance(statement, Statement)
             finals[str(placement_id)] = bytes(envelope)

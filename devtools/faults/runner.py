@@ -854,7 +854,8 @@ class _SeedRun:
                     await service.run_until(deadline_s=FINAL_RUN_TIMEOUT_S, idle_poll_ms=200)
                 finally:
                     await service.stop()
-                # what ``ledger run`` issues on its way out (ledger/attest_loop.py)
+                # As a stopping `ledger run` does (its attest loop's last round, SPEC §8.4):
+                # each head gets its statement and checkpoint.
                 attest_once(store, self.scenario.cast.ledger)
             finally:
                 service.close()
