@@ -206,6 +206,11 @@ def test_reference_ledger_accepts_on_time_usage_and_rejects_late_usage(
                 assert (decision.status, decision.reason) == ("accepted", ""), node
     assert late_seen > 0
     assert sorted(reference.ledger.final_statements) == scenario.placement_ids
+    # records after the close (the late usage) open later periods: the final statement
+    # kept is the latest period's, at the head, as a ledger that stops issues it (SPEC §8)
+    for placement_id in scenario.placement_ids:
+        head_index = reference.ledger.heads[placement_id][0]
+        assert reference.ledger.final_totals[placement_id][0] == head_index
     reasons = {d.reason for d in decisions.values()}
     assert "AFTER_CLOSE" in reasons and "RECLAIM_BEHIND_USAGE" in reasons
 

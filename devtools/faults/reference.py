@@ -26,6 +26,13 @@ record carries its own, so they follow the same order. So two references are use
   final totals must be equal for every placement (with the phases above they do not
   depend on how node streams interleave), and for a placement on one node — one ordered
   source — heads and final statements must be equal byte for byte as well.
+
+"Final statement" is a placement's latest one (the greatest ``through_index`` with
+``final``): a ledger that runs as ``ledger run`` does attests every ``attest_interval_s``
+and once more when it stops (``ledger/attest_loop.py``), so after a late record it holds
+the final statement of each later period it saw (SPEC §8 "Statement periods") — how many
+depends on wall-clock timing, the last one (at the head, issued on the way out) does
+not. The references issue that one the same way (``attest_once``).
 """
 
 from __future__ import annotations
@@ -176,7 +183,10 @@ def fold_local(
 
     Each batch maps a source name to (envelope, stated time) pairs appended to that spool
     as stamped frames; the ledger runs until idle (consumes all, then closes what is
-    due) after each batch.
+    due) after each batch. At the end it issues what ``ledger run`` issues on its way out
+    (``attest_once``, SPEC §8.4 (a)): a statement at every head without one, so a
+    placement with records after its close has the final statement of its latest period
+    (SPEC §8 "Statement periods") as the faulty run's ledger has.
     """
     local = directory / "spool"
     db = directory / "ledger.duckdb"

@@ -835,7 +835,8 @@ class _SeedRun:
             self.pause(TOPIC_POLL_S)
 
     def _final_run(self) -> None:
-        """The last recovery: an in-process ledger catches up with everything."""
+        """The last recovery: an in-process ledger catches up with everything and attests
+        at the heads on its way out, as ``ledger run`` does."""
 
         async def go() -> None:
             store = Store(self.db, ledger_public_key=self.scenario.cast.ledger.public_key)
